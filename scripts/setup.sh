@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything petri needs on a fresh Debian 12 machine (run as root):
+# the system packages, a virtualenv in .venv, and petri itself (editable).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubblewrap git
+      util-linux attr patch python3-venv python3-dev gcc)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[test]'
