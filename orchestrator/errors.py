@@ -1,0 +1,74 @@
+"""Errors of the orchestrator: each docstring is the message, each class its exit code.
+
+Domain errors are caught at the CLI edge and turned into one line on stderr (and, under
+``--json``, ``{"error", "exit_code"}`` on stdout).
+"""
+from __future__ import annotations
+
+from snapshot.errors import PetriError
+
+
+class OrchestratorError(PetriError):
+    """{detail}"""
+
+
+class UsageError(PetriError):
+    """{detail}"""
+
+    exit_code = 2
+
+
+class UnknownId(UsageError):
+    """no {what} matches {ident!r}; see `petri {listing}`"""
+
+
+class AmbiguousId(UsageError):
+    """{ident!r} matches several {what}s ({matches}); give more characters"""
+
+
+class BadDuration(UsageError):
+    """bad duration {text!r}: use a number of seconds or a number with s, m, h or d (e.g. 90s, 15m, 2h)"""
+
+
+class BadSize(UsageError):
+    """bad size {text!r}: use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
+
+
+class NotInitialised(PetriError):
+    """{path} is not inside a petri workspace; run `petri init` there first"""
+
+    exit_code = 4
+
+
+class AlreadyInitialised(OrchestratorError):
+    """{path} is already a petri workspace (backend {backend}); `petri deinit` removes it"""
+
+
+class NestedWorkspace(OrchestratorError):
+    """{path} is inside the petri workspace {outer}; a workspace cannot nest in another"""
+
+    exit_code = 4
+
+
+class WorkspaceIsSymlink(OrchestratorError):
+    """{path} is a symlink (to {target}); run `petri init` on the real directory"""
+
+    exit_code = 4
+
+
+class SandboxesExist(OrchestratorError):
+    """{count} sandbox(es) still exist ({ids}); remove them with `petri rm --all` or use `petri deinit --force`"""
+
+
+class SnapshotInUse(OrchestratorError):
+    """snapshot {ident} is the base of sandbox(es) {users}; remove those first"""
+
+
+class SandboxGone(OrchestratorError):
+    """sandbox {ident} is {state}: its tree no longer exists"""
+
+
+class RegistryTooNew(OrchestratorError):
+    """the registry at {path} has schema {found}, newer than this petri knows ({known}); upgrade petri"""
+
+    exit_code = 4
