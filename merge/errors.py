@@ -24,3 +24,45 @@ class UnsafePath(MergeError):
 
 class BadIgnoreFile(MergeError):
     """cannot read ignore rules from {path}: {why}"""
+
+
+# --- promotion (merge3/promote/journal/safefs; appended by M2) ---------------------------
+
+class PromotionConflict(MergeError):
+    """promotion stopped on conflicts, nothing was written: {paths}"""
+
+    exit_code = 3
+
+
+class PathThroughSymlink(MergeError):
+    """{path}: {via} is a symlink (or not a directory) in the workspace; it is never followed, so this path is a conflict"""
+
+    exit_code = 3
+
+
+class PromotionLocked(MergeError):
+    """another promotion holds the workspace lock ({owner}); wait for it to finish"""
+
+
+class UndoConflict(MergeError):
+    """cannot undo promotion {promotion}: the workspace changed these files since: {paths}"""
+
+    exit_code = 3
+
+
+class UnknownPromotion(MergeError):
+    """no promotion {promotion} in the journal"""
+
+    exit_code = 2
+
+
+class JournalCorrupt(MergeError):
+    """the journal of promotion {promotion} is unreadable ({why}); move it aside and run `petri gc`"""
+
+
+class PromotionNotUndoable(MergeError):
+    """promotion {promotion} is {state}; only a finished promotion can be undone"""
+
+
+class SandboxChangedDuringPromotion(MergeError):
+    """the sandbox changed {path} after the promotion was planned; nothing was written; promote again"""
