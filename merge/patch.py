@@ -1,0 +1,393 @@
+"""git-format patches and diffstats from a change set.
+
+``format_patch`` writes what `git diff --binary` writes for the same two trees: `diff
+--git` headers with git's quoting of names, new/deleted file modes, old/new mode for the
+executable bit, symlinks as mode 120000 with the target as content, renames with their
+similarity, type changes as a deletion followed by an addition, `index` lines with real
+git blob ids (full ids for binaries), hunks from a port of git's own diff (so the text is
+byte for byte git's, function-name hunk headers included), and `GIT binary patch` with
+literal forward and reverse data so the patch can also be reverse-applied.
+
+Directories and ``other`` entries (fifos, sockets, devices) are not representable in a
+patch and are skipped; a file that became one of them appears as a deletion.
+
+Caveats: binary data is always sent as literals (git may choose a smaller delta); the
+abbreviated blob ids are 7 hex digits, where git may use more in a large repository (git
+apply only uses them for --3way); pure Python, so a change set with many large rewritten
+files takes a while. Blobs are read from the trees at call time, so the trees must not
+change between ``tree_changes`` and ``format_patch`` (read a point-in-time view).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from . import diffalgo
+from .changes import KIND_FILE, KIND_SYMLINK, Change, Entry, TreeReader
+
+CONTEXT = 3
+_FUNC_MAX = 80
+_NULL_SHA = "0" * 40
+_ABBREV = 7
+_B85_LINE = 52
+_NO_EOL = b"\\ No newline at end of file\n"
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: bytes
+    status: str
+    old_path: bytes | None
+    binary: bool
+    lines_added: int
+    lines_removed: int
+    old_mode: str | None
+    new_mode: str | None
+    old_size: int = 0
+    new_size: int = 0
+
+
+def git_mode(entry: Entry | None) -> str | None:
+    """The mode git records: 100644, 100755 (any owner-exec bit) or 120000; None otherwise."""
+    if entry is None:
+        return None
+    if entry.kind == KIND_SYMLINK:
+        return "120000"
+    if entry.kind == KIND_FILE:
+        return "100755" if entry.mode & 0o100 else "100644"
+    return None
+
+
+def blob_sha1(data: bytes) -> str:
+    """git's object id of a blob (what `git hash-object` prints)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# core.quotePath=true: control bytes, '"', '\\', DEL and every byte >= 0x80 are escaped.
+_ESC = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r",
+        34: b'\\"', 92: b"\\\\"}
+
+
+def _needs_quote(c: int) -> bool:
+    return c < 0x20 or c == 34 or c == 92 or c >= 0x7F
+
+
+def quote_path(name: bytes, prefix: bytes = b"") -> bytes:
+    """``prefix + name`` quoted exactly as git quotes it (quote_c_style / quote_two)."""
+    full = prefix + name
+    if not any(_needs_quote(c) for c in full):
+        return full
+    out = bytearray(b'"')
+    for c in full:
+        if c in _ESC:
+            out += _ESC[c]
+        elif _needs_quote(c):
+            out += b"\\%03o" % c
+        else:
+            out.append(c)
+    out += b'"'
+    return bytes(out)
+
+
+def _func_name(rec: bytes) -> bytes | None:
+    # git's default funcname rule (def_ff): a line starting with a letter, '_' or '$'.
+    if rec and (rec[:1].isalpha() or rec[0] in b"_$"):
+        line = rec[:_FUNC_MAX]
+        return line.rstrip(b" \t\n\r\f\v")
+    return None
+
+
+def _hunks(a: list[bytes], b: list[bytes], script: list[tuple[int, int, int, int]]) -> bytes:
+    out = bytearray()
+    n1, n2 = len(a), len(b)
+    funclineprev = -1
+    func = b""
+    k = 0
+    while k < len(script):
+        # xdl_get_hunk: changes at most 2 * CONTEXT lines apart share a hunk.
+        first = k
+        while k + 1 < len(script) and script[k + 1][0] - (script[k][0] + script[k][1]) <= 2 * CONTEXT:
+            k += 1
+        last = k
+        k += 1
+        i1, _, i2, _ = script[first]
+        li1, lc1, li2, lc2 = script[last]
+        s1 = max(i1 - CONTEXT, 0)
+        s2 = max(i2 - CONTEXT, 0)
+        lctx = min(CONTEXT, n1 - (li1 + lc1), n2 - (li2 + lc2))
+        e1 = li1 + lc1 + lctx
+        e2 = li2 + lc2 + lctx
+        start = s1 - 1
+        if start != funclineprev:
+            step = -1 if start > funclineprev else 1
+            ln = start
+            while ln != funclineprev and 0 <= ln < n1:
+                got = _func_name(a[ln])
+                if got is not None:
+                    func = got
+                    break
+                ln += step
+        funclineprev = start
+        c1, c2 = e1 - s1, e2 - s2
+        hdr = b"@@ -%d" % ((s1 + 1) if c1 else s1)
+        if c1 != 1:
+            hdr += b",%d" % c1
+        hdr += b" +%d" % ((s2 + 1) if c2 else s2)
+        if c2 != 1:
+            hdr += b",%d" % c2
+        hdr += b" @@"
+        if func:
+            hdr += b" " + func
+        out += hdr + b"\n"
+
+        def line(prefix: bytes, rec: bytes) -> None:
+            out.extend(prefix)
+            out.extend(rec)
+            if not rec.endswith(b"\n"):
+                out.extend(b"\n" + _NO_EOL)
+
+        p2 = s2
+        while p2 < i2:
+            line(b" ", b[p2])
+            p2 += 1
+        p1, p2 = i1, i2
+        for j in range(first, last + 1):
+            ci1, cc1, ci2, cc2 = script[j]
+            while p1 < ci1 and p2 < ci2:
+                line(b" ", b[p2])
+                p1 += 1
+                p2 += 1
+            for q in range(ci1, ci1 + cc1):
+                line(b"-", a[q])
+            for q in range(ci2, ci2 + cc2):
+                line(b"+", b[q])
+            p1, p2 = ci1 + cc1, ci2 + cc2
+        for q in range(li2 + lc2, e2):
+            line(b" ", b[q])
+    return bytes(out)
+
+
+def _b85_block(data: bytes) -> bytes:
+    out = bytearray()
+    for i in range(0, len(data), _B85_LINE):
+        chunk = data[i:i + _B85_LINE]
+        n = len(chunk)
+        out.append(ord("A") + n - 1 if n <= 26 else ord("a") + n - 27)
+        out += base64.b85encode(chunk, pad=True)
+        out += b"\n"
+    return bytes(out)
+
+
+def _binary_body(new: bytes, old: bytes) -> bytes:
+    # Forward literal (the postimage) then reverse literal (the preimage), as git emits.
+    out = bytearray(b"GIT binary patch\n")
+    for data in (new, old):
+        out += b"literal %d\n" % len(data)
+        out += _b85_block(zlib.compress(data, 1))
+        out += b"\n"
+    return bytes(out)
+
+
+@dataclass
+class _Side:
+    path: bytes
+    entry: Entry | None
+    data: bytes
+
+
+class _Blobs:
+    def __init__(self, base: Path, new: Path):
+        self.old = TreeReader(base)
+        self.new = TreeReader(new)
+
+    def close(self) -> None:
+        self.old.close()
+        self.new.close()
+
+    def read(self, which: str, path: bytes, entry: Entry | None) -> bytes:
+        if entry is None or entry.kind not in (KIND_FILE, KIND_SYMLINK):
+            return b""
+        reader = self.old if which == "old" else self.new
+        return reader.read(path, entry.kind)
+
+
+def _representable(e: Entry | None) -> Entry | None:
+    return e if e is not None and e.kind in (KIND_FILE, KIND_SYMLINK) else None
+
+
+def _pairs(changes: Iterable[Change]) -> Iterable[tuple[Change, bytes, Entry | None, bytes, Entry | None]]:
+    """(change, old path, old entry, new path, new entry) as git would pair them; a type
+    change is split into a deletion and an addition, unrepresentable sides dropped."""
+    for c in changes:
+        old, new = _representable(c.old), _representable(c.new)
+        old_path = c.old_path if c.old_path is not None else c.path
+        if old is None and new is None:
+            continue
+        if c.status == "type_changed" and old is not None and new is not None:
+            yield c, old_path, old, c.path, None
+            yield c, c.path, None, c.path, new
+            continue
+        yield c, old_path, old, c.path, new
+
+
+def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, new: Entry | None,
+         a: bytes, b: bytes, similarity: int | None) -> None:
+    out += b"diff --git " + quote_path(old_path, b"a/") + b" " + quote_path(new_path, b"b/") + b"\n"
+    om, nm = git_mode(old), git_mode(new)
+    if old is None:
+        out += b"new file mode %s\n" % nm.encode()  # type: ignore[union-attr]
+    elif new is None:
+        out += b"deleted file mode %s\n" % om.encode()  # type: ignore[union-attr]
+    else:
+        if om != nm:
+            out += b"old mode %s\nnew mode %s\n" % (om.encode(), nm.encode())  # type: ignore[union-attr]
+        if old_path != new_path:
+            out += b"similarity index %d%%\n" % (similarity if similarity is not None else 100)
+            out += b"rename from " + quote_path(old_path) + b"\n"
+            out += b"rename to " + quote_path(new_path) + b"\n"
+    sha_a = blob_sha1(a) if old is not None else _NULL_SHA
+    sha_b = blob_sha1(b) if new is not None else _NULL_SHA
+    if sha_a == sha_b:
+        return
+    binary = diffalgo.is_binary(a) or diffalgo.is_binary(b)
+    abbrev = 40 if binary else _ABBREV
+    out += b"index %s..%s" % (sha_a[:abbrev].encode(), sha_b[:abbrev].encode())
+    if om == nm:
+        out += b" %s" % om.encode()  # type: ignore[union-attr]
+    out += b"\n"
+    if binary:
+        out += _binary_body(b, a)
+        return
+    if not a and not b:
+        return
+    la = quote_path(old_path, b"a/") if old is not None else b"/dev/null"
+    lb = quote_path(new_path, b"b/") if new is not None else b"/dev/null"
+    # git adds a TAB after a name holding a space so GNU patch reads the whole name.
+    out += b"--- " + la + (b"\t" if b" " in la else b"") + b"\n"
+    out += b"+++ " + lb + (b"\t" if b" " in lb else b"") + b"\n"
+    ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
+    out += _hunks(ra, rb, diffalgo.diff_lines(ra, rb))
+
+
+def format_patch(changes: list[Change], base: Path, new: Path) -> bytes:
+    """The change set as a git-format patch (what `git diff --binary` prints)."""
+    out = bytearray()
+    blobs = _Blobs(base, new)
+    try:
+        for c, old_path, old, new_path, newe in _pairs(changes):
+            a = blobs.read("old", old_path, old)
+            b = blobs.read("new", new_path, newe)
+            _one(out, old_path, old, new_path, newe, a, b, c.similarity)
+    finally:
+        blobs.close()
+    return bytes(out)
+
+
+def patch_stats(changes: list[Change], base: Path, new: Path) -> list[FileStat]:
+    """Per changed path: status, modes and line counts as `git diff --numstat` counts them.
+
+    One entry per change that git can represent (a type change is one entry, counted as
+    the diff between the two contents, as git's numstat does); directories and ``other``
+    entries are left out."""
+    stats: list[FileStat] = []
+    blobs = _Blobs(base, new)
+    try:
+        for c in changes:
+            old, newe = _representable(c.old), _representable(c.new)
+            if old is None and newe is None:
+                continue
+            old_path = c.old_path if c.old_path is not None else c.path
+            a = blobs.read("old", old_path, old)
+            b = blobs.read("new", c.path, newe)
+            binary = diffalgo.is_binary(a) or diffalgo.is_binary(b)
+            added = removed = 0
+            if not binary and a != b:
+                ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
+                for _, n1, _, n2 in diffalgo.diff_lines(ra, rb):
+                    removed += n1
+                    added += n2
+            status = c.status
+            if status == "type_changed" and (old is None or newe is None):
+                status = "added" if old is None else "deleted"
+            stats.append(FileStat(c.path, status, c.old_path, binary, added, removed,
+                                  git_mode(old), git_mode(newe), len(a), len(b)))
+    finally:
+        blobs.close()
+    return stats
+
+
+def _stat_name(s: FileStat) -> str:
+    def q(p: bytes) -> str:
+        return quote_path(p).decode("utf-8", "backslashreplace")
+
+    if s.old_path is None or s.old_path == s.path:
+        return q(s.path)
+    a, b = s.old_path, s.path
+    # git's pprint_rename: common leading directories and trailing part go outside {}.
+    pfx = 0
+    for i in range(min(len(a), len(b))):
+        if a[i] != b[i]:
+            break
+        if a[i] == ord("/"):
+            pfx = i + 1
+    sfx = 0
+    la, lb = len(a), len(b)
+    i = 0
+    while i < min(la, lb) - pfx:
+        if a[la - 1 - i] != b[lb - 1 - i]:
+            break
+        if a[la - 1 - i] == ord("/"):
+            sfx = i + 1
+        i += 1
+    if pfx or sfx:
+        mid_a, mid_b = a[pfx:la - sfx], b[pfx:lb - sfx]
+        return q(a[:pfx]) + "{" + q(mid_a) + " => " + q(mid_b) + "}" + q(a[la - sfx:])
+    return q(a) + " => " + q(b)
+
+
+def format_stat(stats: list[FileStat], *, width: int = 80) -> str:
+    """A diffstat like `git diff --stat`: one line per file, then the summary line."""
+    if not stats:
+        return ""
+    names = [_stat_name(s) for s in stats]
+    counts = []
+    for s in stats:
+        counts.append(f"Bin {s.old_size} -> {s.new_size} bytes" if s.binary
+                      else str(s.lines_added + s.lines_removed))
+    name_w = max(len(n) for n in names)
+    num_w = max(len(c) for c, s in zip(counts, stats) if not s.binary) if any(
+        not s.binary for s in stats) else 0
+    max_change = max((s.lines_added + s.lines_removed for s in stats if not s.binary), default=0)
+    # git gives the graph what is left of the line, at most 40 columns, names first.
+    graph_w = max(width - name_w - num_w - 6, 6)
+    graph_w = min(graph_w, 40)
+    lines = []
+    total_add = total_del = 0
+    for s, n, c in zip(stats, names, counts):
+        if s.binary:
+            lines.append(f" {n.ljust(name_w)} | {c}")
+            continue
+        total_add += s.lines_added
+        total_del += s.lines_removed
+        plus, minus = s.lines_added, s.lines_removed
+        if max_change > graph_w:
+            total = plus + minus
+            scaled = -(-total * graph_w // max_change) if total else 0
+            p = -(-plus * graph_w // max_change) if plus else 0
+            p = min(p, scaled)
+            m = scaled - p
+            plus, minus = p, m
+        graph = "+" * plus + "-" * minus
+        lines.append(f" {n.ljust(name_w)} | {c.rjust(num_w)}" + (f" {graph}" if graph else ""))
+    n = len(stats)
+    summary = f" {n} file{'s' if n != 1 else ''} changed"
+    if total_add or not total_del:
+        summary += f", {total_add} insertion{'s' if total_add != 1 else ''}(+)"
+    if total_del or not total_add:
+        summary += f", {total_del} deletion{'s' if total_del != 1 else ''}(-)"
+    lines.append(summary)
+    return "\n".join(lines) + "\n"
