@@ -1,0 +1,77 @@
+"""The one protocol every clone backend implements, and the records it returns.
+
+A backend turns the live workspace into immutable snapshots and snapshots into writable
+sandbox trees. It knows trees and nothing of processes, the registry or time: the
+orchestrator owns ids (it passes them in) and records what the backend returns.
+
+Every backend must pass ``tests/backend_conformance.py`` (the behavioural checker, in the
+manner of trio's ``check_one_way_stream``).
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar, Protocol, runtime_checkable
+
+from .store import Store
+
+# Called with the number of bytes copied so far and the total expected (0 when unknown).
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    bytes_copied: int
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something of a backend's found on disk that no registry row accounts for."""
+
+    kind: str  # "mount" | "tree" | "snapshot" | "layer"
+    path: Path
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: ClassVar[str]
+    # True when snapshot() copies no file data (btrfs, zfs): init says so instead of a byte count.
+    instant: ClassVar[bool]
+
+    def create_store(self, store: Store) -> None:
+        """Create ``store.root`` (btrfs: as a nested subvolume so snapshots skip it)."""
+
+    def estimate_bytes(self, store: Store, parent: str | None) -> int:
+        """Bytes the next snapshot will copy (0 for copy-on-write backends)."""
+
+    def snapshot(self, store: Store, snap_id: str, parent: str | None,
+                 progress: Progress | None = None) -> SnapshotResult:
+        """Take an immutable point-in-time image of the live workspace as ``snap_id``.
+
+        ``parent`` is the previous snapshot (for layered and hard-linking backends). On any
+        failure nothing half-made is left behind."""
+
+    def delete_snapshot(self, store: Store, snap_id: str) -> None:
+        """Remove the snapshot; a missing one is not an error."""
+
+    def snapshot_view(self, store: Store, snap_id: str) -> AbstractContextManager[Path]:
+        """A read-only tree of the snapshot for the duration of the ``with``."""
+
+    def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
+        """Bytes this snapshot alone holds, or None where the backend cannot tell."""
+
+    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+        """Make a writable sandbox tree from the snapshot; return its host path."""
+
+    def ensure_clone(self, store: Store, sb_id: str) -> Path:
+        """Make sure the sandbox tree is usable (e.g. remount after a reboot); return it."""
+
+    def frozen_view(self, store: Store, sb_id: str) -> AbstractContextManager[Path]:
+        """A point-in-time, read-only view of the sandbox tree (for diff while it runs)."""
+
+    def destroy_clone(self, store: Store, sb_id: str) -> None:
+        """Remove the sandbox tree (unmounting first); a missing one is not an error."""
+
+    def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
+        """Mounts, trees and layers of this store that belong to no known snapshot/sandbox."""

@@ -1,0 +1,183 @@
+"""The ``copy`` backend: plain copies, the last resort, and its reflink variant's base.
+
+A snapshot is a full copy of the live tree at ``snapshots/<id>/tree``; later snapshots
+hard-link every file that did not move since the previous snapshot to that snapshot's copy
+(never to live: a hard link to live would let a live edit reach the snapshot). Whether a
+file moved is decided by the stat cache of the previous snapshot: (inode, size, mtime_ns,
+ctime_ns, mode) of the live file when it was copied. A sandbox is a full copy of the
+snapshot.
+
+Caveats: the first snapshot and every clone copy all the data (O(bytes)); snapshots are
+exact per file, not across files (each file is re-copied if it moved during its copy);
+sockets and device nodes in the workspace are not carried.
+"""
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import stat
+from pathlib import Path
+from typing import ClassVar, Iterator
+
+from ..backend import Leftover, Progress, SnapshotResult
+from ..errors import DiskFull, SnapshotError
+from ..store import STORE_NAME, Store
+from ..tree import StatKey, TreeCopier, remove_tree, walk
+
+EXCLUDE = frozenset({STORE_NAME.encode()})
+MANIFEST_VERSION = 1
+
+
+def _save_manifest(path: Path, manifest: dict[bytes, StatKey]) -> None:
+    data = {k: (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode) for k, v in manifest.items()}
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        marshal.dump((MANIFEST_VERSION, data), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_manifest(path: Path) -> dict[bytes, StatKey]:
+    try:
+        with open(path, "rb") as f:
+            version, data = marshal.load(f)
+    except (FileNotFoundError, EOFError, ValueError, TypeError):
+        return {}
+    if version != MANIFEST_VERSION:
+        return {}
+    return {k: StatKey(*v) for k, v in data.items()}
+
+
+class CopyBackend:
+    name: ClassVar[str] = "copy"
+    instant: ClassVar[bool] = False
+    reflink: ClassVar[bool] = False
+
+    def __init__(self, workers: int = 8) -> None:
+        self.workers = workers
+
+    # -- store -------------------------------------------------------------------------
+    def create_store(self, store: Store) -> None:
+        store.root.mkdir(exist_ok=True)
+        store.make_dirs()
+
+    def _tree(self, store: Store, snap_id: str) -> Path:
+        return store.snapshot_dir(snap_id) / "tree"
+
+    def _manifest(self, store: Store, snap_id: str) -> Path:
+        return store.snapshot_dir(snap_id) / "manifest"
+
+    # -- snapshots ---------------------------------------------------------------------
+    def estimate_bytes(self, store: Store, parent: str | None) -> int:
+        prev = load_manifest(self._manifest(store, parent)) if parent else {}
+        total = 0
+        for rel, st in walk(bytes(store.workspace), EXCLUDE):
+            if stat.S_ISREG(st.st_mode) and prev.get(rel) != StatKey.of(st):
+                total += st.st_size
+        return total
+
+    def snapshot(self, store: Store, snap_id: str, parent: str | None,
+                 progress: Progress | None = None) -> SnapshotResult:
+        prev = load_manifest(self._manifest(store, parent)) if parent else {}
+        prev_tree = bytes(self._tree(store, parent)) if parent else b""
+        total = self.estimate_bytes(store, parent) if progress else 0
+
+        def link_from(rel: bytes, st: os.stat_result) -> bytes | None:
+            if prev.get(rel) == StatKey.of(st):
+                candidate = os.path.join(prev_tree, rel)
+                try:
+                    if os.lstat(candidate).st_size == st.st_size:
+                        return candidate
+                except FileNotFoundError:
+                    return None
+            return None
+
+        staging = store.tmp_path(snap_id)
+        copier = TreeCopier(reflink=self.reflink, workers=self.workers, progress=progress,
+                            total=total, link_from=link_from if prev else None)
+        try:
+            (staging / "tree").mkdir(parents=True)
+            copier.copy(bytes(store.workspace), bytes(staging / "tree"), EXCLUDE)
+            _save_manifest(staging / "manifest", copier.manifest)
+            os.rename(staging, store.snapshot_dir(snap_id))
+        except BaseException:
+            remove_tree(staging)
+            raise
+        copied = copier._done if progress else sum(
+            k.size for r, k in copier.manifest.items() if prev.get(r) != k and stat.S_ISREG(k.mode))
+        return SnapshotResult(bytes_copied=0 if self.reflink else copied)
+
+    def delete_snapshot(self, store: Store, snap_id: str) -> None:
+        remove_tree(bytes(store.snapshot_dir(snap_id)))
+
+    @contextlib.contextmanager
+    def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
+        tree = self._tree(store, snap_id)
+        if not tree.is_dir():
+            raise SnapshotError(detail=f"snapshot {snap_id} has no tree on disk")
+        yield tree
+
+    def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
+        # Files hard-linked into other snapshots are shared; count only the ones held alone.
+        total = 0
+        for _, st in walk(bytes(self._tree(store, snap_id))):
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                total += st.st_blocks * 512
+        return total
+
+    # -- sandboxes ---------------------------------------------------------------------
+    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+        src = self._tree(store, snap_id)
+        staging = store.tmp_path(sb_id)
+        final = store.sandbox_dir(sb_id)
+        try:
+            (staging / "tree").mkdir(parents=True)
+            TreeCopier(reflink=self.reflink, workers=self.workers).copy(bytes(src), bytes(staging / "tree"))
+            os.chmod(staging / "tree", os.lstat(src).st_mode & 0o7777)
+            os.rename(staging, final)
+        except OSError as e:
+            remove_tree(staging)
+            if e.errno in (28, 122):
+                raise DiskFull(doing=f"cloning {snap_id}") from e
+            raise
+        except BaseException:
+            remove_tree(staging)
+            raise
+        return store.sandbox_tree(sb_id)
+
+    def ensure_clone(self, store: Store, sb_id: str) -> Path:
+        tree = store.sandbox_tree(sb_id)
+        if not tree.is_dir():
+            raise SnapshotError(detail=f"sandbox {sb_id} has no tree on disk")
+        return tree
+
+    @contextlib.contextmanager
+    def frozen_view(self, store: Store, sb_id: str) -> Iterator[Path]:
+        # No cheap point-in-time image of a plain directory: take a reflink/copy of it.
+        staging = store.tmp_path(f"{sb_id}.frozen")
+        try:
+            staging.mkdir(parents=True)
+            TreeCopier(reflink=self.reflink, workers=self.workers).copy(
+                bytes(store.sandbox_tree(sb_id)), bytes(staging))
+            yield staging
+        finally:
+            remove_tree(bytes(staging))
+
+    def destroy_clone(self, store: Store, sb_id: str) -> None:
+        remove_tree(bytes(store.sandbox_dir(sb_id)))
+
+    def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
+        found: list[Leftover] = []
+        for parent, known, kind in ((store.snapshots, snapshots, "snapshot"), (store.sandboxes, sandboxes, "tree")):
+            if parent.is_dir():
+                for p in parent.iterdir():
+                    if p.name not in known:
+                        found.append(Leftover(kind, p))
+        if store.tmp.is_dir():
+            found.extend(Leftover("tree", p) for p in store.tmp.iterdir())
+        return found
+
+    def remove_leftover(self, store: Store, leftover: Leftover) -> None:
+        remove_tree(bytes(leftover.path))

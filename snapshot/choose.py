@@ -1,0 +1,95 @@
+"""Choosing a backend: the one place that decides, and says why.
+
+``auto``: btrfs/zfs when the workspace is a subvolume/dataset; as root on anything else,
+layered overlay; rootless, fuse; reflink where the filesystem has it and the others cannot
+run; copy last.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from .backend import Backend
+from .errors import BackendUnavailable
+from .fsinfo import fs_type
+
+BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
+_CLASSES = {
+    "btrfs": ("snapshot.backends.btrfs", "BtrfsBackend"),
+    "zfs": ("snapshot.backends.zfs", "ZfsBackend"),
+    "reflink": ("snapshot.backends.reflink", "ReflinkBackend"),
+    "overlay": ("snapshot.backends.overlay", "OverlayBackend"),
+    "fuse": ("snapshot.backends.fuse", "FuseBackend"),
+    "copy": ("snapshot.backends.copy", "CopyBackend"),
+}
+
+
+def backend_class(name: str):
+    try:
+        module, cls = _CLASSES[name]
+    except KeyError:
+        raise BackendUnavailable(backend=name, why=f"unknown backend; choose one of {', '.join(BACKENDS)}") from None
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as e:
+        raise BackendUnavailable(backend=name, why=f"not built into this petri ({e})") from None
+
+
+def get_backend(name: str) -> Backend:
+    """The backend an initialised workspace was registered with."""
+    return backend_class(name)()
+
+
+def probe(name: str, workspace: Path) -> tuple[bool, str]:
+    """Can backend ``name`` host ``workspace`` for this user? (ok, why)"""
+    if name == "copy":
+        return True, "plain copies work everywhere (O(bytes) per snapshot and clone)"
+    if name == "reflink":
+        from .backends.reflink import reflink_works
+        ok, why = reflink_works(workspace)
+        return ok, why + ("" if ok else "; reflinks need XFS (reflink=1) or btrfs")
+    try:
+        cls = backend_class(name)
+    except BackendUnavailable as e:
+        return False, str(e)
+    available = getattr(cls, "available", None)
+    if available is None:
+        return False, f"{name} is not available in this build"
+    return available(workspace)
+
+
+def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
+    """(backend name, reason) for this workspace, or BackendUnavailable (exit 4) naming what
+    would work."""
+    if requested != "auto":
+        if requested not in BACKENDS:
+            raise BackendUnavailable(backend=requested, why=f"unknown backend; choose one of {', '.join(BACKENDS)}")
+        ok, why = probe(requested, workspace)
+        if not ok:
+            alternative, alt_why = choose(workspace, "auto")
+            raise BackendUnavailable(backend=requested, why=f"{why}; `--backend {alternative}` would work ({alt_why})")
+        return requested, why
+    fstype = fs_type(workspace)
+    root = os.geteuid() == 0
+    notes = []
+    for name in ("btrfs", "zfs"):
+        ok, why = probe(name, workspace)
+        if ok:
+            return name, why
+        if name == "btrfs" and fstype == "btrfs":
+            notes.append(f"{why}: `petri init --convert` makes it a subvolume for O(1) snapshots")
+    if root:
+        ok, why = probe("overlay", workspace)
+        if ok:
+            return "overlay", "; ".join([f"running as root on {fstype}: layered kernel overlay ({why})", *notes])
+        notes.append(f"overlay: {why}")
+    else:
+        ok, why = probe("fuse", workspace)
+        if ok:
+            return "fuse", "; ".join([f"rootless on {fstype}: fuse copy-on-write layer ({why})", *notes])
+        notes.append(f"fuse: {why}")
+    ok, why = probe("reflink", workspace)
+    if ok:
+        return "reflink", "; ".join([f"{fstype}: per-file reflink clones ({why})", *notes])
+    return "copy", "; ".join([f"{fstype}: no copy-on-write available here, full copies", *notes])

@@ -1,0 +1,44 @@
+"""Errors of the snapshot layer.
+
+Each class's docstring is its message template (``str.format`` over the keyword arguments
+given at raise time) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+"""
+from __future__ import annotations
+
+
+class PetriError(Exception):
+    """petri failed: {detail}"""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str | None = None, /, **fields: object) -> None:
+        self.fields = fields
+        if message is None:
+            template = (self.__class__.__doc__ or "{detail}").strip().splitlines()[0]
+            try:
+                message = template.format(**fields)
+            except (KeyError, IndexError):
+                message = template
+        super().__init__(message)
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class SnapshotError(PetriError):
+    """snapshot failed: {detail}"""
+
+
+class BackendUnavailable(PetriError):
+    """backend {backend} cannot work here: {why}"""
+
+    exit_code = 4
+
+
+class DiskFull(PetriError):
+    """no space left on the workspace's filesystem while {doing}; nothing was kept"""
+
+
+class TreeChangedDuringCopy(PetriError):
+    """{path} kept changing while it was being copied; try again when it is quiet"""

@@ -1,0 +1,282 @@
+"""Walking and copying trees exactly: bytes names, modes, owners, times, symlinks, hard
+links, sparse files, xattrs, empty directories.
+
+Used by the copy and reflink backends, by the overlay backend to build delta layers, and by
+rollback to restore a snapshot in place. Every path here is ``bytes`` so names that are not
+valid UTF-8 (or hold newlines) survive.
+
+Point in time: a walk of a tree people keep editing is exact per file, not across files. Each
+file is stat'ed before and after it is copied and copied again if it moved.
+
+Caveats: sockets and device nodes are skipped (a workspace has no business holding them);
+fifos are recreated; xattrs outside ``user.`` need root and are copied best-effort.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
+
+FICLONE = 0x40049409  # _IOW(0x94, 9, int)
+SEEK_DATA = getattr(os, "SEEK_DATA", 3)
+SEEK_HOLE = getattr(os, "SEEK_HOLE", 4)
+COPY_RETRIES = 5
+IS_ROOT = os.geteuid() == 0
+
+
+@dataclass(frozen=True, slots=True)
+class StatKey:
+    """What a stat-cache compares: if none of these moved, the file did not change."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    mode: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> "StatKey":
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def join(a: bytes, b: bytes) -> bytes:
+    return b if not a else a + b"/" + b
+
+
+def walk(root: bytes, exclude_top: frozenset[bytes] = frozenset()) -> Iterator[tuple[bytes, os.stat_result]]:
+    """Yield (relative path, lstat) for everything under root, parents before children.
+
+    Never follows symlinks; ``exclude_top`` names are skipped at the top level only."""
+    stack: list[bytes] = [b""]
+    while stack:
+        rel = stack.pop()
+        full = os.path.join(root, rel) if rel else root
+        try:
+            it = os.scandir(full)
+        except FileNotFoundError:
+            continue  # removed while we walked: the walk is per-file exact, not global
+        with it:
+            subdirs = []
+            for entry in it:
+                name = entry.name
+                if not rel and name in exclude_top:
+                    continue
+                child = join(rel, name)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield child, st
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(child)
+            stack.extend(reversed(sorted(subdirs)))
+
+
+def tree_bytes(root: bytes, exclude_top: frozenset[bytes] = frozenset()) -> tuple[int, int]:
+    """(bytes allocated by regular files, number of entries) under root."""
+    total = n = 0
+    for _, st in walk(root, exclude_top):
+        n += 1
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total, n
+
+
+def _copy_sparse(src_fd: int, dst_fd: int, size: int, count: Callable[[int], None]) -> None:
+    """Copy data segments only, so holes stay holes."""
+    pos = 0
+    while pos < size:
+        try:
+            data = os.lseek(src_fd, pos, SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data after pos: the rest is a hole
+                break
+            raise
+        hole = os.lseek(src_fd, data, SEEK_HOLE)
+        off = data
+        while off < hole:
+            n = os.copy_file_range(src_fd, dst_fd, min(hole - off, 1 << 30), off, off)
+            if n == 0:
+                break
+            off += n
+            count(n)
+        pos = hole
+    os.ftruncate(dst_fd, size)
+
+
+def clone_file_data(src_fd: int, dst_fd: int, size: int, reflink: bool, count: Callable[[int], None]) -> None:
+    if reflink:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+        return
+    _copy_sparse(src_fd, dst_fd, size, count)
+
+
+def copy_xattrs(src: bytes, dst: bytes) -> None:
+    try:
+        names = os.listxattr(src, follow_symlinks=False)
+    except OSError:
+        return
+    for name in names:
+        if not IS_ROOT and not name.startswith("user."):
+            continue
+        try:
+            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
+        except OSError:
+            pass  # best effort: the target filesystem may not take it
+
+
+def apply_meta(path: bytes, st: os.stat_result, *, is_link: bool = False) -> None:
+    """Owner, mode and times of ``st`` onto ``path`` (owner first: chown clears setuid)."""
+    if IS_ROOT:
+        os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
+    if not is_link:
+        os.chmod(path, stat.S_IMODE(st.st_mode))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+
+def copy_file(src: bytes, dst: bytes, st: os.stat_result, *, reflink: bool,
+              count: Callable[[int], None] = lambda n: None) -> os.stat_result:
+    """Copy one regular file exactly; re-copy if it moved meanwhile. Returns the stat the copy
+    matches. ``dst`` must not exist."""
+    for _ in range(COPY_RETRIES):
+        src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            before = os.fstat(src_fd)
+            dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                clone_file_data(src_fd, dst_fd, before.st_size, reflink, count)
+            finally:
+                os.close(dst_fd)
+            after = os.fstat(src_fd)
+        finally:
+            os.close(src_fd)
+        if StatKey.of(before) == StatKey.of(after) and after.st_mtime_ns == before.st_mtime_ns:
+            copy_xattrs(src, dst)
+            apply_meta(dst, after)
+            return after
+        os.unlink(dst)  # it moved while we copied: take it again
+    raise TreeChangedDuringCopy(path=os.fsdecode(src))
+
+
+def make_special(dst: bytes, st: os.stat_result) -> bool:
+    """Recreate a fifo; skip sockets and devices. True if something was made."""
+    if stat.S_ISFIFO(st.st_mode):
+        os.mkfifo(dst, 0o600)
+        apply_meta(dst, st)
+        return True
+    return False
+
+
+class TreeCopier:
+    """Copies a tree with a pool of threads (FICLONE and copy_file_range release the GIL).
+
+    ``link_from(rel, st)`` may return a path to hard-link instead of copying (the copy
+    backend links files unchanged since the previous snapshot to that snapshot's copy)."""
+
+    def __init__(self, *, reflink: bool, workers: int = 8,
+                 progress: Callable[[int, int], None] | None = None, total: int = 0,
+                 link_from: Callable[[bytes, os.stat_result], bytes | None] | None = None,
+                 keep_hardlinks: bool = True) -> None:
+        self.reflink = reflink
+        self.workers = workers
+        self.progress = progress
+        self.total = total
+        self.link_from = link_from
+        self.keep_hardlinks = keep_hardlinks
+        self._done = 0
+        self._lock = threading.Lock()
+        self.manifest: dict[bytes, StatKey] = {}
+
+    def _count(self, n: int) -> None:
+        if self.progress is None:
+            return
+        with self._lock:
+            self._done += n
+            done = self._done
+        self.progress(done, self.total)
+
+    def copy(self, src_root: bytes, dst_root: bytes, exclude_top: frozenset[bytes] = frozenset()) -> None:
+        """Copy src_root's contents into dst_root (which must exist and be empty)."""
+        dirs: list[tuple[bytes, os.stat_result]] = [(b"", os.lstat(src_root))]
+        links_seen: dict[tuple[int, int], bytes] = {}
+        futures: list[tuple[bytes, Future]] = []
+        try:
+            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                for rel, st in walk(src_root, exclude_top):
+                    src = os.path.join(src_root, rel)
+                    dst = os.path.join(dst_root, rel)
+                    mode = st.st_mode
+                    if stat.S_ISDIR(mode):
+                        os.mkdir(dst, 0o700)
+                        copy_xattrs(src, dst)
+                        dirs.append((rel, st))
+                    elif stat.S_ISLNK(mode):
+                        os.symlink(os.readlink(src), dst)
+                        apply_meta(dst, st, is_link=True)
+                        self.manifest[rel] = StatKey.of(st)
+                    elif stat.S_ISREG(mode):
+                        key = (st.st_dev, st.st_ino)
+                        if self.keep_hardlinks and st.st_nlink > 1 and key in links_seen:
+                            os.link(os.path.join(dst_root, links_seen[key]), dst)
+                            self.manifest[rel] = StatKey.of(st)
+                            continue
+                        if st.st_nlink > 1:
+                            links_seen[key] = rel
+                        prev = self.link_from(rel, st) if self.link_from else None
+                        if prev is not None:
+                            os.link(prev, dst)
+                            self.manifest[rel] = StatKey.of(st)
+                            continue
+                        futures.append((rel, pool.submit(copy_file, src, dst, st, reflink=self.reflink,
+                                                         count=self._count)))
+                    else:
+                        if make_special(dst, st):
+                            self.manifest[rel] = StatKey.of(st)
+                for rel, fut in futures:
+                    self.manifest[rel] = StatKey.of(fut.result())
+        except OSError as e:
+            for _, fut in futures:
+                fut.cancel()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(doing="copying the tree") from e
+            raise SnapshotError(detail=f"{os.fsdecode(e.filename or b'')}: {e.strerror}") from e
+        # Directory times last: creating children moved them.
+        for rel, st in reversed(dirs):
+            apply_meta(os.path.join(dst_root, rel) if rel else dst_root, st)
+
+
+def remove_tree(path: bytes | str) -> None:
+    """rm -rf that also copes with read-only directories and never follows symlinks."""
+    path = os.fsencode(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    stack = [path]
+    order = []
+    while stack:
+        d = stack.pop()
+        order.append(d)
+        try:
+            os.chmod(d, 0o700)
+        except OSError:
+            pass
+        with os.scandir(d) as it:
+            for e in it:
+                p = os.path.join(d, e.name)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(p)
+                else:
+                    os.unlink(p)
+    for d in reversed(order):
+        os.rmdir(d)
