@@ -1,0 +1,447 @@
+"""The workspace engine: the Python API the CLI, the TUI and the MCP server call.
+
+It owns the registry and the lifecycle of snapshots and sandboxes; the backends only build
+trees. Everything here is synchronous and cheap to import (no trio, no pydantic): running
+commands lives in ``orchestrator.runs`` on trio.
+
+Crash safety of the lifecycle: a sandbox row is written (state ``creating``, with the
+creator's pid) before its tree is made, and a snapshot row after its tree is complete, so
+``gc`` can always tell a half-made thing from a live one.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from snapshot.backend import Backend, Progress
+from snapshot.choose import choose, get_backend
+from snapshot.errors import PetriError
+from snapshot.store import STORE_NAME, Store
+from snapshot.tree import remove_tree
+
+from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
+                     UsageError)
+from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
+                       rfc3339)
+from .workspace import (REGISTRY_NAME, add_git_exclude, check_can_init, find_workspace,
+                        remove_git_exclude, store_lock)
+
+Say = Callable[[str], None]
+
+
+def path_text(p: bytes) -> str:
+    """A path for JSON and people: UTF-8, with invalid bytes written as \\xNN."""
+    return p.decode("utf-8", "backslashreplace")
+
+
+def path_fields(p: bytes) -> dict[str, str]:
+    d = {"path": path_text(p)}
+    try:
+        p.decode("utf-8")
+    except UnicodeDecodeError:
+        d["path_b64"] = base64.b64encode(p).decode()
+    return d
+
+
+@dataclass(frozen=True)
+class Limits:
+    mem_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    disk_bytes: int | None = None
+    net: bool = False
+    ttl_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mem_bytes": self.mem_bytes, "cpus": self.cpus, "pids": self.pids,
+                "disk_bytes": self.disk_bytes, "net": self.net, "ttl_s": self.ttl_s}
+
+
+class Engine:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.store = Store(root)
+        self.registry = Registry(self.store.registry)
+        self._backend: Backend | None = None
+
+    # -- opening ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
+        engine = cls(find_workspace(start, override))
+        if reap:
+            engine.reap_expired()
+        return engine
+
+    def close(self) -> None:
+        self.registry.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def backend_name(self) -> str:
+        return self.registry.get_meta("backend") or "copy"
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = get_backend(self.backend_name)
+        return self._backend
+
+    def lock(self):
+        return store_lock(self.store.root)
+
+    # -- init / deinit ------------------------------------------------------------------
+    @classmethod
+    def init(cls, path: Path, backend: str = "auto", *, convert: bool = False,
+             progress: Progress | None = None, say: Say = lambda s: None) -> tuple["Engine", dict[str, Any]]:
+        root = check_can_init(path)
+        if convert:
+            from snapshot.backends.btrfs import check_btrfs, convert_to_subvolume
+            ok, why = check_btrfs(root)
+            if not ok:
+                from snapshot.fsinfo import fs_type
+                if fs_type(root) != "btrfs":
+                    raise OrchestratorError(detail=f"--convert needs a directory on btrfs; {root} is on {fs_type(root)}")
+                say(f"converting {root} into a btrfs subvolume: its contents are reflink-copied (no data"
+                    " is duplicated) into a new subvolume, which then takes its place at the same path")
+                convert_to_subvolume(root, progress)
+                backend = "btrfs"
+            else:
+                say(f"{root} is already a btrfs subvolume; nothing to convert")
+        name, reason = choose(root, backend)
+        chosen = get_backend(name)
+        store = Store(root)
+        try:
+            chosen.create_store(store)
+            store.make_dirs()
+            reg = Registry(store.registry, create=True)
+            reg.set_meta("backend", name)
+            reg.set_meta("reason", reason)
+            reg.set_meta("created_at", str(now()))
+            st = os.stat(root)
+            reg.set_meta("owner", f"{st.st_uid}:{st.st_gid}")
+            reg.close()
+            add_git_exclude(root)
+            engine = cls(root)
+            if not chosen.instant:
+                total = chosen.estimate_bytes(store, None)
+                say(f"{name}: the first snapshot copies {total} bytes ({_human(total)}) of {root}")
+            snap = engine.take_snapshot("initial snapshot", kind="user", progress=progress)
+        except BaseException:
+            _remove_store(store, chosen)
+            raise
+        return engine, {"workspace": str(root), "backend": name, "reason": reason, "snapshot": snap.id}
+
+    def deinit(self, *, force: bool = False) -> dict[str, Any]:
+        live = [s for s in self.registry.sandboxes() if s.state in LIVE_STATES or
+                (s.state == "expired" and s.keep_expired)]
+        if live and not force:
+            raise SandboxesExist(count=len(live), ids=", ".join(s.id for s in live[:5]))
+        removed = []
+        with self.lock():
+            for sb in self.registry.sandboxes():
+                self._destroy_tree(sb)
+                removed.append(sb.id)
+            for snap in reversed(self.registry.snapshots()):
+                self.backend.delete_snapshot(self.store, snap.id)
+                removed.append(snap.id)
+        self.close()
+        _remove_store(self.store, self.backend)
+        remove_git_exclude(self.root)
+        return {"workspace": str(self.root), "removed": removed}
+
+    # -- snapshots ----------------------------------------------------------------------
+    def take_snapshot(self, message: str = "", *, kind: str = "user",
+                      progress: Progress | None = None) -> SnapshotRow:
+        with self.lock():
+            return self._take_snapshot_locked(message, kind, progress)
+
+    def _take_snapshot_locked(self, message: str, kind: str, progress: Progress | None) -> SnapshotRow:
+        parent = self.registry.latest_snapshot()
+        snap_id = new_id("s")
+        started = time.monotonic()
+        result = self.backend.snapshot(self.store, snap_id, parent.id if parent else None, progress)
+        row = SnapshotRow(id=snap_id, message=message, implicit=(kind == "implicit"), created_at=now(),
+                          backend=self.backend_name, parent=parent.id if parent else None,
+                          bytes_copied=result.bytes_copied, kind=kind)
+        try:
+            self.registry.add_snapshot(row)
+        except BaseException:
+            self.backend.delete_snapshot(self.store, snap_id)
+            raise
+        self._last_snapshot_s = time.monotonic() - started
+        return row
+
+    def snapshot_doc(self, row: SnapshotRow, *, with_bytes: bool = True) -> dict[str, Any]:
+        return {"id": row.id, "message": row.message, "implicit": row.implicit, "kind": row.kind,
+                "created_at": rfc3339(row.created_at), "backend": row.backend, "parent": row.parent,
+                "bytes_copied": row.bytes_copied,
+                "bytes": self.backend.snapshot_bytes(self.store, row.id) if with_bytes else None,
+                "used_by": self.registry.snapshot_users(row.id)}
+
+    def resolve_snapshot(self, ident: str) -> SnapshotRow:
+        _, sid = self.registry.resolve(ident, ("snapshot",))
+        row = self.registry.snapshot(sid)
+        assert row is not None
+        return row
+
+    # -- sandboxes ----------------------------------------------------------------------
+    def resolve_sandbox(self, ident: str) -> SandboxRow:
+        _, sid = self.registry.resolve(ident, ("sandbox",))
+        row = self.registry.sandbox(sid)
+        assert row is not None
+        return row
+
+    def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
+             limits: Limits = Limits(), keep_expired: bool = False) -> list[SandboxRow]:
+        if n < 1:
+            raise UsageError(detail=f"-n must be at least 1, not {n}")
+        if n > 1000:
+            raise UsageError(detail=f"-n {n} is more than 1000 sandboxes in one call")
+        labels: list[str | None] = [None] * n
+        if label:
+            labels = [label] if n == 1 else [f"{label}-{i + 1}" for i in range(n)]
+            for lb in labels:
+                if self.registry.label_taken(lb):
+                    raise UsageError(detail=f"label {lb!r} is already used by a live sandbox")
+                if lb.startswith(("s-", "sb-", "p-")):
+                    raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
+        implicit: SnapshotRow | None = None
+        if source == "live":
+            implicit = base = self.take_snapshot("fork from live", kind="implicit")
+        else:
+            base = self.resolve_snapshot(source)
+        created = now()
+        expires = created + limits.ttl_s if limits.ttl_s else None
+        rows = []
+        for i in range(n):
+            sb_id = new_id("sb")
+            rows.append(SandboxRow(id=sb_id, label=labels[i], backend=self.backend_name, state="creating",
+                                   base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
+                                   expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,
+                                   owner_pid=os.getpid()))
+        try:
+            self.registry.add_sandboxes(rows)
+        except Exception as e:  # the unique label index lost a race with another petri
+            if "UNIQUE" in str(e):
+                raise UsageError(detail=f"label {label!r} was taken by a concurrent fork") from None
+            raise
+
+        def make(row: SandboxRow) -> None:
+            self.backend.clone(self.store, base.id, row.id)
+
+        failures: list[BaseException] = []
+        workers = min(n, 8)
+        if workers == 1:
+            try:
+                make(rows[0])
+            except BaseException as e:
+                failures.append(e)
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for fut in [pool.submit(make, r) for r in rows]:
+                    try:
+                        fut.result()
+                    except BaseException as e:
+                        failures.append(e)
+        if failures:
+            # Nothing half-made stays: drop every sandbox of this call.
+            for row in rows:
+                try:
+                    self.backend.destroy_clone(self.store, row.id)
+                except Exception:
+                    pass
+                self.registry.update_sandbox(row.id, state="failed")
+            raise failures[0]
+        with self.registry.write() as db:
+            for row in rows:
+                db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
+        return [self.registry.sandbox(r.id) for r in rows]  # type: ignore[misc]
+
+    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None) -> dict[str, Any]:
+        usage_disk = None
+        if row.state in LIVE_STATES:
+            usage = getattr(self.backend, "clone_bytes", None)
+            if usage is not None:
+                try:
+                    usage_disk = usage(self.store, row.id)
+                except OSError:
+                    usage_disk = None
+        left = None if row.expires_at is None else max(0.0, row.expires_at - now())
+        return {"id": row.id, "label": row.label, "backend": row.backend, "state": row.state,
+                "base": row.base, "path": row.path, "created_at": rfc3339(row.created_at),
+                "expires_at": rfc3339(row.expires_at), "time_left_s": left, "limits": row.limits,
+                "keep_expired": row.keep_expired,
+                "usage": {"disk_bytes": usage_disk, "peak_memory_bytes": row.peak_memory_bytes},
+                "last_exit_code": row.last_exit_code, "stale": staleness}
+
+    def sandbox_tree(self, row: SandboxRow) -> Path:
+        if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
+            raise SandboxGone(ident=row.id, state=row.state)
+        return self.backend.ensure_clone(self.store, row.id)
+
+    def _destroy_tree(self, row: SandboxRow) -> None:
+        self.backend.destroy_clone(self.store, row.id)
+
+    def remove(self, idents: Iterable[str] = (), *, all_sandboxes: bool = False,
+               expired: bool = False) -> list[str]:
+        targets: list[tuple[str, str]] = []
+        for ident in idents:
+            targets.append(self.registry.resolve(ident, ("sandbox", "snapshot")))
+        if all_sandboxes:
+            targets += [("sandbox", s.id) for s in self.registry.sandboxes()
+                        if s.state in LIVE_STATES or s.state == "expired" and s.keep_expired]
+        if expired:
+            targets += [("sandbox", s.id) for s in self.registry.sandboxes()
+                        if s.state == "expired" and s.keep_expired]
+        removed: list[str] = []
+        seen = set()
+        for kind, ident in targets:
+            if ident in seen:
+                continue
+            seen.add(ident)
+            if kind == "sandbox":
+                self.destroy_sandbox(ident)
+                removed.append(ident)
+        for kind, ident in targets:
+            if kind == "snapshot":
+                self.delete_snapshot(ident)
+                removed.append(ident)
+        return removed
+
+    def destroy_sandbox(self, sb_id: str, *, state: str = "destroyed") -> None:
+        row = self.registry.sandbox(sb_id)
+        if row is None:
+            raise UnknownId(what="sandbox", ident=sb_id, listing="ls")
+        self._stop_sandbox_processes(row)
+        self._destroy_tree(row)
+        if state == "expired":
+            self.registry.update_sandbox(sb_id, state="expired", keep_expired=False)
+        else:
+            self.registry.set_state(sb_id, state)
+
+    def _stop_sandbox_processes(self, row: SandboxRow) -> int:
+        """Kill what runs in the sandbox (its cgroups); the runner module knows how."""
+        try:
+            from .cgroups import kill_sandbox_cgroups  # type: ignore[attr-defined]
+        except ImportError:
+            return 0
+        return kill_sandbox_cgroups(row.id)
+
+    def delete_snapshot(self, snap_id: str) -> None:
+        with self.lock():
+            users = self.registry.snapshot_users(snap_id)
+            if users:
+                raise SnapshotInUse(ident=snap_id, users=", ".join(users))
+            self.registry.delete_snapshot_row(snap_id)
+            self.backend.delete_snapshot(self.store, snap_id)
+
+    # -- expiry and gc ------------------------------------------------------------------
+    def reap_expired(self) -> list[str]:
+        """Expire every sandbox whose lifetime has passed (any petri command calls this)."""
+        reaped = []
+        for row in self.registry.overdue(now()):
+            if not self.registry.set_state(row.id, "expired", only_from=LIVE_STATES):
+                continue  # another petri got there first
+            self._stop_sandbox_processes(row)
+            if not row.keep_expired:
+                try:
+                    self._destroy_tree(row)
+                except Exception:
+                    pass  # gc retries leaked trees
+            reaped.append(row.id)
+        return reaped
+
+    def gc(self, *, dry_run: bool = False) -> dict[str, Any]:
+        removed: list[str] = []
+        reaped = {"mounts": 0, "processes": 0, "cgroups": 0, "trees": 0,
+                  "promotions_finished": 0, "promotions_undone": 0, "expired": 0}
+        reaped["expired"] = len(self.reap_expired())
+        with self.lock():
+            # Half-made sandboxes whose creator died.
+            for row in self.registry.sandboxes():
+                if row.state == "creating" and not pid_alive(row.owner_pid):
+                    self._destroy_tree(row)
+                    self.registry.set_state(row.id, "failed")
+                    reaped["trees"] += 1
+                elif row.state in ("destroyed", "failed") or (row.state == "expired" and not row.keep_expired):
+                    if self.store.sandbox_dir(row.id).exists():
+                        self._destroy_tree(row)
+                        reaped["trees"] += 1
+            # Snapshot rows without a tree on disk are stale.
+            for snap in self.registry.snapshots():
+                if not self.store.snapshot_dir(snap.id).exists():
+                    self.registry.delete_snapshot_row(snap.id)
+                    removed.append(snap.id)
+            # Things on disk that no row accounts for.
+            known_snaps = {s.id for s in self.registry.snapshots()}
+            known_sbs = {s.id for s in self.registry.sandboxes()
+                         if s.state in LIVE_STATES or (s.state == "expired" and s.keep_expired)}
+            for left in self.backend.leftovers(self.store, known_snaps, known_sbs):
+                if left.path.parent == self.store.tmp and _tmp_owner_alive(left.path.name):
+                    continue
+                remover = getattr(self.backend, "remove_leftover", None)
+                if remover:
+                    remover(self.store, left)
+                else:
+                    remove_tree(bytes(left.path))
+                reaped["mounts" if left.kind == "mount" else "trees"] += 1
+            # Implicit snapshots nobody uses, once a newer snapshot exists.
+            snaps = self.registry.snapshots()
+            for i, snap in enumerate(snaps):
+                if snap.implicit and i < len(snaps) - 1 and not self.registry.snapshot_users(snap.id):
+                    self.registry.delete_snapshot_row(snap.id)
+                    self.backend.delete_snapshot(self.store, snap.id)
+                    removed.append(snap.id)
+        extra = getattr(self, "_gc_hooks", [])
+        for hook in extra:
+            hook(reaped)
+        return {"removed": removed, "reaped": reaped}
+
+    # -- rollback -----------------------------------------------------------------------
+    def rollback_snapshot(self, ident: str) -> dict[str, Any]:
+        from snapshot.restore import execute_restore, plan_restore
+        target = self.resolve_snapshot(ident)
+        with self.lock():
+            safety = self._take_snapshot_locked(f"safety before rollback to {target.id}", "safety", None)
+            with self.backend.snapshot_view(self.store, target.id) as src:
+                ops = plan_restore(bytes(src), bytes(self.root))
+                changed = execute_restore(ops, bytes(src), bytes(self.root))
+        return {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
+                "changed_b64": [base64.b64encode(p).decode() for p in changed],
+                "safety_snapshot": safety.id}
+
+
+def _tmp_owner_alive(name: str) -> bool:
+    parts = name.split(".")
+    for p in parts[1:]:
+        if p.isdigit():
+            return pid_alive(int(p))
+    return False
+
+
+def _human(n: int) -> str:
+    from .units import human_bytes
+    return human_bytes(n)
+
+
+def _remove_store(store: Store, backend: Backend) -> None:
+    """Remove the whole store, whatever state it is in (init failure, deinit)."""
+    if not store.root.exists():
+        return
+    destroy = getattr(backend, "destroy_store", None)
+    if destroy is not None:
+        destroy(store)
+    else:
+        remove_tree(bytes(store.root))

@@ -1,0 +1,92 @@
+"""Printing for people and for programs: one JSON document, or tables and colours."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+SCHEMA = 1
+
+
+class Output:
+    def __init__(self, json_mode: bool = False) -> None:
+        self.json = json_mode
+        self.color = (not json_mode and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
+                      and os.environ.get("TERM") != "dumb")
+
+    def doc(self, doc: dict[str, Any]) -> None:
+        """The one JSON document of a command (``--json``)."""
+        out = {"schema": SCHEMA, **doc}
+        sys.stdout.write(json.dumps(out, indent=None, sort_keys=False, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+    def say(self, text: str = "") -> None:
+        if not self.json:
+            print(text, flush=True)
+
+    def note(self, text: str) -> None:
+        """Side information on stderr (never pollutes stdout, even under --json)."""
+        if not self.json:
+            print(text, file=sys.stderr, flush=True)
+
+    def paint(self, text: str, style: str) -> str:
+        if not self.color:
+            return text
+        codes = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
+        return f"\033[{codes[style]}m{text}\033[0m"
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        if self.json:
+            return
+        cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+        widths = [len(h) for h in headers]
+        for row in cells:
+            for i, c in enumerate(row):
+                widths[i] = max(widths[i], len(_strip(c)))
+        line = "  ".join(h.upper().ljust(widths[i]) for i, h in enumerate(headers)).rstrip()
+        print(self.paint(line, "bold"))
+        for row in cells:
+            print("  ".join(c + " " * (widths[i] - len(_strip(c))) for i, c in enumerate(row)).rstrip())
+        sys.stdout.flush()
+
+
+def _strip(s: str) -> str:
+    import re
+    return re.sub(r"\033\[[0-9;]*m", "", s)
+
+
+class ProgressBar:
+    """A byte-count progress bar on stderr, drawn only on a terminal and at most 10 times a second."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        t = time.monotonic()
+        if t - self._last < 0.1 and done < total:
+            return
+        if t - self.started < 1.0 and done < total:
+            return  # anything shorter than a second gets no bar
+        self._last = t
+        from .units import human_bytes
+        if total:
+            frac = min(1.0, done / total)
+            bar = "#" * int(frac * 30)
+            sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% {human_bytes(done)}/{human_bytes(total)}")
+        else:
+            sys.stderr.write(f"\r{self.label} {human_bytes(done)}")
+        sys.stderr.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -1,0 +1,327 @@
+"""The registry: one SQLite file (WAL) per workspace, the source of truth for ids and states.
+
+Several ``petri`` processes (three agents forking at the same instant) share it: every write
+is one ``BEGIN IMMEDIATE`` transaction and readers never block writers (WAL). The schema
+version is ``PRAGMA user_version``; a newer one than this code knows is refused.
+
+Rows are frozen dataclasses, not pydantic models: the registry is read on every command and
+start-up time matters (pydantic lives at the JSON/MCP/config edges).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import AmbiguousId, RegistryTooNew, UnknownId
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY, message TEXT NOT NULL DEFAULT '', implicit INTEGER NOT NULL,
+    created_at REAL NOT NULL, backend TEXT NOT NULL, parent TEXT, bytes_copied INTEGER NOT NULL DEFAULT 0,
+    kind TEXT NOT NULL DEFAULT 'user');
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY, label TEXT, backend TEXT NOT NULL, state TEXT NOT NULL, base TEXT NOT NULL,
+    path TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL, limits TEXT NOT NULL,
+    keep_expired INTEGER NOT NULL DEFAULT 0, last_exit_code INTEGER, peak_memory_bytes INTEGER,
+    owner_pid INTEGER, meta TEXT NOT NULL DEFAULT '{}');
+CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_label ON sandboxes(label)
+    WHERE label IS NOT NULL AND state NOT IN ('destroyed', 'failed', 'expired');
+CREATE TABLE IF NOT EXISTS runs (
+    sandbox TEXT NOT NULL, n INTEGER NOT NULL, argv TEXT NOT NULL, started_at REAL NOT NULL,
+    finished_at REAL, exit_code INTEGER, duration_s REAL, killed_by TEXT, limits_hit TEXT NOT NULL DEFAULT '[]',
+    stdout_path TEXT NOT NULL, stderr_path TEXT NOT NULL, peak_memory_bytes INTEGER, pid INTEGER,
+    PRIMARY KEY (sandbox, n));
+CREATE TABLE IF NOT EXISTS promotions (
+    id TEXT PRIMARY KEY, sandbox TEXT NOT NULL, created_at REAL NOT NULL, state TEXT NOT NULL,
+    doc TEXT NOT NULL DEFAULT '{}');
+"""
+
+SANDBOX_STATES = ("creating", "ready", "running", "exited", "expired", "destroyed", "failed")
+LIVE_STATES = ("creating", "ready", "running", "exited")
+
+
+def now() -> float:
+    return time.time()
+
+
+def rfc3339(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    id: str
+    message: str
+    implicit: bool
+    created_at: float
+    backend: str
+    parent: str | None
+    bytes_copied: int
+    kind: str = "user"  # user | implicit | safety
+
+
+@dataclass(frozen=True)
+class SandboxRow:
+    id: str
+    label: str | None
+    backend: str
+    state: str
+    base: str
+    path: str
+    created_at: float
+    expires_at: float | None
+    limits: dict[str, Any] = field(default_factory=dict)
+    keep_expired: bool = False
+    last_exit_code: int | None = None
+    peak_memory_bytes: int | None = None
+    owner_pid: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _row(cls, r: sqlite3.Row):
+    d = dict(r)
+    for k in ("limits", "meta"):
+        if k in d and isinstance(d[k], str):
+            d[k] = json.loads(d[k])
+    for k in ("implicit", "keep_expired"):
+        if k in d:
+            d[k] = bool(d[k])
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class Registry:
+    def __init__(self, path: Path, *, create: bool = False) -> None:
+        self.path = path
+        if not create and not path.exists():
+            raise FileNotFoundError(path)
+        self.db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA busy_timeout = 60000")
+        if create:
+            self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RegistryTooNew(path=str(path), found=version, known=SCHEMA_VERSION)
+        if version < SCHEMA_VERSION:
+            with self.write():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self.db.execute(stmt)
+                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; taken immediately so concurrent writers queue, not deadlock."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    # -- meta --------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return r[0] if r else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.write() as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # -- snapshots ---------------------------------------------------------------------
+    def add_snapshot(self, row: SnapshotRow) -> None:
+        with self.write() as db:
+            db.execute(
+                "INSERT INTO snapshots(id, message, implicit, created_at, backend, parent, bytes_copied, kind)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.id, row.message, int(row.implicit), row.created_at, row.backend, row.parent,
+                 row.bytes_copied, row.kind))
+
+    def snapshots(self) -> list[SnapshotRow]:
+        return [_row(SnapshotRow, r) for r in self.db.execute("SELECT * FROM snapshots ORDER BY created_at, rowid")]
+
+    def snapshot(self, snap_id: str) -> SnapshotRow | None:
+        r = self.db.execute("SELECT * FROM snapshots WHERE id = ?", (snap_id,)).fetchone()
+        return _row(SnapshotRow, r) if r else None
+
+    def latest_snapshot(self) -> SnapshotRow | None:
+        r = self.db.execute("SELECT * FROM snapshots ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
+        return _row(SnapshotRow, r) if r else None
+
+    def delete_snapshot_row(self, snap_id: str) -> None:
+        with self.write() as db:
+            db.execute("DELETE FROM snapshots WHERE id = ?", (snap_id,))
+
+    def snapshot_users(self, snap_id: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM sandboxes WHERE base = ? AND state NOT IN ('destroyed', 'failed')"
+            " AND NOT (state = 'expired' AND keep_expired = 0)", (snap_id,))]
+
+    # -- sandboxes ---------------------------------------------------------------------
+    def add_sandbox(self, row: SandboxRow) -> None:
+        with self.write() as db:
+            self._insert_sandbox(db, row)
+
+    def _insert_sandbox(self, db: sqlite3.Connection, row: SandboxRow) -> None:
+        db.execute(
+            "INSERT INTO sandboxes(id, label, backend, state, base, path, created_at, expires_at, limits,"
+            " keep_expired, owner_pid, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.id, row.label, row.backend, row.state, row.base, row.path, row.created_at, row.expires_at,
+             json.dumps(row.limits), int(row.keep_expired), row.owner_pid, json.dumps(row.meta)))
+
+    def add_sandboxes(self, rows: list[SandboxRow]) -> None:
+        with self.write() as db:
+            for row in rows:
+                self._insert_sandbox(db, row)
+
+    def sandboxes(self, *, include_gone: bool = True) -> list[SandboxRow]:
+        q = "SELECT * FROM sandboxes"
+        if not include_gone:
+            q += " WHERE state NOT IN ('destroyed')"
+        return [_row(SandboxRow, r) for r in self.db.execute(q + " ORDER BY created_at, rowid")]
+
+    def sandbox(self, sb_id: str) -> SandboxRow | None:
+        r = self.db.execute("SELECT * FROM sandboxes WHERE id = ?", (sb_id,)).fetchone()
+        return _row(SandboxRow, r) if r else None
+
+    def update_sandbox(self, sb_id: str, **values: Any) -> None:
+        for k in ("limits", "meta"):
+            if k in values:
+                values[k] = json.dumps(values[k])
+        cols = ", ".join(f"{k} = ?" for k in values)
+        with self.write() as db:
+            db.execute(f"UPDATE sandboxes SET {cols} WHERE id = ?", (*values.values(), sb_id))
+
+    def set_state(self, sb_id: str, state: str, *, only_from: tuple[str, ...] | None = None) -> bool:
+        """Move a sandbox to ``state``; with ``only_from``, only if it is in one of those (a
+        compare-and-set, so two reapers cannot both expire one sandbox)."""
+        assert state in SANDBOX_STATES
+        with self.write() as db:
+            if only_from:
+                marks = ",".join("?" * len(only_from))
+                cur = db.execute(f"UPDATE sandboxes SET state = ? WHERE id = ? AND state IN ({marks})",
+                                 (state, sb_id, *only_from))
+            else:
+                cur = db.execute("UPDATE sandboxes SET state = ? WHERE id = ?", (state, sb_id))
+            return cur.rowcount == 1
+
+    def overdue(self, at: float) -> list[SandboxRow]:
+        return [_row(SandboxRow, r) for r in self.db.execute(
+            "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?"
+            " AND state IN ('creating', 'ready', 'running', 'exited')", (at,))]
+
+    def label_taken(self, label: str) -> bool:
+        return self.db.execute(
+            "SELECT 1 FROM sandboxes WHERE label = ? AND state NOT IN ('destroyed', 'failed', 'expired')",
+            (label,)).fetchone() is not None
+
+    # -- runs --------------------------------------------------------------------------
+    def start_run(self, sandbox: str, argv: list[str], stdout_path: str, stderr_path: str, pid: int) -> int:
+        with self.write() as db:
+            n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM runs WHERE sandbox = ?", (sandbox,)).fetchone()[0]
+            db.execute("INSERT INTO runs(sandbox, n, argv, started_at, stdout_path, stderr_path, pid)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (sandbox, n, json.dumps(argv), now(), stdout_path, stderr_path, pid))
+            return n
+
+    def finish_run(self, sandbox: str, n: int, **values: Any) -> None:
+        if "limits_hit" in values:
+            values["limits_hit"] = json.dumps(values["limits_hit"])
+        cols = ", ".join(f"{k} = ?" for k in values)
+        with self.write() as db:
+            db.execute(f"UPDATE runs SET finished_at = ?, {cols} WHERE sandbox = ? AND n = ?",
+                       (now(), *values.values(), sandbox, n))
+
+    def runs(self, sandbox: str) -> list[dict[str, Any]]:
+        out = []
+        for r in self.db.execute("SELECT * FROM runs WHERE sandbox = ? ORDER BY n", (sandbox,)):
+            d = dict(r)
+            d["argv"] = json.loads(d["argv"])
+            d["limits_hit"] = json.loads(d["limits_hit"] or "[]")
+            out.append(d)
+        return out
+
+    # -- promotions --------------------------------------------------------------------
+    def add_promotion(self, promo_id: str, sandbox: str, state: str, doc: dict[str, Any]) -> None:
+        with self.write() as db:
+            db.execute("INSERT INTO promotions(id, sandbox, created_at, state, doc) VALUES (?, ?, ?, ?, ?)",
+                       (promo_id, sandbox, now(), state, json.dumps(doc)))
+
+    def update_promotion(self, promo_id: str, state: str, doc: dict[str, Any] | None = None) -> None:
+        with self.write() as db:
+            if doc is None:
+                db.execute("UPDATE promotions SET state = ? WHERE id = ?", (state, promo_id))
+            else:
+                db.execute("UPDATE promotions SET state = ?, doc = ? WHERE id = ?", (state, json.dumps(doc), promo_id))
+
+    def promotions(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.db.execute("SELECT * FROM promotions ORDER BY created_at"):
+            d = dict(r)
+            d["doc"] = json.loads(d["doc"])
+            out.append(d)
+        return out
+
+    # -- ids ---------------------------------------------------------------------------
+    def resolve(self, ident: str, kinds: tuple[str, ...] = ("snapshot", "sandbox", "promotion")) -> tuple[str, str]:
+        """(kind, full id) for a unique prefix of an id, or a sandbox label."""
+        if not ident:
+            raise UnknownId(what=" or ".join(kinds), ident=ident, listing="ls")
+        tables = {"snapshot": "snapshots", "sandbox": "sandboxes", "promotion": "promotions"}
+        matches: list[tuple[str, str]] = []
+        for kind in kinds:
+            if kind == "sandbox":
+                r = self.db.execute("SELECT id FROM sandboxes WHERE label = ? ORDER BY"
+                                    " state IN ('destroyed', 'failed', 'expired'), created_at DESC LIMIT 1",
+                                    (ident,)).fetchone()
+                if r:
+                    return kind, r[0]
+            pattern = ident.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            for r in self.db.execute(f"SELECT id FROM {tables[kind]} WHERE id LIKE ? ESCAPE '\\'", (pattern,)):
+                matches.append((kind, r[0]))
+        exact = [m for m in matches if m[1] == ident]
+        if exact:
+            return exact[0]
+        if len(matches) == 1:
+            return matches[0]
+        what = " or ".join(kinds)
+        if not matches:
+            listing = "snapshots" if kinds == ("snapshot",) else "ls"
+            raise UnknownId(what=what, ident=ident, listing=listing)
+        raise AmbiguousId(what=what, ident=ident, matches=", ".join(m[1] for m in matches[:5]))
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
