@@ -72,3 +72,30 @@ class RegistryTooNew(OrchestratorError):
     """the registry at {path} has schema {found}, newer than this petri knows ({known}); upgrade petri"""
 
     exit_code = 4
+
+
+# -- the runner (isolation and limits) -------------------------------------------------
+
+
+class BwrapMissing(OrchestratorError):
+    """bubblewrap (`bwrap`) is not installed; install the Debian package `bubblewrap`"""
+
+    exit_code = 125
+
+
+class SandboxSetupFailed(OrchestratorError):
+    """could not start the sandbox: {detail}"""
+
+    exit_code = 125
+
+
+class RunUserInvalid(OrchestratorError):
+    """cannot run the command as uid {uid}: {why}"""
+
+    exit_code = 4
+
+
+class LimitsUnavailable(OrchestratorError):
+    """cannot enforce {what} here: {why}"""
+
+    exit_code = 4

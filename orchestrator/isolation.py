@@ -1,0 +1,377 @@
+"""The bubblewrap sandbox as a plan (data), and the one function that turns it into argv.
+
+A run's isolation is decided in two steps, the way bubblewrap itself separates parsing from
+doing: ``discover_masks`` looks at the host (which credential folders and host secrets
+exist), ``build_plan`` is pure and turns a request plus those masks into a ``SandboxPlan``
+(a closed list of mount verbs, the namespaces, the identity, the environment), and
+``bwrap_argv`` renders the plan. Tests assert on plans without running anything, and run
+the rendered argv under a real bwrap.
+
+What a plan always contains:
+
+- the host read-only at ``/`` (bwrap remounts every submount read-only too), a minimal
+  ``/dev``, a fresh ``/proc`` (bwrap covers ``/proc/sys`` & co read-only), private
+  size-capped ``/tmp`` and ``/dev/shm``;
+- the sandbox tree bound read-write at the workspace's own absolute path;
+- masks: the store (``<workspace>/.petri``, only where the tree has one: a mount point that
+  does not exist would be created *in the tree*), every user's credential folders and
+  files, and the host secrets (``/etc/shadow``, ``/etc/gshadow``, ssh host keys, ``/root``
+  outside the workspace). Host secrets are masked for every uid, not only root: for a
+  non-root uid they are unreadable anyway, so it costs a few mounts and removes a branch;
+- every namespace (``--unshare-all``; ``--share-net`` only with net), a user namespace with
+  ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
+  ALL``, ``--clearenv`` and an explicit environment, ``--new-session`` unless the caller
+  hands the sandbox a terminal of its own (``petri shell``).
+
+Mount order matters: a mount hides whatever was mounted under its destination earlier, and
+bwrap creates missing mount points inside the previous mount (a tmpfs is writable until it
+is remounted read-only). So every mount is sorted by the depth of its destination, stably:
+``/root`` is masked before a workspace at ``/root/proj`` is bound, and the store inside the
+workspace is masked after that.
+
+Caveats:
+- The plan is built against the host as seen now; a credential folder created after the
+  run started is not masked for that run.
+- Masks follow symlinks the way mount(2) does: a ``~/.ssh`` that is a symlink masks its
+  target. A mask path below ``/tmp``, ``/dev`` or ``/proc`` is dropped: those are fresh
+  inside anyway.
+- The live workspace is hidden because the tree is mounted over its path. If the same
+  directory is reachable on the host through another path (a second bind mount, another
+  mount of the same btrfs subvolume), that other path is visible read-only inside.
+- The command execs through ``/bin/sh -c 'exec "$@"'`` inside the sandbox (see
+  ``EXEC_SHIM``), so a missing or non-executable command gives the shell's 127/126 with a
+  shell-style message rather than bwrap's ``execvp`` error and exit 1.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+BWRAP = "bwrap"
+
+# Folders and files where tools keep credentials, relative to a home directory.
+CREDENTIAL_PATHS: tuple[str, ...] = (
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".config/gcloud",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".kube",
+    ".npmrc",
+    ".pypirc",
+    ".azure",
+    ".config/gh",
+    ".config/hub",
+    ".password-store",
+    ".vault-token",
+    ".pgpass",
+    ".my.cnf",
+    ".boto",
+    ".s3cfg",
+    ".terraform.d",
+    ".local/share/keyrings",
+    ".config/rclone",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+)
+
+HOST_SECRET_FILES: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+HOST_SECRET_GLOBS: tuple[str, ...] = ("/etc/ssh/ssh_host_*key*",)
+HOST_SECRET_DIRS: tuple[str, ...] = ("/root",)
+
+# Mount points that are fresh inside the sandbox: host paths below them need no mask.
+FRESH_MOUNTS: tuple[bytes, ...] = (b"/tmp", b"/dev", b"/proc", b"/dev/shm")
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# The shell that execs the command inside the sandbox. It first writes a per-run marker to
+# stderr: bwrap reports its own setup failures on stderr and exits 1, which a command can do
+# too; anything bwrap says comes before the marker, and the command cannot write before it,
+# so "no marker" proves the sandbox never started (exit 125). dash's `exec` then gives 127
+# for a command not found and 126 for one that cannot be executed, the `docker run` codes.
+EXEC_SHIM: tuple[str, ...] = ("/bin/sh", "-c", 'printf %s "$1" >&2; shift; exec "$@"', "petri")
+
+
+MountVerb = Literal["ro-bind", "bind", "tmpfs", "dev", "proc", "mask-dir", "mask-file"]
+
+
+@dataclass(frozen=True)
+class MountOp:
+    """One mount inside the sandbox. ``dest`` is an absolute path as seen inside."""
+
+    verb: MountVerb
+    dest: bytes
+    src: bytes | None = None
+    size: int | None = None
+
+    @property
+    def depth(self) -> int:
+        return len([p for p in self.dest.split(b"/") if p])
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A host path to hide: a directory becomes an empty read-only tmpfs, a file /dev/null."""
+
+    path: bytes
+    kind: Literal["dir", "file"]
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    mounts: tuple[MountOp, ...]
+    net: bool
+    uid: int
+    gid: int
+    env: tuple[tuple[str, str], ...]
+    cwd: bytes
+    new_session: bool
+    argv: tuple[bytes, ...]
+    marker: bytes | None = None  # see EXEC_SHIM; None runs the command without the shim
+    hostname: str = "petri"
+
+
+def _b(p: str | bytes | os.PathLike) -> bytes:
+    return os.fsencode(p)
+
+
+def _is_under(path: bytes, root: bytes) -> bool:
+    root = root.rstrip(b"/") or b"/"
+    return path == root or path.startswith(root + b"/") or root == b"/"
+
+
+def home_dirs(passwd: Iterable[pwd.struct_passwd] | None = None) -> list[bytes]:
+    """Every user's home directory that may hold credentials: /root, /home/*, and passwd homes."""
+    homes: set[bytes] = {b"/root"}
+    homes.update(_b(p) for p in glob.glob("/home/*"))
+    for entry in passwd if passwd is not None else pwd.getpwall():
+        d = entry.pw_dir
+        # System accounts point at /, /nonexistent, /var/...: only real home-looking dirs.
+        if d and d not in ("/", "/nonexistent") and (d.startswith("/home/") or d == "/root"):
+            homes.add(_b(d))
+    return sorted(homes)
+
+
+def _kind(path: bytes) -> Literal["dir", "file"] | None:
+    try:
+        st = os.stat(path)  # follows symlinks, as mount(2) will
+    except OSError:
+        return None
+    import stat as _stat
+
+    return "dir" if _stat.S_ISDIR(st.st_mode) else "file"
+
+
+def discover_masks(
+    *, homes: Sequence[bytes] | None = None, host_secrets: bool = True, extra: Iterable[bytes] = ()
+) -> list[Mask]:
+    """The host paths to hide that exist now: credential folders/files under each home,
+    the host secrets, and ``extra``. Reads the filesystem; ``build_plan`` is the pure part."""
+    found: list[Mask] = []
+    candidates: list[bytes] = []
+    for home in homes if homes is not None else home_dirs():
+        candidates.extend(os.path.join(home, _b(rel)) for rel in CREDENTIAL_PATHS)
+    if host_secrets:
+        candidates.extend(_b(p) for p in HOST_SECRET_FILES + HOST_SECRET_DIRS)
+        for pattern in HOST_SECRET_GLOBS:
+            candidates.extend(_b(p) for p in sorted(glob.glob(pattern)))
+    candidates.extend(_b(p) for p in extra)
+    seen: set[bytes] = set()
+    for c in candidates:
+        real = _b(os.path.realpath(c))
+        if real in seen:
+            continue
+        kind = _kind(real)
+        if kind is not None:
+            seen.add(real)
+            found.append(Mask(real, kind))
+    return found
+
+
+def new_marker() -> bytes:
+    return b"\x1epetri-exec-" + secrets.token_hex(8).encode() + b"\x1e"
+
+
+def base_env(uid: int, extra: dict[str, str] | None = None, *, inherit: dict[str, str] | None = None) -> dict[str, str]:
+    """PATH, HOME, LANG, TERM (from the caller's environment where set), then ``extra``."""
+    inherit = dict(os.environ) if inherit is None else inherit
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = "/"
+    env = {
+        "PATH": inherit.get("PATH") or DEFAULT_PATH,
+        "HOME": home,
+        "LANG": inherit.get("LANG") or "C.UTF-8",
+        "TERM": inherit.get("TERM") or "dumb",
+    }
+    env.update(extra or {})
+    return env
+
+
+def build_plan(
+    *,
+    workspace: bytes | str | os.PathLike,
+    tree: bytes | str | os.PathLike,
+    argv: Sequence[bytes | str],
+    cwd: bytes | str | os.PathLike,
+    env: dict[str, str],
+    uid: int,
+    gid: int,
+    net: bool = False,
+    tmp_bytes: int = 1 << 30,
+    shm_bytes: int | None = None,
+    masks: Sequence[Mask] = (),
+    new_session: bool = True,
+    marker: bytes | None = None,
+) -> SandboxPlan:
+    """Pure: the plan for one sandboxed command.
+
+    ``masks`` are paths as seen inside (from ``discover_masks``); one inside the workspace
+    hides the tree's copy, and must exist there (the caller checked: bwrap would create a
+    missing mount point *in the tree*).
+    """
+    ws = _b(workspace).rstrip(b"/") or b"/"
+    if not ws.startswith(b"/"):
+        raise ValueError(f"workspace must be absolute: {ws!r}")
+    cwd_b = _b(cwd)
+    if not _is_under(cwd_b, ws):
+        raise ValueError(f"cwd {cwd_b!r} is outside the workspace {ws!r}")
+    shm = shm_bytes if shm_bytes is not None else tmp_bytes
+
+    fixed = [
+        MountOp("ro-bind", b"/", src=b"/"),
+        MountOp("dev", b"/dev"),
+        MountOp("proc", b"/proc"),
+        MountOp("tmpfs", b"/tmp", size=tmp_bytes),
+        MountOp("tmpfs", b"/dev/shm", size=shm),
+    ]
+    layered: list[MountOp] = [MountOp("bind", ws, src=_b(tree))]
+    dir_masks = [m.path for m in masks if m.kind == "dir"]
+    for m in masks:
+        if any(_is_under(m.path, f) for f in FRESH_MOUNTS):
+            continue
+        if m.path == ws:
+            continue  # the tree is the workspace; hiding it would hide the sandbox itself
+        if not _is_under(m.path, ws) and any(d != m.path and _is_under(m.path, d) for d in dir_masks):
+            continue  # already hidden by a masked parent (and no mount point to create there)
+        layered.append(MountOp("mask-dir" if m.kind == "dir" else "mask-file", m.path))
+    # Stable sort by depth: a parent's mount before its children's (see module docstring).
+    layered.sort(key=lambda op: op.depth)
+    mounts = fixed + layered
+    return SandboxPlan(
+        mounts=tuple(mounts),
+        net=net,
+        uid=uid,
+        gid=gid,
+        env=tuple(sorted(env.items())),
+        cwd=cwd_b,
+        new_session=new_session,
+        argv=tuple(_b(a) for a in argv),
+        marker=marker,
+    )
+
+
+def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP) -> list[bytes]:
+    """Render a plan as a bwrap command line (bytes: paths may be any bytes)."""
+    a: list[bytes] = [_b(bwrap)]
+    a += [b"--unshare-all"]
+    if plan.net:
+        a += [b"--share-net"]
+    # A user namespace always: it is what makes --disable-userns possible (no nested user
+    # namespaces inside), and it maps the sandbox's uid to the caller's own uid.
+    a += [b"--unshare-user", b"--disable-userns", b"--uid", b"%d" % plan.uid, b"--gid", b"%d" % plan.gid]
+    a += [b"--hostname", plan.hostname.encode(), b"--die-with-parent", b"--cap-drop", b"ALL"]
+    if plan.new_session:
+        a += [b"--new-session"]
+    a += [b"--clearenv"]
+    for k, v in plan.env:
+        a += [b"--setenv", k.encode(), v.encode()]
+    remount_ro: list[bytes] = []
+    for op in plan.mounts:
+        if op.verb == "ro-bind":
+            a += [b"--ro-bind", op.src or b"", op.dest]
+        elif op.verb == "bind":
+            a += [b"--bind", op.src or b"", op.dest]
+        elif op.verb == "dev":
+            a += [b"--dev", op.dest]
+        elif op.verb == "proc":
+            a += [b"--proc", op.dest]
+        elif op.verb == "tmpfs":
+            if op.size is not None:
+                a += [b"--size", b"%d" % op.size]
+            a += [b"--tmpfs", op.dest]
+        elif op.verb == "mask-dir":
+            a += [b"--perms", b"0555", b"--size", b"4096", b"--tmpfs", op.dest]
+            # Read-only only at the end: a workspace below this mask needs its mount point
+            # created in this tmpfs first. The remount is not recursive, so it stays writable.
+            remount_ro.append(op.dest)
+        elif op.verb == "mask-file":
+            a += [b"--ro-bind", b"/dev/null", op.dest]
+        else:  # pragma: no cover - closed vocabulary
+            raise ValueError(op.verb)
+    for dest in reversed(remount_ro):
+        a += [b"--remount-ro", dest]
+    a += [b"--chdir", plan.cwd, b"--"]
+    if plan.marker is not None:
+        a += [_b(x) for x in EXEC_SHIM] + [plan.marker]
+    a += list(plan.argv)
+    return a
+
+
+def plan_for_run(
+    *,
+    workspace: Path,
+    tree: Path,
+    store: Path,
+    argv: Sequence[bytes | str],
+    cwd: Path,
+    env: dict[str, str],
+    uid: int,
+    gid: int,
+    net: bool,
+    tmp_bytes: int,
+    extra_masks: Iterable[Path] = (),
+    new_session: bool = True,
+    marker: bytes | None = None,
+) -> SandboxPlan:
+    """Discover the masks on this host and build the plan (the IO-doing convenience)."""
+    ws = _b(workspace)
+    masks = discover_masks(extra=[_b(p) for p in extra_masks])
+    # Masks inside the workspace exist (if at all) in the tree: check there.
+    inside: list[Mask] = []
+    outside: list[Mask] = []
+    for m in masks:
+        (inside if _is_under(m.path, ws) and ws != b"/" else outside).append(m)
+    for m in inside:
+        rel = m.path[len(ws.rstrip(b"/")) + 1 :]
+        kind = _kind(os.path.join(_b(tree), rel)) if rel else None
+        if kind is not None:
+            outside.append(Mask(m.path, kind))
+    # The store: inside, <workspace>/.petri is the tree's own .petri, if the tree has one.
+    store_rel = os.path.relpath(_b(store), ws) if _is_under(_b(store), ws) else b".petri"
+    store_kind = _kind(os.path.join(_b(tree), store_rel))
+    if store_kind is not None:
+        outside.append(Mask(os.path.join(ws, store_rel), store_kind))
+    return build_plan(
+        workspace=workspace,
+        tree=tree,
+        argv=argv,
+        cwd=cwd,
+        env=env,
+        uid=uid,
+        gid=gid,
+        net=net,
+        tmp_bytes=tmp_bytes,
+        masks=outside,
+        new_session=new_session,
+        marker=marker,
+    )
