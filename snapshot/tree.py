@@ -206,6 +206,7 @@ class TreeCopier:
         """Copy src_root's contents into dst_root (which must exist and be empty)."""
         dirs: list[tuple[bytes, os.stat_result]] = [(b"", os.lstat(src_root))]
         links_seen: dict[tuple[int, int], bytes] = {}
+        late_links: list[tuple[bytes, bytes, os.stat_result]] = []
         futures: list[tuple[bytes, Future]] = []
         try:
             with ThreadPoolExecutor(max_workers=self.workers) as pool:
@@ -224,8 +225,8 @@ class TreeCopier:
                     elif stat.S_ISREG(mode):
                         key = (st.st_dev, st.st_ino)
                         if self.keep_hardlinks and st.st_nlink > 1 and key in links_seen:
-                            os.link(os.path.join(dst_root, links_seen[key]), dst)
-                            self.manifest[rel] = StatKey.of(st)
+                            # The first of the group may still be copying: link once it is done.
+                            late_links.append((rel, links_seen[key], st))
                             continue
                         if st.st_nlink > 1:
                             links_seen[key] = rel
@@ -241,6 +242,9 @@ class TreeCopier:
                             self.manifest[rel] = StatKey.of(st)
                 for rel, fut in futures:
                     self.manifest[rel] = StatKey.of(fut.result())
+            for rel, first, st in late_links:
+                os.link(os.path.join(dst_root, first), os.path.join(dst_root, rel))
+                self.manifest[rel] = StatKey.of(st)
         except OSError as e:
             for _, fut in futures:
                 fut.cancel()

@@ -1,0 +1,227 @@
+"""Behavioural checks every backend must pass (the way trio ships ``check_one_way_stream``).
+
+Each ``check_*`` takes a backend and a fresh workspace directory the backend can host, builds
+what it needs, asserts, and cleans up its own snapshots and clones. They use the Backend
+protocol only, so a new backend is conformant when ``check_all`` passes on a real
+filesystem of its kind.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Callable
+
+import xxhash
+
+from .backend import Backend
+from .store import STORE_NAME, Store
+from .tree import walk
+
+EXCLUDE = frozenset({STORE_NAME.encode()})
+ODD_NAMES = [b"with space.txt", b"new\nline.txt", b"bad-\xff\xfe-utf8.txt", b"-leading-dash", b"tab\there"]
+
+
+def manifest(root: Path | bytes, exclude: frozenset[bytes] = EXCLUDE) -> dict[bytes, tuple]:
+    """Everything a restore or clone must reproduce: kind, permission bits, owner, size, content
+    digest or link target."""
+    out: dict[bytes, tuple] = {}
+    rootb = os.fsencode(root)
+    for rel, st in walk(rootb, exclude):
+        p = os.path.join(rootb, rel)
+        kind = stat.S_IFMT(st.st_mode)
+        if stat.S_ISREG(st.st_mode):
+            with open(p, "rb") as f:
+                digest = xxhash.xxh3_128(f.read()).hexdigest()
+            out[rel] = ("f", stat.S_IMODE(st.st_mode), st.st_uid, st.st_size, digest)
+        elif stat.S_ISLNK(st.st_mode):
+            out[rel] = ("l", os.readlink(p))
+        elif stat.S_ISDIR(st.st_mode):
+            out[rel] = ("d", stat.S_IMODE(st.st_mode), st.st_uid)
+        else:
+            out[rel] = ("o", kind)
+    return out
+
+
+def diff_manifests(a: dict, b: dict) -> list[str]:
+    problems = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+            problems.append(f"{k!r}: {a.get(k)} != {b.get(k)}")
+    return problems
+
+
+def make_sample_tree(root: Path) -> None:
+    """A small project with the things clones get wrong: ignored env dirs, modes, symlinks,
+    empty dirs, hard links, a sparse file, odd names."""
+    r = os.fsencode(root)
+
+    def w(rel: bytes, data: bytes, mode: int = 0o644) -> None:
+        p = os.path.join(r, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.chmod(p, mode)
+
+    w(b"README.md", b"# sample\n")
+    w(b"src/app.py", b"def add(a, b):\n    return a + b\n")
+    w(b"src/run.sh", b"#!/bin/sh\necho run\n", 0o755)
+    w(b".gitignore", b".env\nnode_modules/\n.venv/\n__pycache__/\n")
+    w(b".env", b"SECRET=1\n", 0o600)
+    w(b"node_modules/left-pad/index.js", b"module.exports = 1;\n")
+    w(b".venv/bin/activate", b"# venv\n")
+    os.symlink(b"/usr/bin/python3", os.path.join(r, b".venv/bin/python"))
+    os.symlink(b"app.py", os.path.join(r, b"src/link-to-app"))
+    os.symlink(b"does/not/exist", os.path.join(r, b"dangling"))
+    os.makedirs(os.path.join(r, b"empty/dir"))
+    os.makedirs(os.path.join(r, b"readonly"))
+    w(b"readonly/file", b"ro\n", 0o444)
+    os.chmod(os.path.join(r, b"readonly"), 0o555)
+    w(b"hard/a", b"linked\n")
+    os.link(os.path.join(r, b"hard/a"), os.path.join(r, b"hard/b"))
+    with open(os.path.join(r, b"sparse.img"), "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(32 << 20)
+        f.write(b"middle")
+    for name in ODD_NAMES:
+        w(b"odd/" + name, name + b"\n")
+
+
+class Case:
+    """A backend, a workspace and a store, with cleanup of everything made through it."""
+
+    def __init__(self, backend: Backend, workspace: Path) -> None:
+        self.backend = backend
+        self.workspace = workspace
+        self.store = Store(workspace)
+        self.snaps: list[str] = []
+        self.clones: list[str] = []
+        self._n = 0
+        if not self.store.root.exists():
+            backend.create_store(self.store)
+            self.store.make_dirs()
+
+    def snapshot(self) -> str:
+        self._n += 1
+        sid = f"s-test{self._n:04d}"
+        self.backend.snapshot(self.store, sid, self.snaps[-1] if self.snaps else None)
+        self.snaps.append(sid)
+        return sid
+
+    def clone(self, sid: str) -> Path:
+        self._n += 1
+        sb = f"sb-test{self._n:04d}"
+        tree = self.backend.clone(self.store, sid, sb)
+        self.clones.append(sb)
+        return tree
+
+    def cleanup(self) -> None:
+        for sb in self.clones:
+            self.backend.destroy_clone(self.store, sb)
+        for sid in reversed(self.snaps):
+            self.backend.delete_snapshot(self.store, sid)
+        self.clones.clear()
+        self.snaps.clear()
+
+
+def check_clone_is_exact(case: Case) -> None:
+    before = manifest(case.workspace)
+    tree = case.clone(case.snapshot())
+    got = manifest(tree)
+    problems = diff_manifests(before, got)
+    assert not problems, "clone differs from live:\n" + "\n".join(problems[:20])
+
+
+def check_point_in_time(case: Case) -> None:
+    sid = case.snapshot()
+    with open(case.workspace / "README.md", "ab") as f:
+        f.write(b"edited after the snapshot\n")
+    os.unlink(case.workspace / "src" / "app.py")
+    tree = case.clone(sid)
+    assert b"edited after" not in (tree / "README.md").read_bytes()
+    assert (tree / "src" / "app.py").exists()
+
+
+def check_isolation(case: Case) -> None:
+    sid = case.snapshot()
+    a, b = case.clone(sid), case.clone(sid)
+    (a / "README.md").write_bytes(b"changed in a\n")
+    (a / "new-in-a").write_bytes(b"a\n")
+    os.unlink(a / "src" / "run.sh")
+    assert (case.workspace / "README.md").read_bytes() == b"# sample\n"
+    assert (b / "README.md").read_bytes() == b"# sample\n"
+    assert not (case.workspace / "new-in-a").exists() and not (b / "new-in-a").exists()
+    assert (case.workspace / "src" / "run.sh").exists() and (b / "src" / "run.sh").exists()
+    with case.backend.snapshot_view(case.store, sid) as view:
+        assert (view / "README.md").read_bytes() == b"# sample\n"
+
+
+def check_ignored_and_special(case: Case, *, keeps_hardlinks: bool, keeps_sparse: bool) -> None:
+    tree = case.clone(case.snapshot())
+    assert (tree / ".env").read_bytes() == b"SECRET=1\n"
+    assert stat.S_IMODE(os.stat(tree / ".env").st_mode) == 0o600
+    assert (tree / "node_modules/left-pad/index.js").exists()
+    assert os.readlink(tree / ".venv/bin/python") == "/usr/bin/python3"
+    assert os.readlink(tree / "dangling") == "does/not/exist"
+    assert os.access(tree / "src/run.sh", os.X_OK)
+    assert (tree / "empty/dir").is_dir() and not any((tree / "empty/dir").iterdir())
+    st = os.stat(tree / "sparse.img")
+    assert st.st_size == 64 << 20
+    if keeps_sparse:
+        assert st.st_blocks * 512 < 8 << 20, f"sparse file became {st.st_blocks * 512} bytes on disk"
+    a, b = os.stat(tree / "hard/a"), os.stat(tree / "hard/b")
+    if keeps_hardlinks:
+        assert a.st_ino == b.st_ino, "hard link was broken"
+    assert (tree / "hard/b").read_bytes() == b"linked\n"
+    for name in ODD_NAMES:
+        p = os.path.join(os.fsencode(tree), b"odd/" + name)
+        with open(p, "rb") as f:
+            assert f.read() == name + b"\n"
+
+
+def check_snapshot_chain(case: Case) -> None:
+    """Fork of a fork: snapshots stacked on snapshots each clone to their own moment."""
+    s1 = case.snapshot()
+    m1 = manifest(case.workspace)
+    (case.workspace / "src" / "app.py").write_bytes(b"def add(a, b):\n    return b + a\n")
+    os.unlink(case.workspace / "dangling")
+    (case.workspace / "new").mkdir()
+    (case.workspace / "new" / "f").write_bytes(b"f\n")
+    s2 = case.snapshot()
+    m2 = manifest(case.workspace)
+    os.chmod(case.workspace / "README.md", 0o600)
+    s3 = case.snapshot()
+    m3 = manifest(case.workspace)
+    for sid, m in ((s1, m1), (s2, m2), (s3, m3)):
+        problems = diff_manifests(m, manifest(case.clone(sid)))
+        assert not problems, f"clone of {sid} wrong:\n" + "\n".join(problems[:20])
+
+
+def check_destroy_leaves_nothing(case: Case) -> None:
+    sid = case.snapshot()
+    tree = case.clone(sid)
+    sb = case.clones[-1]
+    case.backend.destroy_clone(case.store, sb)
+    case.clones.remove(sb)
+    assert not tree.exists()
+    assert not case.store.sandbox_dir(sb).exists()
+    assert not mounted_under(case.store.root), f"mounts left: {mounted_under(case.store.root)}"
+    case.backend.delete_snapshot(case.store, sid)
+    case.snaps.remove(sid)
+    assert not case.store.snapshot_dir(sid).exists()
+    assert case.backend.leftovers(case.store, set(case.snaps), set(case.clones)) == []
+
+
+def mounted_under(path: Path) -> list[str]:
+    prefix = os.path.realpath(path)
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            target = line.split()[4].encode().decode("unicode_escape")
+            if target == prefix or target.startswith(prefix + "/"):
+                out.append(target)
+    return out
+
+
+CHECKS: list[Callable[..., None]] = [check_clone_is_exact, check_point_in_time, check_isolation,
+                                     check_snapshot_chain, check_destroy_leaves_nothing]

@@ -1,0 +1,51 @@
+"""Shared test plumbing: real loop filesystems (tests/loopfs.py), the `petri` CLI as a
+subprocess, and a session sweep so nothing is left mounted or running."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.loopfs"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Result:
+    def __init__(self, cp: subprocess.CompletedProcess) -> None:
+        self.rc = cp.returncode
+        self.out = cp.stdout
+        self.err = cp.stderr
+
+    @property
+    def json(self):
+        return json.loads(self.out)
+
+    def __repr__(self) -> str:
+        return f"<rc={self.rc} out={self.out[-400:]!r} err={self.err[-400:]!r}>"
+
+
+def petri(*args: str, cwd: Path | str | None = None, env: dict | None = None, input: str | None = None,
+          timeout: float = 120) -> Result:
+    """Run the real `petri` command (same interpreter, the installed entry point's module)."""
+    e = dict(os.environ)
+    e.pop("PETRI_WORKSPACE", None)
+    if env:
+        e.update(env)
+    cp = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=e, input=input,
+                        capture_output=True, text=True, timeout=timeout)
+    return Result(cp)
+
+
+@pytest.fixture
+def run_petri():
+    return petri
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (mounts, loop devices)")
