@@ -1,0 +1,466 @@
+"""The ``btrfs`` backend: subvolume snapshots, O(1) and atomic, through libbtrfsutil.
+
+The workspace is a subvolume; the store ``.petri`` is a nested subvolume inside it, so a
+snapshot of the workspace stops at the store (a snapshot never descends into nested
+subvolumes). A snapshot is a read-only snapshot of the workspace at
+``snapshots/<id>/tree``; a sandbox is a writable snapshot of a snapshot at
+``sandboxes/<id>/tree``. Both are made in ``tmp/`` inside a plain staging directory and
+renamed into place, so a name under ``snapshots/`` or ``sandboxes/`` is always whole;
+the orchestrator's registry row is the commit point and ``gc`` removes the rest.
+
+Rootless: creating subvolumes and snapshotting a subvolume one owns works for a normal
+user; deleting a subvolume needs root or the ``user_subvol_rm_allowed`` mount option.
+Without either, deletion falls back to: clear the read-only flag (the owner may), empty
+the tree, ``rmdir`` it (the kernel deletes an empty subvolume on rmdir since 4.18).
+
+Also here: ``convert_to_subvolume`` for ``petri init --convert`` and ``check_btrfs`` for
+the backend chooser.
+
+Caveats:
+- snapshots and clones hold an EMPTY ``.petri`` directory where the store subvolume is
+  (btrfs leaves an empty directory for a nested subvolume). Consumers exclude ``.petri``
+  at the top (manifests, diff, rollback); the runner mounts over it.
+- other nested subvolumes inside the workspace show up empty in snapshots too: their
+  contents are not snapshotted.
+- rootless deletion without ``user_subvol_rm_allowed`` is O(files), not O(1) (it affects
+  ``destroy_clone``, ``delete_snapshot`` and ``frozen_view``'s cleanup).
+- ``snapshot_bytes`` reads qgroups and is None unless quotas are already enabled on the
+  filesystem (this backend never enables them: they slow every snapshot).
+- ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
+  (nothing changes), but a process that has a file open, or its cwd, inside the old
+  directory keeps the old (deleted) copy: shells inside must ``cd "$PWD"`` afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import ClassVar, Iterator
+
+import btrfsutil
+
+from ..backend import Leftover, Progress, SnapshotResult
+from ..errors import BackendUnavailable, DiskFull, PetriError, SnapshotError, TreeChangedDuringCopy
+from ..store import Store
+from ..tree import StatKey, TreeCopier, copy_xattrs, walk
+
+BTRFS_SUPER_MAGIC = 0x9123683E
+SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
+FS_NAMES = {
+    0x9123683E: "btrfs", 0xEF53: "ext4", 0x58465342: "xfs", 0x01021994: "tmpfs",
+    0x794C7630: "overlayfs", 0x2FC12FC1: "zfs", 0x65735546: "fuse", 0x6969: "nfs",
+    0xFF534D42: "cifs", 0x5346544E: "ntfs", 0x4D44: "vfat",
+}
+# _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
+BTRFS_IOC_FS_INFO = 0x8400941F
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+# -- probing ----------------------------------------------------------------------------
+
+def fs_type(path: str | bytes | os.PathLike) -> int:
+    """statfs(2) ``f_type`` of the filesystem holding ``path``."""
+    # f_type is the first field of struct statfs on every Linux ABI; the buffer is
+    # oversized so no architecture's struct overruns it.
+    buf = ctypes.create_string_buffer(512)
+    if _libc.statfs(os.fsencode(path), buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), os.fsdecode(path))
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def fs_name(path: str | bytes | os.PathLike) -> str:
+    t = fs_type(path)
+    return FS_NAMES.get(t, f"a filesystem of type {t:#x}")
+
+
+def is_subvolume(path: str | bytes | os.PathLike) -> bool:
+    try:
+        return btrfsutil.is_subvolume(path)
+    except btrfsutil.BtrfsUtilError:
+        return False
+
+
+def check_btrfs(path: str | bytes | os.PathLike) -> tuple[bool, str]:
+    """Can this user run the btrfs backend on the workspace at ``path``? (ok, why)."""
+    p = os.fsdecode(path)
+    try:
+        st = os.stat(path)
+        kind = fs_type(path)
+    except OSError as e:
+        return False, f"cannot inspect {p}: {e.strerror}"
+    if kind != BTRFS_SUPER_MAGIC:
+        return False, f"{p} is on {FS_NAMES.get(kind, hex(kind))}, not btrfs"
+    if not is_subvolume(path):
+        return False, (f"{p} is a directory on btrfs but not a subvolume; "
+                       "`petri init --convert` makes it one (same path, O(1) snapshots)")
+    euid = os.geteuid()
+    if euid != 0 and st.st_uid != euid:
+        return False, (f"the subvolume {p} belongs to uid {st.st_uid}: only its owner or root "
+                       "can snapshot it")
+    if euid != 0 and "user_subvol_rm_allowed" not in _mount_options(p):
+        return True, ("the workspace is a btrfs subvolume: snapshots and forks are O(1) "
+                      "(removing one is O(files) without the user_subvol_rm_allowed mount option)")
+    return True, "the workspace is a btrfs subvolume: snapshots and forks are O(1)"
+
+
+def _mount_options(path: str) -> set[str]:
+    """Options of the mount holding ``path`` (the longest mount point prefix)."""
+    real = os.path.realpath(path)
+    best, opts = "", set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            point = fields[4].replace("\\040", " ")
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best = point
+                opts = set(fields[5].split(",")) | set(right.split()[2].split(","))
+    return opts
+
+
+def _fsid(path: Path) -> str:
+    import fcntl
+    import uuid
+
+    buf = bytearray(1024)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, BTRFS_IOC_FS_INFO, buf)
+    finally:
+        os.close(fd)
+    return str(uuid.UUID(bytes=bytes(buf[16:32])))
+
+
+# -- removal ----------------------------------------------------------------------------
+
+def _try_delete_subvolume(path: bytes) -> bool:
+    """Delete the subvolume at ``path`` in O(1) if we may; False if only emptying will do."""
+    try:
+        btrfsutil.delete_subvolume(path, recursive=True)
+        return True
+    except btrfsutil.BtrfsUtilError as e:
+        if e.errno in (errno.EPERM, errno.EACCES):
+            return False  # unprivileged without user_subvol_rm_allowed
+        raise
+
+
+def _make_writable(d: bytes, st: os.stat_result) -> None:
+    if st.st_ino == SUBVOL_ROOT_INO and is_subvolume(d) and btrfsutil.get_subvolume_read_only(d):
+        btrfsutil.set_subvolume_read_only(d, False)  # allowed to the subvolume's owner
+    if st.st_mode & 0o700 != 0o700:
+        try:
+            os.chmod(d, stat.S_IMODE(st.st_mode) | 0o700)
+        except PermissionError:
+            pass  # not ours: the unlinks below say so precisely
+
+
+def delete_tree(path: str | bytes | os.PathLike) -> None:
+    """Remove a file, directory or subvolume with everything below it, subvolumes included.
+
+    As root (or with ``user_subvol_rm_allowed``) each subvolume goes in O(1); otherwise
+    read-only subvolumes are made writable, emptied and rmdir'ed. Missing is not an error."""
+    top = os.fsencode(path)
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(top)
+        return
+    if st.st_ino == SUBVOL_ROOT_INO and is_subvolume(top) and _try_delete_subvolume(top):
+        return
+    order: list[bytes] = []
+    stack: list[tuple[bytes, os.stat_result]] = [(top, st)]
+    while stack:
+        d, dst = stack.pop()
+        _make_writable(d, dst)
+        order.append(d)
+        with os.scandir(d) as it:
+            for entry in it:
+                p = os.path.join(d, entry.name)
+                est = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(est.st_mode):
+                    os.unlink(p)
+                elif est.st_ino == SUBVOL_ROOT_INO and is_subvolume(p) and _try_delete_subvolume(p):
+                    continue
+                else:
+                    stack.append((p, est))
+    for d in reversed(order):
+        os.rmdir(d)  # an empty subvolume's root goes on rmdir too
+
+
+# -- convert ----------------------------------------------------------------------------
+
+def _exchange(a: bytes, b: bytes) -> None:
+    """Swap two names atomically (renameat2 RENAME_EXCHANGE)."""
+    if _libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), os.fsdecode(b))
+
+
+def _fsync_dir(path: bytes) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copyable(st: os.stat_result) -> bool:
+    # TreeCopier skips sockets and device nodes; leave them out of the comparison too.
+    return not (stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+
+
+def _relink(src: bytes, dst: bytes, linked: dict[int, list[bytes]]) -> None:
+    """Make the copies of names that were hard links of each other in ``src`` one inode
+    again in ``dst``, restoring the times of the directories this touched."""
+    parents: set[bytes] = set()
+    for names in linked.values():
+        first = os.path.join(dst, names[0])
+        for rel in names[1:]:
+            target = os.path.join(dst, rel)
+            if not os.path.lexists(target):
+                continue  # the name went away before the copy reached it
+            tmp = target + b".petri-link"
+            os.link(first, tmp)
+            os.replace(tmp, target)
+            parents.add(os.path.dirname(rel))
+    for rel in parents:
+        st = os.lstat(os.path.join(src, rel) if rel else src)
+        os.utime(os.path.join(dst, rel) if rel else dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | None = None) -> None:
+    """Turn the plain directory ``path`` on btrfs into a subvolume at the same path.
+
+    A new subvolume is made beside it, the tree is reflink-copied in (modes, owners,
+    times, hard links, xattrs kept), the source is re-walked to prove nothing moved, and
+    the two names are exchanged atomically; then the old directory is removed. On any
+    failure before the exchange, the original is left exactly as it was and the new
+    subvolume is deleted. A path that already is a subvolume is left alone."""
+    src = os.path.abspath(os.fsencode(path))
+    shown = os.fsdecode(src)
+    st = os.lstat(src)
+    if not stat.S_ISDIR(st.st_mode):
+        raise SnapshotError(detail=f"{shown} is not a directory")
+    if fs_type(src) != BTRFS_SUPER_MAGIC:
+        raise BackendUnavailable(backend="btrfs", why=f"{shown} is on {fs_name(src)}, not btrfs")
+    if is_subvolume(src):
+        return
+    if os.path.ismount(src):
+        raise SnapshotError(detail=f"{shown} is a mount point; convert the filesystem it mounts instead")
+
+    total = 0
+    linked: dict[int, list[bytes]] = {}
+    for rel, est in walk(src):
+        if est.st_dev != st.st_dev:
+            raise SnapshotError(detail=(
+                f"{shown} holds a nested subvolume or mount at {os.fsdecode(rel)}; "
+                "convert cannot carry it: move it out first"))
+        if stat.S_ISREG(est.st_mode):
+            total += est.st_size
+            if est.st_nlink > 1:
+                linked.setdefault(est.st_ino, []).append(rel)
+
+    parent, name = os.path.split(src)
+    new = os.path.join(parent, b"." + name + b".petri-convert-" + os.urandom(4).hex().encode())
+    try:
+        btrfsutil.create_subvolume(new)
+    except btrfsutil.BtrfsUtilError as e:
+        raise SnapshotError(detail=f"cannot create a subvolume beside {shown}: {e.strerror}") from e
+    exchanged = False
+    try:
+        if progress:
+            progress(0, total)
+        # TreeCopier's own hard-link keeping may link to a name whose copy a worker has
+        # not made yet; copy every name, then link them here, after the pool is done.
+        copier = TreeCopier(reflink=True, keep_hardlinks=False)
+        copier.copy(src, new)
+        copy_xattrs(src, new)
+        _relink(src, new, linked)
+        # Reflinked, so the bytes are shared: only now is "copied" true for all of them.
+        if progress:
+            progress(total, total)
+        # An editor saving during the copy would be lost by the exchange: prove the tree
+        # is still what was copied, else keep the original.
+        for rel, est in walk(src):
+            if not stat.S_ISDIR(est.st_mode) and _copyable(est) and copier.manifest.get(rel) != StatKey.of(est):
+                raise TreeChangedDuringCopy(path=os.fsdecode(os.path.join(src, rel)))
+        seen = {rel for rel, est in walk(src) if not stat.S_ISDIR(est.st_mode) and _copyable(est)}
+        if seen != set(copier.manifest):
+            gone = sorted(set(copier.manifest) - seen)
+            raise TreeChangedDuringCopy(path=os.fsdecode(os.path.join(src, (gone or [b""])[0])))
+        # Commit the new subvolume's contents before its name becomes the real one.
+        btrfsutil.sync(new)
+        _exchange(new, src)
+        exchanged = True
+        _fsync_dir(parent)
+    except BaseException as e:
+        if not exchanged:
+            delete_tree(new)
+        if isinstance(e, btrfsutil.BtrfsUtilError):
+            raise SnapshotError(detail=f"converting {shown}: {e.strerror}") from e
+        if isinstance(e, OSError) and not isinstance(e, PetriError):
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(doing=f"converting {shown}") from e
+            raise SnapshotError(detail=f"converting {shown}: {e.strerror}") from e
+        raise
+    try:
+        delete_tree(new)  # now the old plain directory
+    except OSError as e:
+        raise SnapshotError(detail=(
+            f"{shown} is now a subvolume, but its old copy at {os.fsdecode(new)} could not be "
+            f"removed ({e.strerror}); remove it by hand")) from e
+
+
+# -- the backend ------------------------------------------------------------------------
+
+def _translate(e: OSError, doing: str) -> PetriError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(doing=doing)
+    if getattr(e, "btrfsutilerror", None) in (btrfsutil.ERROR_NOT_SUBVOLUME, btrfsutil.ERROR_NOT_BTRFS):
+        return BackendUnavailable(backend="btrfs", why=f"{doing}: {e.strerror}")
+    return SnapshotError(detail=f"{doing}: {e.strerror or e}")
+
+
+class BtrfsBackend:
+    name: ClassVar[str] = "btrfs"
+    instant: ClassVar[bool] = True
+    # The chooser's probe: (ok, why) for a workspace path.
+    available = staticmethod(check_btrfs)
+
+    def _tree(self, store: Store, snap_id: str) -> Path:
+        return store.snapshot_dir(snap_id) / "tree"
+
+    def _require_subvolume(self, store: Store) -> None:
+        ok, why = check_btrfs(store.workspace)
+        if not ok:
+            raise BackendUnavailable(backend="btrfs", why=why)
+
+    # -- store -------------------------------------------------------------------------
+    def create_store(self, store: Store) -> None:
+        self._require_subvolume(store)
+        root = store.root
+        if os.path.lexists(root) and not is_subvolume(root):
+            try:
+                os.rmdir(root)  # an empty leftover directory: replace it by a subvolume
+            except OSError:
+                raise SnapshotError(detail=(
+                    f"{root} exists and is a plain directory; the btrfs store must be a "
+                    "nested subvolume so snapshots skip it: remove it (or `petri deinit`) first"))
+        if not os.path.lexists(root):
+            try:
+                btrfsutil.create_subvolume(root)
+            except btrfsutil.BtrfsUtilError as e:
+                raise _translate(e, f"creating the store subvolume {root}") from e
+        store.make_dirs()
+
+    def estimate_bytes(self, store: Store, parent: str | None) -> int:
+        return 0
+
+    # -- snapshots ---------------------------------------------------------------------
+    def snapshot(self, store: Store, snap_id: str, parent: str | None,
+                 progress: Progress | None = None) -> SnapshotResult:
+        if not is_subvolume(store.root):
+            # A plain .petri would be snapshotted along with the workspace: registry,
+            # logs and every earlier snapshot's metadata.
+            raise SnapshotError(detail=f"{store.root} is not a nested subvolume; run `petri init` again")
+        staging = store.tmp_path(snap_id)
+        try:
+            staging.mkdir(parents=True)
+            btrfsutil.create_snapshot(store.workspace, staging / "tree", read_only=True)
+            os.rename(staging, store.snapshot_dir(snap_id))
+        except BaseException as e:
+            delete_tree(staging)
+            if isinstance(e, OSError) and not isinstance(e, PetriError):
+                raise _translate(e, f"taking snapshot {snap_id}") from e
+            raise
+        if progress:
+            progress(0, 0)
+        return SnapshotResult(bytes_copied=0)
+
+    def delete_snapshot(self, store: Store, snap_id: str) -> None:
+        delete_tree(store.snapshot_dir(snap_id))
+
+    @contextlib.contextmanager
+    def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
+        tree = self._tree(store, snap_id)
+        if not is_subvolume(tree):
+            raise SnapshotError(detail=f"snapshot {snap_id} has no subvolume on disk at {tree}")
+        yield tree
+
+    def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
+        """Exclusive bytes from the snapshot's qgroup, when quotas are enabled already."""
+        tree = self._tree(store, snap_id)
+        try:
+            qgroups = Path("/sys/fs/btrfs") / _fsid(tree) / "qgroups"
+            subvol = btrfsutil.subvolume_id(tree)
+            if (qgroups / "inconsistent").read_text().strip() != "0":
+                return None  # numbers are wrong until a rescan finishes
+            return int((qgroups / f"0_{subvol}" / "exclusive").read_text())
+        except (OSError, ValueError):
+            return None  # quotas off (no qgroups in sysfs) or the snapshot is gone
+
+    # -- sandboxes ---------------------------------------------------------------------
+    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+        src = self._tree(store, snap_id)
+        if not is_subvolume(src):
+            raise SnapshotError(detail=f"snapshot {snap_id} has no subvolume on disk at {src}")
+        staging = store.tmp_path(sb_id)
+        try:
+            staging.mkdir(parents=True)
+            btrfsutil.create_snapshot(src, staging / "tree")
+            os.rename(staging, store.sandbox_dir(sb_id))
+        except BaseException as e:
+            delete_tree(staging)
+            if isinstance(e, OSError) and not isinstance(e, PetriError):
+                raise _translate(e, f"cloning {snap_id} into {sb_id}") from e
+            raise
+        return store.sandbox_tree(sb_id)
+
+    def ensure_clone(self, store: Store, sb_id: str) -> Path:
+        tree = store.sandbox_tree(sb_id)
+        if not is_subvolume(tree):
+            raise SnapshotError(detail=f"sandbox {sb_id} has no subvolume on disk at {tree}")
+        return tree
+
+    @contextlib.contextmanager
+    def frozen_view(self, store: Store, sb_id: str) -> Iterator[Path]:
+        tree = self.ensure_clone(store, sb_id)
+        view = store.tmp_path(f"{sb_id}.frozen")
+        try:
+            btrfsutil.create_snapshot(tree, view, read_only=True)
+        except btrfsutil.BtrfsUtilError as e:
+            raise _translate(e, f"freezing a view of {sb_id}") from e
+        try:
+            yield view
+        finally:
+            delete_tree(view)
+
+    def destroy_clone(self, store: Store, sb_id: str) -> None:
+        delete_tree(store.sandbox_dir(sb_id))
+
+    def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
+        found: list[Leftover] = []
+        for parent, known, kind in ((store.snapshots, snapshots, "snapshot"),
+                                    (store.sandboxes, sandboxes, "tree")):
+            if parent.is_dir():
+                found.extend(Leftover(kind, p) for p in sorted(parent.iterdir()) if p.name not in known)
+        if store.tmp.is_dir():
+            found.extend(Leftover("tree", p) for p in sorted(store.tmp.iterdir()))
+        return found
+
+    def remove_leftover(self, store: Store, leftover: Leftover) -> None:
+        delete_tree(leftover.path)
+
+
+__all__ = ["BtrfsBackend", "check_btrfs", "convert_to_subvolume", "delete_tree", "fs_type",
+           "fs_name", "is_subvolume"]
