@@ -23,7 +23,6 @@ from snapshot.errors import BackendUnavailable, SnapshotError  # noqa: E402
 from snapshot.store import Store  # noqa: E402
 from tests.loopfs import User, run_as  # noqa: E402
 
-pytest_plugins = ["tests.loopfs"]
 
 REPO = Path(__file__).resolve().parent.parent
 ODD = b"odd \n\xff name"
@@ -491,3 +490,12 @@ def test_sweep_releases_only_a_killed_runs_loop_device(btrfs_mount):
         loopfs.unmount_under(Path(mount))
         subprocess.run(["losetup", "-d", device], capture_output=True)
         Path(image).unlink(missing_ok=True)
+
+
+def test_destroy_store_removes_every_subvolume(store, backend):
+    backend.snapshot(store, "s-1", None)
+    backend.clone(store, "s-1", "sb-1")
+    backend.destroy_store(store)
+    assert not store.root.exists()
+    assert subvolumes_under(store.workspace) == []
+    assert (store.workspace / "a.txt").read_text() == "alpha\n"

@@ -219,25 +219,6 @@ def _copyable(st: os.stat_result) -> bool:
     return not (stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
 
 
-def _relink(src: bytes, dst: bytes, linked: dict[int, list[bytes]]) -> None:
-    """Make the copies of names that were hard links of each other in ``src`` one inode
-    again in ``dst``, restoring the times of the directories this touched."""
-    parents: set[bytes] = set()
-    for names in linked.values():
-        first = os.path.join(dst, names[0])
-        for rel in names[1:]:
-            target = os.path.join(dst, rel)
-            if not os.path.lexists(target):
-                continue  # the name went away before the copy reached it
-            tmp = target + b".petri-link"
-            os.link(first, tmp)
-            os.replace(tmp, target)
-            parents.add(os.path.dirname(rel))
-    for rel in parents:
-        st = os.lstat(os.path.join(src, rel) if rel else src)
-        os.utime(os.path.join(dst, rel) if rel else dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | None = None) -> None:
     """Turn the plain directory ``path`` on btrfs into a subvolume at the same path.
 
@@ -259,7 +240,6 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
         raise SnapshotError(detail=f"{shown} is a mount point; convert the filesystem it mounts instead")
 
     total = 0
-    linked: dict[int, list[bytes]] = {}
     for rel, est in walk(src):
         if est.st_dev != st.st_dev:
             raise SnapshotError(detail=(
@@ -267,8 +247,6 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
                 "convert cannot carry it: move it out first"))
         if stat.S_ISREG(est.st_mode):
             total += est.st_size
-            if est.st_nlink > 1:
-                linked.setdefault(est.st_ino, []).append(rel)
 
     parent, name = os.path.split(src)
     new = os.path.join(parent, b"." + name + b".petri-convert-" + os.urandom(4).hex().encode())
@@ -280,12 +258,9 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
     try:
         if progress:
             progress(0, total)
-        # TreeCopier's own hard-link keeping may link to a name whose copy a worker has
-        # not made yet; copy every name, then link them here, after the pool is done.
-        copier = TreeCopier(reflink=True, keep_hardlinks=False)
+        copier = TreeCopier(reflink=True)
         copier.copy(src, new)
         copy_xattrs(src, new)
-        _relink(src, new, linked)
         # Reflinked, so the bytes are shared: only now is "copied" true for all of them.
         if progress:
             progress(total, total)
@@ -362,6 +337,10 @@ class BtrfsBackend:
             except btrfsutil.BtrfsUtilError as e:
                 raise _translate(e, f"creating the store subvolume {root}") from e
         store.make_dirs()
+
+    def destroy_store(self, store: Store) -> None:
+        """Remove the store subvolume with every snapshot and sandbox in it (deinit)."""
+        delete_tree(store.root)
 
     def estimate_bytes(self, store: Store, parent: str | None) -> int:
         return 0
