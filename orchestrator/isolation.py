@@ -257,11 +257,12 @@ def build_plan(
     layered: list[MountOp] = [MountOp("bind", ws, src=_b(tree))]
     dir_masks = [m.path for m in masks if m.kind == "dir"]
     for m in masks:
-        if any(_is_under(m.path, f) for f in FRESH_MOUNTS):
+        in_ws = _is_under(m.path, ws)
+        if not in_ws and any(_is_under(m.path, f) for f in FRESH_MOUNTS):
             continue
         if m.path == ws:
             continue  # the tree is the workspace; hiding it would hide the sandbox itself
-        if not _is_under(m.path, ws) and any(d != m.path and _is_under(m.path, d) for d in dir_masks):
+        if not in_ws and any(d != m.path and _is_under(m.path, d) for d in dir_masks):
             continue  # already hidden by a masked parent (and no mount point to create there)
         layered.append(MountOp("mask-dir" if m.kind == "dir" else "mask-file", m.path))
     # Stable sort by depth: a parent's mount before its children's (see module docstring).

@@ -1,0 +1,180 @@
+"""``petri shell``: an interactive command inside a sandbox on a pseudo-terminal petri owns.
+
+The sandbox never gets the user's terminal. petri opens a pty pair; the sandbox's session
+takes the slave as its controlling terminal (``setsid -c`` in the wrapper), so job control
+(Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside can only
+type into the sandbox's own terminal. petri puts the user's terminal in raw mode and copies
+bytes both ways, passes window size changes on (SIGWINCH -> TIOCSWINSZ) and keeps a
+transcript of the output in ``spec.stdout_path``.
+
+This is plain blocking code (select on two fds), not trio: it is one interactive session
+that owns the terminal, and mixing it with an event loop buys nothing.
+
+Caveats:
+- Inside, ``tty`` prints "not a tty": the slave belongs to the host's devpts instance and
+  the sandbox's /dev has a fresh one, so ttyname() cannot name it; isatty() and job
+  control work.
+- The timeout/lifetime is checked between reads (at least every 0.2 s) and kills at once,
+  without a grace period: an interactive user is there to see it.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import shutil
+import signal
+import struct
+import termios
+import time
+import tty
+from pathlib import Path
+
+from orchestrator import cgroups, isolation
+from orchestrator.cgexec import wrapper_argv
+from orchestrator.errors import BwrapMissing, SandboxSetupFailed
+from orchestrator.runner import EXIT_TIMEOUT, RunSpec, WRAPPER_ENV, resolve_identity
+
+
+def _copy_winsize(src_fd: int, dst_fd: int) -> None:
+    try:
+        ws = fcntl.ioctl(src_fd, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(dst_fd, termios.TIOCSWINSZ, ws)
+    except OSError:
+        pass
+
+
+def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: cgroups.Support | None = None) -> int:
+    """Run ``spec.argv`` (e.g. ``["/bin/bash", "-i"]``) interactively; return its exit code
+    (124 when the timeout or lifetime ended it). Every process is gone when this returns."""
+    import subprocess
+
+    sup = support or cgroups.support()
+    bwrap = shutil.which(isolation.BWRAP)
+    if bwrap is None:
+        raise BwrapMissing()
+    drop_to = resolve_identity(spec.uid, spec.gid)
+    plan = isolation.plan_for_run(
+        workspace=spec.workspace,
+        tree=spec.tree,
+        store=spec.store,
+        argv=spec.argv,
+        cwd=spec.cwd,
+        env=isolation.base_env(spec.uid, spec.env),
+        uid=spec.uid,
+        gid=spec.gid,
+        net=spec.limits.net,
+        tmp_bytes=spec.limits.tmp_bytes,
+        extra_masks=spec.extra_masks,
+        new_session=False,  # the session (and its terminal) is the one setsid -c makes
+        marker=None,
+    )
+    try:
+        cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, sup)
+    except cgroups.CgroupFailure as e:
+        raise SandboxSetupFailed(detail=str(e)) from e
+    rlimits = cgroups.rlimit_fallback(spec.limits)[0] if cg is None else None
+    argv = wrapper_argv(
+        isolation.bwrap_argv(plan, bwrap=bwrap),
+        procs_files=cg.procs_files() if cg else (),
+        rlimits=rlimits,
+        drop_to=drop_to,
+        ctty=True,
+    )
+    end = None
+    end_kind = None
+    now = time.time()
+    if spec.timeout_s is not None:
+        end = now + spec.timeout_s
+    if spec.deadline is not None and (end is None or spec.deadline < end):
+        end = spec.deadline
+    master, slave = os.openpty()
+    os.set_blocking(master, False)
+    interactive = os.isatty(stdin_fd)
+    saved = termios.tcgetattr(stdin_fd) if interactive else None
+    if interactive:
+        _copy_winsize(stdin_fd, slave)
+        # The slave starts as a copy of the user's terminal settings (erase key, etc.).
+        termios.tcsetattr(slave, termios.TCSANOW, saved)
+    spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
+    transcript = open(spec.stdout_path, "wb")
+    old_winch = None
+    proc = None
+    try:
+        if interactive:
+            old_winch = signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
+            tty.setraw(stdin_fd)
+        proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
+            start_new_session=False,  # setsid -c must not be a group leader, or it forks
+        )
+        os.close(slave)
+        slave = -1
+        stdin_open = True
+        while True:
+            if end is not None and time.time() >= end:
+                end_kind = "killed"
+                break
+            fds = [master] + ([stdin_fd] if stdin_open else [])
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.2)
+            except InterruptedError:
+                continue
+            if master in ready:
+                try:
+                    data = os.read(master, 65536)
+                except BlockingIOError:
+                    data = None
+                except OSError as e:
+                    if e.errno != errno.EIO:  # EIO: every slave fd is closed
+                        raise
+                    break
+                if data == b"":
+                    break
+                if data:
+                    transcript.write(data)
+                    _write_all(stdout_fd, data)
+            if stdin_fd in ready:
+                data = os.read(stdin_fd, 65536)
+                if not data:
+                    stdin_open = False
+                    continue
+                _write_all(master, data)
+            if proc.poll() is not None and master not in ready:
+                break
+    finally:
+        if interactive and saved is not None:
+            termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
+        if old_winch is not None:
+            signal.signal(signal.SIGWINCH, old_winch)
+        if slave >= 0:
+            os.close(slave)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if cg is not None:
+            cg.kill_all()
+        if proc is not None:
+            proc.wait()
+        if cg is not None:
+            try:
+                cg.remove()
+            except cgroups.CgroupFailure:
+                pass
+        os.close(master)
+        transcript.close()
+    if end_kind is not None:
+        return EXIT_TIMEOUT
+    rc = proc.returncode
+    return 128 - rc if rc < 0 else rc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+            continue
+        view = view[n:]
