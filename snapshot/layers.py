@@ -1,0 +1,691 @@
+"""The layer format shared by the overlay and fuse backends, and how delta layers are built.
+
+A **layer** is a plain directory tree under ``.petri/layers/<n>`` (``n`` a short lowercase
+hex name). It uses the overlayfs on-disk conventions in their ``userxattr`` flavour, so the
+same layers can be stacked by kernel overlayfs (``-o userxattr``, root or inside a user
+namespace) and by the fuse backend (which reads them itself):
+
+- a **whiteout** (the name was deleted) is a character device 0:0 with that name;
+- an **opaque** directory (hides everything below it in lower layers) carries the xattr
+  ``user.overlay.opaque`` = ``b"y"``.
+
+A **snapshot** is an ordered list of layer names, lowest first, in
+``snapshots/<id>/layers.json`` (``{"version": 1, "layers": [...]}``; read it with
+:func:`read_layer_list`, which also accepts a bare JSON list), plus the **stat cache** of the
+live tree as of that snapshot in ``snapshots/<id>/statcache``: path -> ``StatKey`` for every
+path the snapshot's merged view holds (and only those), marshal'ed behind a version header.
+
+The next snapshot walks live with ``lstat`` only, compares each path's ``StatKey`` with the
+parent's cache (:func:`plan_delta`, pure logic) and copies only what moved into a new delta
+layer (:func:`build_layer`): added or changed files; directories whose metadata changed (as
+plain merged directories); a directory that is new, replaced by another type, or deleted and
+recreated (another inode) becomes opaque and gets all its children; deleted names become
+whiteouts; missing parents are created carrying live's modes and times. Layers are never
+written once installed, so any number of snapshots and mounts may share them.
+
+:func:`merged_walk` resolves a stack of layers in Python exactly as overlayfs does (used by
+compaction, by tests as an oracle, and by the fuse backend); :func:`compact_layers` turns a
+deep stack into one full layer by hard-linking the (immutable) files of the old layers, so
+compaction copies no file data.
+
+Nothing here mounts anything or needs root (creating a 0:0 whiteout needs root or, since
+Linux 5.8, nothing at all).
+
+Caveats:
+- Exact per file, not across files: each copied file is stat'ed before and after its copy
+  and copied again if it moved; a file that vanished during the snapshot is recorded as
+  deleted.
+- The stat cache trusts (inode, size, mtime_ns, ctime_ns, mode). A file changed within
+  ``RACY_WINDOW_NS`` of the walk could keep all five, so such entries are stored "racy"
+  and re-copied by the next snapshot (git's racily-clean rule); a snapshot right after a
+  burst of edits therefore copies those files again.
+- Hard links are kept only among files copied into the same layer; overlayfs breaks a
+  link at copy-up anyway.
+- Compacted layers share inodes (hard links) with the layers they were made from: their
+  files show ``st_nlink`` > 1 in a view, and their ctime is the compaction's.
+- ``user.overlay.*`` / ``trusted.overlay.*`` xattrs in the live tree are not carried (they
+  would change what the layer means); sockets and device nodes are not carried either.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import marshal
+import os
+import stat
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
+from .tree import COPY_RETRIES, StatKey, apply_meta, clone_file_data, copy_file, join, walk
+
+OPAQUE_XATTR = "user.overlay.opaque"
+_OVERLAY_XATTR_PREFIXES = ("user.overlay.", "trusted.overlay.")
+LAYER_LIST_VERSION = 1
+STAT_CACHE_MAGIC = b"petri-statcache\n"
+STAT_CACHE_VERSION = 1
+# Timestamps come from the kernel's coarse clock (one tick: 4 ms at HZ=250); 50 ms leaves
+# room for a slow tick and a walk that stat'ed a file just before it was written again.
+RACY_WINDOW_NS = 50_000_000
+_RACY_SIZE = -1  # a size no file has: a racy cache entry never matches
+
+# -- whiteouts and opaque directories ---------------------------------------------------------
+
+
+def is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def make_whiteout(path: bytes) -> None:
+    os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+
+def is_opaque(path: bytes) -> bool:
+    try:
+        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def set_opaque(path: bytes) -> None:
+    os.setxattr(path, OPAQUE_XATTR, b"y", follow_symlinks=False)
+
+
+def copy_plain_xattrs(src: bytes, dst: bytes) -> None:
+    """The xattrs of src onto dst, minus overlay's own (they would change the layer's meaning)."""
+    try:
+        names = os.listxattr(src, follow_symlinks=False)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(_OVERLAY_XATTR_PREFIXES):
+            continue
+        if os.geteuid() != 0 and not name.startswith("user."):
+            continue
+        try:
+            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
+        except OSError:
+            pass  # best effort, as tree.copy_xattrs
+
+
+def copy_all_xattrs(src: bytes, dst: bytes) -> None:
+    """Every xattr, overlay's included (copying a layer or an upper dir as a layer)."""
+    try:
+        names = os.listxattr(src, follow_symlinks=False)
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
+        except OSError:
+            pass
+
+
+# -- small on-disk records ----------------------------------------------------------------------
+
+
+def atomic_write(path: bytes | str | os.PathLike, data: bytes) -> None:
+    """Temp file in the same directory, fsync, rename over, fsync the directory."""
+    path = os.fsencode(path)
+    d = os.path.dirname(path) or b"."
+    tmp = os.path.join(d, b"." + os.path.basename(path) + b".tmp." + os.urandom(4).hex().encode())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_layer_list(path: bytes | str | os.PathLike, layers: Sequence[str]) -> None:
+    atomic_write(path, json.dumps({"version": LAYER_LIST_VERSION, "layers": list(layers)}).encode() + b"\n")
+
+
+def read_layer_list(path: bytes | str | os.PathLike) -> list[str]:
+    """Layer names, lowest first. Raises FileNotFoundError if the snapshot has none."""
+    with open(path, "rb") as f:
+        data = json.loads(f.read())
+    if isinstance(data, list):
+        return [str(x) for x in data]
+    if data.get("version") != LAYER_LIST_VERSION:
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: unknown layer list version {data.get('version')!r}")
+    return [str(x) for x in data["layers"]]
+
+
+def dump_stat_cache(cache: Mapping[bytes, StatKey]) -> bytes:
+    flat = {k: (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode) for k, v in cache.items()}
+    return STAT_CACHE_MAGIC + marshal.dumps((STAT_CACHE_VERSION, flat))
+
+
+def load_stat_cache(path: bytes | str | os.PathLike) -> dict[bytes, StatKey]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(STAT_CACHE_MAGIC):
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: not a petri stat cache")
+    try:
+        version, flat = marshal.loads(data[len(STAT_CACHE_MAGIC):])
+    except (EOFError, ValueError, TypeError) as e:
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: damaged stat cache ({e})") from e
+    if version != STAT_CACHE_VERSION:
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: unknown stat cache version {version}")
+    return {k: StatKey(*v) for k, v in flat.items()}
+
+
+def mark_racy(key: StatKey, walk_started_ns: int) -> StatKey:
+    """Entries changed too close to the walk are stored so that they never match again."""
+    if max(key.ctime_ns, key.mtime_ns) >= walk_started_ns - RACY_WINDOW_NS:
+        return StatKey(key.ino, _RACY_SIZE, key.mtime_ns, key.ctime_ns, key.mode)
+    return key
+
+
+# -- scanning live --------------------------------------------------------------------------------
+
+
+def carried(st: os.stat_result) -> bool:
+    """The file types a layer carries (sockets and devices are not workspace content)."""
+    m = st.st_mode
+    return stat.S_ISDIR(m) or stat.S_ISREG(m) or stat.S_ISLNK(m) or stat.S_ISFIFO(m)
+
+
+@dataclass
+class Scan:
+    """One lstat walk of a tree: the root's stat and every carried entry, parents first."""
+
+    root: os.stat_result
+    entries: dict[bytes, os.stat_result]
+    started_ns: int
+
+    def keys(self) -> list[tuple[bytes, StatKey]]:
+        return [(rel, StatKey.of(st)) for rel, st in self.entries.items()]
+
+
+def scan_tree(root: bytes, exclude_top: frozenset[bytes] = frozenset()) -> Scan:
+    started = time.time_ns()
+    root_st = os.lstat(root)
+    entries = {rel: st for rel, st in walk(root, exclude_top) if carried(st)}
+    return Scan(root_st, entries, started)
+
+
+# -- planning (pure) ------------------------------------------------------------------------------
+
+MKDIR = "mkdir"
+COPY = "copy"
+WHITEOUT = "whiteout"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: str  # MKDIR | COPY | WHITEOUT
+    rel: bytes
+    opaque: bool = False  # MKDIR: hide everything below in lower layers
+    in_lower: bool = False  # COPY: the lower layers show something at rel (a vanished source becomes a whiteout)
+    size: int = 0  # COPY of a regular file: bytes it will copy
+
+
+@dataclass
+class DeltaPlan:
+    ops: list[Op] = field(default_factory=list)
+    root_changed: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.ops and not self.root_changed
+
+    @property
+    def bytes(self) -> int:
+        return sum(op.size for op in self.ops)
+
+    def by_kind(self, kind: str) -> list[bytes]:
+        return [op.rel for op in self.ops if op.kind == kind]
+
+
+def _dirname(rel: bytes) -> bytes:
+    i = rel.rfind(b"/")
+    return rel[:i] if i >= 0 else b""
+
+
+def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]],
+               old_root: StatKey | None = None, new_root: StatKey | None = None) -> DeltaPlan:
+    """What a delta layer must hold to turn the view ``old`` describes into ``new``.
+
+    ``old`` is the parent snapshot's stat cache (every path of its view) or ``{}`` for a
+    first, full layer; ``new`` the live walk, parents before children. Ops are in an order
+    an executor can apply front to back (parents made before children)."""
+    plan = DeltaPlan(root_changed=old_root is None or old_root != new_root)
+    ops = plan.ops
+    made: set[bytes] = {b""}
+    fresh: set[bytes] = set()  # dirs in this layer that nothing below shows through
+    new_map: dict[bytes, StatKey] = {}
+
+    def ensure_parents(rel: bytes) -> None:
+        missing = []
+        p = _dirname(rel)
+        while p not in made:
+            missing.append(p)
+            p = _dirname(p)
+        for p in reversed(missing):
+            ops.append(Op(MKDIR, p))
+            made.add(p)
+
+    for rel, key in new:
+        new_map[rel] = key
+        is_dir = stat.S_ISDIR(key.mode)
+        size = key.size if stat.S_ISREG(key.mode) else 0
+        if _dirname(rel) in fresh:
+            if is_dir:
+                ops.append(Op(MKDIR, rel))
+                made.add(rel)
+                fresh.add(rel)
+            else:
+                ops.append(Op(COPY, rel, size=size))
+            continue
+        before = old.get(rel)
+        if is_dir:
+            if before is None:
+                # Nothing below shows at rel (the parent's view has no such path): no need for opaque.
+                ensure_parents(rel)
+                ops.append(Op(MKDIR, rel))
+            elif not stat.S_ISDIR(before.mode) or before.ino != key.ino:
+                # Replaced or recreated: the old children must not show through.
+                ensure_parents(rel)
+                ops.append(Op(MKDIR, rel, opaque=True))
+            elif before != key:
+                ensure_parents(rel)
+                ops.append(Op(MKDIR, rel))
+                made.add(rel)
+                continue
+            else:
+                continue
+            made.add(rel)
+            fresh.add(rel)
+        elif before != key:
+            ensure_parents(rel)
+            ops.append(Op(COPY, rel, in_lower=before is not None, size=size))
+
+    for rel in old:
+        if rel in new_map or rel == b"":
+            continue
+        parent = _dirname(rel)
+        # Only the topmost deleted name needs a whiteout; under a fresh dir or a
+        # non-directory nothing of the old view shows anyway.
+        if parent == b"" or (parent in new_map and stat.S_ISDIR(new_map[parent].mode) and parent not in fresh):
+            ensure_parents(rel)
+            ops.append(Op(WHITEOUT, rel))
+    return plan
+
+
+# -- building a layer -----------------------------------------------------------------------------
+
+
+@dataclass
+class BuildResult:
+    bytes_copied: int
+    copied: dict[bytes, os.stat_result]  # rel -> the stat the layer's copy matches
+    vanished: set[bytes]  # sources gone (or replaced) before they could be copied
+
+
+def _is_same_file(path: bytes, st: os.stat_result) -> bool:
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_IFMT(now.st_mode) == stat.S_IFMT(st.st_mode) and now.st_ino == st.st_ino
+
+
+def _copy_symlink(src: bytes, dst: bytes) -> os.stat_result:
+    for _ in range(COPY_RETRIES):
+        before = os.lstat(src)
+        if not stat.S_ISLNK(before.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "replaced by another type", src)
+        target = os.readlink(src)
+        after = os.lstat(src)
+        if StatKey.of(before) == StatKey.of(after):
+            os.symlink(target, dst)
+            apply_meta(dst, after, is_link=True)
+            return after
+    raise TreeChangedDuringCopy(path=os.fsdecode(src))
+
+
+def _copy_regular(src: bytes, dst: bytes, st: os.stat_result, reflink: bool,
+                  count: Callable[[int], None], strict: bool) -> os.stat_result:
+    try:
+        return copy_file(src, dst, st, reflink=reflink, count=count)
+    except TreeChangedDuringCopy:
+        if strict:
+            raise
+    # A file written without pause (a log): take it as one read pass saw it.
+    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        now = os.fstat(src_fd)
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            clone_file_data(src_fd, dst_fd, now.st_size, reflink, count)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+    copy_plain_xattrs(src, dst)
+    apply_meta(dst, now)
+    return now
+
+
+def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, reflink: bool,
+                progress: Callable[[int, int], None] | None = None, workers: int = 8) -> BuildResult:
+    """Apply ``plan`` into the new directory ``layer`` (must not exist), copying from src_root.
+
+    On failure the caller removes ``layer``; the error is DiskFull or SnapshotError."""
+    total = plan.bytes
+    done = [0]
+    lock = threading.Lock()
+
+    def count(n: int) -> None:
+        with lock:
+            done[0] += n
+            now = done[0]
+        if progress is not None:
+            progress(now, total)
+
+    copied: dict[bytes, os.stat_result] = {}
+    vanished: set[bytes] = set()
+    dirs: list[bytes] = []
+    linked: list[tuple[Op, bytes]] = []  # (op, rel of the first copy of its inode)
+    first_of_inode: dict[tuple[int, int], bytes] = {}
+    futures: list[tuple[Op, Future]] = []
+    os.mkdir(layer, 0o700)
+
+    def source_gone(op: Op) -> None:
+        vanished.add(op.rel)
+        if op.in_lower:
+            make_whiteout(os.path.join(layer, op.rel))
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for op in plan.ops:
+                dst = os.path.join(layer, op.rel)
+                src = os.path.join(src_root, op.rel)
+                if op.kind == WHITEOUT:
+                    make_whiteout(dst)
+                elif op.kind == MKDIR:
+                    os.mkdir(dst, 0o700)
+                    if op.opaque:
+                        set_opaque(dst)
+                    copy_plain_xattrs(src, dst)
+                    dirs.append(op.rel)
+                else:
+                    st = scan.entries[op.rel]
+                    mode = st.st_mode
+                    try:
+                        if stat.S_ISREG(mode):
+                            ident = (st.st_dev, st.st_ino)
+                            if st.st_nlink > 1 and ident in first_of_inode:
+                                linked.append((op, first_of_inode[ident]))
+                                continue
+                            if st.st_nlink > 1:
+                                first_of_inode[ident] = op.rel
+                            futures.append((op, pool.submit(_copy_regular, src, dst, st, reflink, count, True)))
+                        elif stat.S_ISLNK(mode):
+                            copied[op.rel] = _copy_symlink(src, dst)
+                        elif stat.S_ISFIFO(mode):
+                            if not _is_same_file(src, st):
+                                raise FileNotFoundError(errno.ENOENT, "replaced", src)
+                            os.mkfifo(dst, 0o600)
+                            apply_meta(dst, st)
+                            copied[op.rel] = st
+                    except (FileNotFoundError, NotADirectoryError):
+                        source_gone(op)
+            for op, fut in futures:
+                try:
+                    copied[op.rel] = fut.result()
+                except OSError:
+                    if _is_same_file(os.path.join(src_root, op.rel), scan.entries[op.rel]):
+                        raise
+                    # Gone or replaced by another type between the walk and the copy.
+                    try:
+                        os.unlink(os.path.join(layer, op.rel))
+                    except FileNotFoundError:
+                        pass
+                    source_gone(op)
+        for op, first in linked:
+            if first in copied:
+                os.link(os.path.join(layer, first), os.path.join(layer, op.rel))
+                copied[op.rel] = copied[first]
+            else:
+                source_gone(op)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(doing="building a snapshot layer") from e
+        raise SnapshotError(detail=f"{os.fsdecode(e.filename or b'')}: {e.strerror}") from e
+    # Directory times last: making their children moved them.
+    for rel in reversed(dirs):
+        st = scan.entries.get(rel)
+        if st is not None:
+            apply_meta(os.path.join(layer, rel), st)
+    apply_meta(layer, scan.root)
+    unique = {(st.st_dev, st.st_ino): st.st_size for st in copied.values() if stat.S_ISREG(st.st_mode)}
+    return BuildResult(sum(unique.values()), copied, vanished)
+
+
+def next_cache(scan: Scan, result: BuildResult | None) -> dict[bytes, StatKey]:
+    """The stat cache of the snapshot just built: every path its view holds."""
+    cache: dict[bytes, StatKey] = {b"": mark_racy(StatKey.of(scan.root), scan.started_ns)}
+    copied = result.copied if result else {}
+    gone = result.vanished if result else set()
+    for rel, st in scan.entries.items():
+        if rel in gone:
+            continue
+        cache[rel] = mark_racy(StatKey.of(copied.get(rel, st)), scan.started_ns)
+    return cache
+
+
+# -- reading a stack of layers ------------------------------------------------------------------
+
+
+def merged_walk(layers: Sequence[bytes]) -> Iterator[tuple[bytes, bytes, os.stat_result]]:
+    """(rel, path of the entry in the layer that provides it, its lstat) for the merged view
+    of ``layers`` (TOP FIRST), parents before children, as overlayfs resolves it: the topmost
+    entry wins; directories merge down until an opaque one or a non-directory; whiteouts hide."""
+    stack: list[tuple[bytes, list[bytes]]] = [(b"", list(layers))]
+    while stack:
+        rel, dirs = stack.pop()
+        chosen: dict[bytes, tuple[bytes, os.stat_result]] = {}
+        below: dict[bytes, list[bytes]] = {}  # dir name -> layer dirs merged into it
+        closed: set[bytes] = set()  # names whose lookup stopped
+        for layer_dir in dirs:
+            d = os.path.join(layer_dir, rel) if rel else layer_dir
+            try:
+                it = os.scandir(d)
+            except FileNotFoundError:
+                continue
+            with it:
+                for e in it:
+                    name = e.name
+                    if name in closed:
+                        continue
+                    path = os.path.join(d, name)
+                    st = e.stat(follow_symlinks=False)
+                    if name not in chosen and name not in below:
+                        if is_whiteout(st):
+                            closed.add(name)
+                        elif stat.S_ISDIR(st.st_mode):
+                            chosen[name] = (path, st)
+                            below[name] = [layer_dir]
+                            if is_opaque(path):
+                                closed.add(name)
+                        else:
+                            chosen[name] = (path, st)
+                            closed.add(name)
+                    elif name in below:
+                        if stat.S_ISDIR(st.st_mode) and not is_whiteout(st):
+                            below[name].append(layer_dir)
+                            if is_opaque(path):
+                                closed.add(name)
+                        else:
+                            closed.add(name)
+        subdirs = []
+        for name in sorted(chosen):
+            path, st = chosen[name]
+            child = join(rel, name)
+            yield child, path, st
+            if name in below:
+                subdirs.append((child, below[name]))
+        stack.extend(reversed(subdirs))
+
+
+def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
+    """(rel, kind, lstat) of one layer or upper dir, kind one of "whiteout", "opaque_dir",
+    "dir", "file" (anything else): what a sandbox changed, read straight from its upper."""
+    for rel, st in walk(layer):
+        if is_whiteout(st):
+            yield rel, "whiteout", st
+        elif stat.S_ISDIR(st.st_mode):
+            yield rel, "opaque_dir" if is_opaque(os.path.join(layer, rel)) else "dir", st
+        else:
+            yield rel, "file", st
+
+
+# -- whole layers ---------------------------------------------------------------------------------
+
+
+def compact_layers(layers: Sequence[bytes], dst: bytes, *, link: bool = True, reflink: bool = False) -> int:
+    """Write the merged view of ``layers`` (TOP FIRST) as one full layer at ``dst`` (must not
+    exist). Files are hard-linked from the source layers (they are immutable), or copied
+    where linking fails. Returns the bytes copied."""
+    copied = 0
+    os.mkdir(dst, 0o700)
+    dirs: list[tuple[bytes, os.stat_result]] = []
+    try:
+        for rel, src, st in merged_walk(layers):
+            out = os.path.join(dst, rel)
+            mode = st.st_mode
+            if stat.S_ISDIR(mode):
+                os.mkdir(out, 0o700)
+                copy_plain_xattrs(src, out)
+                dirs.append((out, st))
+            elif stat.S_ISREG(mode):
+                if link:
+                    try:
+                        os.link(src, out)
+                        continue
+                    except OSError as e:
+                        if e.errno not in (errno.EMLINK, errno.EXDEV, errno.EPERM):
+                            raise
+                copy_file(src, out, st, reflink=reflink)
+                copied += st.st_size
+            elif stat.S_ISLNK(mode):
+                os.symlink(os.readlink(src), out)
+                apply_meta(out, st, is_link=True)
+            elif stat.S_ISFIFO(mode):
+                os.mkfifo(out, 0o600)
+                apply_meta(out, st)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(doing="compacting snapshot layers") from e
+        raise SnapshotError(detail=f"compacting layers: {os.fsdecode(e.filename or b'')}: {e.strerror}") from e
+    for out, st in reversed(dirs):
+        apply_meta(out, st)
+    top_root = os.lstat(layers[0])
+    apply_meta(dst, top_root)
+    return copied
+
+
+def copy_layer(src: bytes, dst: bytes, *, reflink: bool) -> int:
+    """Copy a layer or a live upper dir verbatim (whiteouts, overlay xattrs and all) to the new
+    directory ``dst``; a file written while it is copied is taken as one read pass saw it."""
+    copied = 0
+    os.mkdir(dst, 0o700)
+    dirs: list[tuple[bytes, os.stat_result]] = []
+    try:
+        for rel, st in walk(src):
+            s = os.path.join(src, rel)
+            out = os.path.join(dst, rel)
+            mode = st.st_mode
+            try:
+                if stat.S_ISDIR(mode):
+                    os.mkdir(out, 0o700)
+                    copy_all_xattrs(s, out)
+                    dirs.append((out, st))
+                elif stat.S_ISREG(mode):
+                    got = _copy_regular(s, out, st, reflink, lambda n: None, False)
+                    copied += got.st_size
+                elif stat.S_ISLNK(mode):
+                    _copy_symlink(s, out)
+                elif is_whiteout(st):
+                    make_whiteout(out)
+                elif stat.S_ISFIFO(mode):
+                    os.mkfifo(out, 0o600)
+                    apply_meta(out, st)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed while we copied: per file, not global
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(doing="copying a sandbox's upper layer") from e
+        raise SnapshotError(detail=f"copying {os.fsdecode(src)}: {e.strerror}") from e
+    for out, st in reversed(dirs):
+        apply_meta(out, st)
+    apply_meta(dst, os.lstat(src))
+    return copied
+
+
+# -- installing layers --------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def rename_noreplace(src: bytes, dst: bytes) -> None:
+    if _libc.renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_NOREPLACE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), dst)
+
+
+def layer_names(layers_dir: bytes) -> list[str]:
+    try:
+        return [n for n in os.listdir(os.fsdecode(layers_dir)) if _is_layer_name(n)]
+    except FileNotFoundError:
+        return []
+
+
+def _is_layer_name(n: str) -> bool:
+    try:
+        int(n, 16)
+    except ValueError:
+        return False
+    return n == n.lower()
+
+
+def install_layer(layers_dir: bytes, built: bytes) -> str:
+    """Move a finished layer from tmp into ``layers_dir`` under the next free short name
+    (atomic: a rename that never replaces). Returns the name."""
+    taken = [int(n, 16) for n in layer_names(layers_dir)]
+    n = max(taken) + 1 if taken else 1
+    while True:
+        name = format(n, "x")
+        try:
+            rename_noreplace(built, os.path.join(layers_dir, name.encode()))
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                n += 1
+                continue
+            raise
+        dfd = os.open(layers_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return name
