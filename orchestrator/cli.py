@@ -335,18 +335,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = command.main(args=args, prog_name="petri", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
-    except typer.Exit as e:
-        code = e.exit_code
-    except typer.Abort:
-        code = fail("aborted", 130)
-    except typer.TyperException as e:  # click's usage errors, vendored by typer
-        if type(e).__name__ == "NoArgsIsHelpError":
-            print(e.format_message())  # type: ignore[attr-defined]
-            return 0
-        if G.debug:
-            traceback.print_exc()
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        code = fail(" ".join(message.split()), 2 if getattr(e, "exit_code", 1) in (1, 2) else e.exit_code)
     except PetriError as e:
         if G.debug:
             traceback.print_exc()
@@ -355,19 +343,38 @@ def main(argv: list[str] | None = None) -> int:
         code = fail("interrupted", 130)
     except BrokenPipeError:
         code = 0
-    except OSError as e:
-        if G.debug:
-            traceback.print_exc()
-        code = fail(f"{e.strerror or e}{': ' + os.fsdecode(e.filename) if e.filename else ''}", 1)
     except Exception as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
-        if G.debug:
-            traceback.print_exc()
-        code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+        code = _from_click(e)
+        if code is None:
+            if G.debug:
+                traceback.print_exc()
+            if isinstance(e, OSError):
+                where = f": {os.fsdecode(e.filename)}" if e.filename else ""
+                code = fail(f"{e.strerror or e}{where}", 1)
+            else:
+                code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         pass
     return code
+
+
+def _from_click(e: Exception) -> int | None:
+    """The exit code for click's own exceptions (whichever click typer carries), else None."""
+    kinds = {c.__name__ for c in type(e).__mro__}
+    if "Exit" in kinds:
+        return int(getattr(e, "exit_code", 0))
+    if "Abort" in kinds:
+        return fail("aborted", 130)
+    if "NoArgsIsHelpError" in kinds:
+        print(e.format_message())  # type: ignore[attr-defined]
+        return 0
+    if "ClickException" in kinds:
+        if G.debug:
+            traceback.print_exc()
+        return fail(" ".join(e.format_message().split()), 2)  # type: ignore[attr-defined]
+    return None
 
 
 def entry() -> None:
