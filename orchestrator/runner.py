@@ -90,6 +90,7 @@ class RunResult:
     cgroup_mode: str = "none"
     warnings: tuple[str, ...] = ()
     setup_error: str | None = None  # bwrap's own words when exit_code is 125
+    cpu_time_s: float | None = None  # CPU the run's cgroup used
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,7 @@ async def run_isolated(
         cgroup_mode=sup.mode,
         warnings=tuple(warnings),
         setup_error=setup_error,
+        cpu_time_s=stats.cpu_usage_s,
     )
     if on_event:
         on_event(RunEvent("finished", result=res))
