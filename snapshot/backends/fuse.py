@@ -1,0 +1,244 @@
+"""The ``fuse`` backend: the overlay backend's layered snapshots, clones served by a pyfuse3
+copy-on-write daemon (no root needed).
+
+Snapshots are exactly the overlay backend's (same layers, same ``layers.json``, same stat
+cache; see :mod:`snapshot.layers`), so this class inherits them. A clone is a FUSE mount at
+``sandboxes/<sb>/tree`` served by one daemon process (:mod:`snapshot.fusefs.daemon`) over the
+snapshot's layers (read-only) and ``sandboxes/<sb>/upper`` (writable, the same layer format,
+so the merge engine reads it like an overlay upper), with beside it::
+
+    mount.json     what was mounted (the overlay record's shape, plus "backend" and
+                   "disk_budget"), so ensure_clone can restart a dead daemon
+    work/          copy-up staging on the upper's filesystem
+    journal/       what the sandbox changed and read (snapshot.fusefs.journal)
+    daemon.pid     the daemon's pid; daemon.log its log
+
+Beyond kernel overlay: the daemon records what the sandbox read (``read_set``), keeps the
+change journal (``changed_paths``, O(changes)), and enforces a disk budget at write
+(``clone(..., disk_budget=N)``: ENOSPC inside, nothing more written).
+
+Caveats:
+- One process per sandbox (~25 MB RSS, ~0.25 s to start: a fresh interpreter).
+- ``frozen_view`` and ``snapshot_view`` start a read-only daemon for the ``with`` block;
+  ``frozen_view`` first copies the whole upper (O(upper), reflinked where possible).
+- A directory renamed inside the sandbox is copied into the upper (see ``fusefs.ops``);
+  hard links from the base break at copy-up, as in overlay.
+- When root mounts, the mount carries ``allow_other`` so the runner can drop to the
+  workspace owner; a normal user's mount serves that user only (bwrap keeps the uid).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, ClassVar, Iterator
+
+from .. import layers as L
+from ..backend import Leftover
+from ..errors import SnapshotError
+from ..fusefs import daemon as D
+from ..fusefs.journal import Changes, read_changes, read_reads, walk_upper
+from ..store import Store
+from ..tree import apply_meta, remove_tree
+from .overlay import OverlayBackend, _probe_user_xattr, _refuse_if_mounts_under
+
+MOUNT_RECORD_VERSION = 1
+
+
+class FuseMountFailed(SnapshotError):
+    """cannot start the fuse daemon for {target}: {why}; see {log}"""
+
+
+def _fuse_mounts_under(root: Path) -> list[bytes]:
+    prefix = os.fsencode(os.path.realpath(root)).rstrip(b"/") + b"/"
+    return [m.mountpoint for m in D.mounts()
+            if m.fstype.startswith("fuse") and m.source == D.FSNAME and m.mountpoint.startswith(prefix)]
+
+
+class FuseBackend(OverlayBackend):
+    name: ClassVar[str] = "fuse"
+    instant: ClassVar[bool] = False
+
+    def __init__(self, workers: int = 8, max_depth: int = 32,
+                 cache: D.CacheOptions | None = None, start_timeout: float = 15.0) -> None:
+        super().__init__(workers=workers, max_depth=max_depth)
+        self.cache = cache or D.CacheOptions()
+        self.start_timeout = start_timeout
+
+    # -- availability --------------------------------------------------------------------
+    @staticmethod
+    def available(workspace: Path) -> tuple[bool, str]:
+        if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+            return False, "/dev/fuse is missing or not readable and writable by this user"
+        if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+            return False, "fusermount3 is not installed (Debian package fuse3)"
+        try:
+            import pyfuse3  # noqa: F401
+        except ImportError as e:
+            return False, f"pyfuse3 cannot be imported ({e})"
+        ok, why = _probe_user_xattr(workspace)
+        if not ok:
+            return False, why
+        return True, ("layered snapshots (the first copies the tree, later ones only what changed); "
+                      "clones are pyfuse3 copy-on-write mounts that need no root")
+
+    # -- paths ---------------------------------------------------------------------------
+    @staticmethod
+    def _pidfile(store: Store, sb_id: str) -> Path:
+        return store.sandbox_dir(sb_id) / "daemon.pid"
+
+    def _spec(self, store: Store, sb_id: str, rec: dict) -> D.MountSpec:
+        sb = store.sandbox_dir(sb_id)
+        lowers = tuple(Path(os.fsdecode(p)) for p in self._layer_paths(store, rec["layers"]))
+        return D.MountSpec(lowers=lowers, mountpoint=store.sandbox_tree(sb_id), upper=sb / rec["upper"],
+                           workdir=sb / rec["work"], journal=sb / "journal", log=sb / "daemon.log",
+                           pidfile=self._pidfile(store, sb_id), disk_budget=rec.get("disk_budget"),
+                           cache=self.cache)
+
+    def _start(self, spec: D.MountSpec) -> None:
+        try:
+            D.start(spec, timeout=self.start_timeout)
+        except D.DaemonFailed as e:
+            raise FuseMountFailed(target=str(spec.mountpoint), why=str(e).splitlines()[0],
+                                  log=str(spec.log)) from e
+
+    @contextlib.contextmanager
+    def _readonly_mount(self, store: Store, lowers: list[bytes], what: str,
+                        prepare: Callable[[Path], list[bytes]] | None = None) -> Iterator[Path]:
+        """A read-only daemon over ``lowers`` (top first) for the ``with`` block; ``prepare``
+        may build extra top layers in the private work dir first."""
+        work = store.tmp_path(what)
+        mnt = work / "view"
+        pidfile = work / "daemon.pid"
+        try:
+            work.mkdir(parents=True)
+            extra = prepare(work) if prepare is not None else []
+            mnt.mkdir()
+            spec = D.MountSpec(lowers=tuple(Path(os.fsdecode(p)) for p in extra + lowers), mountpoint=mnt,
+                               log=work / "daemon.log", pidfile=pidfile, cache=self.cache)
+            self._start(spec)
+            yield mnt
+        finally:
+            D.stop(mnt, pidfile)
+            if not D.is_mounted(mnt):
+                remove_tree(bytes(work))
+
+    # -- snapshots (layers are the overlay backend's; only the view differs) ---------------
+    @contextlib.contextmanager
+    def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
+        lowers = self._layer_paths(store, self.layers_of(store, snap_id))
+        with self._readonly_mount(store, lowers, f"view-{snap_id}") as mnt:
+            yield mnt
+
+    # -- sandboxes -----------------------------------------------------------------------
+    def clone(self, store: Store, snap_id: str, sb_id: str, disk_budget: int | None = None) -> Path:
+        names = self.layers_of(store, snap_id)
+        lowers = self._layer_paths(store, names)
+        sb = store.sandbox_dir(sb_id)
+        if sb.exists():
+            raise SnapshotError(detail=f"sandbox {sb_id} already exists at {sb}")
+        rec = {"version": MOUNT_RECORD_VERSION, "backend": "fuse", "snapshot": snap_id, "layers": names,
+               "upper": "upper", "work": "work", "disk_budget": disk_budget}
+        spec = None
+        try:
+            sb.mkdir(parents=True)
+            for d in ("upper", "work", "tree", "journal"):
+                (sb / d).mkdir()
+            # The merged root's owner, mode and times are the upper dir's: give it the snapshot's.
+            apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
+            L.atomic_write(sb / "mount.json", json.dumps(rec).encode() + b"\n")
+            spec = self._spec(store, sb_id, rec)
+            self._start(spec)
+        except BaseException:
+            D.stop(store.sandbox_tree(sb_id), self._pidfile(store, sb_id))
+            if not D.is_mounted(store.sandbox_tree(sb_id)):
+                remove_tree(bytes(sb))
+            raise
+        return store.sandbox_tree(sb_id)
+
+    def _record(self, store: Store, sb_id: str) -> dict:
+        try:
+            rec = json.loads((store.sandbox_dir(sb_id) / "mount.json").read_text())
+        except FileNotFoundError:
+            raise SnapshotError(detail=f"sandbox {sb_id} has no mount record on disk") from None
+        if rec.get("version") != MOUNT_RECORD_VERSION:
+            raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
+        return rec
+
+    def daemon_health(self, store: Store, sb_id: str) -> str:
+        """``ok`` | ``dead`` | ``hung`` | ``unmounted`` (see fusefs.daemon.health)."""
+        return D.health(store.sandbox_tree(sb_id), self._pidfile(store, sb_id))
+
+    def ensure_clone(self, store: Store, sb_id: str) -> Path:
+        tree = store.sandbox_tree(sb_id)
+        state = self.daemon_health(store, sb_id)
+        if state == "ok":
+            return tree
+        rec = self._record(store, sb_id)
+        # Dead, hung or half-there: clear it all away before a fresh daemon takes over.
+        D.stop(tree, self._pidfile(store, sb_id))
+        tree.mkdir(exist_ok=True)
+        self._start(self._spec(store, sb_id, rec))
+        return tree
+
+    @contextlib.contextmanager
+    def frozen_view(self, store: Store, sb_id: str) -> Iterator[Path]:
+        rec = self._record(store, sb_id)
+        lowers = self._layer_paths(store, rec["layers"])
+        upper = store.sandbox_dir(sb_id) / rec["upper"]
+        reflink = self._reflink_ok(store)
+
+        def prepare(work: Path) -> list[bytes]:
+            # O(upper): the sandbox keeps writing its upper; a copy of it is a stable top layer.
+            L.copy_layer(bytes(upper), bytes(work / "upper"), reflink=reflink)
+            return [bytes(work / "upper")]
+
+        with self._readonly_mount(store, lowers, f"frozen-{sb_id}", prepare) as mnt:
+            yield mnt
+
+    def destroy_clone(self, store: Store, sb_id: str) -> None:
+        sb = store.sandbox_dir(sb_id)
+        tree = store.sandbox_tree(sb_id)
+        D.stop(tree, self._pidfile(store, sb_id))
+        if not sb.exists():
+            return
+        _refuse_if_mounts_under(bytes(sb))
+        doomed = store.tmp_path(f"del-{sb_id}")
+        os.rename(sb, doomed)
+        remove_tree(bytes(doomed))
+
+    # -- journals ------------------------------------------------------------------------
+    def changed_paths(self, store: Store, sb_id: str, *, verify: bool = False) -> Changes:
+        """Paths the sandbox may have changed (``trees``: whole subtrees), from its journal;
+        ``verify=True`` adds what a walk of the upper finds (after a machine crash)."""
+        sb = store.sandbox_dir(sb_id)
+        ch = read_changes(sb / "journal")
+        if verify:
+            up = walk_upper(sb / "upper")
+            ch = Changes(ch.paths | up.paths, ch.trees | up.trees)
+        return ch
+
+    def read_set(self, store: Store, sb_id: str) -> frozenset[bytes]:
+        """Paths the sandbox opened for reading (or read as a symlink), relative to its root."""
+        return read_reads(store.sandbox_dir(sb_id) / "journal")
+
+    # -- gc ------------------------------------------------------------------------------
+    def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
+        found = super().leftovers(store, snapshots, sandboxes)
+        known = {os.fsencode(os.path.realpath(store.sandbox_tree(s))) for s in sandboxes}
+        for mp in _fuse_mounts_under(store.root):
+            if mp not in known:
+                found.insert(0, Leftover("mount", Path(os.fsdecode(mp))))
+        return found
+
+    def remove_leftover(self, store: Store, leftover: Leftover) -> None:
+        path = leftover.path
+        if leftover.kind == "mount":
+            D.stop(path, path.parent / "daemon.pid")
+            return
+        for mp in sorted(_fuse_mounts_under(path), key=len, reverse=True):
+            p = Path(os.fsdecode(mp))
+            D.stop(p, p.parent / "daemon.pid")
+        super().remove_leftover(store, leftover)

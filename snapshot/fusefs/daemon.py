@@ -1,0 +1,417 @@
+"""One FUSE mount per process: the daemon's entry point, and starting/stopping/probing it.
+
+Entry point (pyfuse3 serves one mount per process)::
+
+    python -m snapshot.fusefs.daemon --lower L1 [--lower L2 ...] [--upper U --workdir W]
+        --mountpoint M [--journal DIR] [--disk-budget N] [--log F] [--pidfile P] [--detach]
+        [--entry-timeout S] [--attr-timeout S] [--negative-timeout S]
+        [--keep-cache lower|all|none] [--writeback] [--max-tasks N] [--allow-other]
+
+``--lower`` is given TOP-MOST FIRST. Without ``--upper`` the view is read-only.
+``--detach`` double-forks and ``setsid``s so the daemon outlives its starter and is never
+its zombie; the starter (``start``) then waits for the mount to appear in
+``/proc/self/mountinfo`` and fails fast, quoting the log, if the daemon died first.
+
+Who may use the mount: FUSE lets only the mounting user in unless ``allow_other``. A
+normal user's sandbox runs as that same user (bwrap keeps the uid, and FUSE compares the
+kernel uid, so the user namespace does not matter): no ``allow_other`` needed, and a normal
+user may not ask for it unless ``/etc/fuse.conf`` says ``user_allow_other``. When root
+mounts (the runner then drops to the workspace owner), ``allow_other`` is required and root
+may always use it: ``start`` adds it for root. ``default_permissions`` is always on, so the
+kernel checks modes and owners as on a local filesystem and the daemon never has to.
+
+Stopping: SIGTERM (the daemon unmounts itself); if it does not go, abort its connection
+(``/sys/fs/fuse/connections/<dev>/abort`` where fusectl is mounted) and SIGKILL it; if the
+mount is still there, ``fusermount3 -u``, then ``-u -z`` (lazy). Killing the daemon closes
+``/dev/fuse``, which fails every pending request with ENOTCONN: processes in the sandbox
+get errors and never hang.
+
+Caveats: start-up pays a fresh interpreter (~0.2 s: trio and pyfuse3 imports); a fork
+server would save most of it. A pid file is trusted only if ``/proc/<pid>/cmdline`` names
+this module and the mount point (pid reuse).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FSNAME = "petri"
+MODULE = "snapshot.fusefs.daemon"
+
+
+# -- mount table ---------------------------------------------------------------------------
+def _unescape(field_: str) -> bytes:
+    out = bytearray()
+    b = field_.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(b):
+        if b[i] == 0x5C and i + 3 < len(b) + 0 and b[i + 1:i + 4].isdigit():
+            out.append(int(b[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(b[i])
+            i += 1
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mountpoint: bytes
+    major: int
+    minor: int
+    fstype: str
+    source: str
+
+    @property
+    def connection(self) -> int:
+        """The fusectl connection number: the superblock's kernel dev_t."""
+        return (self.major << 20) | self.minor
+
+
+def mounts() -> list[MountEntry]:
+    out = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            parts = line.decode("utf-8", "surrogateescape").split(" ")
+            sep = parts.index("-")
+            major, minor = parts[2].split(":")
+            out.append(MountEntry(_unescape(parts[4]), int(major), int(minor), parts[sep + 1], parts[sep + 2]))
+    return out
+
+
+def mount_entry(mountpoint: str | os.PathLike | bytes) -> MountEntry | None:
+    """The topmost FUSE mount at ``mountpoint`` (never stats the path: it may be hung)."""
+    mp = os.fsencode(os.path.abspath(mountpoint))
+    found = None
+    for m in mounts():
+        if m.mountpoint == mp and m.fstype.startswith("fuse"):
+            found = m
+    return found
+
+
+def is_mounted(mountpoint: str | os.PathLike | bytes) -> bool:
+    return mount_entry(mountpoint) is not None
+
+
+# -- processes -----------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def daemon_pid(pidfile: Path, mountpoint: Path) -> int | None:
+    """The daemon's pid if the pid file names a live daemon serving ``mountpoint``."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    if MODULE.encode() not in cmd or os.fsencode(os.path.abspath(mountpoint)) not in cmd:
+        return None
+    return pid if _alive(pid) else None
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    entry_timeout: float = 10.0
+    attr_timeout: float = 10.0
+    negative_timeout: float = 10.0
+    keep_cache: str = "lower"       # lower | all | none
+    writeback: bool = False         # ignored when a disk budget is set
+    max_tasks: int = 16
+
+    def argv(self) -> list[str]:
+        out = ["--entry-timeout", str(self.entry_timeout), "--attr-timeout", str(self.attr_timeout),
+               "--negative-timeout", str(self.negative_timeout), "--keep-cache", self.keep_cache,
+               "--max-tasks", str(self.max_tasks)]
+        return out + (["--writeback"] if self.writeback else [])
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    lowers: tuple[Path, ...]        # top-most first
+    mountpoint: Path
+    upper: Path | None = None
+    workdir: Path | None = None
+    journal: Path | None = None
+    log: Path | None = None
+    pidfile: Path | None = None
+    disk_budget: int | None = None
+    cache: CacheOptions = field(default_factory=CacheOptions)
+    allow_other: bool | None = None  # None: only when root
+
+    def argv(self) -> list[str]:
+        a = [sys.executable, "-m", MODULE, "--mountpoint", str(os.path.abspath(self.mountpoint))]
+        for low in self.lowers:
+            a += ["--lower", str(low)]
+        if self.upper is not None:
+            a += ["--upper", str(self.upper), "--workdir", str(self.workdir)]
+        if self.journal is not None:
+            a += ["--journal", str(self.journal)]
+        if self.log is not None:
+            a += ["--log", str(self.log)]
+        if self.pidfile is not None:
+            a += ["--pidfile", str(self.pidfile)]
+        if self.disk_budget is not None:
+            a += ["--disk-budget", str(self.disk_budget)]
+        allow = self.allow_other if self.allow_other is not None else os.geteuid() == 0
+        if allow:
+            a.append("--allow-other")
+        return a + self.cache.argv()
+
+
+class DaemonFailed(RuntimeError):
+    pass
+
+
+def _log_tail(log: Path | None, n: int = 2000) -> str:
+    if log is None:
+        return ""
+    try:
+        return log.read_bytes()[-n:].decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def start(spec: MountSpec, timeout: float = 15.0) -> int:
+    """Start a detached daemon for ``spec`` and wait for its mount; return its pid."""
+    if spec.pidfile is None:
+        raise ValueError("a detached daemon needs a pid file")
+    try:
+        spec.pidfile.unlink()
+    except FileNotFoundError:
+        pass
+    if is_mounted(spec.mountpoint):
+        raise DaemonFailed(f"{spec.mountpoint} is already mounted")
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run(spec.argv() + ["--detach"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                          timeout=timeout, close_fds=True)
+    if proc.returncode != 0:
+        raise DaemonFailed(f"daemon did not start: {proc.stderr.decode(errors='replace')}")
+    deadline = time.monotonic() + timeout
+    pid = None
+    delay = 0.002
+    while time.monotonic() < deadline:
+        if pid is None:
+            try:
+                pid = int(spec.pidfile.read_text().strip())
+            except (FileNotFoundError, ValueError):
+                pass
+        if is_mounted(spec.mountpoint) and pid is not None:
+            return pid
+        if pid is not None and not _alive(pid):
+            raise DaemonFailed(f"daemon died before mounting {spec.mountpoint}:\n{_log_tail(spec.log)}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    if pid is not None:
+        _kill(pid)
+    raise DaemonFailed(f"timed out waiting for {spec.mountpoint} to mount:\n{_log_tail(spec.log)}")
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.01)
+    return not _alive(pid)
+
+
+def abort_connection(mountpoint: str | os.PathLike) -> bool:
+    """Abort the kernel side of a FUSE mount (fails all its requests); False if fusectl is
+    not mounted or the mount is gone."""
+    m = mount_entry(mountpoint)
+    if m is None:
+        return False
+    path = Path("/sys/fs/fuse/connections") / str(m.connection) / "abort"
+    try:
+        path.write_text("1")
+        return True
+    except OSError:
+        return False
+
+
+def unmount(mountpoint: str | os.PathLike) -> None:
+    """fusermount3 -u, then a lazy unmount; never stats the mount point."""
+    mp = str(os.path.abspath(mountpoint))
+    for args in (["-u", "-q"], ["-u", "-z", "-q"]):
+        if not is_mounted(mp):
+            return
+        subprocess.run(["fusermount3", *args, mp], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+    if is_mounted(mp) and os.geteuid() == 0:
+        subprocess.run(["umount", "-l", mp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+
+
+def stop(mountpoint: Path, pidfile: Path | None, timeout: float = 5.0) -> None:
+    """Stop the daemon serving ``mountpoint`` and make sure nothing stays mounted."""
+    pid = daemon_pid(pidfile, mountpoint) if pidfile is not None else None
+    if pid is not None:
+        _kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, timeout):
+            abort_connection(mountpoint)
+            _kill(pid, signal.SIGKILL)
+            _wait_gone(pid, timeout)
+    if is_mounted(mountpoint):
+        abort_connection(mountpoint)
+        unmount(mountpoint)
+    if pidfile is not None:
+        try:
+            pidfile.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def probe(mountpoint: Path, timeout: float = 2.0) -> bool:
+    """True if the mount answers a stat within ``timeout`` (in a child process: a hung
+    FUSE request must not take this process with it; FUSE waits are killable)."""
+    try:
+        r = subprocess.run(["stat", "-c", "%i", str(mountpoint)], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
+
+
+def health(mountpoint: Path, pidfile: Path | None, timeout: float = 2.0) -> str:
+    """``ok`` | ``dead`` (mounted, daemon gone) | ``hung`` (daemon alive, mount does not
+    answer) | ``unmounted`` (no mount; daemon may be alive)."""
+    mounted = is_mounted(mountpoint)
+    pid = daemon_pid(pidfile, mountpoint) if pidfile is not None else None
+    if not mounted:
+        return "unmounted"
+    if pid is None:
+        return "dead"
+    return "ok" if probe(mountpoint, timeout) else "hung"
+
+
+# -- the daemon itself -----------------------------------------------------------------------
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=MODULE)
+    p.add_argument("--lower", action="append", default=[], help="lower layer, top-most first")
+    p.add_argument("--upper")
+    p.add_argument("--workdir")
+    p.add_argument("--mountpoint", required=True)
+    p.add_argument("--journal")
+    p.add_argument("--disk-budget", type=int)
+    p.add_argument("--log")
+    p.add_argument("--pidfile")
+    p.add_argument("--detach", action="store_true")
+    p.add_argument("--entry-timeout", type=float, default=10.0)
+    p.add_argument("--attr-timeout", type=float, default=10.0)
+    p.add_argument("--negative-timeout", type=float, default=10.0)
+    p.add_argument("--keep-cache", choices=("lower", "all", "none"), default="lower")
+    p.add_argument("--writeback", action="store_true")
+    p.add_argument("--max-tasks", type=int, default=16)
+    p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--debug", action="store_true")
+    return p.parse_args(argv)
+
+
+def _detach(log: str | None) -> None:
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    fd = os.open(os.devnull, os.O_RDWR)
+    os.dup2(fd, 0)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log else fd
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.chdir("/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.detach:
+        _detach(args.log)
+    elif args.log:
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
+                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(message)s")
+    log = logging.getLogger("petri.fusefs")
+    if args.pidfile:
+        tmp = args.pidfile + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, args.pidfile)
+    os.umask(0)  # modes come from the requests, already masked by the caller's umask
+
+    import pyfuse3
+    import trio
+
+    from .journal import Journal
+    from .ops import CowFS
+
+    fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
+               disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
+               attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
+               keep_cache=args.keep_cache, writeback=args.writeback)
+    options = set(pyfuse3.default_options)  # default_permissions
+    options |= {f"fsname={FSNAME}", f"subtype={FSNAME}"}
+    if args.allow_other:
+        options.add("allow_other")
+    if not args.upper:
+        options.add("ro")
+    pyfuse3.init(fs, args.mountpoint, options)
+    log.info("mounted %s (lowers %s, upper %s)", args.mountpoint, args.lower, args.upper)
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            async def on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+                    async for _ in sigs:
+                        log.info("signal: unmounting")
+                        pyfuse3.terminate()
+                        return
+            nursery.start_soon(on_signal)
+            await pyfuse3.main(min_tasks=1, max_tasks=args.max_tasks)
+            nursery.cancel_scope.cancel()
+
+    ok = False
+    try:
+        trio.run(serve)
+        ok = True
+    except BaseException:
+        log.exception("daemon failed")
+    finally:
+        try:
+            pyfuse3.close(unmount=True)
+        except Exception:
+            log.exception("unmount failed")
+        fs.close()
+        if args.pidfile:
+            try:
+                if Path(args.pidfile).read_text().strip() == str(os.getpid()):
+                    os.unlink(args.pidfile)
+            except FileNotFoundError:
+                pass
+        log.info("stopped")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
