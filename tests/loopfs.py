@@ -176,8 +176,12 @@ def make_loopfs(kind: str) -> LoopFs:
     if why:
         pytest.skip(why)
     image = IMAGE_DIR / f"petri-test-{kind}-{os.getpid()}-{os.urandom(4).hex()}.img"
-    fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # before anything else, so no sweep takes it for stale
+    # Locked under a name the sweep does not match, then renamed: another session's sweep
+    # can never find it unlocked and take it for a killed run's.
+    hidden = image.with_name("." + image.name + ".new")
+    fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(hidden, image)
     fs = LoopFs(kind, image, fd)
     try:
         os.ftruncate(fd, SIZES[kind])
