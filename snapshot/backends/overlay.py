@@ -1,0 +1,630 @@
+"""The ``overlay`` backend: layered snapshots, clones as kernel overlayfs mounts (root).
+
+Snapshots are stacks of layers (the format is in :mod:`snapshot.layers`): the first
+snapshot copies the live tree into one full layer; each later one walks live with ``lstat``,
+compares with the parent's stat cache and copies only what changed into a new delta layer
+(whiteouts for deletions), so taking a snapshot costs a stat walk plus the changed bytes.
+When a stack grows past ``max_depth`` (32) layers, the snapshot's view is compacted into one
+fresh full layer made of hard links to the old layers' files (O(files), no data copied).
+
+A clone is an overlay mount at ``sandboxes/<sb>/tree`` with ``upper/`` and ``work/`` beside
+it and the snapshot's layers as lowerdirs (top first): O(1), a host-visible path. The live
+tree is never a lowerdir (overlayfs calls a lowerdir changing under a mount undefined).
+
+Mount options: ``userxattr,index=off,metacopy=off,redirect_dir=nofollow``. ``userxattr``
+makes the layers' opaque marks ``user.overlay.*`` so the same layers serve the rootless
+fuse backend; on 6.18 it refuses ``redirect_dir=off`` (userxattr implies ``nofollow``), so
+``nofollow`` is given explicitly; ``index`` and ``metacopy`` are off so the upper dir holds
+plain whole files that other tools (diff, promote, frozen views) can read. The options go
+in through the new mount API (``fsopen``/``fsconfig`` with one ``lowerdir+`` per layer,
+Linux 6.8+), so the one-page limit of a mount(2) option string never applies; on older
+kernels the fallback runs ``mount -t overlay`` with ``cwd`` at the store root and short
+relative paths (``layers/1f:layers/1e``), which fits about 400 layers in a page. What was
+mounted is recorded in ``sandboxes/<sb>/mount.json``, so :meth:`ensure_clone` can mount it
+again after a reboot.
+
+Caveats:
+- Needs root. Rootless overlay exists only inside a user namespace, whose mounts the host
+  cannot see: rootless workspaces use the fuse backend on the same layers.
+- The first snapshot copies the whole tree (``instant = False``); later ones cost a stat walk
+  of the whole tree plus the changed bytes.
+- Snapshots are exact per file, not across files (see :mod:`snapshot.layers`).
+- Hard links in the base are broken when the sandbox writes one of the names (copy-up).
+- ``redirect_dir=nofollow``: renaming a directory that came from a snapshot inside a sandbox
+  fails with EXDEV, which ``mv`` and most tools answer by copying and deleting.
+- ``frozen_view`` copies the sandbox's whole upper dir (O(upper), reflinked where the
+  filesystem can); a file written without pause meanwhile is taken as one read pass saw it.
+- A lowerdir-only overlay needs two layers, so a single-layer snapshot view stacks an empty
+  directory under it.
+- ``leftovers`` and ``delete_snapshot`` count a layer as used by what ``snapshots/*`` and
+  ``sandboxes/*/mount.json`` name: run them under the store lock, never while a snapshot is
+  being taken.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import ClassVar, Iterator, Sequence
+
+from .. import layers as L
+from ..backend import Leftover, Progress, SnapshotResult
+from ..errors import BackendUnavailable, SnapshotError
+from ..store import STORE_NAME, Store
+from ..tree import FICLONE, StatKey, apply_meta, remove_tree
+
+EXCLUDE = frozenset({STORE_NAME.encode()})
+MOUNT_OPTIONS = ("userxattr", "index=off", "metacopy=off", "redirect_dir=nofollow")
+MOUNT_SOURCE = "petri"
+MOUNT_RECORD_VERSION = 1
+DEFAULT_MAX_DEPTH = 32
+_ROOTLESS_WHY = ("needs root (rootless overlay exists only inside a user namespace, so it cannot "
+                 "give a host-visible path: use fuse)")
+
+
+class OverlayMountFailed(SnapshotError):
+    """cannot mount overlay at {target}: {why}"""
+
+
+# -- mounting (kernel) ------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_SYS_open_tree, _SYS_move_mount, _SYS_fsopen, _SYS_fsconfig, _SYS_fsmount = 428, 429, 430, 431, 432
+_FSOPEN_CLOEXEC = 1
+_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
+_FSMOUNT_CLOEXEC = 1
+_MOUNT_ATTR_RDONLY = 1
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+_AT_FDCWD = -100
+_MNT_DETACH = 2
+
+
+def _syscall(*args) -> int:
+    # syscall(2) is variadic and reads longs: widen ints so negative fds (AT_FDCWD) survive.
+    r = _libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+
+
+def _fs_messages(fd: int) -> str:
+    """What the filesystem said about a failed fsconfig (the new API's dmesg)."""
+    out = []
+    while True:
+        try:
+            msg = os.read(fd, 1024)
+        except OSError:
+            break
+        if not msg:
+            break
+        out.append(msg.decode(errors="replace").strip())
+    return "; ".join(out)
+
+
+class _NoLowerdirPlus(Exception):
+    pass
+
+
+def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, work: bytes | None,
+                    readonly: bool) -> None:
+    try:
+        fd = _syscall(_SYS_fsopen, b"overlay", _FSOPEN_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENOSYS:
+            raise _NoLowerdirPlus() from e
+        raise
+
+    def cfg(cmd: int, key: bytes | None, value: bytes | None) -> None:
+        try:
+            _syscall(_SYS_fsconfig, fd, cmd, key, value, 0)
+        except OSError as e:
+            said = _fs_messages(fd)
+            if key == b"lowerdir+" and e.errno == errno.EINVAL and "Unknown parameter" in said:
+                raise _NoLowerdirPlus() from e
+            raise OSError(e.errno, f"{e.strerror} ({said or 'no message'})") from None
+
+    try:
+        cfg(_FSCONFIG_SET_STRING, b"source", MOUNT_SOURCE.encode())
+        for lower in lowers:
+            cfg(_FSCONFIG_SET_STRING, b"lowerdir+", lower)
+        if upper is not None:
+            cfg(_FSCONFIG_SET_STRING, b"upperdir", upper)
+            cfg(_FSCONFIG_SET_STRING, b"workdir", work)
+        for opt in MOUNT_OPTIONS:
+            k, _, v = opt.partition("=")
+            if v:
+                cfg(_FSCONFIG_SET_STRING, k.encode(), v.encode())
+            else:
+                cfg(_FSCONFIG_SET_FLAG, k.encode(), None)
+        cfg(_FSCONFIG_CMD_CREATE, None, None)
+        mfd = _syscall(_SYS_fsmount, fd, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_RDONLY if readonly else 0)
+        try:
+            _syscall(_SYS_move_mount, mfd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH)
+        finally:
+            os.close(mfd)
+    finally:
+        os.close(fd)
+
+
+def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, work: bytes | None,
+                  readonly: bool, cwd: bytes) -> None:
+    """mount(8) with paths relative to ``cwd`` (run in a child, so this process's cwd never
+    moves under its other threads): keeps the option string inside one page."""
+    def rel(p: bytes) -> bytes:
+        r = os.path.relpath(p, cwd)
+        for bad in (b",", b":", b"\\"):
+            if bad in r:
+                raise OverlayMountFailed(target=os.fsdecode(target), why=f"path {os.fsdecode(r)!r} holds {bad!r}")
+        return r
+
+    opts = [b"lowerdir=" + b":".join(rel(p) for p in lowers)]
+    if upper is not None:
+        opts += [b"upperdir=" + rel(upper), b"workdir=" + rel(work)]
+    opts += [o.encode() for o in MOUNT_OPTIONS]
+    if readonly:
+        opts.append(b"ro")
+    data = b",".join(opts)
+    if len(data) >= 4096:
+        raise OverlayMountFailed(target=os.fsdecode(target), why="too many layers for one mount option page")
+    r = subprocess.run([b"mount", b"-t", b"overlay", MOUNT_SOURCE.encode(), b"-o", data, target],
+                       cwd=cwd, capture_output=True)
+    if r.returncode != 0:
+        raise OSError(errno.EINVAL, r.stderr.decode(errors="replace").strip())
+
+
+def mount_overlay(target: bytes, lowers: Sequence[bytes], upper: bytes | None = None,
+                  work: bytes | None = None, *, readonly: bool = False, cwd: bytes = b"/",
+                  legacy: bool = False) -> None:
+    """Mount overlay at ``target`` with ``lowers`` TOP FIRST (at least two without an upper).
+
+    ``legacy`` forces the mount(8) path (tests); it is also taken when the kernel has no
+    ``lowerdir+``."""
+    try:
+        if not legacy:
+            try:
+                _fsconfig_mount(target, lowers, upper, work, readonly)
+                return
+            except _NoLowerdirPlus:
+                pass
+        _legacy_mount(target, lowers, upper, work, readonly, cwd)
+    except OSError as e:
+        raise OverlayMountFailed(target=os.fsdecode(target), why=e.strerror or str(e)) from e
+
+
+def umount(target: bytes) -> None:
+    """Unmount; lazily if busy (processes still inside). Not mounted is not an error."""
+    if _libc.umount2(target, 0) == 0:
+        return
+    e = ctypes.get_errno()
+    if e in (errno.EINVAL, errno.ENOENT):
+        return
+    if e == errno.EBUSY and _libc.umount2(target, _MNT_DETACH) == 0:
+        return
+    e = ctypes.get_errno() if e == errno.EBUSY else e
+    raise SnapshotError(detail=f"cannot unmount {os.fsdecode(target)}: {os.strerror(e)}")
+
+
+def _unescape(field: bytes) -> bytes:
+    # mountinfo writes space, tab, newline and backslash as \ooo.
+    if b"\\" not in field:
+        return field
+    out = bytearray()
+    i = 0
+    while i < len(field):
+        if field[i:i + 1] == b"\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)
+
+
+def mounts(fstype: bytes | None = b"overlay") -> list[tuple[bytes, bytes, bytes]]:
+    """(mount point, fstype, source) from /proc/self/mountinfo, in mount order."""
+    found = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.rstrip(b"\n").partition(b" - ")
+            parts = left.split(b" ")
+            rparts = right.split(b" ")
+            if fstype is None or rparts[0] == fstype:
+                found.append((_unescape(parts[4]), rparts[0], _unescape(rparts[1])))
+    return found
+
+
+def overlay_mounts_under(root: bytes) -> list[bytes]:
+    root = os.path.realpath(root)
+    prefix = root.rstrip(b"/") + b"/"
+    return [mp for mp, _, _ in mounts() if mp.startswith(prefix) or mp == root]
+
+
+def is_overlay_mounted(path: bytes) -> bool:
+    path = os.path.realpath(path)
+    return any(mp == path for mp, _, _ in mounts())
+
+
+# -- the backend --------------------------------------------------------------------------------
+
+
+class OverlayBackend:
+    name: ClassVar[str] = "overlay"
+    instant: ClassVar[bool] = False
+
+    def __init__(self, workers: int = 8, max_depth: int = DEFAULT_MAX_DEPTH, legacy_mount: bool = False) -> None:
+        self.workers = workers
+        self.max_depth = max_depth
+        self.legacy_mount = legacy_mount
+        self._reflink: dict[int, bool] = {}
+
+    # -- availability --------------------------------------------------------------------------
+    @staticmethod
+    def available(workspace: Path) -> tuple[bool, str]:
+        """Can this process host ``workspace`` with overlay? (ok, why)"""
+        if os.geteuid() != 0:
+            return False, _ROOTLESS_WHY
+        from ..fsinfo import fs_type
+        try:
+            fstype = fs_type(workspace)
+        except OSError as e:
+            return False, f"cannot stat the workspace's filesystem: {e.strerror}"
+        if fstype in ("overlayfs", "fuse", "nfs"):
+            return False, f"the workspace is on {fstype}, which cannot hold an overlay upper dir"
+        try:
+            fd = _syscall(_SYS_fsopen, b"overlay", _FSOPEN_CLOEXEC)
+            os.close(fd)
+        except OSError as e:
+            if e.errno == errno.ENODEV:
+                return False, "the kernel has no overlayfs (modprobe overlay)"
+            if e.errno != errno.ENOSYS:
+                return False, f"cannot open overlayfs: {e.strerror}"
+        ok, why = _probe_user_xattr(workspace)
+        if not ok:
+            return False, why
+        return True, (f"root on {fstype}: layered overlay snapshots (the first copies the tree, later ones "
+                      "only what changed); clones are kernel overlay mounts, O(1)")
+
+    def _reflink_ok(self, store: Store) -> bool:
+        dev = os.stat(store.root).st_dev
+        if dev not in self._reflink:
+            self._reflink[dev] = _probe_reflink(store.tmp)
+        return self._reflink[dev]
+
+    # -- store ------------------------------------------------------------------------------
+    def create_store(self, store: Store) -> None:
+        store.root.mkdir(exist_ok=True)
+        store.make_dirs()
+
+    def _snap_file(self, store: Store, snap_id: str, name: str) -> Path:
+        return store.snapshot_dir(snap_id) / name
+
+    def layers_of(self, store: Store, snap_id: str) -> list[str]:
+        """The snapshot's layer names, lowest first."""
+        try:
+            return L.read_layer_list(self._snap_file(store, snap_id, "layers.json"))
+        except FileNotFoundError:
+            raise SnapshotError(detail=f"snapshot {snap_id} has no layer list on disk") from None
+
+    def _layer_paths(self, store: Store, names: Sequence[str]) -> list[bytes]:
+        """Absolute layer paths TOP FIRST, as lowerdir wants them; each must exist."""
+        out = []
+        for n in reversed(names):
+            p = os.path.join(bytes(store.layers), n.encode())
+            if not os.path.isdir(p):
+                raise SnapshotError(detail=f"layer {n} is missing from {store.layers}")
+            out.append(p)
+        return out
+
+    # -- snapshots --------------------------------------------------------------------------
+    def _plan(self, store: Store, parent: str | None) -> tuple[L.Scan, L.DeltaPlan, dict[bytes, StatKey]]:
+        old = L.load_stat_cache(self._snap_file(store, parent, "statcache")) if parent else {}
+        scan = L.scan_tree(bytes(store.workspace), EXCLUDE)
+        plan = L.plan_delta(old, scan.keys(), old.get(b""), StatKey.of(scan.root))
+        return scan, plan, old
+
+    def estimate_bytes(self, store: Store, parent: str | None) -> int:
+        return self._plan(store, parent)[1].bytes
+
+    def snapshot(self, store: Store, snap_id: str, parent: str | None,
+                 progress: Progress | None = None) -> SnapshotResult:
+        snap_dir = store.snapshot_dir(snap_id)
+        if (snap_dir / "layers.json").exists():
+            raise SnapshotError(detail=f"snapshot {snap_id} already exists")
+        parent_layers = self.layers_of(store, parent) if parent else []
+        scan, plan, _ = self._plan(store, parent)
+        installed: list[str] = []
+        staging: list[Path] = []
+        made_dir = False
+        result: L.BuildResult | None = None
+        try:
+            if parent is not None and plan.empty:
+                names = parent_layers  # nothing moved: share the parent's stack as is
+            else:
+                built = store.tmp_path("layer")
+                staging.append(built)
+                result = L.build_layer(bytes(store.workspace), bytes(built), plan, scan,
+                                       reflink=self._reflink_ok(store), progress=progress,
+                                       workers=self.workers)
+                installed.append(L.install_layer(bytes(store.layers), bytes(built)))
+                names = parent_layers + installed
+            if len(names) > self.max_depth:
+                names = [self._compact(store, names, installed, staging)]
+            if not snap_dir.exists():
+                snap_dir.mkdir(parents=True)
+                made_dir = True
+            L.atomic_write(snap_dir / "statcache", L.dump_stat_cache(L.next_cache(scan, result)))
+            L.write_layer_list(snap_dir / "layers.json", names)  # the commit point
+        except BaseException:
+            if made_dir:
+                remove_tree(bytes(snap_dir))
+            else:
+                for f in ("statcache", "layers.json"):
+                    with contextlib.suppress(FileNotFoundError):
+                        (snap_dir / f).unlink()
+            for p in staging:
+                remove_tree(bytes(p))
+            for n in installed:
+                remove_tree(os.path.join(bytes(store.layers), n.encode()))
+            raise
+        return SnapshotResult(bytes_copied=result.bytes_copied if result else 0)
+
+    def _compact(self, store: Store, names: list[str], installed: list[str], staging: list[Path]) -> str:
+        built = store.tmp_path("compact")
+        staging.append(built)
+        L.compact_layers(self._layer_paths(store, names), bytes(built), reflink=self._reflink_ok(store))
+        name = L.install_layer(bytes(store.layers), bytes(built))
+        # The delta made a moment ago is now named by nobody: drop it.
+        for n in list(installed):
+            remove_tree(os.path.join(bytes(store.layers), n.encode()))
+            installed.remove(n)
+        installed.append(name)
+        return name
+
+    def _used_layers(self, store: Store, skip_snapshot: str | None = None,
+                     snapshots: set[str] | None = None, sandboxes: set[str] | None = None) -> set[str]:
+        """Layer names some snapshot (all on disk, or only ``snapshots``) or mounted sandbox lists."""
+        used: set[str] = set()
+        if store.snapshots.is_dir():
+            for d in store.snapshots.iterdir():
+                if d.name == skip_snapshot or (snapshots is not None and d.name not in snapshots):
+                    continue
+                with contextlib.suppress(FileNotFoundError, ValueError, SnapshotError):
+                    used.update(L.read_layer_list(d / "layers.json"))
+        if store.sandboxes.is_dir():
+            for d in store.sandboxes.iterdir():
+                if sandboxes is not None and d.name not in sandboxes:
+                    continue
+                with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                    used.update(json.loads((d / "mount.json").read_text())["layers"])
+        return used
+
+    def delete_snapshot(self, store: Store, snap_id: str) -> None:
+        snap_dir = store.snapshot_dir(snap_id)
+        try:
+            mine = L.read_layer_list(snap_dir / "layers.json")
+        except (FileNotFoundError, ValueError, SnapshotError):
+            mine = []
+        if snap_dir.exists():
+            store.tmp.mkdir(parents=True, exist_ok=True)
+            doomed = store.tmp_path(f"del-{snap_id}")
+            os.rename(snap_dir, doomed)  # gone in one step; the rest is cleanup
+            remove_tree(bytes(doomed))
+        used = self._used_layers(store)
+        for n in mine:
+            if n not in used:
+                self._remove_layer(store, n)
+
+    def _remove_layer(self, store: Store, name: str) -> None:
+        path = store.layers / name
+        if not path.exists():
+            return
+        doomed = store.tmp_path(f"del-layer-{name}")
+        os.rename(path, doomed)
+        remove_tree(bytes(doomed))
+
+    @contextlib.contextmanager
+    def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
+        lowers = self._layer_paths(store, self.layers_of(store, snap_id))
+        work = store.tmp_path(f"view-{snap_id}")
+        mnt = work / "view"
+        try:
+            mnt.mkdir(parents=True)
+            if len(lowers) == 1:
+                # overlay wants two lowers without an upper: an empty one changes nothing.
+                (work / "empty").mkdir()
+                lowers.append(bytes(work / "empty"))
+            self._mount(store, bytes(mnt), lowers, readonly=True)
+            try:
+                yield mnt
+            finally:
+                umount(bytes(mnt))
+        finally:
+            if not is_overlay_mounted(bytes(mnt)):
+                remove_tree(bytes(work))
+
+    def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
+        mine = self.layers_of(store, snap_id)
+        others = self._used_layers(store, skip_snapshot=snap_id)
+        alone = [bytes(store.layers / n) for n in mine if n not in others]
+        # Count an inode only when all its links are in these layers (compaction links files).
+        seen: dict[tuple[int, int], list] = {}
+        for layer in alone:
+            for _, st in _walk_all(layer):
+                if stat.S_ISREG(st.st_mode):
+                    ent = seen.setdefault((st.st_dev, st.st_ino), [0, st])
+                    ent[0] += 1
+        return sum(st.st_blocks * 512 for n, st in seen.values() if n >= st.st_nlink)
+
+    # -- sandboxes --------------------------------------------------------------------------
+    def _mount(self, store: Store, target: bytes, lowers: Sequence[bytes], upper: bytes | None = None,
+               work: bytes | None = None, readonly: bool = False) -> None:
+        mount_overlay(target, lowers, upper, work, readonly=readonly, cwd=bytes(store.root),
+                      legacy=self.legacy_mount)
+
+    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+        names = self.layers_of(store, snap_id)
+        lowers = self._layer_paths(store, names)
+        sb = store.sandbox_dir(sb_id)
+        tree = store.sandbox_tree(sb_id)
+        if sb.exists():
+            raise SnapshotError(detail=f"sandbox {sb_id} already exists at {sb}")
+        try:
+            sb.mkdir(parents=True)
+            for d in ("upper", "work", "tree"):
+                (sb / d).mkdir()
+            # The merged root's owner, mode and times are the upper dir's: give it the snapshot's.
+            apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
+            record = {"version": MOUNT_RECORD_VERSION, "snapshot": snap_id, "layers": names,
+                      "upper": "upper", "work": "work", "options": list(MOUNT_OPTIONS)}
+            L.atomic_write(sb / "mount.json", json.dumps(record).encode() + b"\n")
+            self._mount(store, bytes(tree), lowers, bytes(sb / "upper"), bytes(sb / "work"))
+        except BaseException:
+            if is_overlay_mounted(bytes(tree)):
+                umount(bytes(tree))
+            remove_tree(bytes(sb))
+            raise
+        return tree
+
+    def _record(self, store: Store, sb_id: str) -> dict:
+        try:
+            rec = json.loads((store.sandbox_dir(sb_id) / "mount.json").read_text())
+        except FileNotFoundError:
+            raise SnapshotError(detail=f"sandbox {sb_id} has no mount record on disk") from None
+        if rec.get("version") != MOUNT_RECORD_VERSION:
+            raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
+        return rec
+
+    def ensure_clone(self, store: Store, sb_id: str) -> Path:
+        tree = store.sandbox_tree(sb_id)
+        if is_overlay_mounted(bytes(tree)):
+            return tree
+        rec = self._record(store, sb_id)
+        sb = store.sandbox_dir(sb_id)
+        tree.mkdir(exist_ok=True)
+        self._mount(store, bytes(tree), self._layer_paths(store, rec["layers"]),
+                    bytes(sb / rec["upper"]), bytes(sb / rec["work"]))
+        return tree
+
+    @contextlib.contextmanager
+    def frozen_view(self, store: Store, sb_id: str) -> Iterator[Path]:
+        rec = self._record(store, sb_id)
+        lowers = self._layer_paths(store, rec["layers"])
+        upper = store.sandbox_dir(sb_id) / rec["upper"]
+        work = store.tmp_path(f"frozen-{sb_id}")
+        mnt = work / "view"
+        try:
+            work.mkdir(parents=True)
+            # O(upper): the sandbox keeps writing its upper; a copy of it is a stable top layer.
+            L.copy_layer(bytes(upper), bytes(work / "upper"), reflink=self._reflink_ok(store))
+            mnt.mkdir()
+            self._mount(store, bytes(mnt), [bytes(work / "upper")] + lowers, readonly=True)
+            try:
+                yield mnt
+            finally:
+                umount(bytes(mnt))
+        finally:
+            if not is_overlay_mounted(bytes(mnt)):
+                remove_tree(bytes(work))
+
+    def destroy_clone(self, store: Store, sb_id: str) -> None:
+        sb = store.sandbox_dir(sb_id)
+        tree = bytes(store.sandbox_tree(sb_id))
+        while is_overlay_mounted(tree):  # stacked mounts (a double ensure) come off one by one
+            umount(tree)
+        if not sb.exists():
+            return
+        _refuse_if_mounts_under(bytes(sb))
+        doomed = store.tmp_path(f"del-{sb_id}")
+        os.rename(sb, doomed)
+        remove_tree(bytes(doomed))
+
+    # -- gc ---------------------------------------------------------------------------------
+    def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
+        found: list[Leftover] = []
+        root = bytes(store.root)
+        known_trees = {bytes(store.sandbox_tree(s)) for s in sandboxes}
+        for mp in overlay_mounts_under(root):
+            if mp not in known_trees:
+                found.append(Leftover("mount", Path(os.fsdecode(mp))))
+        if store.sandboxes.is_dir():
+            found.extend(Leftover("tree", p) for p in sorted(store.sandboxes.iterdir()) if p.name not in sandboxes)
+        if store.snapshots.is_dir():
+            found.extend(Leftover("snapshot", p) for p in sorted(store.snapshots.iterdir())
+                         if p.name not in snapshots)
+        used = self._used_layers(store, snapshots=snapshots, sandboxes=sandboxes)
+        if store.layers.is_dir():
+            found.extend(Leftover("layer", p) for p in sorted(store.layers.iterdir()) if p.name not in used)
+        if store.tmp.is_dir():
+            found.extend(Leftover("tree", p) for p in sorted(store.tmp.iterdir()))
+        return found
+
+    def remove_leftover(self, store: Store, leftover: Leftover) -> None:
+        """Undo one leftover: unmount a mount (and what is stacked on it), remove anything else."""
+        path = os.fsencode(leftover.path)
+        if leftover.kind == "mount":
+            while is_overlay_mounted(path):
+                umount(path)
+            return
+        for mp in sorted(overlay_mounts_under(path), key=len, reverse=True):
+            umount(mp)
+        _refuse_if_mounts_under(path)
+        remove_tree(path)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _walk_all(root: bytes):
+    from ..tree import walk
+    return walk(root)
+
+
+def _refuse_if_mounts_under(path: bytes) -> None:
+    prefix = path.rstrip(b"/") + b"/"
+    for mp, fstype, _ in mounts(None):
+        if mp.startswith(prefix) or mp == path:
+            raise SnapshotError(detail=f"{os.fsdecode(mp)} ({fstype.decode()}) is still mounted under "
+                                       f"{os.fsdecode(path)}; unmount it first")
+
+
+def _probe_user_xattr(workspace: Path) -> tuple[bool, str]:
+    """user.* xattrs (opaque directories) on the workspace's filesystem, leaving no file behind."""
+    try:
+        fd = os.open(workspace, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return False, f"cannot write in the workspace: {e.strerror}"
+        return True, "no O_TMPFILE to probe user xattrs with; assuming they work"
+    try:
+        os.setxattr(fd, "user.petri.probe", b"1")
+    except OSError as e:
+        return False, f"the workspace's filesystem lacks user xattrs ({e.strerror}), which opaque directories need"
+    finally:
+        os.close(fd)
+    return True, ""
+
+
+def _probe_reflink(tmp: Path) -> bool:
+    tmp.mkdir(parents=True, exist_ok=True)
+    a = tmp / f"reflink-probe.{os.getpid()}.{os.urandom(3).hex()}"
+    b = a.with_suffix(".b")
+    try:
+        with open(a, "wb") as fa:
+            fa.write(b"x")
+        with open(a, "rb") as fa, open(b, "wb") as fb:
+            fcntl.ioctl(fb.fileno(), FICLONE, fa.fileno())
+        return True
+    except OSError:
+        return False
+    finally:
+        for p in (a, b):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
