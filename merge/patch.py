@@ -349,45 +349,76 @@ def _stat_name(s: FileStat) -> str:
     return q(a) + " => " + q(b)
 
 
+def _scale_linear(it: int, width: int, max_change: int) -> int:
+    if not it:
+        return 0
+    return 1 + (it * (width - 1) // max_change)
+
+
 def format_stat(stats: list[FileStat], *, width: int = 80) -> str:
-    """A diffstat like `git diff --stat`: one line per file, then the summary line."""
+    """A diffstat laid out as `git diff --stat=WIDTH` lays it out (git's show_stats)."""
     if not stats:
         return ""
     names = [_stat_name(s) for s in stats]
-    counts = []
+    max_len = max(len(n) for n in names)
+    max_change = 0
+    bin_width = 0
+    number_width = 0
     for s in stats:
-        counts.append(f"Bin {s.old_size} -> {s.new_size} bytes" if s.binary
-                      else str(s.lines_added + s.lines_removed))
-    name_w = max(len(n) for n in names)
-    num_w = max(len(c) for c, s in zip(counts, stats) if not s.binary) if any(
-        not s.binary for s in stats) else 0
-    max_change = max((s.lines_added + s.lines_removed for s in stats if not s.binary), default=0)
-    # git gives the graph what is left of the line, at most 40 columns, names first.
-    graph_w = max(width - name_w - num_w - 6, 6)
-    graph_w = min(graph_w, 40)
-    lines = []
-    total_add = total_del = 0
-    for s, n, c in zip(stats, names, counts):
         if s.binary:
-            lines.append(f" {n.ljust(name_w)} | {c}")
+            bin_width = max(bin_width, 14 + len(str(s.new_size)) + len(str(s.old_size)))
+            number_width = 3
+        else:
+            max_change = max(max_change, s.lines_added + s.lines_removed)
+    number_width = max(number_width, len(str(max_change)))
+    width = max(width, 16 + 6 + number_width)
+    graph_width = max_change if max_change + 4 > bin_width else bin_width - 4
+    name_width = max_len
+    if name_width + number_width + 6 + graph_width > width:
+        if graph_width > width * 3 // 8 - number_width - 6:
+            graph_width = max(width * 3 // 8 - number_width - 6, 6)
+        if name_width > width - number_width - 6 - graph_width:
+            name_width = width - number_width - 6 - graph_width
+        else:
+            graph_width = width - number_width - 6 - name_width
+    lines = []
+    adds = dels = 0
+    for s, name in zip(stats, names):
+        prefix = ""
+        ln = name_width
+        if name_width < len(name):
+            prefix = "..."
+            ln = max(ln - 3, 0)
+            name = name[len(name) - ln:] if ln else ""
+            slash = name.find("/")
+            if slash >= 0:
+                name = name[slash:]
+        padding = max(ln - len(name), 0)
+        head = f" {prefix}{name}{' ' * padding} | "
+        if s.binary:
+            lines.append(head + "Bin".rjust(number_width) +
+                         (f" {s.old_size} -> {s.new_size} bytes" if s.old_size or s.new_size else ""))
             continue
-        total_add += s.lines_added
-        total_del += s.lines_removed
-        plus, minus = s.lines_added, s.lines_removed
-        if max_change > graph_w:
-            total = plus + minus
-            scaled = -(-total * graph_w // max_change) if total else 0
-            p = -(-plus * graph_w // max_change) if plus else 0
-            p = min(p, scaled)
-            m = scaled - p
-            plus, minus = p, m
-        graph = "+" * plus + "-" * minus
-        lines.append(f" {n.ljust(name_w)} | {c.rjust(num_w)}" + (f" {graph}" if graph else ""))
-    n = len(stats)
-    summary = f" {n} file{'s' if n != 1 else ''} changed"
-    if total_add or not total_del:
-        summary += f", {total_add} insertion{'s' if total_add != 1 else ''}(+)"
-    if total_del or not total_add:
-        summary += f", {total_del} deletion{'s' if total_del != 1 else ''}(-)"
+        adds += s.lines_added
+        dels += s.lines_removed
+        add, dele = s.lines_added, s.lines_removed
+        if graph_width <= max_change:
+            total = _scale_linear(add + dele, graph_width, max_change)
+            if total < 2 and add and dele:
+                total = 2
+            if add < dele:
+                add = _scale_linear(add, graph_width, max_change)
+                dele = total - add
+            else:
+                dele = _scale_linear(dele, graph_width, max_change)
+                add = total - dele
+        n = s.lines_added + s.lines_removed
+        lines.append(head + str(n).rjust(number_width) + (" " if n else "") + "+" * add + "-" * dele)
+    files = len(stats)
+    summary = f" {files} file{'s' if files != 1 else ''} changed"
+    if adds or not dels:
+        summary += f", {adds} insertion{'s' if adds != 1 else ''}(+)"
+    if dels or not adds:
+        summary += f", {dels} deletion{'s' if dels != 1 else ''}(-)"
     lines.append(summary)
     return "\n".join(lines) + "\n"
