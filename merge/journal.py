@@ -54,7 +54,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import JournalCorrupt, PromotionLocked
 
@@ -73,11 +73,25 @@ STEPS = ("stage", "preimage", "journal", "commit", "apply", "fsync", "done", "un
 
 _fault_plan: dict[str, int] | None = None
 _fault_counts: dict[str, int] = {}
+_step_hooks: dict[str, Callable[[int], None]] = {}
+_hook_counts: dict[str, int] = {}
+
+
+def on_step(step: str, hook: Callable[[int], None] | None) -> None:
+    """Run ``hook(k)`` at every pass k (1-based) of ``step`` in this process; None removes it.
+    For tests that act at a precise point (an editor saving mid-promotion)."""
+    if hook is None:
+        _step_hooks.pop(step, None)
+    else:
+        _step_hooks[step] = hook
 
 
 def fault_point(step: str) -> None:
     """SIGKILL this process here if PETRI_FAULT_KILL_AT asks for this occurrence."""
     global _fault_plan
+    if _step_hooks.get(step) is not None:
+        _hook_counts[step] = _hook_counts.get(step, 0) + 1
+        _step_hooks[step](_hook_counts[step])
     if _fault_plan is None:
         _fault_plan = {}
         for item in os.environ.get(FAULT_ENV, "").split(","):
@@ -96,6 +110,7 @@ def reset_faults() -> None:
     global _fault_plan
     _fault_plan = None
     _fault_counts.clear()
+    _hook_counts.clear()
 
 
 # --- encoding -------------------------------------------------------------------------

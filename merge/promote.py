@@ -792,23 +792,52 @@ def _undo(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]]) -> list[byte
     return left
 
 
-def _all_new(lt: SafeTree, records: list[dict[str, Any]]) -> bool:
+def _final_states(records: list[dict[str, Any]]) -> dict[bytes, tuple[str, State | None]]:
+    """What each touched path holds once every op ran: the last op on a path decides
+    (a path can be removed and then made a directory)."""
+    final: dict[bytes, tuple[str, State | None]] = {}
     for rec in records:
         path = unb64(rec["path"])
-        new = State.from_json(rec["new"])
+        assert path is not None
+        action = rec["action"]
+        if action in ("remove", "rmdir"):
+            final[path] = ("absent", None)
+        elif action == "mkdir":
+            final[path] = ("dir", None)
+        else:
+            final[path] = ("state", State.from_json(rec["new"]))
+    return final
+
+
+def _changed_since(lt: SafeTree, records: list[dict[str, Any]]) -> list[bytes]:
+    """Touched paths that no longer hold what the promotion left there."""
+    out = []
+    final = _final_states(records)
+    for path, (what, st) in sorted(final.items()):
+        if what == "absent" and any(
+                final.get(a, ("dir", None))[0] == "absent"
+                or (final.get(a, ("dir", None))[1] is not None
+                    and final[a][1].kind != "dir")  # type: ignore[union-attr]
+                for a in _ancestors(path)):
+            continue  # its directory is gone or became a file: checked at that path
         try:
-            cur = lt.node(path, with_content_id=True)  # type: ignore[arg-type]
+            cur = lt.node(path, with_content_id=True)
         except (PathThroughSymlink, UnsafePath):
-            return False
-        if rec["action"] == "mkdir":
-            if cur is None or cur.kind != "dir":
-                return False
-        elif rec["action"] in ("remove", "rmdir"):
-            if cur is not None:
-                return False
-        elif not _matches(cur, new):
-            return False
-    return True
+            out.append(path)
+            continue
+        if what == "absent":
+            ok = cur is None
+        elif what == "dir":
+            ok = cur is not None and cur.kind == "dir"
+        else:
+            ok = _matches(cur, st)
+        if not ok:
+            out.append(path)
+    return out
+
+
+def _all_new(lt: SafeTree, records: list[dict[str, Any]]) -> bool:
+    return not _changed_since(lt, records)
 
 
 def _cleanup(pd: PromotionDir, *, keep_pre: bool) -> None:
@@ -903,28 +932,11 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
             raise PromotionNotUndoable(promotion=promotion_id, state=state)
         record = pd.read_journal()
         ops = record["ops"]
-        changed: list[bytes] = []
         with SafeTree(live) as lt:
+            changed = _changed_since(lt, ops)
             for rec in ops:
-                path = unb64(rec["path"])
-                assert path is not None
-                new = State.from_json(rec["new"])
-                try:
-                    cur = lt.node(path, with_content_id=True)
-                except (PathThroughSymlink, UnsafePath):
-                    changed.append(path)
-                    continue
-                if rec["action"] == "mkdir":
-                    ok = cur is not None and cur.kind == "dir"
-                elif rec["action"] in ("remove", "rmdir"):
-                    ok = cur is None
-                else:
-                    ok = _matches(cur, new)
-                if ok and rec.get("pre") and not (pd.pre / rec["pre"]).exists() \
-                        and not os.path.islink(pd.pre / rec["pre"]):
-                    ok = False  # pre-image lost: cannot restore this one
-                if not ok:
-                    changed.append(path)
+                if rec.get("pre") and not os.path.lexists(pd.pre / rec["pre"]):
+                    changed.append(unb64(rec["path"]))  # pre-image lost: cannot restore it
             if changed:
                 raise UndoConflict(promotion=promotion_id,
                                    paths=", ".join(display(p) for p in sorted(set(changed))))
