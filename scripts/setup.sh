@@ -17,5 +17,13 @@ py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[test]'
+# Reinstall only when pyproject.toml changed since the last install.
+stamp=.venv/.petri-installed
+if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+  log=$(mktemp)
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[test]'; } >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; echo "setup: pip install failed" >&2; exit 1
+  fi
+  rm -f "$log"
+  cp pyproject.toml "$stamp"
+fi
