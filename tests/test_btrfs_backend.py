@@ -19,7 +19,7 @@ btrfsutil = pytest.importorskip("btrfsutil", reason="btrfsutil (python binding o
 from snapshot.backend import Backend, Leftover  # noqa: E402
 from snapshot.backends.btrfs import (  # noqa: E402
     BtrfsBackend, check_btrfs, convert_to_subvolume, delete_tree, is_subvolume)
-from snapshot.errors import BackendUnavailable, SnapshotError  # noqa: E402
+from snapshot.errors import BackendUnavailable, SnapshotError, TreeChangedDuringCopy  # noqa: E402
 from snapshot.store import Store  # noqa: E402
 from tests.loopfs import User, run_as  # noqa: E402
 
@@ -499,3 +499,38 @@ def test_destroy_store_removes_every_subvolume(store, backend):
     assert not store.root.exists()
     assert subvolumes_under(store.workspace) == []
     assert (store.workspace / "a.txt").read_text() == "alpha\n"
+
+
+def test_convert_aborts_when_the_tree_moves_before_the_swap(btrfs_dir):
+    """An editor saving after its file was copied must not be lost by the swap."""
+    d = btrfs_dir / "proj"
+    d.mkdir()
+    populate(d)
+
+    def edit_when_copied(done: int, total: int) -> None:
+        if total and done == total:
+            (d / "a.txt").write_text("saved meanwhile\n")
+
+    with pytest.raises(TreeChangedDuringCopy, match="kept changing"):
+        convert_to_subvolume(d, edit_when_copied)
+    assert not is_subvolume(d)
+    assert (d / "a.txt").read_text() == "saved meanwhile\n"
+    assert sorted(os.listdir(btrfs_dir)) == ["proj"]
+
+
+def test_convert_as_the_owner(btrfs_dir, unprivileged_user):
+    u = unprivileged_user
+    os.chown(btrfs_dir, u.uid, u.gid)
+    d = btrfs_dir / "proj"
+    d.mkdir()
+    populate(d)
+    for p in [d, *d.rglob("*")]:
+        os.chown(p, u.uid, u.gid, follow_symlinks=False)
+    before = state(d)
+    as_user(u, """
+        from snapshot.backends.btrfs import convert_to_subvolume
+        convert_to_subvolume(sys.argv[1])
+    """, d)
+    assert is_subvolume(d) and state(d) == before
+    assert os.lstat(d).st_uid == u.uid
+    assert sorted(os.listdir(btrfs_dir)) == ["proj"]
