@@ -16,9 +16,9 @@ import pytest
 
 btrfsutil = pytest.importorskip("btrfsutil", reason="btrfsutil (python binding of libbtrfsutil) not installed")
 
-from snapshot.backend import Backend, Leftover  # noqa: E402
+from snapshot.backend import Backend  # noqa: E402
 from snapshot.backends.btrfs import (  # noqa: E402
-    BtrfsBackend, check_btrfs, convert_to_subvolume, delete_tree, is_subvolume)
+    BtrfsBackend, check_btrfs, convert_to_subvolume, is_subvolume)
 from snapshot.errors import BackendUnavailable, SnapshotError, TreeChangedDuringCopy  # noqa: E402
 from snapshot.store import Store  # noqa: E402
 from tests.loopfs import User, run_as  # noqa: E402
