@@ -171,7 +171,10 @@ def check_roundtrip(home: Path, base: Path, new: Path, work: Path, *, compare_te
                         and not s.lines_removed for s in stats)
     # GNU patch handles symlinks in git patches only partly (no renames of them).
     symlinks = any(e is not None and e.kind == "symlink" for c in changes for e in (c.old, c.new))
-    if use_gnu_patch and not binary and patch and not (file_dir_swap or empty_add_del or symlinks):
+    # ...nor a rename header whose names hold a space (it splits `diff --git` on spaces).
+    spaced_rename = any(c.old_path is not None and (b" " in c.old_path or b" " in c.path) for c in changes)
+    if use_gnu_patch and not binary and patch and not (file_dir_swap or empty_add_del or symlinks
+                                                       or spaced_rename):
         plain = work / "plain"
         copytree(base, plain)
         r = subprocess.run(["patch", "-p1", "-s", "-f", "--no-backup-if-mismatch"], cwd=plain,
