@@ -102,7 +102,7 @@ def _copy_sparse(src_fd: int, dst_fd: int, size: int, count: Callable[[int], Non
         hole = os.lseek(src_fd, data, SEEK_HOLE)
         off = data
         while off < hole:
-            n = os.copy_file_range(src_fd, dst_fd, min(hole - off, 1 << 30), off, off)
+            n = _copy_range(src_fd, dst_fd, min(hole - off, 1 << 30), off)
             if n == 0:
                 break
             off += n
@@ -111,9 +111,26 @@ def _copy_sparse(src_fd: int, dst_fd: int, size: int, count: Callable[[int], Non
     os.ftruncate(dst_fd, size)
 
 
+def _copy_range(src_fd: int, dst_fd: int, length: int, off: int) -> int:
+    """copy_file_range, or pread/pwrite where the kernel refuses it (across filesystems of
+    different types, e.g. from an overlay or FUSE mount to ext4: EXDEV since 5.19)."""
+    try:
+        return os.copy_file_range(src_fd, dst_fd, length, off, off)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    data = os.pread(src_fd, min(length, 8 << 20), off)
+    view = memoryview(data)
+    done = 0
+    while done < len(data):
+        done += os.pwrite(dst_fd, view[done:], off + done)
+    return len(data)
+
+
 def clone_file_data(src_fd: int, dst_fd: int, size: int, reflink: bool, count: Callable[[int], None]) -> None:
     if reflink:
         fcntl.ioctl(dst_fd, FICLONE, src_fd)
+        count(size)
         return
     _copy_sparse(src_fd, dst_fd, size, count)
 
