@@ -1,8 +1,7 @@
 """The exec wrapper that puts a sandbox in its cgroup before it can fork.
 
 The runner starts this wrapper instead of bwrap. It writes its own pid into every cgroup's
-``cgroup.procs``, sets rlimits when there is no cgroup to use, optionally takes the terminal
-it was given as its controlling terminal (``petri shell``), drops root privileges to the
+``cgroup.procs``, sets rlimits when there is no cgroup to use, drops root privileges to the
 target uid, and execs bwrap. exec keeps the pid, so bwrap and everything it starts is born
 inside the cgroup: there is no window in which the command runs unlimited.
 
@@ -10,9 +9,9 @@ Why not ``preexec_fn``: it runs Python between fork and exec in a process that i
 trio's threads' locks (it can deadlock), and CPython warns against it with threads. Why not
 a Python wrapper: it costs ~8 ms of interpreter start per run, dash ~1 ms, and the job is
 four lines. The wrapper is therefore ``/bin/sh`` (dash on Debian) with util-linux's
-``setsid`` and ``setpriv``; this module builds its command line (pure) and also works as
+``setpriv``; this module builds its command line (pure) and also works as
 ``python -m orchestrator.cgexec --procs F... [--uid U --gid G] [--as-bytes N] [--nproc N]
-[--ctty] -- ARGV...`` for debugging.
+-- ARGV...`` for debugging.
 
 Dropping privileges before bwrap rather than asking a root bwrap for ``--uid``: a root bwrap
 in a user namespace maps the sandbox's uid to host root, so the command would own every
@@ -33,7 +32,6 @@ from typing import Sequence
 
 SH = "/bin/sh"
 SETPRIV = "setpriv"
-SETSID = "setsid"
 
 # $1 is the number of cgroup.procs files that follow. `echo $$ > f` moves this very
 # process (dash's pid, kept by exec) into the cgroup.
@@ -64,7 +62,6 @@ def wrapper_argv(
     procs_files: Sequence[bytes | str | os.PathLike] = (),
     rlimits: Rlimits | None = None,
     drop_to: DropTo | None = None,
-    ctty: bool = False,
 ) -> list[bytes]:
     """The command line that joins the cgroups, limits, drops privileges and execs ``argv``."""
     script = _JOIN
@@ -75,10 +72,6 @@ def wrapper_argv(
         if rlimits.nproc is not None:
             script += "ulimit -p %d || exit 125; " % max(1, rlimits.nproc)
     prefix: list[bytes] = []
-    if ctty:
-        # setsid(2) + TIOCSCTTY on stdin: the pty petri allocated becomes the controlling
-        # terminal of the sandbox's session (job control), never the user's own terminal.
-        prefix += [_b(SETSID), b"-c"]
     if drop_to is not None:
         try:
             pwd.getpwuid(drop_to.uid)
@@ -108,7 +101,6 @@ def main(args: Sequence[str] | None = None) -> None:
     p.add_argument("--gid", type=int)
     p.add_argument("--as-bytes", type=int)
     p.add_argument("--nproc", type=int)
-    p.add_argument("--ctty", action="store_true")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     ns = p.parse_args(args)
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
@@ -116,7 +108,7 @@ def main(args: Sequence[str] | None = None) -> None:
         p.error("no command given after --")
     rl = Rlimits(ns.as_bytes, ns.nproc) if (ns.as_bytes or ns.nproc) else None
     drop = DropTo(ns.uid, ns.gid if ns.gid is not None else ns.uid) if ns.uid is not None else None
-    full = wrapper_argv(argv, procs_files=ns.procs, rlimits=rl, drop_to=drop, ctty=ns.ctty)
+    full = wrapper_argv(argv, procs_files=ns.procs, rlimits=rl, drop_to=drop)
     sys.stdout.flush()
     os.execv(full[0], full)
 

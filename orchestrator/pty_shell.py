@@ -1,7 +1,10 @@
 """``petri shell``: an interactive command inside a sandbox on a pseudo-terminal petri owns.
 
-The sandbox never gets the user's terminal. petri opens a pty pair; the sandbox's session
-takes the slave as its controlling terminal (``setsid -c`` in the wrapper), so job control
+The sandbox never gets the user's terminal. petri opens a pty pair and hands the slave to
+the sandbox as stdin/stdout/stderr; inside, ``setsid -c`` makes the command a session leader
+with the slave as its controlling terminal. That happens inside the pid namespace on
+purpose: a session made outside would have a foreground process group the shell cannot
+see, and an interactive shell fails restoring it at exit. So job control
 (Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside can only
 type into the sandbox's own terminal. petri puts the user's terminal in raw mode and copies
 bytes both ways, passes window size changes on (SIGWINCH -> TIOCSWINSZ) and keeps a
@@ -59,7 +62,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         workspace=spec.workspace,
         tree=spec.tree,
         store=spec.store,
-        argv=spec.argv,
+        argv=["setsid", "-c", "-w", *spec.argv],
         cwd=spec.cwd,
         env=isolation.base_env(spec.uid, spec.env),
         uid=spec.uid,
@@ -67,7 +70,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         net=spec.limits.net,
         tmp_bytes=spec.limits.tmp_bytes,
         extra_masks=spec.extra_masks,
-        new_session=False,  # the session (and its terminal) is the one setsid -c makes
+        new_session=False,  # the session (and its terminal) is the one setsid -c makes inside
         marker=None,
     )
     try:
@@ -80,7 +83,6 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         procs_files=cg.procs_files() if cg else (),
         rlimits=rlimits,
         drop_to=drop_to,
-        ctty=True,
     )
     end = None
     end_kind = None
@@ -107,7 +109,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
             tty.setraw(stdin_fd)
         proc = subprocess.Popen(
             argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
-            start_new_session=False,  # setsid -c must not be a group leader, or it forks
+            start_new_session=True,  # the wrapper and bwrap: no terminal at all
         )
         os.close(slave)
         slave = -1

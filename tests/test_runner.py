@@ -1,0 +1,236 @@
+"""The runner's behaviour over time: output, stdin, timeouts and lifetimes, signals,
+cancellation, and the interactive shell. Real bwrap, real cgroups."""
+from __future__ import annotations
+
+import functools
+import os
+import pty
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from orchestrator import cgroups
+from orchestrator.cgroups import Limits
+from orchestrator.runner import RunEvent, RunSpec, run_isolated
+
+PREFIX = f"petri-test-run-{os.getpid()}"
+PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, masked inside
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root (cgroups)"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sweep():
+    yield
+    cgroups.sweep_cgroups(PREFIX)
+    assert cgroups.list_cgroups(PREFIX) == []
+
+
+_n = iter(range(1, 10_000))
+
+
+def make_spec(tmp_path: Path, argv, **kw) -> RunSpec:
+    i = next(_n)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "tree").mkdir(exist_ok=True)
+    d = dict(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
+             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=Limits(mem_bytes=512 << 20, pids=128),
+             timeout_s=30.0, deadline=None, stdout_path=tmp_path / "logs" / f"{i}.out",
+             stderr_path=tmp_path / "logs" / f"{i}.err", uid=0, gid=0,
+             cgroup_name=f"{PREFIX}/sb/run-{i}", echo=False)
+    d.update(kw)
+    return RunSpec(**d)
+
+
+def run(spec: RunSpec, **kw):
+    return trio.run(functools.partial(run_isolated, spec, kill_grace_s=kw.pop("kill_grace_s", 0.5), **kw))
+
+
+def _procs_with(marker: str) -> list[int]:
+    found = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_output_is_saved_complete_and_streamed_as_lines(tmp_path):
+    events: list[RunEvent] = []
+    # 4 MiB on stdout interleaved with stderr: the files must be complete on return.
+    spec = make_spec(tmp_path, [PY, "-c", textwrap.dedent("""
+        import sys
+        for i in range(65536):
+            sys.stdout.write('%063d\\n' % i)
+            if i % 8192 == 0:
+                sys.stderr.write('progress %d\\n' % i); sys.stderr.flush()
+        sys.stdout.write('no newline at end')
+    """)])
+    res = run(spec, on_event=events.append)
+    assert res.exit_code == 0
+    out = spec.stdout_path.read_bytes()
+    assert len(out) == 65536 * 64 + len("no newline at end")
+    assert out.endswith(b"%063d\nno newline at end" % 65535)
+    assert spec.stderr_path.read_bytes().count(b"progress") == 8  # and no shim marker
+    lines = [e.data for e in events if e.kind == "output" and e.stream == "stdout"]
+    assert len(lines) == 65537 and lines[-1] == b"no newline at end"
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "started" and kinds[-1] == "finished" and events[-1].result == res
+
+
+def test_echo_streams_to_our_stdout(tmp_path):
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "echo to-out; echo to-err >&2"], echo=True)
+    code = f"""
+import functools, pickle, sys, trio
+from orchestrator.runner import run_isolated
+spec = pickle.loads(bytes.fromhex(sys.argv[1]))
+sys.exit(trio.run(functools.partial(run_isolated, spec)).exit_code)
+"""
+    import pickle
+    cp = subprocess.run([sys.executable, "-c", code, pickle.dumps(spec).hex()], cwd=REPO,
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == b"to-out\n" and cp.stderr == b"to-err\n"
+
+
+def test_stdin_data_reaches_the_command(tmp_path):
+    patch = b"diff --git a/x b/x\n" * 20000  # larger than a pipe buffer
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "wc -c"], stdin_data=patch)
+    assert run(spec).exit_code == 0
+    assert spec.stdout_path.read_text().strip() == str(len(patch))
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "cat; echo EOF"])
+    assert run(spec).exit_code == 0 and spec.stdout_path.read_text() == "EOF\n"  # /dev/null
+
+
+IGNORE_TERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+
+
+def test_timeout_kills_a_sigterm_ignorer_and_a_setsid_daemon(tmp_path):
+    mark = f"petri-mark-{secrets.token_hex(4)}"
+    script = (f"setsid {PY} -c 'import time; time.sleep(60)' {mark}-daemon & "
+              f"exec {PY} -c '{IGNORE_TERM}' {mark}-ignorer")
+    t = time.monotonic()
+    res = run(make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=0.7), kill_grace_s=0.5)
+    took = time.monotonic() - t
+    assert (res.exit_code, res.killed_by) == (124, "timeout")
+    assert 0.7 + 0.5 <= took < 0.7 + 0.5 + 2.0  # it waited the grace: SIGTERM was ignored
+    assert _procs_with(mark) == []
+
+
+def test_a_daemon_left_behind_by_a_finished_command_is_gone(tmp_path):
+    mark = f"petri-mark-{secrets.token_hex(4)}"
+    script = f"setsid -f {PY} -c 'import os, time; os.fork() or time.sleep(60)' {mark}; echo started"
+    res = run(make_spec(tmp_path, ["/bin/sh", "-c", script]))
+    assert res.exit_code == 0 and res.killed_by is None
+    assert _procs_with(mark) == []
+
+
+def test_lifetime_deadline_kills_with_ttl_and_a_past_one_does_not_start(tmp_path):
+    spec = make_spec(tmp_path, ["sleep", "30"], timeout_s=20.0, deadline=time.time() + 0.5)
+    res = run(spec)
+    assert (res.exit_code, res.killed_by) == (124, "ttl") and res.duration_s < 3.0
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", f"touch {tmp_path}/tree/ran"], deadline=time.time() - 1)
+    res = run(spec)
+    assert (res.exit_code, res.killed_by) == (124, "ttl") and not (tmp_path / "tree" / "ran").exists()
+    assert spec.stdout_path.read_bytes() == b""
+    # The shorter of the two names the cause.
+    res = run(make_spec(tmp_path, ["sleep", "30"], timeout_s=0.3, deadline=time.time() + 20))
+    assert res.killed_by == "timeout"
+
+
+def test_cancelling_the_run_kills_everything_and_cleans_up(tmp_path):
+    mark = f"petri-mark-{secrets.token_hex(4)}"
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", f"{PY} -c '{IGNORE_TERM}' {mark}"], timeout_s=None)
+
+    async def main():
+        with trio.move_on_after(0.5):
+            await run_isolated(spec)
+        return True
+
+    assert trio.run(main)
+    assert _procs_with(mark) == []
+    assert cgroups.list_cgroups(spec.cgroup_name) == []
+
+
+def test_ctrl_c_reaches_the_command_and_petri_cleans_up(tmp_path):
+    mark = f"petri-mark-{secrets.token_hex(4)}"
+    script = f"trap 'echo got-INT; exit 7' INT; {PY} -c 'import time; time.sleep(60)' {mark} & wait"
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=None)
+    code = """
+import functools, pickle, sys, trio
+from orchestrator.runner import run_isolated
+spec = pickle.loads(bytes.fromhex(sys.argv[1]))
+r = trio.run(functools.partial(run_isolated, spec, forward_signals=True))
+print('RESULT', r.exit_code, r.killed_by)
+"""
+    import pickle
+    # Like a terminal: petri is in the foreground process group, Ctrl-C hits the group.
+    p = subprocess.Popen([sys.executable, "-c", code, pickle.dumps(spec).hex()], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not _procs_with(mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _procs_with(mark)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, err
+    assert b"RESULT 7 None" in out
+    assert spec.stdout_path.read_text() == "got-INT\n"
+    assert _procs_with(mark) == []
+    assert cgroups.list_cgroups(spec.cgroup_name) == []
+
+
+def test_interactive_shell_gets_its_own_terminal(tmp_path):
+    spec = make_spec(tmp_path, ["/bin/sh", "-i"], timeout_s=30.0)
+    code = """
+import pickle, sys
+from orchestrator.pty_shell import run_shell
+spec = pickle.loads(bytes.fromhex(sys.argv[1]))
+sys.exit(run_shell(spec))
+"""
+    import pickle
+    pid, master = pty.fork()
+    if pid == 0:
+        try:
+            os.chdir(REPO)
+            os.execv(sys.executable, [sys.executable, "-c", code, pickle.dumps(spec).hex()])
+        finally:
+            os._exit(99)
+    out = b""
+    try:
+        deadline = time.monotonic() + 20
+        while b"# " not in out and time.monotonic() < deadline:  # the sandbox shell's prompt
+            out += os.read(master, 4096)
+        # stdin is a tty and job control is on (its own session and terminal); then exit 5.
+        os.write(master, b"[ -t 0 ] && echo IS-A-TTY; case $- in *m*) echo JOBCTL;; esac; exit 5\n")
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 5, out
+    assert b"IS-A-TTY" in out and b"JOBCTL" in out
+    assert b"IS-A-TTY" in spec.stdout_path.read_bytes()  # the transcript
+    assert cgroups.list_cgroups(spec.cgroup_name) == []
