@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import xxhash
+
 from . import diffalgo
+from .errors import TreeChangedDuringScan
 from .changes import KIND_FILE, KIND_SYMLINK, Change, Entry, TreeReader
 
 CONTEXT = 3
@@ -212,7 +216,12 @@ class _Blobs:
         if entry is None or entry.kind not in (KIND_FILE, KIND_SYMLINK):
             return b""
         reader = self.old if which == "old" else self.new
-        return reader.read(path, entry.kind)
+        data = reader.read(path, entry.kind)
+        # The patch must say what the change set says: a tree edited since the scan fails
+        # loudly instead of yielding a patch that disagrees with it.
+        if entry.content_id is not None and xxhash.xxh3_128_hexdigest(data) != entry.content_id:
+            raise TreeChangedDuringScan(path=os.fsdecode(path))
+        return data
 
 
 def _representable(e: Entry | None) -> Entry | None:

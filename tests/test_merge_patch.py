@@ -172,7 +172,9 @@ def check_roundtrip(home: Path, base: Path, new: Path, work: Path, *, compare_te
     # GNU patch handles symlinks in git patches only partly (no renames of them).
     symlinks = any(e is not None and e.kind == "symlink" for c in changes for e in (c.old, c.new))
     # ...nor a rename header whose names hold a space (it splits `diff --git` on spaces).
-    spaced_rename = any(c.old_path is not None and (b" " in c.old_path or b" " in c.path) for c in changes)
+    # (the same for a header-only entry, a mode change, say).
+    spaced_rename = any(c.old_path is not None and (b" " in c.old_path or b" " in c.path) for c in changes) \
+        or any(b" " in s.path and not s.lines_added and not s.lines_removed for s in stats)
     if use_gnu_patch and not binary and patch and not (file_dir_swap or empty_add_del or symlinks
                                                        or spaced_rename):
         plain = work / "plain"
@@ -451,3 +453,39 @@ def test_diff_lines_is_a_valid_edit_script(a, b):
         pos = i1 + n1
     out.extend(a[pos:])
     assert out == b
+
+
+def _git_numstat_and_hunks(home: Path, work: Path, a: bytes, b: bytes) -> tuple[tuple[int, int], bytes]:
+    (work / "ha").write_bytes(a)
+    (work / "hb").write_bytes(b)
+    ns = git(home, work, "diff", "--no-index", "--numstat", "ha", "hb", check=False).stdout.split()
+    out = git(home, work, "diff", "--no-index", "ha", "hb", check=False).stdout
+    return (int(ns[0]), int(ns[1])), out[out.index(b"\n@@") + 1:]
+
+
+def _hard_case(git_home, tmp_path, seed: int, symbols: int, n: int) -> None:
+    import random
+
+    from merge.patch import _hunks
+
+    rnd = random.Random(seed)
+    a = b"".join(b"%d\n" % rnd.randrange(symbols) for _ in range(n))
+    b = b"".join(b"%d\n" % rnd.randrange(symbols) for _ in range(n + seed * 37))
+    ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
+    script = diffalgo.diff_lines(ra, rb)
+    (added, removed), hunks = _git_numstat_and_hunks(git_home, tmp_path, a, b)
+    assert (sum(s[3] for s in script), sum(s[1] for s in script)) == (added, removed)
+    assert _hunks(ra, rb, script) == hunks
+
+
+@pytest.mark.parametrize("seed,symbols", [(0, 10), (1, 3)])
+def test_costly_diffs_match_git(git_home, tmp_path, seed, symbols):
+    """Inputs costly enough to trigger xdiff's cut-off heuristics (non-minimal diffs): the
+    counts and hunks must still be git's, or numstat and `lines_added` would disagree."""
+    _hard_case(git_home, tmp_path, seed, symbols, 2500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_costly_diffs_match_git_many(git_home, tmp_path, seed):
+    _hard_case(git_home, tmp_path, seed, [2, 3, 10, 50, 100, 1000][seed % 6], 4000 + seed * 50)
