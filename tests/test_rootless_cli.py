@@ -1,0 +1,105 @@
+"""The unprivileged paths: `petri` run by a normal user (setpriv, no capabilities) on the
+host filesystem, on a btrfs subvolume the user owns, and on XFS."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from snapshot import conformance as C
+from tests.loopfs import run_as
+
+
+def petri_as(user, *args, cwd):
+    r = run_as(user, [sys.executable, "-m", "orchestrator.cli", *args], cwd=str(cwd),
+               env={"PYTHONDONTWRITEBYTECODE": "1"})
+    return r
+
+
+def own(path: Path, user) -> None:
+    for dirpath, dirnames, filenames in os.walk(path):
+        os.lchown(dirpath, user.uid, user.gid)
+        for n in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, n), user.uid, user.gid)
+
+
+def lifecycle(user, ws: Path, expect_backend: str | None) -> dict:
+    r = petri_as(user, "init", "--json", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    if expect_backend:
+        assert doc["backend"] == expect_backend, doc
+    st = os.stat(ws / ".petri/registry.db")
+    assert st.st_uid == user.uid, "the store belongs to the user who ran init"
+    r = petri_as(user, "fork", "-n", "2", "--json", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    sbs = json.loads(r.stdout)["sandboxes"]
+    for sb in sbs:
+        assert (Path(sb["path"]) / ".env").read_bytes() == b"SECRET=1\n"
+    r = petri_as(user, "rm", "--all", "--json", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert all(not Path(sb["path"]).exists() for sb in sbs)
+    r = petri_as(user, "gc", "--json", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    r = petri_as(user, "deinit", "--json", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert not (ws / ".petri").exists()
+    return doc
+
+
+@pytest.fixture
+def user_tmp():
+    """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
+    import tempfile
+    from snapshot.tree import remove_tree
+    d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        remove_tree(bytes(d))
+
+
+def test_rootless_on_host_filesystem(unprivileged_user, user_tmp):
+    base = user_tmp / "home"
+    base.mkdir()
+    ws = base / "proj"
+    ws.mkdir()
+    C.make_sample_tree(ws)
+    own(base, unprivileged_user)
+    doc = lifecycle(unprivileged_user, ws, None)
+    assert doc["backend"] in ("fuse", "reflink", "copy")
+    if doc["backend"] != "fuse":
+        assert "fuse" in doc["reason"], "auto must say why fuse was not chosen"
+
+
+def test_rootless_on_owned_btrfs_subvolume(unprivileged_user, btrfs_dir):
+    import btrfsutil
+    ws = btrfs_dir / "proj"
+    btrfsutil.create_subvolume(str(ws))
+    C.make_sample_tree(ws)
+    own(ws, unprivileged_user)
+    lifecycle(unprivileged_user, ws, "btrfs")
+
+
+def test_rootless_on_xfs_uses_reflink_or_fuse(unprivileged_user, xfs_dir):
+    ws = xfs_dir / "proj"
+    ws.mkdir()
+    C.make_sample_tree(ws)
+    own(ws, unprivileged_user)
+    doc = lifecycle(unprivileged_user, ws, None)
+    assert doc["backend"] in ("fuse", "reflink")
+
+
+def test_overlay_refused_for_a_normal_user(unprivileged_user, user_tmp):
+    ws = user_tmp / "proj"
+    ws.mkdir()
+    (ws / "f").write_text("x")
+    own(ws, unprivileged_user)
+    r = petri_as(unprivileged_user, "init", "--backend", "overlay", cwd=ws)
+    assert r.returncode == 4, r.stderr
+    assert "root" in r.stderr and "--backend" in r.stderr
+    assert not (ws / ".petri").exists()
