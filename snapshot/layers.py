@@ -12,8 +12,10 @@ namespace) and by the fuse backend (which reads them itself):
 A **snapshot** is an ordered list of layer names, lowest first, in
 ``snapshots/<id>/layers.json`` (``{"version": 1, "layers": [...]}``; read it with
 :func:`read_layer_list`, which also accepts a bare JSON list), plus the **stat cache** of the
-live tree as of that snapshot in ``snapshots/<id>/statcache``: path -> ``StatKey`` for every
-path the snapshot's merged view holds (and only those), marshal'ed behind a version header.
+live tree as of that snapshot in ``snapshots/<id>/statcache``: path -> :data:`Key` (a plain
+tuple in ``StatKey`` field order: ino, size, mtime_ns, ctime_ns, mode; tuples because 60k
+dataclass instances cost a third of a no-change snapshot) for every path the snapshot's
+merged view holds (and only those), marshal'ed behind a version header.
 
 The next snapshot walks live with ``lstat`` only, compares each path's ``StatKey`` with the
 parent's cache (:func:`plan_delta`, pure logic) and copies only what moved into a new delta
@@ -45,9 +47,11 @@ Caveats:
   files show ``st_nlink`` > 1 in a view, and their ctime is the compaction's.
 - ``user.overlay.*`` / ``trusted.overlay.*`` xattrs in the live tree are not carried (they
   would change what the layer means); sockets and device nodes are not carried either.
+- The progress callback of :func:`build_layer` is called from its copying threads.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -58,10 +62,19 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
 from .tree import COPY_RETRIES, StatKey, apply_meta, clone_file_data, copy_file, join, walk
+
+# (ino, size, mtime_ns, ctime_ns, mode): StatKey's fields as a tuple; StatKey(*key) converts.
+Key = Tuple[int, int, int, int, int]
+_INO, _SIZE, _MTIME, _CTIME, _MODE = range(5)
+
+
+def key_of(st: os.stat_result) -> Key:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
 
 OPAQUE_XATTR = "user.overlay.opaque"
 _OVERLAY_XATTR_PREFIXES = ("user.overlay.", "trusted.overlay.")
@@ -167,12 +180,11 @@ def read_layer_list(path: bytes | str | os.PathLike) -> list[str]:
     return [str(x) for x in data["layers"]]
 
 
-def dump_stat_cache(cache: Mapping[bytes, StatKey]) -> bytes:
-    flat = {k: (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode) for k, v in cache.items()}
-    return STAT_CACHE_MAGIC + marshal.dumps((STAT_CACHE_VERSION, flat))
+def dump_stat_cache(cache: Mapping[bytes, Key]) -> bytes:
+    return STAT_CACHE_MAGIC + marshal.dumps((STAT_CACHE_VERSION, dict(cache)))
 
 
-def load_stat_cache(path: bytes | str | os.PathLike) -> dict[bytes, StatKey]:
+def load_stat_cache(path: bytes | str | os.PathLike) -> dict[bytes, Key]:
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(STAT_CACHE_MAGIC):
@@ -183,13 +195,15 @@ def load_stat_cache(path: bytes | str | os.PathLike) -> dict[bytes, StatKey]:
         raise SnapshotError(detail=f"{os.fsdecode(path)}: damaged stat cache ({e})") from e
     if version != STAT_CACHE_VERSION:
         raise SnapshotError(detail=f"{os.fsdecode(path)}: unknown stat cache version {version}")
-    return {k: StatKey(*v) for k, v in flat.items()}
+    if not isinstance(flat, dict):
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: damaged stat cache")
+    return flat
 
 
-def mark_racy(key: StatKey, walk_started_ns: int) -> StatKey:
+def mark_racy(key: Key, walk_started_ns: int) -> Key:
     """Entries changed too close to the walk are stored so that they never match again."""
-    if max(key.ctime_ns, key.mtime_ns) >= walk_started_ns - RACY_WINDOW_NS:
-        return StatKey(key.ino, _RACY_SIZE, key.mtime_ns, key.ctime_ns, key.mode)
+    if key[_CTIME] >= walk_started_ns - RACY_WINDOW_NS or key[_MTIME] >= walk_started_ns - RACY_WINDOW_NS:
+        return (key[_INO], _RACY_SIZE, key[_MTIME], key[_CTIME], key[_MODE])
     return key
 
 
@@ -210,8 +224,12 @@ class Scan:
     entries: dict[bytes, os.stat_result]
     started_ns: int
 
-    def keys(self) -> list[tuple[bytes, StatKey]]:
-        return [(rel, StatKey.of(st)) for rel, st in self.entries.items()]
+    def keys(self) -> Iterator[tuple[bytes, Key]]:
+        for rel, st in self.entries.items():
+            yield rel, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+    def root_key(self) -> Key:
+        return key_of(self.root)
 
 
 def scan_tree(root: bytes, exclude_top: frozenset[bytes] = frozenset()) -> Scan:
@@ -259,8 +277,8 @@ def _dirname(rel: bytes) -> bytes:
     return rel[:i] if i >= 0 else b""
 
 
-def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]],
-               old_root: StatKey | None = None, new_root: StatKey | None = None) -> DeltaPlan:
+def plan_delta(old: Mapping[bytes, Key], new: Iterable[tuple[bytes, Key]],
+               old_root: Key | None = None, new_root: Key | None = None) -> DeltaPlan:
     """What a delta layer must hold to turn the view ``old`` describes into ``new``.
 
     ``old`` is the parent snapshot's stat cache (every path of its view) or ``{}`` for a
@@ -270,7 +288,7 @@ def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]
     ops = plan.ops
     made: set[bytes] = {b""}
     fresh: set[bytes] = set()  # dirs in this layer that nothing below shows through
-    new_map: dict[bytes, StatKey] = {}
+    new_map: dict[bytes, Key] = {}
 
     def ensure_parents(rel: bytes) -> None:
         missing = []
@@ -284,8 +302,9 @@ def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]
 
     for rel, key in new:
         new_map[rel] = key
-        is_dir = stat.S_ISDIR(key.mode)
-        size = key.size if stat.S_ISREG(key.mode) else 0
+        mode = key[_MODE]
+        is_dir = stat.S_ISDIR(mode)
+        size = key[_SIZE] if stat.S_ISREG(mode) else 0
         if _dirname(rel) in fresh:
             if is_dir:
                 ops.append(Op(MKDIR, rel))
@@ -300,7 +319,7 @@ def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]
                 # Nothing below shows at rel (the parent's view has no such path): no need for opaque.
                 ensure_parents(rel)
                 ops.append(Op(MKDIR, rel))
-            elif not stat.S_ISDIR(before.mode) or before.ino != key.ino:
+            elif not stat.S_ISDIR(before[_MODE]) or before[_INO] != key[_INO]:
                 # Replaced or recreated: the old children must not show through.
                 ensure_parents(rel)
                 ops.append(Op(MKDIR, rel, opaque=True))
@@ -323,7 +342,7 @@ def plan_delta(old: Mapping[bytes, StatKey], new: Iterable[tuple[bytes, StatKey]
         parent = _dirname(rel)
         # Only the topmost deleted name needs a whiteout; under a fresh dir or a
         # non-directory nothing of the old view shows anyway.
-        if parent == b"" or (parent in new_map and stat.S_ISDIR(new_map[parent].mode) and parent not in fresh):
+        if parent == b"" or (parent in new_map and stat.S_ISDIR(new_map[parent][_MODE]) and parent not in fresh):
             ensure_parents(rel)
             ops.append(Op(WHITEOUT, rel))
     return plan
@@ -361,10 +380,25 @@ def _copy_symlink(src: bytes, dst: bytes) -> os.stat_result:
     raise TreeChangedDuringCopy(path=os.fsdecode(src))
 
 
+def _drop_overlay_xattrs(path: bytes) -> None:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(_OVERLAY_XATTR_PREFIXES):
+            with contextlib.suppress(OSError):
+                os.removexattr(path, name, follow_symlinks=False)
+
+
 def _copy_regular(src: bytes, dst: bytes, st: os.stat_result, reflink: bool,
                   count: Callable[[int], None], strict: bool) -> os.stat_result:
     try:
-        return copy_file(src, dst, st, reflink=reflink, count=count)
+        got = copy_file(src, dst, st, reflink=reflink, count=count)
+        if strict:
+            # A live file's own overlay xattrs would mean something to the kernel here.
+            _drop_overlay_xattrs(dst)
+        return got
     except TreeChangedDuringCopy:
         if strict:
             raise
@@ -480,15 +514,21 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
     return BuildResult(sum(unique.values()), copied, vanished)
 
 
-def next_cache(scan: Scan, result: BuildResult | None) -> dict[bytes, StatKey]:
+def next_cache(scan: Scan, result: BuildResult | None) -> dict[bytes, Key]:
     """The stat cache of the snapshot just built: every path its view holds."""
-    cache: dict[bytes, StatKey] = {b"": mark_racy(StatKey.of(scan.root), scan.started_ns)}
+    recent = scan.started_ns - RACY_WINDOW_NS
+    cache: dict[bytes, Key] = {b"": mark_racy(key_of(scan.root), scan.started_ns)}
     copied = result.copied if result else {}
     gone = result.vanished if result else set()
     for rel, st in scan.entries.items():
-        if rel in gone:
-            continue
-        cache[rel] = mark_racy(StatKey.of(copied.get(rel, st)), scan.started_ns)
+        if copied or gone:
+            if rel in gone:
+                continue
+            st = copied.get(rel, st)
+        if st.st_ctime_ns >= recent or st.st_mtime_ns >= recent:
+            cache[rel] = (st.st_ino, _RACY_SIZE, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        else:
+            cache[rel] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
     return cache
 
 

@@ -57,7 +57,7 @@ from .. import layers as L
 from ..backend import Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, SnapshotError
 from ..store import STORE_NAME, Store
-from ..tree import FICLONE, StatKey, apply_meta, remove_tree
+from ..tree import FICLONE, apply_meta, remove_tree
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 MOUNT_OPTIONS = ("userxattr", "index=off", "metacopy=off", "redirect_dir=nofollow")
@@ -324,10 +324,10 @@ class OverlayBackend:
         return out
 
     # -- snapshots --------------------------------------------------------------------------
-    def _plan(self, store: Store, parent: str | None) -> tuple[L.Scan, L.DeltaPlan, dict[bytes, StatKey]]:
+    def _plan(self, store: Store, parent: str | None) -> tuple[L.Scan, L.DeltaPlan, dict[bytes, L.Key]]:
         old = L.load_stat_cache(self._snap_file(store, parent, "statcache")) if parent else {}
         scan = L.scan_tree(bytes(store.workspace), EXCLUDE)
-        plan = L.plan_delta(old, scan.keys(), old.get(b""), StatKey.of(scan.root))
+        plan = L.plan_delta(old, scan.keys(), old.get(b""), scan.root_key())
         return scan, plan, old
 
     def estimate_bytes(self, store: Store, parent: str | None) -> int:
@@ -389,8 +389,9 @@ class OverlayBackend:
         return name
 
     def _used_layers(self, store: Store, skip_snapshot: str | None = None,
-                     snapshots: set[str] | None = None, sandboxes: set[str] | None = None) -> set[str]:
-        """Layer names some snapshot (all on disk, or only ``snapshots``) or mounted sandbox lists."""
+                     snapshots: set[str] | None = None, sandboxes: set[str] | None = None,
+                     count_sandboxes: bool = True) -> set[str]:
+        """Layer names some snapshot (all on disk, or only ``snapshots``) or sandbox lists."""
         used: set[str] = set()
         if store.snapshots.is_dir():
             for d in store.snapshots.iterdir():
@@ -398,7 +399,7 @@ class OverlayBackend:
                     continue
                 with contextlib.suppress(FileNotFoundError, ValueError, SnapshotError):
                     used.update(L.read_layer_list(d / "layers.json"))
-        if store.sandboxes.is_dir():
+        if count_sandboxes and store.sandboxes.is_dir():
             for d in store.sandboxes.iterdir():
                 if sandboxes is not None and d.name not in sandboxes:
                     continue
@@ -452,7 +453,8 @@ class OverlayBackend:
 
     def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
         mine = self.layers_of(store, snap_id)
-        others = self._used_layers(store, skip_snapshot=snap_id)
+        # Sandboxes stacked on this snapshot do not make its layers anyone else's.
+        others = self._used_layers(store, skip_snapshot=snap_id, count_sandboxes=False)
         alone = [bytes(store.layers / n) for n in mine if n not in others]
         # Count an inode only when all its links are in these layers (compaction links files).
         seen: dict[tuple[int, int], list] = {}
@@ -550,7 +552,7 @@ class OverlayBackend:
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: list[Leftover] = []
         root = bytes(store.root)
-        known_trees = {bytes(store.sandbox_tree(s)) for s in sandboxes}
+        known_trees = {os.path.realpath(bytes(store.sandbox_tree(s))) for s in sandboxes}
         for mp in overlay_mounts_under(root):
             if mp not in known_trees:
                 found.append(Leftover("mount", Path(os.fsdecode(mp))))
@@ -588,6 +590,7 @@ def _walk_all(root: bytes):
 
 
 def _refuse_if_mounts_under(path: bytes) -> None:
+    path = os.path.realpath(path)
     prefix = path.rstrip(b"/") + b"/"
     for mp, fstype, _ in mounts(None):
         if mp.startswith(prefix) or mp == path:
