@@ -13,15 +13,20 @@ No git process is run and no git config is read: core.fsmonitor and friends in a
 opened beneath the root without following symlinks (git itself refuses a symlinked
 ``.gitignore``).
 
+Files git tracks are never ignored (git's rule: ignore files only apply to untracked
+paths), so a force-added file matching a rule still shows up; the tracked paths come from
+parsing ``.git/index`` (versions 2 to 4) directly, again without running git.
+
 Caveats: ``core.excludesFile`` (the user's global ignore file) is not read, since whose
-home it is is ambiguous for a root process; files git tracks despite matching a rule
-(``git add -f``) are treated as ignored, since this module does not read the index;
-``core.ignoreCase`` is taken as false (Linux).
+home it is is ambiguous for a root process; a ``.git`` that is a file (worktrees,
+submodules) and split indexes are not followed, so there tracked-but-ignored files count
+as ignored; ``core.ignoreCase`` is taken as false (Linux).
 """
 from __future__ import annotations
 
 import os
 import re
+import struct
 from pathlib import Path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -199,7 +204,7 @@ def parse_patterns(data: bytes) -> list[Pattern]:
         dir_only = False
         if line.endswith(b"/"):
             dir_only = True
-            line = line.rstrip(b"/")
+            line = line[:-1]  # git strips exactly one slash
         if not line:
             continue
         anchored = b"/" in line
@@ -213,13 +218,65 @@ def parse_patterns(data: bytes) -> list[Pattern]:
     return out
 
 
+def parse_index(data: bytes) -> set[bytes]:
+    """The paths in a git index file (versions 2, 3 and 4); empty if it is not one."""
+    if len(data) < 12 or data[:4] != b"DIRC":
+        return set()
+    version, count = struct.unpack(">II", data[4:12])
+    if version not in (2, 3, 4):
+        return set()
+    out: set[bytes] = set()
+    pos = 12
+    prev = b""
+    try:
+        for _ in range(count):
+            flags = struct.unpack(">H", data[pos + 60:pos + 62])[0]
+            start = pos + 62
+            if version >= 3 and flags & 0x4000:
+                start += 2
+            if version == 4:
+                # varint: bytes to drop from the previous name, then the new suffix
+                strip, shift_pos = 0, start
+                b = data[shift_pos]
+                strip = b & 0x7F
+                while b & 0x80:
+                    shift_pos += 1
+                    b = data[shift_pos]
+                    strip = ((strip + 1) << 7) | (b & 0x7F)
+                shift_pos += 1
+                end = data.index(b"\0", shift_pos)
+                name = prev[:len(prev) - strip] + data[shift_pos:end]
+                pos = end + 1
+            else:
+                end = data.index(b"\0", start)
+                name = data[start:end]
+                entry_len = end - pos
+                pos += (entry_len + 8) & ~7
+            out.add(name.rstrip(b"/"))
+            prev = name
+    except (IndexError, ValueError, struct.error):
+        return out
+    return out
+
+
 class IgnoreRules:
     """The ignore rules of one tree; .gitignore files are read lazily and cached per dir."""
 
-    def __init__(self, root: Path | bytes | str):
+    def __init__(self, root: Path | bytes | str, *, honour_index: bool = True):
         self.root = os.fsencode(root)
         self._per_dir: dict[bytes, list[Pattern]] = {}
         self._exclude = parse_patterns(self._read(b".git/info/exclude") or b"")
+        self.tracked: set[bytes] = set()
+        self._tracked_dirs: set[bytes] = set()
+        if honour_index:
+            self.tracked = parse_index(self._read(b".git/index") or b"")
+            for p in self.tracked:
+                parts = p.split(b"/")
+                for i in range(1, len(parts)):
+                    self._tracked_dirs.add(b"/".join(parts[:i]))
+        # Ignored directories entered only because they hold tracked files: everything
+        # untracked beneath them is ignored.
+        self._entered_ignored: set[bytes] = set()
 
     def _read(self, rel: bytes) -> bytes | None:
         parts = rel.split(b"/")
@@ -260,8 +317,20 @@ class IgnoreRules:
         return got
 
     def is_ignored(self, path: bytes, is_dir: bool) -> bool:
-        """Whether ``path`` is ignored, assuming no parent directory of it is (the walker
-        prunes ignored directories, as git does)."""
+        """Whether ``path`` is ignored, for a walker that visits parents first and skips
+        what this says is ignored (as git does)."""
+        if path in self.tracked:
+            return False
+        if self._entered_ignored and path.rpartition(b"/")[0] in self._entered_ignored:
+            ignored = True
+        else:
+            ignored = self._rules_say(path, is_dir)
+        if ignored and is_dir and path in self._tracked_dirs:
+            self._entered_ignored.add(path)
+            return False
+        return ignored
+
+    def _rules_say(self, path: bytes, is_dir: bool) -> bool:
         parts = path.split(b"/")
         # Deepest .gitignore first: it has the last word.
         for depth in range(len(parts) - 1, -1, -1):

@@ -287,7 +287,8 @@ def test_ignore_matches_git(tmp_path, idx):
 PATTERN_PIECES = [b"*", b"?", b"a", b"b", b"/", b"**/", b"/**", b"[a-c]", b"[!b]", b".txt", b"d", b"\\*"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("PETRI_IGNORE_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=4),
                                 st.booleans()), min_size=1, max_size=4))
 def test_random_ignore_patterns_match_git(tmp_path_factory, lines):
@@ -329,3 +330,32 @@ def test_scan_speed_many_files(tmp_path):
     took = time.monotonic() - t
     assert len(m) == 20100
     assert took < 10, took
+
+
+@pytest.mark.parametrize("index_version", ["2", "3", "4"])
+def test_tracked_files_are_never_ignored(tmp_path, index_version):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(tmp_path, repo, "init", "-q")
+    write(repo, b".gitignore", b"*.log\nvendor/\n")
+    for p in (b"important.log", b"vendor/lib.c", b"vendor/deep/er/x.c", b"src/a.c"):
+        write(repo, p)
+    git(tmp_path, repo, "add", "-f", "important.log", "vendor/lib.c", "vendor/deep/er/x.c", "src/a.c")
+    git(tmp_path, repo, "update-index", "--index-version", index_version)
+    if index_version == "3":  # version 3 only differs with extended flags: set one
+        write(repo, b"src/ita.c")
+        git(tmp_path, repo, "add", "--intent-to-add", "src/ita.c")
+    for p in (b"other.log", b"vendor/new.c", b"vendor/deep/new.c"):
+        write(repo, p)
+    assert (repo / ".git" / "index").read_bytes()[4:8] == int(index_version).to_bytes(4, "big")
+    rules = IgnoreRules(repo)
+    assert {b"important.log", b"vendor/lib.c", b"vendor/deep/er/x.c", b"src/a.c"} <= rules.tracked
+    files = [p for p, e in scan_tree(repo).items() if e.kind == "file" and p != b".gitignore"]
+    assert _ours_ignored(repo, files) == _git_ignored(tmp_path, repo) == {
+        b"other.log", b"vendor/new.c", b"vendor/deep/new.c"}
+    # and a change set made against this workspace's rules keeps the tracked ones
+    base = tmp_path / "base"
+    base.mkdir()
+    got = {c.path for c in tree_changes(base, repo, ignore_root=repo)}
+    assert {b"important.log", b"vendor/lib.c", b"vendor/deep/er/x.c"} <= got
+    assert not got & {b"other.log", b"vendor/new.c", b"vendor/deep/new.c"}
