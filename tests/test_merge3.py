@@ -152,3 +152,30 @@ def test_properties_on_repeated_lines(base_lines, add_ours, add_theirs):
         assert r.content.count(b"d\n") >= theirs.count(b"d\n")
     else:
         assert b"<<<<<<< ours\n" in r.content and b">>>>>>> theirs\n" in r.content
+
+
+@st.composite
+def repeated_line_triples(draw):
+    alpha = st.sampled_from([b"a\n", b"b\n", b"c\n", b"\n", b"}\n", b"x\r\n", b"tail"])
+    base = draw(st.lists(alpha, max_size=10))
+
+    def mutate():
+        lines = list(base)
+        for _ in range(draw(st.integers(0, 3))):
+            op = draw(st.integers(0, 2))
+            if op == 0 and lines:
+                del lines[draw(st.integers(0, len(lines) - 1))]
+            elif op == 1:
+                lines.insert(draw(st.integers(0, len(lines))), draw(alpha))
+            elif lines:
+                lines[draw(st.integers(0, len(lines) - 1))] = draw(alpha)
+        return b"".join(lines)
+
+    return b"".join(base), mutate(), mutate()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(repeated_line_triples(), st.sampled_from(["merge", "diff3"]))
+def test_repeated_lines_match_git(triple, style):
+    """With xdiff's Myers (merge.diffalgo) underneath, even ambiguous inputs match git."""
+    check(*triple, style=style)
