@@ -223,7 +223,9 @@ class CowFS(pyfuse3.Operations):
         self.epoch = 0
         self.next_ino = pyfuse3.ROOT_INODE + 1
         self.nodes: dict[int, Node] = {}
-        self.by_upper_ino: dict[int, int] = {}
+        # (layer, st_ino) -> node: the names of one hard-linked file share one node.
+        self.aliases: dict[tuple[int, int], int] = {}
+        self.alias_keys: dict[int, list[tuple[int, int]]] = {}
         self.fhs: dict[int, Handle | DirHandle] = {}
         self.next_fh = 1
         self._tmp_serial = 0
@@ -368,17 +370,33 @@ class CowFS(pyfuse3.Operations):
         if r is None:
             return None
         layer, st, dir_layers = r
-        if layer == self.U and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-            alias = self.nodes.get(self.by_upper_ino.get(st.st_ino, 0))
+        key = (layer, st.st_ino)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            alias = self.nodes.get(self.aliases.get(key, 0))
             if alias is not None and not alias.removed:
+                if alias.layer == self.U and layer != self.U:
+                    # The other name of a base hard link was copied up: link this one to the
+                    # copy so the two stay one file.
+                    self._link_up(alias, parent, name)
+                    st = os.lstat(self._upper(path))
                 alias.links.append((parent.ino, name))
                 parent.children[name] = alias.ino
                 return alias, st
         node = self._new_node(parent, name, stat.S_ISDIR(st.st_mode))
         node.path, node.layer, node.dir_layers, node.epoch = path, layer, dir_layers, self.epoch
-        if layer == self.U and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-            self.by_upper_ino[st.st_ino] = node.ino
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            self._alias(key, node)
         return node, st
+
+    def _alias(self, key: tuple[int, int], node: Node) -> None:
+        self.aliases[key] = node.ino
+        self.alias_keys.setdefault(node.ino, []).append(key)
+
+    def _link_up(self, node: Node, parent: Node, name: bytes) -> None:
+        self._resolve(node)
+        parent_upper = self._ensure_upper_dir(parent)
+        dst = self._upper(join(parent.path, name))
+        self._place(lambda: os.link(self._upper(node.path), dst, follow_symlinks=False), parent_upper)
 
     def _new_node(self, parent: Node, name: bytes, is_dir: bool) -> Node:
         node = Node(self.next_ino, parent.ino, name, is_dir)
@@ -405,9 +423,9 @@ class CowFS(pyfuse3.Operations):
             parent = self.nodes.get(pino)
             if parent is not None and parent.children is not None and parent.children.get(name) == node.ino:
                 del parent.children[name]
-        for k, v in list(self.by_upper_ino.items()):
-            if v == node.ino:
-                del self.by_upper_ino[k]
+        for k in self.alias_keys.pop(node.ino, ()):
+            if self.aliases.get(k) == node.ino:
+                del self.aliases[k]
 
     def _attrs(self, node: Node, st: os.stat_result) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -531,6 +549,13 @@ class CowFS(pyfuse3.Operations):
                 placed = True
                 node.layer = self.U
                 node.copy_gen += 1
+                if stat.S_ISREG(st.st_mode):
+                    self._alias((self.U, os.lstat(self._upper(node.path)).st_ino), node)
+                for pino, name in node.links[1:]:
+                    # Other names of a base hard link: keep them one file in the upper too.
+                    other = self.nodes.get(pino)
+                    if other is not None and not other.removed:
+                        self._link_up(node, other, name)
             finally:
                 if not placed:
                     self.used -= size
@@ -838,7 +863,7 @@ class CowFS(pyfuse3.Operations):
         node.links.append((parent.ino, new_name))
         parent.children[new_name] = node.ino
         if stat.S_ISREG(st.st_mode):
-            self.by_upper_ino[st.st_ino] = node.ino
+            self._alias((self.U, st.st_ino), node)
         node.nlookup += 1
         return self._attrs(node, st)
 
