@@ -162,6 +162,17 @@ class PromotionResult:
     skipped: tuple[tuple[bytes, str], ...] = ()
     markers: bool = False  # conflict markers were written (caller exits 5)
 
+    def to_json(self) -> dict[str, Any]:
+        """The merge layer's part of SPEC's ``promote`` document (the CLI adds
+        ``verified`` and ``rolled_back``)."""
+        return {"promotion": self.promotion,
+                "applied": [display(p) for p in self.applied],
+                "applied_b64": [b64(p) for p in self.applied],
+                "conflicts": [c.to_json() for c in self.conflicts],
+                "skipped": [{"path": display(p), "path_b64": b64(p), "reason": r}
+                            for p, r in self.skipped],
+                "markers": self.markers}
+
 
 def _conflict_error(conflicts: Iterable[Conflict]) -> PromotionConflict:
     conflicts = list(conflicts)

@@ -411,3 +411,38 @@ def test_stacked_promotions_undo_in_order(trees, tmp_path):
     assert (t.live / "a.txt").read_bytes() == b"one\n"
     undo_promotion(t.live, t.journal, "p-1")
     assert manifest(t.live) == before
+
+
+def test_journal_on_another_device_stages_inside_the_workspace(trees):
+    """The store as a nested btrfs subvolume is another st_dev: staging must not cross it."""
+    t = trees
+    import tempfile
+    if os.stat("/dev/shm").st_dev == os.stat(t.live).st_dev:
+        pytest.skip("/dev/shm is on the same device as the test tree; need two devices")
+    jdir = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="petri-journal-"))
+    try:
+        w(t.theirs / "a.txt", b"promoted\n")
+        w(t.theirs / "n" / "new.txt", b"new\n")
+        before = manifest(t.live)
+        seen = []
+        journal.on_step("apply", lambda k: seen.append(
+            sorted(p.name for p in t.live.iterdir() if p.name.startswith(".petri-staging-"))))
+        try:
+            execute_promotion(t.plan(), t.live, jdir, "p-x")
+        finally:
+            journal.on_step("apply", None)
+        assert seen and seen[0] == [".petri-staging-p-x"]
+        assert (t.live / "a.txt").read_bytes() == b"promoted\n"
+        undo_promotion(t.live, jdir, "p-x")
+        assert manifest(t.live) == before
+        assert not any(p.name.startswith(".petri-staging-") for p in t.live.iterdir())
+    finally:
+        shutil.rmtree(jdir, ignore_errors=True)
+
+
+def test_result_json_shape(trees):
+    t = trees
+    w(t.theirs / b"bad-\xff".decode("utf-8", "surrogateescape"), b"x\n")
+    js = t.promote().to_json()
+    assert js["promotion"] == "p-1" and js["applied"] == ["bad-\\xff"]
+    assert js["applied_b64"] == ["YmFkLf8="] and js["conflicts"] == [] and js["markers"] is False
