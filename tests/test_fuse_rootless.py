@@ -1,0 +1,112 @@
+"""The fuse backend as a normal user: /dev/fuse 0666 (as on a normal distribution; the
+fixture sets it and restores it), fusermount3 setuid, no root anywhere in the data path.
+
+The venv's interpreter lives under /root (unreadable to others), so the user runs the
+system python3 (same 3.11 ABI) with the repo and the venv's site-packages on PYTHONPATH."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+USER = "petri-fuse-test"
+pytestmark = [pytest.mark.timeout(120), pytest.mark.root]
+
+
+def _site_packages() -> str:
+    import pyfuse3
+    return str(Path(pyfuse3.__file__).resolve().parents[1])
+
+
+@pytest.fixture(scope="session")
+def test_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a test user and open /dev/fuse to users")
+    if shutil.which("fusermount3") is None or shutil.which("runuser") is None:
+        pytest.skip("needs fusermount3 (fuse3) and runuser")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+    pw = pwd.getpwnam(USER)
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield pw
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+def run_as(pw, script: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(cwd),
+           "PYTHONPATH": f"{REPO}:{_site_packages()}", "LANG": "C.UTF-8"}
+    return subprocess.run(["runuser", "-u", pw.pw_name, "--", "/usr/bin/python3", "-c", textwrap.dedent(script)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def user_dir(test_user):
+    d = Path(tempfile.mkdtemp(prefix="petri-rootless-"))
+    os.chown(d, test_user.pw_uid, test_user.pw_gid)
+    try:
+        yield d
+    finally:
+        from snapshot.fusefs import daemon as D
+        for m in D.mounts():
+            if m.mountpoint.startswith(os.fsencode(d)):
+                mp = Path(os.fsdecode(m.mountpoint))
+                D.stop(mp, mp.parent / "daemon.pid")  # kills only the daemon its pid file names
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_backend_as_a_normal_user(test_user, user_dir):
+    script = """
+    import os, subprocess, sys
+    from pathlib import Path
+    from snapshot.backends.fuse import FuseBackend
+    from snapshot.fusefs import daemon as D
+    from snapshot.store import Store
+    assert os.geteuid() != 0
+    ws = Path.cwd() / "ws"; ws.mkdir()
+    (ws / "A").write_bytes(b"a"); (ws / "B").write_bytes(b"b"); (ws / "d").mkdir(); (ws / "d/f").write_bytes(b"f")
+    ok, why = FuseBackend.available(ws); assert ok, why
+    b = FuseBackend(); st = Store(ws); b.create_store(st)
+    b.snapshot(st, "s1", None)
+    tree = b.clone(st, "s1", "sb1", disk_budget=1 << 20)
+    try:
+        assert "allow_other" not in open("/proc/self/mounts").read().split(str(tree))[1].split("\\n")[0]
+        (tree / "A").write_bytes(b"changed")
+        os.unlink(tree / "B")
+        (tree / "d/new").write_bytes(b"n")
+        os.rename(tree / "d", tree / "d2")
+        assert sorted(os.listdir(tree)) == ["A", "d2"]
+        up = st.sandbox_dir("sb1") / "upper"
+        assert os.lstat(up / "B").st_rdev == 0 and os.lstat(up / "B").st_mode & 0o170000 == 0o020000
+        try:
+            (tree / "big").write_bytes(b"x" * (2 << 20)); raise SystemExit("budget not enforced")
+        except OSError as e:
+            assert e.errno == 28
+        # the runner's view: bwrap as the same user binds the mount and uses it
+        r = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--bind", str(tree), str(tree),
+                            "--unshare-all", "--die-with-parent", "cat", str(tree / "A")],
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0 and r.stdout == b"changed", r
+        assert b"A" in b.read_set(st, "sb1")  # read inside bwrap, recorded by the daemon
+        with b.frozen_view(st, "sb1") as fv:
+            assert (fv / "A").read_bytes() == b"changed"
+    finally:
+        b.destroy_clone(st, "sb1")
+    assert not D.is_mounted(tree)
+    print("OK")
+    """
+    r = run_as(test_user, script, user_dir)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
