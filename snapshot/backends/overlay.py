@@ -23,6 +23,11 @@ relative paths (``layers/1f:layers/1e``), which fits about 400 layers in a page.
 mounted is recorded in ``sandboxes/<sb>/mount.json``, so :meth:`ensure_clone` can mount it
 again after a reboot.
 
+Measured here (ext4, 60,600 files, 2 cores under load): clone 1.2-1.9 ms; snapshot view
+mount 1.2 ms; a snapshot with nothing changed 0.9-1.3 s (the lstat walk is half of it);
+first snapshot 7-23 s (a full data copy; ext4 has no reflink); compaction of the stack 1.6 s
+(hard links only).
+
 Caveats:
 - Needs root. Rootless overlay exists only inside a user namespace, whose mounts the host
   cannot see: rootless workspaces use the fuse backend on the same layers.
@@ -36,6 +41,9 @@ Caveats:
   filesystem can); a file written without pause meanwhile is taken as one read pass saw it.
 - A lowerdir-only overlay needs two layers, so a single-layer snapshot view stacks an empty
   directory under it.
+- After a lazy unmount (destroy or gc while processes were still inside) the detached mount
+  lives on until they exit; ``ensure_clone`` cannot see it and would mount the same upper a
+  second time, which overlayfs calls undefined: kill a sandbox's processes before remounting.
 - ``leftovers`` and ``delete_snapshot`` count a layer as used by what ``snapshots/*`` and
   ``sandboxes/*/mount.json`` name: run them under the store lock, never while a snapshot is
   being taken.
