@@ -16,7 +16,7 @@ import pytest
 
 from snapshot import layers as L
 from snapshot.errors import SnapshotError
-from snapshot.tree import StatKey, remove_tree  # noqa: F401  (Key mirrors StatKey)
+from snapshot.tree import remove_tree
 
 IS_ROOT = os.geteuid() == 0
 
@@ -42,7 +42,7 @@ def signature_of_entries(entries) -> dict[bytes, tuple]:
             what, kind = None, "p"
         else:
             what, kind = st.st_rdev, "other"
-        mtime = st.st_mtime_ns if not stat.S_ISDIR(m) else st.st_mtime_ns
+        mtime = st.st_mtime_ns
         sig[rel] = (kind, stat.S_IMODE(m), st.st_uid, st.st_gid, mtime, what)
     return sig
 

@@ -63,7 +63,7 @@ from typing import ClassVar, Iterator, Sequence
 
 from .. import layers as L
 from ..backend import Leftover, Progress, SnapshotResult
-from ..errors import BackendUnavailable, SnapshotError
+from ..errors import SnapshotError
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta, remove_tree
 
@@ -84,7 +84,7 @@ class OverlayMountFailed(SnapshotError):
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_SYS_open_tree, _SYS_move_mount, _SYS_fsopen, _SYS_fsconfig, _SYS_fsmount = 428, 429, 430, 431, 432
+_SYS_move_mount, _SYS_fsopen, _SYS_fsconfig, _SYS_fsmount = 429, 430, 431, 432
 _FSOPEN_CLOEXEC = 1
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _FSMOUNT_CLOEXEC = 1
@@ -365,6 +365,8 @@ class OverlayBackend:
                 names = parent_layers + installed
             if len(names) > self.max_depth:
                 names = [self._compact(store, names, installed, staging)]
+            if installed:
+                L.sync_filesystem(store.layers)
             if not snap_dir.exists():
                 snap_dir.mkdir(parents=True)
                 made_dir = True
