@@ -389,8 +389,8 @@ class Engine:
             known_sbs = {s.id for s in self.registry.sandboxes()
                          if s.state in LIVE_STATES or (s.state == "expired" and s.keep_expired)}
             for left in self.backend.leftovers(self.store, known_snaps, known_sbs):
-                if left.path.parent == self.store.tmp and _tmp_owner_alive(left.path.name):
-                    continue
+                if _in_use_tmp(self.store.tmp, left.path):
+                    continue  # a view or staging area of a petri that is still running
                 remover = getattr(self.backend, "remove_leftover", None)
                 if remover:
                     remover(self.store, left)
@@ -421,6 +421,15 @@ class Engine:
         return {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
                 "changed_b64": [base64.b64encode(p).decode() for p in changed],
                 "safety_snapshot": safety.id}
+
+
+def _in_use_tmp(tmp: Path, path: Path) -> bool:
+    """Is ``path`` (or the tmp/ entry it lies in) named for a process that is still alive?"""
+    try:
+        first = path.relative_to(tmp).parts[0]
+    except (ValueError, IndexError):
+        return False
+    return _tmp_owner_alive(first)
 
 
 def _tmp_owner_alive(name: str) -> bool:
