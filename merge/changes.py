@@ -318,30 +318,39 @@ def scan_tree(root: Path, *, exclude_top: Iterable[bytes] = (b".git", b".petri")
 def tree_changes(base: Path, new: Path, *, include_ignored: bool = False,
                  ignore_root: Path | None = None, paths: Sequence[bytes] = (),
                  detect_renames: bool = True,
-                 exclude_top: Iterable[bytes] = (b".git", b".petri")) -> list[Change]:
+                 exclude_top: Iterable[bytes] = (b".git", b".petri"),
+                 base_manifest: Mapping[bytes, Entry] | None = None) -> list[Change]:
     """Every path that differs between ``base`` and ``new``, sorted by path.
 
     ``ignore_root`` is the tree whose .gitignore files (and .git/info/exclude) decide what
     is ignored; it defaults to ``new``. Ignored paths are left out on both sides unless
-    ``include_ignored``."""
+    ``include_ignored``. ``base_manifest`` (a ``scan_tree`` of ``base`` kept from
+    earlier) saves hashing the base again; pass it only for an immutable base (a
+    read-only snapshot), since its content ids are trusted where kind and size agree."""
     ignored = None if include_ignored else _ignore_fn(new if ignore_root is None else ignore_root)
     narrow = _Narrow([normalize_path(p) for p in paths])
     exclude_top = tuple(exclude_top)
     a = _walk(os.fsencode(base), exclude_top, ignored, narrow)
     b = _walk(os.fsencode(new), exclude_top, ignored, narrow)
     ra, rb = TreeReader(base), TreeReader(new)
+    known: dict[bytes, str | None] = {}
+    if base_manifest:
+        for path, raw in a.items():
+            e = base_manifest.get(path)
+            if e is not None and e.kind == raw.kind and e.size == raw.size and e.content_id:
+                known[path] = e.content_id
     try:
-        return _compare(a, b, ra, rb, detect_renames)
+        return _compare(a, b, ra, rb, detect_renames, known)
     finally:
         ra.close()
         rb.close()
 
 
 def _compare(a: Mapping[bytes, _Raw], b: Mapping[bytes, _Raw], ra: TreeReader, rb: TreeReader,
-             detect_renames: bool) -> list[Change]:
+             detect_renames: bool, known_a: dict[bytes, str | None] | None = None) -> list[Change]:
     changes: list[Change] = []
     # Sorted walk over each side keeps the readers' directory cache hot.
-    ids_a: dict[bytes, str | None] = {}
+    ids_a: dict[bytes, str | None] = dict(known_a or {})
     ids_b: dict[bytes, str | None] = {}
 
     def cid(side: dict, reader: TreeReader, path: bytes, raw: _Raw) -> str | None:

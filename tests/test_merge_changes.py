@@ -141,6 +141,20 @@ def test_same_size_same_mtime_edit_is_seen(tmp_path):
     assert tree_changes(base, new) == []
 
 
+def test_base_manifest_saves_hashing_but_not_correctness(tmp_path):
+    base, new = tmp_path / "base", tmp_path / "new"
+    write(base, b"same", b"1111\n")
+    write(new, b"same", b"1111\n")
+    write(base, b"edit", b"aaaa\n")
+    write(new, b"edit", b"bbbb\n")
+    manifest = scan_tree(base)
+    assert summary(tree_changes(base, new, base_manifest=manifest)) == [(b"edit", "modified")]
+    # ids are trusted from the manifest (that is the point): a stale one shows as a change
+    stale = dict(manifest)
+    stale[b"same"] = Entry("file", 0o644, h(b"2222\n"), 5)
+    assert summary(tree_changes(base, new, base_manifest=stale)) == [(b"edit", "modified"), (b"same", "modified")]
+
+
 def test_hardlinked_trees_compare_by_content(tmp_path):
     base, new = tmp_path / "base", tmp_path / "new"
     write(base, b"f", b"shared\n")
