@@ -1,8 +1,8 @@
 """The exec wrapper that puts a sandbox in its cgroup before it can fork.
 
 The runner starts this wrapper instead of bwrap. It writes its own pid into every cgroup's
-``cgroup.procs``, sets rlimits when there is no cgroup to use, drops root privileges to the
-target uid, and execs bwrap. exec keeps the pid, so bwrap and everything it starts is born
+``cgroup.procs``, sets rlimits when there is no cgroup to use, resets every signal to its
+default disposition, drops root privileges to the target uid, and execs bwrap. exec keeps the pid, so bwrap and everything it starts is born
 inside the cgroup: there is no window in which the command runs unlimited.
 
 Why not ``preexec_fn``: it runs Python between fork and exec in a process that inherited
@@ -18,6 +18,12 @@ in a user namespace maps the sandbox's uid to host root, so the command would ow
 root-owned file it can reach. Dropped first, bwrap runs unprivileged in a user namespace that
 maps the target uid to itself; the command has no capabilities and no_new_privs.
 
+Signals: an ignored signal stays ignored across exec, and a POSIX shell may not trap a
+signal that was ignored when it started. petri started from a non-interactive shell's
+background job (or nohup) has SIGINT/SIGQUIT ignored; without the reset, the command would
+too, and Ctrl-C forwarded by petri would never reach it. coreutils' ``env
+--default-signal`` does the reset (dash cannot).
+
 Caveats: the wrapper exits 125 if a cgroup write or an rlimit fails (the runner reports it
 as petri's failure). ``--init-groups`` needs the uid in the passwd database; an unknown uid
 gets no supplementary groups.
@@ -32,6 +38,7 @@ from typing import Sequence
 
 SH = "/bin/sh"
 SETPRIV = "setpriv"
+ENV = "env"
 
 # $1 is the number of cgroup.procs files that follow. `echo $$ > f` moves this very
 # process (dash's pid, kept by exec) into the cgroup.
@@ -71,7 +78,7 @@ def wrapper_argv(
             script += "ulimit -v %d || exit 125; " % max(1, rlimits.as_bytes // 1024)
         if rlimits.nproc is not None:
             script += "ulimit -p %d || exit 125; " % max(1, rlimits.nproc)
-    prefix: list[bytes] = []
+    prefix: list[bytes] = [_b(ENV), b"--default-signal"]
     if drop_to is not None:
         try:
             pwd.getpwuid(drop_to.uid)

@@ -419,14 +419,16 @@ class CgroupV1(Cgroup):
                 return False
             # Frozen, the members cannot fork while we kill the list we just read; SIGKILL
             # is delivered on thaw.
-            frozen = self._freeze("FROZEN")
+            # v1's freezer can hang in FREEZING (e.g. around vfork): give it a moment, and
+            # if it does not settle, thaw and kill unfrozen rather than wait on it.
+            frozen = self._freeze("FROZEN", timeout_s=0.2)
             for pid in self.pids() if frozen else pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            if frozen:
-                self._freeze("THAWED")
+            if "freezer" in self.dirs:
+                self._freeze("THAWED", timeout_s=0.5)
             time.sleep(0.005)
 
     def remove(self) -> None:

@@ -221,29 +221,26 @@ async def run_isolated(
         new_session=True,
         marker=marker,
     )
+    killed_by: str | None = None
+    proc: trio.Process | None = None
+    marker_filter = _MarkerFilter(marker)
+    stats = cgroups.Stats()
+    out_f = open(spec.stdout_path, "wb")
+    err_f = open(spec.stderr_path, "wb")
     rlimits = None
     try:
         cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, sup)
-    except cgroups.CgroupFailure as e:
-        raise SandboxSetupFailed(detail=str(e)) from e
+    except BaseException as e:
+        out_f.close()
+        err_f.close()
+        if isinstance(e, cgroups.CgroupFailure):
+            raise SandboxSetupFailed(detail=str(e)) from e
+        raise
     if cg is None:
         rlimits, warnings = cgroups.rlimit_fallback(spec.limits)
         for w in warnings:
             if on_event:
                 on_event(RunEvent("warning", data=w.encode()))
-    argv = wrapper_argv(
-        isolation.bwrap_argv(plan, bwrap=bwrap),
-        procs_files=cg.procs_files() if cg else (),
-        rlimits=rlimits,
-        drop_to=drop_to,
-    )
-
-    killed_by: str | None = None
-    proc: trio.Process | None = None
-    marker_filter = _MarkerFilter(marker)
-    out_f = open(spec.stdout_path, "wb")
-    err_f = open(spec.stderr_path, "wb")
-    stats = cgroups.Stats()
     all_gone = True
 
     def kill_everything() -> None:
@@ -282,19 +279,32 @@ async def run_isolated(
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the command did not read it all; that is its business
 
+    interrupted: int | None = None
+
     async def forward(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal interrupted
         counts: dict[int, int] = {}
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
             task_status.started()
             async for sig in sigs:
                 counts[sig] = counts.get(sig, 0) + 1
-                if counts[sig] > 1 or cg is None:
+                # Before the command exists (the shim's marker not seen yet) there is no one
+                # to pass it to: the user asked to stop, so stop. A second one means "now".
+                if counts[sig] > 1 or cg is None or not marker_filter.seen:
+                    interrupted = sig
                     await trio.to_thread.run_sync(kill_everything)
                 else:
                     assert proc is not None
                     cg.signal_all(sig, exclude=(proc.pid,))
 
     try:
+        # From here on the cgroup exists: everything below is inside the cleanup's try.
+        argv = wrapper_argv(
+            isolation.bwrap_argv(plan, bwrap=bwrap),
+            procs_files=cg.procs_files() if cg else (),
+            rlimits=rlimits,
+            drop_to=drop_to,
+        )
         try:
             proc = await trio.lowlevel.open_process(
                 argv,
@@ -358,6 +368,8 @@ async def run_isolated(
     setup_error = None
     if killed_by is not None:
         code = EXIT_TIMEOUT
+    elif interrupted is not None:
+        code = 128 + interrupted  # the shell's convention for "ended by this signal"
     elif not marker_filter.seen:
         code = EXIT_PETRI
         setup_error = marker_filter.before.decode("utf-8", "replace").strip() or f"bwrap exited {rc}"

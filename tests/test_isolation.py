@@ -96,6 +96,7 @@ def test_wrapper_argv_joins_limits_drops_then_execs():
     i = argv.index(b"setpriv")
     assert b"--reuid=4242" in argv and b"--clear-groups" in argv  # 4242 is not in passwd
     assert argv[-2:] == [b"bwrap", b"x"] and i < argv.index(b"bwrap")
+    assert argv.index(b"--default-signal") < i
 
 
 def test_discover_masks_finds_credentials_of_every_home(tmp_path):

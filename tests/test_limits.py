@@ -205,3 +205,18 @@ def test_sweep_kills_and_removes_leaked_cgroups_but_keeps_the_living():
         p.wait()
         alive.kill_all()
         alive.remove()
+
+
+@needs_v1
+def test_cgexec_module_joins_the_cgroup_before_exec():
+    cg = cgroups.open_cgroup(f"{PREFIX}/cli/run-1", Limits(pids=10))
+    try:
+        args = [a for f in cg.procs_files() for a in ("--procs", str(f))]
+        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
+                            cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=30)
+        assert cp.returncode == 0, cp.stderr
+        lines = dict(l.split(":", 2)[1:] for l in cp.stdout.splitlines())
+        assert lines["memory"] == lines["pids"] == f"/{PREFIX}/cli/run-1"
+    finally:
+        cg.kill_all()
+        cg.remove()

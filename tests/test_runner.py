@@ -41,8 +41,8 @@ _n = iter(range(1, 10_000))
 
 def make_spec(tmp_path: Path, argv, **kw) -> RunSpec:
     i = next(_n)
-    (tmp_path / "ws").mkdir(exist_ok=True)
-    (tmp_path / "tree").mkdir(exist_ok=True)
+    (tmp_path / "ws").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "tree").mkdir(parents=True, exist_ok=True)
     d = dict(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
              argv=list(argv), cwd=tmp_path / "ws", env={}, limits=Limits(mem_bytes=512 << 20, pids=128),
              timeout_s=30.0, deadline=None, stdout_path=tmp_path / "logs" / f"{i}.out",
@@ -166,7 +166,7 @@ def test_cancelling_the_run_kills_everything_and_cleans_up(tmp_path):
 
 def test_ctrl_c_reaches_the_command_and_petri_cleans_up(tmp_path):
     mark = f"petri-mark-{secrets.token_hex(4)}"
-    script = f"trap 'echo got-INT; exit 7' INT; {PY} -c 'import time; time.sleep(60)' {mark} & wait"
+    script = f"trap 'echo got-INT; exit 7' INT; {PY} -c 'import time; time.sleep(60)' {mark} & echo ready; wait"
     spec = make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=None)
     code = """
 import functools, pickle, sys, trio
@@ -181,7 +181,8 @@ print('RESULT', r.exit_code, r.killed_by)
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not _procs_with(mark) and time.monotonic() < deadline:
+        while not (spec.stdout_path.exists() and spec.stdout_path.read_text() == "ready\n") \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _procs_with(mark)
         os.killpg(p.pid, signal.SIGINT)
@@ -191,7 +192,7 @@ print('RESULT', r.exit_code, r.killed_by)
         p.wait()
     assert p.returncode == 0, err
     assert b"RESULT 7 None" in out
-    assert spec.stdout_path.read_text() == "got-INT\n"
+    assert spec.stdout_path.read_text() == "ready\ngot-INT\n"
     assert _procs_with(mark) == []
     assert cgroups.list_cgroups(spec.cgroup_name) == []
 
@@ -234,3 +235,22 @@ sys.exit(run_shell(spec))
     assert b"IS-A-TTY" in out and b"JOBCTL" in out
     assert b"IS-A-TTY" in spec.stdout_path.read_bytes()  # the transcript
     assert cgroups.list_cgroups(spec.cgroup_name) == []
+
+
+def test_runs_in_one_nursery_overlap(tmp_path):
+    specs = [make_spec(tmp_path / str(i), ["/bin/sh", "-c", "sleep 1; echo done"]) for i in range(3)]
+    results = []
+
+    async def main():
+        async with trio.open_nursery() as n:
+            for s in specs:
+                n.start_soon(lambda s=s: _collect(s))
+
+    async def _collect(s):
+        results.append(await run_isolated(s))
+
+    t = time.monotonic()
+    trio.run(main)
+    assert time.monotonic() - t < 2.5  # three 1 s runs at once, not 3 s in a row
+    assert [r.exit_code for r in results] == [0, 0, 0]
+    assert all(s.stdout_path.read_text() == "done\n" for s in specs)
