@@ -19,6 +19,12 @@ Exit code: the command's own; 124 killed by timeout/lifetime; 137 killed by the 
 setup failed: the shim's marker never came, see ``isolation.EXEC_SHIM``); 126/127 from
 the shim's ``exec``.
 
+Signals (``forward_signals=True``, for ``petri run`` in the main thread): SIGINT, SIGTERM,
+SIGHUP sent to petri go to every process of the run except bwrap; the command decides
+(usually it exits, e.g. 130). A second one of the same kind, or one that arrives before the
+command has started, kills the run: exit 128+signal. Without forwarding, trio's
+KeyboardInterrupt or any cancellation kills the run and propagates.
+
 Caveats:
 - Echo writes to our stdout/stderr synchronously: a stalled reader of petri's output
   stalls this run's pumps (the saved files are written first, so nothing is lost).
