@@ -162,7 +162,7 @@ def fork(
                     pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
                     ttl_s=parse_duration(ttl) if ttl else None)
     e = engine()
-    _check_limits(e, limits)
+    e.check_limits(limits)
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:
@@ -174,19 +174,12 @@ def fork(
             print(f"{r.id}\t{r.path}")
 
 
-def _check_limits(e, limits) -> None:
-    """Refuse limits this machine cannot enforce (exit 4) rather than pretend."""
-    check = getattr(e, "check_limits", None)
-    if check is not None:
-        check(limits)
-
-
 @app.command("ls")
 def ls_(all_: Annotated[bool, typer.Option("--all", "-a", help="Also destroyed and failed sandboxes.")] = False) -> None:
     """Sandboxes: id, label, backend, state, age, time left, usage, last exit code, staleness."""
     e = engine()
     rows = [r for r in e.registry.sandboxes() if all_ or r.state not in ("destroyed", "failed")]
-    docs = [e.sandbox_doc(r, staleness=e.staleness(r) if hasattr(e, "staleness") else None) for r in rows]
+    docs = [e.sandbox_doc(r, staleness=e.staleness(r)) for r in rows]
     o = out()
     if G.json:
         o.doc({"sandboxes": docs})
@@ -216,7 +209,7 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     """One sandbox in full, staleness included."""
     e = engine()
     row = e.resolve_sandbox(sandbox)
-    doc = e.sandbox_doc(row, staleness=e.staleness(row) if hasattr(e, "staleness") else None)
+    doc = e.sandbox_doc(row, staleness=e.staleness(row))
     doc["runs"] = e.registry.runs(row.id)
     o = out()
     if G.json:
@@ -281,7 +274,7 @@ def rollback(ident: Annotated[str, typer.Argument(help="s-… (restore that snap
     if kind == "snapshot":
         doc = e.rollback_snapshot(full)
     else:
-        doc = e.rollback_promotion(full)  # type: ignore[attr-defined]
+        doc = e.rollback_promotion(full)
     o = out()
     if G.json:
         o.doc(doc)
@@ -292,6 +285,16 @@ def rollback(ident: Annotated[str, typer.Argument(help="s-… (restore that snap
             o.say(f"  {p}")
         if len(doc["changed"]) > 50:
             o.say(f"  ... and {len(doc['changed']) - 50} more")
+
+
+# Commands of the runner (issue 3) and the merge engine (issue 4) live in their own modules;
+# importing them registers them on ``app`` (they import nothing heavy at module level).
+for _mod in ("cli_run", "cli_merge"):
+    try:
+        __import__(f"orchestrator.{_mod}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"orchestrator.{_mod}":
+            raise
 
 
 # --------------------------------------------------------------------------- entry point

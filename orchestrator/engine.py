@@ -11,9 +11,8 @@ creator's pid) before its tree is made, and a snapshot row after its tree is com
 from __future__ import annotations
 
 import base64
+import importlib
 import os
-import shutil
-import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,16 +21,14 @@ from typing import Any, Callable, Iterable
 
 from snapshot.backend import Backend, Progress
 from snapshot.choose import choose, get_backend
-from snapshot.errors import PetriError
-from snapshot.store import STORE_NAME, Store
+from snapshot.store import Store
 from snapshot.tree import remove_tree
 
 from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
                      UsageError)
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
                        rfc3339)
-from .workspace import (REGISTRY_NAME, add_git_exclude, check_can_init, find_workspace,
-                        remove_git_exclude, store_lock)
+from .workspace import add_git_exclude, check_can_init, find_workspace, remove_git_exclude, store_lock
 
 Say = Callable[[str], None]
 
@@ -238,8 +235,10 @@ class Engine:
                 raise UsageError(detail=f"label {label!r} was taken by a concurrent fork") from None
             raise
 
+        options = self.clone_options(limits)
+
         def make(row: SandboxRow) -> None:
-            self.backend.clone(self.store, base.id, row.id)
+            self.backend.clone(self.store, base.id, row.id, **options)
 
         failures: list[BaseException] = []
         workers = min(n, 8)
@@ -332,12 +331,38 @@ class Engine:
             self.registry.set_state(sb_id, state)
 
     def _stop_sandbox_processes(self, row: SandboxRow) -> int:
-        """Kill what runs in the sandbox (its cgroups); the runner module knows how."""
+        """Kill what runs in the sandbox; the runs module (issue 3) knows how."""
         try:
-            from .cgroups import kill_sandbox_cgroups  # type: ignore[attr-defined]
+            from .runs import stop_sandbox_processes
         except ImportError:
             return 0
-        return kill_sandbox_cgroups(row.id)
+        return stop_sandbox_processes(self, row)
+
+    def check_limits(self, limits: Limits) -> None:
+        """Refuse limits this machine cannot enforce (exit 4) rather than pretend."""
+        try:
+            from .runs import check_limits
+        except ImportError:
+            return
+        check_limits(self, limits)
+
+    def clone_options(self, limits: Limits) -> dict[str, Any]:
+        """Backend-specific clone arguments (the fuse layer enforces --disk itself)."""
+        if self.backend_name == "fuse" and limits.disk_bytes:
+            return {"disk_budget": limits.disk_bytes}
+        return {}
+
+    def staleness(self, row: SandboxRow) -> dict[str, Any] | None:
+        """Live files changed since the sandbox's base, and which of them it changed too."""
+        try:
+            from .staleness import staleness
+        except ImportError:
+            return None
+        return staleness(self, row)
+
+    def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
+        from .promotions import rollback_promotion
+        return rollback_promotion(self, promo_id)
 
     def delete_snapshot(self, snap_id: str) -> None:
         with self.lock():
@@ -404,9 +429,12 @@ class Engine:
                     self.registry.delete_snapshot_row(snap.id)
                     self.backend.delete_snapshot(self.store, snap.id)
                     removed.append(snap.id)
-        extra = getattr(self, "_gc_hooks", [])
-        for hook in extra:
-            hook(reaped)
+        for module, hook in (("runs", "gc_processes"), ("promotions", "gc_promotions")):
+            try:
+                fn = getattr(importlib.import_module(f"orchestrator.{module}"), hook)
+            except (ImportError, AttributeError):
+                continue
+            fn(self, reaped)  # fills reaped["processes"/"cgroups"] or ["promotions_*"]
         return {"removed": removed, "reaped": reaped}
 
     # -- rollback -----------------------------------------------------------------------
