@@ -42,3 +42,7 @@ class DiskFull(PetriError):
 
 class TreeChangedDuringCopy(PetriError):
     """{path} kept changing while it was being copied; try again when it is quiet"""
+
+
+class OverlayMountFailed(SnapshotError):
+    """cannot mount overlay at {target}: {why}"""

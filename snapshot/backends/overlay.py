@@ -63,7 +63,7 @@ from typing import ClassVar, Iterator, Sequence
 
 from .. import layers as L
 from ..backend import Leftover, Progress, SnapshotResult
-from ..errors import SnapshotError
+from ..errors import OverlayMountFailed, SnapshotError
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta, remove_tree
 
@@ -74,10 +74,6 @@ MOUNT_RECORD_VERSION = 1
 DEFAULT_MAX_DEPTH = 32
 _ROOTLESS_WHY = ("needs root (rootless overlay exists only inside a user namespace, so it cannot "
                  "give a host-visible path: use fuse)")
-
-
-class OverlayMountFailed(SnapshotError):
-    """cannot mount overlay at {target}: {why}"""
 
 
 # -- mounting (kernel) ------------------------------------------------------------------------
