@@ -42,8 +42,9 @@ CACHE = Path("/var/tmp/petri-bench")
 IMAGE_DIR = Path("/var/tmp")
 IMAGE_RE = re.compile(r"^petri-bench-(btrfs|xfs)-\d+\.img$")
 MOUNT_PREFIX = "petri-bench-mnt-"
-TREE_RECIPE = 3  # bump when a tree recipe changes: cached trees are then rebuilt
+TREE_RECIPE = 4  # bump when a tree recipe changes: cached trees are then rebuilt
 
+PYCACHE = CACHE / "pycache"
 PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7")
 PROJECT_VENV = REPO / ".venv"
 
@@ -59,6 +60,41 @@ def run(argv: Sequence[str | os.PathLike], *, check: bool = True, cwd: Path | No
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
     return r
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for ``petri`` processes: bytecode cached as on a user's machine.
+
+    This environment sets PYTHONDONTWRITEBYTECODE=1, and an editable install has no
+    precompiled bytecode, so every petri process would recompile the project's modules
+    from source (tens of ms). The cache goes to PYCACHE, not into the checkout."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PETRI_WORKSPACE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    return env
+
+
+def warm_cli(scratch: Path) -> None:
+    """Fill the bytecode cache for every module a CLI init/fork/rm/deinit imports."""
+    env = cli_env()
+    py = REPO / ".venv" / "bin" / "python"
+    mods = ["orchestrator.cli", "orchestrator.engine"] + [f"snapshot.backends.{b}" for b in
+                                                          ("btrfs", "overlay", "reflink", "copy", "fuse")]
+    run([py, "-c", "import importlib\nfor m in %r: importlib.import_module(m)" % mods], env=env, cwd=REPO)
+    ws = scratch / "warm-ws"
+    ws.mkdir(parents=True)
+    try:
+        (ws / "f").write_text("x")
+        run([PETRI, "--version"], env=env)
+        run([PETRI, "--help"], env=env)
+        run([PETRI, "init", "--backend", "copy", "--json", ws], env=env)
+        snap = json.loads(run([PETRI, "snapshots", "--json"], env=env, cwd=ws).stdout)["snapshots"][0]["id"]
+        for argv in (["fork", "--json"], ["fork", "--from", snap, "-n", "2", "--json"], ["ls", "--json"],
+                     ["rm", "--all", "--json"], ["deinit", "--force", "--json"]):
+            run([PETRI, *argv], env=env, cwd=ws)
+    finally:
+        remove_path(ws)
 
 
 # -- statistics --------------------------------------------------------------------------
@@ -221,6 +257,8 @@ class Report:
 def sigterm_as_interrupt() -> None:
     def handler(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt(f"signal {signum}")
+    # A job started in the background of a non-interactive shell inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
 
@@ -250,8 +288,10 @@ def unmount_under(path: Path) -> None:
 
 
 def kill_fuse_daemons_under(path: Path) -> None:
-    """Stop FUSE daemons (pid files petri's fuse backend writes) whose sandbox is under path."""
-    for pidfile in path.glob("**/.petri/sandboxes/*/daemon.pid"):
+    """Stop FUSE daemons (pid files petri's fuse backend writes) of the workspace ``path``
+    or of the workspaces directly inside it."""
+    pidfiles = [*path.glob(".petri/sandboxes/*/daemon.pid"), *path.glob("*/.petri/sandboxes/*/daemon.pid")]
+    for pidfile in pidfiles:
         try:
             pid = int(pidfile.read_text().strip())
             os.kill(pid, signal.SIGTERM)
@@ -357,6 +397,25 @@ def sweep_stale_images() -> None:
             os.close(fd)
 
 
+def sweep_stale_work_dirs() -> None:
+    """Remove host work trees (``CACHE/work-<pid>``) of bench runs that are gone."""
+    for d in CACHE.glob("work-*"):
+        try:
+            pid = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        log(f"sweeping stale work tree {d}")
+        kill_fuse_daemons_under(d)
+        remove_path(d)
+
+
 def make_loopfs(kind: str, size: int) -> LoopFs:
     """A fresh ``kind`` filesystem on a sparse image of ``size`` bytes, mounted."""
     image = IMAGE_DIR / f"petri-bench-{kind}-{os.getpid()}.img"
@@ -457,7 +516,8 @@ def _python_tree(dest: Path) -> None:
     pad = dest / "padding"
     pad.mkdir()
     if files < PAD_FILES_TARGET:
-        _synthetic(pad / "small", PAD_FILES_TARGET - files, seed=60)
+        missing = PAD_FILES_TARGET - files
+        _synthetic(pad / "small", missing + missing // 99 + 1, seed=60)  # 1 in 100 is a symlink
         files, _, size = count_tree(dest)
     rng = random.Random(61)
     i = 0
@@ -511,6 +571,12 @@ def ensure_tree(nfiles: int) -> TreeInfo:
         _synthetic(path, nfiles, seed=nfiles)
         desc = TREE_DOCS.get(name, f"synthetic: {nfiles:,} entries, same recipe as 1k")
     files, entries, size = count_tree(path)
+    if name == "py60k":
+        parts = []
+        for part in ("python-3.11.7", "venv", "padding"):
+            f, _, b = count_tree(path / part)
+            parts.append(f"{part}/: {f:,} files, {b / (1 << 20):,.0f} MiB")
+        desc += " (" + "; ".join(parts) + ")"
     marker.write_text(json.dumps({"recipe": TREE_RECIPE, "files": files, "entries": entries,
                                   "bytes": size, "description": desc}))
     return TreeInfo(name, path, files, entries, size, desc)
@@ -531,9 +597,10 @@ def ensure_git_repo(tree: TreeInfo) -> Path:
            "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
            "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@localhost"}
     # -f: a venv's own .gitignore ("*") must not hide it from the baseline.
-    run(["git", "add", "-A", "-f", "."], cwd=tree.path, env=env)
-    run(["git", "commit", "-q", "-m", f"tree {tree.name}"], cwd=tree.path, env=env)
-    run(["git", "gc", "-q"], env=env)
+    # gc.auto=0: a background auto-gc after the big commit would make our own gc refuse.
+    run(["git", "-c", "gc.auto=0", "add", "-A", "-f", "."], cwd=tree.path, env=env)
+    run(["git", "-c", "gc.auto=0", "commit", "-q", "-m", f"tree {tree.name}"], cwd=tree.path, env=env)
+    run(["git", "gc", "-q", "--force"], env=env)
     marker.write_text(str(TREE_RECIPE))
     return repo
 
