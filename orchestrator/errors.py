@@ -99,3 +99,48 @@ class LimitsUnavailable(OrchestratorError):
     """cannot enforce {what} here: {why}"""
 
     exit_code = 4
+
+
+# -- runs, races, config (issue 3) ------------------------------------------------------
+
+
+class SandboxExpired(OrchestratorError):
+    """sandbox {ident} expired at {when}: its lifetime is over; its record and logs stay (`petri logs {ident}`)"""
+
+
+class SandboxNotRunnable(OrchestratorError):
+    """sandbox {ident} is {state}: nothing can run in it; fork a new one with `petri fork`"""
+
+
+class NoSuchRun(UsageError):
+    """sandbox {ident} has no run {n}; `petri status {ident}` lists its runs"""
+
+
+class NoRunsYet(OrchestratorError):
+    """sandbox {ident} has no runs yet; start one with `petri run {ident} -- CMD`"""
+
+
+class EmptyCommand(UsageError):
+    """{what} is empty: give a command{hint}"""
+
+
+class PatchUnreadable(UsageError):
+    """cannot read patch file {path}: {why}"""
+
+
+class NoCandidates(UsageError):
+    """race needs at least one --patch FILE or --cmd CMD"""
+
+
+class DiskLimitUnavailable(OrchestratorError):
+    """cannot enforce --disk on {where}: {why}; {alternatives}"""
+
+    exit_code = 4
+
+
+class ConfigError(UsageError):
+    """{path}: {detail}"""
+
+
+class PromoteUnavailable(OrchestratorError):
+    """promote is not available in this petri (the merge engine's promote is missing); the winner {ident} is kept"""

@@ -1,0 +1,196 @@
+"""petri's configuration file: default limits, extra masked paths, extra environment.
+
+Where it is read from (the first that exists wins; files are not merged):
+
+1. ``$PETRI_CONFIG`` (a path; when set, it must exist);
+2. ``<workspace>/.petri/config.toml`` (per workspace; inside the store, so never visible
+   in a sandbox);
+3. ``~/.config/petri/config.toml`` (``$XDG_CONFIG_HOME/petri/config.toml`` when set).
+
+The format (every key optional)::
+
+    [limits]             # defaults for `petri fork` and `petri race`; flags override
+    mem = "2G"           # size: bytes or K/M/G/T
+    cpus = 1.5
+    pids = 512
+    disk = "5G"
+    ttl = "2h"           # duration: seconds or s/m/h/d
+    net = false
+
+    masks = ["/srv/secrets", "~/.config/some-tool"]   # hidden inside every sandbox
+
+    [env]                # set inside every run (a run's --env overrides)
+    PIP_INDEX_URL = "https://pypi.example/simple"
+
+Validation is pydantic's (strict: an unknown key is an error), but pydantic is imported
+only when a file exists, so commands stay cheap to start without one. A bad file is one
+error naming the file and the key, exit 2.
+
+Caveats: ``~`` in ``masks`` is the home of whoever runs petri (root under sudo).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None = None
+    mem_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    disk_bytes: int | None = None
+    ttl_s: float | None = None
+    net: bool | None = None
+    masks: tuple[Path, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def apply_defaults(self, limits: Any) -> Any:
+        """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
+        changes = {}
+        for name in ("mem_bytes", "cpus", "pids", "disk_bytes", "ttl_s"):
+            if getattr(limits, name) is None and getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+        if not limits.net and self.net:
+            changes["net"] = True
+        return replace(limits, **changes) if changes else limits
+
+
+def candidates(workspace: Path | None) -> list[Path]:
+    """Where a config file is looked for, in order."""
+    env = os.environ.get("PETRI_CONFIG")
+    if env:
+        return [Path(env)]
+    out = []
+    if workspace is not None:
+        out.append(Path(workspace) / ".petri" / "config.toml")
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    out.append((Path(xdg) if xdg else Path.home() / ".config") / "petri" / "config.toml")
+    return out
+
+
+def find_config(workspace: Path | None) -> Path | None:
+    env = os.environ.get("PETRI_CONFIG")
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise ConfigError(path=str(p), detail="PETRI_CONFIG names a file that does not exist")
+        return p
+    for p in candidates(workspace):
+        if p.is_file():
+            return p
+    return None
+
+
+_cache: dict[Path | None, Config] = {}
+
+
+def load_config(workspace: Path | None = None) -> Config:
+    """The config for ``workspace`` (an empty Config when there is no file)."""
+    path = find_config(workspace)
+    if path in _cache:
+        return _cache[path]
+    cfg = Config() if path is None else parse_config(path.read_bytes(), path)
+    _cache[path] = cfg
+    return cfg
+
+
+def parse_config(data: bytes, path: Path) -> Config:
+    import tomllib
+
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(path=str(path), detail=f"not valid TOML: {e}") from None
+    model = _model()
+    from pydantic import ValidationError
+
+    try:
+        m = model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env)"
+        raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
+    lim = m.limits
+    return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
+                  ttl_s=lim.ttl, net=lim.net,
+                  masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env))
+
+
+_MODEL = None
+
+
+def _model():
+    """The pydantic schema, built on first use (pydantic is slow to import)."""
+    global _MODEL
+    if _MODEL is not None:
+        return _MODEL
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+    from .units import parse_duration, parse_size
+
+    class LimitsModel(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=False)
+        mem: int | None = None
+        cpus: float | None = Field(default=None, gt=0)
+        pids: int | None = Field(default=None, ge=1)
+        disk: int | None = None
+        ttl: float | None = None
+        net: bool | None = None
+
+        @field_validator("mem", "disk", mode="before")
+        @classmethod
+        def _size(cls, v: Any) -> Any:
+            if isinstance(v, str):
+                try:
+                    return parse_size(v)
+                except Exception:
+                    raise ValueError(f"bad size {v!r}: use bytes or a number with K, M, G or T") from None
+            if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+                raise ValueError("must be a positive number of bytes")
+            return v
+
+        @field_validator("ttl", mode="before")
+        @classmethod
+        def _dur(cls, v: Any) -> Any:
+            if isinstance(v, str):
+                try:
+                    return parse_duration(v)
+                except Exception:
+                    raise ValueError(f"bad duration {v!r}: seconds, or a number with s, m, h or d") from None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+                raise ValueError("must be a positive number of seconds")
+            return v
+
+    class ConfigModel(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        limits: LimitsModel = Field(default_factory=LimitsModel)
+        masks: list[str] = Field(default_factory=list)
+        env: dict[str, str] = Field(default_factory=dict)
+
+        @field_validator("masks")
+        @classmethod
+        def _abs(cls, v: list[str]) -> list[str]:
+            for p in v:
+                if not os.path.isabs(os.path.expanduser(p)):
+                    raise ValueError(f"mask {p!r} must be an absolute path (or start with ~)")
+            return v
+
+        @field_validator("env")
+        @classmethod
+        def _names(cls, v: dict[str, str]) -> dict[str, str]:
+            for k in v:
+                if not k or "=" in k or "\0" in k:
+                    raise ValueError(f"bad variable name {k!r}")
+            return v
+
+    _MODEL = ConfigModel
+    return _MODEL

@@ -1,0 +1,124 @@
+"""The event stream: one JSON document per line in ``<store>/events.jsonl``.
+
+Front ends (the coming TUI, ``tail -f``, an agent) follow this file to see what every
+``petri`` process on the workspace does: sandboxes created, destroyed and expired, runs
+started, their output line by line, and runs finished. Each event is one ``write(2)`` of
+one complete line on a descriptor opened with ``O_APPEND``, so lines from concurrent petri
+processes never interleave (the kernel appends each write whole at the current end of a
+regular file) and a reader never sees half a line that will later be completed, except the
+last one while it is being written.
+
+Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind) and ``pid``
+(of the petri process that wrote it), plus the kind's own fields:
+
+- ``sandbox.created``: ``sandbox``, ``base``, ``path``
+- ``sandbox.destroyed`` / ``sandbox.expired``: ``sandbox``
+- ``run.started``: ``sandbox``, ``run``, ``argv``, ``stdout_path``, ``stderr_path``
+- ``run.output``: ``sandbox``, ``run``, ``stream`` (stdout|stderr), ``line`` (text, invalid
+  UTF-8 as U+FFFD; at most ``MAX_LINE`` bytes, ``truncated: true`` beyond)
+- ``run.finished``: ``sandbox``, ``run`` and the run document (``exit_code``, ...)
+- ``race.started`` / ``race.finished``: ``race``, ``candidates`` / ``winner``
+
+Caveats: the file only grows (``petri gc`` does not rotate it yet); a busy run's output is
+written twice (its log file and here). Writing an event never fails a command: an error
+writing the stream is ignored (the registry and logs are the record; this is a feed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA = 1
+FILE_NAME = "events.jsonl"
+MAX_LINE = 8192
+
+
+def _ts() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class EventLog:
+    """An append-only writer for one store's stream (keeps its descriptor open)."""
+
+    def __init__(self, store_root: Path) -> None:
+        self.path = Path(store_root) / FILE_NAME
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError:
+                return None
+        return self._fd
+
+    def emit(self, event: str, **fields: Any) -> None:
+        doc = {"schema": SCHEMA, "ts": _ts(), "event": event, "pid": os.getpid(), **fields}
+        line = (json.dumps(doc, ensure_ascii=False, default=str) + "\n").encode()
+        fd = self._open()
+        if fd is None:
+            return
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+
+    def output(self, sandbox: str, run: int, stream: str, data: bytes) -> None:
+        truncated = len(data) > MAX_LINE
+        text = data[:MAX_LINE].decode("utf-8", "replace").rstrip("\n")
+        fields: dict[str, Any] = {"sandbox": sandbox, "run": run, "stream": stream, "line": text}
+        if truncated:
+            fields["truncated"] = True
+        self.emit("run.output", **fields)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_logs: dict[str, EventLog] = {}
+
+
+def log_for(store_root: Path) -> EventLog:
+    """The process-wide writer for a store (one descriptor per store)."""
+    key = str(store_root)
+    if key not in _logs:
+        _logs[key] = EventLog(Path(store_root))
+    return _logs[key]
+
+
+def emit(store_root: Path, event: str, **fields: Any) -> None:
+    """Append one event to ``<store_root>/events.jsonl`` (never raises)."""
+    log_for(store_root).emit(event, **fields)
+
+
+def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,
+           stop: Any = None) -> Iterator[dict[str, Any]]:
+    """Yield events as they are appended (blocking; polls). ``stop()`` returning true ends it."""
+    path = Path(store_root) / FILE_NAME
+    pos = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+    buf = b""
+    while stop is None or not stop():
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            pos += len(chunk)
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                if ln.strip():
+                    try:
+                        yield json.loads(ln)
+                    except ValueError:
+                        continue
+        else:
+            time.sleep(poll_s)

@@ -1,0 +1,604 @@
+"""Runs at the engine level: a command in a sandbox, with its record, logs, limits, lifetime.
+
+``run_in_sandbox(engine, sandbox, argv)`` is what ``petri run``, ``petri race``, the TUI and
+the MCP server call (async, trio). Around the runner (``orchestrator.runner``) it:
+
+- refuses a sandbox whose lifetime is over (exit 1; an overdue one is expired right then),
+  or that is destroyed/failed/being created;
+- writes the run's row first (``runs``: number, argv, log paths, the petri pid that owns
+  it) and moves the sandbox ``ready|exited -> running`` (compare-and-set);
+- runs as the workspace's owner (registry meta ``owner``; the ``sudo`` caller when that is
+  root), with a sane ``PATH``, the config's extra environment and masks, the sandbox's
+  limits on a cgroup named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns
+  it, so ``gc`` of another petri can tell a live run from a leaked one without a registry),
+  and the sandbox's ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
+- saves output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` and emits events;
+- at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
+  memory), the sandbox gets ``last_exit_code``, ``running -> exited``; a run ended by the
+  lifetime expires the sandbox at once (its tree destroyed unless ``keep_expired``).
+
+Hooks the engine calls (``engine.py``): ``stop_sandbox_processes`` (expiry, rm),
+``check_limits`` (fork, race: refuse what cannot be enforced, exit 4), ``gc_processes``
+(``petri gc``: leaked cgroups and processes, runs and races whose petri died).
+
+Disk caps (``--disk``): btrfs qgroups (quotas are enabled on the filesystem only when a
+``--disk`` is first asked for: they make every snapshot on it slower), an exclusive-bytes
+limit on the sandbox's subvolume; the fuse backend's own budget; an XFS project quota where
+the filesystem is mounted with ``prjquota``; anything else is refused.
+
+Caveats:
+- Without cgroups (rootless on cgroup v1) ``stop_sandbox_processes`` cannot find the runs
+  of another petri process: only their own deadline ends them.
+- The btrfs qgroup limit is applied after the clone (``after_fork``); the engine must call
+  it, or it is applied at the sandbox's first run. Writes through the host path before that
+  are not capped.
+- ``limits_hit: ["disk"]`` is inferred: the qgroup's exclusive bytes within 1 MiB of the
+  cap after the run, or "Disk quota exceeded" in the run's stderr.
+- The XFS project quota path is written to xfs_quota's documentation but untested here
+  (this kernel's XFS refuses prjquota mounts in the test image).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from . import cgroups, events
+from .errors import (DiskLimitUnavailable, EmptyCommand, LimitsUnavailable, SandboxExpired,
+                     SandboxNotRunnable)
+from .isolation import DEFAULT_PATH
+from .registry import SandboxRow, now, pid_alive, rfc3339
+
+if TYPE_CHECKING:
+    from .engine import Engine, Limits
+    from .runner import RunEvent
+
+CGROUP_ROOT = "petri"
+RUNNABLE = ("ready", "exited", "running")
+_warned: set[str] = set()
+
+
+# ---------------------------------------------------------------------------- identity
+
+
+def run_identity(engine: "Engine") -> tuple[int, int]:
+    """Who runs commands: the workspace's owner, or the sudo caller where that is root.
+    A non-root petri can only run them as itself."""
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    uid, gid = 0, 0
+    owner = engine.registry.get_meta("owner")
+    if owner and ":" in owner:
+        a, b = owner.split(":", 1)
+        uid, gid = int(a), int(b)
+    if uid == 0 and os.environ.get("SUDO_UID", "").isdigit():
+        uid = int(os.environ["SUDO_UID"])
+        gid = int(os.environ["SUDO_GID"]) if os.environ.get("SUDO_GID", "").isdigit() else uid
+    return uid, gid
+
+
+# ---------------------------------------------------------------------------- records
+
+
+def cgroup_name(sb_id: str, kind: str, n: int, pid: int | None = None) -> str:
+    return f"{CGROUP_ROOT}/{sb_id}/{kind}-{n}-{pid or os.getpid()}"
+
+
+def _parse_leaf(name: str) -> tuple[str, int | None] | None:
+    """``petri/<sb>/<kind>-<n>-<pid>`` -> (sb, pid); None for anything else."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != CGROUP_ROOT:
+        return None
+    pid = parts[2].rsplit("-", 1)[-1]
+    return parts[1], int(pid) if pid.isdigit() else None
+
+
+def log_paths(engine: "Engine", sb_id: str, n: int) -> tuple[Path, Path]:
+    d = engine.store.logs / sb_id
+    return d / f"run-{n}.out", d / f"run-{n}.err"
+
+
+def _start_run_row(engine: "Engine", sb_id: str, argv: Sequence[str]) -> tuple[int, Path, Path]:
+    import json
+
+    with engine.registry.write() as db:
+        n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM runs WHERE sandbox = ?", (sb_id,)).fetchone()[0]
+        out, err = log_paths(engine, sb_id, n)
+        db.execute("INSERT INTO runs(sandbox, n, argv, started_at, stdout_path, stderr_path, pid)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (sb_id, n, json.dumps(list(argv)), now(), str(out), str(err), os.getpid()))
+    return n, out, err
+
+
+def _live_runs(engine: "Engine", sb_id: str, *, but: int | None = None) -> list[int]:
+    rows = engine.registry.db.execute(
+        "SELECT n, pid FROM runs WHERE sandbox = ? AND finished_at IS NULL", (sb_id,)).fetchall()
+    return [r[0] for r in rows if r[0] != but and pid_alive(r[1])]
+
+
+def runnable_row(engine: "Engine", sandbox: "str | SandboxRow") -> SandboxRow:
+    """The sandbox's current row, or the reason nothing can run in it (exit 1)."""
+    row = engine.resolve_sandbox(sandbox) if isinstance(sandbox, str) else engine.registry.sandbox(sandbox.id)
+    assert row is not None
+    if row.state in RUNNABLE and row.expires_at is not None and row.expires_at <= now():
+        engine.reap_expired()
+        row = engine.registry.sandbox(row.id)
+        assert row is not None
+    if row.state == "expired":
+        raise SandboxExpired(ident=row.id, when=rfc3339(row.expires_at))
+    if row.state not in RUNNABLE:
+        raise SandboxNotRunnable(ident=row.id, state=row.state)
+    return row
+
+
+def run_limits(row: SandboxRow) -> cgroups.Limits:
+    lim = row.limits or {}
+    return cgroups.Limits(mem_bytes=lim.get("mem_bytes"), cpus=lim.get("cpus"), pids=lim.get("pids"),
+                          net=bool(lim.get("net")))
+
+
+def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
+    """The directory the command starts in, as seen inside: the caller's own when it lies in
+    the workspace (and exists in the sandbox), else the workspace root."""
+    root = engine.root
+    if cwd is None:
+        return root
+    real = Path(os.path.realpath(cwd))
+    try:
+        rel = real.relative_to(root)
+    except ValueError:
+        return root
+    if rel.parts and rel.parts[0] == ".petri":
+        return root
+    return real if (tree / rel).is_dir() else root
+
+
+def _env_for(engine: "Engine", extra: dict[str, str] | None) -> dict[str, str]:
+    from .config import load_config
+
+    env = {"PATH": DEFAULT_PATH}
+    env.update(load_config(engine.root).env)
+    env.update(extra or {})
+    return env
+
+
+def _masks(engine: "Engine") -> tuple[Path, ...]:
+    from .config import load_config
+
+    return load_config(engine.root).masks
+
+
+def warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        print(f"petri: warning: {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
+    """The SPEC's run document for run ``n`` of a sandbox."""
+    for r in engine.registry.runs(sb_id):
+        if r["n"] == n:
+            return {"id": sb_id, "run": n, "argv": r["argv"], "exit_code": r["exit_code"],
+                    "duration_s": r["duration_s"], "killed_by": r["killed_by"], "limits_hit": r["limits_hit"],
+                    "stdout_path": r["stdout_path"], "stderr_path": r["stderr_path"],
+                    "peak_memory_bytes": r["peak_memory_bytes"], "started_at": rfc3339(r["started_at"]),
+                    "finished_at": rfc3339(r["finished_at"])}
+    raise KeyError(n)
+
+
+async def run_in_sandbox(
+    engine: "Engine",
+    sandbox: "str | SandboxRow",
+    argv: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    stdin_data: bytes | None = None,
+    echo: bool = True,
+    cwd: Path | str | None = None,
+    on_event: "Callable[[RunEvent], None] | None" = None,
+    forward_signals: bool = False,
+    kill_grace_s: float | None = None,
+    quiet_warnings: bool = False,
+) -> dict[str, Any]:
+    """Run ``argv`` isolated in the sandbox; return the run document (SPEC ``run``).
+    Every process of the run is gone when this returns; cancelling it kills the run."""
+    from .runner import KILL_GRACE_S, RunEvent, RunSpec, run_isolated
+
+    if not argv or not any(a for a in argv):
+        raise EmptyCommand(what="the command", hint=" after --")
+    row = runnable_row(engine, sandbox)
+    tree = engine.sandbox_tree(row)
+    ensure_disk_limit(engine, row)
+    uid, gid = run_identity(engine)
+    n, out_path, err_path = _start_run_row(engine, row.id, argv)
+    if not engine.registry.set_state(row.id, "running", only_from=RUNNABLE):
+        engine.registry.finish_run(row.id, n, exit_code=125, duration_s=0.0)
+        runnable_row(engine, row.id)  # raises with the reason
+        raise SandboxNotRunnable(ident=row.id, state="not runnable")
+    log = events.log_for(engine.store.root)
+    log.emit("run.started", sandbox=row.id, run=n, argv=list(argv), stdout_path=str(out_path),
+             stderr_path=str(err_path))
+
+    def on_ev(ev: "RunEvent") -> None:
+        if ev.kind == "output" and ev.stream:
+            log.output(row.id, n, ev.stream, ev.data)
+        elif ev.kind == "warning" and not quiet_warnings:
+            warn_once(ev.data.decode("utf-8", "replace"))
+        if on_event is not None:
+            on_event(ev)
+
+    spec = RunSpec(workspace=engine.root, tree=tree, store=engine.store.root, argv=list(argv),
+                   cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                   timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
+                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data,
+                   echo=echo, extra_masks=_masks(engine))
+    res = None
+    try:
+        res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
+                                 kill_grace_s=KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
+    finally:
+        if res is None:  # petri failed or the run was cancelled: the record says so
+            engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
+            _settle_state(engine, row.id, n)
+    exit_code, killed_by = res.exit_code, res.killed_by
+    limits_hit = list(res.limits_hit)
+    now_row = engine.registry.sandbox(row.id)
+    overdue = row.expires_at is not None and now() >= row.expires_at
+    if killed_by is None and (overdue or (now_row is not None and now_row.state == "expired")) and exit_code != 0:
+        # Another petri's reaper killed it at expiry (stop_sandbox_processes).
+        exit_code, killed_by = 124, "ttl"
+    if disk_limit_hit(engine, row, err_path) and "disk" not in limits_hit:
+        limits_hit.append("disk")
+    engine.registry.finish_run(row.id, n, exit_code=exit_code, duration_s=res.duration_s, killed_by=killed_by,
+                               limits_hit=limits_hit, peak_memory_bytes=res.peak_memory_bytes)
+    peak = max([p for p in (res.peak_memory_bytes, row.peak_memory_bytes) if p is not None], default=None)
+    engine.registry.update_sandbox(row.id, last_exit_code=exit_code, peak_memory_bytes=peak)
+    _settle_state(engine, row.id, n)
+    doc = run_doc(engine, row.id, n)
+    doc["cgroup_mode"] = res.cgroup_mode
+    doc["cpu_time_s"] = res.cpu_time_s
+    if res.setup_error:
+        doc["setup_error"] = res.setup_error
+    if res.warnings:
+        doc["warnings"] = list(res.warnings)
+    log.emit("run.finished", **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
+    if killed_by == "ttl":
+        engine.reap_expired()  # the lifetime is over: expire now, not at the next command
+    return doc
+
+
+def _settle_state(engine: "Engine", sb_id: str, n: int) -> None:
+    if not _live_runs(engine, sb_id, but=n):
+        engine.registry.set_state(sb_id, "exited", only_from=("running",))
+
+
+def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], **kw: Any) -> dict[str, Any]:
+    """``run_in_sandbox`` for callers without a trio loop (a thread of its own is fine)."""
+    import functools
+
+    import trio
+
+    return trio.run(functools.partial(run_in_sandbox, engine, sandbox, argv, **kw))
+
+
+def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str] | None = None, *,
+                     timeout_s: float | None = None, env: dict[str, str] | None = None,
+                     cwd: Path | str | None = None) -> int:
+    """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
+    from .pty_shell import run_shell
+    from .runner import RunSpec
+
+    row = runnable_row(engine, sandbox)
+    tree = engine.sandbox_tree(row)
+    ensure_disk_limit(engine, row)
+    uid, gid = run_identity(engine)
+    argv = list(argv or (["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]))
+    n, out_path, err_path = _start_run_row(engine, row.id, argv)
+    engine.registry.set_state(row.id, "running", only_from=RUNNABLE)
+    err_path.parent.mkdir(parents=True, exist_ok=True)
+    err_path.write_bytes(b"")  # a pty has one stream: everything is in the .out transcript
+    spec = RunSpec(workspace=engine.root, tree=tree, store=engine.store.root, argv=argv,
+                   cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                   timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
+                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine))
+    events.emit(engine.store.root, "run.started", sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
+                stderr_path=str(err_path), shell=True)
+    t0 = time.monotonic()
+    code = 125
+    try:
+        code = run_shell(spec)
+    finally:
+        killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
+            "timeout" if code == 124 else None)
+        engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0, killed_by=killed)
+        engine.registry.update_sandbox(row.id, last_exit_code=code)
+        _settle_state(engine, row.id, n)
+        events.emit(engine.store.root, "run.finished", sandbox=row.id, run=n, exit_code=code, killed_by=killed)
+    if code == 124 and row.expires_at and now() >= row.expires_at:
+        engine.reap_expired()
+    return code
+
+
+# ---------------------------------------------------------------------------- engine hooks
+
+
+def stop_sandbox_processes(engine: "Engine", row: SandboxRow) -> int:
+    """Kill every process of the sandbox's runs (in any petri process) and remove their
+    cgroups; how many processes were killed. Called at expiry and by ``rm``."""
+    cur = engine.registry.sandbox(row.id)
+    if cur is not None and cur.state == "expired":
+        events.emit(engine.store.root, "sandbox.expired", sandbox=row.id)
+    elif cur is not None:
+        events.emit(engine.store.root, "sandbox.destroyed", sandbox=row.id)
+    sup = cgroups.support()
+    if sup.mode == "none":
+        return 0
+    prefix = f"{CGROUP_ROOT}/{row.id}"
+    victims: set[int] = set()
+    for _, d in cgroups.list_cgroups(prefix, sup):
+        try:
+            victims |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            pass
+    cgroups.sweep_cgroups(prefix, sup=sup)
+    _drop_empty_parent(sup)
+    return len(victims)
+
+
+def _drop_empty_parent(sup: cgroups.Support) -> None:
+    for r, d in cgroups.list_cgroups(CGROUP_ROOT, sup):
+        if d == r / CGROUP_ROOT:
+            try:
+                os.rmdir(d)  # fails while any sandbox has a cgroup: that is the point
+            except OSError:
+                pass
+
+
+def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
+    """``petri gc``: finish the records of runs whose petri died, destroy the sandboxes of
+    races whose petri died, and kill+remove leaked cgroups: those of sandboxes that are gone
+    (destroyed, expired, failed) and those whose owning petri is dead. A live run of another
+    petri process (this workspace's or another's) is left alone."""
+    # 1. Runs whose petri is gone: the record says petri failed (125).
+    for r in engine.registry.db.execute(
+            "SELECT sandbox, n, pid FROM runs WHERE finished_at IS NULL").fetchall():
+        if not pid_alive(r["pid"]):
+            engine.registry.finish_run(r["sandbox"], r["n"], exit_code=125, limits_hit=[])
+            _settle_state(engine, r["sandbox"], r["n"])
+    # 2. Candidates of a race whose petri died before it could rank them.
+    for row in engine.registry.sandboxes():
+        race = (row.meta or {}).get("race")
+        if race and not race.get("done") and not pid_alive(race.get("pid")) and row.state in RUNNABLE:
+            engine.destroy_sandbox(row.id)
+            reaped["trees"] = reaped.get("trees", 0) + 1
+    # 3. Cgroups.
+    sup = cgroups.support()
+    if sup.mode == "none":
+        return
+    states = {s.id: s.state for s in engine.registry.sandboxes()}
+
+    def keep(name: str) -> bool:
+        parsed = _parse_leaf(name)
+        if parsed is None:
+            return False
+        sb, pid = parsed
+        state = states.get(sb)
+        if state is not None and state not in RUNNABLE:
+            return False  # its lifetime is over: nothing of it may run
+        return pid is not None and pid != os.getpid() and pid_alive(pid)
+
+    leaked: set[int] = set()
+    runs_removed: set[str] = set()
+    for r, d in cgroups.list_cgroups(CGROUP_ROOT, sup):
+        name = str(d.relative_to(r))
+        if keep(name):
+            continue
+        if _parse_leaf(name) is not None:
+            runs_removed.add(name)  # once per run, not once per hierarchy
+        try:
+            leaked |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            pass
+    cgroups.sweep_cgroups(CGROUP_ROOT, keep=keep, sup=sup)
+    reaped["cgroups"] = reaped.get("cgroups", 0) + len(runs_removed)
+    reaped["processes"] = reaped.get("processes", 0) + len(leaked)
+
+
+# ---------------------------------------------------------------------------- limits
+
+
+def check_limits(engine: "Engine", limits: "Limits") -> None:
+    """Refuse limits this machine cannot enforce (exit 4), naming what would work. For a
+    ``--disk`` on btrfs this is where quotas get enabled (once per filesystem)."""
+    sup = cgroups.support()
+    if limits.cpus is not None:
+        if sup.mode == "v1" and "cpu" not in sup.v1_mounts:
+            raise LimitsUnavailable(what="--cpus", why="the cgroup v1 cpu controller is not mounted")
+        if sup.mode == "v2" and "cpu" not in sup.v2_controllers:
+            raise LimitsUnavailable(what="--cpus", why=f"the cgroup2 at {sup.v2_base} has no cpu controller")
+    if sup.mode == "none" and (limits.mem_bytes or limits.pids or limits.cpus):
+        warn_once("no usable cgroups here (" + sup.reason + "): limits fall back to rlimits, which are weaker")
+    if limits.disk_bytes:
+        disk_plan(engine).prepare()
+
+
+class _DiskPlan:
+    kind = "none"
+
+    def prepare(self) -> None:  # pragma: no cover - overridden
+        pass
+
+    def apply(self, engine: "Engine", row: SandboxRow) -> None:
+        pass
+
+    def hit(self, engine: "Engine", row: SandboxRow) -> bool:
+        return False
+
+
+class _FuseBudget(_DiskPlan):
+    kind = "fuse"  # the clone gets disk_budget (engine.clone_options); its writes get ENOSPC
+
+
+class _BtrfsQgroups(_DiskPlan):
+    kind = "btrfs"
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+
+    def _qgroups_dir(self) -> Path:
+        from snapshot.backends.btrfs import _fsid
+
+        return Path("/sys/fs/btrfs") / _fsid(self.engine.store.root) / "qgroups"
+
+    def enabled(self) -> bool:
+        try:
+            return self._qgroups_dir().is_dir()
+        except OSError:
+            return False
+
+    def prepare(self) -> None:
+        if os.geteuid() != 0:
+            raise DiskLimitUnavailable(where=str(self.engine.root), why="btrfs qgroups need root",
+                                       alternatives="run petri as root, or use a workspace with the fuse backend"
+                                                    " (`petri init --backend fuse`), whose --disk works rootless")
+        if self.enabled():
+            return
+        # Quotas cost every snapshot on this filesystem (measured in bench/bench_run.py):
+        # they are turned on only now that a --disk cap is asked for, and stay on.
+        for argv in (["btrfs", "quota", "enable", str(self.engine.store.root)],
+                     ["btrfs", "quota", "rescan", "-w", str(self.engine.store.root)]):
+            cp = subprocess.run(argv, capture_output=True, text=True)
+            if cp.returncode != 0 and "in progress" not in cp.stderr:
+                raise DiskLimitUnavailable(where=str(self.engine.root),
+                                           why=f"`{' '.join(argv)}` failed: {cp.stderr.strip()}",
+                                           alternatives="use the fuse backend (`petri init --backend fuse`)")
+
+    def apply(self, engine: "Engine", row: SandboxRow) -> None:
+        limit = (row.limits or {}).get("disk_bytes")
+        tree = engine.store.sandbox_tree(row.id)
+        cp = subprocess.run(["btrfs", "qgroup", "limit", "-e", str(limit), str(tree)], capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise DiskLimitUnavailable(where=str(tree), why=f"btrfs qgroup limit failed: {cp.stderr.strip()}",
+                                       alternatives="check `btrfs quota` on this filesystem")
+
+    def usage(self, row: SandboxRow) -> tuple[int, int] | None:
+        import btrfsutil
+
+        try:
+            subvol = btrfsutil.subvolume_id(self.engine.store.sandbox_tree(row.id))
+            d = self._qgroups_dir() / f"0_{subvol}"
+            return int((d / "exclusive").read_text()), int((d / "max_exclusive").read_text())
+        except (OSError, ValueError, btrfsutil.BtrfsUtilError):
+            return None
+
+    def hit(self, engine: "Engine", row: SandboxRow) -> bool:
+        u = self.usage(row)
+        if u is None:
+            return False
+        used, cap = u
+        return cap > 0 and used >= cap - (1 << 20)
+
+
+class _XfsProject(_DiskPlan):
+    kind = "xfs"
+
+    def __init__(self, engine: "Engine", mountpoint: str) -> None:
+        self.engine = engine
+        self.mountpoint = mountpoint
+
+    def prepare(self) -> None:
+        if os.geteuid() != 0:
+            raise DiskLimitUnavailable(where=str(self.engine.root), why="XFS project quotas need root",
+                                       alternatives="run petri as root, or use the fuse backend")
+
+    def apply(self, engine: "Engine", row: SandboxRow) -> None:
+        limit = (row.limits or {}).get("disk_bytes")
+        proj = int(row.id.split("-", 1)[1], 16) or 1  # sb-<8 hex>: a 32-bit project id of its own
+        tree = engine.store.sandbox_tree(row.id)
+        cp = subprocess.run(["xfs_quota", "-x", "-c", f"project -s -p {tree} {proj}",
+                             "-c", f"limit -p bhard={limit} {proj}", self.mountpoint], capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise DiskLimitUnavailable(where=str(tree), why=f"xfs_quota failed: {cp.stderr.strip()}",
+                                       alternatives="use the fuse backend")
+
+
+_ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (qgroups, as root), the fuse "
+                 "backend (`petri init --backend fuse`: its own budget), or XFS mounted with prjquota")
+
+
+def disk_plan(engine: "Engine") -> _DiskPlan:
+    """How --disk is enforced for this workspace, or DiskLimitUnavailable (exit 4)."""
+    name = engine.backend_name
+    if name == "fuse":
+        return _FuseBudget()
+    if name == "btrfs":
+        return _BtrfsQgroups(engine)
+    from snapshot.fsinfo import fs_type
+
+    fs = fs_type(engine.store.root)
+    if fs == "xfs":
+        mp, opts = _mount_of(engine.store.root)
+        if opts & {"prjquota", "pquota", "pqnoenforce"} and "pqnoenforce" not in opts:
+            return _XfsProject(engine, mp)
+        raise DiskLimitUnavailable(where=f"{engine.root} (XFS at {mp})",
+                                   why="the filesystem is not mounted with prjquota",
+                                   alternatives="remount it with -o prjquota (XFS project quotas), or " + _ALTERNATIVES)
+    raise DiskLimitUnavailable(where=f"{engine.root} ({name} backend on {fs})",
+                               why="this backend and filesystem have no per-sandbox disk cap", alternatives=_ALTERNATIVES)
+
+
+def _mount_of(path: Path) -> tuple[str, set[str]]:
+    real = os.path.realpath(path)
+    best, opts = "/", set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            mp = left.split()[4].replace("\\040", " ")
+            if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+                best = mp
+                opts = set(left.split()[5].split(",")) | set(right.split()[2].split(",")) if len(right.split()) > 2 else set()
+    return best, opts
+
+
+def after_fork(engine: "Engine", rows: Sequence[SandboxRow]) -> None:
+    """Apply per-sandbox disk caps right after the clones exist (the engine's fork should call
+    this; the first run applies it otherwise)."""
+    for row in rows:
+        ensure_disk_limit(engine, row)
+
+
+def ensure_disk_limit(engine: "Engine", row: SandboxRow) -> None:
+    if not (row.limits or {}).get("disk_bytes"):
+        return
+    if (row.meta or {}).get("disk_cap_applied"):
+        return
+    plan = disk_plan(engine)
+    plan.prepare()
+    plan.apply(engine, row)
+    meta = dict(row.meta or {})
+    meta["disk_cap_applied"] = plan.kind
+    engine.registry.update_sandbox(row.id, meta=meta)
+
+
+def disk_limit_hit(engine: "Engine", row: SandboxRow, err_path: Path) -> bool:
+    if not (row.limits or {}).get("disk_bytes"):
+        return False
+    try:
+        with open(err_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
+            tail = f.read()
+        if b"Disk quota exceeded" in tail or b"No space left on device" in tail:
+            return True
+    except OSError:
+        pass
+    try:
+        return disk_plan(engine).hit(engine, row)
+    except Exception:
+        return False
