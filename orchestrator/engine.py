@@ -73,8 +73,18 @@ class Engine:
     def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
         engine = cls(find_workspace(start, override))
         if reap:
+            engine.recover_promotions()
             engine.reap_expired()
         return engine
+
+    def recover_promotions(self) -> tuple[list[str], list[str]]:
+        """Finish or undo a promotion a killed petri left half-done (guarantee 2): every
+        command starts with this; it is one directory listing when there is nothing to do."""
+        try:
+            from .promotions import recover_interrupted
+        except ImportError:
+            return [], []
+        return recover_interrupted(self)
 
     def close(self) -> None:
         self.registry.close()
