@@ -1,0 +1,265 @@
+"""`petri run`, `logs`, `shell`-less bits, config and events, end to end through the real CLI:
+real bwrap, real cgroups (v1 here), the copy backend on a tmp dir, the demo's sample project."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cgroups
+from tests.conftest import REPO, petri
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
+                                reason="needs root (cgroups) and bwrap")
+PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, which is masked inside
+
+
+def make_project(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(root)], check=True)
+    return root
+
+
+@pytest.fixture
+def ws(tmp_path):
+    w = make_project(tmp_path / "proj")
+    r = petri("init", "--backend", "copy", "--json", cwd=w)
+    assert r.rc == 0, r
+    try:
+        yield w
+        ids = [s["id"] for s in petri("ls", "--all", "--json", cwd=w).json["sandboxes"]]
+        # every run is over: none of their cgroups may remain
+        left = [str(d) for _, d in cgroups.list_cgroups("petri") if any(i in str(d) for i in ids)]
+        assert left == []
+    finally:
+        petri("deinit", "--force", cwd=w)
+
+
+def fork(ws: Path, *args: str) -> dict:
+    r = petri("fork", "--json", *args, cwd=ws)
+    assert r.rc == 0, r
+    return r.json["sandboxes"][0]
+
+
+def test_run_exit_codes_env_and_json_shape(ws):
+    sb = fork(ws, "--label", "t")
+    r = petri("run", "t", "--", PY, "-m", "unittest", "-q", "tests.test_stats", cwd=ws)
+    assert r.rc == 1 and "test_median_even" in r.err, r  # the sample's bug, found by its own tests
+    r = petri("run", "t", "--", "sh", "-c", "echo out; echo err >&2; exit 3", cwd=ws)
+    assert r.rc == 3 and r.out == "out\n" and "err" in r.err, r
+    r = petri("run", "t", "--", "no-such-command-here", cwd=ws)
+    assert r.rc == 127 and "not found" in r.err, r
+    (Path(sb["path"]) / "noexec.sh").write_text("#!/bin/sh\necho hi\n")
+    r = petri("run", "t", "--", "./noexec.sh", cwd=ws)
+    assert r.rc == 126, r
+    t0 = time.monotonic()
+    r = petri("run", "t", "--timeout", "1", "--", "sh", "-c", "trap '' TERM; sleep 30", cwd=ws)
+    assert r.rc == 124 and "timeout" in r.err, r
+    assert time.monotonic() - t0 < 10
+    r = petri("run", "t", "--env", "GREETING=hello world", "-e", "X=1", "--", "sh", "-c", 'echo "$GREETING/$X/$HOME"', cwd=ws)
+    assert r.rc == 0 and r.out.startswith("hello world/1/"), r
+    # --json: the output goes to the files it names, the doc to stdout
+    r = petri("run", "t", "--json", "--", "sh", "-c", "echo to-$1; exit 5", "sh", "file", cwd=ws)
+    assert r.rc == 5, r
+    doc = r.json
+    for k in ("id", "run", "exit_code", "duration_s", "killed_by", "limits_hit", "stdout_path", "stderr_path",
+              "peak_memory_bytes"):
+        assert k in doc, k
+    assert doc["schema"] == 1 and doc["id"] == sb["id"] and doc["exit_code"] == 5 and doc["killed_by"] is None
+    assert Path(doc["stdout_path"]).read_text() == "to-file\n" and r.out.count("to-file") == 0
+    assert doc["run"] == 7 and isinstance(doc["peak_memory_bytes"], int)
+    st = petri("status", sb["id"], "--json", cwd=ws).json["sandboxes"][0]
+    assert st["state"] == "exited" and st["last_exit_code"] == 5
+
+
+def test_run_usage_errors_are_one_line(ws):
+    fork(ws, "--label", "u")
+    for args, code in ((["run", "u"], 2), (["run", "u", "--"], 2), (["run", "sb-nope", "--", "true"], 2),
+                       (["run", "u", "--timeout", "soon", "--", "true"], 2), (["run", "u", "--env", "NOEQ", "--", "true"], 2),
+                       (["logs", "u", "--run", "9"], 2), (["logs", "sb-nope"], 2)):
+        r = petri(*args, cwd=ws)
+        assert r.rc == code, (args, r)
+        assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, (args, r.err)
+    r = petri("logs", "u", cwd=ws)
+    assert r.rc == 1 and "no runs yet" in r.err
+    r = petri("run", "u", "--json", cwd=ws)
+    assert r.rc == 2 and r.json["exit_code"] == 2
+
+
+def test_writes_stay_in_the_sandbox_and_cwd_maps(ws):
+    sb = fork(ws, "--label", "w")
+    r = petri("run", "w", "--", "sh", "-c",
+              "echo changed > ../README.md; mkdir -p new && echo x > new/f; touch /etc/petri-test 2>/dev/null; "
+              "ls -a .petri 2>/dev/null | wc -l; pwd", cwd=ws / "stats")
+    assert r.rc == 0, r
+    lines = r.out.split()
+    assert lines[-1] == str(ws / "stats")  # the caller's directory, the same path inside
+    assert lines[-2] == "0"  # the store is masked
+    assert (Path(sb["path"]) / "README.md").read_text() == "changed\n"
+    assert (Path(sb["path"]) / "stats" / "new" / "f").exists()
+    assert "changed" not in (ws / "README.md").read_text() and not (ws / "stats" / "new").exists()
+    assert not Path("/etc/petri-test").exists()
+
+
+def test_runs_as_the_sudo_caller_when_the_owner_is_root():
+    import tempfile
+    from snapshot.tree import remove_tree
+    top = Path(tempfile.mkdtemp(prefix="petri-test-run-", dir="/var/tmp"))
+    os.chmod(top, 0o755)  # the caller must be able to reach the tree (pytest's tmp is 0700)
+    ws = make_project(top / "proj")
+    try:
+        assert petri("init", "--backend", "copy", cwd=ws).rc == 0
+        _runs_as_the_sudo_caller(ws)
+    finally:
+        petri("deinit", "--force", cwd=ws)
+        remove_tree(bytes(top))
+
+
+def _runs_as_the_sudo_caller(ws):
+    fork(ws, "--label", "who")
+    r = petri("run", "who", "--", "id", "-u", cwd=ws, env={"SUDO_UID": "65534", "SUDO_GID": "65534"})
+    assert r.rc == 0 and r.out.strip() == "65534", r
+    r = petri("run", "who", "--", "id", "-u", cwd=ws)
+    assert r.rc == 0 and r.out.strip() == str(os.stat(ws).st_uid)
+
+
+def test_logs_saved_per_run_and_followed_live(ws):
+    fork(ws, "--label", "l")
+    assert petri("run", "l", "--", "sh", "-c", "echo first; echo e1 >&2", cwd=ws).rc == 0
+    assert petri("run", "l", "--", "sh", "-c", "echo second", cwd=ws).rc == 0
+    r = petri("logs", "l", "--run", "1", cwd=ws)
+    assert r.rc == 0 and r.out == "first\n" and r.err == "e1\n", r
+    r = petri("logs", "l", cwd=ws)
+    assert r.rc == 0 and "first" in r.out and "second" in r.out and "==> run 2" in r.out
+    docs = petri("logs", "l", "--json", cwd=ws).json
+    assert [d["run"] for d in docs["runs"]] == [1, 2] and docs["runs"][1]["stdout"] == "second\n"
+    # -f follows a run that is still going, and returns when it ends
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    live = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "l", "--", "sh", "-c",
+                             "for i in 1 2 3 4; do echo tick$i; sleep 0.4; done"], cwd=ws, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            runs = petri("status", "l", "--json", cwd=ws).json["sandboxes"][0]["runs"]
+            if len(runs) == 3:
+                break
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        r = petri("logs", "l", "-f", cwd=ws)
+        assert r.rc == 0 and r.out == "tick1\ntick2\ntick3\ntick4\n", r
+        assert live.poll() is not None or time.monotonic() - t0 > 0.8  # it waited for the run
+    finally:
+        live.wait(timeout=20)
+
+
+def test_expired_sandbox_refused_but_logs_stay(ws):
+    fork(ws, "--label", "e", "--ttl", "1s")
+    time.sleep(1.2)
+    r = petri("run", "e", "--", "true", cwd=ws)
+    assert r.rc == 1 and "expired" in r.err and len(r.err.strip().splitlines()) == 1, r
+    st = petri("status", "e", "--json", cwd=ws).json["sandboxes"][0]
+    assert st["state"] == "expired" and not Path(st["path"]).exists()
+
+
+def test_disk_cap_refused_where_nothing_enforces_it(ws):
+    r = petri("fork", "--disk", "1G", cwd=ws)
+    assert r.rc == 4 and "btrfs" in r.err and "fuse" in r.err, r
+    r = petri("race", "--check", "true", "--cmd", "true", "--disk", "1G", cwd=ws)
+    assert r.rc == 4, r
+    assert petri("ls", "--json", cwd=ws).json["sandboxes"] == []
+
+
+def test_config_env_masks_and_bad_key(ws, tmp_path):
+    secret = tmp_path / "secret-dir"
+    secret.mkdir()
+    (secret / "token").write_text("s3cret")
+    cfg = tmp_path / "petri.toml"
+    cfg.write_text(f'masks = ["{secret}"]\n[env]\nFROM_CONFIG = "yes"\n[limits]\nmem = "256M"\npids = 64\n')
+    fork(ws, "--label", "c")
+    env = {"PETRI_CONFIG": str(cfg)}
+    r = petri("run", "c", "--", "sh", "-c", f'echo $FROM_CONFIG; cat {secret}/token 2>&1 || true', cwd=ws, env=env)
+    assert r.rc == 0 and r.out.startswith("yes\n") and "s3cret" not in r.out, r
+    cfg.write_text('[limits]\nmemory = "1G"\n')
+    r = petri("run", "c", "--", "true", cwd=ws, env=env)
+    assert r.rc == 2 and "limits.memory" in r.err and str(cfg) in r.err, r
+    cfg.write_text('[limits]\nttl = "soon"\n')
+    r = petri("run", "c", "--", "true", cwd=ws, env=env)
+    assert r.rc == 2 and "limits.ttl" in r.err, r
+    cfg.write_text('not = [toml')
+    r = petri("run", "c", "--", "true", cwd=ws, env=env)
+    assert r.rc == 2 and "TOML" in r.err, r
+    # the workspace's own config (in the store) is read too; its limits become the race's defaults
+    (ws / ".petri" / "config.toml").write_text('[limits]\nmem = "64M"\n')
+    r = petri("race", "--json", "--check", "true", "--cmd", "true", "--keep", cwd=ws)
+    assert r.rc == 0, r
+    sb = r.json["winner"]
+    st = petri("status", sb, "--json", cwd=ws).json["sandboxes"][0]
+    assert st["limits"]["mem_bytes"] == 64 << 20
+
+
+def test_events_stream_records_runs(ws):
+    sb = fork(ws, "--label", "ev")
+    assert petri("run", "ev", "--", "sh", "-c", "echo one; echo two", cwd=ws).rc == 0
+    lines = [json.loads(x) for x in (ws / ".petri" / "events.jsonl").read_text().splitlines()]
+    mine = [e for e in lines if e.get("sandbox") == sb["id"]]
+    kinds = [e["event"] for e in mine]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.finished", kinds
+    assert [e["line"] for e in mine if e["event"] == "run.output"] == ["one", "two"]
+    assert mine[-1]["exit_code"] == 0 and all(e["schema"] == 1 and e["ts"].endswith("Z") for e in mine)
+
+
+def test_listing_commands_do_not_import_trio_or_pydantic():
+    code = ("import sys, orchestrator.cli; assert 'orchestrator.cli_run' in sys.modules; "
+            "bad = [m for m in ('trio', 'pydantic') if m in sys.modules]; assert not bad, bad")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_memory_limit_kills_with_137(ws):
+    fork(ws, "--label", "m", "--mem", "64M")
+    r = petri("run", "m", "--json", "--", PY, "-c", "x = bytearray(1 << 30)", cwd=ws)
+    assert r.rc == 137 and r.json["killed_by"] == "memory", r
+
+
+@pytest.fixture
+def btrfs_ws():
+    """A btrfs of its own (quotas get enabled on it; the shared test mount must not get them)."""
+    from tests.loopfs import make_loopfs
+    fs = make_loopfs("btrfs")
+    try:
+        assert fs.mount is not None
+        w = fs.mount / "proj"
+        import btrfsutil
+        btrfsutil.create_subvolume(w)
+        make_project(w)
+        r = petri("init", "--backend", "btrfs", cwd=w)
+        assert r.rc == 0, r
+        yield w
+        petri("deinit", "--force", cwd=w)
+    finally:
+        fs.release()
+
+
+def test_btrfs_disk_cap_with_qgroups(btrfs_ws):
+    w = btrfs_ws
+    qdir_exists = lambda: any(Path("/sys/fs/btrfs").glob("*/qgroups"))  # noqa: E731
+    r = petri("fork", "--label", "free", cwd=w)
+    assert r.rc == 0
+    r = petri("fork", "--json", "--label", "capped", "--disk", "20M", cwd=w)
+    assert r.rc == 0, r
+    assert qdir_exists()
+    r = petri("run", "capped", "--json", "--", "sh", "-c",
+              "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync 2>&1; sync", cwd=w)
+    doc = r.json
+    assert "disk" in doc["limits_hit"], doc
+    size = (Path(petri("status", "capped", "--json", cwd=w).json["sandboxes"][0]["path"]) / "big").stat().st_size
+    assert size < 40 << 20, size
+    # the uncapped sandbox writes freely
+    r = petri("run", "free", "--", "sh", "-c", "dd if=/dev/zero of=big bs=1M count=40 conv=fsync 2>/dev/null", cwd=w)
+    assert r.rc == 0, r
