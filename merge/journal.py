@@ -35,6 +35,8 @@ Steps, in the order a promotion meets them:
     apply        after each op is applied to the workspace
     fsync        after the touched directories are fsynced, before the done mark
     done         after the done mark is durable, before staging is cleaned up
+    park         after pre-images kept in the workspace (journal on another device) are
+                 copied into the journal and marked ``parked``, before the scratch goes
     undo         after each op is undone (conflict abort, recovery, rollback)
     undoing      after the undoing mark is durable (rollback of a finished promotion)
     undone       after the undone mark is durable, before cleanup
@@ -66,9 +68,10 @@ UNDONE = "undone"
 STAGING = "staging"
 PRE = "pre"
 LOCK = "lock"
+PARKED = "parked"  # pre-images were moved from the workspace's scratch dir into the journal
 FAULT_ENV = "PETRI_FAULT_KILL_AT"
 
-STEPS = ("stage", "preimage", "journal", "commit", "apply", "fsync", "done", "undoing",
+STEPS = ("stage", "preimage", "journal", "commit", "apply", "fsync", "done", "park", "undoing",
          "undo", "undone", "discard")
 
 _fault_plan: dict[str, int] | None = None

@@ -42,9 +42,10 @@ Caveats:
   links to the old inode keep the old content.
 - When the journal directory is on another device than the workspace (the store as a
   nested btrfs subvolume), staging and pre-images go to ``<workspace>/.petri-staging-<id>/``
-  so renames stay atomic; that directory exists only while a promotion runs (pre-images of
-  finished promotions are kept there for undo: snapshots and diffs should skip
-  ``.petri-staging-*``).
+  so renames stay atomic; that directory exists only while a promotion (or its undo) runs:
+  once done, the pre-images are copied (reflinked: FICLONE works across subvolumes of one
+  btrfs) into the journal and the directory is removed (``park_preimages``); an undo copies
+  them back first. Callers should hold their store lock so no snapshot sees the directory.
 - A directory is created with at least ``u+rwx`` so its new entries can be written, then
   given its final bits; removing entries from a read-only workspace directory fails (a
   non-root promoter), which undoes the promotion.
@@ -52,7 +53,9 @@ Caveats:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +64,8 @@ from typing import Any, Iterable, Literal
 from .changes import Change, Entry, tree_changes
 from .errors import (PathThroughSymlink, PromotionConflict, PromotionNotUndoable,
                      SandboxChangedDuringPromotion, UndoConflict, UnknownPromotion, UnsafePath)
-from .journal import (SCHEMA, PromotionDir, WorkspaceLock, b64, fault_point, fsync_dir,
-                      list_promotions, unb64)
+from .journal import (PARKED, PRE, SCHEMA, PromotionDir, WorkspaceLock, _rmtree_counting,
+                      atomic_write, b64, fault_point, fsync_dir, list_promotions, unb64)
 from .merge3 import ConflictHunk, merge3
 from .safefs import Node, SafeTree, content_id_bytes, read_chunks, safe_mode, split_rel, \
     write_new_file
@@ -70,6 +73,7 @@ from .safefs import Node, SafeTree, content_id_bytes, read_chunks, safe_mode, sp
 OnConflict = Literal["fail", "markers", "theirs", "ours"]
 PROTECTED_TOP = (b".git", b".petri")
 STAGING_PREFIX = ".petri-staging-"
+_FICLONE = 0x40049409
 
 
 def display(path: bytes) -> str:
@@ -572,6 +576,7 @@ def execute_promotion(plan: Plan, live: Path, journal_dir: Path,
             finally:
                 os.close(st_fd)
                 os.close(pre_fd)
+        park_preimages(pd)
     return PromotionResult(promotion_id, tuple(o.path for o in plan.ops), plan.conflicts,
                            plan.skipped, plan.writes_markers)
 
@@ -857,10 +862,101 @@ def _cleanup(pd: PromotionDir, *, keep_pre: bool) -> None:
         pd.drop_preimages()
     scratch = pd.staging.parent
     if scratch != pd.path and not keep_pre:
+        _rmtree_counting(pd.path / PRE)  # parked pre-images of an undone promotion
+        try:
+            os.unlink(pd.path / PARKED)
+        except FileNotFoundError:
+            pass
         try:
             os.rmdir(scratch)
         except OSError:
             pass
+
+
+def _is_parked(pd: PromotionDir) -> bool:
+    return (pd.path / PARKED).exists()
+
+
+def _copy_entry(src_dir: int, dst_dir: int, name: str) -> None:
+    """A reflink copy (FICLONE works across subvolumes of one btrfs), else a plain copy,
+    keeping mode, owner and times: undo renames it back into place."""
+    st = os.lstat(name, dir_fd=src_dir)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
+        if os.geteuid() == 0:
+            os.chown(name, st.st_uid, st.st_gid, dir_fd=dst_dir, follow_symlinks=False)
+        return
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
+    try:
+        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600, dir_fd=dst_dir)
+        try:
+            try:
+                fcntl.ioctl(dst, _FICLONE, src)
+            except OSError:
+                for chunk in read_chunks(src):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(dst, view):]
+            if os.geteuid() == 0:
+                os.fchown(dst, st.st_uid, st.st_gid)
+            os.fchmod(dst, stat.S_IMODE(st.st_mode))
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_dir(src: Path, dst: Path) -> None:
+    """Copy every entry of ``src`` into a fresh ``dst`` (a leftover half copy is redone)."""
+    _rmtree_counting(dst)
+    dst.mkdir(mode=0o700, parents=True)
+    sfd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    dfd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        for name in sorted(os.listdir(sfd)):
+            _copy_entry(sfd, dfd, name)
+        os.fsync(dfd)
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+
+
+def park_preimages(pd: PromotionDir) -> None:
+    """Move a finished promotion's pre-images out of the workspace, into its journal.
+
+    Only when the journal is on another device (the store as a nested btrfs subvolume):
+    then the scratch dir ``<workspace>/.petri-staging-<id>/`` holds them, and nothing of
+    petri's may stay visible in the live tree. They are copied (reflinked where the
+    filesystem can) to ``<journal>/<id>/pre``, the ``parked`` mark makes that copy the one
+    that counts, and the scratch dir goes. Idempotent: recovery calls it again after a kill."""
+    scratch = pd.staging.parent
+    if scratch == pd.path:
+        return
+    if not _is_parked(pd):
+        if pd.pre.is_dir():
+            _copy_dir(pd.pre, pd.path / PRE)
+        else:
+            (pd.path / PRE).mkdir(mode=0o700, exist_ok=True)
+        fsync_dir(pd.path)
+        atomic_write(pd.path, PARKED, b"")
+        fault_point("park")
+    _rmtree_counting(scratch)
+    try:
+        fsync_dir(scratch.parent)
+    except OSError:
+        pass
+
+
+def _unpark_preimages(pd: PromotionDir) -> None:
+    """Copy parked pre-images back into the workspace's scratch dir (renames into the
+    workspace must not cross devices) before an undo begins."""
+    if pd.staging.parent == pd.path or not _is_parked(pd):
+        return
+    _copy_dir(pd.path / PRE, pd.pre)
+    fsync_dir(pd.pre.parent)
 
 
 def _open_pd(live: Path, journal_dir: Path, pid: str) -> PromotionDir:
@@ -882,6 +978,7 @@ def _recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]
             continue
         if state == "done":
             pd.drop_staging()  # a kill between the done mark and the cleanup
+            park_preimages(pd)  # ... or before its pre-images left the workspace
             continue
         if state == "undone":
             _cleanup(pd, keep_pre=False)
@@ -892,6 +989,7 @@ def _recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]
                 fault_point("fsync")
                 pd.mark("done")
                 pd.drop_staging()
+                park_preimages(pd)
                 finished.append(pd.id)
                 continue
             pre_fd = _open_or_make(pd.pre)
@@ -943,14 +1041,16 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
             raise PromotionNotUndoable(promotion=promotion_id, state=state)
         record = pd.read_journal()
         ops = record["ops"]
+        pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
         with SafeTree(live) as lt:
             changed = _changed_since(lt, ops)
             for rec in ops:
-                if rec.get("pre") and not os.path.lexists(pd.pre / rec["pre"]):
+                if rec.get("pre") and not os.path.lexists(pre_dir / rec["pre"]):
                     changed.append(unb64(rec["path"]))  # pre-image lost: cannot restore it
             if changed:
                 raise UndoConflict(promotion=promotion_id,
                                    paths=", ".join(display(p) for p in sorted(set(changed))))
+            _unpark_preimages(pd)  # a kill here leaves it done: recovery re-parks
             pd.mark("undoing")  # from here on, recovery completes this undo
             pre_fd = _open_or_make(pd.pre)
             try:
