@@ -13,7 +13,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-py=${PYTHON:-python3}
+# Debian's own interpreter: every user can run it (a pyenv under /root is 0700), which the
+# rootless paths need (a normal user's petri starts FUSE daemons with it).
+py=${PYTHON:-/usr/bin/python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
