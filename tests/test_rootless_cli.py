@@ -38,10 +38,14 @@ def lifecycle(user, ws: Path, expect_backend: str | None) -> dict:
     assert r.returncode == 0, r.stderr
     sbs = json.loads(r.stdout)["sandboxes"]
     for sb in sbs:
-        assert (Path(sb["path"]) / ".env").read_bytes() == b"SECRET=1\n"
+        # Read as the user: a user's FUSE mount is closed even to root (no allow_other).
+        cat = run_as(user, ["cat", str(Path(sb["path"]) / ".env")])
+        assert cat.returncode == 0 and cat.stdout == "SECRET=1\n", cat.stderr
     r = petri_as(user, "rm", "--all", "--json", cwd=ws)
     assert r.returncode == 0, r.stderr
-    assert all(not Path(sb["path"]).exists() for sb in sbs)
+    assert all(not os.path.lexists(sb["path"]) for sb in sbs)
+    from snapshot.conformance import mounted_under
+    assert mounted_under(ws / ".petri") == []
     r = petri_as(user, "gc", "--json", cwd=ws)
     assert r.returncode == 0, r.stderr
     r = petri_as(user, "deinit", "--json", cwd=ws)
@@ -103,3 +107,26 @@ def test_overlay_refused_for_a_normal_user(unprivileged_user, user_tmp):
     assert r.returncode == 4, r.stderr
     assert "root" in r.stderr and "--backend" in r.stderr
     assert not (ws / ".petri").exists()
+
+
+@pytest.fixture
+def dev_fuse_like_a_distribution():
+    """/dev/fuse is 0600 on this machine; a normal distribution ships it 0666."""
+    st = os.stat("/dev/fuse")
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", st.st_mode & 0o7777)
+
+
+def test_rootless_auto_picks_fuse_where_dev_fuse_is_open(unprivileged_user, user_tmp,
+                                                         dev_fuse_like_a_distribution):
+    base = user_tmp / "home"
+    base.mkdir()
+    ws = base / "proj"
+    ws.mkdir()
+    C.make_sample_tree(ws)
+    own(base, unprivileged_user)
+    doc = lifecycle(unprivileged_user, ws, "fuse")
+    assert "rootless" in doc["reason"]
