@@ -1,0 +1,190 @@
+"""Lifetimes and crashes: --ttl kills runs (of this petri and of another), expired trees go
+(or stay with --keep-expired), and after `kill -9` of petri, `petri gc` leaves no process,
+cgroup or half-raced sandbox. Real bwrap, real cgroups v1, real processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cgroups
+from tests.conftest import REPO, petri
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
+                                reason="needs root (cgroups) and bwrap")
+
+
+@pytest.fixture
+def ws(tmp_path):
+    w = tmp_path / "proj"
+    w.mkdir()
+    subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(w)], check=True)
+    assert petri("init", "--backend", "copy", cwd=w).rc == 0
+    try:
+        yield w
+    finally:
+        petri("deinit", "--force", cwd=w)
+
+
+def spawn(ws: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=ws, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def procs_with(marker: str) -> list[int]:
+    found = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (p / "cmdline").read_bytes()
+            if marker.encode() in cmd and b"orchestrator.cli" not in cmd:  # not petri itself
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def cgroups_of(sb: str) -> list[str]:
+    return [str(d) for _, d in cgroups.list_cgroups(f"petri/{sb}")]
+
+
+def sb_doc(ws: Path, ident: str) -> dict:
+    return petri("status", ident, "--json", cwd=ws).json["sandboxes"][0]
+
+
+def test_ttl_kills_a_run_on_time_and_destroys_the_tree(ws):
+    sb = petri("fork", "--json", "--ttl", "2s", cwd=ws).json["sandboxes"][0]
+    marker = f"ttl-{os.getpid()}-a"
+    t0 = time.monotonic()
+    # ignores SIGTERM, and a daemon that escaped with setsid: both must go
+    r = petri("run", sb["id"], "--json", "--", "sh", "-c",
+              f"trap '' TERM; setsid sh -c 'sleep 60; : {marker}' & sleep 60; : {marker}", cwd=ws)
+    took = time.monotonic() - t0
+    assert r.rc == 124 and r.json["killed_by"] == "ttl", r
+    assert took < 8, took
+    assert procs_with(marker) == []
+    d = sb_doc(ws, sb["id"])
+    assert d["state"] == "expired" and not Path(d["path"]).exists()
+    assert cgroups_of(sb["id"]) == []
+    # the record and the logs stay; nothing more runs
+    assert petri("logs", sb["id"], cwd=ws).rc == 0
+    assert petri("run", sb["id"], "--", "true", cwd=ws).rc == 1
+
+
+def test_keep_expired_keeps_the_tree_until_rm_expired(ws):
+    sb = petri("fork", "--json", "--ttl", "1s", "--keep-expired", cwd=ws).json["sandboxes"][0]
+    time.sleep(1.2)
+    d = sb_doc(ws, sb["id"])
+    assert d["state"] == "expired" and Path(d["path"]).is_dir()
+    assert petri("run", sb["id"], "--", "true", cwd=ws).rc == 1
+    r = petri("rm", "--expired", "--json", cwd=ws)
+    assert r.rc == 0 and sb["id"] in r.json["removed"]
+    assert not Path(d["path"]).exists()
+
+
+def test_expiry_seen_by_another_petri_kills_the_run(ws):
+    """The run's own petri has no deadline (the lifetime was shortened after it started);
+    any other petri command reaps the overdue sandbox and kills its processes."""
+    sb = petri("fork", "--json", "--ttl", "1h", cwd=ws).json["sandboxes"][0]
+    marker = f"ttl-{os.getpid()}-b"
+    p = spawn(ws, "run", sb["id"], "--json", "--", "sh", "-c", f"sleep 60; : {marker}")
+    try:
+        wait_for(lambda: procs_with(marker), what="the run to start")
+        db = sqlite3.connect(ws / ".petri" / "registry.db", timeout=30)
+        with db:
+            db.execute("UPDATE sandboxes SET expires_at = ? WHERE id = ?", (time.time() - 1, sb["id"]))
+        db.close()
+        t0 = time.monotonic()
+        assert petri("ls", cwd=ws).rc == 0  # any command reaps
+        out, err = p.communicate(timeout=20)
+        assert time.monotonic() - t0 < 10
+        doc = json.loads(out)
+        assert p.returncode == 124 and doc["killed_by"] == "ttl", (out, err)
+        assert procs_with(marker) == [] and cgroups_of(sb["id"]) == []
+        assert sb_doc(ws, sb["id"])["state"] == "expired"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_rm_of_a_running_sandbox_kills_its_run(ws):
+    sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]
+    marker = f"rm-{os.getpid()}"
+    p = spawn(ws, "run", sb["id"], "--", "sh", "-c", f"sleep 60; : {marker}")
+    try:
+        wait_for(lambda: procs_with(marker), what="the run to start")
+        assert sb_doc(ws, sb["id"])["state"] == "running"
+        assert petri("rm", sb["id"], cwd=ws).rc == 0
+        p.wait(timeout=20)
+        assert procs_with(marker) == [] and cgroups_of(sb["id"]) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_kill_9_of_petri_run_then_gc_leaves_nothing(ws):
+    sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]
+    marker = f"crash-{os.getpid()}"
+    p = spawn(ws, "run", sb["id"], "--", "sh", "-c",
+              f"trap '' TERM HUP; setsid sh -c 'trap \"\" TERM HUP; sleep 60; : {marker}' & sleep 60; : {marker}")
+    wait_for(lambda: len(procs_with(marker)) >= 2, what="the run and its daemon")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = petri("gc", "--json", cwd=ws)
+    assert r.rc == 0, r
+    wait_for(lambda: procs_with(marker) == [], timeout=5, what="no process left")
+    assert cgroups_of(sb["id"]) == []
+    d = sb_doc(ws, sb["id"])
+    assert d["state"] == "exited" and d["runs"][-1]["exit_code"] == 125 and d["runs"][-1]["finished_at"]
+    # the sandbox itself is fine: it runs again
+    assert petri("run", sb["id"], "--", "true", cwd=ws).rc == 0
+
+
+def test_kill_9_of_petri_race_then_gc_leaves_nothing(ws):
+    marker = f"race-crash-{os.getpid()}"
+    p = spawn(ws, "race", "--check", f"sleep 60; : {marker}", "--cmd", "true", "--cmd", "true", "--cmd", "true")
+    wait_for(lambda: len(procs_with(marker)) >= 3, what="three checks running")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = petri("gc", "--json", cwd=ws)
+    assert r.rc == 0, r
+    wait_for(lambda: procs_with(marker) == [], timeout=5, what="no process left")
+    assert [str(d) for _, d in cgroups.list_cgroups("petri") if marker in str(d)] == []
+    sbs = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
+    assert len(sbs) == 3 and all(s["state"] == "destroyed" for s in sbs), sbs
+    assert all(cgroups_of(s["id"]) == [] for s in sbs)
+    assert not any(Path(s["path"]).exists() for s in sbs)
+
+
+def test_gc_leaves_a_live_run_of_another_petri_alone(ws):
+    sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]
+    marker = f"live-{os.getpid()}"
+    p = spawn(ws, "run", sb["id"], "--", "sh", "-c", f"sleep 1.5; echo done; : {marker}")
+    try:
+        wait_for(lambda: procs_with(marker), what="the run to start")
+        r = petri("gc", "--json", cwd=ws)
+        assert r.rc == 0 and r.json["reaped"]["processes"] == 0, r
+        out, _ = p.communicate(timeout=20)
+        assert p.returncode == 0 and out == "done\n"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
