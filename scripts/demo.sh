@@ -2,7 +2,8 @@
 # The demo (README's first command): installs everything, then, on a btrfs image it makes
 # and loop-mounts itself (so it works on any host filesystem), creates a sample project,
 # registers it with petri, snapshots it, forks three sandboxes and changes each, shows them,
-# then makes a risky change to live and rolls it back. Everything it mounted is released
+# then makes a risky change to live and rolls it back, and races three candidate fixes
+# for the sample's bug (then diffs and promotes the winner where those commands exist). Everything it mounted is released
 # at the end (PETRI_DEMO_KEEP=1 keeps the image mounted for a look around).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,6 +68,27 @@ snap=$("$petri" snapshots --json | python3 -c 'import json,sys; print([s["id"] f
 "$petri" rollback "$snap"
 ls -A; python3 -m unittest -q tests.test_stats 2>&1 | tail -1 || true
 echo "(the median bug is still there: that is what the race of candidate fixes is for)"
+
+step "petri race: three candidate fixes for median() (one right, one wrong, one that does not parse)"
+for f in right wrong does-not-parse; do echo "--- demo/fixes/$f.patch"; sed -n '/^@@/,$p' "$repo/demo/fixes/$f.patch"; done
+# Each candidate gets a sandbox of its own; the patch is applied inside it, then the tests run
+# in all three at once. Exit 1 would mean no candidate passed.
+"$petri" race --check "/usr/bin/python3 -m unittest -q tests.test_stats" \
+  --patch "$repo/demo/fixes/right.patch" \
+  --patch "$repo/demo/fixes/wrong.patch" \
+  --patch "$repo/demo/fixes/does-not-parse.patch"
+winner=$("$petri" ls --json | python3 -c 'import json,sys; print([s["id"] for s in json.load(sys.stdin)["sandboxes"] if s["label"] is None][-1])')
+echo "the winner's tree: $("$petri" status "$winner" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sandboxes"][0]["path"])')"
+"$petri" logs "$winner" --run 2 || true
+
+if "$petri" diff --help >/dev/null 2>&1; then
+  step "petri diff and promote the winner"
+  "$petri" diff "$winner"
+  "$petri" promote "$winner"
+  python3 -m unittest -q tests.test_stats && echo "live passes its tests now"
+else
+  echo "(petri diff/promote are not in this build yet: the winner stays in its sandbox)"
+fi
 
 step "petri rm --all and gc"
 "$petri" rm --all
