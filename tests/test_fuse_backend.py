@@ -11,6 +11,7 @@ import pytest
 
 from snapshot.backends.fuse import FuseBackend
 from snapshot.fusefs import daemon as D
+from snapshot.fusefs import server as S
 from snapshot.store import Store
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,6 +37,7 @@ def ws(tmp_path):
     finally:
         for sb in made:
             b.destroy_clone(store, sb)
+        S.stop_server(store.root)
         for m in D.mounts():
             if m.mountpoint.startswith(os.fsencode(tmp_path)):
                 D.unmount(os.fsdecode(m.mountpoint))

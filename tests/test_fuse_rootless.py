@@ -61,6 +61,9 @@ def user_dir(test_user):
         yield d
     finally:
         from snapshot.fusefs import daemon as D
+        from snapshot.fusefs import server as S
+        for store in d.glob("*/.petri"):
+            S.stop_server(store)
         for m in D.mounts():
             if m.mountpoint.startswith(os.fsencode(d)):
                 mp = Path(os.fsdecode(m.mountpoint))
@@ -103,9 +106,15 @@ def test_backend_as_a_normal_user(test_user, user_dir):
         assert b"A" in b.read_set(st, "sb1")  # read inside bwrap, recorded by the daemon
         with b.frozen_view(st, "sb1") as fv:
             assert (fv / "A").read_bytes() == b"changed"
+        # forked by the store's fork server, which only this user may reach
+        pid = D.daemon_pid(st.sandbox_dir("sb1") / "daemon.pid", tree)
+        assert b"snapshot.fusefs.server" in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+        sock = os.stat(st.root / "fuse.sock")
+        assert sock.st_mode & 0o777 == 0o600 and sock.st_uid == os.geteuid()
     finally:
         b.destroy_clone(st, "sb1")
-    assert not D.is_mounted(tree)
+        b.destroy_store(st)
+    assert not D.is_mounted(tree) and not st.root.exists()
     print("OK")
     """
     r = run_as(test_user, script, user_dir)

@@ -186,6 +186,45 @@ def test_whiteouts_and_opaque_dirs_persist_across_remount(cow):
         os.setxattr(m / "sub", "user.overlay.opaque", b"y")
 
 
+def test_new_entries_replace_whiteouts_in_one_step(cow):
+    """Each kind of new entry over a whiteout: the upper holds the new entry (a directory
+    opaque), the work dir holds nothing, and the view survives a remount."""
+    base_tree(cow)
+    (cow.lowers[1] / "dd").mkdir()
+    (cow.lowers[1] / "dd/old").write_bytes(b"old")
+    m = cow.start()
+    for name in ("exec.sh", "link", "big", "dd", "hardlink-to-a"):
+        p = m / name
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else os.unlink(p)
+        assert is_wh(cow.upper / name)
+    (m / "exec.sh").write_bytes(b"new file")          # create
+    os.symlink("elsewhere", m / "link")               # symlink
+    os.mkfifo(m / "big")                               # mknod
+    os.mkdir(m / "dd")                                 # mkdir: opaque
+    (m / "src").write_bytes(b"linked")
+    os.link(m / "src", m / "hardlink-to-a")            # link
+    os.mkdir(m / "movedir")
+    (m / "movedir/f").write_bytes(b"f")
+    os.unlink(m / "d/b")
+    os.rename(m / "movedir", m / "d/b")                # a directory renamed over a whiteout
+    assert os.listdir(cow.work) == []
+    m = cow.remount()
+    assert (m / "exec.sh").read_bytes() == b"new file" and os.readlink(m / "link") == "elsewhere"
+    assert stat.S_ISFIFO(os.lstat(m / "big").st_mode) and os.listdir(m / "dd") == []
+    assert os.getxattr(cow.upper / "dd", "user.overlay.opaque") == b"y"
+    assert os.stat(m / "hardlink-to-a").st_ino == os.stat(m / "src").st_ino
+    assert (m / "d/b/f").read_bytes() == b"f" and not (m / "movedir").exists()
+    assert not is_wh(cow.upper / "exec.sh") and not is_wh(cow.upper / "d/b")
+
+
+def is_wh(p: Path) -> bool:
+    try:
+        st_ = os.lstat(p)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISCHR(st_.st_mode) and st_.st_rdev == 0
+
+
 # -- POSIX battery ----------------------------------------------------------------------------
 
 def test_errnos(cow):

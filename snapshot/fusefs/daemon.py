@@ -5,7 +5,8 @@ Entry point (pyfuse3 serves one mount per process)::
     python -m snapshot.fusefs.daemon --lower L1 [--lower L2 ...] [--upper U --workdir W]
         --mountpoint M [--journal DIR] [--disk-budget N] [--log F] [--pidfile P] [--detach]
         [--entry-timeout S] [--attr-timeout S] [--negative-timeout S]
-        [--keep-cache lower|all|none] [--writeback] [--max-tasks N] [--allow-other]
+        [--keep-cache lower|all|none] [--writeback] [--no-fsync-copyup] [--max-tasks N]
+        [--allow-other]
 
 ``--lower`` is given TOP-MOST FIRST. Without ``--upper`` the view is read-only.
 ``--detach`` double-forks and ``setsid``s so the daemon outlives its starter and is never
@@ -26,8 +27,11 @@ mount is still there, ``fusermount3 -u``, then ``-u -z`` (lazy). Killing the dae
 ``/dev/fuse``, which fails every pending request with ENOTCONN: processes in the sandbox
 get errors and never hang.
 
-Caveats: start-up pays a fresh interpreter (~0.2 s: trio and pyfuse3 imports); a fork
-server would save most of it. A pid file is trusted only if ``/proc/<pid>/cmdline`` names
+``start(spec, server=<store dir>)`` has the store's fork server (:mod:`.server`) fork the
+daemon instead (a few ms instead of ~0.25 s for a fresh interpreter), falling back to a
+fresh process when the server cannot be used.
+
+Caveats: a fresh process pays the interpreter start and the trio/pyfuse3 imports. A pid file is trusted only if ``/proc/<pid>/cmdline`` names
 this module and the mount point (pid reuse).
 """
 from __future__ import annotations
@@ -41,6 +45,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -110,12 +115,65 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+    with the pid, it names one process for the life of the machine."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+def _identity_file(pidfile: Path) -> Path:
+    return pidfile.with_name(pidfile.name + ".start")
+
+
+def write_pidfile(pidfile: str | os.PathLike) -> None:
+    """``<pidfile>`` holds the pid (what other tools read); ``<pidfile>.start`` holds
+    ``<pid> <start time>``, which identifies a daemon forked by the fork server (its command
+    line is the server's, so it cannot name the mount point)."""
+    pid = os.getpid()
+    pidfile = Path(pidfile)
+    for path, text in ((_identity_file(pidfile), f"{pid} {start_time(pid)}\n"), (pidfile, f"{pid}\n")):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def remove_pidfile(pidfile: str | os.PathLike, pid: int | None = None) -> None:
+    """Remove the pid file (and its identity file); with ``pid``, only if it still names it."""
+    pidfile = Path(pidfile)
+    if pid is not None:
+        try:
+            if pidfile.read_text().strip() != str(pid):
+                return
+        except FileNotFoundError:
+            pass
+    for path in (pidfile, _identity_file(pidfile)):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def daemon_pid(pidfile: Path, mountpoint: Path) -> int | None:
-    """The daemon's pid if the pid file names a live daemon serving ``mountpoint``."""
+    """The daemon's pid if the pid file names a live daemon serving ``mountpoint``: its
+    identity file matches the process's start time (pid reuse), or, for a daemon started
+    as a fresh process, its command line names this module and the mount point."""
     try:
         pid = int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        ident = _identity_file(pidfile).read_text().split()
+        if len(ident) == 2 and int(ident[0]) == pid:
+            return pid if str(start_time(pid)) == ident[1] and _alive(pid) else None
+    except (FileNotFoundError, ValueError):
+        pass
+    try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, ValueError, ProcessLookupError):
+    except (FileNotFoundError, ProcessLookupError):
         return None
     if MODULE.encode() not in cmd or os.fsencode(os.path.abspath(mountpoint)) not in cmd:
         return None
@@ -130,12 +188,13 @@ class CacheOptions:
     keep_cache: str = "lower"       # lower | all | none
     writeback: bool = False         # ignored when a disk budget is set
     max_tasks: int = 16
+    fsync_copyup: bool = True       # durability of copy-ups (see fusefs.ops)
 
     def argv(self) -> list[str]:
         out = ["--entry-timeout", str(self.entry_timeout), "--attr-timeout", str(self.attr_timeout),
                "--negative-timeout", str(self.negative_timeout), "--keep-cache", self.keep_cache,
                "--max-tasks", str(self.max_tasks)]
-        return out + (["--writeback"] if self.writeback else [])
+        return out + (["--writeback"] if self.writeback else []) + ([] if self.fsync_copyup else ["--no-fsync-copyup"])
 
 
 @dataclass(frozen=True)
@@ -152,7 +211,12 @@ class MountSpec:
     allow_other: bool | None = None  # None: only when root
 
     def argv(self) -> list[str]:
-        a = [sys.executable, "-m", MODULE, "--mountpoint", str(os.path.abspath(self.mountpoint))]
+        """The fresh-process command line."""
+        return [sys.executable, "-m", MODULE] + self.daemon_args()
+
+    def daemon_args(self) -> list[str]:
+        """The daemon's own arguments (what the fork server is sent)."""
+        a = ["--mountpoint", str(os.path.abspath(self.mountpoint))]
         for low in self.lowers:
             a += ["--lower", str(low)]
         if self.upper is not None:
@@ -184,19 +248,39 @@ def _log_tail(log: Path | None, n: int = 2000) -> str:
         return ""
 
 
-def start(spec: MountSpec, timeout: float = 15.0) -> int:
-    """Start a detached daemon for ``spec`` and wait for its mount; return its pid."""
-    if spec.pidfile is None:
-        raise ValueError("a detached daemon needs a pid file")
-    try:
-        spec.pidfile.unlink()
-    except FileNotFoundError:
-        pass
-    if is_mounted(spec.mountpoint):
-        raise DaemonFailed(f"{spec.mountpoint} is already mounted")
+def child_env() -> dict[str, str]:
+    """The environment for a daemon or fork server: this checkout importable."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def start(spec: MountSpec, timeout: float = 15.0, server: Path | None = None,
+          server_idle: float = 60.0) -> int:
+    """Start a detached daemon for ``spec`` and wait for its mount; return its pid.
+
+    With ``server`` (a store directory), ask that store's fork server (started on demand,
+    see :mod:`snapshot.fusefs.server`) to fork the daemon: no fresh interpreter. If the
+    server cannot be used, fall back to a fresh process; an error the daemon itself reports
+    (the mount failed) is raised as is."""
+    if spec.pidfile is None:
+        raise ValueError("a detached daemon needs a pid file")
+    remove_pidfile(spec.pidfile)
+    if is_mounted(spec.mountpoint):
+        raise DaemonFailed(f"{spec.mountpoint} is already mounted")
+    if server is not None:
+        from . import server as S
+        try:
+            return S.mount(server, spec.daemon_args(), timeout=timeout, idle=server_idle)
+        except S.ServerUnavailable as e:
+            logging.getLogger("petri.fusefs").info("fork server unusable (%s): starting a fresh daemon", e)
+            # The request may have got as far as mounting before the reply was lost.
+            pid = daemon_pid(spec.pidfile, spec.mountpoint)
+            if pid is not None and is_mounted(spec.mountpoint):
+                return pid
+            stop(spec.mountpoint, spec.pidfile)
+    env = child_env()
     proc = subprocess.run(spec.argv() + ["--detach"], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                           timeout=timeout, close_fds=True)
@@ -277,10 +361,7 @@ def stop(mountpoint: Path, pidfile: Path | None, timeout: float = 5.0) -> None:
         abort_connection(mountpoint)
         unmount(mountpoint)
     if pidfile is not None:
-        try:
-            pidfile.unlink()
-        except FileNotFoundError:
-            pass
+        remove_pidfile(pidfile)
 
 
 def probe(mountpoint: Path, timeout: float = 2.0) -> bool:
@@ -323,10 +404,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--negative-timeout", type=float, default=10.0)
     p.add_argument("--keep-cache", choices=("lower", "all", "none"), default="lower")
     p.add_argument("--writeback", action="store_true")
+    p.add_argument("--no-fsync-copyup", dest="fsync_copyup", action="store_false")
     p.add_argument("--max-tasks", type=int, default=16)
     p.add_argument("--allow-other", action="store_true")
     p.add_argument("--debug", action="store_true")
     return p.parse_args(argv)
+
+
+def redirect_output(log: str | None) -> None:
+    """stdin from /dev/null, stdout and stderr to ``log`` (or /dev/null)."""
+    fd = os.open(os.devnull, os.O_RDWR)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if log else fd
+    os.dup2(fd, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for f in {fd, out}:
+        if f > 2:
+            os.close(f)
 
 
 def _detach(log: str | None) -> None:
@@ -335,12 +429,18 @@ def _detach(log: str | None) -> None:
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
-    fd = os.open(os.devnull, os.O_RDWR)
-    os.dup2(fd, 0)
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log else fd
-    os.dup2(out, 1)
-    os.dup2(out, 2)
+    redirect_output(log)
     os.chdir("/")
+
+
+def set_process_name(name: bytes) -> None:
+    """``comm`` (what ps and top show; 15 bytes) for a forked daemon, whose command line
+    is the fork server's."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,34 +450,49 @@ def main(argv: list[str] | None = None) -> int:
     elif args.log:
         fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
+    return run(args)
+
+
+def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = None) -> int:
+    """Mount and serve until unmounted or signalled. ``ready(None)`` is called once the mount
+    is up, ``ready(message)`` if the daemon fails before that (the fork server's reply)."""
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
-                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(message)s")
+                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(message)s", force=True)
     log = logging.getLogger("petri.fusefs")
-    if args.pidfile:
-        tmp = args.pidfile + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        os.replace(tmp, args.pidfile)
-    os.umask(0)  # modes come from the requests, already masked by the caller's umask
+    mounted = False
+    try:
+        if args.pidfile:
+            write_pidfile(args.pidfile)
+        os.umask(0)  # modes come from the requests, already masked by the caller's umask
 
-    import pyfuse3
-    import trio
+        import pyfuse3
+        import trio
 
-    from .journal import Journal
-    from .ops import CowFS
+        from .journal import Journal
+        from .ops import CowFS
 
-    fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
-               disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
-               attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
-               keep_cache=args.keep_cache, writeback=args.writeback)
-    options = set(pyfuse3.default_options)  # default_permissions
-    options |= {f"fsname={FSNAME}", f"subtype={FSNAME}"}
-    if args.allow_other:
-        options.add("allow_other")
-    if not args.upper:
-        options.add("ro")
-    pyfuse3.init(fs, args.mountpoint, options)
+        fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
+                   disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
+                   attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
+                   keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup)
+        options = set(pyfuse3.default_options)  # default_permissions
+        options |= {f"fsname={FSNAME}", f"subtype={FSNAME}"}
+        if args.allow_other:
+            options.add("allow_other")
+        if not args.upper:
+            options.add("ro")
+        pyfuse3.init(fs, args.mountpoint, options)
+        mounted = True
+    except BaseException as e:
+        log.exception("daemon failed before mounting")
+        if args.pidfile:
+            remove_pidfile(args.pidfile, os.getpid())
+        if ready is not None:
+            ready(f"{type(e).__name__}: {e}")
+        return 1
     log.info("mounted %s (lowers %s, upper %s)", args.mountpoint, args.lower, args.upper)
+    if ready is not None:
+        ready(None)
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
@@ -404,11 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("unmount failed")
         fs.close()
         if args.pidfile:
-            try:
-                if Path(args.pidfile).read_text().strip() == str(os.getpid()):
-                    os.unlink(args.pidfile)
-            except FileNotFoundError:
-                pass
+            remove_pidfile(args.pidfile, os.getpid())
         log.info("stopped")
     return 0 if ok else 1
 
