@@ -182,14 +182,17 @@ def warn_once(text: str) -> None:
 
 def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
     """The SPEC's run document for run ``n`` of a sandbox."""
-    for r in engine.registry.runs(sb_id):
-        if r["n"] == n:
-            return {"id": sb_id, "run": n, "argv": r["argv"], "exit_code": r["exit_code"],
-                    "duration_s": r["duration_s"], "killed_by": r["killed_by"], "limits_hit": r["limits_hit"],
-                    "stdout_path": r["stdout_path"], "stderr_path": r["stderr_path"],
-                    "peak_memory_bytes": r["peak_memory_bytes"], "started_at": rfc3339(r["started_at"]),
-                    "finished_at": rfc3339(r["finished_at"])}
-    raise KeyError(n)
+    import json
+
+    found = engine.registry.db.execute("SELECT * FROM runs WHERE sandbox = ? AND n = ?", (sb_id, n)).fetchone()
+    if found is None:
+        raise KeyError(n)
+    r = dict(found)
+    return {"id": sb_id, "run": n, "argv": json.loads(r["argv"]), "exit_code": r["exit_code"],
+            "duration_s": r["duration_s"], "killed_by": r["killed_by"],
+            "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],
+            "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
+            "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"])}
 
 
 async def run_in_sandbox(

@@ -1,0 +1,219 @@
+"""Issue 3's benchmarks: time to first command, race overhead, idle sandboxes, quota cost.
+
+On a btrfs image this bench makes and loop-mounts itself (``/var/tmp/petri-bench-btrfs-<pid>.img``,
+released at the end, also on Ctrl-C), with the demo's sample project as the workspace
+(btrfs backend):
+
+1. **floor**: ``bwrap ... true`` alone (the namespaces petri asks for, nothing else);
+2. **time to first command**: fork a sandbox from a snapshot and run ``true`` in it, through
+   the Python API (one Engine kept open; ``run_sync`` starts a trio loop per run) and
+   through the CLI (``petri fork`` + ``petri run``, two processes); each sandbox is removed
+   after its sample, outside the timed part;
+3. **race**: ``run_race`` of 1, 3 and 20 ``--cmd true`` candidates with the check ``true``
+   (overhead per candidate = wall time / candidates, and the marginal cost beyond one);
+4. **100 idle sandboxes**: forked in one call and held; petri's own memory (the API
+   process's RSS growth, and the peak RSS of a ``petri ls`` process listing them); idle
+   sandboxes own no processes;
+5. **quotas**: fork latency (API, from a snapshot) before and after ``btrfs quota enable``
+   on the filesystem, and with a ``--disk`` cap (a qgroup limit per sandbox).
+
+Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as root
+from the repository root: ``.venv/bin/python -m bench.bench_run`` (``--quick``: 10 runs).
+
+Caveats: warm caches; the sample project is tiny (fork cost on btrfs does not depend on
+tree size); p99 over 50 samples is close to the maximum.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import (PETRI, REPO, Report, cli_env, fmt_s, log, make_loopfs, measure, run,
+                          sigterm_as_interrupt, sweep_stale_images, verdict)
+
+BWRAP_FLOOR = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+               "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--cap-drop", "ALL",
+               "--new-session", "--clearenv", "--", "/bin/true"]
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def child_peak_rss_kib(argv: list[str], cwd: Path, env: dict) -> int:
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv} exited {p.returncode}")
+    return ru.ru_maxrss
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--idle", type=int, default=100)
+    ap.add_argument("--quick", action="store_true", help="10 runs, 20 idle sandboxes")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.runs, args.idle = 10, 20
+    if os.geteuid() != 0:
+        print("bench_run: run as root (loop mounts, cgroups)", file=sys.stderr)
+        return 1
+    sigterm_as_interrupt()
+    sweep_stale_images()
+    report = Report("Runs, races, idle sandboxes and quotas (issue 3)", [sys.argv[0], *(argv or sys.argv[1:])])
+    fs = make_loopfs("btrfs", 2 << 30)
+    engine = None
+    try:
+        import btrfsutil
+        import trio  # noqa: F401  (imported before timing: the API keeps it loaded)
+
+        from orchestrator.engine import Engine, Limits
+        from orchestrator.race import Candidate, race_sync
+        from orchestrator.runs import check_limits, run_sync
+
+        assert fs.mount is not None
+        ws = fs.mount / "stats"
+        btrfsutil.create_subvolume(ws)
+        run(["bash", REPO / "demo" / "sample_project.sh", ws])
+        engine, init_doc = Engine.init(ws, "btrfs")
+        snap = init_doc["snapshot"]
+        env = cli_env()
+        log(f"workspace {ws} on {fs.device}, snapshot {snap}")
+
+        # 1. floor
+        floor = measure(lambda: subprocess.run(BWRAP_FLOOR, check=True), runs=args.runs)
+        # 2. time to first command, API
+        def api_once():
+            row = engine.fork(snap)[0]
+            doc = run_sync(engine, row, ["true"], echo=False)
+            assert doc["exit_code"] == 0, doc
+            return row.id
+
+        def drop(sb_id):
+            engine.destroy_sandbox(sb_id)
+
+        drop(api_once())  # warm: imports, bytecode, the first cgroup
+        log("time to first command (API)")
+        api = measure(api_once, runs=args.runs, after=drop)
+        # CLI
+        def cli_once():
+            out = subprocess.run([PETRI, "fork", "--from", snap, "--json"], cwd=ws, env=env, capture_output=True,
+                                 text=True, check=True).stdout
+            sb = json.loads(out)["sandboxes"][0]["id"]
+            subprocess.run([PETRI, "run", sb, "--", "true"], cwd=ws, env=env, check=True)
+            return sb
+
+        cli_once_id = cli_once()
+        drop(cli_once_id)
+        log("time to first command (CLI)")
+        cli = measure(cli_once, runs=args.runs, after=drop)
+        # fork alone, API, no quotas (for the quota comparison)
+        fork_plain = measure(lambda: engine.fork(snap)[0].id, runs=args.runs, after=drop)
+
+        report.section("Time to first command (fork from a snapshot + run `true`)",
+                       f"btrfs backend on a loop image, sample project; {args.runs} runs each.")
+        report.table(["what", "n", "p50", "p99", "target"], [
+            ["`bwrap true` alone (floor)", floor.n, fmt_s(floor.p50), fmt_s(floor.p99), ""],
+            ["petri API: fork + run", api.n, fmt_s(api.p50), fmt_s(api.p99),
+             f"p50 <= 25 ms: {verdict(api.p50, 0.025)}; p99 <= 60 ms: {verdict(api.p99, 0.060)}"],
+            ["petri CLI: `petri fork` + `petri run`", cli.n, fmt_s(cli.p50), fmt_s(cli.p99), ""],
+            ["petri API: fork alone", fork_plain.n, fmt_s(fork_plain.p50), fmt_s(fork_plain.p99), ""],
+        ])
+
+        # 3. races
+        rows = []
+        base_wall = None
+        for n, reps in ((1, 5), (3, 5), (20, 3)):
+            log(f"race of {n}")
+            walls = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                doc = race_sync(engine, [Candidate("cmd", "true")] * n, "true", source=snap)
+                walls.append(time.perf_counter() - t0)
+                assert doc["winner"], doc
+                engine.destroy_sandbox(doc["winner"])
+            walls.sort()
+            wall = walls[len(walls) // 2]
+            if n == 1:
+                base_wall = wall
+            marginal = (wall - base_wall) / (n - 1) if n > 1 and base_wall is not None else None
+            rows.append([n, reps, fmt_s(wall), fmt_s(wall / n), fmt_s(marginal),
+                         verdict(wall / n, 0.100)])
+        report.section("Race overhead (`--cmd true`, check `true`, --jobs 8)",
+                       "Each candidate is two runs (apply, check) plus a fork, a change count and a destroy.")
+        report.table(["candidates", "reps", "wall (median)", "per candidate", "marginal per extra candidate",
+                      "<= 100 ms per candidate"], rows)
+
+        # 4. idle sandboxes
+        log(f"{args.idle} idle sandboxes")
+        before = rss_kib()
+        t0 = time.perf_counter()
+        idle = engine.fork(snap, args.idle)
+        t_fork = time.perf_counter() - t0
+        after = rss_kib()
+        ls_rss = child_peak_rss_kib([str(PETRI), "ls", "--json"], ws, env)
+        cg = Path("/sys/fs/cgroup/memory/petri")
+        held = sum(1 for r in idle if (cg / r.id).exists())
+        report.section(f"{args.idle} idle sandboxes held at once")
+        report.table(["what", "value"], [
+            ["fork of all of them in one call (API)", fmt_s(t_fork)],
+            ["API process RSS growth while holding them", f"{(after - before) / 1024:.1f} MiB (now {after / 1024:.1f} MiB)"],
+            ["peak RSS of `petri ls --json` listing them", f"{ls_rss / 1024:.1f} MiB"],
+            ["cgroups / processes of the idle sandboxes", f"{held} / 0 (a sandbox is a subvolume; nothing runs)"],
+        ])
+        for r in idle:
+            engine.destroy_sandbox(r.id)
+
+        # 5. quotas
+        log("btrfs quotas: enable and measure")
+        t0 = time.perf_counter()
+        check_limits(engine, Limits(disk_bytes=1 << 30))
+        t_enable = time.perf_counter() - t0
+        fork_quota = measure(lambda: engine.fork(snap)[0].id, runs=args.runs, after=drop)
+        from orchestrator.runs import after_fork
+
+        def fork_capped():
+            rows_ = engine.fork(snap, limits=Limits(disk_bytes=256 << 20))
+            after_fork(engine, rows_)
+            return rows_[0].id
+
+        fork_cap = measure(fork_capped, runs=args.runs, after=drop)
+        api_q = measure(api_once, runs=args.runs, after=drop)
+        report.section("btrfs quotas: fork latency (API, from a snapshot)",
+                       f"`btrfs quota enable` + rescan on the fresh filesystem took {fmt_s(t_enable)}; "
+                       "quotas stay on once enabled.")
+        report.table(["what", "n", "p50", "p99"], [
+            ["fork, quotas off", fork_plain.n, fmt_s(fork_plain.p50), fmt_s(fork_plain.p99)],
+            ["fork, quotas on", fork_quota.n, fmt_s(fork_quota.p50), fmt_s(fork_quota.p99)],
+            ["fork + qgroup limit (`--disk 256M`)", fork_cap.n, fmt_s(fork_cap.p50), fmt_s(fork_cap.p99)],
+            ["fork + run `true`, quotas on", api_q.n, fmt_s(api_q.p50), fmt_s(api_q.p99)],
+        ])
+        print(report.render())
+        return 0
+    except KeyboardInterrupt:
+        print(report.render())
+        return 130
+    finally:
+        if engine is not None:
+            try:
+                engine.deinit(force=True)
+            except Exception as e:  # noqa: BLE001
+                log(f"deinit failed: {e}")
+        fs.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
