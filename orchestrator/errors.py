@@ -144,3 +144,18 @@ class ConfigError(UsageError):
 
 class PromoteUnavailable(OrchestratorError):
     """promote is not available in this petri (the merge engine's promote is missing); the winner {ident} is kept"""
+
+
+# -- diff, promote, rollback of a promotion (issue 4) -----------------------------------
+
+
+class SandboxBusy(OrchestratorError):
+    """a command is running in sandbox {ident}; promote refuses until it ends (`petri diff {ident}` works meanwhile)"""
+
+
+class PromotionPruned(OrchestratorError):
+    """promotion {ident} can no longer be undone: `petri gc` pruned its pre-images ({when})"""
+
+
+class VerifyUnavailable(OrchestratorError):
+    """--verify needs the runner (orchestrator.runs.run_sync), which this petri lacks: {why}"""

@@ -1,0 +1,187 @@
+"""``petri diff`` and ``petri promote``: parse, delegate, print (``rollback p-…`` is in cli.py).
+
+Importing this module registers the commands on ``app``; it imports nothing heavy at
+module level (the merge engine loads when a command runs).
+"""
+from __future__ import annotations
+
+import base64
+import sys
+from typing import Annotated, Any, List, Optional
+
+import typer
+
+
+
+def _cli_module():
+    """The running CLI module: under ``python -m orchestrator.cli`` that is ``__main__``, a
+    second copy beside ``orchestrator.cli``; commands go on the app that actually runs."""
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == "orchestrator.cli" \
+            and hasattr(main, "app"):
+        return main
+    from . import cli
+    return cli
+
+
+_cli = _cli_module()
+app = _cli.app
+G = _cli.G
+
+
+def engine():
+    return _cli.engine()
+
+
+def out():
+    return _cli.out()
+
+
+def _b64(p: bytes) -> str:
+    return base64.b64encode(p).decode()
+
+
+def _paths(paths: Optional[List[str]]) -> list[bytes]:
+    import os
+
+    from merge.changes import normalize_path
+    return [normalize_path(os.fsencode(p)) for p in (paths or [])]
+
+
+def _file_doc(s: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
+                         "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
+                         "binary": s.binary, "lines_added": s.lines_added, "lines_removed": s.lines_removed,
+                         "old_mode": s.old_mode, "new_mode": s.new_mode}
+    for key, raw in (("path", s.path), ("old_path", s.old_path)):
+        if raw is not None:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                d[key + "_b64"] = _b64(raw)
+    return d
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def diff(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
+    stat: Annotated[bool, typer.Option("--stat", help="A diffstat instead of the patch.")] = False,
+    include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
+) -> None:
+    """The sandbox's changes against its base, as a git-format patch."""
+    from merge.patch import format_patch, format_stat, patch_stats
+
+    from .changesets import changes, sandbox_views
+    e = engine()
+    row = e.resolve_sandbox(sandbox)
+    wanted = _paths(paths)
+    with sandbox_views(e, row) as (base, tree):
+        ch = changes(e, row, base, tree, include_ignored=include_ignored, paths=wanted)
+        if G.json:
+            stats = patch_stats(ch, base, tree)
+            patch = format_patch(ch, base, tree)
+            text = patch.decode("utf-8", "backslashreplace")
+            doc: dict[str, Any] = {"base": row.base, "sandbox": row.id,
+                                   "files": [_file_doc(s) for s in stats], "patch": text}
+            if text.encode("utf-8", "surrogateescape") != patch:
+                doc["patch_b64"] = _b64(patch)
+            out().doc(doc)
+            return
+        if stat:
+            text = format_stat(patch_stats(ch, base, tree))
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        patch = format_patch(ch, base, tree)
+    sys.stdout.buffer.write(patch)
+    sys.stdout.flush()
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def promote(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    on_conflict: Annotated[str, typer.Option("--on-conflict", help="fail (exit 3), markers (exit 5), theirs or ours.")] = "fail",
+    verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result; undo on failure.")] = None,
+    include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
+) -> None:
+    """Apply the sandbox's changes to the workspace, 3-way against live."""
+    from merge.errors import PromotionConflict
+
+    from .errors import UsageError
+    from .promotions import promote as do_promote
+    if on_conflict not in ("fail", "markers", "theirs", "ours"):
+        raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {on_conflict!r}")
+    o = out()
+    e = engine()
+    row = e.resolve_sandbox(sandbox)
+    try:
+        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=_paths(paths),
+                         dry_run=dry_run, verify=verify, echo=not G.json, say=o.note)
+    except PromotionConflict as err:
+        conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
+        for c in conflicts:
+            print(f"petri: conflict: {c['path']}: {c['reason']}", file=sys.stderr)
+        print(f"petri: promotion stopped on {len(conflicts)} conflict(s); nothing was written"
+              + ("" if on_conflict != "fail" else "; try --on-conflict markers|theirs|ours"), file=sys.stderr, flush=True)
+        if G.json:
+            doc = dict(getattr(err, "doc", None) or {"promotion": None, "applied": [], "verified": None,
+                                                     "rolled_back": False})
+            doc["conflicts"] = conflicts
+            doc["applied"] = []
+            doc.update({"error": str(err), "exit_code": 3})
+            o.doc(doc)
+        raise typer.Exit(3)
+    code = 0
+    if doc.get("verified") is False:
+        code = 1
+    elif doc.get("markers") and not dry_run:
+        code = 5
+    if G.json:
+        if code == 1:
+            doc.setdefault("error", "--verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
+                                                         else "; the rollback failed: " + doc.get("rollback_error", "")))
+            doc["exit_code"] = 1
+        o.doc(doc)
+    else:
+        _print_promote(o, doc, dry_run)
+    if code:
+        raise typer.Exit(code)
+
+
+def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
+    if dry_run:
+        ops = doc.get("plan", {}).get("ops", [])
+        if not ops:
+            o.say("nothing to promote")
+        for op in ops:
+            o.say(f"{op['action']:<6} {op['path']}  ({op['why']})")
+        for c in doc["conflicts"]:
+            o.say(f"conflict {c['path']}: {c['reason']} -> {c['resolution']}")
+        for s in doc.get("skipped", []):
+            o.say(f"skip   {s['path']}: {s['reason']}")
+        return
+    if not doc.get("promotion"):
+        o.say("nothing to promote: the sandbox has no changes against its base")
+        return
+    o.say(f"promoted {doc['sandbox']} as {doc['promotion']}: {len(doc['applied'])} path(s)"
+          f"; undo with `petri rollback {doc['promotion']}`")
+    for p in doc["applied"][:50]:
+        o.say(f"  {p}")
+    if len(doc["applied"]) > 50:
+        o.say(f"  ... and {len(doc['applied']) - 50} more")
+    for c in doc["conflicts"]:
+        o.say(f"conflict {c['path']}: {c['reason']} -> {c['resolution']}")
+    if doc.get("markers"):
+        print("petri: conflict markers were written; resolve them, or `petri rollback "
+              f"{doc['promotion']}`", file=sys.stderr, flush=True)
+    for s in doc.get("skipped", []):
+        o.note(f"skipped {s['path']}: {s['reason']}")
+    if doc.get("verified") is True:
+        o.say("verified: the command passed in a sandbox of the promoted workspace")
+    elif doc.get("verified") is False:
+        print(f"petri: --verify failed (exit {doc['verify']['exit_code']}); "
+              + ("the promotion was rolled back" if doc.get("rolled_back")
+                 else f"the rollback failed: {doc.get('rollback_error')}"), file=sys.stderr, flush=True)

@@ -1,0 +1,312 @@
+"""Promotions at the engine level: registry rows, the store lock, recovery, verify, undo, gc.
+
+``promote(engine, row, ...)`` plans (``merge.promote.plan_promotion``, narrowed to the
+backend's candidate paths by ``changesets``) and executes the sandbox's promotion into the
+workspace as one journaled transaction (``merge.promote.execute_promotion``), under the
+store lock (so no snapshot is taken of a half-promoted workspace) and with a *pending*
+mark ``.petri/journal/.pending/<id>`` that exists from just before the journal is touched
+until the promotion is settled. ``recover_interrupted`` (every command starts with it) is
+therefore one directory listing when nothing is pending; when something is, it takes the
+store lock and lets ``merge.promote.recover`` finish or undo it (guarantee 2).
+
+``--verify CMD``: a fresh sandbox is forked from the promoted workspace, CMD runs in it
+through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), the sandbox
+is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_back:
+true``, exit 1).
+
+``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
+(kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``); a pruned promotion
+can no longer be rolled back (``PromotionPruned``).
+
+Caveats:
+- A snapshot taken by a petri that was already waiting for the store lock when a promoter
+  was killed could see that promotion's scratch dir (``.petri-staging-<id>``, only when the
+  store is another device); the next command's recovery removes it from live, not from that
+  snapshot.
+- ``--verify`` forks from live after the store lock is released: an edit made in between
+  is verified along with the promotion.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from merge.promote import Plan
+
+    from .engine import Engine
+    from .registry import SandboxRow
+
+PENDING = ".pending"
+KEEP_LAST = 20
+KEEP_DAYS = 14.0
+
+
+def _display(p: bytes) -> str:
+    return p.decode("utf-8", "backslashreplace")
+
+
+def _b64(p: bytes) -> str:
+    return base64.b64encode(p).decode()
+
+
+def _pending_dir(engine: "Engine") -> Path:
+    return engine.store.journal / PENDING
+
+
+def _mark_pending(engine: "Engine", promo_id: str) -> Path:
+    from merge.journal import fsync_dir
+    d = _pending_dir(engine)
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / promo_id
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(d)
+    return p
+
+
+def _clear_pending(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
+    for pid in finished:
+        engine.registry.update_promotion(pid, "done")
+    for pid in undone:
+        engine.registry.update_promotion(pid, "undone")
+    acc = engine.__dict__.setdefault("_promotions_recovered", ([], []))
+    acc[0].extend(finished)
+    acc[1].extend(undone)
+
+
+def recover_interrupted(engine: "Engine") -> tuple[list[str], list[str]]:
+    """Finish or undo what a killed petri left half-done: (finished ids, undone ids)."""
+    pend = _pending_dir(engine)
+    try:
+        if not os.listdir(pend):
+            return [], []
+    except FileNotFoundError:
+        return [], []
+    from merge.promote import recover
+    with engine.lock():
+        names = os.listdir(pend)  # the promoter may have finished while we waited
+        if not names:
+            return [], []
+        finished, undone = recover(engine.root, engine.store.journal)
+        _record_recovery(engine, finished, undone)
+        for n in names:
+            _clear_pending(pend / n)
+    return finished, undone
+
+
+# --------------------------------------------------------------------------- promote
+
+
+def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: str,
+             include_ignored: bool, paths: Sequence[bytes]) -> "Plan":
+    from merge.promote import Plan, plan_promotion
+
+    from .changesets import narrow, sandbox_candidates
+    narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
+    if narrowed is not None and not narrowed:
+        return Plan(base, engine.root, tree, on_conflict, (), ())
+    return plan_promotion(base, engine.root, tree, on_conflict=on_conflict,  # type: ignore[arg-type]
+                          include_ignored=include_ignored, paths=narrowed or (),
+                          labels=("workspace", f"base {row.base}", f"sandbox {row.id}"))
+
+
+def _plan_doc(plan: "Plan") -> dict[str, Any]:
+    js = plan.to_json()
+    paths = [o.path for o in plan.ops]
+    return {"plan": js, "applied": [_display(p) for p in paths], "applied_b64": [_b64(p) for p in paths],
+            "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": plan.writes_markers}
+
+
+def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", include_ignored: bool = False,
+            paths: Sequence[bytes | str] = (), dry_run: bool = False, verify: str | None = None,
+            echo: bool = True, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Promote the sandbox into the workspace; the SPEC ``promote`` document.
+
+    Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
+    ``SandboxBusy`` (exit 1) while a command runs in it. ``markers: true`` in the result
+    means conflict markers were written (the CLI exits 5)."""
+    from merge.changes import normalize_path
+    from merge.errors import PromotionConflict
+    from merge.promote import _conflict_error, execute_promotion, recover
+
+    from .changesets import is_running, sandbox_views
+    from .errors import SandboxBusy
+    from .registry import new_id
+
+    if on_conflict not in ("fail", "markers", "theirs", "ours"):
+        from .errors import UsageError
+        raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {on_conflict!r}")
+    user = [normalize_path(p) for p in paths]
+    engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
+    if is_running(engine, row):
+        raise SandboxBusy(ident=row.id)
+    doc: dict[str, Any] = {"promotion": None, "sandbox": row.id, "base": row.base, "applied": [],
+                           "conflicts": [], "verified": None, "rolled_back": False}
+    promo_id = new_id("p")
+    started = time.monotonic()
+    with engine.lock():
+        with sandbox_views(engine, row) as (base, tree):
+            plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
+                            include_ignored=include_ignored, paths=user)
+            doc.update(_plan_doc(plan))
+            if dry_run:
+                doc["dry_run"] = True
+                if plan.blocking:
+                    err = _conflict_error(plan.blocking)
+                    err.doc = doc  # type: ignore[attr-defined]
+                    raise err
+                return doc
+            if plan.blocking:
+                err = _conflict_error(plan.blocking)
+                err.doc = doc  # type: ignore[attr-defined]
+                raise err
+            if not plan.ops:
+                doc["applied"], doc["applied_b64"] = [], []
+                doc["duration_s"] = time.monotonic() - started
+                return doc
+            engine.registry.add_promotion(promo_id, row.id, "running",
+                                          {"base": row.base, "on_conflict": on_conflict})
+            pending = _mark_pending(engine, promo_id)
+            try:
+                result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
+            except PromotionConflict as e:
+                engine.registry.update_promotion(promo_id, "conflict")
+                _clear_pending(pending)
+                doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
+                doc["applied"], doc["applied_b64"] = [], []
+                e.doc = doc  # type: ignore[attr-defined]
+                raise
+            except Exception:
+                # Settle it now rather than at the next command (idempotent either way).
+                finished, undone = recover(engine.root, engine.store.journal)
+                _record_recovery(engine, finished, undone)
+                _clear_pending(pending)
+                raise
+            js = result.to_json()
+            doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
+                        "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
+            engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
+                "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
+            _clear_pending(pending)
+    doc["duration_s"] = time.monotonic() - started
+    if verify:
+        doc.update(_verify(engine, promo_id, verify, echo=echo, say=say))
+    return doc
+
+
+def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
+    try:
+        from .runs import run_sync
+    except ImportError as e:
+        from .errors import VerifyUnavailable
+        raise VerifyUnavailable(why=str(e)) from e
+    res = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
+    return int(res["exit_code"])
+
+
+def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    from snapshot.errors import PetriError
+    say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
+    sb = engine.fork("live", 1)[0]
+    try:
+        code = _run_verify(engine, sb.id, cmd, echo)
+    finally:
+        try:
+            engine.destroy_sandbox(sb.id)
+        except Exception:
+            pass  # gc reaps it
+    out: dict[str, Any] = {"verify": {"command": cmd, "sandbox": sb.id, "exit_code": code}}
+    if code == 0:
+        out["verified"] = True
+        return out
+    out["verified"] = False
+    say(f"verify failed (exit {code}): rolling back {promo_id}")
+    try:
+        rollback_promotion(engine, promo_id)
+        out["rolled_back"] = True
+    except PetriError as e:
+        out["rolled_back"] = False
+        out["rollback_error"] = str(e)
+    return out
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
+    """Undo a finished promotion (``petri rollback p-…``): the SPEC ``rollback`` document.
+    ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
+    from merge.promote import undo_promotion
+
+    from .errors import PromotionPruned
+    row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
+    if row is not None and row["state"] == "pruned":
+        raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
+    with engine.lock():
+        pending = _mark_pending(engine, promo_id)
+        try:
+            paths = undo_promotion(engine.root, engine.store.journal, promo_id)
+        finally:
+            # An exception here left the journal settled (or untouched); a kill skips this
+            # and leaves the mark, so the next command completes the undo.
+            _clear_pending(pending)
+        engine.registry.update_promotion(promo_id, "undone")
+    paths = sorted(set(paths))
+    return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
+            "changed_b64": [_b64(p) for p in paths], "safety_snapshot": None}
+
+
+# --------------------------------------------------------------------------- gc
+
+
+def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> None:
+    from merge.journal import PRE, _rmtree_counting
+
+    from .registry import now, rfc3339
+    recover_interrupted(engine)
+    finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
+    reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
+    reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
+    pruned = 0
+    with engine.lock():
+        rows = engine.registry.promotions()
+        done = [r for r in rows if r["state"] == "done"]
+        keep = {r["id"] for r in done[-KEEP_LAST:]}
+        for r in rows:
+            pd = engine.store.journal / r["id"]
+            if r["state"] in ("undone", "conflict"):
+                if pd.is_dir():
+                    _rmtree_counting(pd / PRE)
+                continue
+            if r["state"] != "done" or r["id"] in keep or now() - r["created_at"] < KEEP_DAYS * 86400:
+                continue
+            if pd.is_dir():
+                _rmtree_counting(pd / PRE)
+            engine.registry.update_promotion(r["id"], "pruned", {**r["doc"], "pruned_at": rfc3339(now())})
+            pruned += 1
+        # Stat caches of bases that are gone.
+        cache_dir = engine.store.root / "statcache"
+        if cache_dir.is_dir():
+            known = {s.id for s in engine.registry.snapshots()}
+            for f in cache_dir.iterdir():
+                if f.name not in known:
+                    try:
+                        f.unlink()
+                    except OSError:
+                        pass
+    reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + pruned
