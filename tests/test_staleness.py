@@ -1,0 +1,237 @@
+"""Staleness is content-based: an editor's tmp+rename save, a same-size edit with the mtime
+put back, and a touch with no content change are told apart, on the stat-cache path (copy,
+overlay, fuse) and the btrfs send path; overlapping and read_changed; one walk per base."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import staleness as S
+from orchestrator.engine import Engine
+from tests.conftest import petri
+
+
+def w(p: Path, data: str | bytes) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def make_tree(ws: Path) -> None:
+    for i in range(20):
+        w(ws / "src" / f"f{i}.txt", f"line {i}\n")
+    w(ws / "editor.txt", "before\n")
+    w(ws / "samesize.txt", "AAAA\n")
+    w(ws / "touched.txt", "same\n")
+    w(ws / "deleted.txt", "bye\n")
+    w(ws / ".gitignore", "*.log\n")
+    os.symlink("src/f1.txt", ws / "link")
+
+
+def fresh(e: Engine, sb) -> dict:
+    """A new engine each time: the memo is per process, as for a new `petri ls`."""
+    e2 = Engine.open(e.root)
+    try:
+        return S.staleness(e2, e2.registry.sandbox(sb.id))
+    finally:
+        e2.close()
+
+
+def age_files(ws: Path) -> None:
+    """Make the base's files older than the racy windows (the snapshot was just taken)."""
+    old = time.time() - 3600
+    for dp, dn, fn in os.walk(ws):
+        if ".petri" in dp.split(os.sep):
+            continue
+        for n in fn:
+            os.utime(os.path.join(dp, n), (old, old), follow_symlinks=False)
+
+
+def scenario(e: Engine, ws: Path, sb_tree: Path, sb) -> None:
+    st0 = fresh(e, sb)
+    assert st0["live_changed"] == 0 and st0["overlapping"] == [], st0
+    # a touch: stat moves, content does not
+    os.utime(ws / "touched.txt")
+    # a same-size edit with mtime (and atime) restored: only ctime betrays it
+    before = os.stat(ws / "samesize.txt")
+    with open(ws / "samesize.txt", "r+b") as f:
+        f.write(b"BBBB")
+    os.utime(ws / "samesize.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(ws / "samesize.txt").st_size == before.st_size
+    # an editor's save: write a temp file, rename it over (a new inode)
+    w(ws / ".editor.txt.swp", "after\n")
+    os.rename(ws / ".editor.txt.swp", ws / "editor.txt")
+    # an editor's save with identical content: new inode, same bytes
+    w(ws / ".f2.tmp", "line 2\n")
+    os.rename(ws / ".f2.tmp", ws / "src" / "f2.txt")
+    (ws / "deleted.txt").unlink()
+    w(ws / "added.txt", "new\n")
+    w(ws / "noise.log", "ignored\n")
+    # the sandbox changed editor.txt too, and src/f5.txt (which live did not)
+    w(sb_tree / "editor.txt", "sandbox\n")
+    w(sb_tree / "src" / "f5.txt", "sb\n")
+    st = fresh(e, sb)
+    changed = {"samesize.txt", "editor.txt", "deleted.txt", "added.txt"}
+    assert st["live_changed"] == len(changed), st
+    assert st["overlapping"] == ["editor.txt"], st
+    assert st["results_may_not_hold"] is True
+    # again (the cache answers now): the same verdicts
+    assert fresh(e, sb) == st
+    # undo the live changes by content: fresh again
+    w(ws / "editor.txt", "before\n")
+    w(ws / "samesize.txt", "AAAA\n")
+    w(ws / "deleted.txt", "bye\n")
+    (ws / "added.txt").unlink()
+    st2 = fresh(e, sb)
+    assert st2["live_changed"] == 0 and st2["overlapping"] == [], st2
+
+
+@pytest.fixture
+def copy_ws(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_tree(ws)
+    age_files(ws)
+    e, _ = Engine.init(ws, "copy")
+    yield e, ws
+    e.deinit(force=True)
+
+
+def test_statcache_copy_backend(copy_ws):
+    e, ws = copy_ws
+    sb = e.fork("live")[0]
+    scenario(e, ws, Path(sb.path), sb)
+    assert fresh(e, sb)["method"] == "statcache"
+    assert (e.store.root / "statcache" / sb.base).exists()
+
+
+def test_statcache_rehashes_only_what_moved(copy_ws, monkeypatch):
+    e, ws = copy_ws
+    sb = e.fork("live")[0]
+    fresh(e, sb)  # warm
+    hashed = []
+    real = S.entry_of
+    # count reads of live files only (the base side is read once per path and cached)
+    monkeypatch.setattr(S, "entry_of", lambda p: (b"/.petri/" not in p and hashed.append(p)) or real(p))
+    w(ws / "src" / "f7.txt", "changed\n")
+    st = fresh(e, sb)
+    assert st["live_changed"] == 1
+    assert [os.path.basename(p) for p in hashed] == [b"f7.txt"], hashed
+    hashed.clear()
+    assert fresh(e, sb)["live_changed"] == 1
+    # just written: racily clean, so rehashed once more, then cached
+    time.sleep(0.1)
+    fresh(e, sb)
+    hashed.clear()
+    fresh(e, sb)
+    assert hashed == []
+
+
+def test_ls_walks_live_once_per_base(copy_ws, monkeypatch):
+    e, ws = copy_ws
+    e.fork("live", 3)
+    calls = []
+    real = S.live_changes_statcache
+    monkeypatch.setattr(S, "live_changes_statcache", lambda eng, b, **k: calls.append(b) or real(eng, b, **k))
+    e2 = Engine.open(ws)
+    try:
+        docs = [S.staleness(e2, r) for r in e2.registry.sandboxes()]
+    finally:
+        e2.close()
+    assert len(docs) == 3 and all(d["live_changed"] == 0 for d in docs)
+    assert len(calls) == 1
+
+
+def test_ls_and_status_show_staleness(copy_ws):
+    e, ws = copy_ws
+    sb = e.fork("live", label="one")[0]
+    w(ws / "editor.txt", "live edit\n")
+    w(Path(sb.path) / "editor.txt", "sb edit\n")
+    r = petri("--json", "ls", cwd=ws)
+    assert r.rc == 0, r
+    stale = r.json["sandboxes"][0]["stale"]
+    assert stale["live_changed"] == 1 and stale["overlapping"] == ["editor.txt"]
+    r = petri("status", "one", cwd=ws)
+    assert r.rc == 0 and "1 live file(s) changed" in r.out and "also changed here: editor.txt" in r.out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="btrfs send and loop mounts need root")
+def test_btrfs_send_path(btrfs_dir):
+    import btrfsutil
+    ws = btrfs_dir / "ws"
+    btrfsutil.create_subvolume(ws)
+    make_tree(ws)
+    e, _ = Engine.init(ws, "btrfs")
+    try:
+        sb = e.fork("live")[0]
+        scenario(e, ws, Path(sb.path), sb)
+        assert fresh(e, sb)["method"] == "btrfs-send"
+        # no read-only snapshot of live is left behind
+        assert not list(e.store.tmp.iterdir())
+    finally:
+        e.deinit(force=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="kernel overlay mounts need root")
+def test_overlay_statcache_reads_base_from_layers(tmp_path):
+    from snapshot.backends.overlay import OverlayBackend
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if not OverlayBackend.available(ws)[0]:
+        pytest.skip("overlay unavailable here")
+    make_tree(ws)
+    age_files(ws)
+    e, _ = Engine.init(ws, "overlay")
+    try:
+        sb = e.fork("live")[0]
+        scenario(e, ws, Path(sb.path), sb)
+    finally:
+        e.deinit(force=True)
+
+
+def test_fuse_read_changed(tmp_path):
+    from snapshot.backends.fuse import FuseBackend
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if not FuseBackend.available(ws)[0]:
+        pytest.skip("fuse unavailable here")
+    make_tree(ws)
+    age_files(ws)
+    e, _ = Engine.init(ws, "fuse")
+    try:
+        sb = e.fork("live")[0]
+        (Path(sb.path) / "src" / "f3.txt").read_bytes()  # the sandbox reads f3
+        w(ws / "src" / "f3.txt", "live moved\n")
+        w(ws / "src" / "f4.txt", "live moved\n")
+        st = fresh(e, sb)
+        assert st["live_changed"] == 2
+        assert st["read_changed"] == ["src/f3.txt"] and st["overlapping"] == []
+        assert st["results_may_not_hold"] is True
+    finally:
+        e.deinit(force=True)
+
+
+def test_layer_lookup_matches_merged_walk(tmp_path):
+    """The no-mount reader of a base resolves paths exactly as the layer oracle does."""
+    from snapshot.layers import make_whiteout, merged_walk, set_opaque
+    lo, hi = tmp_path / "lo", tmp_path / "hi"
+    w(lo / "a" / "x", "lo-x")
+    w(lo / "a" / "y", "lo-y")
+    w(lo / "b" / "z", "lo-z")
+    w(lo / "c", "lo-c")
+    w(lo / "d" / "q", "lo-q")
+    w(hi / "a" / "x", "hi-x")
+    (hi / "b").mkdir(parents=True)
+    set_opaque(os.fsencode(hi / "b"))
+    w(hi / "b" / "new", "hi-new")
+    try:
+        make_whiteout(os.fsencode(hi / "c"))
+    except PermissionError:
+        pytest.skip("cannot make a whiteout here")
+    w(hi / "d", "now a file")
+    layers = [os.fsencode(hi), os.fsencode(lo)]
+    want = {rel: path for rel, path, st in merged_walk(layers)}
+    for rel in [b"a/x", b"a/y", b"b/z", b"b/new", b"c", b"d", b"d/q", b"nope", b"a", b"b"]:
+        assert S.layer_lookup(layers, rel) == want.get(rel), rel
