@@ -187,9 +187,10 @@ def _tail(path: str, n: int = 400) -> str:
 
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
-                   keep: bool = False, promote: bool = False,
-                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Race the candidates; return the SPEC's race document (``winner`` None: none passed)."""
+                   keep: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
+    Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
+    its own loop); ``race_sync(..., promote=True)`` does both."""
     import trio
 
     from merge.changes import scan_tree
@@ -288,8 +289,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
             doc["stale"] = engine.staleness(row) if row else None
         except Exception:
             doc["stale"] = None
-        if promote:
-            _promote(engine, winner.sandbox, doc)
     log.emit("race.finished", race=race_id, winner=doc["winner"], duration_s=doc["duration_s"])
     return doc
 
@@ -320,7 +319,14 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
             "runs": o.runs, "kept": not destroyed}
 
 
-def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any]) -> None:
+def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str], None] | None = None) -> None:
+    """Promote the race's winner into the workspace; the result (or the error) goes into
+    ``doc["promotion"]`` (``promotion_error``/``promotion_exit_code`` when it failed)."""
+    if doc.get("winner"):
+        _promote(engine, doc["winner"], doc, say)
+
+
+def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[str], None] | None = None) -> None:
     from snapshot.errors import PetriError
 
     try:
@@ -333,7 +339,7 @@ def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any]) -> None:
         return
     row = engine.registry.sandbox(sb_id)
     try:
-        doc["promotion"] = do_promote(engine, row)
+        doc["promotion"] = do_promote(engine, row, echo=False, say=say or (lambda s: None))
     except PetriError as e:
         doc["promotion"] = None
         doc["promotion_error"] = str(e)
@@ -345,7 +351,11 @@ def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **k
 
     import trio
 
-    return trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+    promote = kw.pop("promote", False)
+    doc = trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+    if promote:
+        promote_winner(engine, doc, say=kw.get("say"))
+    return doc
 
 
 def render_table(o: "Output", doc: dict[str, Any]) -> None:
@@ -385,4 +395,6 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         if c["apply_error"]:
             o.say(f"{c['candidate']}: {c['apply_error'].splitlines()[-1]}")
     if doc.get("promotion"):
-        o.say(f"promoted: {doc['promotion'].get('promotion', doc['promotion'])}")
+        p = doc["promotion"]
+        o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: {len(p.get('applied') or [])} path(s)"
+              f"; undo with `petri rollback {p.get('promotion')}`")
