@@ -97,12 +97,19 @@ def recover_interrupted(engine: "Engine") -> tuple[list[str], list[str]]:
             return [], []
     except FileNotFoundError:
         return [], []
-    from merge.promote import recover
+    from merge.promote import promotion_state, recover
     with engine.lock():
         names = os.listdir(pend)  # the promoter may have finished while we waited
         if not names:
             return [], []
         finished, undone = recover(engine.root, engine.store.journal)
+        # A kill after the done mark settles nothing in ``recover``: the journal decides.
+        for n in names:
+            state = promotion_state(engine.store.journal, n)
+            if state == "done" and n not in finished:
+                finished.append(n)
+            elif state in ("undone", "unknown") and n not in undone:
+                undone.append(n)
         _record_recovery(engine, finished, undone)
         for n in names:
             _clear_pending(pend / n)
