@@ -9,6 +9,14 @@ commands that need them import them when they run.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # `python -m orchestrator.cli`: run the one real module, so the command modules
+    # (cli_run, cli_merge) register on the app that runs, not on a second copy.
+    import sys as _sys
+
+    from orchestrator.cli import main as _main
+    _sys.exit(_main())
+
 import os
 import sys
 import traceback
@@ -162,6 +170,8 @@ def fork(
                     pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
                     ttl_s=parse_duration(ttl) if ttl else None)
     e = engine()
+    from .config import load_config
+    limits = load_config(e.root).apply_defaults(limits)
     e.check_limits(limits)
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
@@ -383,6 +393,3 @@ def _from_click(e: Exception) -> int | None:
 def entry() -> None:
     sys.exit(main())
 
-
-if __name__ == "__main__":
-    entry()

@@ -16,19 +16,7 @@ import typer
 from .errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
 
 
-def _cli_module():
-    """The running CLI module. Under ``python -m orchestrator.cli`` that is ``__main__``, a
-    second copy beside ``orchestrator.cli``: commands must go on the app (and read the
-    globals) of the copy that actually runs."""
-    main = sys.modules.get("__main__")
-    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == "orchestrator.cli" \
-            and hasattr(main, "app"):
-        return main
-    from . import cli
-    return cli
-
-
-_cli = _cli_module()
+from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
 app = _cli.app
 G = _cli.G
 

@@ -276,7 +276,15 @@ class Engine:
         with self.registry.write() as db:
             for row in rows:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
-        return [self.registry.sandbox(r.id) for r in rows]  # type: ignore[misc]
+        made = [self.registry.sandbox(r.id) for r in rows]
+        if limits.disk_bytes:
+            from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
+            after_fork(self, made)  # type: ignore[arg-type]
+        from .events import emit
+        for row in made:
+            emit(self.store.root, "sandbox.created", id=row.id, label=row.label, base=row.base,  # type: ignore[union-attr]
+                 path=row.path)  # type: ignore[union-attr]
+        return made  # type: ignore[return-value]
 
     def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None) -> dict[str, Any]:
         usage_disk = None
@@ -339,6 +347,8 @@ class Engine:
             self.registry.update_sandbox(sb_id, state="expired", keep_expired=False)
         else:
             self.registry.set_state(sb_id, state)
+        from .events import emit
+        emit(self.store.root, f"sandbox.{state}", id=sb_id)
 
     def _stop_sandbox_processes(self, row: SandboxRow) -> int:
         """Kill what runs in the sandbox; the runs module (issue 3) knows how."""
