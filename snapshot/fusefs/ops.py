@@ -149,7 +149,7 @@ def copy_file_data(src: bytes, dst: bytes, size: int, fsync: bool = False) -> No
 
 class Node:
     __slots__ = ("ino", "links", "nlookup", "children", "is_dir", "layer", "dir_layers",
-                 "epoch", "path", "lock", "copy_gen", "fds", "removed")
+                 "epoch", "path", "lock", "copy_gen", "fds", "removed", "st", "attrs", "names", "names_key")
 
     def __init__(self, ino: int, parent: int, name: bytes, is_dir: bool) -> None:
         self.ino = ino
@@ -165,6 +165,12 @@ class Node:
         self.copy_gen = 0
         self.fds: set[int] = set()
         self.removed = False
+        # Lower layers never change: a lower-backed node's lstat, reply attributes and
+        # (for a directory with no upper part) listing are cached; see _lower_stat.
+        self.st: os.stat_result | None = None
+        self.attrs: pyfuse3.EntryAttributes | None = None
+        self.names: list[bytes] | None = None
+        self.names_key: tuple | None = None
 
 
 class Handle:
@@ -329,7 +335,8 @@ class CowFS(pyfuse3.Operations):
         if r is None:
             raise _err(errno.ENOENT)
         node.path = path
-        node.layer, _, node.dir_layers = r
+        node.layer, node.st, node.dir_layers = r
+        node.attrs = None
         if node.is_dir and not node.dir_layers:
             raise _err(errno.ENOENT)  # replaced by a non-directory behind our back
         node.epoch = self.epoch
@@ -383,7 +390,7 @@ class CowFS(pyfuse3.Operations):
             if node is not None and not node.removed:
                 try:
                     self._resolve(node)
-                    return node, os.lstat(join(self.layers[node.layer], node.path))
+                    return node, self._lower_stat(node) or os.lstat(join(self.layers[node.layer], node.path))
                 except (pyfuse3.FUSEError, FileNotFoundError):
                     pass
             parent.children.pop(name, None)
@@ -405,6 +412,7 @@ class CowFS(pyfuse3.Operations):
                 return alias, st
         node = self._new_node(parent, name, stat.S_ISDIR(st.st_mode))
         node.path, node.layer, node.dir_layers, node.epoch = path, layer, dir_layers, self.epoch
+        node.st = st
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
             self._alias(key, node)
         return node, st
@@ -451,6 +459,9 @@ class CowFS(pyfuse3.Operations):
                 del self.aliases[k]
 
     def _attrs(self, node: Node, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        cacheable = st is node.st and node.layer != self.U
+        if cacheable and node.attrs is not None:
+            return node.attrs
         e = pyfuse3.EntryAttributes()
         e.st_ino = node.ino
         e.generation = 0
@@ -468,6 +479,8 @@ class CowFS(pyfuse3.Operations):
         e.st_atime_ns = st.st_atime_ns
         e.st_mtime_ns = st.st_mtime_ns
         e.st_ctime_ns = st.st_ctime_ns
+        if cacheable:
+            node.attrs = e
         return e
 
     def _stat(self, node: Node) -> os.stat_result:
@@ -475,7 +488,17 @@ class CowFS(pyfuse3.Operations):
             for fd in node.fds:
                 return os.fstat(fd)
             raise _err(errno.ENOENT)
-        return os.lstat(self._backing(node))
+        return self._lower_stat(node) or os.lstat(self._backing(node))
+
+    def _lower_stat(self, node: Node) -> os.stat_result | None:
+        """The cached lstat of a node backed by a lower layer (None: ask the upper). Valid
+        because lower layers are immutable and every move of a node to another backing
+        file goes through _resolve or copy-up, which refresh or bypass it."""
+        if node.epoch != self.epoch:
+            self._resolve(node)
+        if node.layer != self.U and node.st is not None:
+            return node.st
+        return None
 
     # -- budget ------------------------------------------------------------------------
     def _charge(self, nbytes: int) -> None:
@@ -1153,7 +1176,13 @@ class CowFS(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> int:
         node = self._node(inode)
         self._resolve(node)
-        names = [n for n, _ in self._listing(node.path, node.dir_layers)]
+        key = (node.path, node.dir_layers)
+        if node.names is not None and node.names_key == key:
+            names = node.names
+        else:
+            names = [n for n, _ in self._listing(node.path, node.dir_layers)]
+            if self.U not in node.dir_layers:  # only lower layers: it cannot change
+                node.names, node.names_key = names, key
         fh = self.next_fh
         self.next_fh += 1
         self.fhs[fh] = DirHandle(node, names)
