@@ -205,11 +205,13 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] |
             keys = load_stat_cache(d / "statcache")
             return keys, keys  # racy entries carry an impossible size: they never match
         if name in ("copy", "reflink"):
-            from snapshot.backends.copy import load_manifest
-            m = load_manifest(d / "manifest")
-            if not m:
+            # Read the manifest's marshal directly: building 60k StatKey objects costs more
+            # than the whole walk.
+            from snapshot.backends.copy import MANIFEST_VERSION
+            with open(d / "manifest", "rb") as f:
+                version, keys = marshal.load(f)
+            if version != MANIFEST_VERSION or not keys:
                 return None, {}
-            keys = {k: (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode) for k, v in m.items()}
             row = engine.registry.snapshot(base_id)
             limit = int((row.created_at if row else 0) * 1e9) - MANIFEST_TRUST_NS
             trusted = {k: v for k, v in keys.items() if v[3] < limit and v[2] < limit}
@@ -340,10 +342,46 @@ def live_changes_statcache(engine: "Engine", base_id: str, *, include_ignored: b
     return LiveChanges(frozenset(changed), "statcache", time.monotonic() - started)
 
 
+def _subtree(root: bytes, rel: bytes) -> Iterator[bytes]:
+    """Non-directory paths beneath ``rel`` (itself excluded), never following symlinks."""
+    from snapshot.tree import walk
+    top = os.path.join(root, rel)
+    for sub, st in walk(top):
+        if not stat.S_ISDIR(st.st_mode):
+            yield rel + b"/" + sub
+
+
+def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any) -> frozenset[bytes]:
+    """Non-directory paths at or beneath ``cands`` whose entries differ (O(candidates),
+    plus the subtrees of candidates that are directories: renamed or new ones)."""
+    todo: set[bytes] = set()
+    for c in cands:
+        for root in (base, new):
+            try:
+                st = os.lstat(os.path.join(root, c))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.update(_subtree(root, c))
+            else:
+                todo.add(c)
+    out = set()
+    for p in todo:
+        a, b = _entry_beneath(base, p), _entry_beneath(new, p)
+        a = None if a is not None and a[0] == "dir" else a
+        b = None if b is not None and b[0] == "dir" else b
+        if _same(a, b):
+            continue
+        if rules is not None and rules.path_ignored(p, False):
+            continue
+        out.add(p)
+    return frozenset(out)
+
+
 def live_changes_btrfs(engine: "Engine", base_id: str, *, include_ignored: bool = False) -> LiveChanges | None:
     """None when btrfs send cannot be used here (the caller falls back to the stat cache)."""
     started = time.monotonic()
-    from merge.changes import tree_changes
+    from merge.ignore import IgnoreRules
 
     from .changesets import SendStreamError, _clean, _multi_linked, btrfs_send_paths, readonly_btrfs
     if os.geteuid() != 0:
@@ -359,12 +397,10 @@ def live_changes_btrfs(engine: "Engine", base_id: str, *, include_ignored: bool 
             if not cands:
                 return LiveChanges(frozenset(), "btrfs-send", time.monotonic() - started)
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
-            changes = tree_changes(base, ro, include_ignored=include_ignored, ignore_root=ro,
-                                   paths=sorted(cands), detect_renames=False)
+            paths = _compare_candidates(os.fsencode(base), os.fsencode(ro), cands,
+                                        None if include_ignored else IgnoreRules(ro))
     except (SendStreamError, OSError):
         return None
-    paths = frozenset(c.path for c in changes
-                      if (c.old is not None and c.old.kind != "dir") or (c.new is not None and c.new.kind != "dir"))
     return LiveChanges(paths, "btrfs-send", time.monotonic() - started)
 
 
