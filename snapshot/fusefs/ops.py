@@ -139,7 +139,7 @@ def copy_file_data(src: bytes, dst: bytes, size: int, fsync: bool = False) -> No
                     fcntl.ioctl(dfd, FICLONE, sfd)
                 except OSError:
                     _copy_sparse(sfd, dfd, size, lambda n: None)
-            if fsync:
+            if fsync and size:  # an empty copy (a truncating open) hides nothing worth keeping
                 os.fsync(dfd)
         finally:
             os.close(dfd)
