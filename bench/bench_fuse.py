@@ -363,7 +363,7 @@ def main() -> int:
                                                if args.quick else ""),
         "- all three mount that tree as the only lower layer; upper and work on the host filesystem "
         f"(`{CACHE}`)",
-        f"- fuse-overlayfs: {' '.join(fsver[:1]) or '?'}, default options",
+        f"- fuse-overlayfs: {next((x for x in fsver if 'overlayfs' in x), '?')}, default options",
         "- petri-fuse: `snapshot.fusefs` daemon, defaults " + str(D.CacheOptions()),
         f"- runs per cell: {b.runs} (import workload: {max(3, b.runs * 2)}); times are p50 (and p99 where n>1)",
         f"- import workload: `python3.11 -B -c 'import {', '.join(IMPORTS)}'` under bwrap with the mount "
