@@ -442,6 +442,9 @@ class Engine:
                 else:
                     remove_tree(bytes(left.path))
                 reaped["mounts" if left.kind == "mount" else "trees"] += 1
+            reap = getattr(self.backend, "reap_processes", None)
+            if reap is not None:  # e.g. FUSE daemons serving no known sandbox
+                reaped["processes"] += reap(self.store, known_sbs)
             # Implicit snapshots nobody uses, once a newer snapshot exists.
             snaps = self.registry.snapshots()
             for i, snap in enumerate(snaps):

@@ -12,6 +12,9 @@ which backend made them::
       logs/<sb-id>/          run output
       journal/               promotion journals
       tmp/                   half-made things; anything here is garbage after a crash
+      events.jsonl           the event stream front ends follow
+      fuse.sock, fuse.lock,  the fuse backend's fork server (one per store, exits when idle)
+      fuse.pid, fuse.log
 """
 from __future__ import annotations
 
