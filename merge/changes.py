@@ -109,6 +109,7 @@ class _Narrow:
     def __init__(self, paths: Sequence[bytes]):
         self.all = not paths or any(p == b"" for p in paths)
         self.prefixes = sorted({p for p in paths if p})
+        self.kept = frozenset(self.prefixes)
         self.ancestors: set[bytes] = set()
         for p in self.prefixes:
             parts = p.split(b"/")
@@ -116,11 +117,13 @@ class _Narrow:
                 self.ancestors.add(b"/".join(parts[:i]))
 
     def keeps(self, rel: bytes) -> bool:
+        """rel or one of its ancestors was asked for: O(depth) set lookups, not O(paths)."""
         if self.all:
             return True
-        for p in self.prefixes:
-            if rel == p or rel.startswith(p + b"/"):
+        while rel:
+            if rel in self.kept:
                 return True
+            rel = rel.rpartition(b"/")[0]
         return False
 
     def enters(self, rel: bytes) -> bool:

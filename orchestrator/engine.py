@@ -77,14 +77,14 @@ class Engine:
             engine.reap_expired()
         return engine
 
-    def recover_promotions(self) -> tuple[list[str], list[str]]:
+    def recover_promotions(self, *, locked: bool = False) -> tuple[list[str], list[str]]:
         """Finish or undo a promotion a killed petri left half-done (guarantee 2): every
         command starts with this; it is one directory listing when there is nothing to do."""
         try:
             from .promotions import recover_interrupted
         except ImportError:
             return [], []
-        return recover_interrupted(self)
+        return recover_interrupted(self, locked=locked)
 
     def close(self) -> None:
         self.registry.close()
@@ -175,6 +175,8 @@ class Engine:
             return self._take_snapshot_locked(message, kind, progress)
 
     def _take_snapshot_locked(self, message: str, kind: str, progress: Progress | None) -> SnapshotRow:
+        # A promoter killed while we waited for the lock may have left staging in live.
+        self.recover_promotions(locked=True)
         parent = self.registry.latest_snapshot()
         snap_id = new_id("s")
         started = time.monotonic()

@@ -29,6 +29,7 @@ Caveats:
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -89,8 +90,11 @@ def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -
     acc[1].extend(undone)
 
 
-def recover_interrupted(engine: "Engine") -> tuple[list[str], list[str]]:
-    """Finish or undo what a killed petri left half-done: (finished ids, undone ids)."""
+def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list[str], list[str]]:
+    """Finish or undo what a killed petri left half-done: (finished ids, undone ids).
+
+    ``locked``: the caller already holds the store lock (a live promoter holds it for its
+    whole run, so anything pending then is a dead one's)."""
     pend = _pending_dir(engine)
     try:
         if not os.listdir(pend):
@@ -98,7 +102,7 @@ def recover_interrupted(engine: "Engine") -> tuple[list[str], list[str]]:
     except FileNotFoundError:
         return [], []
     from merge.promote import promotion_state, recover
-    with engine.lock():
+    with contextlib.nullcontext() if locked else engine.lock():
         names = os.listdir(pend)  # the promoter may have finished while we waited
         if not names:
             return [], []
