@@ -78,7 +78,8 @@ class _Raw:
     target: bytes | None  # symlink target
 
 
-def _kind_of(st_mode: int) -> str:
+def kind_of(st_mode: int) -> str:
+    """'file', 'symlink', 'dir' or 'other' (fifos, sockets, devices: never promoted)."""
     if stat.S_ISREG(st_mode):
         return KIND_FILE
     if stat.S_ISLNK(st_mode):
@@ -162,7 +163,7 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # vanished since readdir: it is simply not in this tree
-            kind = _kind_of(st.st_mode)
+            kind = kind_of(st.st_mode)
             if ignored is not None and ignored(path, kind == KIND_DIR):
                 continue
             target = None

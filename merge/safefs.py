@@ -36,6 +36,7 @@ from typing import Iterable
 
 import xxhash
 
+from .changes import kind_of
 from .errors import PathThroughSymlink, UnsafePath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -93,16 +94,6 @@ class Node:
     gid: int
     content_id: str | None = None
     target: bytes | None = None
-
-
-def kind_of(st_mode: int) -> str:
-    if stat.S_ISREG(st_mode):
-        return "file"
-    if stat.S_ISLNK(st_mode):
-        return "symlink"
-    if stat.S_ISDIR(st_mode):
-        return "dir"
-    return "other"
 
 
 class SafeTree:

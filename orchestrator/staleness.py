@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import xxhash
 
+from merge.changes import kind_of
+
 if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow
@@ -67,16 +69,6 @@ class LiveChanges:
     seconds: float
 
 
-def _kind(m: int) -> str:
-    if stat.S_ISREG(m):
-        return "file"
-    if stat.S_ISLNK(m):
-        return "symlink"
-    if stat.S_ISDIR(m):
-        return "dir"
-    return "other"
-
-
 def _hash_fd(fd: int) -> str:
     h = xxhash.xxh3_128()
     while True:
@@ -92,7 +84,7 @@ def entry_of(path: bytes) -> Ent | None:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    k = _kind(st.st_mode)
+    k = kind_of(st.st_mode)
     mode = stat.S_IMODE(st.st_mode)
     if k == "symlink":
         return (k, 0, xxhash.xxh3_128_hexdigest(os.fsencode(os.readlink(path))))
