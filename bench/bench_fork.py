@@ -261,6 +261,9 @@ class Bench:
         if interrupted:
             report.text("**Interrupted: the tables hold what finished.**")
         report.text(
+            "The checkout, the venv and the machine are shared with other sessions: if petri's code "
+            "or venv changed during the run, the in-process (api) numbers use the code loaded at "
+            "the start while each cli process loads the current one. "
             f"Runs per cell: {a.runs} (cells stop after {a.budget:.0f} s of measured time once they "
             f"have 5 samples; `n` says how many ran). Times are wall clock, warm page cache. "
             f"The machine was shared with other work while this ran, so numbers are noisy "
@@ -330,7 +333,7 @@ class Bench:
         if failures:
             report.section("Failures")
             report.table(["tree", "backend", "error"],
-                         [(r.tree, r.backend, r.error.replace("|", "\\|").replace("\n", " ")[:300])
+                         [(r.tree, r.backend, _one_line(r.error))
                           for r in failures])
 
         report.section("Targets")
@@ -367,6 +370,12 @@ class Bench:
             if bl.fs == res.fs and bl.tree == res.tree:
                 return bl
         return None
+
+
+def _one_line(error: str, limit: int = 400) -> str:
+    """An error for a table cell: one line, the end kept (a traceback's last line says what)."""
+    text = " ".join(error.split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[:80] + " ... " + text[-(limit - 85):]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
