@@ -26,7 +26,6 @@ same guarantee on every kernel and is what is used.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat
@@ -49,7 +48,7 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the loaded libc; find_library runs ldconfig (3 ms)
 _renameat2 = getattr(_libc, "renameat2", None)
 
 

@@ -362,6 +362,8 @@ class Engine:
 
     def check_limits(self, limits: Limits) -> None:
         """Refuse limits this machine cannot enforce (exit 4) rather than pretend."""
+        if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
+            return  # nothing to enforce: keep the plain `petri fork` from importing the runner
         try:
             from .runs import check_limits
         except ImportError:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat
@@ -60,7 +59,7 @@ BTRFS_IOC_FS_INFO = 0x8400941F
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the loaded libc; find_library runs ldconfig (3 ms)
 
 
 # -- probing ----------------------------------------------------------------------------
