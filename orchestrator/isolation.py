@@ -175,7 +175,10 @@ def discover_masks(
 ) -> list[Mask]:
     """The host paths to hide that exist now: credential folders/files under each home,
     the host secrets, and ``extra``. Reads the filesystem; ``build_plan`` is the pure part."""
-    found: list[Mask] = []
+    return _resolve(_candidates(homes=homes, host_secrets=host_secrets, extra=extra))
+
+
+def _candidates(*, homes: Sequence[bytes] | None, host_secrets: bool, extra: Iterable[bytes]) -> list[bytes]:
     candidates: list[bytes] = []
     for home in homes if homes is not None else home_dirs():
         candidates.extend(os.path.join(home, _b(rel)) for rel in CREDENTIAL_PATHS)
@@ -184,6 +187,11 @@ def discover_masks(
         for pattern in HOST_SECRET_GLOBS:
             candidates.extend(_b(p) for p in sorted(glob.glob(pattern)))
     candidates.extend(_b(p) for p in extra)
+    return candidates
+
+
+def _resolve(candidates: Iterable[bytes]) -> list[Mask]:
+    found: list[Mask] = []
     seen: set[bytes] = set()
     for c in candidates:
         real = _b(os.path.realpath(c))
@@ -194,6 +202,73 @@ def discover_masks(
             seen.add(real)
             found.append(Mask(real, kind))
     return found
+
+
+# The host's masks, kept per process: discovering them walks ~100 candidate paths with
+# realpath (~1-4 ms, a large share of a run's own CPU). The cache is valid while every
+# directory whose entries decide the answer is unchanged: each candidate's parent (missing
+# parents recorded as missing), /home (home_dirs' glob), /etc/ssh (the host key glob) and
+# /etc/passwd. A directory's mtime changes whenever an entry is created, removed or renamed
+# in it. Timestamps are coarse (a clock tick), so, like git's "racily clean" index entries,
+# a cache whose watched mtimes are younger than RACY_S is not trusted: a change in the same
+# tick as our look would keep the old mtime. Candidates that go through a symlink are
+# resolved afresh every time (their target's directory is not watched).
+RACY_S = 2.0
+_mask_cache: dict[tuple, tuple[tuple, list[Mask], list[bytes]]] = {}
+
+
+def _stamp(path: bytes) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def _watch_list(candidates: Iterable[bytes]) -> list[bytes]:
+    watch = {b"/etc/passwd", b"/home", b"/etc/ssh"}
+    watch.update(os.path.dirname(c) for c in candidates)
+    return sorted(watch)
+
+
+def _stamps(watch: Sequence[bytes]) -> tuple:
+    return tuple(_stamp(w) for w in watch)
+
+
+def discover_masks_cached(*, extra: Iterable[bytes] = ()) -> list[Mask]:
+    """``discover_masks(extra=...)`` for the whole host, cached per process while the
+    directories that decide it are unchanged (see ``RACY_S``)."""
+    import time
+
+    key = tuple(extra)
+    hit = _mask_cache.get(key)
+    if hit is not None:
+        watch_stamps, masks, volatile = hit
+        watch = watch_stamps[0]
+        if _stamps(watch) == watch_stamps[1]:
+            if not volatile:
+                return list(masks)
+            # Symlinked candidates: resolve them now, the rest is as cached.
+            fresh = discover_masks(homes=[], host_secrets=False, extra=volatile)
+            seen = {m.path for m in masks}
+            return list(masks) + [m for m in fresh if m.path not in seen]
+    candidates = _candidates(homes=None, host_secrets=True, extra=key)
+    watch = _watch_list(candidates)
+    before = _stamps(watch)
+    stable: list[bytes] = []
+    volatile: list[bytes] = []
+    for c in candidates:
+        (stable if _b(os.path.realpath(c)) == os.path.abspath(c) else volatile).append(c)
+    masks = _resolve(stable)
+    after = _stamps(watch)
+    now_ns = time.time_ns()
+    racy = any(s is not None and now_ns - s[2] < RACY_S * 1e9 for s in after)
+    if before == after and not racy:
+        _mask_cache[key] = ((watch, after), masks, volatile)
+    else:
+        _mask_cache.pop(key, None)
+    seen = {m.path for m in masks}
+    return masks + [m for m in _resolve(volatile) if m.path not in seen]
 
 
 def new_marker() -> bytes:
@@ -346,7 +421,7 @@ def plan_for_run(
 ) -> SandboxPlan:
     """Discover the masks on this host and build the plan (the IO-doing convenience)."""
     ws = _b(workspace)
-    masks = discover_masks(extra=[_b(p) for p in extra_masks])
+    masks = discover_masks_cached(extra=[_b(p) for p in extra_masks])
     # Masks inside the workspace exist (if at all) in the tree: check there.
     inside: list[Mask] = []
     outside: list[Mask] = []
