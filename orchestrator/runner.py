@@ -49,7 +49,7 @@ from typing import Callable
 import trio
 
 from orchestrator import cgroups, isolation
-from orchestrator.cgexec import DropTo, wrapper_argv
+from orchestrator.cgexec import DropTo, ignored_signals, wrapper_argv
 from orchestrator.cgroups import Limits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 
@@ -249,6 +249,18 @@ async def run_isolated(
                 on_event(RunEvent("warning", data=w.encode()))
     all_gone = True
 
+    def nothing_to_kill() -> bool:
+        # The usual end: bwrap exited and its pid namespace took everything with it. Reading
+        # the cgroup's member lists is a few cheap cgroupfs reads, done in the loop; only
+        # a real kill (which polls and sleeps) needs a thread.
+        if proc is not None and proc.returncode is None:
+            return False
+        return cg is None or not cg.pids()
+
+    async def kill_everything_async() -> None:
+        if not nothing_to_kill():
+            await trio.to_thread.run_sync(kill_everything)
+
     def kill_everything() -> None:
         nonlocal all_gone
         if proc is not None and proc.returncode is None:
@@ -310,6 +322,8 @@ async def run_isolated(
             procs_files=cg.procs_files() if cg else (),
             rlimits=rlimits,
             drop_to=drop_to,
+            # Read per run: a handler may have been set to SIG_IGN since the last one.
+            reset_signals=bool(ignored_signals()),
         )
         try:
             proc = await trio.lowlevel.open_process(
@@ -352,11 +366,11 @@ async def run_isolated(
                 await proc.wait()
             # The namespace is gone with bwrap; anything left in the cgroup goes now, so the
             # pipes reach EOF and the pumps finish.
-            await trio.to_thread.run_sync(kill_everything)
+            await kill_everything_async()
             fwd_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(kill_everything)
+            await kill_everything_async()
             if proc is not None:
                 await proc.wait()
             if cg is not None:
