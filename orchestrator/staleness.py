@@ -36,6 +36,7 @@ Caveats:
 """
 from __future__ import annotations
 
+import gc
 import marshal
 import os
 import stat
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import xxhash
 
 from merge.changes import kind_of
+from merge.ignore import IgnoreRules
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -185,9 +187,10 @@ def _same(a: Ent | None, b: Ent | None) -> bool:
 # --------------------------------------------------------------------------- the stat caches
 
 
-def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] | None, dict[bytes, tuple]]:
-    """(every base path -> its key at snapshot time (None when the backend keeps none),
-    the keys trustworthy enough to say 'unchanged since')."""
+def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] | None, dict[bytes, Any]]:
+    """(every base path -> its key at snapshot time, or None when the backend keeps no
+    record; a fresh copy of it in which keys not trustworthy enough to say 'unchanged
+    since' are None). The walk pops the copy."""
     store = engine.store
     name = engine.backend_name
     d = store.snapshot_dir(base_id)
@@ -195,7 +198,7 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] |
         if name in ("overlay", "fuse"):
             from snapshot.layers import load_stat_cache
             keys = load_stat_cache(d / "statcache")
-            return keys, keys  # racy entries carry an impossible size: they never match
+            return keys, dict(keys)  # racy entries carry an impossible size: they never match
         if name in ("copy", "reflink"):
             # Read the manifest's marshal directly: building 60k StatKey objects costs more
             # than the whole walk.
@@ -206,7 +209,7 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] |
                 return None, {}
             row = engine.registry.snapshot(base_id)
             limit = int((row.created_at if row else 0) * 1e9) - MANIFEST_TRUST_NS
-            trusted = {k: v for k, v in keys.items() if v[3] < limit and v[2] < limit}
+            trusted = {k: (v if v[3] < limit and v[2] < limit else None) for k, v in keys.items()}
             return keys, trusted
     except Exception:  # a damaged record only costs speed
         return None, {}
@@ -236,69 +239,119 @@ def _save_cache(path: Path, live: dict, base: dict, listing: dict | None) -> Non
     os.replace(tmp, path)  # a cache: losing it to a crash costs only time, so no fsync
 
 
-def _walk_live(root: bytes, exclude: frozenset[bytes], rules: Any) -> Iterator[tuple[bytes, os.stat_result]]:
-    """(rel, lstat) of every non-directory of live, pruning ignored directories."""
-    stack = [b""]
+class _WalkRules(IgnoreRules):
+    """The workspace's ignore rules, told by the walk which directories hold no
+    ``.gitignore`` (so asking about them opens nothing)."""
+
+    def __init__(self, root: bytes, absent: set[bytes]):
+        super().__init__(root)
+        self.absent = absent
+
+    def patterns_of(self, d: bytes) -> list:
+        if d in self.absent:
+            return []
+        return super().patterns_of(d)
+
+
+def _walk_compare(root: bytes, exclude: frozenset[bytes], remaining: dict[bytes, Any],
+                  rules: "_WalkRules | None", want_rules: bool
+                  ) -> tuple[list[tuple[bytes, tuple]], "_WalkRules | None"]:
+    """Walk live once, comparing each non-directory's stat key with (and popping it from)
+    ``remaining`` (the snapshot's record; None values never match). Returns what moved,
+    and the ignore rules, made only once a ``.gitignore`` shows up (or passed in): with
+    none anywhere nothing is ignored, and parsing a big ``.git/index`` for the tracked
+    set costs more than the walk's comparisons."""
+    # The hot loop of staleness: per entry one stat, one tuple, one dict pop.
+    pop = remaining.pop
+    isdir = stat.S_ISDIR
+    moved: list[tuple[bytes, tuple]] = []
+    absent: set[bytes] = set()
+    stack: list[tuple[bytes, bool]] = [(b"", rules is not None)]
     while stack:
-        rel = stack.pop()
+        rel, active = stack.pop()
+        # Asked when popped, not when listed: by then every parent's listing is complete,
+        # so which of them hold a .gitignore is known.
+        if active and rel and rules is not None and rules.is_ignored(rel, True):
+            continue
         try:
             it = os.scandir(os.path.join(root, rel) if rel else root)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
+        dirs = []
+        gi = False
+        prefix = rel + b"/" if rel else b""
         with it:
             for e in it:
                 name = e.name
                 if not rel and (name in exclude or name.startswith(b".petri-staging-")):
                     continue
-                child = rel + b"/" + name if rel else name
+                if name == b".gitignore":
+                    gi = True
+                child = prefix + name
                 try:
                     st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if stat.S_ISDIR(st.st_mode):
-                    if rules is not None and rules.is_ignored(child, True):
-                        continue
-                    stack.append(child)
-                else:
-                    yield child, st
+                mode = st.st_mode
+                if isdir(mode):
+                    dirs.append(child)
+                    continue
+                key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, mode)
+                if pop(child, None) != key:
+                    moved.append((child, key))
+        if not gi:
+            absent.add(rel)
+        elif rules is None and want_rules:
+            rules = _WalkRules(root, absent)
+        if dirs:
+            sub = active or gi
+            stack.extend([(d, sub) for d in dirs])
+    if rules is not None:
+        rules.absent = absent
+    return moved, rules
 
 
 def live_changes_statcache(engine: "Engine", base_id: str, *, include_ignored: bool = False) -> LiveChanges:
+    # A walk of a 60k tree makes ~10^5 tuples; the cyclic GC finds nothing among them
+    # but would rescan them all again and again (a third of the time).
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _live_changes_statcache(engine, base_id, include_ignored)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: bool) -> LiveChanges:
     started = time.monotonic()
-    from merge.ignore import IgnoreRules
     root = os.fsencode(engine.root)
-    rules = None if include_ignored else IgnoreRules(engine.root)
-    snap_keys, trusted = _snapshot_keys(engine, base_id)
+    rules = None
+    if not include_ignored and os.path.lexists(os.path.join(root, b".git", b"info", b"exclude")):
+        rules = _WalkRules(root, set())
+    snap_keys, remaining = _snapshot_keys(engine, base_id)
     cpath = _cache_path(engine, base_id)
     cache, base_cache, listing = _load_cache(cpath)
     dirty = False
-    walk_start = time.time_ns()
     exclude = frozenset({b".git", b".petri"})
-    seen: set[bytes] = set()
-    todo: list[tuple[bytes, tuple]] = []
-    changed: set[bytes] = set()
-    for rel, st in _walk_live(root, exclude, rules):
-        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-        seen.add(rel)
-        if trusted.get(rel) == key:
-            continue
-        c = cache.get(rel)
-        if c is not None and c[0] == key:
-            if c[1]:
-                changed.add(rel)
-            continue
-        todo.append((rel, key))
     with ExitStack() as stack:
         base = BaseSide(engine, base_id, stack)
-        if snap_keys is not None:
-            base_modes = {k: v[4] for k, v in snap_keys.items()}
-        else:
+        if snap_keys is None:
             if listing is None:
                 from snapshot.tree import walk
                 listing = {rel: st.st_mode for rel, st in walk(base.root(), frozenset({b".petri"}))}
                 dirty = True
-            base_modes = listing
-        for rel, key in todo:
+            snap_keys = {k: (None, None, None, None, m) for k, m in listing.items()}
+            remaining = dict.fromkeys(listing)
+        walk_start = time.time_ns()
+        moved, rules = _walk_compare(root, exclude, remaining, rules, not include_ignored)
+        changed: set[bytes] = set()
+        for rel, key in moved:
+            c = cache.get(rel)
+            if c is not None and c[0] == key:
+                if c[1]:
+                    changed.add(rel)
+                continue
             if rules is not None and rules.path_ignored(rel, False):
                 continue
             live_ent = entry_of(os.path.join(root, rel))
@@ -306,7 +359,7 @@ def live_changes_statcache(engine: "Engine", base_id: str, *, include_ignored: b
                 b = base_cache[rel]
                 base_ent = None if b is None else tuple(b)
             else:
-                base_ent = base.entry(rel) if rel in base_modes else None
+                base_ent = base.entry(rel) if rel in snap_keys else None
                 if base_ent is not None and base_ent[0] == "dir":
                     base_ent = None
                 base_cache[rel] = base_ent
@@ -317,15 +370,17 @@ def live_changes_statcache(engine: "Engine", base_id: str, *, include_ignored: b
             if key[2] < walk_start - RACY_NS and key[3] < walk_start - RACY_NS:
                 cache[rel] = (key, differs)
                 dirty = True
-    for rel, mode in base_modes.items():
-        if rel in seen or stat.S_ISDIR(mode) or not rel:
+    # What the walk did not pop: in the base, not in live (or live has a directory there).
+    for rel in remaining:
+        mode = snap_keys[rel][4]
+        if not rel or stat.S_ISDIR(mode):
             continue
         top = rel.split(b"/", 1)[0]
         if top in exclude or top.startswith(b".petri-staging-"):
             continue
         if rules is not None and rules.path_ignored(rel, False):
             continue
-        changed.add(rel)  # in the base, not in live (or live has a directory there)
+        changed.add(rel)
     if dirty:
         try:
             _save_cache(cpath, cache, base_cache, listing)
