@@ -270,14 +270,21 @@ def _rmdir_chain(leaf: Path, stop: Path) -> None:
     """rmdir leaf, then each parent up to (not including) stop while empty."""
     d = leaf
     while d != stop and stop in d.parents:
-        try:
-            os.rmdir(d)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            if e.errno in (errno.EBUSY, errno.ENOTEMPTY):
-                return
-            raise CgroupFailure(e.errno, f"cannot remove cgroup {d}: {e.strerror}") from e
+        # The leaf can stay busy for a moment after its last process was reaped (the kernel
+        # drops exited tasks from the css_set asynchronously): retry it briefly. A parent
+        # that is busy holds other runs' cgroups, which is normal.
+        for attempt in range(50 if d == leaf else 1):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if e.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                    raise CgroupFailure(e.errno, f"cannot remove cgroup {d}: {e.strerror}") from e
+                if d != leaf or attempt == 49:
+                    return
+                time.sleep(0.002)
         d = d.parent
 
 
