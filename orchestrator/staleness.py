@@ -27,10 +27,12 @@ one base walks live once); the sandbox side only checks the live-changed paths i
 
 Caveats:
 - Entries whose mtime/ctime fall within 50 ms of the walk are not cached (git's racily
-  clean rule); a copy/reflink manifest entry is trusted only for files whose ctime is over
-  a minute older than the snapshot (that record keeps no racy marks).
-- The first look at a base on copy/reflink right after ``init`` (or on zfs, or btrfs
-  without root) hashes every file that moved, both sides; later looks hash only what moved.
+  clean rule); the snapshots' records carry the same marks (a racy entry never matches).
+  An old (version 1) copy/reflink manifest has none: its entries are trusted only for
+  files whose ctime is over a minute older than the snapshot.
+- Where the snapshot keeps no record (zfs, btrfs without root) or only an old manifest,
+  the first look hashes every file that moved, both sides; later looks hash only what
+  moved.
 - Ignored files (the workspace's ``.gitignore``) are left out, as in ``diff``; ``.git/``
   and the store always are.
 """
@@ -205,8 +207,11 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] |
             from snapshot.backends.copy import MANIFEST_VERSION
             with open(d / "manifest", "rb") as f:
                 version, keys = marshal.load(f)
-            if version != MANIFEST_VERSION or not keys:
+            if version == MANIFEST_VERSION and keys:
+                return keys, dict(keys)  # racy entries carry an impossible size, as above
+            if version != 1 or not keys:
                 return None, {}
+            # Version 1 keeps no racy marks: trust only what moved well before the snapshot.
             row = engine.registry.snapshot(base_id)
             limit = int((row.created_at if row else 0) * 1e9) - MANIFEST_TRUST_NS
             trusted = {k: (v if v[3] < limit and v[2] < limit else None) for k, v in keys.items()}

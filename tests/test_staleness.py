@@ -236,3 +236,80 @@ def test_layer_lookup_matches_merged_walk(tmp_path):
     want = {rel: path for rel, path, st in merged_walk(layers)}
     for rel in [b"a/x", b"a/y", b"b/z", b"b/new", b"c", b"d", b"d/q", b"nope", b"a", b"b"]:
         assert S.layer_lookup(layers, rel) == want.get(rel), rel
+
+
+def test_copy_manifest_marks_racy_entries():
+    from snapshot.backends.copy import RACY_SIZE, RACY_WINDOW_NS, manifest_data
+    from snapshot.tree import StatKey
+    t = 1_000_000_000_000
+    got = manifest_data({b"old": StatKey(1, 5, t - 2 * RACY_WINDOW_NS, t - 2 * RACY_WINDOW_NS, 0o100644),
+                         b"mtime": StatKey(2, 5, t, t - 2 * RACY_WINDOW_NS, 0o100644),
+                         b"ctime": StatKey(3, 5, t - 2 * RACY_WINDOW_NS, t - RACY_WINDOW_NS // 2, 0o100644)}, t)
+    assert got[b"old"][1] == 5
+    assert got[b"mtime"][1] == RACY_SIZE and got[b"ctime"][1] == RACY_SIZE
+
+
+def test_racy_clean_same_size_edit_is_caught(copy_ws):
+    """A same-size edit landing in the snapshot's own timestamp tick, after the copier took
+    its stat: the manifest's key equals live's, so only the racy mark saves the verdict."""
+    from snapshot.backends.copy import _save_manifest
+    from snapshot.tree import StatKey
+    e, ws = copy_ws
+    sb = e.fork("live")[0]
+    started_ns = time.time_ns()
+    with open(ws / "samesize.txt", "r+b") as f:
+        f.write(b"BBBB")
+    mpath = e.store.snapshot_dir(sb.base) / "manifest"
+    from snapshot.backends.copy import load_manifest
+    manifest = load_manifest(mpath)
+    manifest[b"samesize.txt"] = StatKey.of(os.lstat(ws / "samesize.txt"))  # as the copier saw it
+    _save_manifest(mpath, manifest, started_ns)
+    st = fresh(e, sb)
+    assert st["live_changed"] == 1, st
+    # and the cache that look left behind does not forget it
+    time.sleep(0.1)
+    assert fresh(e, sb)["live_changed"] == 1
+
+
+def test_first_look_trusts_the_copy_manifest(tmp_path, monkeypatch):
+    """Files that settled before the snapshot are trusted from its manifest on the very
+    first look: only what moved since is hashed (live and base side)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_tree(ws)
+    age_files(ws)
+    time.sleep(0.1)  # out of the snapshot's racy window (age_files moved every ctime)
+    e, _ = Engine.init(ws, "copy")
+    try:
+        _first_look(e, ws, monkeypatch)
+    finally:
+        e.deinit(force=True)
+
+
+def _first_look(e, ws, monkeypatch):
+    sb = e.fork("live")[0]
+    hashed = []
+    real = S.entry_of
+    monkeypatch.setattr(S, "entry_of", lambda p: hashed.append(p) or real(p))
+    w(ws / "src" / "f7.txt", "changed\n")
+    time.sleep(0.1)
+    assert fresh(e, sb)["live_changed"] == 1
+    live_side = [p for p in hashed if b"/.petri/" not in p]
+    assert [os.path.basename(p) for p in live_side] == [b"f7.txt"], hashed
+
+
+def test_nested_gitignore_and_info_exclude(copy_ws):
+    e, ws = copy_ws
+    sb = e.fork("live")[0]
+    w(ws / "src" / "deep" / ".gitignore", "*.tmp\nbuild/\n")
+    w(ws / "src" / "deep" / "x.tmp", "ignored\n")
+    w(ws / "src" / "deep" / "build" / "out.o", "ignored\n")
+    w(ws / "src" / "y.tmp", "not ignored here\n")
+    w(ws / ".git" / "info" / "exclude", "*.bak\n")
+    w(ws / "src" / "z.bak", "excluded\n")
+    time.sleep(0.1)
+    st = fresh(e, sb)
+    # the new .gitignore itself and y.tmp count; the rest is ignored
+    assert st["live_changed"] == 2, st
+    (ws / ".git" / "info" / "exclude").unlink()
+    assert fresh(e, sb)["live_changed"] == 3

@@ -7,9 +7,20 @@ file moved is decided by the stat cache of the previous snapshot: (inode, size, 
 ctime_ns, mode) of the live file when it was copied. A sandbox is a full copy of the
 snapshot.
 
+The manifest (``snapshots/<id>/manifest``: marshal of ``(version, {rel: (ino, size,
+mtime_ns, ctime_ns, mode)})`` for every non-directory) keeps git's racily-clean marks: an
+entry whose mtime or ctime is not older than the snapshot's start (less
+``RACY_WINDOW_NS``) could be rewritten within the same timestamp tick after it was copied
+and keep all five fields, so it is stored with the impossible size -1 and never matches.
+Every other entry can be trusted as "unchanged since this snapshot" by whoever reads the
+manifest (the next snapshot; staleness). Version 1 manifests carry no marks: their
+entries are still used by the next snapshot as before, and staleness trusts them only
+for files whose ctime is over a minute older than the snapshot.
+
 Caveats: the first snapshot and every clone copy all the data (O(bytes)); snapshots are
 exact per file, not across files (each file is re-copied if it moved during its copy);
-sockets and device nodes in the workspace are not carried.
+sockets and device nodes in the workspace are not carried; a file written just before
+a snapshot is copied again by the next one (its racy mark).
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ import contextlib
 import marshal
 import os
 import stat
+import time
 from pathlib import Path
 from typing import ClassVar, Iterator
 
@@ -26,11 +38,28 @@ from ..store import STORE_NAME, Store
 from ..tree import StatKey, TreeCopier, remove_tree, walk
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: racy entries marked (size -1); 1: no marks
+_READABLE_VERSIONS = (1, 2)
+# Timestamps come from the kernel's coarse clock (one tick: 4 ms at HZ=250); 50 ms leaves
+# room for a slow tick (as snapshot.layers.RACY_WINDOW_NS).
+RACY_WINDOW_NS = 50_000_000
+RACY_SIZE = -1  # no file has it: a racy entry never matches a live stat
 
 
-def _save_manifest(path: Path, manifest: dict[bytes, StatKey]) -> None:
-    data = {k: (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode) for k, v in manifest.items()}
+def manifest_data(manifest: dict[bytes, StatKey], started_ns: int) -> dict[bytes, tuple]:
+    """The manifest as stored: plain tuples, racy entries marked (pure)."""
+    recent = started_ns - RACY_WINDOW_NS
+    data = {}
+    for k, v in manifest.items():
+        if v.mtime_ns >= recent or v.ctime_ns >= recent:
+            data[k] = (v.ino, RACY_SIZE, v.mtime_ns, v.ctime_ns, v.mode)
+        else:
+            data[k] = (v.ino, v.size, v.mtime_ns, v.ctime_ns, v.mode)
+    return data
+
+
+def _save_manifest(path: Path, manifest: dict[bytes, StatKey], started_ns: int) -> None:
+    data = manifest_data(manifest, started_ns)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
         marshal.dump((MANIFEST_VERSION, data), f)
@@ -45,7 +74,7 @@ def load_manifest(path: Path) -> dict[bytes, StatKey]:
             version, data = marshal.load(f)
     except (FileNotFoundError, EOFError, ValueError, TypeError):
         return {}
-    if version != MANIFEST_VERSION:
+    if version not in _READABLE_VERSIONS:
         return {}
     return {k: StatKey(*v) for k, v in data.items()}
 
@@ -99,8 +128,10 @@ class CopyBackend:
                             total=total, link_from=link_from if prev else None)
         try:
             (staging / "tree").mkdir(parents=True)
+            # Before the walk's first stat: every key taken later is compared with it.
+            started_ns = time.time_ns()
             copier.copy(bytes(store.workspace), bytes(staging / "tree"), EXCLUDE)
-            _save_manifest(staging / "manifest", copier.manifest)
+            _save_manifest(staging / "manifest", copier.manifest, started_ns)
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException:
             remove_tree(staging)
