@@ -206,7 +206,7 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] |
             # than the whole walk.
             from snapshot.backends.copy import MANIFEST_VERSION
             with open(d / "manifest", "rb") as f:
-                version, keys = marshal.load(f)
+                version, keys = marshal.loads(f.read())
             if version == MANIFEST_VERSION and keys:
                 return keys, dict(keys)  # racy entries carry an impossible size, as above
             if version != 1 or not keys:
@@ -228,7 +228,7 @@ def _cache_path(engine: "Engine", base_id: str) -> Path:
 def _load_cache(path: Path) -> tuple[dict[bytes, tuple], dict[bytes, Any], dict[bytes, int] | None]:
     try:
         with open(path, "rb") as f:
-            version, live, base, listing = marshal.load(f)
+            version, live, base, listing = marshal.loads(f.read())
         if version == CACHE_VERSION:
             return live, base, listing
     except (OSError, EOFError, ValueError, TypeError):
