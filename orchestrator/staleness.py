@@ -271,6 +271,8 @@ def _walk_compare(root: bytes, exclude: frozenset[bytes], remaining: dict[bytes,
     isdir = stat.S_ISDIR
     moved: list[tuple[bytes, tuple]] = []
     absent: set[bytes] = set()
+    if rules is not None:
+        rules.absent = absent
     stack: list[tuple[bytes, bool]] = [(b"", rules is not None)]
     while stack:
         rel, active = stack.pop()
@@ -311,8 +313,6 @@ def _walk_compare(root: bytes, exclude: frozenset[bytes], remaining: dict[bytes,
         if dirs:
             sub = active or gi
             stack.extend([(d, sub) for d in dirs])
-    if rules is not None:
-        rules.absent = absent
     return moved, rules
 
 
