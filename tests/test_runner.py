@@ -218,8 +218,13 @@ sys.exit(run_shell(spec))
         deadline = time.monotonic() + 20
         while b"# " not in out and time.monotonic() < deadline:  # the sandbox shell's prompt
             out += os.read(master, 4096)
-        # stdin is a tty and job control is on (its own session and terminal); then exit 5.
-        os.write(master, b"[ -t 0 ] && echo IS-A-TTY; case $- in *m*) echo JOBCTL;; esac; exit 5\n")
+        # stdin is a tty and job control is on (its own session and terminal). Read the
+        # answer before asking the shell to exit: once the terminal's other side closes, the
+        # kernel may drop what the shell wrote last.
+        os.write(master, b"[ -t 0 ] && echo IS-A-TTY; case $- in *m*) echo JOB''CTL;; esac\n")
+        while b"JOBCTL" not in out and time.monotonic() < deadline:
+            out += os.read(master, 4096)
+        os.write(master, b"exit 5\n")
         while time.monotonic() < deadline:
             try:
                 chunk = os.read(master, 4096)

@@ -25,13 +25,16 @@ def ws(tmp_path):
     petri("deinit", "--force", cwd=w)
 
 
-def drive(argv: list[str], cwd: Path, script: bytes, timeout: float = 30.0) -> tuple[int, bytes]:
+def drive(argv: list[str], cwd: Path, script: bytes, until: bytes, timeout: float = 30.0) -> tuple[int, bytes]:
+    """Run petri on a pty, type ``script`` at the first prompt, wait for ``until`` in the
+    output, then type ``exit 3`` (reading first: once the terminal's other side closes, the
+    kernel may drop the shell's last output)."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: petri on our pty as its controlling terminal
         os.chdir(cwd)
         os.execv(sys.executable, [sys.executable, "-m", "orchestrator.cli", *argv])
     out = b""
-    sent = False
+    sent = exited = False
     started = time.monotonic()
     deadline = started + timeout
     status = None
@@ -46,6 +49,9 @@ def drive(argv: list[str], cwd: Path, script: bytes, timeout: float = 30.0) -> t
         if not sent and (b"$ " in out or time.monotonic() - started > 3):  # a prompt, or 3 s
             os.write(fd, script)
             sent = True
+        elif sent and until in out and not exited:
+            os.write(fd, b"exit 3\n")
+            exited = True
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
@@ -72,8 +78,8 @@ def drive(argv: list[str], cwd: Path, script: bytes, timeout: float = 30.0) -> t
 def test_shell_is_interactive_same_path_and_isolated(ws):
     sb = petri("fork", "--label", "sh", "--json", cwd=ws).json["sandboxes"][0]
     script = (b"test -t 0 && echo TTY-OK; pwd; cat README.md; echo from-shell > new.txt; "
-              b"echo $((6*7))-ANSWER; exit 3\n")
-    code, out = drive(["shell", "sh"], ws, script)
+              b"echo $((6*7))-ANSWER\n")
+    code, out = drive(["shell", "sh"], ws, script, until=b"42-ANSWER")
     assert code == 3, out[-800:]
     assert b"TTY-OK" in out and b"42-ANSWER" in out
     assert str(ws).encode() in out, "the shell starts at the workspace's own path"
