@@ -50,9 +50,7 @@ from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_reads, walk_upper
 from ..store import Store
 from ..tree import apply_meta, remove_tree
-from .overlay import OverlayBackend, _probe_user_xattr, _refuse_if_mounts_under
-
-MOUNT_RECORD_VERSION = 1
+from .overlay import MOUNT_RECORD_VERSION, OverlayBackend, _probe_user_xattr, _refuse_if_mounts_under
 
 
 class FuseMountFailed(SnapshotError):
@@ -169,15 +167,6 @@ class FuseBackend(OverlayBackend):
                 remove_tree(bytes(sb))
             raise
         return store.sandbox_tree(sb_id)
-
-    def _record(self, store: Store, sb_id: str) -> dict:
-        try:
-            rec = json.loads((store.sandbox_dir(sb_id) / "mount.json").read_text())
-        except FileNotFoundError:
-            raise SnapshotError(detail=f"sandbox {sb_id} has no mount record on disk") from None
-        if rec.get("version") != MOUNT_RECORD_VERSION:
-            raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
-        return rec
 
     def daemon_health(self, store: Store, sb_id: str) -> str:
         """``ok`` | ``dead`` | ``hung`` | ``unmounted`` (see fusefs.daemon.health)."""
