@@ -393,3 +393,26 @@ def test_runs_as_the_given_user_without_capabilities(user_box, test_user):
     assert "ROOT-SECRET" not in out and "NESTED" not in out
     st = os.stat(user_box.tree / "made.txt")
     assert (st.st_uid, st.st_gid) == (uid, gid)  # on the host too: not root behind a mapping
+
+
+def test_masks_cache_sees_a_new_credential_folder(tmp_path):
+    """The per-process masks cache must not hide a credential folder created after it filled."""
+    import time as _time
+
+    from orchestrator.isolation import RACY_S, discover_masks, discover_masks_cached
+    secret = tmp_path / "creds"
+    extra = [bytes(secret)]
+    _time.sleep(RACY_S + 0.1)  # let the fresh tmp dir age past the racy window
+    first = {m.path for m in discover_masks_cached(extra=extra)}
+    assert bytes(secret) not in first
+    secret.mkdir()
+    _time.sleep(RACY_S + 0.1)
+    second = {m.path for m in discover_masks_cached(extra=extra)}
+    assert bytes(secret) in second
+    assert second == {m.path for m in discover_masks(extra=extra)}
+
+
+def test_wrapper_resets_signals_unless_told_not_to():
+    from orchestrator.cgexec import wrapper_argv
+    assert b"--default-signal" in wrapper_argv(["true"])
+    assert b"--default-signal" not in wrapper_argv(["true"], reset_signals=False)
