@@ -21,7 +21,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -131,7 +131,8 @@ def snapshot(message: Annotated[str, typer.Option("-m", "--message", help="A not
 def snapshots() -> None:
     """List snapshots: id, message, implicit or not, age, bytes it alone holds."""
     e = engine()
-    docs = [e.snapshot_doc(r) for r in e.registry.snapshots()]
+    snaps = e.registry.snapshots()
+    docs = [e.snapshot_doc(r) for r in snaps]
     o = out()
     if G.json:
         o.doc({"snapshots": docs})
@@ -139,7 +140,7 @@ def snapshots() -> None:
     from .registry import now
     from .units import human_bytes, human_duration
     rows = []
-    for d, r in zip(docs, e.registry.snapshots()):
+    for d, r in zip(docs, snaps):
         rows.append([d["id"], d["kind"], human_duration(now() - r.created_at),
                      human_bytes(d["bytes"]) if d["bytes"] is not None else "?",
                      ",".join(d["used_by"]) or "-", d["message"]])

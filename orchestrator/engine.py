@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import importlib
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +178,6 @@ class Engine:
         self.recover_promotions(locked=True)
         parent = self.registry.latest_snapshot()
         snap_id = new_id("s")
-        started = time.monotonic()
         result = self.backend.snapshot(self.store, snap_id, parent.id if parent else None, progress)
         row = SnapshotRow(id=snap_id, message=message, implicit=(kind == "implicit"), created_at=now(),
                           backend=self.backend_name, parent=parent.id if parent else None,
@@ -189,7 +187,6 @@ class Engine:
         except BaseException:
             self.backend.delete_snapshot(self.store, snap_id)
             raise
-        self._last_snapshot_s = time.monotonic() - started
         return row
 
     def snapshot_doc(self, row: SnapshotRow, *, with_bytes: bool = True) -> dict[str, Any]:
@@ -226,9 +223,8 @@ class Engine:
                     raise UsageError(detail=f"label {lb!r} is already used by a live sandbox")
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
-        implicit: SnapshotRow | None = None
         if source == "live":
-            implicit = base = self.take_snapshot("fork from live", kind="implicit")
+            base = self.take_snapshot("fork from live", kind="implicit")
         else:
             base = self.resolve_snapshot(source)
         created = now()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -52,9 +53,11 @@ class Output:
         sys.stdout.flush()
 
 
+_ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
 def _strip(s: str) -> str:
-    import re
-    return re.sub(r"\033\[[0-9;]*m", "", s)
+    return _ANSI.sub("", s)
 
 
 class ProgressBar:
