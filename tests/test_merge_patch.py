@@ -107,6 +107,10 @@ def git_oracle(home: Path, base: Path, new: Path, work: Path) -> tuple[bytes, by
             shutil.copytree(s, d, symlinks=True)
         else:
             shutil.copy2(s, d, follow_symlinks=False)
+    # Build the index from scratch: copy2 keeps mtimes, an unlinked file's inode is reused and git
+    # compares whole seconds, so a same-size edit made in the same second as the base looked
+    # "unchanged" to a refreshed index (CI caught that racily-clean case once).
+    os.unlink(repo / ".git" / "index")
     git(home, repo, "add", "-A", "-f")
     patch = git(home, repo, "diff", "--cached", "--binary", "-M", "HEAD").stdout
     numstat = git(home, repo, "diff", "--cached", "-z", "--numstat", "-M", "HEAD").stdout
