@@ -8,6 +8,7 @@ filesystem of its kind.
 from __future__ import annotations
 
 import os
+import random
 import stat
 from pathlib import Path
 from typing import Callable
@@ -33,14 +34,24 @@ def manifest(root: Path | bytes, exclude: frozenset[bytes] = EXCLUDE) -> dict[by
         if stat.S_ISREG(st.st_mode):
             with open(p, "rb") as f:
                 digest = xxhash.xxh3_128(f.read()).hexdigest()
-            out[rel] = ("f", stat.S_IMODE(st.st_mode), st.st_uid, st.st_size, digest)
+            out[rel] = ("f", stat.S_IMODE(st.st_mode), st.st_uid, st.st_size, digest, _user_xattrs(p))
         elif stat.S_ISLNK(st.st_mode):
             out[rel] = ("l", os.readlink(p))
         elif stat.S_ISDIR(st.st_mode):
-            out[rel] = ("d", stat.S_IMODE(st.st_mode), st.st_uid)
+            out[rel] = ("d", stat.S_IMODE(st.st_mode), st.st_uid, _user_xattrs(p))
         else:
             out[rel] = ("o", kind)
     return out
+
+
+def _user_xattrs(path: bytes) -> tuple[tuple[str, bytes], ...]:
+    """The ``user.`` xattrs a copy must carry (``user.overlay.*`` belongs to overlayfs)."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return ()
+    return tuple(sorted((n, os.getxattr(path, n, follow_symlinks=False)) for n in names
+                        if n.startswith("user.") and not n.startswith("user.overlay.")))
 
 
 def diff_manifests(a: dict, b: dict) -> list[str]:
@@ -83,6 +94,10 @@ def make_sample_tree(root: Path) -> None:
         f.truncate(64 << 20)
         f.seek(32 << 20)
         f.write(b"middle")
+    os.setxattr(os.path.join(r, b"src/app.py"), "user.petri.note", b"kept")
+    os.setxattr(os.path.join(r, b"src"), "user.petri.dir", b"kept too")
+    # Big enough that copying backends hand it to their thread pool (TreeCopier.BIG_FILE).
+    w(b"assets/blob.bin", random.Random(7).randbytes(3 << 20), 0o640)
     for name in ODD_NAMES:
         w(b"odd/" + name, name + b"\n")
 

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
-from .tree import COPY_RETRIES, StatKey, apply_meta, clone_file_data, copy_file, join, walk
+from .tree import COPY_RETRIES, StatKey, TreeCopier, apply_meta, clone_file_data, copy_file, join, walk
 
 # (ino, size, mtime_ns, ctime_ns, mode): StatKey's fields as a tuple; StatKey(*key) converts.
 Key = Tuple[int, int, int, int, int]
@@ -419,7 +419,7 @@ def _copy_regular(src: bytes, dst: bytes, st: os.stat_result, reflink: bool,
 
 
 def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, reflink: bool,
-                progress: Callable[[int, int], None] | None = None, workers: int = 8) -> BuildResult:
+                progress: Callable[[int, int], None] | None = None, workers: int = 4) -> BuildResult:
     """Apply ``plan`` into the new directory ``layer`` (must not exist), copying from src_root.
 
     On failure the caller removes ``layer``; the error is DiskFull or SnapshotError."""
@@ -447,8 +447,21 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
         if op.in_lower:
             make_whiteout(os.path.join(layer, op.rel))
 
+    def settle(op: Op, copy: Callable[[], os.stat_result]) -> None:
+        try:
+            copied[op.rel] = copy()
+        except OSError:
+            if _is_same_file(os.path.join(src_root, op.rel), scan.entries[op.rel]):
+                raise
+            # Gone or replaced by another type between the walk and the copy.
+            try:
+                os.unlink(os.path.join(layer, op.rel))
+            except FileNotFoundError:
+                pass
+            source_gone(op)
+
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
             for op in plan.ops:
                 dst = os.path.join(layer, op.rel)
                 src = os.path.join(src_root, op.rel)
@@ -471,7 +484,11 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
                                 continue
                             if st.st_nlink > 1:
                                 first_of_inode[ident] = op.rel
-                            futures.append((op, pool.submit(_copy_regular, src, dst, st, reflink, count, True)))
+                            if workers and not reflink and st.st_size >= TreeCopier.BIG_FILE:
+                                futures.append((op, pool.submit(_copy_regular, src, dst, st, reflink, count,
+                                                                True)))
+                            else:  # inline: see TreeCopier for why threads lose on small files
+                                settle(op, lambda: _copy_regular(src, dst, st, reflink, count, True))
                         elif stat.S_ISLNK(mode):
                             copied[op.rel] = _copy_symlink(src, dst)
                         elif stat.S_ISFIFO(mode):
@@ -483,17 +500,7 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
                     except (FileNotFoundError, NotADirectoryError):
                         source_gone(op)
             for op, fut in futures:
-                try:
-                    copied[op.rel] = fut.result()
-                except OSError:
-                    if _is_same_file(os.path.join(src_root, op.rel), scan.entries[op.rel]):
-                        raise
-                    # Gone or replaced by another type between the walk and the copy.
-                    try:
-                        os.unlink(os.path.join(layer, op.rel))
-                    except FileNotFoundError:
-                        pass
-                    source_gone(op)
+                settle(op, fut.result)
         for op, first in linked:
             if first in copied:
                 os.link(os.path.join(layer, first), os.path.join(layer, op.rel))

@@ -84,7 +84,7 @@ class CopyBackend:
     instant: ClassVar[bool] = False
     reflink: ClassVar[bool] = False
 
-    def __init__(self, workers: int = 8) -> None:
+    def __init__(self, workers: int = 4) -> None:
         self.workers = workers
 
     # -- store -------------------------------------------------------------------------
