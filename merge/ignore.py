@@ -24,6 +24,7 @@ as ignored; ``core.ignoreCase`` is taken as false (Linux).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -248,7 +249,8 @@ def parse_index(data: bytes) -> set[bytes]:
                 name = prev[:len(prev) - strip] + data[shift_pos:end]
                 pos = end + 1
             else:
-                end = data.index(b"\0", start)
+                namelen = flags & 0xFFF  # 0xFFF: the name is that long or longer
+                end = start + namelen if namelen < 0xFFF else data.index(b"\0", start + 0xFFF)
                 name = data[start:end]
                 entry_len = end - pos
                 pos += (entry_len + 8) & ~7
@@ -266,17 +268,31 @@ class IgnoreRules:
         self.root = os.fsencode(root)
         self._per_dir: dict[bytes, list[Pattern]] = {}
         self._exclude = parse_patterns(self._read(b".git/info/exclude") or b"")
-        self.tracked: set[bytes] = set()
-        self._tracked_dirs: set[bytes] = set()
-        if honour_index:
-            self.tracked = parse_index(self._read(b".git/index") or b"")
-            for p in self.tracked:
-                parts = p.split(b"/")
-                for i in range(1, len(parts)):
-                    self._tracked_dirs.add(b"/".join(parts[:i]))
+        self._honour_index = honour_index
         # Ignored directories entered only because they hold tracked files: everything
         # untracked beneath them is ignored.
         self._entered_ignored: set[bytes] = set()
+
+    # The index only matters for paths the rules ignore (a tracked file is never ignored), so
+    # it is parsed the first time one comes up: a change set without ignored paths never pays
+    # for it (a 60k-entry index takes over 100 ms to read in Python).
+    @functools.cached_property
+    def tracked(self) -> set[bytes]:
+        """Paths in the git index."""
+        return parse_index(self._read(b".git/index") or b"") if self._honour_index else set()
+
+    @functools.cached_property
+    def _tracked_dirs(self) -> set[bytes]:
+        dirs: set[bytes] = set()
+        for p in self.tracked:
+            i = p.rfind(b"/")
+            while i > 0:
+                d = p[:i]
+                if d in dirs:
+                    break  # and so are all its parents
+                dirs.add(d)
+                i = p.rfind(b"/", 0, i)
+        return dirs
 
     def _read(self, rel: bytes) -> bytes | None:
         parts = rel.split(b"/")
@@ -319,16 +335,16 @@ class IgnoreRules:
     def is_ignored(self, path: bytes, is_dir: bool) -> bool:
         """Whether ``path`` is ignored, for a walker that visits parents first and skips
         what this says is ignored (as git does)."""
-        if path in self.tracked:
-            return False
         if self._entered_ignored and path.rpartition(b"/")[0] in self._entered_ignored:
             ignored = True
         else:
             ignored = self._rules_say(path, is_dir)
-        if ignored and is_dir and path in self._tracked_dirs:
+        if not ignored or path in self.tracked:
+            return False
+        if is_dir and path in self._tracked_dirs:
             self._entered_ignored.add(path)
             return False
-        return ignored
+        return True
 
     def _rules_say(self, path: bytes, is_dir: bool) -> bool:
         parts = path.split(b"/")
