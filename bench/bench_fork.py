@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field

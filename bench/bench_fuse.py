@@ -44,10 +44,8 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable

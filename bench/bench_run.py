@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import shutil
 import subprocess
 import sys
 import time

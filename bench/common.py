@@ -5,10 +5,10 @@ a tree counts as built only when its marker file (``<name>.ok``, JSON with the r
 version, file count and bytes) matches the recipe, so a half-built tree from a killed run is
 rebuilt. Each bench copies the cached tree into the filesystem it measures.
 
-Loop filesystems (btrfs, XFS with ``reflink=1``) live on sparse images named
-``/var/tmp/petri-bench-<kind>-<pid>.img``, held under ``flock`` while in use; a sweep at
-start releases only images whose lock nobody holds (a killed run's), never the test
-suite's ``petri-test-*`` images or anything else.
+Loop filesystems (btrfs, XFS with ``reflink=1``) come from ``tests/loopimg.py``, the same
+code the tests use: sparse images named ``/var/tmp/petri-bench-<kind>-<pid>-<rand>.img``,
+held under ``flock`` while in use; a sweep at start releases only images whose lock nobody
+holds (a killed run's), never the test suite's ``petri-test-*`` images or anything else.
 
 Numbers are wall-clock ``time.perf_counter`` deltas; p50/p99 use linear interpolation
 between order statistics (so with fewer than 100 samples p99 sits between the two largest).
@@ -22,12 +22,9 @@ images for the next run's sweep.
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
 import os
 import random
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from tests import loopimg
+from tests.loopimg import LoopFs, kill_fuse_daemons_under, unmount_under
+
 REPO = Path(__file__).resolve().parent.parent
 PETRI = REPO / ".venv" / "bin" / "petri"
 CACHE = Path("/var/tmp/petri-bench")
-IMAGE_DIR = Path("/var/tmp")
-IMAGE_RE = re.compile(r"^petri-bench-(btrfs|xfs)-\d+\.img$")
-MOUNT_PREFIX = "petri-bench-mnt-"
+IMAGE_PREFIX = "petri-bench"
 TREE_RECIPE = 4  # bump when a tree recipe changes: cached trees are then rebuilt
 
 PYCACHE = CACHE / "pycache"
@@ -263,42 +261,6 @@ def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mounts() -> list[tuple[str, str, str]]:
-    """(mount point, fs type, source) for every mount in this namespace, in mount order."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            r = right.split()
-            out.append((_unescape(left.split()[4]), r[0], _unescape(r[1])))
-    return out
-
-
-def unmount_under(path: Path) -> None:
-    """Unmount everything at or below ``path``, deepest first, lazily when busy."""
-    prefix = str(path).rstrip("/") + "/"
-    points = {p for p, _, _ in mounts() if p == str(path) or p.startswith(prefix)}
-    for point in sorted(points, key=len, reverse=True):
-        if run(["umount", point], check=False).returncode != 0:
-            run(["umount", "-l", point], check=False)
-
-
-def kill_fuse_daemons_under(path: Path) -> None:
-    """Stop FUSE daemons (pid files petri's fuse backend writes) of the workspace ``path``
-    or of the workspaces directly inside it."""
-    pidfiles = [*path.glob(".petri/sandboxes/*/daemon.pid"), *path.glob("*/.petri/sandboxes/*/daemon.pid")]
-    for pidfile in pidfiles:
-        try:
-            pid = int(pidfile.read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-
-
 def remove_path(path: Path) -> None:
     """rm -rf that also deletes btrfs subvolumes (read-only ones too) and unmounts first."""
     if not os.path.lexists(path):
@@ -326,75 +288,11 @@ def remove_path(path: Path) -> None:
     run(["rm", "-rf", "--one-file-system", path], check=False)
 
 
-# -- loop filesystems --------------------------------------------------------------------
-
-MKFS = {"btrfs": ["mkfs.btrfs", "-q", "-f"], "xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"]}
-
-
-@dataclass
-class LoopFs:
-    kind: str
-    image: Path
-    lock_fd: int
-    device: str | None = None
-    mount: Path | None = None
-
-    def release(self) -> None:
-        if self.mount is not None:
-            kill_fuse_daemons_under(self.mount)
-            unmount_under(self.mount)
-            if not os.path.ismount(self.mount):
-                try:
-                    os.rmdir(self.mount)
-                except OSError:
-                    pass
-            self.mount = None
-        if self.device is not None:
-            run(["losetup", "-d", self.device], check=False)
-            self.device = None
-        self.image.unlink(missing_ok=True)
-        if self.lock_fd >= 0:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
-
+# -- loop filesystems (tests/loopimg.py: one implementation for tests and benches) ----------
 
 def sweep_stale_images() -> None:
     """Release images of killed bench runs (their flock is free); nothing else."""
-    try:
-        listing = json.loads(run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
-                                 check=False).stdout or '{"loopdevices": []}')["loopdevices"]
-    except (ValueError, KeyError):
-        listing = []
-    attached: dict[str, list[str]] = {}
-    for dev in listing:
-        attached.setdefault((dev.get("back-file") or "").strip(), []).append(dev["name"])
-    for image in IMAGE_DIR.glob("petri-bench-*.img"):
-        if not IMAGE_RE.match(image.name):
-            continue
-        try:
-            fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live bench holds it
-            log(f"sweeping stale bench image {image}")
-            for dev in attached.get(str(image), []):
-                for point, _, source in reversed(mounts()):
-                    if source == dev:
-                        kill_fuse_daemons_under(Path(point))
-                        unmount_under(Path(point))
-                        if Path(point).name.startswith(MOUNT_PREFIX):
-                            try:
-                                os.rmdir(point)
-                            except OSError:
-                                pass
-                run(["losetup", "-d", dev], check=False)
-            image.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
+    loopimg.sweep_stale_images(IMAGE_PREFIX, log)
 
 
 def sweep_stale_work_dirs() -> None:
@@ -418,27 +316,7 @@ def sweep_stale_work_dirs() -> None:
 
 def make_loopfs(kind: str, size: int) -> LoopFs:
     """A fresh ``kind`` filesystem on a sparse image of ``size`` bytes, mounted."""
-    image = IMAGE_DIR / f"petri-bench-{kind}-{os.getpid()}.img"
-    hidden = image.with_name("." + image.name + ".new")  # locked before the sweep can see it
-    fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.rename(hidden, image)
-    fs = LoopFs(kind, image, fd)
-    try:
-        os.ftruncate(fd, size)
-        run(MKFS[kind] + [image])
-        r = run(["losetup", "--find", "--show", image], check=False)
-        if r.returncode != 0:
-            raise RuntimeError(f"no free loop device for the {kind} image: {r.stderr.strip()}")
-        fs.device = r.stdout.strip()
-        fs.mount = IMAGE_DIR / f"{MOUNT_PREFIX}{kind}-{os.getpid()}"
-        fs.mount.mkdir(exist_ok=True)
-        run(["mount", "-t", kind, fs.device, fs.mount])
-        os.chmod(fs.mount, 0o755)
-        return fs
-    except BaseException:
-        fs.release()
-        raise
+    return loopimg.make_loopfs(kind, size, prefix=IMAGE_PREFIX)
 
 
 # -- trees -------------------------------------------------------------------------------
