@@ -57,7 +57,7 @@ import fcntl
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal
 

@@ -106,7 +106,7 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
-    from .registry import pid_alive, rfc3339
+    from .registry import rfc3339
     e = engine()
     row = e.resolve_sandbox(sandbox)
     runs = e.registry.runs(row.id)
@@ -212,7 +212,7 @@ def race(
 ) -> None:
     """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner."""
     from .engine import Limits
-    from .race import Candidate, load_candidates, race_sync, render_table
+    from .race import load_candidates, race_sync, render_table
     from .units import parse_cpus, parse_duration, parse_size
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")

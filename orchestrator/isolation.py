@@ -48,7 +48,7 @@ import glob
 import os
 import pwd
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 

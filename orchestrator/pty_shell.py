@@ -28,11 +28,9 @@ import os
 import select
 import shutil
 import signal
-import struct
 import termios
 import time
 import tty
-from pathlib import Path
 
 from orchestrator import cgroups, isolation
 from orchestrator.cgexec import wrapper_argv

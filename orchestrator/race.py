@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import PatchUnreadable, PromoteUnavailable
-from .registry import new_id, rfc3339
+from .registry import new_id
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits

@@ -39,10 +39,9 @@ import math
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -50,10 +49,10 @@ import trio
 
 from orchestrator import cgroups, isolation
 from orchestrator.cgexec import DropTo, ignored_signals, wrapper_argv
-from orchestrator.cgroups import Limits
+from orchestrator.cgroups import RunLimits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 
-__all__ = ["Limits", "RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
+__all__ = ["RunLimits", "RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
 
 detect_cgroup_mode = cgroups.detect_cgroup_mode
 sweep_cgroups = cgroups.sweep_cgroups
@@ -73,7 +72,7 @@ class RunSpec:
     argv: list[str] | list[bytes]
     cwd: Path  # absolute, as seen inside (under workspace)
     env: dict[str, str]  # extra variables on top of PATH, HOME, LANG, TERM
-    limits: Limits
+    limits: RunLimits
     timeout_s: float | None
     deadline: float | None  # absolute time.time() of the sandbox's lifetime end
     stdout_path: Path

@@ -134,9 +134,9 @@ def runnable_row(engine: "Engine", sandbox: "str | SandboxRow") -> SandboxRow:
     return row
 
 
-def run_limits(row: SandboxRow) -> cgroups.Limits:
+def run_limits(row: SandboxRow) -> cgroups.RunLimits:
     lim = row.limits or {}
-    return cgroups.Limits(mem_bytes=lim.get("mem_bytes"), cpus=lim.get("cpus"), pids=lim.get("pids"),
+    return cgroups.RunLimits(mem_bytes=lim.get("mem_bytes"), cpus=lim.get("cpus"), pids=lim.get("pids"),
                           net=bool(lim.get("net")))
 
 

@@ -2,10 +2,8 @@
 filesystem each one needs: btrfs and XFS on loop devices, kernel overlay on the host."""
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, petri
+from tests.conftest import petri
 
 GIT = ["git", "-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null", "-c", "user.name=t",
        "-c", "user.email=t@t", "-c", "core.autocrlf=false", "-c", "init.defaultBranch=main"]

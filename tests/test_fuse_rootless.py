@@ -10,7 +10,6 @@ import pwd
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path

@@ -14,7 +14,7 @@ import pytest
 
 from merge.errors import (PromotionConflict, SandboxChangedDuringPromotion, UndoConflict,
                           UnsafePath)
-from merge.promote import execute_promotion, plan_promotion, undo_promotion
+from merge.promote import execute_promotion, undo_promotion
 from merge.safefs import SafeTree, split_rel
 from tests.test_promote import Trees, manifest, mktree, w
 

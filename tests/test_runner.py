@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from orchestrator import cgroups
-from orchestrator.cgroups import Limits
+from orchestrator.cgroups import RunLimits
 from orchestrator.runner import RunEvent, RunSpec, run_isolated
 
 PREFIX = f"petri-test-run-{os.getpid()}"
@@ -44,7 +44,7 @@ def make_spec(tmp_path: Path, argv, **kw) -> RunSpec:
     (tmp_path / "ws").mkdir(parents=True, exist_ok=True)
     (tmp_path / "tree").mkdir(parents=True, exist_ok=True)
     d = dict(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
-             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=Limits(mem_bytes=512 << 20, pids=128),
+             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=RunLimits(mem_bytes=512 << 20, pids=128),
              timeout_s=30.0, deadline=None, stdout_path=tmp_path / "logs" / f"{i}.out",
              stderr_path=tmp_path / "logs" / f"{i}.err", uid=0, gid=0,
              cgroup_name=f"{PREFIX}/sb/run-{i}", echo=False)
@@ -92,7 +92,7 @@ def test_output_is_saved_complete_and_streamed_as_lines(tmp_path):
 
 def test_echo_streams_to_our_stdout(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-c", "echo to-out; echo to-err >&2"], echo=True)
-    code = f"""
+    code = """
 import functools, pickle, sys, trio
 from orchestrator.runner import run_isolated
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))

@@ -459,7 +459,6 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
                         format=f"%(asctime)s {os.getpid()} %(levelname)s %(message)s", force=True)
     log = logging.getLogger("petri.fusefs")
-    mounted = False
     try:
         if args.pidfile:
             write_pidfile(args.pidfile)
@@ -482,7 +481,6 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
         if not args.upper:
             options.add("ro")
         pyfuse3.init(fs, args.mountpoint, options)
-        mounted = True
     except BaseException as e:
         log.exception("daemon failed before mounting")
         if args.pidfile:
