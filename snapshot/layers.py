@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
-from .tree import COPY_RETRIES, StatKey, TreeCopier, apply_meta, clone_file_data, copy_file, join, walk
+from .tree import COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, join, walk
 
 # (ino, size, mtime_ns, ctime_ns, mode): StatKey's fields as a tuple; StatKey(*key) converts.
 Key = Tuple[int, int, int, int, int]
@@ -393,29 +393,14 @@ def _drop_overlay_xattrs(path: bytes) -> None:
 
 def _copy_regular(src: bytes, dst: bytes, st: os.stat_result, reflink: bool,
                   count: Callable[[int], None], strict: bool) -> os.stat_result:
-    try:
-        got = copy_file(src, dst, st, reflink=reflink, count=count)
-        if strict:
-            # A live file's own overlay xattrs would mean something to the kernel here.
-            _drop_overlay_xattrs(dst)
-        return got
-    except TreeChangedDuringCopy:
-        if strict:
-            raise
-    # A file written without pause (a log): take it as one read pass saw it.
-    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        now = os.fstat(src_fd)
-        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            clone_file_data(src_fd, dst_fd, now.st_size, reflink, count)
-        finally:
-            os.close(dst_fd)
-    finally:
-        os.close(src_fd)
-    copy_plain_xattrs(src, dst)
-    apply_meta(dst, now)
-    return now
+    """Copy one file into a layer. ``strict`` (a live file): it must hold still, and its own
+    overlay xattrs are dropped (they would mean something to the kernel here). Otherwise (a
+    sandbox's upper dir, copied verbatim) a file written without pause is taken as one read
+    pass saw it."""
+    got = copy_file_at(None, src, None, dst, reflink=reflink, count=count, settle=not strict)
+    if strict:
+        _drop_overlay_xattrs(dst)
+    return got
 
 
 def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, reflink: bool,

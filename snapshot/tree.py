@@ -189,11 +189,15 @@ def _apply_meta_fd(fd: int, st: os.stat_result) -> None:
 
 
 def copy_file_at(src_dir_fd: int | None, src: bytes, dst_dir_fd: int | None, dst: bytes, *, reflink: bool,
-                 count: Callable[[int], None] = lambda n: None) -> os.stat_result:
+                 count: Callable[[int], None] = lambda n: None, settle: bool = False) -> os.stat_result:
     """Copy one regular file exactly (data, xattrs, owner, mode, times), ``src``/``dst`` relative
     to the directory descriptors (or plain paths when those are None); re-copy if the source
-    moved meanwhile. Returns the stat the copy matches. ``dst`` must not exist."""
-    for _ in range(COPY_RETRIES):
+    moved meanwhile. Returns the stat the copy matches. ``dst`` must not exist.
+
+    A file that never holds still (a log written without pause) fails with
+    TreeChangedDuringCopy, unless ``settle``: then the last pass is kept as it read, and the
+    stat from *before* it is returned, so a stat cache sees the file as changed next time."""
+    for attempt in range(COPY_RETRIES):
         # O_NONBLOCK: if a fifo took the file's place since the walk, opening it must not hang.
         src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=src_dir_fd)
         try:
@@ -208,6 +212,10 @@ def copy_file_at(src_dir_fd: int | None, src: bytes, dst_dir_fd: int | None, dst
                     copy_xattrs(src_fd, dst_fd)
                     _apply_meta_fd(dst_fd, after)
                     return after
+                if settle and attempt == COPY_RETRIES - 1:
+                    copy_xattrs(src_fd, dst_fd)
+                    _apply_meta_fd(dst_fd, before)
+                    return before
             finally:
                 os.close(dst_fd)
         finally:

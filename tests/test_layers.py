@@ -431,3 +431,44 @@ def test_kernel_overlay_sees_the_same_view(chain, tmp_path):
             == tree_signature(chain.live, frozenset())
     finally:
         umount(os.fsencode(mnt))
+
+
+# -- files that never hold still ------------------------------------------------------------
+
+def test_a_file_written_without_pause_fails_a_strict_copy_and_is_settled_in_an_upper_copy(tmp_path):
+    """A writer that appends while each copy pass runs (from the copy's progress callback, so
+    it happens every time, not when the scheduler allows)."""
+    from snapshot.errors import TreeChangedDuringCopy
+
+    log = tmp_path / "log"
+    log.write_bytes(b"x" * 4096)
+    os.setxattr(log, "user.petri.k", b"v")
+    passes = []
+
+    def append(n: int) -> None:
+        passes.append(n)
+        with open(log, "ab") as f:
+            f.write(b"y" * 100)
+
+    # A live file must hold still for a snapshot: five passes, then a clear error, no debris.
+    with pytest.raises(TreeChangedDuringCopy, match="kept changing"):
+        L._copy_regular(bytes(log), bytes(tmp_path / "strict"), os.lstat(log), False, append, True)
+    assert len(passes) == 5 and not (tmp_path / "strict").exists()
+
+    # A sandbox's upper dir is copied as one read pass saw it: no error, xattrs kept, and the
+    # stat returned is from before that pass, so a stat cache will look at the file again.
+    passes.clear()
+    size_before_last = None
+
+    def append_and_note(n: int) -> None:
+        nonlocal size_before_last
+        size_before_last = os.stat(log).st_size
+        append(n)
+
+    got = L._copy_regular(bytes(log), bytes(tmp_path / "settled"), os.lstat(log), False, append_and_note,
+                          False)
+    data = (tmp_path / "settled").read_bytes()
+    assert len(passes) == 5
+    assert got.st_size == len(data) == size_before_last < os.stat(log).st_size
+    assert log.read_bytes().startswith(data) and data.startswith(b"x" * 4096)
+    assert os.getxattr(tmp_path / "settled", "user.petri.k") == b"v"
