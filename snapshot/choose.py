@@ -82,12 +82,12 @@ def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
     if root:
         ok, why = probe("overlay", workspace)
         if ok:
-            return "overlay", "; ".join([f"running as root on {fstype}: layered kernel overlay ({why})", *notes])
+            return "overlay", "; ".join([f"running as root on {fstype}: {why}", *notes])
         notes.append(f"overlay: {why}")
     else:
         ok, why = probe("fuse", workspace)
         if ok:
-            return "fuse", "; ".join([f"rootless on {fstype}: fuse copy-on-write layer ({why})", *notes])
+            return "fuse", "; ".join([f"rootless on {fstype}: {why}", *notes])
         notes.append(f"fuse: {why}")
     ok, why = probe("reflink", workspace)
     if ok:

@@ -293,8 +293,8 @@ class OverlayBackend:
         ok, why = _probe_user_xattr(workspace)
         if not ok:
             return False, why
-        return True, (f"root on {fstype}: layered overlay snapshots (the first copies the tree, later ones "
-                      "only what changed); clones are kernel overlay mounts, O(1)")
+        return True, ("layered overlay snapshots (the first copies the tree, later ones only what "
+                      "changed); clones are kernel overlay mounts, O(1)")
 
     def _reflink_ok(self, store: Store) -> bool:
         dev = os.stat(store.root).st_dev
