@@ -266,24 +266,9 @@ def remove_path(path: Path) -> None:
     if not os.path.lexists(path):
         return
     unmount_under(path)
-    try:
-        import btrfsutil
-        on_btrfs = run(["stat", "-f", "-c", "%T", path], check=False).stdout.strip() == "btrfs"
-    except ImportError:
-        on_btrfs = False
-    if on_btrfs:
-        if btrfsutil.is_subvolume(path):
-            btrfsutil.delete_subvolume(path, recursive=True)
+    if run(["stat", "-f", "-c", "%T", path], check=False).stdout.strip() == "btrfs":
+        if loopimg.delete_subvolumes_under(path):
             return
-        for dirpath, dirnames, _ in os.walk(path, topdown=True):
-            keep = []
-            for d in dirnames:
-                p = os.path.join(dirpath, d)
-                if not os.path.islink(p) and btrfsutil.is_subvolume(p):
-                    btrfsutil.delete_subvolume(p, recursive=True)
-                else:
-                    keep.append(d)
-            dirnames[:] = keep
     # chattr/read-only dirs are not expected; rm -rf is the fastest remover for big trees.
     run(["rm", "-rf", "--one-file-system", path], check=False)
 

@@ -107,23 +107,8 @@ def xfs_mount() -> Iterator[Path]:
 
 def remove_btrfs_tree(path: Path) -> None:
     """rm -rf as root that also deletes subvolumes (read-only ones too) below ``path``."""
-    import btrfsutil
-
-    if not os.path.lexists(path):
+    if not os.path.lexists(path) or loopimg.delete_subvolumes_under(path):
         return
-    if btrfsutil.is_subvolume(path):
-        btrfsutil.delete_subvolume(path, recursive=True)
-        return
-    # Subvolumes first (they refuse unlink/rmdir while read-only), then the rest.
-    for dirpath, dirnames, _ in os.walk(path, topdown=True):
-        keep = []
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            if not os.path.islink(p) and btrfsutil.is_subvolume(p):
-                btrfsutil.delete_subvolume(p, recursive=True)
-            else:
-                keep.append(d)
-        dirnames[:] = keep
     from snapshot.tree import remove_tree
 
     remove_tree(bytes(path))

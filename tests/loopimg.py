@@ -89,6 +89,26 @@ def kill_fuse_daemons_under(path: Path) -> None:
             pass
 
 
+def delete_subvolumes_under(path: Path) -> bool:
+    """Delete the btrfs subvolumes at or below ``path`` (read-only ones too: they refuse
+    unlink and rmdir), as root. True when ``path`` itself was one and is now gone."""
+    import btrfsutil
+
+    if btrfsutil.is_subvolume(path):
+        btrfsutil.delete_subvolume(path, recursive=True)
+        return True
+    for dirpath, dirnames, _ in os.walk(path, topdown=True):
+        keep = []
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if not os.path.islink(p) and btrfsutil.is_subvolume(p):
+                btrfsutil.delete_subvolume(p, recursive=True)
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+    return False
+
+
 def _mount_prefix(prefix: str) -> str:
     return f"{prefix}-mnt-"
 
