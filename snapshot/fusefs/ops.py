@@ -729,6 +729,24 @@ class CowFS(pyfuse3.Operations):
             raise
         return out
 
+    def _create_entry(self, parent: Node, name: bytes, ctx: Any, make: Callable[[bytes, bool], Any], *,
+                      is_dir: bool = False) -> tuple[Node, pyfuse3.EntryAttributes, Any]:
+        """What every creating handler does: make room, journal the name, ``make(path,
+        had_whiteout)`` (atomically over a whiteout), give it the caller's owner, register
+        the node. Returns (node, attributes, what ``make`` returned); a descriptor it
+        returned is closed if a later step fails."""
+        upath, had_whiteout = self._prepare_new(parent, name)
+        self.journal.changed(b"C", join(parent.path, name))
+        out = self._make(upath, had_whiteout, lambda p: make(p, had_whiteout), is_dir=is_dir)
+        try:
+            self._chown_new(upath, self._upper(parent.path), ctx)
+            node, attrs = self._finish_new(parent, name, upath)
+        except BaseException:
+            if isinstance(out, int):
+                os.close(out)
+            raise
+        return node, attrs, out
+
     def _chown_new(self, upath: bytes, parent_upper: bytes, ctx: pyfuse3.RequestContext) -> None:
         if IS_ROOT:
             gid = -1 if os.lstat(parent_upper).st_mode & stat.S_ISGID else ctx.gid
@@ -872,50 +890,31 @@ class CowFS(pyfuse3.Operations):
         parent = self._node(parent_inode)
         if stat.S_ISCHR(mode) and rdev == 0:
             raise _err(errno.EPERM)  # that is a whiteout in the layer format
-        upath, wh = self._prepare_new(parent, name)
-        self.journal.changed(b"C", join(parent.path, name))
-        self._make(upath, wh, lambda p: os.mknod(p, stat.S_IFMT(mode) | (stat.S_IMODE(mode) & ~ctx.umask), rdev))
-        self._chown_new(upath, self._upper(parent.path), ctx)
-        return self._finish_new(parent, name, upath)[1]
+        return self._create_entry(parent, name, ctx, lambda p, _: os.mknod(
+            p, stat.S_IFMT(mode) | (stat.S_IMODE(mode) & ~ctx.umask), rdev))[1]
 
     @_handler
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         parent = self._node(parent_inode)
-        upath, had_whiteout = self._prepare_new(parent, name)
-        self.journal.changed(b"C", join(parent.path, name))
 
-        def make(p: bytes) -> None:
+        def make(p: bytes, had_whiteout: bool) -> None:
             os.mkdir(p, stat.S_IMODE(mode) & ~ctx.umask)
             if had_whiteout:
                 os.setxattr(p, OPAQUE_XATTR, b"y", follow_symlinks=False)
 
-        self._make(upath, had_whiteout, make, is_dir=True)
-        self._chown_new(upath, self._upper(parent.path), ctx)
-        return self._finish_new(parent, name, upath)[1]
+        return self._create_entry(parent, name, ctx, make, is_dir=True)[1]
 
     @_handler
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         parent = self._node(parent_inode)
-        upath, wh = self._prepare_new(parent, name)
-        self.journal.changed(b"C", join(parent.path, name))
-        self._make(upath, wh, lambda p: os.symlink(target, p))
-        self._chown_new(upath, self._upper(parent.path), ctx)
-        return self._finish_new(parent, name, upath)[1]
+        return self._create_entry(parent, name, ctx, lambda p, _: os.symlink(target, p))[1]
 
     @_handler
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         parent = self._node(parent_inode)
-        upath, wh = self._prepare_new(parent, name)
-        self.journal.changed(b"C", join(parent.path, name))
-        fd = self._make(upath, wh, lambda p: os.open(p, self._os_flags(flags) | os.O_CREAT | os.O_EXCL,
-                                                      stat.S_IMODE(mode) & ~ctx.umask))
-        try:
-            self._chown_new(upath, self._upper(parent.path), ctx)
-            node, attrs = self._finish_new(parent, name, upath)
-        except BaseException:
-            os.close(fd)
-            raise
+        node, attrs, fd = self._create_entry(parent, name, ctx, lambda p, _: os.open(
+            p, self._os_flags(flags) | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode) & ~ctx.umask))
         return self._open_handle(node, fd, flags), attrs
 
     @_handler
