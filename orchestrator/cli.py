@@ -7,7 +7,6 @@ exit code (and ``{"error", "exit_code"}`` on stdout under ``--json``). Global fl
 Start-up is kept cheap: nothing here imports trio, textual or pydantic at module level; the
 commands that need them import them when they run.
 """
-from __future__ import annotations
 
 if __name__ == "__main__":
     # `python -m orchestrator.cli`: run the one real module, so the command modules

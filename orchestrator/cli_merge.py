@@ -3,7 +3,6 @@
 Importing this module registers the commands on ``app``; it imports nothing heavy at
 module level (the merge engine loads when a command runs).
 """
-from __future__ import annotations
 
 import base64
 import sys

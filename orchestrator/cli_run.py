@@ -3,7 +3,6 @@
 Commands only parse and delegate (``orchestrator.runs``, ``orchestrator.race``). trio is
 imported inside the commands, never at module level: ``petri ls`` imports this module too.
 """
-from __future__ import annotations
 
 import os
 import sys
