@@ -60,12 +60,14 @@ import os
 import stat
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
 from .tree import COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, join, walk
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 # (ino, size, mtime_ns, ctime_ns, mode): StatKey's fields as a tuple; StatKey(*key) converts.
 Key = Tuple[int, int, int, int, int]
@@ -444,6 +446,8 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
             except FileNotFoundError:
                 pass
             source_gone(op)
+
+    from concurrent.futures import ThreadPoolExecutor  # imported here: clones never build layers
 
     try:
         with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:

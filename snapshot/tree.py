@@ -18,11 +18,13 @@ import fcntl
 import os
 import stat
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 SEEK_DATA = getattr(os, "SEEK_DATA", 3)
@@ -305,6 +307,8 @@ class TreeCopier:
         dirs: list[tuple[bytes, os.stat_result]] = [(b"", os.lstat(src_root))]
         links_seen: dict[tuple[int, int], bytes] = {}
         late_links: list[tuple[bytes, bytes, os.stat_result]] = []
+        from concurrent.futures import ThreadPoolExecutor  # imported here: a btrfs fork never copies
+
         futures: list[Future] = []
         batch: list[bytes] = []
         batch_parent = b""
