@@ -381,6 +381,8 @@ def _from_click(e: Exception) -> int | None:
     if "Abort" in kinds:
         return fail("aborted", 130)
     if "NoArgsIsHelpError" in kinds:
+        if G.json:  # a script asked for one JSON document, not a help page
+            return fail("no command given; `petri --help` lists them", 2)
         print(e.format_message())  # type: ignore[attr-defined]
         return 0
     if "ClickException" in kinds:

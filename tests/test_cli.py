@@ -78,6 +78,16 @@ def test_usage_errors_are_one_line_exit_2(ws):
         r = petri(*args, cwd=ws)
         assert r.rc == 2, (args, r)
         assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, (args, r.err)
+        # Under --json the same error is also the one document on stdout.
+        r = petri("--json", *args, cwd=ws)
+        assert r.rc == 2 and r.json["exit_code"] == 2 and r.json["error"] in r.err, (args, r)
+
+
+def test_json_without_a_command_is_an_error_document(tmp_path):
+    r = petri("--json", cwd=tmp_path)
+    assert r.rc == 2 and r.json == {"schema": 1, "error": r.json["error"], "exit_code": 2}, r
+    r = petri(cwd=tmp_path)  # for people: the help page
+    assert r.rc == 0 and "Commands" in r.out, r
 
 
 def test_snapshot_fork_ls_status_shapes(ws):
