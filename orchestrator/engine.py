@@ -412,8 +412,11 @@ class Engine:
     def gc(self, *, dry_run: bool = False) -> dict[str, Any]:
         removed: list[str] = []
         reaped = {"mounts": 0, "processes": 0, "cgroups": 0, "trees": 0,
-                  "promotions_finished": 0, "promotions_undone": 0, "expired": 0}
+                  "promotions_finished": 0, "promotions_undone": 0, "expired": 0, "events_rotated": 0}
         reaped["expired"] = len(self.reap_expired())
+        from .events import rotate_if_big
+
+        reaped["events_rotated"] = int(rotate_if_big(self.store.root))
         with self.lock():
             # Half-made sandboxes whose creator died.
             for row in self.registry.sandboxes():

@@ -19,9 +19,15 @@ Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind) and 
 - ``run.finished``: ``sandbox``, ``run`` and the run document (``exit_code``, ...)
 - ``race.started`` / ``race.finished``: ``race``, ``candidates`` / ``winner``
 
-Caveats: the file only grows (``petri gc`` does not rotate it yet); a busy run's output is
-written twice (its log file and here). Writing an event never fails a command: an error
-writing the stream is ignored (the registry and logs are the record; this is a feed).
+Rotation: ``petri gc`` renames a stream past ``ROTATE_BYTES`` to ``events.jsonl.1``
+(replacing the previous one) and a new stream starts. A writer notices the new file by its
+inode (checked at most once a second) and moves to it; ``follow`` does the same after
+draining the old file, so a follower misses nothing written before the switch.
+
+Caveats: a busy run's output is written twice (its log file and here); a writer that has
+not yet noticed a rotation (up to a second) appends to ``events.jsonl.1``, and a follower
+that already moved on does not see those lines. Writing an event never fails a command: an
+error writing the stream is ignored (the registry and logs are the record; this is a feed).
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ from typing import Any, Iterator
 
 SCHEMA = 1
 FILE_NAME = "events.jsonl"
+ROTATED_NAME = "events.jsonl.1"
+ROTATE_BYTES = 32 << 20
 MAX_LINE = 8192
 
 
@@ -44,16 +52,28 @@ def _ts() -> str:
 class EventLog:
     """An append-only writer for one store's stream (keeps its descriptor open)."""
 
+    RECHECK_S = 1.0  # how often a long-lived writer looks for a rotation
+
     def __init__(self, store_root: Path) -> None:
         self.path = Path(store_root) / FILE_NAME
         self._fd: int | None = None
+        self._checked = 0.0
 
     def _open(self) -> int | None:
+        if self._fd is not None and time.monotonic() - self._checked >= self.RECHECK_S:
+            self._checked = time.monotonic()
+            try:
+                rotated = os.stat(self.path).st_ino != os.fstat(self._fd).st_ino
+            except OSError:
+                rotated = True  # renamed away and no new one yet: make it
+            if rotated:
+                self.close()
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError:
                 return None
+            self._checked = time.monotonic()
         return self._fd
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -97,28 +117,58 @@ def emit(store_root: Path, event: str, **fields: Any) -> None:
     log_for(store_root).emit(event, **fields)
 
 
+def rotate_if_big(store_root: Path, limit: int = ROTATE_BYTES) -> bool:
+    """For ``gc``: a stream of ``limit`` bytes or more becomes ``events.jsonl.1``."""
+    path = Path(store_root) / FILE_NAME
+    try:
+        if os.stat(path).st_size < limit:
+            return False
+        os.replace(path, path.with_name(ROTATED_NAME))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,
            stop: Any = None) -> Iterator[dict[str, Any]]:
-    """Yield events as they are appended (blocking; polls). ``stop()`` returning true ends it."""
+    """Yield events as they are appended (blocking; polls), across rotations. ``stop()``
+    returning true ends it."""
     path = Path(store_root) / FILE_NAME
-    pos = 0 if from_start else (path.stat().st_size if path.exists() else 0)
+    f = None
     buf = b""
-    while stop is None or not stop():
-        try:
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-        except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            pos += len(chunk)
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for ln in lines:
-                if ln.strip():
-                    try:
-                        yield json.loads(ln)
-                    except ValueError:
-                        continue
-        else:
-            time.sleep(poll_s)
+    if not path.exists():
+        from_start = True  # everything in it, once it appears, is new
+    try:
+        while stop is None or not stop():
+            if f is None:
+                try:
+                    f = open(path, "rb")
+                except FileNotFoundError:
+                    time.sleep(poll_s)
+                    continue
+                if not from_start:
+                    f.seek(0, os.SEEK_END)
+                from_start = True  # a later file (after a rotation) is read whole
+            chunk = f.read()
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for ln in lines:
+                    if ln.strip():
+                        try:
+                            yield json.loads(ln)
+                        except ValueError:
+                            continue
+                continue
+            try:
+                moved = os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                moved = False  # renamed, the new one not made yet: keep draining the old
+            if moved:
+                f.close()
+                f, buf = None, b""
+            else:
+                time.sleep(poll_s)
+    finally:
+        if f is not None:
+            f.close()
