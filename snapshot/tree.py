@@ -281,8 +281,8 @@ class TreeCopier:
 
     def _copy_batch(self, src_root: bytes, dst_root: bytes, parent: bytes, names: list[bytes]
                     ) -> list[tuple[bytes, os.stat_result]]:
-        """Copy files of one directory through a pair of directory descriptors: one pool job
-        and two path lookups per batch instead of per file."""
+        """Copy files of one directory through a pair of directory descriptors: two path
+        lookups per batch instead of two per file."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         sfd = os.open(os.path.join(src_root, parent) if parent else src_root, flags)
         try:
