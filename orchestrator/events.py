@@ -132,23 +132,29 @@ def rotate_if_big(store_root: Path, limit: int = ROTATE_BYTES) -> bool:
 def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,
            stop: Any = None) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (blocking; polls), across rotations. ``stop()``
-    returning true ends it."""
+    returning true ends it. Where reading starts is fixed by this call, not by the first
+    ``next()``: the end of the stream as it is now (or its start, with ``from_start`` or when
+    there is no stream yet)."""
     path = Path(store_root) / FILE_NAME
-    f = None
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        f = None
+    if f is not None and not from_start:
+        f.seek(0, os.SEEK_END)
+    return _follow(path, f, poll_s, stop)
+
+
+def _follow(path: Path, f: Any, poll_s: float, stop: Any) -> Iterator[dict[str, Any]]:
     buf = b""
-    if not path.exists():
-        from_start = True  # everything in it, once it appears, is new
     try:
         while stop is None or not stop():
             if f is None:
                 try:
-                    f = open(path, "rb")
+                    f = open(path, "rb")  # a new stream (first, or after a rotation): all of it
                 except FileNotFoundError:
                     time.sleep(poll_s)
                     continue
-                if not from_start:
-                    f.seek(0, os.SEEK_END)
-                from_start = True  # a later file (after a rotation) is read whole
             chunk = f.read()
             if chunk:
                 buf += chunk

@@ -29,18 +29,21 @@ def _lines(path):
 def test_a_writer_and_a_follower_move_to_the_new_stream_after_a_rotation(tmp_path):
     got: list[dict] = []
     done = threading.Event()
+    log = events.EventLog(tmp_path)
+    log.RECHECK_S = 0.0  # look for a rotation before every write
+    for i in range(5):
+        log.emit("test.before", n=i)
+    # Where a follower starts is fixed when follow() is called (here: this file, from its
+    # start), however late its thread gets to run.
+    stream = events.follow(tmp_path, from_start=True, poll_s=0.01, stop=done.is_set)
 
     def follower() -> None:
-        for ev in events.follow(tmp_path, poll_s=0.01, stop=done.is_set):
+        for ev in stream:
             got.append(ev)
 
     t = threading.Thread(target=follower)
     t.start()
     try:
-        log = events.EventLog(tmp_path)
-        log.RECHECK_S = 0.0  # look for a rotation before every write
-        for i in range(5):
-            log.emit("test.before", n=i)
         assert events.rotate_if_big(tmp_path, limit=10)
         assert not events.rotate_if_big(tmp_path, limit=10), "nothing to rotate until a write"
         for i in range(5):
@@ -55,6 +58,13 @@ def test_a_writer_and_a_follower_move_to_the_new_stream_after_a_rotation(tmp_pat
         [("test.before", i) for i in range(5)] + [("test.after", i) for i in range(5)]
     assert [e["event"] for e in _lines(tmp_path / events.ROTATED_NAME)] == ["test.before"] * 5
     assert [e["event"] for e in _lines(tmp_path / events.FILE_NAME)] == ["test.after"] * 5
+    # A follower started now begins at the end: it sees only what comes later.
+    later = events.follow(tmp_path, poll_s=0.01, stop=lambda: bool(tail))
+    tail: list[dict] = []
+    log.emit("test.later")
+    for ev in later:
+        tail.append(ev)
+    assert [e["event"] for e in tail] == ["test.later"]
     # A small stream is left alone.
     assert not events.rotate_if_big(tmp_path)
     log.close()
