@@ -5,7 +5,9 @@ Files in the store directory (``.petri``)::
 
     fuse.sock   the server's unix socket (mode 0600; peers must have the server's uid)
     fuse.lock   flock: held by a client while it starts a server, and by the server while
-                it shuts down, so two servers never race for the socket name
+                it shuts down and removes its socket and pid file, so two servers never
+                race for the socket name and an old server never removes its successor's
+                pid file
     fuse.pid    "<pid> <start time>" of the running server
     fuse.log    the server's log (each daemon logs to its own sandbox's daemon.log)
 
@@ -22,7 +24,7 @@ accept the next request at once. The server ignores SIGCHLD, so its children nev
 as zombies; when it exits they are reparented like any daemon.
 
 Lifetime: started on demand by :func:`mount` (under ``fuse.lock``; the starter returns
-once the socket listens), exits after ``idle`` seconds without a request (unlinking its
+once the socket listens and the pid file is written), exits after ``idle`` seconds without a request (unlinking its
 socket under ``fuse.lock`` and answering what is already queued first), on ``stop``
 or SIGTERM. Running daemons are independent of it.
 
@@ -392,10 +394,17 @@ def main(argv: list[str] | None = None) -> int:
         os.umask(old)
     sock.listen(64)
     sock_ino = os.stat(SOCK, dir_fd=store_fd).st_ino
+    ready_w = -1
     if args.detach:
-        # Listening already: the starter may connect as soon as this parent exits.
+        # Listening already: the starter may connect as soon as this parent exits, which it
+        # does once the server's pid file is written (or the server died: EOF), so that
+        # server_pid() names the server from the moment the starter returns.
+        ready_r, ready_w = os.pipe()
         if os.fork() > 0:
+            os.close(ready_w)
+            os.read(ready_r, 1)
             os._exit(0)
+        os.close(ready_r)
         os.setsid()
         if os.fork() > 0:
             os._exit(0)
@@ -415,17 +424,30 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=store_fd), "w") as f:
         f.write(pidtext)
     os.replace(tmp, PIDFILE, src_dir_fd=store_fd, dst_dir_fd=store_fd)
+    if ready_w >= 0:
+        os.write(ready_w, b"1")
+        os.close(ready_w)
     log.info("fork server for %s listening (idle exit after %.0f s)", args.store, args.idle)
     try:
         _serve(sock, store_fd, sock_ino, args.idle)
     finally:
+        # Under fuse.lock, which a client holds while it starts a successor: otherwise this
+        # check-then-unlink could read our own pid file and then remove the successor's.
+        lock = -1
         with contextlib.suppress(OSError):
-            if os.stat(SOCK, dir_fd=store_fd).st_ino == sock_ino:
-                os.unlink(SOCK, dir_fd=store_fd)
-        with contextlib.suppress(OSError):
-            with open(os.open(PIDFILE, os.O_RDONLY, dir_fd=store_fd)) as f:
-                if f.read() == pidtext:
-                    os.unlink(PIDFILE, dir_fd=store_fd)
+            lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=store_fd)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with contextlib.suppress(OSError):
+                if os.stat(SOCK, dir_fd=store_fd).st_ino == sock_ino:
+                    os.unlink(SOCK, dir_fd=store_fd)
+            with contextlib.suppress(OSError):
+                with open(os.open(PIDFILE, os.O_RDONLY, dir_fd=store_fd)) as f:
+                    if f.read() == pidtext:
+                        os.unlink(PIDFILE, dir_fd=store_fd)
+        finally:
+            if lock >= 0:
+                os.close(lock)
         sock.close()
     return 0
 
