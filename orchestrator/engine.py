@@ -416,8 +416,10 @@ class Engine:
         reaped["expired"] = len(self.reap_expired())
         from .events import rotate_if_big
 
-        reaped["events_rotated"] = int(rotate_if_big(self.store.root))
         with self.lock():
+            # Under the store lock: two gc's at once must not rotate twice (the second would
+            # put a fresh, small stream over the generation the first kept).
+            reaped["events_rotated"] = int(rotate_if_big(self.store.root))
             # Half-made sandboxes whose creator died.
             for row in self.registry.sandboxes():
                 if row.state == "creating" and not pid_alive(row.owner_pid):
