@@ -44,6 +44,17 @@ KIND_OTHER = "other"
 
 RENAME_LIMIT = 1000
 _CHUNK = 1 << 20
+
+
+def content_id_fd(fd: int) -> str:
+    """The content id (xxh3-128, hex) of what is left to read on ``fd``: the one definition
+    change sets, promotion's re-checks and staleness all compare against."""
+    h = xxhash.xxh3_128()
+    while True:
+        b = os.read(fd, _CHUNK)
+        if not b:
+            return h.hexdigest()
+        h.update(b)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
@@ -279,13 +290,7 @@ class TreeReader:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (raw.dev, raw.ino) or not stat.S_ISREG(st.st_mode):
                 raise TreeChangedDuringScan(path=os.fsdecode(rel))
-            h = xxhash.xxh3_128()
-            while True:
-                b = os.read(fd, _CHUNK)
-                if not b:
-                    break
-                h.update(b)
-            return h.hexdigest()
+            return content_id_fd(fd)
         finally:
             os.close(fd)
 

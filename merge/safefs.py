@@ -35,7 +35,7 @@ from typing import Iterable
 
 import xxhash
 
-from .changes import kind_of
+from .changes import content_id_fd, kind_of
 from .errors import PathThroughSymlink, UnsafePath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -196,12 +196,7 @@ class SafeTree:
     def _hash_at(self, pfd: int, name: bytes, st: os.stat_result | None = None) -> str:
         fd = self._open_regular_at(pfd, name, st)
         try:
-            h = xxhash.xxh3_128()
-            while True:
-                buf = os.read(fd, CHUNK)
-                if not buf:
-                    return h.hexdigest()
-                h.update(buf)
+            return content_id_fd(fd)
         finally:
             os.close(fd)
 

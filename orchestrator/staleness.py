@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import xxhash
 
-from merge.changes import kind_of
+from merge.changes import content_id_fd, kind_of
 from merge.ignore import IgnoreRules
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 CACHE_VERSION = 1
 RACY_NS = 50_000_000
 MANIFEST_TRUST_NS = 60_000_000_000
-_CHUNK = 1 << 20
 _RFLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 Ent = tuple  # (kind, mode, cid): kind 'file' | 'symlink' | 'other'
@@ -71,15 +70,6 @@ class LiveChanges:
     paths: frozenset[bytes]
     method: str
     seconds: float
-
-
-def _hash_fd(fd: int) -> str:
-    h = xxhash.xxh3_128()
-    while True:
-        b = os.read(fd, _CHUNK)
-        if not b:
-            return h.hexdigest()
-        h.update(b)
 
 
 def entry_of(path: bytes) -> Ent | None:
@@ -98,7 +88,7 @@ def entry_of(path: bytes) -> Ent | None:
         except (FileNotFoundError, OSError):
             return None
         try:
-            return (k, mode, _hash_fd(fd))
+            return (k, mode, content_id_fd(fd))
         finally:
             os.close(fd)
     if k == "dir":
