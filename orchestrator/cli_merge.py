@@ -10,30 +10,8 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
-
-
-def _cli_module():
-    """The running CLI module: under ``python -m orchestrator.cli`` that is ``__main__``, a
-    second copy beside ``orchestrator.cli``; commands go on the app that actually runs."""
-    main = sys.modules.get("__main__")
-    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == "orchestrator.cli" \
-            and hasattr(main, "app"):
-        return main
-    from . import cli
-    return cli
-
-
-_cli = _cli_module()
-app = _cli.app
-G = _cli.G
-
-
-def engine():
-    return _cli.engine()
-
-
-def out():
-    return _cli.out()
+from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
+app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
 
 
 def _b64(p: bytes) -> str:

@@ -16,16 +16,7 @@ from .errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
 
 
 from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
-app = _cli.app
-G = _cli.G
-
-
-def engine():
-    return _cli.engine()
-
-
-def out():
-    return _cli.out()
+app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
 
 
 def _parse_env(pairs: list[str] | None) -> dict[str, str]:
