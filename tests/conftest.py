@@ -41,6 +41,20 @@ def petri(*args: str, cwd: Path | str | None = None, env: dict | None = None, in
     return Result(cp)
 
 
+def stop_fuse_under(root: Path, stores: list[Path]) -> None:
+    """Teardown for FUSE tests: stop the fork servers of ``stores``, then every FUSE daemon
+    mounted below ``root`` (each by the pid file beside its mount: only the daemon it names)."""
+    from snapshot.fusefs import daemon as D
+    from snapshot.fusefs import server as S
+
+    for store in stores:
+        S.stop_server(store)
+    for m in D.mounts():
+        if m.mountpoint.startswith(os.fsencode(root)):
+            mp = Path(os.fsdecode(m.mountpoint))
+            D.stop(mp, mp.parent / "daemon.pid")
+
+
 @pytest.fixture
 def run_petri():
     return petri

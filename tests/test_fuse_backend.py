@@ -11,8 +11,8 @@ import pytest
 
 from snapshot.backends.fuse import FuseBackend
 from snapshot.fusefs import daemon as D
-from snapshot.fusefs import server as S
 from snapshot.store import Store
+from tests.conftest import stop_fuse_under
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,10 +37,7 @@ def ws(tmp_path):
     finally:
         for sb in made:
             b.destroy_clone(store, sb)
-        S.stop_server(store.root)
-        for m in D.mounts():
-            if m.mountpoint.startswith(os.fsencode(tmp_path)):
-                D.unmount(os.fsdecode(m.mountpoint))
+        stop_fuse_under(tmp_path, [store.root])
 
 
 def test_clone_write_destroy(ws):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import stop_fuse_under
+
 REPO = Path(__file__).resolve().parent.parent
 USER = "petri-fuse-test"
 pytestmark = [pytest.mark.timeout(120), pytest.mark.root]
@@ -59,14 +61,7 @@ def user_dir(test_user):
     try:
         yield d
     finally:
-        from snapshot.fusefs import daemon as D
-        from snapshot.fusefs import server as S
-        for store in d.glob("*/.petri"):
-            S.stop_server(store)
-        for m in D.mounts():
-            if m.mountpoint.startswith(os.fsencode(d)):
-                mp = Path(os.fsdecode(m.mountpoint))
-                D.stop(mp, mp.parent / "daemon.pid")  # kills only the daemon its pid file names
+        stop_fuse_under(d, list(d.glob("*/.petri")))
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -17,6 +17,7 @@ from snapshot.backends.fuse import FuseBackend
 from snapshot.fusefs import daemon as D
 from snapshot.fusefs import server as S
 from snapshot.store import Store
+from tests.conftest import stop_fuse_under
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,11 +56,7 @@ def ws(tmp_path):
     try:
         yield make, store
     finally:
-        S.stop_server(store.root)
-        for m in D.mounts():
-            if m.mountpoint.startswith(os.fsencode(tmp_path)):
-                mp = Path(os.fsdecode(m.mountpoint))
-                D.stop(mp, mp.parent / "daemon.pid")
+        stop_fuse_under(tmp_path, [store.root])
 
 
 def _pid(store: Store, sb: str) -> int:
