@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
-from .tree import COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, join, walk
+from .tree import (COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, copy_xattrs, join,
+                   settable_xattr, walk)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -112,32 +113,12 @@ def set_opaque(path: bytes) -> None:
 
 def copy_plain_xattrs(src: bytes, dst: bytes) -> None:
     """The xattrs of src onto dst, minus overlay's own (they would change the layer's meaning)."""
-    try:
-        names = os.listxattr(src, follow_symlinks=False)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(_OVERLAY_XATTR_PREFIXES):
-            continue
-        if os.geteuid() != 0 and not name.startswith("user."):
-            continue
-        try:
-            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
-        except OSError:
-            pass  # best effort, as tree.copy_xattrs
+    copy_xattrs(src, dst, lambda name: settable_xattr(name) and not name.startswith(_OVERLAY_XATTR_PREFIXES))
 
 
 def copy_all_xattrs(src: bytes, dst: bytes) -> None:
     """Every xattr, overlay's included (copying a layer or an upper dir as a layer)."""
-    try:
-        names = os.listxattr(src, follow_symlinks=False)
-    except OSError:
-        return
-    for name in names:
-        try:
-            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
-        except OSError:
-            pass
+    copy_xattrs(src, dst, lambda name: True)
 
 
 # -- small on-disk records ----------------------------------------------------------------------

@@ -153,14 +153,20 @@ def _maybe_sparse(st: os.stat_result) -> bool:
     return st.st_blocks * 512 < st.st_size
 
 
-def copy_xattrs(src: bytes | int, dst: bytes | int) -> None:
-    """Copy xattrs between paths (symlinks not followed) or open descriptors; best effort."""
+def settable_xattr(name: str) -> bool:
+    """What copy_xattrs carries by default: everything as root, else ``user.`` only."""
+    return IS_ROOT or name.startswith("user.")
+
+
+def copy_xattrs(src: bytes | int, dst: bytes | int, keep: Callable[[str], bool] = settable_xattr) -> None:
+    """Copy the xattrs ``keep`` accepts between paths (symlinks not followed) or open
+    descriptors; best effort."""
     try:
         names = os.listxattr(src, follow_symlinks=isinstance(src, int))
     except OSError:
         return
     for name in names:
-        if not IS_ROOT and not name.startswith("user."):
+        if not keep(name):
             continue
         try:
             os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=isinstance(src, int)),

@@ -53,7 +53,7 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
-from ..tree import FICLONE, _copy_sparse, remove_tree
+from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, remove_tree, settable_xattr
 from .journal import OPAQUE_XATTR, Journal, is_whiteout
 
 log = logging.getLogger("petri.fusefs")
@@ -108,23 +108,8 @@ def _hidden_xattr(name: bytes) -> bool:
 def copy_meta(src: bytes, dst: bytes, st: os.stat_result) -> None:
     """Owner, mode, user xattrs and times of ``st``/``src`` onto ``dst`` (never the overlay
     xattrs: a lower directory's opaque mark must not travel up and hide other layers)."""
-    is_link = stat.S_ISLNK(st.st_mode)
-    try:
-        names = os.listxattr(src, follow_symlinks=False)
-    except OSError:
-        names = []
-    for name in names:
-        if _hidden_xattr(os.fsencode(name)) or (not IS_ROOT and not name.startswith("user.")):
-            continue
-        try:
-            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
-        except OSError:
-            pass
-    if IS_ROOT:
-        os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
-    if not is_link:
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    copy_xattrs(src, dst, lambda name: settable_xattr(name) and not _hidden_xattr(os.fsencode(name)))
+    apply_meta(dst, st, is_link=stat.S_ISLNK(st.st_mode))
 
 
 def copy_file_data(src: bytes, dst: bytes, size: int, fsync: bool = False) -> None:
