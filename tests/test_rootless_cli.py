@@ -85,13 +85,18 @@ def kill_processes_mentioning(text: str) -> None:
             pass
 
 
-def test_rootless_on_host_filesystem(unprivileged_user, user_tmp):
-    base = user_tmp / "home"
+def sample_ws_owned_by(user, base: Path) -> Path:
+    """``base/proj`` holding the sample tree, ``base`` and all below it owned by ``user``."""
     base.mkdir()
     ws = base / "proj"
     ws.mkdir()
     C.make_sample_tree(ws)
-    own(base, unprivileged_user)
+    own(base, user)
+    return ws
+
+
+def test_rootless_on_host_filesystem(unprivileged_user, user_tmp):
+    ws = sample_ws_owned_by(unprivileged_user, user_tmp / "home")
     doc = lifecycle(unprivileged_user, ws, None)
     assert doc["backend"] in ("fuse", "reflink", "copy")
     if doc["backend"] != "fuse":
@@ -140,11 +145,6 @@ def dev_fuse_like_a_distribution():
 
 def test_rootless_auto_picks_fuse_where_dev_fuse_is_open(unprivileged_user, user_tmp,
                                                          dev_fuse_like_a_distribution):
-    base = user_tmp / "home"
-    base.mkdir()
-    ws = base / "proj"
-    ws.mkdir()
-    C.make_sample_tree(ws)
-    own(base, unprivileged_user)
+    ws = sample_ws_owned_by(unprivileged_user, user_tmp / "home")
     doc = lifecycle(unprivileged_user, ws, "fuse")
     assert "rootless" in doc["reason"]
