@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (PETRI, REPO, Report, cli_env, fmt_s, log, make_loopfs, measure, run,
+from bench.common import (PETRI, REPO, Report, Samples, cli_env, fmt_s, log, make_loopfs, measure, run,
                           sigterm_as_interrupt, sweep_stale_images, verdict)
 
 BWRAP_FLOOR = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -56,6 +56,20 @@ def child_peak_rss_kib(argv: list[str], cwd: Path, env: dict) -> int:
     if p.returncode != 0:
         raise RuntimeError(f"{argv} exited {p.returncode}")
     return ru.ru_maxrss
+
+
+def ttfc_rows(floor: Samples, api: Samples, cli: Samples | None, fork_plain: Samples) -> list[list]:
+    """The time-to-first-command table: the floor, the API (with the targets), the CLI when
+    it was measured, and the fork alone."""
+    def row(what: str, s: Samples, target: str = "") -> list:
+        return [what, s.n, fmt_s(s.p50), fmt_s(s.p99), target]
+
+    rows = [row("`bwrap true` alone (floor)", floor),
+            row("petri API: fork + run", api,
+                f"p50 <= 25 ms: {verdict(api.p50, 0.025)}; p99 <= 60 ms: {verdict(api.p99, 0.060)}")]
+    if cli is not None:
+        rows.append(row("petri CLI: `petri fork` + `petri run`", cli))
+    return rows + [row("petri API: fork alone", fork_plain)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,12 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             fork_plain = measure(lambda: engine.fork(snap)[0].id, runs=args.runs, after=drop)
             report.section("Time to first command (fork from a snapshot + run `true`), API only",
                            f"btrfs backend on a loop image, sample project; {args.runs} runs each.")
-            report.table(["what", "n", "p50", "p99", "target"], [
-                ["`bwrap true` alone (floor)", floor.n, fmt_s(floor.p50), fmt_s(floor.p99), ""],
-                ["petri API: fork + run", api.n, fmt_s(api.p50), fmt_s(api.p99),
-                 f"p50 <= 25 ms: {verdict(api.p50, 0.025)}; p99 <= 60 ms: {verdict(api.p99, 0.060)}"],
-                ["petri API: fork alone", fork_plain.n, fmt_s(fork_plain.p50), fmt_s(fork_plain.p99), ""],
-            ])
+            report.table(["what", "n", "p50", "p99", "target"], ttfc_rows(floor, api, None, fork_plain))
             print(report.render())
             return 0
         # CLI
@@ -137,13 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
         report.section("Time to first command (fork from a snapshot + run `true`)",
                        f"btrfs backend on a loop image, sample project; {args.runs} runs each.")
-        report.table(["what", "n", "p50", "p99", "target"], [
-            ["`bwrap true` alone (floor)", floor.n, fmt_s(floor.p50), fmt_s(floor.p99), ""],
-            ["petri API: fork + run", api.n, fmt_s(api.p50), fmt_s(api.p99),
-             f"p50 <= 25 ms: {verdict(api.p50, 0.025)}; p99 <= 60 ms: {verdict(api.p99, 0.060)}"],
-            ["petri CLI: `petri fork` + `petri run`", cli.n, fmt_s(cli.p50), fmt_s(cli.p99), ""],
-            ["petri API: fork alone", fork_plain.n, fmt_s(fork_plain.p50), fmt_s(fork_plain.p99), ""],
-        ])
+        report.table(["what", "n", "p50", "p99", "target"], ttfc_rows(floor, api, cli, fork_plain))
 
         # 3. races
         rows = []
