@@ -51,6 +51,7 @@ from orchestrator import cgroups, isolation
 from orchestrator.cgexec import DropTo, ignored_signals, wrapper_argv
 from orchestrator.cgroups import RunLimits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
+from orchestrator.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 
 __all__ = ["RunLimits", "RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
 
@@ -227,7 +228,7 @@ async def run_isolated(
         marker=marker,
     )
     killed_by: str | None = None
-    proc: trio.Process | None = None
+    proc: ChildProcess | None = None
     marker_filter = _MarkerFilter(marker)
     stats = cgroups.Stats()
     out_f = open(spec.stdout_path, "wb")
@@ -325,13 +326,12 @@ async def run_isolated(
             reset_signals=bool(ignored_signals()),
         )
         try:
-            proc = await trio.lowlevel.open_process(
+            # Forked from this (the loop's) thread, never a worker thread: see spawn.py.
+            proc = open_process_here(
                 argv,
                 stdin=_stdin_arg(spec.stdin_data),
-                stdout=_PIPE,
-                stderr=_PIPE,
-                start_new_session=True,
-                close_fds=True,
+                stdout=PIPE,
+                stderr=PIPE,
                 env=WRAPPER_ENV,
             )
         except OSError as e:
@@ -414,13 +414,8 @@ async def run_isolated(
     return res
 
 
-import subprocess as _subprocess  # noqa: E402
-
-_PIPE = _subprocess.PIPE
-
-
 def _stdin_arg(data: bytes | None) -> int:
-    return _subprocess.PIPE if data is not None else _subprocess.DEVNULL
+    return PIPE if data is not None else DEVNULL
 
 
 def _write_all(fd: int, data: bytes) -> None:
