@@ -19,19 +19,19 @@ class UsageError(PetriError):
 
 
 class UnknownId(UsageError):
-    """no {what} matches {ident!r}; see `petri {listing}`"""
+    """no {what} matches '{ident}'; see {listing}"""
 
 
 class AmbiguousId(UsageError):
-    """{ident!r} matches several {what}s ({matches}); give more characters"""
+    """'{ident}' matches several {what}s ({matches}); give more characters"""
 
 
 class BadDuration(UsageError):
-    """bad duration {text!r}: use a number of seconds or a number with s, m, h or d (e.g. 90s, 15m, 2h)"""
+    """bad duration '{text}': use a number of seconds or a number with s, m, h or d (e.g. 90s, 15m, 2h)"""
 
 
 class BadSize(UsageError):
-    """bad size {text!r}: use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
+    """bad size '{text}': use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
 
 
 class NotInitialised(PetriError):

@@ -38,6 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from .output import json_line
+
 SCHEMA = 1
 FILE_NAME = "events.jsonl"
 ROTATED_NAME = "events.jsonl.1"
@@ -78,7 +80,7 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> None:
         doc = {"schema": SCHEMA, "ts": _ts(), "event": event, "pid": os.getpid(), **fields}
-        line = (json.dumps(doc, ensure_ascii=False, default=str) + "\n").encode()
+        line = json_line(doc).encode()  # argv and env may hold bytes that are not UTF-8
         fd = self._open()
         if fd is None:
             return

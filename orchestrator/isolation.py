@@ -370,7 +370,7 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP) -> list[bytes]:
         a += [b"--new-session"]
     a += [b"--clearenv"]
     for k, v in plan.env:
-        a += [b"--setenv", k.encode(), v.encode()]
+        a += [b"--setenv", os.fsencode(k), os.fsencode(v)]  # environ is bytes: pass them exactly
     remount_ro: list[bytes] = []
     for op in plan.mounts:
         if op.verb == "ro-bind":

@@ -19,8 +19,7 @@ class Output:
 
     def doc(self, doc: dict[str, Any]) -> None:
         """The one JSON document of a command (``--json``)."""
-        out = {"schema": SCHEMA, **doc}
-        sys.stdout.write(json.dumps(out, indent=None, sort_keys=False, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_line({"schema": SCHEMA, **doc}))
         sys.stdout.flush()
 
     def say(self, text: str = "") -> None:
@@ -51,6 +50,28 @@ class Output:
         for row in cells:
             print("  ".join(c + " " * (widths[i] - len(_strip(c))) for i, c in enumerate(row)).rstrip())
         sys.stdout.flush()
+
+
+def json_line(doc: Any) -> str:
+    """``doc`` as one line of valid UTF-8 JSON. Text that came from bytes that were not UTF-8
+    (argv, environment, file names: Python keeps them as lone surrogates) is written with
+    \\xNN escapes, as SPEC says for names; everything else is left as it is."""
+    try:
+        line = json.dumps(doc, ensure_ascii=False, default=str)
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(_escaped(doc), ensure_ascii=False, default=str)
+    return line + "\n"
+
+
+def _escaped(v: Any) -> Any:
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(v, dict):
+        return {_escaped(k): _escaped(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_escaped(x) for x in v]
+    return v
 
 
 _ANSI = re.compile(r"\033\[[0-9;]*m")
