@@ -73,6 +73,7 @@ class Engine:
         if reap:
             engine.recover_promotions()
             engine.reap_expired()
+            engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
         return engine
 
     def recover_promotions(self, *, locked: bool = False) -> tuple[list[str], list[str]]:
@@ -215,9 +216,11 @@ class Engine:
         if n > 1000:
             raise UsageError(detail=f"-n {n} is more than 1000 sandboxes in one call")
         labels: list[str | None] = [None] * n
-        if label:
+        if label is not None:
+            from .units import check_label
             labels = [label] if n == 1 else [f"{label}-{i + 1}" for i in range(n)]
             for lb in labels:
+                check_label(lb)
                 if self.registry.label_taken(lb):
                     raise UsageError(detail=f"label {lb!r} is already used by a live sandbox")
                 if lb.startswith(("s-", "sb-", "p-")):
@@ -339,7 +342,7 @@ class Engine:
     def destroy_sandbox(self, sb_id: str, *, state: str = "destroyed") -> None:
         row = self.registry.sandbox(sb_id)
         if row is None:
-            raise UnknownId(what="sandbox", ident=sb_id, listing="ls")
+            raise UnknownId(what="sandbox", ident=sb_id, listing="`petri ls`")
         self._stop_sandbox_processes(row)
         self._destroy_tree(row)
         if state == "expired":
@@ -358,7 +361,10 @@ class Engine:
         return stop_sandbox_processes(self, row)
 
     def check_limits(self, limits: Limits) -> None:
-        """Refuse limits this machine cannot enforce (exit 4) rather than pretend."""
+        """Refuse limits this machine cannot enforce (exit 4) rather than pretend, and values
+        that cannot mean anything here (exit 2), before anything is created."""
+        from .units import validate_limits
+        validate_limits(limits)
         if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
             return  # nothing to enforce: keep the plain `petri fork` from importing the runner
         try:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import AmbiguousId, RegistryTooNew, UnknownId
 
@@ -57,7 +57,13 @@ def now() -> float:
 def rfc3339(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        when = datetime.fromtimestamp(ts, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        # A row written before lifetimes were bounded: show the end of time rather than
+        # break `ls` for the whole workspace.
+        when = datetime.max.replace(tzinfo=timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_id(prefix: str) -> str:
@@ -239,13 +245,20 @@ class Registry:
             (label,)).fetchone() is not None
 
     # -- runs --------------------------------------------------------------------------
-    def start_run(self, sandbox: str, argv: list[str], stdout_path: str, stderr_path: str, pid: int) -> int:
+    # A run's row is written before it starts (with the pid of the petri that owns it) and
+    # finished exactly once; whoever finishes it also sets the sandbox's last_exit_code, in
+    # the same transaction, so the two can never disagree.
+    def start_run(self, sandbox: str, argv: list[str], log_paths: Callable[[int], tuple[Path, Path]],
+                  pid: int) -> tuple[int, Path, Path]:
+        """A new run row: (its number, stdout log, stderr log)."""
         with self.write() as db:
             n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM runs WHERE sandbox = ?", (sandbox,)).fetchone()[0]
+            out, err = log_paths(n)
+            # ensure_ascii: argv bytes that are not UTF-8 (lone surrogates) survive as \udcNN
             db.execute("INSERT INTO runs(sandbox, n, argv, started_at, stdout_path, stderr_path, pid)"
                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (sandbox, n, json.dumps(argv), now(), stdout_path, stderr_path, pid))
-            return n
+                       (sandbox, n, json.dumps(list(argv)), now(), str(out), str(err), pid))
+            return n, out, err
 
     def finish_run(self, sandbox: str, n: int, **values: Any) -> None:
         if "limits_hit" in values:
@@ -254,15 +267,58 @@ class Registry:
         with self.write() as db:
             db.execute(f"UPDATE runs SET finished_at = ?, {cols} WHERE sandbox = ? AND n = ?",
                        (now(), *values.values(), sandbox, n))
+            if "exit_code" in values:
+                db.execute("UPDATE sandboxes SET last_exit_code = ? WHERE id = ?", (values["exit_code"], sandbox))
+
+    def mark_live_runs(self, sandbox: str, killed_by: str) -> None:
+        """Say why the sandbox's running commands are about to be killed (``rm``, expiry),
+        before the kill: the petri that owns each run reads it when the run ends."""
+        with self.write() as db:
+            db.execute("UPDATE runs SET killed_by = ? WHERE sandbox = ? AND finished_at IS NULL"
+                       " AND killed_by IS NULL", (killed_by, sandbox))
+
+    def run_killed_by(self, sandbox: str, n: int) -> str | None:
+        r = self.db.execute("SELECT killed_by FROM runs WHERE sandbox = ? AND n = ?", (sandbox, n)).fetchone()
+        return r[0] if r else None
+
+    def live_runs(self, sandbox: str, *, but: int | None = None) -> list[int]:
+        """Unfinished runs whose petri is still alive."""
+        rows = self.db.execute("SELECT n, pid FROM runs WHERE sandbox = ? AND finished_at IS NULL",
+                               (sandbox,)).fetchall()
+        return [r[0] for r in rows if r[0] != but and pid_alive(r[1])]
+
+    def settle_state(self, sandbox: str) -> None:
+        """``running -> exited`` once no live run is left."""
+        if not self.live_runs(sandbox):
+            self.set_state(sandbox, "exited", only_from=("running",))
+
+    def settle_orphaned_runs(self) -> list[tuple[str, int]]:
+        """Finish the runs whose petri died (SIGKILL, OOM, a crash) without finishing them:
+        exit 125 (petri failed), ``killed_by: "petri_died"``. Every command calls this, so
+        ``ls`` never shows a dead run as running."""
+        settled = []
+        for r in self.db.execute("SELECT sandbox, n, pid FROM runs WHERE finished_at IS NULL").fetchall():
+            if pid_alive(r["pid"]):
+                continue
+            with self.write() as db:
+                cur = db.execute("UPDATE runs SET finished_at = ?, exit_code = 125, limits_hit = '[]',"
+                                 " killed_by = COALESCE(killed_by, 'petri_died')"
+                                 " WHERE sandbox = ? AND n = ? AND finished_at IS NULL", (now(), r["sandbox"], r["n"]))
+                if cur.rowcount != 1:
+                    continue  # another petri settled it first
+                db.execute("UPDATE sandboxes SET last_exit_code = 125 WHERE id = ?", (r["sandbox"],))
+            self.settle_state(r["sandbox"])
+            settled.append((r["sandbox"], r["n"]))
+        return settled
 
     def runs(self, sandbox: str) -> list[dict[str, Any]]:
-        out = []
-        for r in self.db.execute("SELECT * FROM runs WHERE sandbox = ? ORDER BY n", (sandbox,)):
-            d = dict(r)
-            d["argv"] = json.loads(d["argv"])
-            d["limits_hit"] = json.loads(d["limits_hit"] or "[]")
-            out.append(d)
-        return out
+        """Every run of the sandbox, each as the SPEC's run document."""
+        return [_run_doc(r) for r in self.db.execute("SELECT * FROM runs WHERE sandbox = ? ORDER BY n", (sandbox,))]
+
+    def run(self, sandbox: str, n: int) -> dict[str, Any] | None:
+        """Run ``n`` of the sandbox as the SPEC's run document (``run``, RFC 3339 times)."""
+        r = self.db.execute("SELECT * FROM runs WHERE sandbox = ? AND n = ?", (sandbox, n)).fetchone()
+        return _run_doc(r) if r else None
 
     # -- promotions --------------------------------------------------------------------
     def add_promotion(self, promo_id: str, sandbox: str, state: str, doc: dict[str, Any]) -> None:
@@ -288,8 +344,14 @@ class Registry:
     # -- ids ---------------------------------------------------------------------------
     def resolve(self, ident: str, kinds: tuple[str, ...] = ("snapshot", "sandbox", "promotion")) -> tuple[str, str]:
         """(kind, full id) for a unique prefix of an id, or a sandbox label."""
-        if not ident:
-            raise UnknownId(what=" or ".join(kinds), ident=ident, listing="ls")
+        from .units import shown
+
+        what = " or ".join(kinds)
+        listing = " or ".join(f"`petri {_LISTING[k]}`" for k in kinds)
+        if not _plausible_ident(ident):
+            # Not UTF-8 (SQLite cannot even bind it), a control character, or longer than
+            # any id or label: nothing can match, and LIKE would choke on 100,000 characters.
+            raise UnknownId(what=what, ident=shown(ident), listing=listing)
         tables = {"snapshot": "snapshots", "sandbox": "sandboxes", "promotion": "promotions"}
         matches: list[tuple[str, str]] = []
         for kind in kinds:
@@ -307,11 +369,33 @@ class Registry:
             return exact[0]
         if len(matches) == 1:
             return matches[0]
-        what = " or ".join(kinds)
         if not matches:
-            listing = "snapshots" if kinds == ("snapshot",) else "ls"
-            raise UnknownId(what=what, ident=ident, listing=listing)
-        raise AmbiguousId(what=what, ident=ident, matches=", ".join(m[1] for m in matches[:5]))
+            raise UnknownId(what=what, ident=shown(ident), listing=listing)
+        raise AmbiguousId(what=what, ident=shown(ident), matches=", ".join(m[1] for m in matches[:5]))
+
+
+_LISTING = {"snapshot": "snapshots", "sandbox": "ls", "promotion": "promotions"}
+MAX_IDENT = 256  # ids are short; labels at most units.MAX_LABEL
+
+
+def _plausible_ident(ident: str) -> bool:
+    if not ident or len(ident) > MAX_IDENT:
+        return False
+    try:
+        ident.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return ident.isprintable()
+
+
+def _run_doc(r: sqlite3.Row) -> dict[str, Any]:
+    """One shape for a run everywhere (``run --json``, ``status``, ``logs``, events)."""
+    return {"id": r["sandbox"], "run": r["n"], "argv": json.loads(r["argv"]), "exit_code": r["exit_code"],
+            "duration_s": r["duration_s"], "killed_by": r["killed_by"],
+            "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],
+            "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
+            "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"]),
+            "pid": r["pid"]}
 
 
 def pid_alive(pid: int | None) -> bool:

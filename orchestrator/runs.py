@@ -102,21 +102,7 @@ def log_paths(engine: "Engine", sb_id: str, n: int) -> tuple[Path, Path]:
 
 
 def _start_run_row(engine: "Engine", sb_id: str, argv: Sequence[str]) -> tuple[int, Path, Path]:
-    import json
-
-    with engine.registry.write() as db:
-        n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM runs WHERE sandbox = ?", (sb_id,)).fetchone()[0]
-        out, err = log_paths(engine, sb_id, n)
-        db.execute("INSERT INTO runs(sandbox, n, argv, started_at, stdout_path, stderr_path, pid)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   (sb_id, n, json.dumps(list(argv)), now(), str(out), str(err), os.getpid()))
-    return n, out, err
-
-
-def _live_runs(engine: "Engine", sb_id: str, *, but: int | None = None) -> list[int]:
-    rows = engine.registry.db.execute(
-        "SELECT n, pid FROM runs WHERE sandbox = ? AND finished_at IS NULL", (sb_id,)).fetchall()
-    return [r[0] for r in rows if r[0] != but and pid_alive(r[1])]
+    return engine.registry.start_run(sb_id, list(argv), lambda n: log_paths(engine, sb_id, n), os.getpid())
 
 
 def runnable_row(engine: "Engine", sandbox: "str | SandboxRow") -> SandboxRow:
@@ -171,28 +157,39 @@ def _masks(engine: "Engine") -> tuple[Path, ...]:
     return load_config(engine.root).masks
 
 
-def warn_once(text: str) -> None:
-    if text not in _warned:
-        _warned.add(text)
-        print(f"petri: warning: {text}", file=sys.stderr, flush=True)
+def warn_once(engine: "Engine", text: str) -> None:
+    """A warning about this machine (no cgroups: rlimits are weaker), said once per
+    workspace, not on every command: the registry remembers what was said."""
+    import hashlib
+
+    if text in _warned:
+        return
+    _warned.add(text)
+    key = "warned:" + hashlib.sha1(text.encode()).hexdigest()[:16]
+    try:
+        if engine.registry.get_meta(key) is not None:
+            return
+        engine.registry.set_meta(key, text)
+    except Exception:  # noqa: BLE001 - a read-only registry still gets the warning, every time
+        pass
+    print(f"petri: warning: {text}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- running
 
 
 def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
-    """The SPEC's run document for run ``n`` of a sandbox."""
-    import json
-
-    found = engine.registry.db.execute("SELECT * FROM runs WHERE sandbox = ? AND n = ?", (sb_id, n)).fetchone()
-    if found is None:
+    """The SPEC's run document for run ``n`` of a sandbox (one shape: ``Registry.run``)."""
+    doc = engine.registry.run(sb_id, n)
+    if doc is None:
         raise KeyError(n)
-    r = dict(found)
-    return {"id": sb_id, "run": n, "argv": json.loads(r["argv"]), "exit_code": r["exit_code"],
-            "duration_s": r["duration_s"], "killed_by": r["killed_by"],
-            "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],
-            "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
-            "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"])}
+    return doc
+
+
+# What ended a run that petri (or another petri) killed on purpose, and the exit code it
+# then has: the lifetime is 124 like a timeout; `rm` kills with SIGKILL, 128 + 9 = 137, the
+# same number as the memory limit, told apart by ``killed_by``.
+KILLED_EXIT = {"ttl": 124, "timeout": 124, "destroyed": 137}
 
 
 async def run_in_sandbox(
@@ -233,7 +230,7 @@ async def run_in_sandbox(
         if ev.kind == "output" and ev.stream:
             log.output(row.id, n, ev.stream, ev.data)
         elif ev.kind == "warning" and not quiet_warnings:
-            warn_once(ev.data.decode("utf-8", "replace"))
+            warn_once(engine, ev.data.decode("utf-8", "replace"))
         if on_event is not None:
             on_event(ev)
 
@@ -250,19 +247,14 @@ async def run_in_sandbox(
         if res is None:  # petri failed or the run was cancelled: the record says so
             engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
             _settle_state(engine, row.id, n)
-    exit_code, killed_by = res.exit_code, res.killed_by
+    exit_code, killed_by = _what_ended(engine, row, n, res.exit_code, res.killed_by)
     limits_hit = list(res.limits_hit)
-    now_row = engine.registry.sandbox(row.id)
-    overdue = row.expires_at is not None and now() >= row.expires_at
-    if killed_by is None and (overdue or (now_row is not None and now_row.state == "expired")) and exit_code != 0:
-        # Another petri's reaper killed it at expiry (stop_sandbox_processes).
-        exit_code, killed_by = 124, "ttl"
     if disk_limit_hit(engine, row, err_path) and "disk" not in limits_hit:
         limits_hit.append("disk")
     engine.registry.finish_run(row.id, n, exit_code=exit_code, duration_s=res.duration_s, killed_by=killed_by,
                                limits_hit=limits_hit, peak_memory_bytes=res.peak_memory_bytes)
     peak = max([p for p in (res.peak_memory_bytes, row.peak_memory_bytes) if p is not None], default=None)
-    engine.registry.update_sandbox(row.id, last_exit_code=exit_code, peak_memory_bytes=peak)
+    engine.registry.update_sandbox(row.id, peak_memory_bytes=peak)
     _settle_state(engine, row.id, n)
     doc = run_doc(engine, row.id, n)
     doc["cgroup_mode"] = res.cgroup_mode
@@ -277,9 +269,25 @@ async def run_in_sandbox(
     return doc
 
 
+def _what_ended(engine: "Engine", row: SandboxRow, n: int, exit_code: int,
+                killed_by: str | None) -> tuple[int, str | None]:
+    """The run's exit code and ``killed_by``, counting kills by other petri processes: an
+    ``rm`` or an expiry writes its reason on the run's row before it kills."""
+    if killed_by is not None or exit_code == 0:
+        return exit_code, killed_by
+    marked = engine.registry.run_killed_by(row.id, n)
+    if marked is None:
+        now_row = engine.registry.sandbox(row.id)
+        overdue = row.expires_at is not None and now() >= row.expires_at
+        if overdue or (now_row is not None and now_row.state == "expired"):
+            marked = "ttl"
+    if marked in KILLED_EXIT:
+        return KILLED_EXIT[marked], marked
+    return exit_code, killed_by
+
+
 def _settle_state(engine: "Engine", sb_id: str, n: int) -> None:
-    if not _live_runs(engine, sb_id, but=n):
-        engine.registry.set_state(sb_id, "exited", only_from=("running",))
+    engine.registry.settle_state(sb_id)
 
 
 def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], **kw: Any) -> dict[str, Any]:
@@ -320,8 +328,8 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
             "timeout" if code == 124 else None)
+        code, killed = _what_ended(engine, row, n, code, killed)
         engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0, killed_by=killed)
-        engine.registry.update_sandbox(row.id, last_exit_code=code)
         _settle_state(engine, row.id, n)
         events.emit(engine.store.root, "run.finished", sandbox=row.id, run=n, exit_code=code, killed_by=killed)
     if code == 124 and row.expires_at and now() >= row.expires_at:
@@ -337,8 +345,10 @@ def stop_sandbox_processes(engine: "Engine", row: SandboxRow) -> int:
     cgroups; how many processes were killed. Called at expiry and by ``rm``."""
     cur = engine.registry.sandbox(row.id)
     if cur is not None and cur.state == "expired":
+        engine.registry.mark_live_runs(row.id, "ttl")
         events.emit(engine.store.root, "sandbox.expired", sandbox=row.id)
     elif cur is not None:
+        engine.registry.mark_live_runs(row.id, "destroyed")
         events.emit(engine.store.root, "sandbox.destroyed", sandbox=row.id)
     sup = cgroups.support()
     if sup.mode == "none":
@@ -370,11 +380,7 @@ def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
     (destroyed, expired, failed) and those whose owning petri is dead. A live run of another
     petri process (this workspace's or another's) is left alone."""
     # 1. Runs whose petri is gone: the record says petri failed (125).
-    for r in engine.registry.db.execute(
-            "SELECT sandbox, n, pid FROM runs WHERE finished_at IS NULL").fetchall():
-        if not pid_alive(r["pid"]):
-            engine.registry.finish_run(r["sandbox"], r["n"], exit_code=125, limits_hit=[])
-            _settle_state(engine, r["sandbox"], r["n"])
+    engine.registry.settle_orphaned_runs()
     # 2. Candidates of a race whose petri died before it could rank them.
     for row in engine.registry.sandboxes():
         race = (row.meta or {}).get("race")
@@ -427,7 +433,7 @@ def check_limits(engine: "Engine", limits: "Limits") -> None:
         if sup.mode == "v2" and "cpu" not in sup.v2_controllers:
             raise LimitsUnavailable(what="--cpus", why=f"the cgroup2 at {sup.v2_base} has no cpu controller")
     if sup.mode == "none" and (limits.mem_bytes or limits.pids or limits.cpus):
-        warn_once("no usable cgroups here (" + sup.reason + "): limits fall back to rlimits, which are weaker")
+        warn_once(engine, "no usable cgroups here (" + sup.reason + "): limits fall back to rlimits, which are weaker")
     if limits.disk_bytes:
         disk_plan(engine).prepare()
 
