@@ -19,6 +19,9 @@ Caveats:
   control work.
 - The timeout/lifetime is checked between reads (at least every 0.2 s) and kills at once,
   without a grace period: an interactive user is there to see it.
+- When petri's own input ends (``</dev/null``, a pipe), it types the EOF key (^D) into the
+  shell's terminal every 0.25 s until the shell exits: a program in the shell that reads
+  the terminal raw (an editor) sees those bytes instead of an end of input.
 """
 from __future__ import annotations
 
@@ -112,10 +115,18 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         os.close(slave)
         slave = -1
         stdin_open = True
+        eof_sent_at = None
         while True:
             if end is not None and time.time() >= end:
                 end_kind = "killed"
                 break
+            if not stdin_open and (eof_sent_at is None or time.monotonic() - eof_sent_at >= EOF_REPEAT_S):
+                # End of our input must reach the shell, or `petri shell SB </dev/null` waits
+                # forever: a pty cannot be half-closed, so type the terminal's EOF key, as a
+                # person would, again until it exits (a command reading the terminal gets it
+                # first; a shell that just started or ignores one EOF gets the next).
+                _write_all(master, _eof_char(master))
+                eof_sent_at = time.monotonic()
             fds = [master] + ([stdin_fd] if stdin_open else [])
             try:
                 ready, _, _ = select.select(fds, [], [], 0.2)
@@ -167,6 +178,17 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         return EXIT_TIMEOUT
     rc = proc.returncode
     return 128 - rc if rc < 0 else rc
+
+
+EOF_REPEAT_S = 0.25
+
+
+def _eof_char(master: int) -> bytes:
+    try:
+        c = termios.tcgetattr(master)[6][termios.VEOF]
+    except (OSError, termios.error):
+        return b"\x04"
+    return c if isinstance(c, bytes) and c not in (b"", b"\0") else b"\x04"
 
 
 def _write_all(fd: int, data: bytes) -> None:
