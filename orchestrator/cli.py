@@ -22,7 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Annotated, List, Optional
 
+import click
 import typer
+import typer.core
 
 from snapshot.errors import PetriError
 
@@ -30,8 +32,43 @@ from .output import Output, ProgressBar
 
 VERSION = "0.1.0"
 
+def _fit_typer_to_click() -> None:
+    """Two mismatches of typer 0.20 (pinned for start-up time) with click >= 8.2, fixed here
+    rather than living with them: typer escapes "[" for rich whenever rich is importable
+    (textual brings it), so plain help printed a literal "\\[default: .]"; and typer sets an
+    argument's help before click's __init__ resets it to None, so arguments lost their help
+    (and once restored, click's own "Positional arguments" section would repeat typer's
+    "Arguments")."""
+    if getattr(typer.core, "_petri_fitted", False):
+        return
+    typer.core.HAS_RICH = False  # help is plain click text here (rich_markup_mode=None)
+    init = typer.core.TyperArgument.__init__
+
+    def __init__(self, *args, help=None, **kw):  # noqa: A002 - typer's own keyword
+        init(self, *args, help=help, **kw)
+        self.help = help
+
+    typer.core.TyperArgument.__init__ = __init__
+    for cls in (typer.core.TyperCommand, typer.core.TyperGroup):
+        cls.format_arguments = lambda self, ctx, formatter: None  # typer's format_options lists them
+    typer.core._petri_fitted = True
+
+
+_fit_typer_to_click()
+
+BACKENDS = ("auto", "btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
+
+# suggest_commands=False: click itself already says "Did you mean ...?"; typer said it twice.
+class TrailingCommand(typer.core.TyperCommand):
+    """A command whose last argument is a command to run (``petri run SB ls -la``): see
+    ``_split_trailing``."""
+
+    trailing_command = True
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
+                  rich_markup_mode=None, suggest_commands=False,
+                  context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
                   help="petri: instant, isolated, same-path clones of a project. Fork, run, race, diff, promote, roll back.")
 
 
@@ -75,8 +112,10 @@ def root(
 # --------------------------------------------------------------------------- init / deinit
 @app.command()
 def init(
-    path: Annotated[Path, typer.Argument(help="Directory to register (default: .)")] = Path("."),
-    backend: Annotated[str, typer.Option("--backend", help="btrfs, zfs, reflink, overlay, fuse, copy or auto")] = "auto",
+    path: Annotated[Path, typer.Argument(help="Directory to register (default: .).", show_default=False)] = Path("."),
+    backend: Annotated[str, typer.Option("--backend", click_type=click.Choice(BACKENDS),
+                                         help="How trees are cloned; auto picks the best that works here"
+                                              " and says why.")] = "auto",
     convert: Annotated[bool, typer.Option("--convert", help="Make a plain directory on btrfs a subvolume first.")] = False,
 ) -> None:
     """Register PATH as a workspace, choose a backend, take the first snapshot."""
@@ -96,9 +135,16 @@ def init(
 
 
 @app.command()
-def deinit(force: Annotated[bool, typer.Option("--force", help="Also destroy existing sandboxes.")] = False) -> None:
-    """Remove the store: every snapshot, sandbox, log and the registry."""
+def deinit(
+    force: Annotated[bool, typer.Option("--force", help="Also destroy existing sandboxes.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation on a terminal.")] = False,
+) -> None:
+    """Remove the store: every snapshot, sandbox, log and the registry.
+
+    On a terminal it asks first (--yes does not); without one (a script) it just proceeds."""
     e = engine()
+    if not yes and sys.stdin.isatty():
+        _confirm_deinit(e, force)
     doc = e.deinit(force=force)
     o = out()
     if G.json:
@@ -107,10 +153,26 @@ def deinit(force: Annotated[bool, typer.Option("--force", help="Also destroy exi
         o.say(f"removed the petri store of {doc['workspace']} ({len(doc['removed'])} snapshots/sandboxes)")
 
 
+def _confirm_deinit(e, force: bool) -> None:
+    from .errors import OrchestratorError
+    from .registry import LIVE_STATES
+    sbs = [s for s in e.registry.sandboxes() if s.state in LIVE_STATES]
+    if sbs and not force:
+        return  # deinit refuses anyway (SandboxesExist): no question before that
+    what = f"{len(e.registry.snapshots())} snapshot(s), " + (f"{len(sbs)} sandbox(es), " if force else "")
+    sys.stderr.write(f"remove the petri store of {e.root} ({what}logs, promotion journals, the registry)? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise OrchestratorError(detail="deinit cancelled; nothing was removed")
+
+
 # --------------------------------------------------------------------------- snapshots
 @app.command()
 def snapshot(message: Annotated[str, typer.Option("-m", "--message", help="A note kept with the snapshot.")] = "") -> None:
     """Take a snapshot of the workspace; print its id."""
+    from .units import MAX_NOTE, check_text
+    check_text("-m", message, max_len=MAX_NOTE)
     e = engine()
     bar = ProgressBar("snapshot", enabled=not G.json)
     try:
@@ -137,12 +199,12 @@ def snapshots() -> None:
         o.doc({"snapshots": docs})
         return
     from .registry import now
-    from .units import human_bytes, human_duration
+    from .units import MAX_NOTE, human_bytes, human_duration, shown
     rows = []
     for d, r in zip(docs, snaps):
         rows.append([d["id"], d["kind"], human_duration(now() - r.created_at),
                      human_bytes(d["bytes"]) if d["bytes"] is not None else "?",
-                     ",".join(d["used_by"]) or "-", d["message"]])
+                     ",".join(d["used_by"]) or "-", shown(d["message"], limit=MAX_NOTE)])
     o.table(["id", "kind", "age", "bytes", "used by", "message"], rows)
 
 
@@ -163,16 +225,13 @@ def fork(
     """Create N sandboxes from live or a snapshot; print ids and paths."""
     from .engine import Limits
     from .units import parse_cpus, parse_duration, parse_size
-    from .errors import UsageError
-    if pids is not None and pids < 1:
-        raise UsageError(detail=f"bad --pids {pids}: at least 1")
     limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
                     pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
                     ttl_s=parse_duration(ttl) if ttl else None)
     e = engine()
     from .config import load_config
     limits = load_config(e.root).apply_defaults(limits)
-    e.check_limits(limits)
+    e.check_limits(limits)  # every value checked (units.validate_limits) before anything exists
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:
@@ -195,13 +254,14 @@ def ls_(all_: Annotated[bool, typer.Option("--all", "-a", help="Also destroyed a
         o.doc({"sandboxes": docs})
         return
     from .registry import now
-    from .units import human_bytes, human_duration
+    from .units import human_bytes, human_duration, shown
     table = []
     for r, d in zip(rows, docs):
         stale = d["stale"]
         stale_txt = "-" if stale is None else (
             "fresh" if not stale["live_changed"] else f"{stale['live_changed']} live, {len(stale['overlapping'])} overlap")
-        table.append([r.id, r.label or "-", r.backend, _state(o, r.state), human_duration(now() - r.created_at),
+        # shown(): a label written before labels were checked may hold escape sequences
+        table.append([r.id, shown(r.label) if r.label else "-", r.backend, _state(o, r.state), human_duration(now() - r.created_at),
                       human_duration(d["time_left_s"]) if d["time_left_s"] is not None else "-",
                       human_bytes(d["usage"]["disk_bytes"]) if d["usage"]["disk_bytes"] is not None else "-",
                       "-" if r.last_exit_code is None else r.last_exit_code, stale_txt])
@@ -220,7 +280,7 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     e = engine()
     row = e.resolve_sandbox(sandbox)
     doc = e.sandbox_doc(row, staleness=e.staleness(row))
-    doc["runs"] = e.registry.runs(row.id)
+    doc["runs"] = e.registry.runs(row.id)  # each the SPEC's run document, as `run --json` prints it
     o = out()
     if G.json:
         o.doc({"sandboxes": [doc]})
@@ -238,7 +298,20 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
         for p in stale.get("read_changed", []) or []:
             o.say(f"  read here, changed in live (results may not hold): {p}")
     for run in doc["runs"]:
-        o.say(f"run {run['n']}: {' '.join(run['argv'])} -> {run['exit_code']}")
+        o.say(f"run {run['run']}: {shown_argv(run['argv'])} -> {run_outcome(run)}")
+
+
+def shown_argv(argv: list[str]) -> str:
+    """A command line for people: bytes that were not UTF-8 and control characters escaped."""
+    from .units import shown
+    return " ".join(shown(a, limit=200) for a in argv)
+
+
+def run_outcome(run: dict) -> str:
+    if run["finished_at"] is None:
+        return "running"
+    ended = f" ({run['killed_by']})" if run["killed_by"] else ""
+    return f"exit {run['exit_code']}{ended}"
 
 
 # --------------------------------------------------------------------------- rm / gc / rollback
@@ -277,8 +350,16 @@ def gc() -> None:
 
 
 @app.command()
-def rollback(ident: Annotated[str, typer.Argument(help="s-… (restore that snapshot) or p-… (undo that promotion)")]) -> None:
-    """Restore the workspace to a snapshot, or undo a promotion."""
+def rollback(ident: Annotated[str, typer.Argument(help="s-… (a snapshot) or p-… (a promotion), or a unique prefix.")]) -> None:
+    """Restore the workspace to a snapshot (s-…), or undo a promotion (p-…).
+
+    \b
+    s-…  put the whole workspace back as it was in that snapshot (`petri snapshots`);
+         .git/ and the store are never rewound. A safety snapshot of the current state is
+         taken first, so the rollback itself can be undone: `petri rollback <safety id>`.
+    p-…  undo that one promotion from its journal (`petri promotions`): only the paths it
+         wrote are put back. Refuses (exit 3, nothing written) when live changed any of
+         them since."""
     e = engine()
     kind, full = e.registry.resolve(ident, ("snapshot", "promotion"))
     if kind == "snapshot":
@@ -297,6 +378,23 @@ def rollback(ident: Annotated[str, typer.Argument(help="s-… (restore that snap
             o.say(f"  ... and {len(doc['changed']) - 50} more")
 
 
+@app.command("help", hidden=True)
+def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command.")] = None) -> None:
+    """The help of petri, or of one command (as `petri COMMAND --help`)."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    group = root.command
+    target, names = group, ["petri"]
+    for name in command or []:
+        sub = target.get_command(root, name) if isinstance(target, click.Group) else None
+        if sub is None:
+            from .errors import UsageError
+            raise UsageError(detail=f"no command {name!r}; `petri --help` lists them")
+        target, names = sub, names + [name]
+    with click.Context(target, info_name=" ".join(names), parent=None) as sub_ctx:
+        click.echo(target.get_help(sub_ctx))
+
+
 # Commands of the runner (issue 3) and the merge engine (issue 4) live in their own modules;
 # importing them registers them on ``app`` (they import nothing heavy at module level).
 for _mod in ("cli_run", "cli_merge"):
@@ -308,44 +406,128 @@ for _mod in ("cli_run", "cli_merge"):
 
 
 # --------------------------------------------------------------------------- entry point
-_GLOBAL_FLAGS = {"--json", "--debug"}
+_GLOBAL_FLAGS = {"--json": False, "--debug": False, "--workspace": True}  # flag -> takes a value
 
 
-def _hoist_globals(argv: list[str]) -> list[str]:
-    """Accept the global flags anywhere before ``--`` (``petri ls --json``)."""
+def _take_global(argv: list[str], i: int) -> int:
+    """If argv[i] is a global flag, record it and return how many words it used; else 0."""
+    a = argv[i]
+    if a == "--json":
+        G.json = True
+        return 1
+    if a == "--debug":
+        G.debug = True
+        return 1
+    if a == "--workspace" and i + 1 < len(argv):
+        G.workspace = argv[i + 1]
+        return 2
+    if a.startswith("--workspace="):
+        G.workspace = a.split("=", 1)[1]
+        return 1
+    return 0
+
+
+def _option_arity(cmd: click.Command) -> dict[str, bool]:
+    """Each option name of ``cmd`` -> whether it takes a value."""
+    arity: dict[str, bool] = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            for name in (*p.opts, *p.secondary_opts):
+                arity[name] = not (p.is_flag or p.count)
+    for name in ("-h", "--help"):
+        arity[name] = False
+    return arity
+
+
+def _normalise(argv: list[str], group: click.Group) -> list[str]:
+    """Accept the global flags anywhere before ``--`` (``petri ls --json``), and, for
+    commands that end in a command of their own (``run``), read everything after the
+    sandbox as that command, as ``docker run`` does: ``petri run SB ls -la`` is
+    ``petri run SB -- ls -la``. Their own options may still come before the command."""
     rest: list[str] = []
     i = 0
+    sub: str | None = None
     while i < len(argv):
         a = argv[i]
         if a == "--":
             rest.extend(argv[i:])
             break
-        if a == "--json":
-            G.json = True
-        elif a == "--debug":
-            G.debug = True
-        elif a == "--workspace" and i + 1 < len(argv):
-            G.workspace = argv[i + 1]
-            i += 1
-        elif a.startswith("--workspace="):
-            G.workspace = a.split("=", 1)[1]
-        else:
-            rest.append(a)
+        used = _take_global(argv, i)
+        if used:
+            i += used
+            continue
+        rest.append(a)
         i += 1
+        if sub is None and not a.startswith("-"):
+            sub = a
+            cmd = group.commands.get(a)
+            if cmd is not None and getattr(cmd, "trailing_command", False):
+                rest.extend(_split_trailing(argv[i:], cmd))
+                break
     return rest
 
 
+def _split_trailing(args: list[str], cmd: click.Command) -> list[str]:
+    """``args`` of a command whose last argument is a command: its options and the sandbox,
+    then ``--``, then the command exactly as given (its own flags included)."""
+    from .errors import UsageError
+    arity = _option_arity(cmd)
+    out: list[str] = []
+    seen_sandbox = False
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        used = _take_global(args, i)
+        if used:
+            i += used
+            continue
+        if a.startswith("-") and a != "-":
+            name = a.split("=", 1)[0] if a.startswith("--") else a[:2]
+            if name not in arity:
+                if seen_sandbox:
+                    raise UsageError(detail=f"no such option {a.split('=', 1)[0]!r} for `petri {cmd.name}`; if it"
+                                            f" belongs to the command, put `--` before the command:"
+                                            f" petri {cmd.name} SANDBOX -- CMD [ARGS...]")
+                out.append(a)  # click names the unknown option
+                i += 1
+                continue
+            attached = "=" in a if a.startswith("--") else len(a) > 2
+            n = 2 if arity[name] and not attached else 1
+            out.extend(args[i:i + n])
+            i += n
+            continue
+        if seen_sandbox:
+            return out + ["--"] + args[i:]
+        seen_sandbox = True
+        out.append(a)
+        i += 1
+    return out
+
+
+def _full_summaries(group: click.Group) -> None:
+    """``petri --help`` lists each command with its whole first line, not cut with "…"."""
+    for sub in group.commands.values():
+        if not sub.short_help and sub.help:
+            sub.short_help = sub.help.strip().splitlines()[0]
+
+
 def fail(message: str, code: int) -> int:
-    print(f"petri: {message}", file=sys.stderr, flush=True)
+    from .units import shown
+    line = shown(message, limit=2000)  # one line, whatever the input held
+    print(f"petri: {line}", file=sys.stderr, flush=True)
     if G.json:
-        Output(True).doc({"error": message, "exit_code": code})
+        Output(True).doc({"error": line, "exit_code": code})
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _hoist_globals(list(sys.argv[1:] if argv is None else argv))
     command = typer.main.get_command(app)
+    assert isinstance(command, click.Group)
+    _full_summaries(command)
     try:
+        args = _normalise(list(sys.argv[1:] if argv is None else argv), command)
         rv = command.main(args=args, prog_name="petri", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except PetriError as e:

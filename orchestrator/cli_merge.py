@@ -5,9 +5,12 @@ module level (the merge engine loads when a command runs).
 """
 
 import base64
+import os
+import stat
 import sys
 from typing import Annotated, Any, List, Optional
 
+import click
 import typer
 
 from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
@@ -80,22 +83,23 @@ def promote(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    on_conflict: Annotated[str, typer.Option("--on-conflict", help="fail (exit 3), markers (exit 5), theirs or ours.")] = "fail",
+    on_conflict: Annotated[str, typer.Option("--on-conflict", click_type=click.Choice(["fail", "markers", "theirs", "ours"]),
+                                             help="On a conflicting hunk: fail (exit 3, nothing written),"
+                                                  " markers (write diff3 markers, exit 5), theirs (the"
+                                                  " sandbox's side) or ours (the workspace's side).")] = "fail",
     verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result; undo on failure.")] = None,
     include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
 ) -> None:
     """Apply the sandbox's changes to the workspace, 3-way against live."""
     from merge.errors import PromotionConflict
 
-    from .errors import UsageError
     from .promotions import promote as do_promote
-    if on_conflict not in ("fail", "markers", "theirs", "ours"):
-        raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {on_conflict!r}")
     o = out()
     e = engine()
     row = e.resolve_sandbox(sandbox)
+    wanted = _paths(paths)
     try:
-        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=_paths(paths),
+        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note)
     except PromotionConflict as err:
         conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
@@ -111,6 +115,8 @@ def promote(
             doc.update({"error": str(err), "exit_code": 3})
             o.doc(doc)
         raise typer.Exit(3)
+    if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
+        doc["unchanged"] = _check_paths_exist(e, row, wanted)
     code = 0
     if doc.get("verified") is False:
         code = 1
@@ -128,6 +134,35 @@ def promote(
         raise typer.Exit(code)
 
 
+def _check_paths_exist(e: Any, row: Any, wanted: list[bytes]) -> list[str]:
+    """The paths asked for that exist (unchanged) in the sandbox or its base; a path in
+    neither is a usage error (exit 2), not "no changes"."""
+    from .changesets import sandbox_views
+    from .errors import UsageError
+    with sandbox_views(e, row) as (base, tree):
+        missing = [p for p in wanted if not (_lexists_under(bytes(tree), p) or _lexists_under(bytes(base), p))]
+    if missing:
+        names = ", ".join(p.decode("utf-8", "backslashreplace") for p in missing)
+        raise UsageError(detail=f"no such path in sandbox {row.id} or its base {row.base}: {names}")
+    return [p.decode("utf-8", "backslashreplace") for p in wanted]
+
+
+def _lexists_under(root: bytes, rel: bytes) -> bool:
+    """Does ``rel`` exist under ``root``, without following a symlink on the way (one in
+    the sandbox may point anywhere on the host)?"""
+    cur = root
+    parts = [c for c in rel.split(b"/") if c not in (b"", b".")]
+    for i, part in enumerate(parts):
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return False
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            return False
+    return True
+
+
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
     if dry_run:
         ops = doc.get("plan", {}).get("ops", [])
@@ -141,7 +176,10 @@ def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
             o.say(f"skip   {s['path']}: {s['reason']}")
         return
     if not doc.get("promotion"):
-        o.say("nothing to promote: the sandbox has no changes against its base")
+        if doc.get("unchanged"):
+            o.say(f"nothing to promote: {', '.join(doc['unchanged'])} has no changes in sandbox {doc['sandbox']}")
+        else:
+            o.say("nothing to promote: the sandbox has no changes against its base")
         return
     o.say(f"promoted {doc['sandbox']} as {doc['promotion']}: {len(doc['applied'])} path(s)"
           f"; undo with `petri rollback {doc['promotion']}`")
@@ -162,3 +200,62 @@ def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
         print(f"petri: --verify failed (exit {doc['verify']['exit_code']}); "
               + ("the promotion was rolled back" if doc.get("rolled_back")
                  else f"the rollback failed: {doc.get('rollback_error')}"), file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- promotions
+@app.command()
+def promotions(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Also promotions that stopped on a conflict"
+                                                          " (they wrote nothing).")] = False,
+) -> None:
+    """Promotions: id, sandbox, paths, time, state, whether it can still be undone."""
+    e = engine()
+    docs = promotion_docs(e, include_conflicts=all_)
+    o = out()
+    if G.json:
+        o.doc({"promotions": docs})
+        return
+    from datetime import datetime
+
+    from .registry import now
+    from .units import human_duration
+    rows = []
+    for d in docs:
+        paths = d["applied"]
+        shown_paths = ", ".join(paths[:3]) + (f" (+{len(paths) - 3})" if len(paths) > 3 else "")
+        rows.append([d["id"], d["sandbox"], d["state"], "yes" if d["can_undo"] else "no",
+                     human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), shown_paths or "-"])
+    o.table(["id", "sandbox", "state", "undo", "age", "paths"], rows)
+
+
+def promotion_docs(e: Any, *, include_conflicts: bool = False) -> list[dict[str, Any]]:
+    """The SPEC's ``promotions`` rows. States: ``done``, ``undone``, ``interrupted`` (a row
+    whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
+    with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
+    whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
+    from .registry import pid_alive, rfc3339
+    pending = e.store.journal / ".pending"
+    docs = []
+    for r in e.registry.promotions():
+        state, doc = r["state"], r["doc"]
+        if state == "conflict" and not include_conflicts:
+            continue
+        if state == "pruned":
+            state = "done"
+        elif state == "running":
+            state = "running" if pid_alive(_pending_pid(pending / r["id"])) else "interrupted"
+        can_undo = r["state"] == "done" and (e.store.journal / r["id"]).is_dir()
+        docs.append({"id": r["id"], "sandbox": r["sandbox"], "base": doc.get("base"),
+                     "applied": doc.get("applied", []), "created_at": rfc3339(r["created_at"]),
+                     "state": state, "can_undo": can_undo, "stage": doc.get("stage"),
+                     "parent": doc.get("parent"), "conflicts": doc.get("conflicts", []),
+                     "pruned": r["state"] == "pruned"})
+    return docs
+
+
+def _pending_pid(mark: Any) -> int | None:
+    try:
+        text = mark.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

@@ -18,6 +18,14 @@ from .errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
 from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
 app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
 
+# Why a run ended, as its own `petri run` says it on stderr (killed_by -> the line).
+ENDED = {
+    "timeout": "killed by --timeout after {duration_s:.1f}s",
+    "ttl": "killed: sandbox {id} reached the end of its lifetime",
+    "memory": "killed: over the memory limit",
+    "destroyed": "killed: sandbox {id} was destroyed (`petri rm`) while the command ran",
+}
+
 
 def _parse_env(pairs: list[str] | None) -> dict[str, str]:
     env: dict[str, str] = {}
@@ -35,14 +43,31 @@ def _timeout(text: str | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- run
-@app.command()
+@app.command(cls=_cli.TrailingCommand, options_metavar="[OPTIONS]")
 def run(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
-    cmd: Annotated[Optional[List[str]], typer.Argument(help="The command and its arguments (after --).")] = None,
+    cmd: Annotated[Optional[List[str]], typer.Argument(metavar="[--] CMD [ARGS]...",
+                                                       help="The command and its arguments: everything after"
+                                                            " SANDBOX (or after --).")] = None,
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Kill the command after this long (124), e.g. 30s, 5m.")] = None,
     env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
 ) -> None:
-    """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code."""
+    """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
+
+    Everything after SANDBOX is the command, as with `docker run`: `petri run SB ls -la`.
+    petri's own options go before the command; `--` before it is allowed and never needed
+    (`petri run SB --timeout 5m -- make test`).
+
+    \b
+    Exit codes: the command's own, except
+      124  killed by --timeout or by the end of the sandbox's lifetime (--ttl)
+      125  petri itself failed (could not start the sandbox, or petri was killed)
+      126  the command could not be executed
+      127  the command was not found
+      137  killed by SIGKILL: the memory limit (killed_by "memory"), or the sandbox
+           was destroyed by `petri rm` while it ran (killed_by "destroyed")
+    --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
+    the files it names."""
     import trio
 
     from .runs import run_in_sandbox
@@ -60,12 +85,8 @@ def run(
     else:
         if doc.get("setup_error"):
             print(f"petri: could not start the sandbox: {doc['setup_error']}", file=sys.stderr)
-        if doc["killed_by"] == "timeout":
-            print(f"petri: killed by --timeout after {doc['duration_s']:.1f}s", file=sys.stderr)
-        elif doc["killed_by"] == "ttl":
-            print(f"petri: killed: sandbox {doc['id']} reached the end of its lifetime", file=sys.stderr)
-        elif doc["killed_by"] == "memory":
-            print("petri: killed: over the memory limit", file=sys.stderr)
+        if doc["killed_by"] in ENDED:
+            print("petri: " + ENDED[doc["killed_by"]].format(**doc), file=sys.stderr)
         for hit in doc["limits_hit"]:
             if hit != "memory":
                 print(f"petri: the {hit} limit was hit", file=sys.stderr)
@@ -96,12 +117,11 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
-    from .registry import rfc3339
     e = engine()
     row = e.resolve_sandbox(sandbox)
     runs = e.registry.runs(row.id)
     if run_n is not None:
-        runs = [r for r in runs if r["n"] == run_n]
+        runs = [r for r in runs if r["run"] == run_n]
         if not runs:
             raise NoSuchRun(ident=row.id, n=run_n)
     elif not runs:
@@ -111,9 +131,7 @@ def logs(
     if G.json:
         docs = []
         for r in runs:
-            d = {"run": r["n"], "argv": r["argv"], "exit_code": r["exit_code"], "killed_by": r["killed_by"],
-                 "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"]),
-                 "stdout_path": r["stdout_path"], "stderr_path": r["stderr_path"]}
+            d = dict(r)  # the run document, as `run --json` and `status --json` give it
             for k in ("stdout", "stderr"):
                 try:
                     d[k] = Path(r[f"{k}_path"]).read_bytes().decode("utf-8", "replace")
@@ -125,8 +143,7 @@ def logs(
     many = len(runs) > 1
     for r in runs:
         if many:
-            status = "running" if r["finished_at"] is None else f"exit {r['exit_code']}"
-            print(f"==> run {r['n']}: {' '.join(r['argv'])} ({status}) <==", flush=True)
+            print(f"==> run {r['run']}: {_cli.shown_argv(r['argv'])} ({_cli.run_outcome(r)}) <==", flush=True)
         if follow and r["finished_at"] is None:
             _follow(e, row.id, r)
         else:
@@ -165,7 +182,7 @@ def _follow(e, sb_id: str, r: dict) -> None:
                 pos[k] = _copy_file(Path(r[f"{k}_path"]), fd, pos[k])
             except FileNotFoundError:
                 pass
-        cur = next((x for x in e.registry.runs(sb_id) if x["n"] == r["n"]), None)
+        cur = e.registry.run(sb_id, r["run"])
         if cur is None or cur["finished_at"] is not None or not pid_alive(cur["pid"]):
             for k, fd in (("stdout", 1), ("stderr", 2)):
                 try:
@@ -185,9 +202,9 @@ def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str
 
 @app.command()
 def race(
-    check: Annotated[Optional[str], typer.Option("--check", help="The check: a shell command; exit 0 = passed.")] = None,
-    patch: Annotated[Optional[List[str]], typer.Option("--patch", help="A candidate: a patch file (git or patch -p1 format).")] = None,
-    cmd: Annotated[Optional[List[str]], typer.Option("--cmd", help="A candidate: a shell command run before the check.")] = None,
+    check: Annotated[Optional[str], typer.Option("--check", metavar="CMD", help="Required. The check: a shell command run in every candidate's sandbox; exit 0 = passed.")] = None,
+    patch: Annotated[Optional[List[str]], typer.Option("--patch", metavar="FILE", help="A candidate: a patch file (git or patch -p1 format, no fuzz). Repeat it for more candidates.")] = None,
+    cmd: Annotated[Optional[List[str]], typer.Option("--cmd", metavar="CMD", help="A candidate: a shell command run in its sandbox before the check (non-zero: not applied). Repeatable; mixes with --patch in command-line order.")] = None,
     source: Annotated[str, typer.Option("--from", help="live (snapshot now) or a snapshot id")] = "live",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Candidates run at once.")] = 8,
     mem: Annotated[Optional[str], typer.Option("--mem", help="Memory limit per candidate, e.g. 512M.")] = None,
@@ -200,7 +217,18 @@ def race(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the losers' sandboxes too.")] = False,
     promote: Annotated[bool, typer.Option("--promote", help="Promote the winner into the workspace.")] = False,
 ) -> None:
-    """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner."""
+    """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner.
+
+    --check is required; give at least one candidate with --patch FILE or --cmd CMD (each
+    repeatable, e.g. --patch a.patch --patch b.patch --cmd 'make fix').
+
+    \b
+    Ranking: 1. the check passed (exit 0)
+             2. fewest lines changed (counted right after applying, before the check)
+             3. fastest check
+             4. command-line order
+    A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
+    `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
     from .engine import Limits
     from .race import load_candidates, race_sync, render_table
     from .units import parse_cpus, parse_duration, parse_size
