@@ -7,7 +7,7 @@
 # at the end (PETRI_DEMO_KEEP=1 keeps the image mounted for a look around).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-if [ "$(id -u)" -ne 0 ]; then echo "demo: run as root (it mounts a loop filesystem)" >&2; exit 1; fi
+. "$repo/scripts/need_root.sh"
 bash "$repo/scripts/setup.sh"
 petri="$repo/.venv/bin/petri"
 

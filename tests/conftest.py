@@ -56,6 +56,24 @@ def stop_fuse_under(root: Path, stores: list[Path]) -> None:
 
 
 @pytest.fixture
+def copy_ws(tmp_path):
+    """A workspace holding the conformance sample tree, on the copy backend in tmp_path; at
+    the end `gc` (a killed petri's run leaves a cgroup for it) and `deinit --force`."""
+    from snapshot import conformance as C
+
+    w = tmp_path / "proj"
+    w.mkdir()
+    C.make_sample_tree(w)
+    r = petri("init", "--backend", "copy", "--json", cwd=w)
+    assert r.rc == 0, r
+    try:
+        yield w
+    finally:
+        petri("gc", cwd=w)
+        petri("deinit", "--force", cwd=w)
+
+
+@pytest.fixture
 def run_petri():
     return petri
 

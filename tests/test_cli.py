@@ -15,14 +15,8 @@ from tests.conftest import petri
 
 
 @pytest.fixture
-def ws(tmp_path):
-    w = tmp_path / "proj"
-    w.mkdir()
-    C.make_sample_tree(w)
-    r = petri("init", "--backend", "copy", "--json", cwd=w)
-    assert r.rc == 0, r
-    yield w
-    petri("deinit", "--force", cwd=w)
+def ws(copy_ws):
+    return copy_ws
 
 
 def test_version():
