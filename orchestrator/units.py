@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import unicodedata
-from fractions import Fraction
 from typing import Any
 
 from .errors import BadDuration, BadSize, UsageError
@@ -60,6 +58,8 @@ def parse_size(text: str) -> int:
         raise BadSize(text=shown(text))
     if len(m.group(1)) > 30:  # longer than any size below 2**62 in bytes: no need to compute it
         raise UsageError(detail=f"size '{shown(text)}' is larger than the maximum of {human_bytes(MAX_SIZE)}")
+    from fractions import Fraction  # 3 ms to import: only when a size is parsed
+
     value = int(Fraction(m.group(1)) * _SIZE_FACTOR[m.group(2).lower()])
     if value <= 0:
         raise BadSize(text=shown(text))
@@ -140,7 +140,13 @@ def validate_limits(limits: Any) -> None:
 
 
 def _control(ch: str) -> bool:
-    return unicodedata.category(ch) in ("Cc", "Cs")  # C0, DEL, C1; Cs: bytes that were not UTF-8
+    """A C0 or C1 control character, DEL, or a lone surrogate (a byte that was not UTF-8)."""
+    c = ord(ch)
+    return c < 0x20 or 0x7F <= c < 0xA0 or 0xD800 <= c <= 0xDFFF
+
+
+def _not_utf8(ch: str) -> bool:
+    return 0xD800 <= ord(ch) <= 0xDFFF
 
 
 def check_text(what: str, text: str, *, max_len: int) -> str:
@@ -150,7 +156,7 @@ def check_text(what: str, text: str, *, max_len: int) -> str:
         raise UsageError(detail=f"bad {what} '{shown(text)}': at most {max_len} characters")
     for ch in text:
         if _control(ch):
-            why = "not valid UTF-8" if unicodedata.category(ch) == "Cs" else "control characters are not allowed"
+            why = "not valid UTF-8" if _not_utf8(ch) else "control characters are not allowed"
             raise UsageError(detail=f"bad {what} '{shown(text)}': {why}")
     return text
 
