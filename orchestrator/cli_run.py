@@ -18,7 +18,7 @@ from .errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
 from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
 app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
 
-# Why a run ended, as its own `petri run` says it on stderr (killed_by -> the line).
+# Why a run ended, as its own `petri run` says it on stderr (ended_by -> the line).
 ENDED = {
     "timeout": "killed by --timeout after {duration_s:.1f}s",
     "ttl": "killed: sandbox {id} reached the end of its lifetime",
@@ -65,7 +65,7 @@ def run(
       126  the command could not be executed
       127  the command was not found
       137  killed by SIGKILL: the memory limit (killed_by "memory"), or the sandbox
-           was destroyed by `petri rm` while it ran (killed_by "destroyed")
+           was destroyed by `petri rm` while it ran (ended_by "destroyed")
     --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
     the files it names."""
     import trio
@@ -85,8 +85,8 @@ def run(
     else:
         if doc.get("setup_error"):
             print(f"petri: could not start the sandbox: {doc['setup_error']}", file=sys.stderr)
-        if doc["killed_by"] in ENDED:
-            print("petri: " + ENDED[doc["killed_by"]].format(**doc), file=sys.stderr)
+        if doc.get("ended_by") in ENDED:
+            print("petri: " + ENDED[doc["ended_by"]].format(**doc), file=sys.stderr)
         for hit in doc["limits_hit"]:
             if hit != "memory":
                 print(f"petri: the {hit} limit was hit", file=sys.stderr)

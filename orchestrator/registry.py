@@ -388,10 +388,24 @@ def _plausible_ident(ident: str) -> bool:
     return ident.isprintable()
 
 
+# SPEC's ``killed_by`` is one of null, "timeout", "ttl", "memory". What else can end a run
+# (``rm`` destroying its sandbox, its petri dying) is stored in the same column but shown in
+# ``ended_by``, which names every end: "exit" (by itself), a killed_by value, "destroyed",
+# "petri_died"; null while it runs.
+SPEC_KILLED_BY = frozenset({"timeout", "ttl", "memory"})
+
+
+def _ended_by(r: sqlite3.Row) -> str | None:
+    if r["finished_at"] is None:
+        return None
+    return r["killed_by"] or "exit"
+
+
 def _run_doc(r: sqlite3.Row) -> dict[str, Any]:
     """One shape for a run everywhere (``run --json``, ``status``, ``logs``, events)."""
+    killed_by = r["killed_by"] if r["killed_by"] in SPEC_KILLED_BY else None
     return {"id": r["sandbox"], "run": r["n"], "argv": json.loads(r["argv"]), "exit_code": r["exit_code"],
-            "duration_s": r["duration_s"], "killed_by": r["killed_by"],
+            "duration_s": r["duration_s"], "killed_by": killed_by, "ended_by": _ended_by(r),
             "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],
             "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
             "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"]),

@@ -103,7 +103,7 @@ def test_a_run_whose_petri_was_killed_is_settled_by_the_next_command(ws):
     assert petri("gc", cwd=ws).rc == 0
     st = status(ws, "k")
     assert st["last_exit_code"] == 125 and st["state"] == "exited", st
-    assert st["runs"][-1]["exit_code"] == 125 and st["runs"][-1]["killed_by"] == "petri_died"
+    assert st["runs"][-1]["exit_code"] == 125 and st["runs"][-1]["ended_by"] == "petri_died" and st["runs"][-1]["killed_by"] is None
     # Killed again, and `ls` looks first: not "running" until a gc, but ended, 125.
     assert petri("run", "k", "--", "true", cwd=ws).rc == 0
     assert status(ws, "k")["last_exit_code"] == 0
@@ -130,7 +130,7 @@ def test_rm_of_a_running_sandbox_says_what_ended_the_run(ws):
     row = next(x for x in petri("ls", "--all", "--json", cwd=ws).json["sandboxes"] if x["id"] == sb["id"])
     assert row["state"] == "destroyed" and row["last_exit_code"] == 137
     run = petri("logs", sb["id"], "--json", cwd=ws).json["runs"][-1]
-    assert run["killed_by"] == "destroyed" and run["exit_code"] == 137
+    assert run["ended_by"] == "destroyed" and run["killed_by"] is None and run["exit_code"] == 137
 
 
 # --------------------------------------------------------------------------- item 9
