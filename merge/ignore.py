@@ -159,18 +159,34 @@ def wildmatch_regex(pat: bytes) -> bytes:
     return b"".join(out)
 
 
-class Pattern:
-    __slots__ = ("text", "negated", "dir_only", "anchored", "rx")
+def _literal_prefix_len(pat: bytes) -> int:
+    """git's ``simple_length``: how many bytes come before the first ``*?[\\``."""
+    for i, c in enumerate(pat):
+        if c in b"*?[\\":
+            return i
+    return len(pat)
 
-    def __init__(self, text: bytes, negated: bool, dir_only: bool, anchored: bool, rx: re.Pattern[bytes]):
+
+class Pattern:
+    __slots__ = ("text", "negated", "dir_only", "anchored", "prefix", "rx")
+
+    def __init__(self, text: bytes, negated: bool, dir_only: bool, anchored: bool, rx: re.Pattern[bytes],
+                 prefix: bytes = b""):
         self.text, self.negated, self.dir_only, self.anchored, self.rx = text, negated, dir_only, anchored, rx
+        self.prefix = prefix
 
     def matches(self, rel: bytes, is_dir: bool) -> bool:
         """``rel`` is relative to the directory the pattern came from."""
         if self.dir_only and not is_dir:
             return False
-        subject = rel if self.anchored else rel.rpartition(b"/")[2]
-        return self.rx.fullmatch(subject) is not None
+        if not self.anchored:
+            return self.rx.fullmatch(rel.rpartition(b"/")[2]) is not None
+        # git's match_pathname: the literal prefix is compared as bytes and only the rest
+        # goes to wildmatch, so a '**' right after the prefix counts as the start of a
+        # pattern ('d**/' matches the directory 'd': the rest '**/' matches '').
+        if not rel.startswith(self.prefix):
+            return False
+        return self.rx.fullmatch(rel, len(self.prefix)) is not None
 
 
 def _trim_trailing_spaces(line: bytes) -> bytes:
@@ -211,11 +227,12 @@ def parse_patterns(data: bytes) -> list[Pattern]:
         anchored = b"/" in line
         if line.startswith(b"/"):
             line = line[1:]
+        prefix = line[:_literal_prefix_len(line)] if anchored else b""
         try:
-            rx = re.compile(wildmatch_regex(line), re.DOTALL)
+            rx = re.compile(wildmatch_regex(line[len(prefix):]), re.DOTALL)
         except (_BadPattern, re.error):
             continue
-        out.append(Pattern(line, negated, dir_only, anchored, rx))
+        out.append(Pattern(line, negated, dir_only, anchored, rx, prefix))
     return out
 
 
