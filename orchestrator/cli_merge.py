@@ -6,6 +6,7 @@ module level (the merge engine loads when a command runs).
 
 import base64
 import sys
+import time
 from typing import Annotated, Any, List, Optional
 
 import typer
@@ -94,9 +95,16 @@ def promote(
     o = out()
     e = engine()
     row = e.resolve_sandbox(sandbox)
+    started = time.time()
     try:
         doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=_paths(paths),
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note)
+    except BaseExceptionGroup as group:  # --verify runs under trio: its interrupt comes grouped
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        _interrupted(e, row.id, started, verify)
+    except KeyboardInterrupt:
+        _interrupted(e, row.id, started, verify)
     except PromotionConflict as err:
         conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
         for c in conflicts:
@@ -126,6 +134,26 @@ def promote(
         _print_promote(o, doc, dry_run)
     if code:
         raise typer.Exit(code)
+
+
+def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> None:
+    """Ctrl-C in promote: say truthfully whether the sandbox was promoted (exit 130)."""
+    import signal
+
+    from .promotions import settle_interrupted
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the settling short
+    promo = settle_interrupted(e, sb_id, started)
+    if promo is None:
+        msg = f"interrupted: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
+    else:
+        msg = (f"interrupted after the promotion was in place: {sb_id} was promoted as {promo}"
+               + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
+    print(f"petri: {msg}", file=sys.stderr, flush=True)
+    if G.json:
+        rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
+        out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
+                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": 130})
+    raise typer.Exit(130)
 
 
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
