@@ -8,7 +8,11 @@ relative, ``/``-separated; output is sorted by path so it is deterministic.
 Directories: git cannot represent them, but promotion must create and remove them, so a
 directory that exists on one side only is reported (kind ``dir``, status added/deleted)
 as is a permission change on one that exists on both. Files beneath an added or deleted
-directory are reported too. The patch writer skips ``dir`` entries.
+directory are reported too. The patch writer skips ``dir`` entries. When ignored paths are
+left out, so is a directory that holds entries but only ignored ones (a ``__pycache__``
+under a ``*.pyc`` rule, a ``.pytest_cache`` with its own ``*`` ``.gitignore``): git shows
+no such directory, and a promotion must not create or remove it empty. A directory that is
+really empty is still reported.
 
 Walking never follows symlinks: directories are opened relative to their parent's fd with
 ``O_NOFOLLOW`` and files are opened the same way for hashing, and each open is checked
@@ -55,6 +59,16 @@ def content_id_fd(fd: int) -> str:
         if not b:
             return h.hexdigest()
         h.update(b)
+def read_fd(fd: int) -> bytes:
+    """Everything left to read on ``fd``."""
+    chunks = []
+    while True:
+        b = os.read(fd, _CHUNK)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
@@ -154,15 +168,22 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
     except FileNotFoundError:
         return out
     # An explicit stack of open directories keeps the number of fds at the tree's depth.
-    stack: list[tuple[bytes, int, object]] = [(b"", root_fd, os.scandir(root_fd))]
+    # Each frame also counts [entries seen, entries left in]: a directory that had entries
+    # and kept none (all ignored, like a __pycache__ under a '*.pyc' rule) is dropped when
+    # its frame is popped, as git shows no such directory either.
+    stack: list[tuple[bytes, int, object, list[int]]] = [(b"", root_fd, os.scandir(root_fd), [0, 0])]
     try:
         while stack:
-            rel, fd, it = stack[-1]
+            rel, fd, it, seen_kept = stack[-1]
             entry = next(it, None)  # type: ignore[call-overload]
             if entry is None:
                 it.close()  # type: ignore[attr-defined]
                 os.close(fd)
                 stack.pop()
+                if seen_kept[0] and not seen_kept[1] and ignored is not None and rel in out:
+                    del out[rel]
+                elif stack:
+                    stack[-1][3][1] += 1
                 continue
             name = os.fsencode(entry.name)
             if not rel and name in excluded:
@@ -174,6 +195,7 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # vanished since readdir: it is simply not in this tree
+            seen_kept[0] += 1
             kind = kind_of(st.st_mode)
             if ignored is not None and ignored(path, kind == KIND_DIR):
                 continue
@@ -201,9 +223,11 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
                 if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
                     os.close(child)
                     raise TreeChangedDuringScan(path=os.fsdecode(path))
-                stack.append((path, child, os.scandir(child)))
+                stack.append((path, child, os.scandir(child), [0, 0]))
+            else:
+                seen_kept[1] += 1
     finally:
-        for _, fd, it in stack:
+        for _, fd, it, _counts in stack:
             it.close()  # type: ignore[attr-defined]
             os.close(fd)
     return out
@@ -266,13 +290,7 @@ class TreeReader:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or (expect is not None and expect != (st.st_dev, st.st_ino)):
                 raise TreeChangedDuringScan(path=os.fsdecode(rel))
-            chunks = []
-            while True:
-                b = os.read(fd, _CHUNK)
-                if not b:
-                    break
-                chunks.append(b)
-            return b"".join(chunks)
+            return read_fd(fd)
         finally:
             os.close(fd)
 
@@ -299,12 +317,20 @@ def _entry(raw: _Raw, content_id: str | None) -> Entry:
     return Entry(raw.kind, raw.mode, content_id, raw.size)
 
 
-def _ignore_fn(ignore_root: Path | bytes | str | None) -> IgnoreFn | None:
+def _ignore_fn(ignore_root: Path | bytes | str | None, new: Path | bytes | str | None = None,
+               base: Path | bytes | str | None = None, *, workspace: bool = False) -> IgnoreFn | None:
+    """What to leave out: ``ignore_root``'s rules and, for ``workspace`` roots, git's
+    core.excludesFile (read through ``git config``: only ever for the user's own workspace,
+    never for a sandbox's tree) and the ``.gitignore`` files ``new`` adds (see IgnoreRules)."""
     if ignore_root is None:
         return None
-    from .ignore import IgnoreRules
+    from .ignore import IgnoreRules, core_excludes_file
 
-    return IgnoreRules(ignore_root).is_ignored
+    if not workspace:
+        return IgnoreRules(ignore_root).is_ignored
+    same = new is None or os.path.realpath(os.fsencode(new)) == os.path.realpath(os.fsencode(ignore_root))
+    return IgnoreRules(ignore_root, sandbox=None if same else new, base=base,
+                       excludes_file=core_excludes_file(ignore_root)).is_ignored
 
 
 def scan_tree(root: Path, *, exclude_top: Iterable[bytes] = (b".git", b".petri"),
@@ -331,12 +357,16 @@ def tree_changes(base: Path, new: Path, *, include_ignored: bool = False,
                  base_manifest: Mapping[bytes, Entry] | None = None) -> list[Change]:
     """Every path that differs between ``base`` and ``new``, sorted by path.
 
-    ``ignore_root`` is the tree whose .gitignore files (and .git/info/exclude) decide what
-    is ignored; it defaults to ``new``. Ignored paths are left out on both sides unless
-    ``include_ignored``. ``base_manifest`` (a ``scan_tree`` of ``base`` kept from
+    ``ignore_root`` is the workspace whose rules decide what is ignored: its .gitignore
+    files, .git/info/exclude and git's core.excludesFile, and the .gitignore files ``new``
+    has where the workspace has none (a tool's ``.pytest_cache/.gitignore``); without it,
+    ``new``'s own .gitignore files and .git/info/exclude. Ignored paths are left out on both
+    sides unless ``include_ignored``, and so is a directory whose every entry is ignored
+    (it would otherwise be created, or removed, empty). ``base_manifest`` (a ``scan_tree`` of ``base`` kept from
     earlier) saves hashing the base again; pass it only for an immutable base (a
     read-only snapshot), since its content ids are trusted where kind and size agree."""
-    ignored = None if include_ignored else _ignore_fn(new if ignore_root is None else ignore_root)
+    ignored = None if include_ignored else (
+        _ignore_fn(new) if ignore_root is None else _ignore_fn(ignore_root, new, base, workspace=True))
     narrow = _Narrow([normalize_path(p) for p in paths])
     exclude_top = tuple(exclude_top)
     a = _walk(os.fsencode(base), exclude_top, ignored, narrow)

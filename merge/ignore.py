@@ -1,26 +1,33 @@
-"""What a tree's .gitignore files ignore, with git's semantics, on bytes names.
+"""What a workspace's ignore rules ignore, with git's semantics, on bytes names.
 
 Rules come from ``.gitignore`` in the root and every directory on a path (the deepest
 file wins; within a file the last matching line wins; ``!`` re-includes), then from
-``.git/info/exclude``. Patterns are git's wildmatch with ``WM_PATHNAME``: ``*``, ``?`` and
-``[...]`` never match ``/``; ``**`` spans directories only next to slashes; a pattern with
-a slash before its end is anchored to its file's directory; a trailing ``/`` matches
-directories only. A path inside an ignored directory is ignored whatever later rules say
-(git does not descend into it, so a ``!`` cannot bring it back).
+``.git/info/exclude``, then from git's ``core.excludesFile``. A sandbox's own
+``.gitignore`` counts where the workspace has none in that directory (the one pytest writes
+in ``.pytest_cache``; see ``IgnoreRules``). Patterns are git's wildmatch with
+``WM_PATHNAME``: ``*``, ``?`` and ``[...]`` never match ``/``; ``**`` spans directories
+only next to slashes; a pattern with a slash before its end is anchored to its file's
+directory, and (git's ``match_pathname``) its literal prefix is compared as bytes before
+the rest is wildmatched on its own, so ``d**/`` matches the directory ``d``; a trailing
+``/`` matches directories only. A path inside an ignored directory is ignored whatever
+later rules say (git does not descend into it, so a ``!`` cannot bring it back).
 
-No git process is run and no git config is read: core.fsmonitor and friends in a tree's
-``.git/config`` can run code, and this module must be safe on a sandbox's tree. Files are
-opened beneath the root without following symlinks (git itself refuses a symlinked
+No git process ever runs on a tree: core.fsmonitor and friends in a tree's
+``.git/config`` can run code, and a sandbox's tree is not to be trusted. The one git
+process is ``git config`` on the user's own workspace, to learn where core.excludesFile is
+(``core_excludes_file``; it reads config and runs nothing). Files in a tree are opened
+beneath its root without following symlinks (git itself refuses a symlinked
 ``.gitignore``).
 
 Files git tracks are never ignored (git's rule: ignore files only apply to untracked
 paths), so a force-added file matching a rule still shows up; the tracked paths come from
 parsing ``.git/index`` (versions 2 to 4) directly, again without running git.
 
-Caveats: ``core.excludesFile`` (the user's global ignore file) is not read, since whose
-home it is is ambiguous for a root process; a ``.git`` that is a file (worktrees,
-submodules) and split indexes are not followed, so there tracked-but-ignored files count
-as ignored; ``core.ignoreCase`` is taken as false (Linux).
+Caveats: a ``.git`` that is a file (worktrees, submodules) and split indexes are not
+followed, so there tracked-but-ignored files count as ignored; ``core.ignoreCase`` is taken
+as false (Linux); a sandbox's ``.gitignore`` in a directory where the workspace has one is
+not read, so a line a candidate adds to an existing ``.gitignore`` ignores nothing until
+it is promoted (and one it removes un-ignores nothing: ``--include-ignored`` carries those).
 """
 from __future__ import annotations
 
@@ -159,18 +166,34 @@ def wildmatch_regex(pat: bytes) -> bytes:
     return b"".join(out)
 
 
-class Pattern:
-    __slots__ = ("text", "negated", "dir_only", "anchored", "rx")
+def _literal_prefix_len(pat: bytes) -> int:
+    """git's ``simple_length``: how many bytes come before the first ``*?[\\``."""
+    for i, c in enumerate(pat):
+        if c in b"*?[\\":
+            return i
+    return len(pat)
 
-    def __init__(self, text: bytes, negated: bool, dir_only: bool, anchored: bool, rx: re.Pattern[bytes]):
+
+class Pattern:
+    __slots__ = ("text", "negated", "dir_only", "anchored", "prefix", "rx")
+
+    def __init__(self, text: bytes, negated: bool, dir_only: bool, anchored: bool, rx: re.Pattern[bytes],
+                 prefix: bytes = b""):
         self.text, self.negated, self.dir_only, self.anchored, self.rx = text, negated, dir_only, anchored, rx
+        self.prefix = prefix
 
     def matches(self, rel: bytes, is_dir: bool) -> bool:
         """``rel`` is relative to the directory the pattern came from."""
         if self.dir_only and not is_dir:
             return False
-        subject = rel if self.anchored else rel.rpartition(b"/")[2]
-        return self.rx.fullmatch(subject) is not None
+        if not self.anchored:
+            return self.rx.fullmatch(rel.rpartition(b"/")[2]) is not None
+        # git's match_pathname: the literal prefix is compared as bytes and only the rest
+        # goes to wildmatch, so a '**' right after the prefix counts as the start of a
+        # pattern ('d**/' matches the directory 'd': the rest '**/' matches '').
+        if not rel.startswith(self.prefix):
+            return False
+        return self.rx.fullmatch(rel, len(self.prefix)) is not None
 
 
 def _trim_trailing_spaces(line: bytes) -> bytes:
@@ -211,11 +234,12 @@ def parse_patterns(data: bytes) -> list[Pattern]:
         anchored = b"/" in line
         if line.startswith(b"/"):
             line = line[1:]
+        prefix = line[:_literal_prefix_len(line)] if anchored else b""
         try:
-            rx = re.compile(wildmatch_regex(line), re.DOTALL)
+            rx = re.compile(wildmatch_regex(line[len(prefix):]), re.DOTALL)
         except (_BadPattern, re.error):
             continue
-        out.append(Pattern(line, negated, dir_only, anchored, rx))
+        out.append(Pattern(line, negated, dir_only, anchored, rx, prefix))
     return out
 
 
@@ -261,13 +285,144 @@ def parse_index(data: bytes) -> set[bytes]:
     return out
 
 
-class IgnoreRules:
-    """The ignore rules of one tree; .gitignore files are read lazily and cached per dir."""
+def _open_parent(root: bytes, rel: bytes) -> tuple[int, bytes]:
+    """(fd of ``rel``'s directory, its last component), reached from ``root`` without
+    following a symlink on the way; OSError when there is no such directory."""
+    parts = rel.split(b"/")
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for comp in parts[:-1]:
+            nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
 
-    def __init__(self, root: Path | bytes | str, *, honour_index: bool = True):
+
+def _read_beneath(root: bytes, rel: bytes) -> bytes | None:
+    """A regular file beneath ``root``, opened without following any symlink on the way
+    (git itself refuses a symlinked ``.gitignore``); None if it is not one."""
+    try:
+        dfd, name = _open_parent(root, rel)
+    except OSError:
+        return None
+    try:
+        ffd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    except OSError:
+        # Missing, a symlink (ELOOP), or not a directory: git would not read it either.
+        return None
+    finally:
+        os.close(dfd)
+    return _read_regular(ffd)
+
+
+def _read_outside(path: bytes) -> bytes | None:
+    """A file outside every tree (core.excludesFile): symlinks followed, as git does."""
+    try:
+        fd = os.open(path, _FILE_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return None
+    return _read_regular(fd)
+
+
+def _read_regular(fd: int) -> bytes | None:
+    """The file's bytes if it is a regular file of sane size (None otherwise); closes ``fd``."""
+    from .changes import read_fd
+
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > _MAX_IGNORE_FILE:
+            return None
+        return read_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _exists_beneath(root: bytes, rel: bytes) -> bool:
+    """Whether ``rel`` exists beneath ``root``, never following a symlink on the way."""
+    try:
+        dfd, name = _open_parent(root, rel)
+    except OSError:
+        return False
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def core_excludes_file(workspace: Path | bytes | str) -> bytes | None:
+    """The file git reads as ``core.excludesFile`` in ``workspace``, as its owner would.
+
+    ``git config`` of the workspace (system, global and the repository's own config; one
+    process, which reads config and runs nothing), with the owner's ``HOME``; unset, git's
+    default ``$XDG_CONFIG_HOME/git/ignore`` or ``~/.config/git/ignore``. When petri runs as
+    another user than the workspace's owner (root in a user's tree), the owner's home from
+    the password database stands in for ``HOME``, and the caller's ``XDG_CONFIG_HOME`` is
+    not used. None when there is no such home (nothing to read)."""
+    import pwd
+    import subprocess
+
+    ws = os.fsencode(workspace)
+    try:
+        owner = os.stat(ws).st_uid
+    except OSError:
+        return None
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") or k in ("GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")}
+    if owner != os.geteuid():
+        try:
+            env["HOME"] = pwd.getpwuid(owner).pw_dir
+        except KeyError:
+            env.pop("HOME", None)
+        for k in ("XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL"):
+            env.pop(k, None)
+    # Discovery stops at the workspace: its own .git, or no repository config at all.
+    env["GIT_CEILING_DIRECTORIES"] = os.fsdecode(os.path.dirname(ws.rstrip(b"/")) or b"/")
+    env["LC_ALL"] = "C"
+    try:
+        r = subprocess.run(["git", "-c", "safe.directory=*", "config", "--type=path", "--get",
+                            "core.excludesFile"], cwd=ws, env=env, capture_output=True, timeout=30)
+        value = r.stdout.rstrip(b"\n") if r.returncode == 0 else b""
+    except (OSError, subprocess.SubprocessError):
+        value = b""
+    if value:
+        return os.path.join(ws, value)  # a relative value is relative to the worktree top
+    xdg = env.get("XDG_CONFIG_HOME")
+    if xdg:
+        return os.path.join(os.fsencode(xdg), b"git", b"ignore")
+    home = env.get("HOME")
+    return os.path.join(os.fsencode(home), b".config", b"git", b"ignore") if home else None
+
+
+class IgnoreRules:
+    """The ignore rules of one workspace; .gitignore files are read lazily and cached per dir.
+
+    ``sandbox``: a tree (a sandbox of this workspace) whose ``.gitignore`` counts in every
+    directory where the workspace has none, such as the ``.pytest_cache/.gitignore`` pytest
+    writes. The workspace's own file wins where both have one, so a sandbox cannot hide its
+    changes by rewriting an existing ``.gitignore``; and such a sandbox-only file never
+    ignores a path ``base`` (the sandbox's base) holds, so it cannot hide a change to a file
+    that was there before either (git's "tracked files are never ignored", where no index
+    says what is tracked).
+
+    ``excludes_file``: git's ``core.excludesFile`` (see ``core_excludes_file``), lowest in
+    precedence, read as the invoking user (it lives outside every tree)."""
+
+    def __init__(self, root: Path | bytes | str, *, honour_index: bool = True,
+                 sandbox: Path | bytes | str | None = None, base: Path | bytes | str | None = None,
+                 excludes_file: bytes | None = None):
         self.root = os.fsencode(root)
+        self.sandbox = None if sandbox is None else os.fsencode(sandbox)
+        self.base = None if base is None else os.fsencode(base)
         self._per_dir: dict[bytes, list[Pattern]] = {}
-        self._exclude = parse_patterns(self._read(b".git/info/exclude") or b"")
+        self._from_sandbox: set[bytes] = set()  # directories whose patterns are the sandbox's
+        self._exclude = parse_patterns(_read_beneath(self.root, b".git/info/exclude") or b"")
+        self._global = parse_patterns(_read_outside(excludes_file) or b"") if excludes_file else []
         self._honour_index = honour_index
         # Ignored directories entered only because they hold tracked files: everything
         # untracked beneath them is ignored.
@@ -295,40 +450,17 @@ class IgnoreRules:
         return dirs
 
     def _read(self, rel: bytes) -> bytes | None:
-        parts = rel.split(b"/")
-        try:
-            fd = os.open(self.root, _DIR_FLAGS)
-        except OSError:
-            return None
-        try:
-            for comp in parts[:-1]:
-                nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
-            ffd = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
-        except OSError:
-            # Missing, a symlink (ELOOP), or not a directory: git would not read it either.
-            os.close(fd)
-            return None
-        os.close(fd)
-        try:
-            st = os.fstat(ffd)
-            if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > _MAX_IGNORE_FILE:
-                return None
-            chunks = []
-            while True:
-                b = os.read(ffd, 1 << 20)
-                if not b:
-                    break
-                chunks.append(b)
-            return b"".join(chunks)
-        finally:
-            os.close(ffd)
+        return _read_beneath(self.root, rel)
 
     def patterns_of(self, d: bytes) -> list[Pattern]:
         got = self._per_dir.get(d)
         if got is None:
-            data = self._read(d + b"/.gitignore" if d else b".gitignore")
+            rel = d + b"/.gitignore" if d else b".gitignore"
+            data = self._read(rel)
+            if data is None and self.sandbox is not None:
+                data = _read_beneath(self.sandbox, rel)
+                if data is not None:
+                    self._from_sandbox.add(d)
             got = self._per_dir[d] = parse_patterns(data) if data else []
         return got
 
@@ -348,16 +480,24 @@ class IgnoreRules:
 
     def _rules_say(self, path: bytes, is_dir: bool) -> bool:
         parts = path.split(b"/")
+        in_base: bool | None = None
         # Deepest .gitignore first: it has the last word.
         for depth in range(len(parts) - 1, -1, -1):
             d = b"/".join(parts[:depth])
             rel = b"/".join(parts[depth:])
-            for pat in reversed(self.patterns_of(d)):
+            pats = self.patterns_of(d)
+            if pats and d in self._from_sandbox and self.base is not None:
+                if in_base is None:
+                    in_base = _exists_beneath(self.base, path)
+                if in_base:
+                    continue
+            for pat in reversed(pats):
                 if pat.matches(rel, is_dir):
                     return not pat.negated
-        for pat in reversed(self._exclude):
-            if pat.matches(path, is_dir):
-                return not pat.negated
+        for pats in (self._exclude, self._global):
+            for pat in reversed(pats):
+                if pat.matches(path, is_dir):
+                    return not pat.negated
         return False
 
     def path_ignored(self, path: bytes, is_dir: bool) -> bool:

@@ -35,7 +35,7 @@ from typing import Iterable
 
 import xxhash
 
-from .changes import content_id_fd, kind_of
+from .changes import content_id_fd, kind_of, read_fd
 from .errors import PathThroughSymlink, UnsafePath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -211,12 +211,7 @@ class SafeTree:
     def read(self, rel: bytes) -> bytes:
         fd = self.open_regular(rel)
         try:
-            chunks = []
-            while True:
-                buf = os.read(fd, CHUNK)
-                if not buf:
-                    return b"".join(chunks)
-                chunks.append(buf)
+            return read_fd(fd)
         finally:
             os.close(fd)
 

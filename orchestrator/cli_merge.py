@@ -8,6 +8,7 @@ import base64
 import os
 import stat
 import sys
+import time
 from typing import Annotated, Any, List, Optional
 
 import click
@@ -98,9 +99,16 @@ def promote(
     e = engine()
     row = e.resolve_sandbox(sandbox)
     wanted = _paths(paths)
+    started = time.time()
     try:
         doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note)
+    except BaseExceptionGroup as group:  # --verify runs under trio: its interrupt comes grouped
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise
+        _interrupted(e, row.id, started, verify)
+    except KeyboardInterrupt:
+        _interrupted(e, row.id, started, verify)
     except PromotionConflict as err:
         conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
         for c in conflicts:
@@ -161,6 +169,26 @@ def _lexists_under(root: bytes, rel: bytes) -> bool:
         if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
             return False
     return True
+
+
+def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> None:
+    """Ctrl-C in promote: say truthfully whether the sandbox was promoted (exit 130)."""
+    import signal
+
+    from .promotions import settle_interrupted
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the settling short
+    promo = settle_interrupted(e, sb_id, started)
+    if promo is None:
+        msg = f"interrupted: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
+    else:
+        msg = (f"interrupted after the promotion was in place: {sb_id} was promoted as {promo}"
+               + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
+    print(f"petri: {msg}", file=sys.stderr, flush=True)
+    if G.json:
+        rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
+        out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
+                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": 130})
+    raise typer.Exit(130)
 
 
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:

@@ -194,6 +194,25 @@ def _follow(e, sb_id: str, r: dict) -> None:
 
 
 # --------------------------------------------------------------------------- race
+def _promote_winner(e, doc: dict, progress) -> None:
+    """``race --promote``: Ctrl-C while promoting says whether the winner landed (exit 130)."""
+    from .promotions import settle_interrupted
+    from .race import promote_winner
+    started = time.time()
+    try:
+        promote_winner(e, doc, say=progress)
+    except KeyboardInterrupt:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the settling must not be cut short
+        promo = settle_interrupted(e, doc["winner"], started)
+        msg = (f"interrupted: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
+               f"interrupted after the promotion was in place: the winner {doc['winner']} was promoted as {promo}")
+        print(f"petri: {msg}", file=sys.stderr, flush=True)
+        if G.json:
+            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": 130})
+        raise typer.Exit(130)
+
+
 def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
     """The candidates in command-line order (typer gives each option's values apart)."""
     from .race import interleave
@@ -230,7 +249,7 @@ def race(
     A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
     from .engine import Limits
-    from .race import load_candidates, race_sync, render_table
+    from .race import RaceInterrupted, load_candidates, race_sync, render_table
     from .units import parse_cpus, parse_duration, parse_size
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
@@ -248,8 +267,17 @@ def race(
     e = engine()
     o = out()
     progress = None if G.json else (lambda text: o.note(text))
-    doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                    promote=promote, say=progress)
+    try:
+        doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
+                        say=progress)
+    except RaceInterrupted as err:
+        print(f"petri: {err}", file=sys.stderr, flush=True)
+        if G.json:
+            o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
+                                                 "exit_code": err.exit_code})
+        raise typer.Exit(err.exit_code)
+    if promote:
+        _promote_winner(e, doc, progress)
     if G.json:
         o.doc(doc)
     else:

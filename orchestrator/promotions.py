@@ -256,6 +256,23 @@ def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Calla
     return out
 
 
+def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str | None:
+    """After an interrupt (Ctrl-C) in ``promote``: settle what this process left half-done
+    now, as the next command would (the journal makes it all or nothing), and say how it
+    ended: the id of the sandbox's promotion begun since ``since`` if it is in place, else
+    None (nothing of it reached the workspace)."""
+    from .registry import now
+    engine.recover_promotions()
+    with engine.lock():  # a promoter of another petri holds it until its promotion is settled
+        for p in reversed(engine.registry.promotions()):
+            if p["sandbox"] == sandbox_id and p["created_at"] >= since:
+                if p["state"] == "running":  # interrupted before its journal existed
+                    engine.registry.update_promotion(p["id"], "undone", {**p["doc"], "interrupted_at": now()})
+                elif p["state"] == "done":
+                    return str(p["id"])
+    return None
+
+
 # --------------------------------------------------------------------------- rollback
 
 

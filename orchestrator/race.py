@@ -3,18 +3,48 @@
 End to end (DESIGN "The race"):
 
 1. Read every ``--patch`` file first (a missing one is a usage error before anything is
-   made). Fork one sandbox per candidate from one base, in ONE ``engine.fork`` call.
+   made). Fork, in ONE ``engine.fork`` call, one sandbox per candidate and one throwaway
+   sandbox per candidate for its check, all from one base.
 2. In one trio nursery, at most ``--jobs`` candidates at a time (``trio.CapacityLimiter``),
    each: apply the candidate inside its sandbox (a patch goes on stdin to ``git apply``
    running in the sandbox, so a hostile patch can only touch the sandbox; a ``--cmd`` runs
    under ``/bin/sh -c``), count the lines it changed against the base (right after
-   applying, before the check), then run the check. Each step is a recorded run of the
-   sandbox (``petri logs`` shows it) under the race's limits and ``--timeout``.
+   applying), replay the applied state into the throwaway sandbox, and run the check
+   there. The apply is a recorded run of the candidate's sandbox, the check a recorded run
+   of its throwaway fork (``check_sandbox``/``check_run`` in the document; ``petri logs``
+   shows both, the fork's after it is destroyed too), under the race's limits and
+   ``--timeout``.
 3. Rank (pure, ``rank``): check passed, fewest changed lines, fastest check, command-line
    order; a candidate that did not apply is last. The winner is the first if it passed.
-4. Destroy the losers unless ``--keep``; report which pairs of candidates changed the same
+4. Destroy the throwaway forks, and the losers unless ``--keep``; and the implicit base
+   snapshot when no sandbox is left on it; report which pairs of candidates changed the same
    paths (``conflicts``: promoting one after the other is not independent); optionally
    promote the winner.
+
+Why a throwaway fork (SPEC "race candidates and their checks"): what a race promotes is the
+candidate's state right after it applied, never what its check left behind
+(``__pycache__``, ``.pytest_cache``, build outputs, files a test suite writes and does not
+ignore). So the candidate's sandbox is never touched after the apply, and a later
+``petri diff``/``promote`` of it carries exactly the candidate's change. The alternative,
+recording the applied state and restoring the sandbox to it after the check, would make
+every check write into the tree that is promoted and then undo that, a second promotion
+in reverse. The fork is a clone of the same base with the candidate's change set (ignored
+files and ``.git`` included, since the check may need them) copied in
+(``merge.replay``), rather than a snapshot of the candidate's sandbox: no backend can
+snapshot a sandbox yet (``Backend.snapshot`` takes the live workspace), and the replay is
+O(what the candidate changed) on every backend, where the backend's own record (btrfs send,
+the overlay upper, the fuse journal) says what changed. The forks are made up front in the
+race's one fork call, so making them never blocks the checks that already run (the fork
+runs on the loop's thread), and destroyed when the race ends.
+
+Why a check failed is said in one line per candidate (``error``: the last line it wrote on
+stderr, ``command not found: NAME`` for exit 127, the limit that killed it) with its log
+(``stderr_path``, ``stdout_path``).
+
+Ctrl-C (SIGINT): the race takes it through trio's signal receiver, not as a
+KeyboardInterrupt that may land anywhere: the checks are cancelled (their processes
+killed), every sandbox of the race and its implicit base snapshot are removed, and
+``RaceInterrupted`` (exit 130) carries what was known of each candidate.
 
 ``git apply`` runs hardened: no system or global config (``GIT_CONFIG_NOSYSTEM``,
 ``GIT_CONFIG_GLOBAL=/dev/null``, ``HOME`` in the sandbox's ``/tmp``), no fsmonitor or hooks,
@@ -25,19 +55,25 @@ patches the working directory, like ``patch -p1`` without fuzz.
 
 Caveats:
 - A ``--cmd`` candidate that exits non-zero counts as not applied (its check is not run).
-- Lines changed ignore files the sandbox's ``.gitignore`` ignores (as ``petri diff`` does).
+- Lines changed leave out what ``petri diff`` leaves out (the workspace's ignore rules).
+- The check's fork is the applied state up to what the replay cannot carry: hard links
+  between changed files become separate files, and directories that only hold a changed
+  entry get the replay's times. Each candidate costs two clones (on the copy backend, two
+  full copies).
 - If petri dies mid-race, the candidates' sandboxes are left for ``petri gc`` (they carry
   the race's pid in their meta) rather than cleaned up at once.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .errors import PatchUnreadable, PromoteUnavailable
+from .errors import OrchestratorError, PatchUnreadable, PromoteUnavailable
 from .registry import new_id
 
 if TYPE_CHECKING:
@@ -74,6 +110,11 @@ class Outcome:
     paths: frozenset[bytes] = field(default_factory=frozenset)
     runs: list[int] = field(default_factory=list)
     rank: int = 0
+    check_sandbox: str | None = None  # the throwaway fork the check runs in
+    check_run: int | None = None
+    error: str | None = None  # why it failed, in one line
+    stdout_path: str | None = None  # the log of the step that decided (the check, or a failed apply)
+    stderr_path: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -162,11 +203,12 @@ def _apply_argv_env(engine: "Engine", cand: Candidate) -> tuple[list[str], dict[
     return ["/bin/sh", "-c", cand.text], {}, None
 
 
-def _count(base: Path, tree: Path, manifest: Any) -> tuple[int, int, int, frozenset[bytes]]:
+def _count(workspace: Path, base: Path, tree: Path, manifest: Any) -> tuple[int, int, int, frozenset[bytes]]:
+    """Files and lines the candidate changed, by the rules ``petri diff`` uses."""
     from merge.changes import tree_changes
     from merge.patch import patch_stats
 
-    changes = tree_changes(base, tree, base_manifest=manifest)
+    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace)
     stats = patch_stats(changes, base, tree)
     paths = set()
     for c in changes:
@@ -174,6 +216,22 @@ def _count(base: Path, tree: Path, manifest: Any) -> tuple[int, int, int, frozen
         if c.old_path is not None:
             paths.add(c.old_path)
     return len(stats), sum(s.lines_added for s in stats), sum(s.lines_removed for s in stats), frozenset(paths)
+
+
+def _replay_applied(engine: "Engine", row: Any, base: Path, tree: Path, check_tree: Path) -> None:
+    """Give the check's fork the candidate's applied state: everything that differs from the
+    base (ignored files and ``.git`` included: the check may need them), found through the
+    backend's own record of what changed where it keeps one."""
+    from merge.changes import tree_changes
+    from merge.replay import replay
+
+    from .changesets import narrow, sandbox_candidates, staging_names
+    paths = narrow(sandbox_candidates(engine, row, base, tree), [])
+    if paths is not None and not paths:
+        return
+    changes = tree_changes(base, tree, include_ignored=True, paths=paths or (), detect_renames=False,
+                           exclude_top=(b".petri", *staging_names(engine.root, base, tree)))
+    replay(changes, tree, check_tree)
 
 
 def _tail(path: str, n: int = 400) -> str:
@@ -185,41 +243,155 @@ def _tail(path: str, n: int = 400) -> str:
         return ""
 
 
+_NOT_FOUND = re.compile(r"(?:^|: )([^:]+): (?:command )?not found\s*$")
+
+
+def failure_reason(doc: dict[str, Any], command: str) -> str:
+    """One line saying why a step (apply or check) failed, for people and for ``error``."""
+    code, killed = doc["exit_code"], doc["killed_by"]
+    if killed == "timeout":
+        return f"killed by --timeout after {doc['duration_s']:.1f}s"
+    if killed == "ttl":
+        return "killed: the sandbox's lifetime ended (--ttl)"
+    if killed == "memory":
+        return "killed: over the memory limit (--mem)"
+    lines = [ln.strip() for ln in _tail(doc["stderr_path"], 2000).splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if code == 127:
+        m = _NOT_FOUND.search(last)
+        words = command.split()
+        return f"command not found: {m.group(1) if m else (words[0] if words else command)}"
+    if code == 126:
+        return f"command could not be executed: {last or command}"
+    if doc.get("setup_error"):
+        return f"petri could not start it: {doc['setup_error']}"
+    return f"exit {code}: {last}" if last else f"exit {code} (nothing on stderr)"
+
+
+class RaceInterrupted(OrchestratorError):
+    """interrupted: {what} stopped and its sandboxes were removed"""
+
+    exit_code = 130
+
+
+@dataclass
+class _Race:
+    """A race in progress: what the interrupt handler and the final document read."""
+
+    id: str
+    check: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    base: str | None = None
+    base_implicit: bool = False
+
+    def doc(self, destroyed: set[str]) -> dict[str, Any]:
+        return {"race": self.id, "base": self.base, "check": self.check,
+                "candidates": [_candidate_doc(o, o.sandbox in destroyed) for o in self.outcomes]}
+
+
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
                    keep: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
-    its own loop); ``race_sync(..., promote=True)`` does both."""
+    its own loop); ``race_sync(..., promote=True)`` does both.
+
+    SIGINT (when run in the main thread) stops the race cleanly: the checks are killed, every
+    sandbox of the race (throwaway forks included) and its implicit base snapshot are
+    removed, and ``RaceInterrupted`` (exit 130) carries what was known (``.doc``)."""
+    import signal
+
+    import trio
+
+    from .config import load_config
+    from .engine import Limits
+
+    limits = load_config(engine.root).apply_defaults(limits or Limits())
+    engine.check_limits(limits)
+    race = _Race(new_id("r"), check)
+    doc = None
+    with contextlib.ExitStack() as stack:
+        try:
+            receiver = stack.enter_context(trio.open_signal_receiver(signal.SIGINT))
+        except RuntimeError:  # not the main thread: an interrupt arrives as KeyboardInterrupt
+            receiver = None
+        try:
+            async with trio.open_nursery() as guard:
+                if receiver is not None:
+                    async def on_sigint() -> None:
+                        async for _ in receiver:
+                            guard.cancel_scope.cancel()
+                            return
+                    guard.start_soon(on_sigint)
+                doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
+                                  timeout_s=timeout_s, keep=keep, say=say)
+                guard.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            leaf = _single(group)
+            if leaf is None:
+                raise
+            raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
+    if doc is None:  # only an interrupt ends the guard's nursery without a result
+        raise _interrupted(race)
+    return doc  # an interrupt after the race ended changes nothing
+
+
+def _single(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception a (nested) group holds, or None when it holds several."""
+    leaves: list[BaseException] = []
+    todo: list[BaseException] = [group]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        else:
+            leaves.append(e)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _interrupted(race: _Race) -> RaceInterrupted:
+    err = RaceInterrupted(what=f"race {race.id}")
+    err.doc = {**race.doc({o.sandbox for o in race.outcomes}),  # type: ignore[attr-defined]
+               "winner": None, "error": str(err), "exit_code": err.exit_code}
+    return err
+
+
+async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], check: str, *, source: str,
+                jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
+                say: Callable[[str], None] | None) -> dict[str, Any]:
     import trio
 
     from merge.changes import scan_tree
 
     from . import events
-    from .config import load_config
-    from .engine import Limits
     from .runs import after_fork, run_in_sandbox
 
-    limits = load_config(engine.root).apply_defaults(limits or Limits())
-    engine.check_limits(limits)
-    race_id = new_id("r")
     t0 = time.monotonic()
-    rows = engine.fork(source, len(candidates), limits=limits)
+    n = len(candidates)
+    # One fork call: each candidate's sandbox, then a throwaway fork per candidate for its
+    # check (it gets the applied state replayed into it; see the module docstring).
+    rows = engine.fork(source, 2 * n, limits=limits)
+    race.base = rows[0].base
+    base_row = engine.registry.snapshot(race.base)
+    race.base_implicit = source == "live" and base_row is not None and base_row.implicit
     log = events.log_for(engine.store.root)
-    outcomes = [Outcome(i, c, r.id) for i, (c, r) in enumerate(zip(candidates, rows))]
+    race.outcomes = [Outcome(i, c, r.id, check_sandbox=rc.id)
+                     for i, (c, r, rc) in enumerate(zip(candidates, rows[:n], rows[n:]))]
+    outcomes = race.outcomes
     try:
         for i, r in enumerate(rows):
+            role = {"role": "candidate"} if i < n else {"role": "check", "check_of": rows[i - n].id}
             engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
-                "id": race_id, "pid": os.getpid(), "done": False, "candidate": i}})
-            log.emit("sandbox.created", sandbox=r.id, base=r.base, path=r.path, race=race_id)
+                "id": race.id, "pid": os.getpid(), "done": False, "candidate": i % n, **role}})
+            log.emit("sandbox.created", sandbox=r.id, base=r.base, path=r.path, race=race.id)
         after_fork(engine, [engine.registry.sandbox(r.id) for r in rows])  # type: ignore[misc]
-        log.emit("race.started", race=race_id, base=rows[0].base, check=check,
+        log.emit("race.started", race=race.id, base=race.base, check=check,
                  candidates=[{"candidate": c.text, "kind": c.kind, "sandbox": r.id} for c, r in zip(candidates, rows)])
         if say:
-            say(f"race {race_id}: {len(rows)} candidate(s) forked from {rows[0].base} in "
+            say(f"race {race.id}: {n} candidate(s) forked from {race.base} in "
                 f"{time.monotonic() - t0:.2f}s; checking at most {jobs} at once")
         limiter = trio.CapacityLimiter(jobs)
-        with engine.backend.snapshot_view(engine.store, rows[0].base) as base_view:
+        with engine.backend.snapshot_view(engine.store, race.base) as base_view:
             manifest = await trio.to_thread.run_sync(scan_tree, base_view)
 
             async def one(o: Outcome) -> None:
@@ -232,40 +404,49 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                     if doc["exit_code"] != 0:
                         o.killed_by = doc["killed_by"]
                         o.apply_error = _tail(doc["stderr_path"]) or f"exit {doc['exit_code']}"
+                        o.error = failure_reason(doc, o.candidate.text if o.candidate.kind == "cmd" else "git apply")
+                        o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
                         if say:
-                            say(f"  {o.candidate.text}: did not apply ({o.apply_error.splitlines()[-1] if o.apply_error else ''})")
+                            say(f"  {o.candidate.text}: did not apply ({o.error})")
+                        log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
+                                 candidate=o.candidate.text, applied=False, exit_code=None, duration_s=None)
                         return
                     o.applied = True
-                    tree = engine.store.sandbox_tree(o.sandbox)
+                    row = engine.registry.sandbox(o.sandbox)
+                    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
+                    check_tree = engine.sandbox_tree(engine.registry.sandbox(o.check_sandbox))  # type: ignore[arg-type]
                     o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
-                        _count, base_view, tree, manifest)
-                    doc = await run_in_sandbox(engine, o.sandbox, ["/bin/sh", "-c", check], echo=False,
+                        _count, engine.root, base_view, tree, manifest)
+                    await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)
+                    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], echo=False,
                                                timeout_s=timeout_s)
-                    o.runs.append(doc["run"])
+                    o.check_run = doc["run"]
                     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
+                    o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
+                    if o.exit_code != 0:
+                        o.error = failure_reason(doc, check)
                     if say:
-                        verdict = "passed" if o.exit_code == 0 else f"failed (exit {o.exit_code})"
+                        verdict = "passed" if o.exit_code == 0 else f"failed ({o.error})"
                         say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s")
+                    log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
+                             candidate=o.candidate.text, applied=True, exit_code=o.exit_code,
+                             duration_s=o.duration_s)
 
             async with trio.open_nursery() as nursery:
                 for o in outcomes:
                     nursery.start_soon(one, o)
     except BaseException:
-        # Interrupted or failed: no half-raced sandboxes stay behind.
+        # Interrupted or failed: no half-raced sandboxes stay behind, nor the base made for them.
         with _shielded():
-            for o in outcomes:
-                try:
-                    engine.destroy_sandbox(o.sandbox)
-                except Exception:
-                    pass
+            _destroy_all(engine, race, [r.id for r in rows])
         raise
     ordered = rank(outcomes)
     winner = ordered[0] if ordered and ordered[0].passed else None
-    destroyed = []
+    destroyed = set(_destroy_all(engine, race, [o.check_sandbox for o in outcomes if o.check_sandbox]))
     for o in outcomes:
         if o is not winner and not keep:
             engine.destroy_sandbox(o.sandbox)
-            destroyed.append(o.sandbox)
+            destroyed.add(o.sandbox)
     for o in outcomes:
         if o.sandbox not in destroyed:
             row = engine.registry.sandbox(o.sandbox)
@@ -273,11 +454,11 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                 meta = dict(row.meta or {})
                 meta["race"] = {**meta.get("race", {}), "done": True}
                 engine.registry.update_sandbox(o.sandbox, meta=meta)
+    _drop_base_if_unused(engine, race)
     doc: dict[str, Any] = {
-        "race": race_id, "base": rows[0].base, "check": check,
+        **race.doc(destroyed),
         "winner": winner.sandbox if winner else None,
         "winner_candidate": winner.candidate.text if winner else None,
-        "candidates": [_candidate_doc(o, o.sandbox in destroyed) for o in outcomes],
         "conflicts": conflicts(outcomes),
         "duration_s": time.monotonic() - t0,
         "jobs": jobs,
@@ -289,8 +470,31 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
             doc["stale"] = engine.staleness(row) if row else None
         except Exception:
             doc["stale"] = None
-    log.emit("race.finished", race=race_id, winner=doc["winner"], duration_s=doc["duration_s"])
+    log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
     return doc
+
+
+def _destroy_all(engine: "Engine", race: _Race, ids: Sequence[str]) -> list[str]:
+    """Destroy these sandboxes of the race (each on its own: one failure stops no other; ``gc``
+    retries), then the race's implicit base snapshot if nothing uses it any more."""
+    done = []
+    for sb in ids:
+        try:
+            engine.destroy_sandbox(sb)
+            done.append(sb)
+        except Exception:
+            pass
+    if set(ids) >= {o.sandbox for o in race.outcomes}:
+        _drop_base_if_unused(engine, race)
+    return done
+
+
+def _drop_base_if_unused(engine: "Engine", race: _Race) -> None:
+    if race.base_implicit and race.base and not engine.registry.snapshot_users(race.base):
+        try:
+            engine.delete_snapshot(race.base)
+        except Exception:
+            pass  # in use after all (another petri forked from it), or gone: gc decides
 
 
 class _shielded:
@@ -316,6 +520,8 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
             "exit_code": o.exit_code, "duration_s": o.duration_s, "killed_by": o.killed_by,
             "files_changed": o.files_changed, "lines_added": o.lines_added, "lines_removed": o.lines_removed,
             "rank": o.rank, "passed": o.passed, "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
+            "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
+            "check_sandbox": o.check_sandbox, "check_run": o.check_run,
             "runs": o.runs, "kept": not destroyed}
 
 
@@ -347,12 +553,23 @@ def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[s
 
 
 def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **kw: Any) -> dict[str, Any]:
+    """``run_race`` (and ``promote_winner`` with ``promote=True``) for callers without a loop.
+    An interrupt that trio delivers as KeyboardInterrupt (before the race's own SIGINT
+    handler is in place, or off the main thread) becomes ``RaceInterrupted`` too."""
     import functools
 
     import trio
 
     promote = kw.pop("promote", False)
-    doc = trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+    try:
+        doc = trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+    except BaseExceptionGroup as group:
+        ki, rest = group.split(KeyboardInterrupt)
+        if ki is not None and rest is None:
+            raise RaceInterrupted(what="the race") from None
+        raise
+    except KeyboardInterrupt:
+        raise RaceInterrupted(what="the race") from None
     if promote:
         promote_winner(engine, doc, say=kw.get("say"))
     return doc
@@ -391,9 +608,10 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
     for p, names in list(by_path.items())[:10]:
         o.say(f"overlap: {p} is changed by {len(names)} candidates ({', '.join(names[:4])}"
               f"{', ...' if len(names) > 4 else ''}): promoting one after another is not independent")
-    for c in doc["candidates"]:
-        if c["apply_error"]:
-            o.say(f"{c['candidate']}: {c['apply_error'].splitlines()[-1]}")
+    for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
+        if c.get("error"):
+            step = "check failed" if c["applied"] else "did not apply"
+            o.say(f"{c['candidate']}: {step}: {c['error']}" + (f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""))
     if doc.get("promotion"):
         p = doc["promotion"]
         o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: {len(p.get('applied') or [])} path(s)"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from merge.changes import Entry, TreeReader, _Raw, normalize_path, scan_tree, tree_changes
@@ -305,6 +305,10 @@ PATTERN_PIECES = [b"*", b"?", b"a", b"b", b"/", b"**/", b"/**", b"[a-c]", b"[!b]
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=4),
                                 st.booleans()), min_size=1, max_size=4))
+# 'd**//': git strips one '/', and matching '**/' after the literal prefix 'd' starts afresh,
+# so the directory d is ignored (and all in it).
+@example(lines=[(False, [b"d", b"**/"], True)])
+@example(lines=[(False, [b"a", b"**/", b"c.txt"], False)])  # 'a**/c.txt' matches a/b/c.txt
 def test_random_ignore_patterns_match_git(tmp_path_factory, lines):
     root = tmp_path_factory.mktemp("ign")
     home = root / "home"

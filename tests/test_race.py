@@ -2,11 +2,13 @@
 `git apply` inside the sandboxes. Plus the pure ranking rules."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -67,9 +69,11 @@ def test_interleave_recovers_command_line_order():
 # ---------------------------------------------------------------------------- real races
 
 
-def make_project(root: Path, git: bool = False) -> Path:
+def make_project(root: Path, git: bool = False, gitignore: str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(root)], check=True)
+    if gitignore is not None:
+        (root / ".gitignore").write_text(gitignore)
     if git:
         subprocess.run(["git", "init", "-q"], cwd=root, check=True)
         subprocess.run(["git", "add", "-A"], cwd=root, check=True)
@@ -83,15 +87,22 @@ def init(w: Path) -> Path:
     return w
 
 
-@pytest.fixture
-def ws(tmp_path):
-    w = init(make_project(tmp_path / "proj", git=True))
+@contextlib.contextmanager
+def race_workspace(w: Path) -> Iterator[Path]:
+    """An initialised workspace for races: on the way out no cgroup of its sandboxes is
+    left, and it is deinit'ed whatever happened."""
     try:
         yield w
         ids = [s["id"] for s in petri("ls", "--all", "--json", cwd=w).json["sandboxes"]]
         assert [str(d) for _, d in cgroups.list_cgroups("petri") if any(i in str(d) for i in ids)] == []
     finally:
         petri("deinit", "--force", cwd=w)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    with race_workspace(init(make_project(tmp_path / "proj", git=True))) as w:
+        yield w
 
 
 @needs_sandbox
@@ -134,10 +145,13 @@ def test_race_right_fix_wins_checks_run_concurrently(ws, tmp_path):
     fixed = (Path(ls[right["sandbox"]]["path"]) / "stats" / "__init__.py").read_text()
     assert "(s[n // 2 - 1] + s[n // 2]) / 2" in fixed
     assert (ws / "stats" / "__init__.py").read_bytes() == before
-    # the apply and the check are runs of the sandbox, with logs
+    # the apply is a run of the sandbox; the check, a run of its throwaway fork: both logged
     logs = petri("logs", right["sandbox"], "--json", cwd=ws).json["runs"]
-    assert [d["argv"][-1] for d in logs] == ["-", CHECK]
-    assert "OK" in logs[1]["stderr"]
+    assert [d["argv"][-1] for d in logs] == ["-"]
+    check_logs = petri("logs", right["check_sandbox"], "--json", cwd=ws).json["runs"]
+    assert [d["argv"][-1] for d in check_logs] == [CHECK] and right["check_run"] == 1
+    assert "OK" in check_logs[0]["stderr"] and check_logs[0]["stderr_path"] == right["stderr_path"]
+    assert ls[right["check_sandbox"]]["state"] == "destroyed"
 
 
 @needs_sandbox
