@@ -6,8 +6,9 @@ Two append-only files in the journal directory (``<sandbox>/journal`` for the fu
              directory, so the set of recorded paths is a superset of what changed. Kinds:
              ``W`` content written, ``C`` created, ``A`` metadata/xattrs, ``U`` removed,
              ``T`` the whole subtree under the path may have changed (directory renames).
-``reads``    records ``<path>\\0`` for every path opened for reading (or readlink'ed), once
-             per daemon lifetime.
+``reads``    records ``<path>\\0`` for every path opened for reading, readlink'ed, or whose
+             metadata was read (a lookup or getattr of a file or symlink: a run that only
+             ``stat()``s a file still depends on it), once per daemon lifetime.
 
 Paths are bytes relative to the sandbox root (NUL is the only byte a name cannot hold, so
 it is the separator; newlines and invalid UTF-8 survive).
@@ -55,6 +56,13 @@ class Journal:
             self._seen_changes.add(rec)
         if self._changes_fd >= 0:
             os.write(self._changes_fd, rec)
+
+    @property
+    def records_reads(self) -> bool:
+        return self._reads_fd >= 0
+
+    def was_read(self, path: bytes) -> bool:
+        return path in self._seen_reads
 
     def read(self, path: bytes) -> None:
         if path in self._seen_reads:
