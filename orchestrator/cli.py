@@ -172,13 +172,14 @@ def fork(
     e = engine()
     from .config import load_config
     limits = load_config(e.root).apply_defaults(limits)
-    e.check_limits(limits)
+    prepared = e.check_limits(limits)  # warns on stderr itself (btrfs quotas switched on)
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:
         from .registry import rfc3339
         o.doc({"sandboxes": [{"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-                              "expires_at": rfc3339(r.expires_at), "limits": r.limits} for r in rows]})
+                              "expires_at": rfc3339(r.expires_at), "limits": r.limits} for r in rows],
+               "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
     else:
         for r in rows:
             print(f"{r.id}\t{r.path}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from snapshot.backend import Backend, Progress
+from snapshot.errors import PetriError
 from snapshot.choose import choose, get_backend
 from snapshot.store import Store
 from snapshot.tree import remove_tree
@@ -286,20 +287,20 @@ class Engine:
         return made  # type: ignore[return-value]
 
     def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None) -> dict[str, Any]:
-        usage_disk = None
-        if row.state in LIVE_STATES:
-            usage = getattr(self.backend, "clone_bytes", None)
-            if usage is not None:
-                try:
-                    usage_disk = usage(self.store, row.id)
-                except OSError:
-                    usage_disk = None
+        usage = None
+        if row.state in LIVE_STATES or (row.state == "expired" and row.keep_expired):
+            try:
+                usage = self.backend.clone_usage(self.store, row.id)
+            except (OSError, PetriError):
+                usage = None  # a tree that cannot be read now: say nothing rather than fail `ls`
         left = None if row.expires_at is None else max(0.0, row.expires_at - now())
         return {"id": row.id, "label": row.label, "backend": row.backend, "state": row.state,
                 "base": row.base, "path": row.path, "created_at": rfc3339(row.created_at),
                 "expires_at": rfc3339(row.expires_at), "time_left_s": left, "limits": row.limits,
                 "keep_expired": row.keep_expired,
-                "usage": {"disk_bytes": usage_disk, "peak_memory_bytes": row.peak_memory_bytes},
+                "usage": {"disk_bytes": usage.bytes if usage else None,
+                          "disk_measure": usage.measure if usage else None,
+                          "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness}
 
     def sandbox_tree(self, row: SandboxRow) -> Path:
@@ -357,19 +358,19 @@ class Engine:
             return 0
         return stop_sandbox_processes(self, row)
 
-    def check_limits(self, limits: Limits) -> None:
-        """Refuse limits this machine cannot enforce (exit 4) rather than pretend."""
+    def check_limits(self, limits: Limits) -> dict[str, Any]:
+        """Refuse limits this machine cannot enforce (exit 4) rather than pretend. Returns
+        ``{"warnings": [...], "quotas_enabled": bool}``: what making them possible did (the
+        first --disk on btrfs switches quotas on for the whole filesystem)."""
         if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
-            return  # nothing to enforce: keep the plain `petri fork` from importing the runner
-        try:
-            from .runs import check_limits
-        except ImportError:
-            return
-        check_limits(self, limits)
+            # nothing to enforce: keep the plain `petri fork` from importing the runner
+            return {"warnings": [], "quotas_enabled": False}
+        from .runs import check_limits
+        return check_limits(self, limits)
 
     def clone_options(self, limits: Limits) -> dict[str, Any]:
-        """Backend-specific clone arguments (the fuse layer enforces --disk itself)."""
-        if self.backend_name == "fuse" and limits.disk_bytes:
+        """Clone arguments: a backend that caps writes itself (fuse) gets the --disk budget."""
+        if limits.disk_bytes and self.backend.enforces_disk_budget():
             return {"disk_budget": limits.disk_bytes}
         return {}
 

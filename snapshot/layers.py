@@ -575,6 +575,12 @@ def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
             yield rel, "file", st
 
 
+def upper_bytes(layer: bytes) -> int:
+    """Apparent bytes of the regular files in a layer or upper dir, every name counted (what
+    the fuse disk budget charges; a sandbox's usage on overlay and fuse)."""
+    return sum(st.st_size for _, st in walk(layer) if stat.S_ISREG(st.st_mode))
+
+
 # -- whole layers ---------------------------------------------------------------------------------
 
 

@@ -26,6 +26,9 @@ Caveats:
   ``destroy_clone``, ``delete_snapshot`` and ``frozen_view``'s cleanup).
 - ``snapshot_bytes`` reads qgroups and is None unless quotas are already enabled on the
   filesystem (this backend never enables them: they slow every snapshot).
+- ``clone_usage`` without quotas counts file data written since the clone (``find-new``):
+  new data only (not old extents a partial overwrite still pins, not metadata); rootless
+  it is None (the tree search needs root).
 - ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
   (nothing changes), but a process that has a file open, or its cwd, inside the old
   directory keeps the old (deleted) copy: shells inside must ``cd "$PWD"`` afterwards.
@@ -42,7 +45,7 @@ from typing import ClassVar, Iterator
 
 import btrfsutil
 
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, DiskFull, PetriError, SnapshotError, TreeChangedDuringCopy
 from ..store import Store
 from ..tree import StatKey, TreeCopier, copy_xattrs, walk
@@ -139,6 +142,65 @@ def _fsid(path: Path) -> str:
 
 
 # -- removal ----------------------------------------------------------------------------
+
+# -- quotas (the orchestrator switches them on for --disk; usage reads them) ---------------
+
+def _qgroups_dir(path: str | bytes | os.PathLike) -> Path:
+    return Path("/sys/fs/btrfs") / _fsid(Path(os.fsdecode(path))) / "qgroups"
+
+
+def quotas_enabled(path: str | bytes | os.PathLike) -> bool:
+    """Are quotas on for the btrfs filesystem holding ``path``? (sysfs lists qgroups only then)."""
+    try:
+        return _qgroups_dir(path).is_dir()
+    except OSError:
+        return False
+
+
+def qgroup_usage(subvolume: str | bytes | os.PathLike) -> tuple[int, int] | None:
+    """(exclusive bytes, exclusive limit or 0) of the subvolume's own qgroup, or None when
+    quotas are off or their numbers are not consistent yet (a rescan is running)."""
+    try:
+        qgroups = _qgroups_dir(subvolume)
+        if (qgroups / "inconsistent").read_text().strip() != "0":
+            return None
+        d = qgroups / f"0_{btrfsutil.subvolume_id(subvolume)}"
+        exclusive = int((d / "exclusive").read_text())
+        try:
+            cap = int((d / "max_exclusive").read_text())
+        except ValueError:  # "none"
+            cap = 0
+        return exclusive, cap
+    except (OSError, ValueError, btrfsutil.BtrfsUtilError):
+        return None
+
+
+def changed_extent_bytes(subvolume: str | bytes | os.PathLike) -> int | None:
+    """File data written into ``subvolume`` since it was made (a snapshot: since the clone):
+    the lengths of its current file extents newer than its creation, from ``btrfs subvolume
+    find-new`` (a tree search that skips older tree blocks: O(changes)). Needs root (the
+    search ioctl); None when it cannot be run."""
+    import subprocess
+
+    try:
+        since = btrfsutil.subvolume_info(subvolume).otransid + 1
+        r = subprocess.run(["btrfs", "subvolume", "find-new", os.fsdecode(subvolume), str(since)],
+                           capture_output=True, timeout=60)
+    except (OSError, btrfsutil.BtrfsUtilError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    seen: set[tuple[bytes, bytes]] = set()
+    total = 0
+    for line in r.stdout.splitlines():
+        # inode I file offset O len L disk start D offset X gen G flags F <path>
+        f = line.split(b" ", 16)
+        if len(f) < 7 or f[0] != b"inode" or f[5] != b"len" or (f[1], f[4]) in seen:
+            continue
+        seen.add((f[1], f[4]))
+        total += int(f[6])
+    return total
+
 
 def _try_delete_subvolume(path: bytes) -> bool:
     """Delete the subvolume at ``path`` in O(1) if we may; False if only emptying will do."""
@@ -305,7 +367,7 @@ def _translate(e: OSError, doing: str) -> PetriError:
     return SnapshotError(detail=f"{doing}: {e.strerror or e}")
 
 
-class BtrfsBackend:
+class BtrfsBackend(Backend):
     name: ClassVar[str] = "btrfs"
     instant: ClassVar[bool] = True
     # The chooser's probe: (ok, why) for a workspace path.
@@ -377,15 +439,8 @@ class BtrfsBackend:
 
     def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
         """Exclusive bytes from the snapshot's qgroup, when quotas are enabled already."""
-        tree = self._tree(store, snap_id)
-        try:
-            qgroups = Path("/sys/fs/btrfs") / _fsid(tree) / "qgroups"
-            subvol = btrfsutil.subvolume_id(tree)
-            if (qgroups / "inconsistent").read_text().strip() != "0":
-                return None  # numbers are wrong until a rescan finishes
-            return int((qgroups / f"0_{subvol}" / "exclusive").read_text())
-        except (OSError, ValueError):
-            return None  # quotas off (no qgroups in sysfs) or the snapshot is gone
+        u = qgroup_usage(self._tree(store, snap_id))
+        return None if u is None else u[0]
 
     # -- sandboxes ---------------------------------------------------------------------
     def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
@@ -426,6 +481,18 @@ class BtrfsBackend:
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         delete_tree(store.sandbox_dir(sb_id))
 
+    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+        """The sandbox subvolume's exclusive bytes when quotas are on (what a --disk cap
+        counts); otherwise, as root, the file data written since the clone; else None."""
+        tree = store.sandbox_tree(sb_id)
+        u = qgroup_usage(tree)
+        if u is not None:
+            return DiskUsage(u[0], "qgroup-exclusive")
+        if os.geteuid() != 0:
+            return None
+        written = changed_extent_bytes(tree)
+        return None if written is None else DiskUsage(written, "changed-extents")
+
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: list[Leftover] = []
         for parent, known, kind in ((store.snapshots, snapshots, "snapshot"),
@@ -440,5 +507,5 @@ class BtrfsBackend:
         delete_tree(leftover.path)
 
 
-__all__ = ["BtrfsBackend", "check_btrfs", "convert_to_subvolume", "delete_tree", "fs_type",
-           "fs_name", "is_subvolume"]
+__all__ = ["BtrfsBackend", "changed_extent_bytes", "check_btrfs", "convert_to_subvolume", "delete_tree",
+           "fs_type", "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]

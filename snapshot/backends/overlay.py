@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
 
 from .. import layers as L
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import OverlayMountFailed, SnapshotError
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta, remove_tree
@@ -259,7 +259,7 @@ def is_overlay_mounted(path: bytes) -> bool:
 # -- the backend --------------------------------------------------------------------------------
 
 
-class OverlayBackend:
+class OverlayBackend(Backend):
     name: ClassVar[str] = "overlay"
     instant: ClassVar[bool] = False
 
@@ -509,6 +509,11 @@ class OverlayBackend:
         if rec.get("version") != MOUNT_RECORD_VERSION:
             raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
         return rec
+
+    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+        """What the sandbox wrote: its upper dir's files (O(upper), not O(tree))."""
+        upper = store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"]
+        return DiskUsage(L.upper_bytes(bytes(upper)), "upper")
 
     def ensure_clone(self, store: Store, sb_id: str) -> Path:
         tree = store.sandbox_tree(sb_id)

@@ -60,6 +60,7 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from ..layers import upper_bytes
 from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, remove_tree, settable_xattr
 from .journal import OPAQUE_XATTR, Journal, is_whiteout
 
@@ -257,16 +258,7 @@ class CowFS(pyfuse3.Operations):
 
     # -- layers ------------------------------------------------------------------------
     def _upper_usage(self) -> int:
-        total = 0
-        for dirpath, dirs, files in os.walk(self.layers[0]):
-            for f in files:
-                try:
-                    st = os.lstat(os.path.join(dirpath, f))
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-        return total
+        return upper_bytes(self.layers[0])
 
     def _root_layers(self) -> tuple[int, ...]:
         out = []
@@ -495,6 +487,7 @@ class CowFS(pyfuse3.Operations):
     # -- budget ------------------------------------------------------------------------
     def _charge(self, nbytes: int) -> None:
         if nbytes > 0 and self.disk_budget is not None and self.used + nbytes > self.disk_budget:
+            self.journal.disk_refused()
             raise _err(errno.ENOSPC)
         self.used += nbytes
 
