@@ -27,7 +27,8 @@ from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInU
                      UsageError)
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
                        rfc3339)
-from .workspace import add_git_exclude, check_can_init, find_workspace, remove_git_exclude, store_lock
+from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
+                        store_lock)
 
 Say = Callable[[str], None]
 
@@ -70,7 +71,9 @@ class Engine:
     # -- opening ------------------------------------------------------------------------
     @classmethod
     def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
-        engine = cls(find_workspace(start, override))
+        root = find_workspace(start, override)
+        act_as_store_owner(root)  # root in a user's store becomes that user before touching it
+        engine = cls(root)
         if reap:
             engine.recover_promotions()
             engine.reap_expired()
