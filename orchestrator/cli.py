@@ -190,7 +190,7 @@ def ls_(all_: Annotated[bool, typer.Option("--all", "-a", help="Also destroyed a
     """Sandboxes: id, label, backend, state, age, time left, usage, last exit code, staleness."""
     e = engine()
     rows = [r for r in e.registry.sandboxes() if all_ or r.state not in ("destroyed", "failed")]
-    docs = [e.sandbox_doc(r, staleness=e.staleness(r)) for r in rows]
+    docs = [e.sandbox_doc(r, staleness=e.staleness(r), fresh_usage=False) for r in rows]
     o = out()
     if G.json:
         o.doc({"sandboxes": docs})

@@ -289,11 +289,16 @@ class Engine:
                  path=row.path)  # type: ignore[union-attr]
         return made  # type: ignore[return-value]
 
-    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None) -> dict[str, Any]:
+    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
+                    fresh_usage: bool = True) -> dict[str, Any]:
+        """The SPEC's sandbox document. ``fresh_usage`` False (``petri ls``): a backend whose
+        usage measure is a walk of the whole tree may give its figure from after the
+        sandbox's last run instead of walking again."""
         usage = None
         if row.state in LIVE_STATES or (row.state == "expired" and row.keep_expired):
             try:
-                usage = self.backend.clone_usage(self.store, row.id)
+                usage = self.backend.clone_usage(self.store, row.id,
+                                                 None if fresh_usage else self._last_activity(row))
             except (OSError, PetriError):
                 usage = None  # a tree that cannot be read now: say nothing rather than fail `ls`
         left = None if row.expires_at is None else max(0.0, row.expires_at - now())
@@ -303,8 +308,18 @@ class Engine:
                 "keep_expired": row.keep_expired,
                 "usage": {"disk_bytes": usage.bytes if usage else None,
                           "disk_measure": usage.measure if usage else None,
+                          "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
                           "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness}
+
+    def _last_activity(self, row: SandboxRow) -> float | None:
+        """When the sandbox last changed through petri: its last run's end (None while one
+        is running: measure now), or its creation."""
+        got = self.registry.db.execute(
+            "SELECT COUNT(*) - COUNT(finished_at), MAX(finished_at) FROM runs WHERE sandbox = ?", (row.id,)).fetchone()
+        if got[0]:
+            return None
+        return max(row.created_at, got[1] or 0.0)
 
     def sandbox_tree(self, row: SandboxRow) -> Path:
         if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):

@@ -35,6 +35,9 @@ class DiskUsage:
     # (reflink: changed files' extents not shared with the base), "changed-files" (copy:
     # files changed or added since the clone), "zfs-used" (the clone's ``used``).
     measure: str
+    # When the figure was measured (epoch seconds) if it came from an earlier measurement
+    # (see Backend.clone_usage's ``since``); None: measured just now.
+    measured_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,11 @@ class Backend(Protocol):
     # -- capabilities a backend may lack: the defaults say "cannot tell" -------------------------
     # (Backends subclass this protocol to inherit them; callers never probe with getattr.)
 
-    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
-        """Disk space the sandbox holds beyond its base (cheap enough for ``petri ls``), or
-        None where the backend cannot tell."""
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """Disk space the sandbox holds beyond its base, or None where the backend cannot
+        tell. ``since`` (epoch seconds): a figure measured at or after then will do, so a
+        backend whose measure is O(files) may answer from its last one (``petri ls``: the
+        sandbox's last run ended then); None: measure now."""
         return None
 
     def enforces_disk_budget(self) -> bool:

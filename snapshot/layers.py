@@ -666,7 +666,23 @@ def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
 def upper_bytes(layer: bytes) -> int:
     """Apparent bytes of the regular files in a layer or upper dir, every name counted (what
     the fuse disk budget charges; a sandbox's usage on overlay and fuse)."""
-    return sum(st.st_size for _, st in walk(layer) if stat.S_ISREG(st.st_mode))
+    total = 0
+    stack = [layer]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed while we walked
+        with it:
+            for e in it:  # d_type decides: only regular files cost a stat
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        total += e.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        pass
+    return total
 
 
 # -- whole layers ---------------------------------------------------------------------------------

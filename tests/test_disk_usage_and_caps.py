@@ -64,7 +64,8 @@ def test_usage_is_what_the_sandbox_wrote(plain_ws, backend, measure):
     ws = plain_ws
     init(ws, backend)
     sb = fork(ws)["sandboxes"][0]
-    assert usage(ws, sb["id"]) == {"disk_bytes": 0, "disk_measure": measure, "peak_memory_bytes": None}
+    assert usage(ws, sb["id"]) == {"disk_bytes": 0, "disk_measure": measure, "disk_measured_at": None,
+                                   "peak_memory_bytes": None}
     tree = Path(sb["path"])
     (tree / "new.bin").write_bytes(os.urandom(300 * KiB))
     with open(tree / "README.md", "ab") as f:  # a base file changed: its whole new size counts
@@ -78,6 +79,28 @@ def test_usage_is_what_the_sandbox_wrote(plain_ws, backend, measure):
     assert "300.0K" in row or "300K" in row or "301" in row, row
 
 
+def test_copy_ls_measures_again_after_a_run_status_always(plain_ws):
+    ws = plain_ws
+    init(ws, "copy")
+    sb = fork(ws)["sandboxes"][0]
+    tree = Path(sb["path"])
+
+    def ls_usage() -> dict:
+        r = petri("ls", "--json", cwd=ws)
+        assert r.rc == 0, r
+        return r.json["sandboxes"][0]["usage"]
+
+    (tree / "a.bin").write_bytes(b"a" * 1000)
+    assert ls_usage()["disk_bytes"] == 1000  # nothing measured yet: measured now
+    (tree / "b.bin").write_bytes(b"b" * 500)  # through the host path: ls keeps its figure
+    u = ls_usage()
+    assert u["disk_bytes"] == 1000 and u["disk_measured_at"] is not None, u
+    assert usage(ws, sb["id"])["disk_bytes"] == 1500  # status measures
+    doc = run_json(ws, sb["id"], "head -c 2000 /dev/zero > c.bin")
+    assert doc["exit_code"] == 0, doc
+    assert ls_usage()["disk_bytes"] == 3500  # a run ended since the last figure: measured again
+
+
 def test_reflink_usage_counts_only_unshared_extents(xfs_dir):
     ws = xfs_dir / "proj"
     ws.mkdir()
@@ -86,7 +109,8 @@ def test_reflink_usage_counts_only_unshared_extents(xfs_dir):
     init(ws, "reflink")
     try:
         sb = fork(ws)["sandboxes"][0]
-        assert usage(ws, sb["id"]) == {"disk_bytes": 0, "disk_measure": "unshared", "peak_memory_bytes": None}
+        assert usage(ws, sb["id"]) == {"disk_bytes": 0, "disk_measure": "unshared", "disk_measured_at": None,
+                                       "peak_memory_bytes": None}
         tree = Path(sb["path"])
         with open(tree / "big.bin", "r+b") as f:  # one block rewritten: the rest stays shared
             f.seek(MiB)

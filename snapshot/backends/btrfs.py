@@ -26,7 +26,8 @@ Caveats:
   ``destroy_clone``, ``delete_snapshot`` and ``frozen_view``'s cleanup).
 - ``snapshot_bytes`` reads qgroups and is None unless quotas are already enabled on the
   filesystem (this backend never enables them: they slow every snapshot).
-- ``clone_usage`` without quotas counts file data written since the clone (``find-new``):
+- ``clone_usage`` without quotas counts file data written since the clone (the tree search
+  ``btrfs subvolume find-new`` does):
   new data only (not old extents a partial overwrite still pins, not metadata); rootless
   it is None (the tree search needs root).
 - ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
@@ -40,6 +41,7 @@ import ctypes
 import errno
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import ClassVar, Iterator
 
@@ -175,31 +177,67 @@ def qgroup_usage(subvolume: str | bytes | os.PathLike) -> tuple[int, int] | None
         return None
 
 
+# _IOWR(0x94, 17, struct btrfs_ioctl_search_args): a 104-byte key, then a 3992-byte buffer
+BTRFS_IOC_TREE_SEARCH = 0xD0009411
+_SEARCH_KEY = struct.Struct("=7Q4I4Q")
+_SEARCH_HEADER = struct.Struct("=3Q2I")  # transid, objectid, offset, type, len
+_EXTENT_ITEM = struct.Struct("=QQBBHB")  # generation, ram_bytes, compression, encryption, other, type
+_U64_MAX = (1 << 64) - 1
+EXTENT_DATA_KEY = 108
+_TYPE_MAX = 255
+FILE_EXTENT_INLINE = 0
+
+
 def changed_extent_bytes(subvolume: str | bytes | os.PathLike) -> int | None:
     """File data written into ``subvolume`` since it was made (a snapshot: since the clone):
-    the lengths of its current file extents newer than its creation, from ``btrfs subvolume
-    find-new`` (a tree search that skips older tree blocks: O(changes)). Needs root (the
-    search ioctl); None when it cannot be run."""
-    import subprocess
+    the lengths of its current file extents newer than its creation, found by a tree search
+    that skips tree blocks older than that (O(changes); what ``btrfs subvolume find-new``
+    lists). Needs root (the search ioctl); None when it cannot be run."""
+    import fcntl
 
     try:
         since = btrfsutil.subvolume_info(subvolume).otransid + 1
-        r = subprocess.run(["btrfs", "subvolume", "find-new", os.fsdecode(subvolume), str(since)],
-                           capture_output=True, timeout=60)
-    except (OSError, btrfsutil.BtrfsUtilError, subprocess.TimeoutExpired):
+        fd = os.open(subvolume, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, btrfsutil.BtrfsUtilError):
         return None
-    if r.returncode != 0:
-        return None
-    seen: set[tuple[bytes, bytes]] = set()
     total = 0
-    for line in r.stdout.splitlines():
-        # inode I file offset O len L disk start D offset X gen G flags F <path>
-        f = line.split(b" ", 16)
-        if len(f) < 7 or f[0] != b"inode" or f[5] != b"len" or (f[1], f[4]) in seen:
-            continue
-        seen.add((f[1], f[4]))
-        total += int(f[6])
-    return total
+    objectid, kind, offset = 0, EXTENT_DATA_KEY, 0
+    try:
+        while True:
+            buf = bytearray(4096)
+            # tree 0: the subvolume of fd; keys from (objectid, kind, offset) on. The range is
+            # lexicographic, so items of other types come too: they are skipped below.
+            _SEARCH_KEY.pack_into(buf, 0, 0, objectid, _U64_MAX, offset, _U64_MAX, since, _U64_MAX,
+                                  kind, _TYPE_MAX, 4096, 0, 0, 0, 0, 0)
+            try:
+                fcntl.ioctl(fd, BTRFS_IOC_TREE_SEARCH, buf)
+            except OSError:
+                return None
+            found = _SEARCH_KEY.unpack_from(buf, 0)[9]
+            if not found:
+                return total
+            pos = _SEARCH_KEY.size
+            for _ in range(found):
+                _, objectid, offset, kind, length = _SEARCH_HEADER.unpack_from(buf, pos)
+                pos += _SEARCH_HEADER.size
+                if kind == EXTENT_DATA_KEY:
+                    gen, ram_bytes, _, _, _, ext = _EXTENT_ITEM.unpack_from(buf, pos)
+                    if gen >= since:
+                        # inline: the data itself; regular/prealloc: num_bytes, the last u64
+                        total += ram_bytes if ext == FILE_EXTENT_INLINE else \
+                            struct.unpack_from("=Q", buf, pos + length - 8)[0]
+                pos += length
+            # The next search starts just past the last key returned.
+            if offset < _U64_MAX:
+                offset += 1
+            elif kind < _TYPE_MAX:
+                kind, offset = kind + 1, 0
+            elif objectid < _U64_MAX:
+                objectid, kind, offset = objectid + 1, 0, 0
+            else:
+                return total
+    finally:
+        os.close(fd)
 
 
 def _try_delete_subvolume(path: bytes) -> bool:
@@ -481,7 +519,7 @@ class BtrfsBackend(Backend):
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         delete_tree(store.sandbox_dir(sb_id))
 
-    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """The sandbox subvolume's exclusive bytes when quotas are on (what a --disk cap
         counts); otherwise, as root, the file data written since the clone; else None."""
         tree = store.sandbox_tree(sb_id)

@@ -21,9 +21,10 @@ Caveats: the first snapshot and every clone copy all the data (O(bytes)); snapsh
 exact per file, not across files (each file is re-copied if it moved during its copy);
 sockets and device nodes in the workspace are not carried; a file written just before
 a snapshot is copied again by the next one (its racy mark). ``clone_usage`` is a stat walk
-of the whole sandbox (O(files), on every ``petri ls``) and counts the files whose size or
-mtime moved since the clone: an edit that keeps both is missed, and the clone's own full
-copy of the base is not counted.
+of the whole sandbox (O(files)) counting the files whose size or mtime moved since the
+clone: an edit that keeps both is missed, the clone's own full copy of the base is not
+counted, and a figure kept from an earlier walk misses edits made since through the host
+path (``petri ls`` re-measures after each run, ``petri status`` always).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from ..tree import StatKey, TreeCopier, remove_tree, walk
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 CLONE_RECORD = "clone.json"  # beside a sandbox's tree: {"snapshot": the snapshot it was cloned from}
+USAGE_CACHE = "usage.json"   # beside it: the last clone_usage figure and when it was measured
 MANIFEST_VERSION = 2  # 2: racy entries marked (size -1); 1: no marks
 _READABLE_VERSIONS = (1, 2)
 # Timestamps come from the kernel's coarse clock (one tick: 4 ms at HZ=250); 50 ms leaves
@@ -206,10 +208,29 @@ class CopyBackend(Backend):
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         remove_tree(bytes(store.sandbox_dir(sb_id)))
 
-    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
-        """Bytes of the files the sandbox changed or added since its clone (a stat walk of
-        the sandbox against its base's manifest: O(files)); None for a sandbox cloned
-        before its base was recorded."""
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """Bytes of the files the sandbox changed or added since its clone: a stat walk of
+        the sandbox against its base's manifest, O(files), so the last figure (kept in
+        ``usage.json`` beside the tree) is given when it was measured at or after ``since``.
+        None for a sandbox cloned before its base was recorded."""
+        cache = store.sandbox_dir(sb_id) / USAGE_CACHE
+        if since is not None:
+            try:
+                got = json.loads(cache.read_text())
+                if got["at"] >= since:
+                    return DiskUsage(got["bytes"], got["measure"], got["at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        started = time.time()  # before the walk: an edit during it is newer than the figure
+        usage = self._measure_usage(store, sb_id)
+        if usage is not None:
+            tmp = cache.with_name(f".{USAGE_CACHE}.{os.getpid()}")
+            with contextlib.suppress(OSError):  # a cache: no fsync, and losing it costs one walk
+                tmp.write_text(json.dumps({"bytes": usage.bytes, "measure": usage.measure, "at": started}))
+                os.replace(tmp, cache)
+        return usage
+
+    def _measure_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
         try:
             snap_id = json.loads((store.sandbox_dir(sb_id) / CLONE_RECORD).read_text())["snapshot"]
             with open(self._manifest(store, snap_id), "rb") as f:

@@ -578,7 +578,7 @@ class OverlayBackend(Backend):
             raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
         return rec
 
-    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """What the sandbox wrote: its upper dir's files (O(upper), not O(tree))."""
         upper = store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"]
         return DiskUsage(L.upper_bytes(bytes(upper)), "upper")

@@ -351,7 +351,7 @@ class ZfsBackend(Backend):
             zfs("destroy", "-r", ds)  # -r: its frozen-view snapshots too; it unmounts first
         remove_tree(bytes(store.sandbox_dir(sb_id)))
 
-    def clone_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """The clone dataset's ``used``: what it holds beyond its origin snapshot."""
         try:
             used = int(zfs("get", "-H", "-p", "-o", "value", "used", self._clone_ds(store, sb_id)).strip())
