@@ -54,11 +54,11 @@ def act_as_store_owner(root: Path) -> None:
     if os.geteuid() != 0:
         return
     try:
-        st = os.stat(root / STORE_NAME)
+        st = os.lstat(root / STORE_NAME)
     except FileNotFoundError:
         return
-    if st.st_uid == 0:
-        return
+    if st.st_uid == 0 or not stat.S_ISDIR(st.st_mode):
+        return  # root's own store (or not a store at all: a symlink names no owner)
     import pwd
     uid, gid, name, home = st.st_uid, st.st_gid, f"uid {st.st_uid}", None
     try:
