@@ -9,7 +9,7 @@ decides, by content, exactly as the full compare would:
   parsed here from its binary stream (every path a command names that can change content,
   kind, mode or existence; times, owners and xattrs are left out: change sets ignore them);
 - overlay: the sandbox's upper dir (``snapshot.layers.layer_entries``): files, whiteouts,
-  opaque directories;
+  opaque directories, renamed (redirected) directories;
 - fuse: the daemon's own journal of changed paths and subtrees (``FuseBackend.changed_paths``);
 - zfs: ``zfs diff``;
 - copy and reflink: none (the full compare).
@@ -17,7 +17,7 @@ decides, by content, exactly as the full compare would:
 A candidate that is a directory on both sides with the same permission bits is dropped
 (a copied-up parent, a directory whose times moved): its changed children are candidates
 themselves, and keeping it would make the compare walk its whole subtree. Whole subtrees
-(opaque dirs, fuse ``trees``, renamed or new directories) stay prefixes.
+(opaque dirs, fuse ``trees``, renamed or new directories, overlay redirects) stay prefixes.
 
 The test ``tests/test_changesets.py`` checks on each backend that the fast path gives
 exactly the change set of the full compare.
@@ -209,7 +209,7 @@ def upper_candidates(upper: Path, base: Path, tree: Path) -> Candidates:
     plain: set[bytes] = set()
     whole: set[bytes] = set()
     for rel, kind, _st in layer_entries(os.fsencode(upper)):
-        if kind == "opaque_dir" or kind == "whiteout":
+        if kind in ("opaque_dir", "redirect_dir", "whiteout"):
             whole.add(rel)
         else:
             plain.add(rel)

@@ -231,13 +231,14 @@ def fork(
     e = engine()
     from .config import load_config
     limits = load_config(e.root).apply_defaults(limits)
-    e.check_limits(limits)  # every value checked (units.validate_limits) before anything exists
+    prepared = e.check_limits(limits)  # checks every value (units.validate_limits) first; warns on stderr itself
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:
         from .registry import rfc3339
         o.doc({"sandboxes": [{"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-                              "expires_at": rfc3339(r.expires_at), "limits": r.limits} for r in rows]})
+                              "expires_at": rfc3339(r.expires_at), "limits": r.limits} for r in rows],
+               "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
     else:
         for r in rows:
             print(f"{r.id}\t{r.path}")
@@ -248,7 +249,7 @@ def ls_(all_: Annotated[bool, typer.Option("--all", "-a", help="Also destroyed a
     """Sandboxes: id, label, backend, state, age, time left, usage, last exit code, staleness."""
     e = engine()
     rows = [r for r in e.registry.sandboxes() if all_ or r.state not in ("destroyed", "failed")]
-    docs = [e.sandbox_doc(r, staleness=e.staleness(r)) for r in rows]
+    docs = [e.sandbox_doc(r, staleness=e.staleness(r), fresh_usage=False) for r in rows]
     o = out()
     if G.json:
         o.doc({"sandboxes": docs})

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from snapshot.backend import Backend, Progress
+from snapshot.errors import PetriError
 from snapshot.choose import choose, get_backend
 from snapshot.store import Store
 from snapshot.tree import remove_tree
@@ -26,7 +27,8 @@ from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInU
                      UsageError)
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
                        rfc3339)
-from .workspace import add_git_exclude, check_can_init, find_workspace, remove_git_exclude, store_lock
+from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
+                        store_lock)
 
 Say = Callable[[str], None]
 
@@ -69,7 +71,9 @@ class Engine:
     # -- opening ------------------------------------------------------------------------
     @classmethod
     def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
-        engine = cls(find_workspace(start, override))
+        root = find_workspace(start, override)
+        act_as_store_owner(root)  # root in a user's store becomes that user before touching it
+        engine = cls(root)
         if reap:
             engine.recover_promotions()
             engine.reap_expired()
@@ -288,22 +292,37 @@ class Engine:
                  path=row.path)  # type: ignore[union-attr]
         return made  # type: ignore[return-value]
 
-    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None) -> dict[str, Any]:
-        usage_disk = None
-        if row.state in LIVE_STATES:
-            usage = getattr(self.backend, "clone_bytes", None)
-            if usage is not None:
-                try:
-                    usage_disk = usage(self.store, row.id)
-                except OSError:
-                    usage_disk = None
+    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
+                    fresh_usage: bool = True) -> dict[str, Any]:
+        """The SPEC's sandbox document. ``fresh_usage`` False (``petri ls``): a backend whose
+        usage measure is a walk of the whole tree may give its figure from after the
+        sandbox's last run instead of walking again."""
+        usage = None
+        if row.state in LIVE_STATES or (row.state == "expired" and row.keep_expired):
+            try:
+                usage = self.backend.clone_usage(self.store, row.id,
+                                                 None if fresh_usage else self._last_activity(row))
+            except (OSError, PetriError):
+                usage = None  # a tree that cannot be read now: say nothing rather than fail `ls`
         left = None if row.expires_at is None else max(0.0, row.expires_at - now())
         return {"id": row.id, "label": row.label, "backend": row.backend, "state": row.state,
                 "base": row.base, "path": row.path, "created_at": rfc3339(row.created_at),
                 "expires_at": rfc3339(row.expires_at), "time_left_s": left, "limits": row.limits,
                 "keep_expired": row.keep_expired,
-                "usage": {"disk_bytes": usage_disk, "peak_memory_bytes": row.peak_memory_bytes},
+                "usage": {"disk_bytes": usage.bytes if usage else None,
+                          "disk_measure": usage.measure if usage else None,
+                          "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
+                          "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness}
+
+    def _last_activity(self, row: SandboxRow) -> float | None:
+        """When the sandbox last changed through petri: its last run's end (None while one
+        is running: measure now), or its creation."""
+        got = self.registry.db.execute(
+            "SELECT COUNT(*) - COUNT(finished_at), MAX(finished_at) FROM runs WHERE sandbox = ?", (row.id,)).fetchone()
+        if got[0]:
+            return None
+        return max(row.created_at, got[1] or 0.0)
 
     def sandbox_tree(self, row: SandboxRow) -> Path:
         if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
@@ -360,22 +379,21 @@ class Engine:
             return 0
         return stop_sandbox_processes(self, row)
 
-    def check_limits(self, limits: Limits) -> None:
-        """Refuse limits this machine cannot enforce (exit 4) rather than pretend, and values
-        that cannot mean anything here (exit 2), before anything is created."""
+    def check_limits(self, limits: Limits) -> dict[str, Any]:
+        """Refuse limits this machine cannot enforce (exit 4) rather than pretend. Returns
+        ``{"warnings": [...], "quotas_enabled": bool}``: what making them possible did (the
+        first --disk on btrfs switches quotas on for the whole filesystem)."""
         from .units import validate_limits
         validate_limits(limits)
         if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
-            return  # nothing to enforce: keep the plain `petri fork` from importing the runner
-        try:
-            from .runs import check_limits
-        except ImportError:
-            return
-        check_limits(self, limits)
+            # nothing to enforce: keep the plain `petri fork` from importing the runner
+            return {"warnings": [], "quotas_enabled": False}
+        from .runs import check_limits
+        return check_limits(self, limits)
 
     def clone_options(self, limits: Limits) -> dict[str, Any]:
-        """Backend-specific clone arguments (the fuse layer enforces --disk itself)."""
-        if self.backend_name == "fuse" and limits.disk_bytes:
+        """Clone arguments: a backend that caps writes itself (fuse) gets the --disk budget."""
+        if limits.disk_bytes and self.backend.enforces_disk_budget():
             return {"disk_budget": limits.disk_bytes}
         return {}
 

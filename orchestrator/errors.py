@@ -159,3 +159,9 @@ class PromotionPruned(OrchestratorError):
 
 class VerifyUnavailable(OrchestratorError):
     """--verify needs the runner (orchestrator.runs.run_sync), which this petri lacks: {why}"""
+
+
+class OwnerCannotRunPetri(OrchestratorError):
+    """this workspace's store belongs to {owner}: petri run as root acts as that user there (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
+
+    exit_code = 4

@@ -32,8 +32,10 @@ Caveats:
 - The btrfs qgroup limit is applied after the clone (``after_fork``); the engine must call
   it, or it is applied at the sandbox's first run. Writes through the host path before that
   are not capped.
-- ``limits_hit: ["disk"]`` is inferred: the qgroup's exclusive bytes within 1 MiB of the
-  cap after the run, or "Disk quota exceeded" in the run's stderr.
+- ``limits_hit: ["disk"]`` comes from the cap, never from the command's output: the fuse
+  budget counts the writes it refused; btrfs qgroups count no refusals, so there it means
+  the qgroup's exclusive bytes ended within 1 MiB of the cap. An XFS project quota is not
+  reported.
 - The XFS project quota path is written to xfs_quota's documentation but untested here
   (this kernel's XFS refuses prjquota mounts in the test image).
 """
@@ -216,6 +218,7 @@ async def run_in_sandbox(
     row = runnable_row(engine, sandbox)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
+    disk_mark = disk_limit_mark(engine, row)
     uid, gid = run_identity(engine)
     n, out_path, err_path = _start_run_row(engine, row.id, argv)
     if not engine.registry.set_state(row.id, "running", only_from=RUNNABLE):
@@ -249,7 +252,7 @@ async def run_in_sandbox(
             _settle_state(engine, row.id, n)
     exit_code, killed_by = _what_ended(engine, row, n, res.exit_code, res.killed_by)
     limits_hit = list(res.limits_hit)
-    if disk_limit_hit(engine, row, err_path) and "disk" not in limits_hit:
+    if disk_limit_hit(engine, row, disk_mark) and "disk" not in limits_hit:
         limits_hit.append("disk")
     engine.registry.finish_run(row.id, n, exit_code=exit_code, duration_s=res.duration_s, killed_by=killed_by,
                                limits_hit=limits_hit, peak_memory_bytes=res.peak_memory_bytes)
@@ -423,9 +426,11 @@ def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
 # ---------------------------------------------------------------------------- limits
 
 
-def check_limits(engine: "Engine", limits: "Limits") -> None:
+def check_limits(engine: "Engine", limits: "Limits") -> dict[str, Any]:
     """Refuse limits this machine cannot enforce (exit 4), naming what would work. For a
-    ``--disk`` on btrfs this is where quotas get enabled (once per filesystem)."""
+    ``--disk`` on btrfs this is where quotas get enabled (once per filesystem): the result
+    says so (``{"warnings": [...], "quotas_enabled": bool}``) for the caller's JSON, and a
+    warning line goes to stderr."""
     sup = cgroups.support()
     if limits.cpus is not None:
         if sup.mode == "v1" and "cpu" not in sup.v1_mounts:
@@ -434,25 +439,45 @@ def check_limits(engine: "Engine", limits: "Limits") -> None:
             raise LimitsUnavailable(what="--cpus", why=f"the cgroup2 at {sup.v2_base} has no cpu controller")
     if sup.mode == "none" and (limits.mem_bytes or limits.pids or limits.cpus):
         warn_once(engine, "no usable cgroups here (" + sup.reason + "): limits fall back to rlimits, which are weaker")
+    warnings: list[str] = []
     if limits.disk_bytes:
-        disk_plan(engine).prepare()
+        warnings = disk_plan(engine).prepare()
+    return {"warnings": warnings, "quotas_enabled": bool(warnings)}
 
 
 class _DiskPlan:
+    """How one workspace enforces ``--disk``: ``prepare`` (once per fork or run: make the cap
+    possible; returns warnings about what that did), ``apply`` (per sandbox), and ``mark`` /
+    ``hit`` (before and after a run: did the cap refuse anything meanwhile?). Never from a
+    command's output: a message can be faked, and a real overflow can be silenced."""
+
     kind = "none"
 
-    def prepare(self) -> None:  # pragma: no cover - overridden
-        pass
+    def prepare(self) -> list[str]:
+        return []
 
     def apply(self, engine: "Engine", row: SandboxRow) -> None:
         pass
 
-    def hit(self, engine: "Engine", row: SandboxRow) -> bool:
+    def mark(self, engine: "Engine", row: SandboxRow) -> Any:
+        return None
+
+    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
         return False
 
 
-class _FuseBudget(_DiskPlan):
-    kind = "fuse"  # the clone gets disk_budget (engine.clone_options); its writes get ENOSPC
+class _BackendBudget(_DiskPlan):
+    """The backend enforces the budget itself (fuse: the clone gets ``disk_budget`` from
+    engine.clone_options, its writes get ENOSPC) and counts what it refused."""
+
+    kind = "fuse"
+
+    def mark(self, engine: "Engine", row: SandboxRow) -> Any:
+        return engine.backend.disk_refusals(engine.store, row.id)
+
+    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
+        now = engine.backend.disk_refusals(engine.store, row.id)
+        return now is not None and now > (mark or 0)
 
 
 class _BtrfsQgroups(_DiskPlan):
@@ -461,26 +486,20 @@ class _BtrfsQgroups(_DiskPlan):
     def __init__(self, engine: "Engine") -> None:
         self.engine = engine
 
-    def _qgroups_dir(self) -> Path:
-        from snapshot.backends.btrfs import _fsid
-
-        return Path("/sys/fs/btrfs") / _fsid(self.engine.store.root) / "qgroups"
-
     def enabled(self) -> bool:
-        try:
-            return self._qgroups_dir().is_dir()
-        except OSError:
-            return False
+        from snapshot.backends.btrfs import quotas_enabled
+        return quotas_enabled(self.engine.store.root)
 
-    def prepare(self) -> None:
+    def prepare(self) -> list[str]:
         if os.geteuid() != 0:
             raise DiskLimitUnavailable(where=str(self.engine.root), why="btrfs qgroups need root",
                                        alternatives="run petri as root, or use a workspace with the fuse backend"
                                                     " (`petri init --backend fuse`), whose --disk works rootless")
         if self.enabled():
-            return
-        # Quotas cost every snapshot on this filesystem (measured in bench/bench_run.py):
-        # they are turned on only now that a --disk cap is asked for, and stay on.
+            return []
+        # Quotas cost every snapshot on this filesystem (bench/RESULTS.md: forks 2.5-4x
+        # slower): they are turned on only now that a --disk cap is asked for, they stay on,
+        # and the user is told so, with the way back.
         for argv in (["btrfs", "quota", "enable", str(self.engine.store.root)],
                      ["btrfs", "quota", "rescan", "-w", str(self.engine.store.root)]):
             cp = subprocess.run(argv, capture_output=True, text=True)
@@ -488,6 +507,12 @@ class _BtrfsQgroups(_DiskPlan):
                 raise DiskLimitUnavailable(where=str(self.engine.root),
                                            why=f"`{' '.join(argv)}` failed: {cp.stderr.strip()}",
                                            alternatives="use the fuse backend (`petri init --backend fuse`)")
+        mount = _mount_of(self.engine.store.root)[0]
+        text = (f"--disk switched on btrfs quotas for the whole filesystem at {mount}: from now on every "
+                f"snapshot and fork there is slower (2.5-4x measured); `btrfs quota disable {mount}` switches "
+                f"them off again and lifts every --disk cap on that filesystem")
+        warn_once(self.engine, text)
+        return [text]
 
     def apply(self, engine: "Engine", row: SandboxRow) -> None:
         limit = (row.limits or {}).get("disk_bytes")
@@ -497,18 +522,10 @@ class _BtrfsQgroups(_DiskPlan):
             raise DiskLimitUnavailable(where=str(tree), why=f"btrfs qgroup limit failed: {cp.stderr.strip()}",
                                        alternatives="check `btrfs quota` on this filesystem")
 
-    def usage(self, row: SandboxRow) -> tuple[int, int] | None:
-        import btrfsutil
-
-        try:
-            subvol = btrfsutil.subvolume_id(self.engine.store.sandbox_tree(row.id))
-            d = self._qgroups_dir() / f"0_{subvol}"
-            return int((d / "exclusive").read_text()), int((d / "max_exclusive").read_text())
-        except (OSError, ValueError, btrfsutil.BtrfsUtilError):
-            return None
-
-    def hit(self, engine: "Engine", row: SandboxRow) -> bool:
-        u = self.usage(row)
+    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
+        # qgroups count no refusals: the counters say the sandbox is at its cap.
+        from snapshot.backends.btrfs import qgroup_usage
+        u = qgroup_usage(engine.store.sandbox_tree(row.id))
         if u is None:
             return False
         used, cap = u
@@ -522,10 +539,11 @@ class _XfsProject(_DiskPlan):
         self.engine = engine
         self.mountpoint = mountpoint
 
-    def prepare(self) -> None:
+    def prepare(self) -> list[str]:
         if os.geteuid() != 0:
             raise DiskLimitUnavailable(where=str(self.engine.root), why="XFS project quotas need root",
                                        alternatives="run petri as root, or use the fuse backend")
+        return []
 
     def apply(self, engine: "Engine", row: SandboxRow) -> None:
         limit = (row.limits or {}).get("disk_bytes")
@@ -545,8 +563,8 @@ _ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (
 def disk_plan(engine: "Engine") -> _DiskPlan:
     """How --disk is enforced for this workspace, or DiskLimitUnavailable (exit 4)."""
     name = engine.backend_name
-    if name == "fuse":
-        return _FuseBudget()
+    if engine.backend.enforces_disk_budget():
+        return _BackendBudget()
     if name == "btrfs":
         return _BtrfsQgroups(engine)
     from snapshot.fsinfo import fs_type
@@ -586,7 +604,14 @@ def after_fork(engine: "Engine", rows: Sequence[SandboxRow]) -> None:
 def ensure_disk_limit(engine: "Engine", row: SandboxRow) -> None:
     if not (row.limits or {}).get("disk_bytes"):
         return
-    if (row.meta or {}).get("disk_cap_applied"):
+    applied = (row.meta or {}).get("disk_cap_applied")
+    if applied == "btrfs" and not _BtrfsQgroups(engine).enabled():
+        # Someone ran `btrfs quota disable`: the qgroup and its limit are gone. Turning
+        # quotas back on behind their back would undo that choice; say what it means.
+        warn_once(engine, f"{row.id}'s --disk cap is no longer enforced: btrfs quotas were switched off on its "
+                  f"filesystem (a new `petri fork --disk` switches them on again)")
+        return
+    if applied:
         return
     plan = disk_plan(engine)
     plan.prepare()
@@ -596,8 +621,24 @@ def ensure_disk_limit(engine: "Engine", row: SandboxRow) -> None:
     engine.registry.update_sandbox(row.id, meta=meta)
 
 
-def disk_limit_hit(engine: "Engine", row: SandboxRow, err_path: Path) -> bool:
+def disk_limit_mark(engine: "Engine", row: SandboxRow) -> Any:
+    """Taken before a run: what ``disk_limit_hit`` compares with after it."""
     if not (row.limits or {}).get("disk_bytes"):
+        return None
+    try:
+        return disk_plan(engine).mark(engine, row)
+    except Exception:
+        return None
+
+
+def disk_limit_hit(engine: "Engine", row: SandboxRow, mark: Any) -> bool:
+    """Did the sandbox's disk cap refuse anything during the run? From the cap's own
+    counters (never from what the command printed)."""
+    if not (row.limits or {}).get("disk_bytes"):
+        return False
+    try:
+        return disk_plan(engine).hit(engine, row, mark)
+    except Exception:
         return False
     try:
         with open(err_path, "rb") as f:

@@ -478,11 +478,18 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
     with ExitStack() as stack:
         base = BaseSide(engine, row.base, stack)
         name = engine.backend_name
+        sandbox_layers: list[bytes] | None = None
         if name in ("overlay", "fuse"):
             # The upper dir / journal over-approximates; the compare below decides.
             if name == "fuse":
                 ch = engine.backend.changed_paths(engine.store, row.id)  # type: ignore[attr-defined]
                 cands = Candidates(frozenset(ch.paths | ch.trees), "fuse-journal")
+                # Read the sandbox side from its layers, not through the mount: the daemon
+                # records every file whose metadata is looked up as read by the sandbox.
+                rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
+                upper = os.fsencode(engine.store.sandbox_dir(row.id) / rec["upper"])
+                if base.layers is not None:
+                    sandbox_layers = [upper, *base.layers]
             else:
                 from snapshot.layers import layer_entries
                 rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
@@ -497,15 +504,21 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
             for p in sorted(live_paths):
                 if not cands.covers(p):
                     continue
-                try:
-                    n = st.node(p, with_content_id=True)
-                except Exception:
-                    out.append(p)  # through a symlink in the sandbox: not the base's path any more
-                    continue
                 sb_ent: Ent | None = None
-                if n is not None and n.kind != "dir":
-                    sb_ent = (n.kind, 0 if n.kind == "symlink" else n.mode,
-                              n.content_id) if n.kind != "other" else ("other", n.mode, None)
+                if sandbox_layers is not None:
+                    found = layer_lookup(sandbox_layers, p)
+                    sb_ent = None if found is None else entry_of(found)
+                    if sb_ent is not None and sb_ent[0] == "dir":
+                        sb_ent = None
+                else:
+                    try:
+                        n = st.node(p, with_content_id=True)
+                    except Exception:
+                        out.append(p)  # through a symlink in the sandbox: not the base's path any more
+                        continue
+                    if n is not None and n.kind != "dir":
+                        sb_ent = (n.kind, 0 if n.kind == "symlink" else n.mode,
+                                  n.content_id) if n.kind != "other" else ("other", n.mode, None)
                 base_ent = base.entry(p)
                 if base_ent is not None and base_ent[0] == "dir":
                     base_ent = None
@@ -524,6 +537,14 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
+    read_set = None
+    if engine.backend_name == "fuse":
+        try:
+            # Before the compare below, which reads the sandbox (it must not count as the
+            # sandbox's own reads).
+            read_set = engine.backend.read_set(engine.store, row.id)  # type: ignore[attr-defined]
+        except Exception:
+            read_set = None
     try:
         over = overlapping(engine, row, live.paths)
     except Exception as e:  # a sandbox tree that cannot be read now: say so, do not fail `ls`
@@ -535,12 +556,6 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if any(_display(p).encode() != p for p in over):
         import base64
         doc["overlapping_b64"] = [base64.b64encode(p).decode() for p in over]
-    read_set = None
-    if engine.backend_name == "fuse":
-        try:
-            read_set = engine.backend.read_set(engine.store, row.id)  # type: ignore[attr-defined]
-        except Exception:
-            read_set = None
     if read_set is not None:
         read_changed = sorted(p for p in live.paths if p in read_set)
         doc["read_changed"] = [_display(p) for p in read_changed]

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from snapshot.store import STORE_NAME
 
-from .errors import AlreadyInitialised, NestedWorkspace, NotInitialised, OrchestratorError, WorkspaceIsSymlink
+from .errors import (AlreadyInitialised, NestedWorkspace, NotInitialised, OrchestratorError, OwnerCannotRunPetri,
+                     WorkspaceIsSymlink)
 
 REGISTRY_NAME = "registry.db"
 
@@ -36,6 +39,69 @@ def find_workspace(start: Path | None = None, override: str | None = None) -> Pa
 
 def _not_initialised(path: Path) -> Path:
     raise NotInitialised(path=str(path))
+
+
+def act_as_store_owner(root: Path) -> None:
+    """Root in a workspace whose store belongs to a normal user becomes that user, for good,
+    before it touches the store (``sudo petri ...`` in a user's fuse workspace).
+
+    Why become the owner rather than refuse or chown afterwards: everything petri makes there
+    (registry journal files, sandbox trees, logs, the fork server, FUSE daemons and their
+    mounts, which only their owner may unmount) is then the owner's by construction, and
+    ``sudo petri X`` runs the very code path ``petri X`` does as that user. Refused (exit 4)
+    only when the owner could not run this petri (its interpreter or modules unreadable).
+    A store root owns (``sudo petri init``) is left alone."""
+    if os.geteuid() != 0:
+        return
+    try:
+        st = os.lstat(root / STORE_NAME)
+    except FileNotFoundError:
+        return
+    if st.st_uid == 0 or not stat.S_ISDIR(st.st_mode):
+        return  # root's own store (or not a store at all: a symlink names no owner)
+    import pwd
+    uid, gid, name, home = st.st_uid, st.st_gid, f"uid {st.st_uid}", None
+    try:
+        pw = pwd.getpwuid(uid)
+        gid, name, home = pw.pw_gid, f"{pw.pw_name} (uid {uid})", pw.pw_dir
+        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except KeyError:
+        groups = [gid]
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # all three: no way back to root for anything that follows
+    if home is not None:
+        os.environ.update(HOME=home, USER=pw.pw_name, LOGNAME=pw.pw_name)
+    for var in ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"):
+        os.environ.pop(var, None)
+    unreadable = _first_unreadable([sys.executable, *sys.path])
+    if unreadable is not None:
+        raise OwnerCannotRunPetri(owner=name, path=unreadable)
+    try:
+        os.getcwd()
+        os.stat(".")
+    except OSError:
+        os.chdir(root)  # root's cwd (/root, say) is no place for the owner
+
+
+def _first_unreadable(paths: list[str]) -> str | None:
+    """The first of petri's own paths (interpreter, import path) this process cannot use."""
+    for p in paths:
+        if not p:
+            continue
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue  # an import path entry that does not exist is not used
+        except OSError:
+            return p
+        if stat.S_ISDIR(st.st_mode):
+            need = os.R_OK | os.X_OK
+        else:
+            need = os.X_OK if p == sys.executable else os.R_OK  # the interpreter, or a zip on the path
+        if not os.access(p, need):
+            return p
+    return None
 
 
 def check_can_init(path: Path) -> Path:

@@ -26,6 +26,21 @@ class SnapshotResult:
 
 
 @dataclass(frozen=True)
+class DiskUsage:
+    """What a sandbox holds on disk beyond its base, and how that was counted."""
+
+    bytes: int
+    # "qgroup-exclusive" (btrfs with quotas), "changed-extents" (btrfs without: file data
+    # written since the clone), "upper" (overlay, fuse: the upper dir's files), "unshared"
+    # (reflink: changed files' extents not shared with the base), "changed-files" (copy:
+    # files changed or added since the clone), "zfs-used" (the clone's ``used``).
+    measure: str
+    # When the figure was measured (epoch seconds) if it came from an earlier measurement
+    # (see Backend.clone_usage's ``since``); None: measured just now.
+    measured_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Leftover:
     """Something of a backend's found on disk that no registry row accounts for."""
 
@@ -75,3 +90,22 @@ class Backend(Protocol):
 
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         """Mounts, trees and layers of this store that belong to no known snapshot/sandbox."""
+
+    # -- capabilities a backend may lack: the defaults say "cannot tell" -------------------------
+    # (Backends subclass this protocol to inherit them; callers never probe with getattr.)
+
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """Disk space the sandbox holds beyond its base, or None where the backend cannot
+        tell. ``since`` (epoch seconds): a figure measured at or after then will do, so a
+        backend whose measure is O(files) may answer from its last one (``petri ls``: the
+        sandbox's last run ended then); None: measure now."""
+        return None
+
+    def enforces_disk_budget(self) -> bool:
+        """Does ``clone(..., disk_budget=N)`` cap the sandbox's writes itself (fuse)?"""
+        return False
+
+    def disk_refusals(self, store: Store, sb_id: str) -> int | None:
+        """How many writes the backend's own disk budget has refused in this sandbox so far
+        (it only grows), or None where the backend enforces no budget itself."""
+        return None

@@ -212,6 +212,24 @@ def check_snapshot_chain(case: Case) -> None:
         assert not problems, f"clone of {sid} wrong:\n" + "\n".join(problems[:20])
 
 
+def check_usage(case: Case, *, can_tell: bool) -> None:
+    """``clone_usage``: nothing (or next to nothing) for a fresh clone; what a sandbox writes
+    shows up. None only where the backend cannot tell (``can_tell`` False)."""
+    tree = case.clone(case.snapshot())
+    sb = case.clones[-1]
+    before = case.backend.clone_usage(case.store, sb)
+    if before is None:
+        assert not can_tell, "no usage from a backend that can tell"
+        return
+    assert before.bytes < 64 << 10, before
+    with open(tree / "grown.bin", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
+    after = case.backend.clone_usage(case.store, sb)
+    assert after is not None and after.measure == before.measure, (before, after)
+    assert (1 << 20) <= after.bytes - before.bytes < (2 << 20), (before, after)
+
+
 def check_destroy_leaves_nothing(case: Case) -> None:
     sid = case.snapshot()
     tree = case.clone(sid)

@@ -7,7 +7,19 @@ namespace) and by the fuse backend (which reads them itself):
 
 - a **whiteout** (the name was deleted) is a character device 0:0 with that name;
 - an **opaque** directory (hides everything below it in lower layers) carries the xattr
-  ``user.overlay.opaque`` = ``b"y"``.
+  ``user.overlay.opaque`` = ``b"y"``; layers built as root also carry
+  ``trusted.overlay.opaque`` (the snapshot's ``layers.json`` then says
+  ``"trusted_marks": true``), so a kernel overlay *without* ``userxattr`` reads them too:
+  the overlay backend mounts sandboxes that way, because only there may it use
+  ``redirect_dir=on`` (directory renames).
+
+A sandbox's upper dir under such a mount is written by the kernel in the ``trusted``
+flavour: opaque marks ``trusted.overlay.opaque``, and a directory renamed from a lower layer
+carries ``trusted.overlay.redirect`` (where its lower content lives) with a whiteout at its
+old name. :func:`layer_entries` reports such a directory as ``redirect_dir`` (its whole
+subtree differs from the base's at that path); :func:`merged_walk` refuses it (only the
+kernel resolves redirects), so an upper with renames is stacked only by kernel mounts
+(the overlay backend's frozen views).
 
 A **snapshot** is an ordered list of layer names, lowest first, in
 ``snapshots/<id>/layers.json`` (``{"version": 1, "layers": [...]}``; read it with
@@ -80,6 +92,11 @@ def key_of(st: os.stat_result) -> Key:
 
 
 OPAQUE_XATTR = "user.overlay.opaque"
+TRUSTED_OPAQUE_XATTR = "trusted.overlay.opaque"
+OPAQUE_XATTRS = (OPAQUE_XATTR, TRUSTED_OPAQUE_XATTR)
+# Set by a kernel overlay with redirect_dir=on on a directory renamed in a sandbox: where
+# its lower content lives ("name" beside it, or "/abs/path" from the layer root).
+REDIRECT_XATTR = "trusted.overlay.redirect"
 _OVERLAY_XATTR_PREFIXES = ("user.overlay.", "trusted.overlay.")
 LAYER_LIST_VERSION = 1
 STAT_CACHE_MAGIC = b"petri-statcache\n"
@@ -100,15 +117,54 @@ def make_whiteout(path: bytes) -> None:
     os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
 
-def is_opaque(path: bytes) -> bool:
+def overlay_marks(path: bytes) -> tuple[bool, bytes | None]:
+    """(opaque, redirect) of a layer directory, in either xattr namespace (a kernel overlay
+    mounted without ``userxattr`` writes ``trusted.overlay.*`` into a sandbox's upper). One
+    listxattr: most directories carry no xattrs at all."""
     try:
-        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+        names = os.listxattr(path, follow_symlinks=False)
     except OSError:
-        return False
+        return False, None
+    if not names:
+        return False, None
+    opaque = False
+    redirect = None
+    for name in names:
+        try:
+            if name in OPAQUE_XATTRS:
+                opaque = opaque or os.getxattr(path, name, follow_symlinks=False) == b"y"
+            elif name == REDIRECT_XATTR:
+                redirect = os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            continue
+    return opaque, redirect
 
 
-def set_opaque(path: bytes) -> None:
+def is_opaque(path: bytes) -> bool:
+    return overlay_marks(path)[0]
+
+
+def set_opaque(path: bytes, trusted: bool = False) -> None:
+    """Mark a layer directory opaque: ``user.overlay.opaque`` (fuse, ``userxattr`` mounts)
+    and, with ``trusted`` (root), also ``trusted.overlay.opaque`` (kernel overlay mounts
+    without ``userxattr``, the only ones that allow ``redirect_dir=on``)."""
     os.setxattr(path, OPAQUE_XATTR, b"y", follow_symlinks=False)
+    if trusted:
+        os.setxattr(path, TRUSTED_OPAQUE_XATTR, b"y", follow_symlinks=False)
+
+
+def add_trusted_marks(layer: bytes) -> None:
+    """Give every opaque directory of an older layer the trusted mark too (idempotent; the
+    layer's meaning to ``userxattr`` readers does not change). Needs root."""
+    for rel, st in walk(layer):
+        if stat.S_ISDIR(st.st_mode):
+            p = os.path.join(layer, rel)
+            try:
+                marked = os.getxattr(p, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+            except OSError:
+                continue
+            if marked:
+                os.setxattr(p, TRUSTED_OPAQUE_XATTR, b"y", follow_symlinks=False)
 
 
 def copy_plain_xattrs(src: bytes, dst: bytes) -> None:
@@ -148,19 +204,36 @@ def atomic_write(path: bytes | str | os.PathLike, data: bytes) -> None:
         os.close(dfd)
 
 
-def write_layer_list(path: bytes | str | os.PathLike, layers: Sequence[str]) -> None:
-    atomic_write(path, json.dumps({"version": LAYER_LIST_VERSION, "layers": list(layers)}).encode() + b"\n")
+def write_layer_list(path: bytes | str | os.PathLike, layers: Sequence[str], *, trusted_marks: bool = False) -> None:
+    """``trusted_marks``: every opaque directory in these layers also carries the trusted
+    mark, so a kernel overlay without ``userxattr`` reads them right."""
+    doc: dict = {"version": LAYER_LIST_VERSION, "layers": list(layers)}
+    if trusted_marks:
+        doc["trusted_marks"] = True
+    atomic_write(path, json.dumps(doc).encode() + b"\n")
+
+
+def _layer_list_doc(path: bytes | str | os.PathLike) -> dict:
+    with open(path, "rb") as f:
+        data = json.loads(f.read())
+    if isinstance(data, list):
+        return {"version": LAYER_LIST_VERSION, "layers": data}
+    if data.get("version") != LAYER_LIST_VERSION:
+        raise SnapshotError(detail=f"{os.fsdecode(path)}: unknown layer list version {data.get('version')!r}")
+    return data
 
 
 def read_layer_list(path: bytes | str | os.PathLike) -> list[str]:
     """Layer names, lowest first. Raises FileNotFoundError if the snapshot has none."""
-    with open(path, "rb") as f:
-        data = json.loads(f.read())
-    if isinstance(data, list):
-        return [str(x) for x in data]
-    if data.get("version") != LAYER_LIST_VERSION:
-        raise SnapshotError(detail=f"{os.fsdecode(path)}: unknown layer list version {data.get('version')!r}")
-    return [str(x) for x in data["layers"]]
+    return [str(x) for x in _layer_list_doc(path)["layers"]]
+
+
+def layer_list_trusted(path: bytes | str | os.PathLike) -> bool:
+    """Do the snapshot's layers carry trusted opaque marks (see :func:`write_layer_list`)?"""
+    try:
+        return bool(_layer_list_doc(path).get("trusted_marks"))
+    except (FileNotFoundError, ValueError, SnapshotError):
+        return False
 
 
 def dump_stat_cache(cache: Mapping[bytes, Key]) -> bytes:
@@ -387,8 +460,10 @@ def _copy_regular(src: bytes, dst: bytes, st: os.stat_result, reflink: bool,
 
 
 def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, reflink: bool,
-                progress: Callable[[int, int], None] | None = None, workers: int = 4) -> BuildResult:
+                progress: Callable[[int, int], None] | None = None, workers: int = 4,
+                trusted_marks: bool = False) -> BuildResult:
     """Apply ``plan`` into the new directory ``layer`` (must not exist), copying from src_root.
+    ``trusted_marks``: opaque directories get the trusted mark too (see :func:`set_opaque`).
 
     On failure the caller removes ``layer``; the error is DiskFull or SnapshotError."""
     total = plan.bytes
@@ -440,7 +515,7 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
                 elif op.kind == MKDIR:
                     os.mkdir(dst, 0o700)
                     if op.opaque:
-                        set_opaque(dst)
+                        set_opaque(dst, trusted=trusted_marks)
                     copy_plain_xattrs(src, dst)
                     dirs.append(op.rel)
                 else:
@@ -541,7 +616,7 @@ def merged_walk(layers: Sequence[bytes]) -> Iterator[tuple[bytes, bytes, os.stat
                         elif stat.S_ISDIR(st.st_mode):
                             chosen[name] = (path, st)
                             below[name] = [layer_dir]
-                            if is_opaque(path):
+                            if _merge_stops(path):
                                 closed.add(name)
                         else:
                             chosen[name] = (path, st)
@@ -549,7 +624,7 @@ def merged_walk(layers: Sequence[bytes]) -> Iterator[tuple[bytes, bytes, os.stat
                     elif name in below:
                         if stat.S_ISDIR(st.st_mode) and not is_whiteout(st):
                             below[name].append(layer_dir)
-                            if is_opaque(path):
+                            if _merge_stops(path):
                                 closed.add(name)
                         else:
                             closed.add(name)
@@ -563,16 +638,51 @@ def merged_walk(layers: Sequence[bytes]) -> Iterator[tuple[bytes, bytes, os.stat
         stack.extend(reversed(subdirs))
 
 
+def _merge_stops(path: bytes) -> bool:
+    """Is this layer directory opaque? A redirected one (a directory renamed in a kernel
+    overlay sandbox) cannot be resolved here: refuse rather than show the wrong tree."""
+    opaque, redirect = overlay_marks(path)
+    if redirect is not None:
+        raise SnapshotError(detail=f"{os.fsdecode(path)} is a renamed directory (overlay redirect "
+                                   f"{os.fsdecode(redirect)!r}): only a kernel overlay mount can read that layer")
+    return opaque
+
+
 def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
     """(rel, kind, lstat) of one layer or upper dir, kind one of "whiteout", "opaque_dir",
-    "dir", "file" (anything else): what a sandbox changed, read straight from its upper."""
+    "redirect_dir" (a directory renamed in a kernel overlay sandbox: its whole subtree
+    differs from the base's at that path), "dir", "file" (anything else): what a sandbox
+    changed, read straight from its upper."""
     for rel, st in walk(layer):
         if is_whiteout(st):
             yield rel, "whiteout", st
         elif stat.S_ISDIR(st.st_mode):
-            yield rel, "opaque_dir" if is_opaque(os.path.join(layer, rel)) else "dir", st
+            opaque, redirect = overlay_marks(os.path.join(layer, rel))
+            yield rel, "redirect_dir" if redirect is not None else "opaque_dir" if opaque else "dir", st
         else:
             yield rel, "file", st
+
+
+def upper_bytes(layer: bytes) -> int:
+    """Apparent bytes of the regular files in a layer or upper dir, every name counted (what
+    the fuse disk budget charges; a sandbox's usage on overlay and fuse)."""
+    total = 0
+    stack = [layer]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed while we walked
+        with it:
+            for e in it:  # d_type decides: only regular files cost a stat
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        total += e.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        pass
+    return total
 
 
 # -- whole layers ---------------------------------------------------------------------------------

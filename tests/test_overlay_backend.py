@@ -11,8 +11,8 @@ import pytest
 
 from snapshot import layers as L
 from snapshot.backend import Backend
-from snapshot.backends.overlay import (OverlayBackend, is_overlay_mounted, mount_overlay, mounts,
-                                       overlay_mounts_under, umount)
+from snapshot.backends.overlay import (SANDBOX_MOUNT_OPTIONS, OverlayBackend, is_overlay_mounted, mount_overlay,
+                                       mounts, overlay_mounts_under, umount)
 from snapshot.errors import SnapshotError
 from snapshot.store import Store
 from snapshot.tree import remove_tree
@@ -176,7 +176,10 @@ def test_ensure_clone_remounts_after_forced_umount(env):
     assert (tree / "kept").read_text() == "written before the 'reboot'"
     assert (tree / "src/main.py").read_text() == "print('hi')\n"
     rec = json.loads((env.store.sandbox_dir("sb-a") / "mount.json").read_text())
-    assert rec["layers"] == env.be.layers_of(env.store, s1) and "userxattr" in rec["options"]
+    # remounted with the options its upper was made under (redirect_dir=on: see test_overlay_dir_rename)
+    assert rec["layers"] == env.be.layers_of(env.store, s1) and rec["options"] == list(SANDBOX_MOUNT_OPTIONS)
+    opts = next(ln for ln in open("/proc/self/mounts").read().splitlines() if f" {tree} " in ln)
+    assert "redirect_dir=on" in opts and "userxattr" not in opts, opts
 
 
 def test_destroy_leaves_no_mount_and_no_tree(env):

@@ -26,6 +26,10 @@ Caveats:
   ``destroy_clone``, ``delete_snapshot`` and ``frozen_view``'s cleanup).
 - ``snapshot_bytes`` reads qgroups and is None unless quotas are already enabled on the
   filesystem (this backend never enables them: they slow every snapshot).
+- ``clone_usage`` without quotas counts file data written since the clone (the tree search
+  ``btrfs subvolume find-new`` does):
+  new data only (not old extents a partial overwrite still pins, not metadata); rootless
+  it is None (the tree search needs root).
 - ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
   (nothing changes), but a process that has a file open, or its cwd, inside the old
   directory keeps the old (deleted) copy: shells inside must ``cd "$PWD"`` afterwards.
@@ -37,12 +41,13 @@ import ctypes
 import errno
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import ClassVar, Iterator
 
 import btrfsutil
 
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, DiskFull, PetriError, SnapshotError, TreeChangedDuringCopy
 from ..store import Store
 from ..tree import StatKey, TreeCopier, copy_xattrs, walk
@@ -139,6 +144,101 @@ def _fsid(path: Path) -> str:
 
 
 # -- removal ----------------------------------------------------------------------------
+
+# -- quotas (the orchestrator switches them on for --disk; usage reads them) ---------------
+
+def _qgroups_dir(path: str | bytes | os.PathLike) -> Path:
+    return Path("/sys/fs/btrfs") / _fsid(Path(os.fsdecode(path))) / "qgroups"
+
+
+def quotas_enabled(path: str | bytes | os.PathLike) -> bool:
+    """Are quotas on for the btrfs filesystem holding ``path``? (sysfs lists qgroups only then)."""
+    try:
+        return _qgroups_dir(path).is_dir()
+    except OSError:
+        return False
+
+
+def qgroup_usage(subvolume: str | bytes | os.PathLike) -> tuple[int, int] | None:
+    """(exclusive bytes, exclusive limit or 0) of the subvolume's own qgroup, or None when
+    quotas are off or their numbers are not consistent yet (a rescan is running)."""
+    try:
+        qgroups = _qgroups_dir(subvolume)
+        if (qgroups / "inconsistent").read_text().strip() != "0":
+            return None
+        d = qgroups / f"0_{btrfsutil.subvolume_id(subvolume)}"
+        exclusive = int((d / "exclusive").read_text())
+        try:
+            cap = int((d / "max_exclusive").read_text())
+        except ValueError:  # "none"
+            cap = 0
+        return exclusive, cap
+    except (OSError, ValueError, btrfsutil.BtrfsUtilError):
+        return None
+
+
+# _IOWR(0x94, 17, struct btrfs_ioctl_search_args): a 104-byte key, then a 3992-byte buffer
+BTRFS_IOC_TREE_SEARCH = 0xD0009411
+_SEARCH_KEY = struct.Struct("=7Q4I4Q")
+_SEARCH_HEADER = struct.Struct("=3Q2I")  # transid, objectid, offset, type, len
+_EXTENT_ITEM = struct.Struct("=QQBBHB")  # generation, ram_bytes, compression, encryption, other, type
+_U64_MAX = (1 << 64) - 1
+EXTENT_DATA_KEY = 108
+_TYPE_MAX = 255
+FILE_EXTENT_INLINE = 0
+
+
+def changed_extent_bytes(subvolume: str | bytes | os.PathLike) -> int | None:
+    """File data written into ``subvolume`` since it was made (a snapshot: since the clone):
+    the lengths of its current file extents newer than its creation, found by a tree search
+    that skips tree blocks older than that (O(changes); what ``btrfs subvolume find-new``
+    lists). Needs root (the search ioctl); None when it cannot be run."""
+    import fcntl
+
+    try:
+        since = btrfsutil.subvolume_info(subvolume).otransid + 1
+        fd = os.open(subvolume, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, btrfsutil.BtrfsUtilError):
+        return None
+    total = 0
+    objectid, kind, offset = 0, EXTENT_DATA_KEY, 0
+    try:
+        while True:
+            buf = bytearray(4096)
+            # tree 0: the subvolume of fd; keys from (objectid, kind, offset) on. The range is
+            # lexicographic, so items of other types come too: they are skipped below.
+            _SEARCH_KEY.pack_into(buf, 0, 0, objectid, _U64_MAX, offset, _U64_MAX, since, _U64_MAX,
+                                  kind, _TYPE_MAX, 4096, 0, 0, 0, 0, 0)
+            try:
+                fcntl.ioctl(fd, BTRFS_IOC_TREE_SEARCH, buf)
+            except OSError:
+                return None
+            found = _SEARCH_KEY.unpack_from(buf, 0)[9]
+            if not found:
+                return total
+            pos = _SEARCH_KEY.size
+            for _ in range(found):
+                _, objectid, offset, kind, length = _SEARCH_HEADER.unpack_from(buf, pos)
+                pos += _SEARCH_HEADER.size
+                if kind == EXTENT_DATA_KEY:
+                    gen, ram_bytes, _, _, _, ext = _EXTENT_ITEM.unpack_from(buf, pos)
+                    if gen >= since:
+                        # inline: the data itself; regular/prealloc: num_bytes, the last u64
+                        total += ram_bytes if ext == FILE_EXTENT_INLINE else \
+                            struct.unpack_from("=Q", buf, pos + length - 8)[0]
+                pos += length
+            # The next search starts just past the last key returned.
+            if offset < _U64_MAX:
+                offset += 1
+            elif kind < _TYPE_MAX:
+                kind, offset = kind + 1, 0
+            elif objectid < _U64_MAX:
+                objectid, kind, offset = objectid + 1, 0, 0
+            else:
+                return total
+    finally:
+        os.close(fd)
+
 
 def _try_delete_subvolume(path: bytes) -> bool:
     """Delete the subvolume at ``path`` in O(1) if we may; False if only emptying will do."""
@@ -305,7 +405,7 @@ def _translate(e: OSError, doing: str) -> PetriError:
     return SnapshotError(detail=f"{doing}: {e.strerror or e}")
 
 
-class BtrfsBackend:
+class BtrfsBackend(Backend):
     name: ClassVar[str] = "btrfs"
     instant: ClassVar[bool] = True
     # The chooser's probe: (ok, why) for a workspace path.
@@ -377,15 +477,8 @@ class BtrfsBackend:
 
     def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
         """Exclusive bytes from the snapshot's qgroup, when quotas are enabled already."""
-        tree = self._tree(store, snap_id)
-        try:
-            qgroups = Path("/sys/fs/btrfs") / _fsid(tree) / "qgroups"
-            subvol = btrfsutil.subvolume_id(tree)
-            if (qgroups / "inconsistent").read_text().strip() != "0":
-                return None  # numbers are wrong until a rescan finishes
-            return int((qgroups / f"0_{subvol}" / "exclusive").read_text())
-        except (OSError, ValueError):
-            return None  # quotas off (no qgroups in sysfs) or the snapshot is gone
+        u = qgroup_usage(self._tree(store, snap_id))
+        return None if u is None else u[0]
 
     # -- sandboxes ---------------------------------------------------------------------
     def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
@@ -426,6 +519,18 @@ class BtrfsBackend:
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         delete_tree(store.sandbox_dir(sb_id))
 
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """The sandbox subvolume's exclusive bytes when quotas are on (what a --disk cap
+        counts); otherwise, as root, the file data written since the clone; else None."""
+        tree = store.sandbox_tree(sb_id)
+        u = qgroup_usage(tree)
+        if u is not None:
+            return DiskUsage(u[0], "qgroup-exclusive")
+        if os.geteuid() != 0:
+            return None
+        written = changed_extent_bytes(tree)
+        return None if written is None else DiskUsage(written, "changed-extents")
+
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: list[Leftover] = []
         for parent, known, kind in ((store.snapshots, snapshots, "snapshot"),
@@ -440,5 +545,5 @@ class BtrfsBackend:
         delete_tree(leftover.path)
 
 
-__all__ = ["BtrfsBackend", "check_btrfs", "convert_to_subvolume", "delete_tree", "fs_type",
-           "fs_name", "is_subvolume"]
+__all__ = ["BtrfsBackend", "changed_extent_bytes", "check_btrfs", "convert_to_subvolume", "delete_tree",
+           "fs_type", "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]

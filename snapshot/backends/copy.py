@@ -20,11 +20,16 @@ for files whose ctime is over a minute older than the snapshot.
 Caveats: the first snapshot and every clone copy all the data (O(bytes)); snapshots are
 exact per file, not across files (each file is re-copied if it moved during its copy);
 sockets and device nodes in the workspace are not carried; a file written just before
-a snapshot is copied again by the next one (its racy mark).
+a snapshot is copied again by the next one (its racy mark). ``clone_usage`` is a stat walk
+of the whole sandbox (O(files)) counting the files whose size or mtime moved since the
+clone: an edit that keeps both is missed, the clone's own full copy of the base is not
+counted, and a figure kept from an earlier walk misses edits made since through the host
+path (``petri ls`` re-measures after each run, ``petri status`` always).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import marshal
 import os
 import stat
@@ -32,12 +37,14 @@ import time
 from pathlib import Path
 from typing import ClassVar, Iterator
 
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import DiskFull, SnapshotError
 from ..store import STORE_NAME, Store
 from ..tree import StatKey, TreeCopier, remove_tree, walk
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
+CLONE_RECORD = "clone.json"  # beside a sandbox's tree: {"snapshot": the snapshot it was cloned from}
+USAGE_CACHE = "usage.json"   # beside it: the last clone_usage figure and when it was measured
 MANIFEST_VERSION = 2  # 2: racy entries marked (size -1); 1: no marks
 _READABLE_VERSIONS = (1, 2)
 # Timestamps come from the kernel's coarse clock (one tick: 4 ms at HZ=250); 50 ms leaves
@@ -79,10 +86,11 @@ def load_manifest(path: Path) -> dict[bytes, StatKey]:
     return {k: StatKey(*v) for k, v in data.items()}
 
 
-class CopyBackend:
+class CopyBackend(Backend):
     name: ClassVar[str] = "copy"
     instant: ClassVar[bool] = False
     reflink: ClassVar[bool] = False
+    usage_measure: ClassVar[str] = "changed-files"  # how clone_usage counts (DiskUsage.measure)
 
     def __init__(self, workers: int = 4) -> None:
         self.workers = workers
@@ -165,6 +173,7 @@ class CopyBackend:
         final = store.sandbox_dir(sb_id)
         try:
             (staging / "tree").mkdir(parents=True)
+            (staging / CLONE_RECORD).write_text(json.dumps({"snapshot": snap_id}) + "\n")
             TreeCopier(reflink=self.reflink, workers=self.workers).copy(bytes(src), bytes(staging / "tree"))
             os.chmod(staging / "tree", os.lstat(src).st_mode & 0o7777)
             os.rename(staging, final)
@@ -198,6 +207,58 @@ class CopyBackend:
 
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         remove_tree(bytes(store.sandbox_dir(sb_id)))
+
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """Bytes of the files the sandbox changed or added since its clone: a stat walk of
+        the sandbox against its base's manifest, O(files), so the last figure (kept in
+        ``usage.json`` beside the tree) is given when it was measured at or after ``since``.
+        None for a sandbox cloned before its base was recorded."""
+        cache = store.sandbox_dir(sb_id) / USAGE_CACHE
+        if since is not None:
+            try:
+                got = json.loads(cache.read_text())
+                if got["at"] >= since:
+                    return DiskUsage(got["bytes"], got["measure"], got["at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        started = time.time()  # before the walk: an edit during it is newer than the figure
+        usage = self._measure_usage(store, sb_id)
+        if usage is not None:
+            tmp = cache.with_name(f".{USAGE_CACHE}.{os.getpid()}")
+            with contextlib.suppress(OSError):  # a cache: no fsync, and losing it costs one walk
+                tmp.write_text(json.dumps({"bytes": usage.bytes, "measure": usage.measure, "at": started}))
+                os.replace(tmp, cache)
+        return usage
+
+    def _measure_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
+        try:
+            snap_id = json.loads((store.sandbox_dir(sb_id) / CLONE_RECORD).read_text())["snapshot"]
+            with open(self._manifest(store, snap_id), "rb") as f:
+                version, base = marshal.load(f)  # plain tuples: no StatKey per file
+        except (OSError, ValueError, KeyError, EOFError, TypeError):
+            return None
+        if version not in _READABLE_VERSIONS:
+            return None
+        base_tree = bytes(self._tree(store, snap_id))
+        tree = bytes(store.sandbox_tree(sb_id))
+        total = 0
+        for rel, st in walk(tree):
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            key = base.get(rel)
+            if key is not None and key[1] == RACY_SIZE:
+                try:  # a racy manifest entry: ask the snapshot's own copy
+                    bst = os.lstat(os.path.join(base_tree, rel))
+                    key = (bst.st_ino, bst.st_size, bst.st_mtime_ns)
+                except OSError:
+                    key = None
+            if key is not None and key[1] == st.st_size and key[2] == st.st_mtime_ns:
+                continue  # as cloned (copies keep the snapshot's size and mtime)
+            total += self._changed_file_bytes(os.path.join(tree, rel), st)
+        return DiskUsage(total, self.usage_measure)
+
+    def _changed_file_bytes(self, path: bytes, st: os.stat_result) -> int:
+        return st.st_size
 
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: list[Leftover] = []

@@ -47,7 +47,7 @@ from ..backend import Leftover
 from ..errors import SnapshotError
 from ..fusefs import daemon as D
 from ..fusefs import server as S
-from ..fusefs.journal import Changes, read_changes, read_reads, walk_upper
+from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
 from ..store import Store
 from ..tree import apply_meta, remove_tree
 from .overlay import MOUNT_RECORD_VERSION, OverlayBackend, _probe_user_xattr, _refuse_if_mounts_under
@@ -224,6 +224,18 @@ class FuseBackend(OverlayBackend):
     def read_set(self, store: Store, sb_id: str) -> frozenset[bytes]:
         """Paths the sandbox opened for reading (or read as a symlink), relative to its root."""
         return read_reads(store.sandbox_dir(sb_id) / "journal")
+
+    def enforces_disk_budget(self) -> bool:
+        return True
+
+    def disk_refusals(self, store: Store, sb_id: str) -> int | None:
+        """Writes the daemon refused for the sandbox's disk budget so far (None: no budget)."""
+        try:
+            if self._record(store, sb_id).get("disk_budget") is None:
+                return None
+        except SnapshotError:
+            return None
+        return read_disk_refusals(store.sandbox_dir(sb_id) / "journal")
 
     def destroy_store(self, store: Store) -> None:
         """Stop the fork server and every daemon of this store, then remove the store (deinit)."""

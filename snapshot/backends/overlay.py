@@ -11,11 +11,19 @@ A clone is an overlay mount at ``sandboxes/<sb>/tree`` with ``upper/`` and ``wor
 it and the snapshot's layers as lowerdirs (top first): O(1), a host-visible path. The live
 tree is never a lowerdir (overlayfs calls a lowerdir changing under a mount undefined).
 
-Mount options: ``userxattr,index=off,metacopy=off,redirect_dir=nofollow``. ``userxattr``
-makes the layers' opaque marks ``user.overlay.*`` so the same layers serve the rootless
-fuse backend; on 6.18 it refuses ``redirect_dir=off`` (userxattr implies ``nofollow``), so
-``nofollow`` is given explicitly; ``index`` and ``metacopy`` are off so the upper dir holds
-plain whole files that other tools (diff, promote, frozen views) can read. The options go
+Mount options. Sandboxes: ``index=off,metacopy=off,redirect_dir=on`` in the ``trusted``
+xattr namespace, so a sandbox can rename a directory that came from a snapshot (``git mv
+src pkg``): the kernel writes the renamed directory into the upper with a
+``trusted.overlay.redirect`` to its lower content and a whiteout at the old name, which
+the change-set code reads as a whole changed subtree (see :mod:`snapshot.layers`);
+``index`` and ``metacopy`` are off so the upper dir holds plain whole files that other
+tools (diff, promote, frozen views) can read. The layers' opaque marks are
+``user.overlay.*`` (the fuse backend reads the same layers) and, written as root, also
+``trusted.overlay.*``; a snapshot whose layers predate that gets the trusted marks at its
+first clone. Views (and sandboxes where trusted xattrs cannot be written):
+``userxattr,index=off,metacopy=off,redirect_dir=nofollow`` (``userxattr`` forbids
+``redirect_dir=on``, and on 6.18 refuses ``off``). A sandbox is always remounted with the
+options its mount record names: its upper's xattrs are in that flavour. The options go
 in through the new mount API (``fsopen``/``fsconfig`` with one ``lowerdir+`` per layer,
 Linux 6.8+), so the one-page limit of a mount(2) option string never applies; on older
 kernels the fallback runs ``mount -t overlay`` with ``cwd`` at the store root and short
@@ -35,8 +43,12 @@ Caveats:
   of the whole tree plus the changed bytes.
 - Snapshots are exact per file, not across files (see :mod:`snapshot.layers`).
 - Hard links in the base are broken when the sandbox writes one of the names (copy-up).
-- ``redirect_dir=nofollow``: renaming a directory that came from a snapshot inside a sandbox
-  fails with EXDEV, which ``mv`` and most tools answer by copying and deleting.
+- A sandbox mounted before trusted marks existed (its mount record says ``userxattr``)
+  keeps ``redirect_dir=nofollow``: there, renaming a directory that came from a snapshot
+  fails with EXDEV. So does any sandbox where this process cannot write trusted xattrs.
+- A renamed directory's upper carries ``trusted.overlay.origin`` and ``impure`` xattrs
+  beside the redirect; they are the kernel's own and never leave the store (promotion
+  copies only allow-listed xattrs, and the merged view hides them).
 - ``frozen_view`` copies the sandbox's whole upper dir (O(upper), reflinked where the
   filesystem can); a file written without pause meanwhile is taken as one read pass saw it.
 - A lowerdir-only overlay needs two layers, so a single-layer snapshot view stacks an empty
@@ -58,17 +70,25 @@ import json
 import os
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
 
 from .. import layers as L
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import OverlayMountFailed, SnapshotError
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta, remove_tree
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
+# Views, and sandboxes over layers without trusted marks (made before them, or where this
+# process cannot set trusted.* xattrs): the layers' own user.overlay.* flavour.
 MOUNT_OPTIONS = ("userxattr", "index=off", "metacopy=off", "redirect_dir=nofollow")
+# Sandboxes: trusted.overlay.* xattrs, because only without userxattr does the kernel allow
+# redirect_dir=on, which lets a sandbox rename a directory that came from a snapshot
+# (`git mv src pkg`) instead of failing with EXDEV.
+SANDBOX_MOUNT_OPTIONS = ("index=off", "metacopy=off", "redirect_dir=on")
+_KNOWN_OPTIONS = {MOUNT_OPTIONS, SANDBOX_MOUNT_OPTIONS}
 MOUNT_SOURCE = "petri"
 MOUNT_RECORD_VERSION = 1
 DEFAULT_MAX_DEPTH = 32
@@ -118,7 +138,7 @@ class _NoLowerdirPlus(Exception):
 
 
 def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, work: bytes | None,
-                    readonly: bool) -> None:
+                    readonly: bool, options: Sequence[str]) -> None:
     try:
         fd = _syscall(_SYS_fsopen, b"overlay", _FSOPEN_CLOEXEC)
     except OSError as e:
@@ -142,7 +162,7 @@ def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None,
         if upper is not None:
             cfg(_FSCONFIG_SET_STRING, b"upperdir", upper)
             cfg(_FSCONFIG_SET_STRING, b"workdir", work)
-        for opt in MOUNT_OPTIONS:
+        for opt in options:
             k, _, v = opt.partition("=")
             if v:
                 cfg(_FSCONFIG_SET_STRING, k.encode(), v.encode())
@@ -159,7 +179,7 @@ def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None,
 
 
 def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, work: bytes | None,
-                  readonly: bool, cwd: bytes) -> None:
+                  readonly: bool, cwd: bytes, options: Sequence[str]) -> None:
     """mount(8) with paths relative to ``cwd`` (run in a child, so this process's cwd never
     moves under its other threads): keeps the option string inside one page."""
     def rel(p: bytes) -> bytes:
@@ -172,7 +192,7 @@ def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, w
     opts = [b"lowerdir=" + b":".join(rel(p) for p in lowers)]
     if upper is not None:
         opts += [b"upperdir=" + rel(upper), b"workdir=" + rel(work)]
-    opts += [o.encode() for o in MOUNT_OPTIONS]
+    opts += [o.encode() for o in options]
     if readonly:
         opts.append(b"ro")
     data = b",".join(opts)
@@ -186,7 +206,7 @@ def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, w
 
 def mount_overlay(target: bytes, lowers: Sequence[bytes], upper: bytes | None = None,
                   work: bytes | None = None, *, readonly: bool = False, cwd: bytes = b"/",
-                  legacy: bool = False) -> None:
+                  legacy: bool = False, options: Sequence[str] = MOUNT_OPTIONS) -> None:
     """Mount overlay at ``target`` with ``lowers`` TOP FIRST (at least two without an upper).
 
     ``legacy`` forces the mount(8) path (tests); it is also taken when the kernel has no
@@ -194,11 +214,11 @@ def mount_overlay(target: bytes, lowers: Sequence[bytes], upper: bytes | None = 
     try:
         if not legacy:
             try:
-                _fsconfig_mount(target, lowers, upper, work, readonly)
+                _fsconfig_mount(target, lowers, upper, work, readonly, options)
                 return
             except _NoLowerdirPlus:
                 pass
-        _legacy_mount(target, lowers, upper, work, readonly, cwd)
+        _legacy_mount(target, lowers, upper, work, readonly, cwd, options)
     except OSError as e:
         raise OverlayMountFailed(target=os.fsdecode(target), why=e.strerror or str(e)) from e
 
@@ -259,7 +279,7 @@ def is_overlay_mounted(path: bytes) -> bool:
 # -- the backend --------------------------------------------------------------------------------
 
 
-class OverlayBackend:
+class OverlayBackend(Backend):
     name: ClassVar[str] = "overlay"
     instant: ClassVar[bool] = False
 
@@ -268,6 +288,8 @@ class OverlayBackend:
         self.max_depth = max_depth
         self.legacy_mount = legacy_mount
         self._reflink: dict[int, bool] = {}
+        self._trusted: dict[int, bool] = {}
+        self._marking = threading.Lock()
 
     # -- availability --------------------------------------------------------------------------
     @staticmethod
@@ -301,6 +323,37 @@ class OverlayBackend:
         if dev not in self._reflink:
             self._reflink[dev] = _probe_reflink(store.tmp)
         return self._reflink[dev]
+
+    def _trusted_ok(self, store: Store) -> bool:
+        """Can this process write trusted.* xattrs in the store (root, outside a user
+        namespace, on a filesystem that has them)?"""
+        if os.geteuid() != 0:
+            return False
+        dev = os.stat(store.root).st_dev
+        if dev not in self._trusted:
+            self._trusted[dev] = _probe_trusted_xattr(store.tmp)
+        return self._trusted[dev]
+
+    def _trusted_marks(self, store: Store, snap_id: str) -> bool:
+        """Do the snapshot's layers carry trusted opaque marks? Layers made before petri
+        wrote them get them now (once per snapshot; adding an xattr changes nothing for
+        the mounts already using them, which read only user.overlay.*)."""
+        listing = self._snap_file(store, snap_id, "layers.json")
+        if L.layer_list_trusted(listing):
+            return True
+        if not self._trusted_ok(store):
+            return False
+        with self._marking:  # the clones of one fork run in threads: mark once
+            if L.layer_list_trusted(listing):
+                return True
+            names = self.layers_of(store, snap_id)
+            try:
+                for layer in self._layer_paths(store, names):
+                    L.add_trusted_marks(layer)
+            except OSError:
+                return False
+            L.write_layer_list(listing, names, trusted_marks=True)
+        return True
 
     # -- store ------------------------------------------------------------------------------
     def create_store(self, store: Store) -> None:
@@ -343,6 +396,9 @@ class OverlayBackend:
         if (snap_dir / "layers.json").exists():
             raise SnapshotError(detail=f"snapshot {snap_id} already exists")
         parent_layers = self.layers_of(store, parent) if parent else []
+        # Opaque marks in both namespaces when we can (see snapshot.layers); the parent's
+        # layers get theirs first if they were made without.
+        trusted = self._trusted_ok(store) and (parent is None or self._trusted_marks(store, parent))
         scan, plan, _ = self._plan(store, parent)
         installed: list[str] = []
         staging: list[Path] = []
@@ -356,18 +412,19 @@ class OverlayBackend:
                 staging.append(built)
                 result = L.build_layer(bytes(store.workspace), bytes(built), plan, scan,
                                        reflink=self._reflink_ok(store), progress=progress,
-                                       workers=self.workers)
+                                       workers=self.workers, trusted_marks=trusted)
                 installed.append(L.install_layer(bytes(store.layers), bytes(built)))
                 names = parent_layers + installed
             if len(names) > self.max_depth:
                 names = [self._compact(store, names, installed, staging)]
+                trusted = True  # one full layer: nothing below it to hide
             if installed:
                 L.sync_filesystem(store.layers)
             if not snap_dir.exists():
                 snap_dir.mkdir(parents=True)
                 made_dir = True
             L.atomic_write(snap_dir / "statcache", L.dump_stat_cache(L.next_cache(scan, result)))
-            L.write_layer_list(snap_dir / "layers.json", names)  # the commit point
+            L.write_layer_list(snap_dir / "layers.json", names, trusted_marks=trusted)  # the commit point
         except BaseException:
             if made_dir:
                 remove_tree(bytes(snap_dir))
@@ -473,9 +530,19 @@ class OverlayBackend:
 
     # -- sandboxes --------------------------------------------------------------------------
     def _mount(self, store: Store, target: bytes, lowers: Sequence[bytes], upper: bytes | None = None,
-               work: bytes | None = None, readonly: bool = False) -> None:
+               work: bytes | None = None, readonly: bool = False,
+               options: Sequence[str] = MOUNT_OPTIONS) -> None:
         mount_overlay(target, lowers, upper, work, readonly=readonly, cwd=bytes(store.root),
-                      legacy=self.legacy_mount)
+                      legacy=self.legacy_mount, options=options)
+
+    @staticmethod
+    def _options(rec: dict) -> tuple[str, ...]:
+        """The options a sandbox's upper was made under: it must always be mounted with them
+        (its opaque marks and redirects are in that flavour's xattr namespace)."""
+        opts = tuple(rec.get("options", MOUNT_OPTIONS))
+        if opts not in _KNOWN_OPTIONS:
+            raise SnapshotError(detail=f"unknown overlay mount options in the mount record: {','.join(opts)}")
+        return opts
 
     def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
         names = self.layers_of(store, snap_id)
@@ -490,10 +557,11 @@ class OverlayBackend:
                 (sb / d).mkdir()
             # The merged root's owner, mode and times are the upper dir's: give it the snapshot's.
             apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
+            options = SANDBOX_MOUNT_OPTIONS if self._trusted_marks(store, snap_id) else MOUNT_OPTIONS
             record = {"version": MOUNT_RECORD_VERSION, "snapshot": snap_id, "layers": names,
-                      "upper": "upper", "work": "work", "options": list(MOUNT_OPTIONS)}
+                      "upper": "upper", "work": "work", "options": list(options)}
             L.atomic_write(sb / "mount.json", json.dumps(record).encode() + b"\n")
-            self._mount(store, bytes(tree), lowers, bytes(sb / "upper"), bytes(sb / "work"))
+            self._mount(store, bytes(tree), lowers, bytes(sb / "upper"), bytes(sb / "work"), options=options)
         except BaseException:
             if is_overlay_mounted(bytes(tree)):
                 umount(bytes(tree))
@@ -510,6 +578,11 @@ class OverlayBackend:
             raise SnapshotError(detail=f"sandbox {sb_id}: unknown mount record version {rec.get('version')!r}")
         return rec
 
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """What the sandbox wrote: its upper dir's files (O(upper), not O(tree))."""
+        upper = store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"]
+        return DiskUsage(L.upper_bytes(bytes(upper)), "upper")
+
     def ensure_clone(self, store: Store, sb_id: str) -> Path:
         tree = store.sandbox_tree(sb_id)
         if is_overlay_mounted(bytes(tree)):
@@ -518,7 +591,7 @@ class OverlayBackend:
         sb = store.sandbox_dir(sb_id)
         tree.mkdir(exist_ok=True)
         self._mount(store, bytes(tree), self._layer_paths(store, rec["layers"]),
-                    bytes(sb / rec["upper"]), bytes(sb / rec["work"]))
+                    bytes(sb / rec["upper"]), bytes(sb / rec["work"]), options=self._options(rec))
         return tree
 
     @contextlib.contextmanager
@@ -533,7 +606,9 @@ class OverlayBackend:
             # O(upper): the sandbox keeps writing its upper; a copy of it is a stable top layer.
             L.copy_layer(bytes(upper), bytes(work / "upper"), reflink=self._reflink_ok(store))
             mnt.mkdir()
-            self._mount(store, bytes(mnt), [bytes(work / "upper")] + lowers, readonly=True)
+            # The copy keeps the upper's xattrs (redirects too): mount it the way the sandbox is.
+            self._mount(store, bytes(mnt), [bytes(work / "upper")] + lowers, readonly=True,
+                        options=self._options(rec))
             try:
                 yield mnt
             finally:
@@ -619,6 +694,23 @@ def _probe_user_xattr(workspace: Path) -> tuple[bool, str]:
     finally:
         os.close(fd)
     return True, ""
+
+
+def _probe_trusted_xattr(tmp: Path) -> bool:
+    """Can a trusted.* xattr be set in ``tmp`` (root in the initial user namespace, and a
+    filesystem that keeps them)? Leaves no file behind."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(tmp, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        os.setxattr(fd, "trusted.petri.probe", b"1")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _probe_reflink(tmp: Path) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Iterator
 
-from ..backend import Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, DiskFull, SnapshotError
 from ..store import Store
 from ..tree import remove_tree
@@ -221,7 +221,7 @@ def _check_id(ident: str) -> str:
     return ident
 
 
-class ZfsBackend:
+class ZfsBackend(Backend):
     name: ClassVar[str] = "zfs"
     instant: ClassVar[bool] = True
     available = staticmethod(available)
@@ -350,6 +350,14 @@ class ZfsBackend:
         if _exists(ds):
             zfs("destroy", "-r", ds)  # -r: its frozen-view snapshots too; it unmounts first
         remove_tree(bytes(store.sandbox_dir(sb_id)))
+
+    def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
+        """The clone dataset's ``used``: what it holds beyond its origin snapshot."""
+        try:
+            used = int(zfs("get", "-H", "-p", "-o", "value", "used", self._clone_ds(store, sb_id)).strip())
+        except (SnapshotError, ValueError):
+            return None
+        return DiskUsage(used, "zfs-used")
 
     def changes(self, store: Store, snap_id: str, sb_id: str) -> list[ZfsChange]:
         """What the sandbox changed since its origin snapshot (``zfs diff``)."""

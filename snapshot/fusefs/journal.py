@@ -1,13 +1,17 @@
 """What a FUSE sandbox changed and what it read, appended as it happens.
 
-Two append-only files in the journal directory (``<sandbox>/journal`` for the fuse backend):
+Two append-only files and a counter in the journal directory (``<sandbox>/journal`` for the
+fuse backend):
 
 ``changes``  records ``<kind byte><path>\\0``, written *before* the change reaches the upper
              directory, so the set of recorded paths is a superset of what changed. Kinds:
              ``W`` content written, ``C`` created, ``A`` metadata/xattrs, ``U`` removed,
              ``T`` the whole subtree under the path may have changed (directory renames).
-``reads``    records ``<path>\\0`` for every path opened for reading (or readlink'ed), once
-             per daemon lifetime.
+``reads``    records ``<path>\\0`` for every path opened for reading, readlink'ed, or whose
+             metadata was read (a lookup or getattr of a file or symlink: a run that only
+             ``stat()``s a file still depends on it), once per daemon lifetime.
+``disk_refusals`` how many writes the disk budget refused (a decimal count, rewritten in
+             place), so ``limits_hit`` comes from the budget, not from a command's output.
 
 Paths are bytes relative to the sandbox root (NUL is the only byte a name cannot hold, so
 it is the separator; newlines and invalid UTF-8 survive).
@@ -27,6 +31,7 @@ from pathlib import Path
 
 CHANGES = "changes"
 READS = "reads"
+DISK_REFUSALS = "disk_refusals"
 WHITEOUT_DEV = 0
 OPAQUE_XATTR = "user.overlay.opaque"
 
@@ -38,6 +43,9 @@ class Journal:
         self._changes_fd = self._reads_fd = -1
         self._seen_changes: set[bytes] = set()
         self._seen_reads: set[bytes] = set()
+        self._directory = os.fsencode(directory) if directory is not None else None
+        self._refusals_fd = -1
+        self._refusals = 0
         if directory is None:
             return
         os.makedirs(directory, exist_ok=True)
@@ -56,6 +64,13 @@ class Journal:
         if self._changes_fd >= 0:
             os.write(self._changes_fd, rec)
 
+    @property
+    def records_reads(self) -> bool:
+        return self._reads_fd >= 0
+
+    def was_read(self, path: bytes) -> bool:
+        return path in self._seen_reads
+
     def read(self, path: bytes) -> None:
         if path in self._seen_reads:
             return
@@ -63,11 +78,26 @@ class Journal:
         if self._reads_fd >= 0:
             os.write(self._reads_fd, path + b"\0")
 
+    def disk_refused(self) -> None:
+        """The disk budget refused a write: count it where the orchestrator reads it after a
+        run (``limits_hit``), so the limit is reported from the budget itself, never guessed
+        from what the command printed."""
+        if self._directory is None:
+            return
+        if self._refusals_fd < 0:
+            # A restarted daemon carries on from the count its predecessor left.
+            self._refusals = read_disk_refusals(self._directory)
+            self._refusals_fd = os.open(os.path.join(self._directory, DISK_REFUSALS.encode()),
+                                        os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._refusals += 1
+        # Fixed width, written in place: a reader never sees a shorter number's leftovers.
+        os.pwrite(self._refusals_fd, b"%020d\n" % self._refusals, 0)
+
     def close(self) -> None:
-        for fd in (self._changes_fd, self._reads_fd):
+        for fd in (self._changes_fd, self._reads_fd, self._refusals_fd):
             if fd >= 0:
                 os.close(fd)
-        self._changes_fd = self._reads_fd = -1
+        self._changes_fd = self._reads_fd = self._refusals_fd = -1
 
 
 @dataclass(frozen=True)
@@ -103,6 +133,15 @@ def read_changes(directory: str | os.PathLike) -> Changes:
 
 def read_reads(directory: str | os.PathLike) -> frozenset[bytes]:
     return frozenset(_records(Path(directory) / READS))
+
+
+def read_disk_refusals(directory: str | os.PathLike | bytes) -> int:
+    """How many writes the disk budget has refused so far (0 when none ever was)."""
+    try:
+        with open(os.path.join(os.fsencode(directory), DISK_REFUSALS.encode()), "rb") as f:
+            return int(f.read(21) or b"0")
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 def is_whiteout(st: os.stat_result) -> bool:

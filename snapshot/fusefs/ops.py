@@ -38,9 +38,16 @@ Caveats:
   Made there, a new file does not inherit a set-group-id parent's group when not root.
 - Hard links and 0:0 character devices cannot be created by the sandbox (a 0:0 device is a
   whiteout in this format).
+- A file counts as read once its metadata is looked up (``stat`` is enough). Readdirplus
+  would hand the kernel cacheable attributes that no later ``stat`` asks us for, so a listed
+  file not yet recorded is returned with zero timeouts: its first ``stat`` after a listing is
+  one more lookup round trip (measured here: 10,000 files walked with ``os.walk`` + ``lstat``
+  0.2-0.35 s before, 0.8-1.15 s the first time, unchanged after). Directories are not
+  recorded, and a listing alone records nothing.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import errno
 import fcntl
@@ -53,6 +60,7 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from ..layers import upper_bytes
 from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, remove_tree, settable_xattr
 from .journal import OPAQUE_XATTR, Journal, is_whiteout
 
@@ -250,16 +258,7 @@ class CowFS(pyfuse3.Operations):
 
     # -- layers ------------------------------------------------------------------------
     def _upper_usage(self) -> int:
-        total = 0
-        for dirpath, dirs, files in os.walk(self.layers[0]):
-            for f in files:
-                try:
-                    st = os.lstat(os.path.join(dirpath, f))
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-        return total
+        return upper_bytes(self.layers[0])
 
     def _root_layers(self) -> tuple[int, ...]:
         out = []
@@ -488,6 +487,7 @@ class CowFS(pyfuse3.Operations):
     # -- budget ------------------------------------------------------------------------
     def _charge(self, nbytes: int) -> None:
         if nbytes > 0 and self.disk_budget is not None and self.used + nbytes > self.disk_budget:
+            self.journal.disk_refused()
             raise _err(errno.ENOSPC)
         self.used += nbytes
 
@@ -768,6 +768,7 @@ class CowFS(pyfuse3.Operations):
                 e.entry_timeout = self.negative_timeout
                 return e
             node, st = found
+            self._metadata_read(node)
         node.nlookup += 1
         return self._attrs(node, st)
 
@@ -782,7 +783,16 @@ class CowFS(pyfuse3.Operations):
     @_handler
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
-        return self._attrs(node, self._stat(node))
+        attrs = self._attrs(node, self._stat(node))
+        self._metadata_read(node)
+        return attrs
+
+    def _metadata_read(self, node: Node) -> None:
+        """A run that stat()s a file depends on it as much as one that opens it: Python
+        checks a module's source by its mtime and size, then reads only the .pyc. Directories
+        are left out (live changes are files; a lookup of every parent would only add noise)."""
+        if not node.is_dir and not node.removed and node.epoch == self.epoch:
+            self.journal.read(node.path)
 
     @_handler
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
@@ -1182,7 +1192,14 @@ class CowFS(pyfuse3.Operations):
             if found is None:
                 continue  # removed since opendir
             node, st = found
-            if not pyfuse3.readdir_reply(token, name, self._attrs(node, st), i + 1):
+            attrs = self._attrs(node, st)
+            if not node.is_dir and self.journal.records_reads and not self.journal.was_read(node.path):
+                # Readdirplus hands the kernel this entry's attributes: cached, a later stat()
+                # would never reach us. Uncached, that stat() comes back as a lookup and is
+                # recorded as a read (once: after that the entry is cached as usual).
+                attrs = copy.copy(attrs)
+                attrs.entry_timeout = attrs.attr_timeout = 0
+            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
                 self._maybe_drop(node)
                 return
             node.nlookup += 1
