@@ -262,6 +262,7 @@ def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Calla
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     """Undo a finished promotion (``petri rollback p-…``): the SPEC ``rollback`` document.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
+    from merge.errors import UndoConflict
     from merge.promote import undo_promotion
 
     from .errors import PromotionPruned
@@ -272,6 +273,10 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         pending = _mark_pending(engine, promo_id)
         try:
             paths = undo_promotion(engine.root, engine.store.journal, promo_id)
+        except UndoConflict as e:
+            if getattr(e, "undone", False):  # a path moved mid-undo: the rest is undone
+                engine.registry.update_promotion(promo_id, "undone")
+            raise
         finally:
             # An exception here left the journal settled (or untouched); a kill skips this
             # and leaves the mark, so the next command completes the undo.
