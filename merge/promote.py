@@ -65,7 +65,8 @@ from .changes import Change, Entry, tree_changes
 from .errors import (PathThroughSymlink, PromotionConflict, PromotionNotUndoable,
                      SandboxChangedDuringPromotion, UndoConflict, UnknownPromotion, UnsafePath)
 from .journal import (PARKED, PRE, SCHEMA, PromotionDir, WorkspaceLock, _rmtree_counting,
-                      atomic_write, b64, fault_point, fsync_dir, list_promotions, unb64)
+                      atomic_write, b64, fault_point, fsync_dir, list_promotions, scratch_dirs,
+                      unb64)
 from .merge3 import ConflictHunk, merge3
 from .safefs import Node, SafeTree, content_id_bytes, read_chunks, safe_mode, split_rel, \
     write_new_file
@@ -488,20 +489,6 @@ class _LiveChanged(Exception):
         self.path, self.why = path, why
 
 
-def _scratch(journal_dir: Path, live: Path, pid: str) -> tuple[Path, Path]:
-    """(staging dir, pre-image dir): in the journal when it shares the workspace's device,
-    else in the workspace itself (renames and links must not cross devices)."""
-    pd = Path(journal_dir) / pid
-    try:
-        same = os.stat(journal_dir).st_dev == os.stat(live).st_dev
-    except FileNotFoundError:
-        same = True
-    if same:
-        return pd / "staging", pd / "pre"
-    s = Path(live) / (STAGING_PREFIX + pid)
-    return s / "staging", s / "pre"
-
-
 def _owner_for(lt: SafeTree, old_node: Node | None) -> tuple[int, int] | None:
     if os.geteuid() != 0:
         return None
@@ -531,7 +518,7 @@ def execute_promotion(plan: Plan, live: Path, journal_dir: Path,
     with WorkspaceLock(journal_dir):
         _recover_locked(live, journal_dir)
         pd = PromotionDir(journal_dir, promotion_id)
-        staging, pre = _scratch(journal_dir, live, promotion_id)
+        staging, pre = scratch_dirs(journal_dir, live, promotion_id)
         pd.staging, pd.pre = staging, pre
         pd.path.mkdir(mode=0o700)
         staging.mkdir(mode=0o700, parents=True)
@@ -1064,7 +1051,7 @@ def _unpark_preimages(pd: PromotionDir) -> None:
 
 def _open_pd(live: Path, journal_dir: Path, pid: str) -> PromotionDir:
     pd = PromotionDir(journal_dir, pid)
-    pd.staging, pd.pre = _scratch(journal_dir, live, pid)
+    pd.staging, pd.pre = scratch_dirs(journal_dir, live, pid)
     return pd
 
 

@@ -33,7 +33,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
     from merge.promote import Plan
@@ -58,11 +58,11 @@ def _pending_dir(engine: "Engine") -> Path:
     return engine.store.journal / PENDING
 
 
-def _mark_pending(engine: "Engine", promo_id: str) -> Path:
-    from merge.journal import fsync_dir
+def _mark_pending(engine: "Engine", txn_id: str) -> Path:
+    from snapshot.transaction import fsync_dir
     d = _pending_dir(engine)
     d.mkdir(parents=True, exist_ok=True)
-    p = d / promo_id
+    p = d / txn_id
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -80,6 +80,33 @@ def _clear_pending(path: Path) -> None:
         pass
 
 
+def _pending_owner(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def pending(engine: "Engine", txn_id: str) -> Iterator[str]:
+    """Mark ``txn_id`` (a promotion or a rollback to a snapshot) pending for the ``with``
+    block: set before any view is mounted or the journal is touched, so a petri killed
+    anywhere inside leaves a mark the next command settles (journal, views, registry).
+    An exception settles it at once; if even that fails the mark stays for the next one."""
+    mark = _mark_pending(engine, txn_id)
+    try:
+        yield txn_id
+    except BaseException:
+        try:
+            _settle(engine, [txn_id])
+        except Exception:
+            pass  # the mark stays: the next command settles it
+        else:
+            _clear_pending(mark)
+        raise
+    _clear_pending(mark)
+
+
 def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
     for pid in finished:
         engine.registry.update_promotion(pid, "done")
@@ -90,31 +117,48 @@ def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -
     acc[1].extend(undone)
 
 
+def _settle(engine: "Engine", names: list[str]) -> tuple[list[str], list[str]]:
+    """Finish or undo the journals of ``names`` (caller holds the store lock), put their
+    registry rows right, and unmount the views their dead petris left under tmp/."""
+    from merge.promote import promotion_state, recover
+    from snapshot import restore
+
+    finished, undone = recover(engine.root, engine.store.journal)
+    restore.recover(engine.root, engine.store.journal)
+    rows = {r["id"]: r for r in engine.registry.promotions()}
+    for n in names:
+        if n not in rows:
+            continue  # a rollback to a snapshot, or a promotion killed before its row
+        # A kill after the done mark settles nothing in ``recover``: the journal decides.
+        state = promotion_state(engine.store.journal, n)
+        if state == "done" and n not in finished:
+            finished.append(n)
+        elif state == "undone" and n not in undone:
+            undone.append(n)
+        elif state == "unknown" and rows[n]["state"] == "running" and n not in undone:
+            engine.registry.update_promotion(n, "failed")  # never got to its journal
+    _record_recovery(engine, [n for n in finished if n in rows], [n for n in undone if n in rows])
+    engine.reap_dead_tmp()
+    return finished, undone
+
+
 def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list[str], list[str]]:
     """Finish or undo what a killed petri left half-done: (finished ids, undone ids).
 
     ``locked``: the caller already holds the store lock (a live promoter holds it for its
-    whole run, so anything pending then is a dead one's)."""
+    whole run, so anything pending then is a dead one's, or this process's own)."""
     pend = _pending_dir(engine)
     try:
         if not os.listdir(pend):
             return [], []
     except FileNotFoundError:
         return [], []
-    from merge.promote import promotion_state, recover
     with contextlib.nullcontext() if locked else engine.lock():
-        names = os.listdir(pend)  # the promoter may have finished while we waited
+        # the promoter may have finished while we waited; our own marks are in progress
+        names = [n for n in os.listdir(pend) if _pending_owner(pend / n) != os.getpid()]
         if not names:
             return [], []
-        finished, undone = recover(engine.root, engine.store.journal)
-        # A kill after the done mark settles nothing in ``recover``: the journal decides.
-        for n in names:
-            state = promotion_state(engine.store.journal, n)
-            if state == "done" and n not in finished:
-                finished.append(n)
-            elif state in ("undone", "unknown") and n not in undone:
-                undone.append(n)
-        _record_recovery(engine, finished, undone)
+        finished, undone = _settle(engine, names)
         for n in names:
             _clear_pending(pend / n)
     return finished, undone
@@ -153,9 +197,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     means conflict markers were written (the CLI exits 5)."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
-    from merge.promote import _conflict_error, execute_promotion, recover
 
-    from .changesets import is_running, sandbox_views
+    from .changesets import is_running
     from .errors import SandboxBusy
     from .registry import new_id
 
@@ -171,53 +214,69 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     promo_id = new_id("p")
     started = time.monotonic()
     with engine.lock():
-        with sandbox_views(engine, row) as (base, tree):
-            plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
-                            include_ignored=include_ignored, paths=user)
-            doc.update(_plan_doc(plan))
-            if dry_run:
-                doc["dry_run"] = True
-                if plan.blocking:
-                    err = _conflict_error(plan.blocking)
-                    err.doc = doc  # type: ignore[attr-defined]
-                    raise err
-                return doc
-            if plan.blocking:
-                err = _conflict_error(plan.blocking)
-                err.doc = doc  # type: ignore[attr-defined]
-                raise err
-            if not plan.ops:
-                doc["applied"], doc["applied_b64"] = [], []
-                doc["duration_s"] = time.monotonic() - started
-                return doc
-            engine.registry.add_promotion(promo_id, row.id, "running",
-                                          {"base": row.base, "on_conflict": on_conflict})
-            pending = _mark_pending(engine, promo_id)
+        # Marked before any view is mounted: a petri killed anywhere from here on leaves a
+        # mark, and the next command settles the journal and unmounts what it left.
+        mark = _mark_pending(engine, promo_id)
+        try:
+            _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict,
+                            include_ignored=include_ignored, paths=user, dry_run=dry_run)
+        except PromotionConflict:
+            _clear_pending(mark)  # nothing was written; the row (if any) says "conflict"
+            raise
+        except BaseException:
+            # Settle it now (ENOSPC, a bug, Ctrl-C): undo what the journal holds, and a row
+            # that never reached its journal ends "failed", not "running" forever. If even
+            # that fails, the mark stays and the next command settles it.
             try:
-                result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
-            except PromotionConflict as e:
-                engine.registry.update_promotion(promo_id, "conflict")
-                _clear_pending(pending)
-                doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
-                doc["applied"], doc["applied_b64"] = [], []
-                e.doc = doc  # type: ignore[attr-defined]
-                raise
+                _settle(engine, [promo_id])
             except Exception:
-                # Settle it now rather than at the next command (idempotent either way).
-                finished, undone = recover(engine.root, engine.store.journal)
-                _record_recovery(engine, finished, undone)
-                _clear_pending(pending)
-                raise
-            js = result.to_json()
-            doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
-                        "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
-            engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
-                "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
-            _clear_pending(pending)
+                pass
+            else:
+                _clear_pending(mark)
+            raise
+        _clear_pending(mark)
     doc["duration_s"] = time.monotonic() - started
-    if verify:
+    if verify and doc["promotion"]:
         doc.update(_verify(engine, promo_id, verify, echo=echo, say=say))
     return doc
+
+
+def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
+                    on_conflict: str, include_ignored: bool, paths: list[bytes], dry_run: bool) -> None:
+    from merge.errors import PromotionConflict
+    from merge.promote import _conflict_error, execute_promotion
+
+    from .changesets import sandbox_views
+    with sandbox_views(engine, row) as (base, tree):
+        plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
+                        include_ignored=include_ignored, paths=paths)
+        doc.update(_plan_doc(plan))
+        if dry_run:
+            doc["dry_run"] = True
+        if plan.blocking:
+            err = _conflict_error(plan.blocking)
+            err.doc = doc  # type: ignore[attr-defined]
+            raise err
+        if dry_run:
+            return
+        if not plan.ops:
+            doc["applied"], doc["applied_b64"] = [], []
+            return
+        engine.registry.add_promotion(promo_id, row.id, "running",
+                                      {"base": row.base, "on_conflict": on_conflict})
+        try:
+            result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
+        except PromotionConflict as e:
+            engine.registry.update_promotion(promo_id, "conflict")
+            doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
+            doc["applied"], doc["applied_b64"] = [], []
+            e.doc = doc  # type: ignore[attr-defined]
+            raise
+        js = result.to_json()
+        doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
+                    "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
+        engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
+            "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
@@ -262,25 +321,16 @@ def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Calla
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     """Undo a finished promotion (``petri rollback p-…``): the SPEC ``rollback`` document.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
-    from merge.errors import UndoConflict
     from merge.promote import undo_promotion
 
     from .errors import PromotionPruned
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
         raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
-    with engine.lock():
-        pending = _mark_pending(engine, promo_id)
-        try:
-            paths = undo_promotion(engine.root, engine.store.journal, promo_id)
-        except UndoConflict as e:
-            if getattr(e, "undone", False):  # a path moved mid-undo: the rest is undone
-                engine.registry.update_promotion(promo_id, "undone")
-            raise
-        finally:
-            # An exception here left the journal settled (or untouched); a kill skips this
-            # and leaves the mark, so the next command completes the undo.
-            _clear_pending(pending)
+    with engine.lock(), pending(engine, promo_id):
+        # A refusal writes nothing; a path that moved mid-undo leaves the journal undone,
+        # and settling the pending mark (on any exception) makes the row say so too.
+        paths = undo_promotion(engine.root, engine.store.journal, promo_id)
         engine.registry.update_promotion(promo_id, "undone")
     paths = sorted(set(paths))
     return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
