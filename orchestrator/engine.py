@@ -11,7 +11,6 @@ creator's pid) before its tree is made, and a snapshot row after its tree is com
 from __future__ import annotations
 
 import base64
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,8 @@ from snapshot.tree import remove_tree
 
 from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
                      UsageError)
-from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
-                       rfc3339)
+from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
+                       pid_alive, rfc3339)
 from .workspace import add_git_exclude, check_can_init, find_workspace, remove_git_exclude, store_lock
 
 Say = Callable[[str], None]
@@ -73,6 +72,7 @@ class Engine:
         if reap:
             engine.recover_promotions()
             engine.reap_expired()
+            keep_reserve(engine.store.root)  # room for `rm` and `gc` on a full disk
         return engine
 
     def recover_promotions(self, *, locked: bool = False) -> tuple[list[str], list[str]]:
@@ -137,6 +137,7 @@ class Engine:
             st = os.stat(root)
             reg.set_meta("owner", f"{st.st_uid}:{st.st_gid}")
             reg.close()
+            keep_reserve(store.root)
             add_git_exclude(root)
             engine = cls(root)
             if not chosen.instant:
@@ -466,13 +467,15 @@ class Engine:
                     self.registry.delete_snapshot_row(snap.id)
                     self.backend.delete_snapshot(self.store, snap.id)
                     removed.append(snap.id)
-        for module, hook in (("runs", "gc_processes"), ("promotions", "gc_promotions")):
-            try:
-                fn = getattr(importlib.import_module(f"orchestrator.{module}"), hook)
-            except (ImportError, AttributeError):
-                continue
-            fn(self, reaped)  # fills reaped["processes"/"cgroups"] or ["promotions_*"]
-        return {"removed": removed, "reaped": reaped}
+        try:
+            from .runs import gc_processes
+        except ImportError:
+            pass
+        else:
+            gc_processes(self, reaped)  # fills reaped["processes"] and ["cgroups"]
+        from .promotions import gc_promotions
+        pruned = gc_promotions(self, reaped)  # fills reaped["promotions_*"]
+        return {"removed": removed, "reaped": reaped, "pruned_promotions": pruned}
 
     # -- rollback -----------------------------------------------------------------------
     def rollback_snapshot(self, ident: str) -> dict[str, Any]:

@@ -15,8 +15,10 @@ is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_
 true``, exit 1).
 
 ``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
-(kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``); a pruned promotion
-can no longer be rolled back (``PromotionPruned``).
+(kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, within a total size
+budget, ``PREIMAGE_BUDGET`` or ``[promotions] preimage_budget`` in the config, oldest pruned
+first, never the newest); a pruned promotion can no longer be rolled back
+(``PromotionPruned``), and ``gc`` names each one it pruned.
 
 Caveats:
 - A snapshot taken by a petri that was already waiting for the store lock when a promoter
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 PENDING = ".pending"
 KEEP_LAST = 20
 KEEP_DAYS = 14.0
+PREIMAGE_BUDGET = 1 << 30  # bytes all kept pre-images may take; config [promotions] preimage_budget
 
 
 def _display(p: bytes) -> str:
@@ -340,31 +343,65 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- gc
 
 
-def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> None:
+def preimage_bytes(engine: "Engine", promo_id: str) -> int:
+    """Bytes the pre-images of one promotion hold (what pruning it frees)."""
+    from merge.journal import PRE
+    from snapshot.tree import tree_bytes
+    pre = engine.store.journal / promo_id / PRE
+    return tree_bytes(bytes(pre))[0] if pre.is_dir() else 0
+
+
+def plan_pruning(rows: list[dict[str, Any]], sizes: dict[str, int], *, at: float,
+                 budget: int) -> list[tuple[str, str]]:
+    """Which finished promotions lose their pre-images, and why: (id, reason), oldest first.
+
+    Kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, as long as all the
+    kept ones together fit in ``budget`` bytes; over it, the oldest go first. The newest
+    promotion is always kept, whatever its size."""
+    done = [r for r in rows if r["state"] == "done"]
+    recent = {r["id"] for r in done[-KEEP_LAST:]}
+    out: list[tuple[str, str]] = []
+    kept = []
+    for r in done:
+        if r["id"] not in recent and at - r["created_at"] >= KEEP_DAYS * 86400:
+            out.append((r["id"], f"older than {KEEP_DAYS:g} days and not among the last {KEEP_LAST}"))
+        else:
+            kept.append(r)
+    total = sum(sizes.get(r["id"], 0) for r in kept)
+    for r in kept[:-1]:  # oldest first; never the newest
+        if total <= budget:
+            break
+        out.append((r["id"], "over the pre-image budget"))
+        total -= sizes.get(r["id"], 0)
+    return out
+
+
+def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, Any]]:
+    """Count what recovery settled; drop pre-images nobody can use (undone, conflict) and
+    prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
     from merge.journal import PRE, _rmtree_counting
 
+    from .config import load_config
     from .registry import now, rfc3339
     recover_interrupted(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
     reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
-    pruned = 0
+    budget = load_config(engine.root).preimage_budget_bytes or PREIMAGE_BUDGET
+    pruned: list[dict[str, Any]] = []
     with engine.lock():
         rows = engine.registry.promotions()
-        done = [r for r in rows if r["state"] == "done"]
-        keep = {r["id"] for r in done[-KEEP_LAST:]}
         for r in rows:
             pd = engine.store.journal / r["id"]
-            if r["state"] in ("undone", "conflict"):
-                if pd.is_dir():
-                    _rmtree_counting(pd / PRE)
-                continue
-            if r["state"] != "done" or r["id"] in keep or now() - r["created_at"] < KEEP_DAYS * 86400:
-                continue
-            if pd.is_dir():
+            if r["state"] in ("undone", "conflict") and pd.is_dir():
                 _rmtree_counting(pd / PRE)
-            engine.registry.update_promotion(r["id"], "pruned", {**r["doc"], "pruned_at": rfc3339(now())})
-            pruned += 1
+        sizes = {r["id"]: preimage_bytes(engine, r["id"]) for r in rows if r["state"] == "done"}
+        docs = {r["id"]: r["doc"] for r in rows}
+        for pid, why in plan_pruning(rows, sizes, at=now(), budget=budget):
+            _rmtree_counting(engine.store.journal / pid / PRE)
+            engine.registry.update_promotion(pid, "pruned", {**docs[pid], "pruned_at": rfc3339(now()),
+                                                             "pruned_why": why})
+            pruned.append({"id": pid, "bytes": sizes[pid], "why": why})
         # Stat caches of bases that are gone.
         cache_dir = engine.store.root / "statcache"
         if cache_dir.is_dir():
@@ -375,4 +412,6 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> None:
                         f.unlink()
                     except OSError:
                         pass
-    reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + pruned
+    reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + len(pruned)
+    reaped["preimage_bytes_freed"] = reaped.get("preimage_bytes_freed", 0) + sum(p["bytes"] for p in pruned)
+    return pruned
