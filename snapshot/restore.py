@@ -35,6 +35,8 @@ Caveats:
 - Extended attributes are compared nowhere: a file whose xattrs alone changed keeps them.
 - A path someone changes while the rollback applies (between its check and its rename) can
   end up theirs or the snapshot's; recovery never undoes a committed rollback, it finishes it.
+- A mount point or a nested subvolume inside the workspace that the snapshot does not have
+  is left alone (reported in ``left_alone``), never emptied.
 """
 from __future__ import annotations
 
@@ -365,11 +367,10 @@ def _apply(root_fd: int, st_fd: int, pre_fd: int, path: bytes, rec: dict[str, An
             try:
                 os.rename(name, pre, src_dir_fd=pfd, dst_dir_fd=pre_fd)
             except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.EBUSY):
-                    raise
-                # a mount point or a nested subvolume: cannot move it aside, remove it in place
-                remove_tree(os.path.join(f"/proc/self/fd/{pfd}".encode(), name))
-                os.close(os.open(pre, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=pre_fd))
+                if e.errno in (errno.EXDEV, errno.EBUSY):
+                    # a mount point or a nested subvolume: never emptied behind the user's back
+                    raise _Blocked(path) from None
+                raise
         elif verb in ("mkdir", "put"):
             staged = rec["stage"].encode()
             if _exists(staged, st_fd):

@@ -275,3 +275,37 @@ def test_kill_on_btrfs_store_on_another_device(btrfs_dir):
                 assert manifest(ws) == before
     finally:
         petri("deinit", "--force", cwd=ws)
+
+
+def test_a_directory_swapped_for_a_symlink_is_never_followed(tmp_path):
+    """Between the commit and the renames, someone replaces a directory the rollback writes
+    into with a symlink out of the workspace: those ops are left alone (and reported), and
+    nothing outside is written, not even a time."""
+    from orchestrator.engine import Engine
+    from snapshot import transaction
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    make_snapshot_state(ws)
+    r = petri("init", "--backend", "copy", "--json", cwd=ws)
+    assert r.rc == 0, r
+    snap = r.json["snapshot"]
+    make_risky_state(ws)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.utime(outside, ns=(OLD, OLD))
+
+    def swap(k: int) -> None:
+        shutil.rmtree(ws / "pkg0")
+        os.symlink(outside, ws / "pkg0")
+
+    transaction.on_step("commit", swap)
+    try:
+        with Engine.open(ws) as e:
+            doc = e.rollback_snapshot(snap)
+    finally:
+        transaction.on_step("commit", None)
+        transaction.reset_faults()
+        petri("deinit", "--force", cwd=ws)
+    assert os.listdir(outside) == [] and os.stat(outside).st_mtime_ns == OLD
+    assert "pkg0/mod0.py" in doc["left_alone"] and "pkg0" in doc["left_alone"], doc
+    assert (ws / "pkg1" / "mod1.py").read_bytes() == b"x = 1\n"  # the rest was rolled back
