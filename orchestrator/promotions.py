@@ -83,23 +83,27 @@ def _clear_pending(path: Path) -> None:
         pass
 
 
-def _pending_owner(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+_ACTIVE: set[str] = set()  # marks this process set and is still working under
 
 
 @contextlib.contextmanager
-def pending(engine: "Engine", txn_id: str) -> Iterator[str]:
+def pending(engine: "Engine", txn_id: str, *,
+            nothing_written: tuple[type[BaseException], ...] = ()) -> Iterator[str]:
     """Mark ``txn_id`` (a promotion or a rollback to a snapshot) pending for the ``with``
     block: set before any view is mounted or the journal is touched, so a petri killed
     anywhere inside leaves a mark the next command settles (journal, views, registry).
-    An exception settles it at once; if even that fails the mark stays for the next one."""
+    Any other exception than ``nothing_written`` settles it at once (ENOSPC, a bug,
+    Ctrl-C: a row that never reached its journal ends "failed", not "running"); if even
+    that fails the mark stays for the next command."""
     mark = _mark_pending(engine, txn_id)
+    _ACTIVE.add(txn_id)
     try:
         yield txn_id
+    except nothing_written:
+        _clear_pending(mark)
+        raise
     except BaseException:
+        _ACTIVE.discard(txn_id)
         try:
             _settle(engine, [txn_id])
         except Exception:
@@ -107,7 +111,10 @@ def pending(engine: "Engine", txn_id: str) -> Iterator[str]:
         else:
             _clear_pending(mark)
         raise
-    _clear_pending(mark)
+    else:
+        _clear_pending(mark)
+    finally:
+        _ACTIVE.discard(txn_id)
 
 
 def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
@@ -158,7 +165,7 @@ def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list
         return [], []
     with contextlib.nullcontext() if locked else engine.lock():
         # the promoter may have finished while we waited; our own marks are in progress
-        names = [n for n in os.listdir(pend) if _pending_owner(pend / n) != os.getpid()]
+        names = [n for n in os.listdir(pend) if n not in _ACTIVE]
         if not names:
             return [], []
         finished, undone = _settle(engine, names)
@@ -216,28 +223,12 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                            "conflicts": [], "verified": None, "rolled_back": False}
     promo_id = new_id("p")
     started = time.monotonic()
-    with engine.lock():
-        # Marked before any view is mounted: a petri killed anywhere from here on leaves a
-        # mark, and the next command settles the journal and unmounts what it left.
-        mark = _mark_pending(engine, promo_id)
-        try:
-            _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict,
-                            include_ignored=include_ignored, paths=user, dry_run=dry_run)
-        except PromotionConflict:
-            _clear_pending(mark)  # nothing was written; the row (if any) says "conflict"
-            raise
-        except BaseException:
-            # Settle it now (ENOSPC, a bug, Ctrl-C): undo what the journal holds, and a row
-            # that never reached its journal ends "failed", not "running" forever. If even
-            # that fails, the mark stays and the next command settles it.
-            try:
-                _settle(engine, [promo_id])
-            except Exception:
-                pass
-            else:
-                _clear_pending(mark)
-            raise
-        _clear_pending(mark)
+    # Marked before any view is mounted: a petri killed anywhere from here on leaves a mark,
+    # and the next command settles the journal and unmounts what it left. A conflict wrote
+    # nothing (its row, if any, says "conflict").
+    with engine.lock(), pending(engine, promo_id, nothing_written=(PromotionConflict,)):
+        _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict,
+                        include_ignored=include_ignored, paths=user, dry_run=dry_run)
     doc["duration_s"] = time.monotonic() - started
     if verify and doc["promotion"]:
         doc.update(_verify(engine, promo_id, verify, echo=echo, say=say))
