@@ -59,13 +59,14 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from .changes import Change, Entry, tree_changes
 from .errors import (PathThroughSymlink, PromotionConflict, PromotionNotUndoable,
                      SandboxChangedDuringPromotion, UndoConflict, UnknownPromotion, UnsafePath)
 from .journal import (PARKED, PRE, SCHEMA, PromotionDir, WorkspaceLock, _rmtree_counting,
-                      atomic_write, b64, fault_point, fsync_dir, list_promotions, unb64)
+                      atomic_write, b64, fault_point, fsync_dir, list_promotions, scratch_dirs,
+                      unb64)
 from .merge3 import ConflictHunk, merge3
 from .safefs import Node, SafeTree, content_id_bytes, read_chunks, safe_mode, split_rel, \
     write_new_file
@@ -488,20 +489,6 @@ class _LiveChanged(Exception):
         self.path, self.why = path, why
 
 
-def _scratch(journal_dir: Path, live: Path, pid: str) -> tuple[Path, Path]:
-    """(staging dir, pre-image dir): in the journal when it shares the workspace's device,
-    else in the workspace itself (renames and links must not cross devices)."""
-    pd = Path(journal_dir) / pid
-    try:
-        same = os.stat(journal_dir).st_dev == os.stat(live).st_dev
-    except FileNotFoundError:
-        same = True
-    if same:
-        return pd / "staging", pd / "pre"
-    s = Path(live) / (STAGING_PREFIX + pid)
-    return s / "staging", s / "pre"
-
-
 def _owner_for(lt: SafeTree, old_node: Node | None) -> tuple[int, int] | None:
     if os.geteuid() != 0:
         return None
@@ -531,7 +518,7 @@ def execute_promotion(plan: Plan, live: Path, journal_dir: Path,
     with WorkspaceLock(journal_dir):
         _recover_locked(live, journal_dir)
         pd = PromotionDir(journal_dir, promotion_id)
-        staging, pre = _scratch(journal_dir, live, promotion_id)
+        staging, pre = scratch_dirs(journal_dir, live, promotion_id)
         pd.staging, pd.pre = staging, pre
         pd.path.mkdir(mode=0o700)
         staging.mkdir(mode=0o700, parents=True)
@@ -735,69 +722,164 @@ def _apply(lt: SafeTree, st_fd: int, i: int, op: Op) -> None:
         raise _LiveChanged(p, f"permission denied: {e}") from None
 
 
-def _undo(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]]) -> list[bytes]:
-    """Undo ``records`` (newest first), idempotently; return paths that are in neither
-    their old nor their new state (someone else changed them): those are left alone."""
-    left: list[bytes] = []
-    for rec in reversed(records):
+@dataclass(frozen=True, slots=True)
+class UndoStep:
+    """One write of an undo. ``expect`` is what ``path`` must hold right before it (the
+    journal's post-image, or what an earlier step of the same undo left there); it is
+    re-checked just before the write, as ``_apply`` does."""
+
+    verb: str  # 'unlink' | 'restore' | 'restore_new' | 'rmdir' | 'mkdir' | 'chmod'
+    path: bytes
+    expect: State | None
+    pre: bytes | None = None  # restore / restore_new: the pre-image to rename back
+    mode: int | None = None  # mkdir / chmod
+
+
+@dataclass(frozen=True)
+class UndoPlan:
+    """What undoing a promotion's ops would write, and the paths it cannot undo (they hold
+    neither the old nor the new state: someone changed them since, or put new entries into
+    a directory the promotion created). Reads only."""
+
+    steps: tuple[UndoStep, ...]
+    blocked: tuple[bytes, ...]
+
+
+class _UndoPlanner:
+    """Walks the ops newest first against a simulated workspace: live as it is now, plus
+    what the steps planned so far will have done (a path can be touched by two ops)."""
+
+    def __init__(self, lt: SafeTree, has_pre: Callable[[bytes], bool]):
+        self.lt, self.has_pre = lt, has_pre
+        self.sim: dict[bytes, State | None] = {}
+        self.fresh: set[bytes] = set()  # paths whose live object a step replaces or removes
+        self.steps: list[UndoStep] = []
+        self.blocked: list[bytes] = []
+
+    def cur(self, path: bytes) -> State | None:
+        if path in self.sim:
+            return self.sim[path]
+        if any(a in self.fresh for a in _ancestors(path)):
+            return None  # below something the undo removed or made anew: nothing yet
+        return _state_of_node(self.lt.node(path, with_content_id=True))
+
+    def step(self, verb: str, path: bytes, expect: State | None, after: State | None,
+             **kw: Any) -> None:
+        self.steps.append(UndoStep(verb, path, expect, **kw))
+        self.sim[path] = after
+        if verb != "chmod":
+            self.fresh.add(path)
+
+    def empty_after_undo(self, path: bytes) -> bool:
+        """Will directory ``path`` be empty once the steps planned so far have run?"""
+        names: set[bytes] = set()
+        if path not in self.fresh and not any(a in self.fresh for a in _ancestors(path)):
+            try:
+                names = set(self.lt.listdir(path))
+            except (OSError, PathThroughSymlink, UnsafePath):
+                return False
+        prefix = path + b"/"
+        names |= {p[len(prefix):] for p in self.sim if p.startswith(prefix) and b"/" not in p[len(prefix):]}
+        return all(self.cur(prefix + n) is None for n in names)
+
+    def record(self, rec: dict[str, Any]) -> None:
         path = unb64(rec["path"])
         assert path is not None
         old, new = State.from_json(rec["old"]), State.from_json(rec["new"])
         action = rec["action"]
         pre = rec["pre"].encode() if rec.get("pre") else None
         try:
-            cur = lt.node(path, with_content_id=True)
+            cur = self.cur(path)
         except (PathThroughSymlink, UnsafePath):
-            left.append(path)
-            continue
-        ok = True
-        if action == "put":
-            if _matches(cur, old):
-                pass
-            elif _matches(cur, new):
-                if old is None:
-                    lt.unlink(path)
-                elif pre is not None:
-                    lt.rename_in(pre_fd, pre, path, noreplace=False)
-                else:
-                    ok = False
-            else:
-                ok = False
+            self.blocked.append(path)
+            return
+        if action in ("put", "chmod") and _same(cur, old):
+            return
+        if action == "put" and _same(cur, new):
+            if old is None:
+                self.step("unlink", path, cur, None)
+                return
+            if pre is not None and self.has_pre(pre):
+                self.step("restore", path, cur, old, pre=pre)
+                return
         elif action == "remove":
-            if _matches(cur, old):
-                pass
-            elif cur is None and pre is not None:
-                lt.rename_in(pre_fd, pre, path, noreplace=True)
-            else:
-                ok = False
+            if _same(cur, old):
+                return
+            if cur is None and pre is not None and self.has_pre(pre):
+                self.step("restore_new", path, None, old, pre=pre)
+                return
         elif action == "mkdir":
             if cur is None:
-                pass
-            elif cur.kind == "dir":
-                try:
-                    lt.rmdir(path)
-                except OSError as e:
-                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-                    ok = False
-            else:
-                ok = False
+                return
+            if cur.kind == "dir" and self.empty_after_undo(path):
+                self.step("rmdir", path, cur, None)
+                return
         elif action == "rmdir":
+            assert old is not None
             if cur is None:
-                assert old is not None
-                lt.mkdir(path, old.mode)
-            elif cur.kind != "dir":
-                ok = False
-        elif action == "chmod":
-            if _matches(cur, old):
-                pass
-            elif _matches(cur, new):
-                assert old is not None
-                lt.chmod(path, old.mode)
-            else:
-                ok = False
-        if not ok:
-            left.append(path)
+                self.step("mkdir", path, None, State("dir", old.mode), mode=old.mode)
+                return
+            if cur.kind == "dir":
+                return
+        elif action == "chmod" and _same(cur, new):
+            assert old is not None
+            self.step("chmod", path, cur, old, mode=old.mode)
+            return
+        self.blocked.append(path)
+
+
+def plan_undo(lt: SafeTree, records: list[dict[str, Any]],
+              has_pre: Callable[[bytes], bool]) -> UndoPlan:
+    """What undoing ``records`` (a journal's ops, oldest first) would do to the workspace now.
+    ``has_pre(name)``: is that pre-image still there. Writes nothing."""
+    planner = _UndoPlanner(lt, has_pre)
+    for rec in reversed(records):
+        planner.record(rec)
+    return UndoPlan(tuple(planner.steps), tuple(dict.fromkeys(planner.blocked)))
+
+
+def _run_undo_step(lt: SafeTree, pre_fd: int, s: UndoStep) -> bool:
+    """Do one step if its path still holds what the plan saw; False if it moved since."""
+    try:
+        cur = lt.node(s.path, with_content_id=True)
+        if not _matches(cur, s.expect) and not (s.verb == "rmdir" and cur is not None
+                                                 and cur.kind == "dir"):
+            return False
+        if s.verb == "unlink":
+            lt.unlink(s.path)
+        elif s.verb in ("restore", "restore_new"):
+            assert s.pre is not None
+            lt.rename_in(pre_fd, s.pre, s.path, noreplace=(s.verb == "restore_new"))
+        elif s.verb == "rmdir":
+            lt.rmdir(s.path)
+        elif s.verb == "mkdir":
+            assert s.mode is not None
+            lt.mkdir(s.path, s.mode)
+        elif s.verb == "chmod":
+            assert s.mode is not None
+            lt.chmod(s.path, s.mode)
+        else:
+            raise AssertionError(s.verb)
+    except (PathThroughSymlink, UnsafePath, FileExistsError, FileNotFoundError):
+        return False
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            return False
+        raise
+    return True
+
+
+def _undo(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]],
+          plan: UndoPlan | None = None) -> list[bytes]:
+    """Undo ``records`` (newest first), idempotently: plan against what live holds now (so
+    a second run after a kill does only what is left), then run the steps. Returns the
+    paths left alone: blocked in the plan, or changed between the plan and their step."""
+    if plan is None:
+        plan = plan_undo(lt, records, lambda name: _pre_exists(pre_fd, name))
+    left = list(plan.blocked)
+    for s in plan.steps:
+        if not _run_undo_step(lt, pre_fd, s):
+            left.append(s.path)
         fault_point("undo")
     for d in sorted({b"/".join(unb64(r["path"]).split(b"/")[:-1]) for r in records},  # type: ignore[union-attr]
                     key=_depth, reverse=True):
@@ -805,7 +887,15 @@ def _undo(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]]) -> list[byte
             lt.fsync_dir(d)
         except (OSError, PathThroughSymlink, UnsafePath):
             pass
-    return left
+    return list(dict.fromkeys(left))
+
+
+def _pre_exists(pre_fd: int, name: bytes) -> bool:
+    try:
+        os.stat(name, dir_fd=pre_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _final_states(records: list[dict[str, Any]]) -> dict[bytes, tuple[str, State | None]]:
@@ -961,7 +1051,7 @@ def _unpark_preimages(pd: PromotionDir) -> None:
 
 def _open_pd(live: Path, journal_dir: Path, pid: str) -> PromotionDir:
     pd = PromotionDir(journal_dir, pid)
-    pd.staging, pd.pre = _scratch(journal_dir, live, pid)
+    pd.staging, pd.pre = scratch_dirs(journal_dir, live, pid)
     return pd
 
 
@@ -1028,8 +1118,12 @@ def promotion_state(journal_dir: Path, promotion_id: str) -> str:
 def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[bytes]:
     """Put back what a finished promotion replaced; return the paths restored.
 
-    Refuses with ``UndoConflict`` (exit 3, nothing written) when the workspace changed any
-    of those paths since the promotion."""
+    Plans the whole undo first (``plan_undo``, against the journal's post-image) and
+    refuses with ``UndoConflict`` (exit 3) before writing anything when the workspace
+    changed any of those paths since, put new entries into a directory the promotion
+    created, or a pre-image is gone. Only a change made between that check and a path's
+    own step (microseconds) is found later: that path is left alone, the rest is undone,
+    and the ``UndoConflict`` raised then has ``undone = True``."""
     live, journal_dir = Path(live), Path(journal_dir)
     with WorkspaceLock(journal_dir):
         _recover_locked(live, journal_dir)
@@ -1043,23 +1137,23 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
         ops = record["ops"]
         pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
         with SafeTree(live) as lt:
-            changed = _changed_since(lt, ops)
-            for rec in ops:
-                if rec.get("pre") and not os.path.lexists(pre_dir / rec["pre"]):
-                    changed.append(unb64(rec["path"]))  # pre-image lost: cannot restore it
-            if changed:
+            plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
+            blocked = [*_changed_since(lt, ops), *plan.blocked]
+            if blocked:
                 raise UndoConflict(promotion=promotion_id,
-                                   paths=", ".join(display(p) for p in sorted(set(changed))))
+                                   paths=", ".join(display(p) for p in sorted(set(blocked))))
             _unpark_preimages(pd)  # a kill here leaves it done: recovery re-parks
             pd.mark("undoing")  # from here on, recovery completes this undo
             pre_fd = _open_or_make(pd.pre)
             try:
-                left = _undo(lt, pre_fd, ops)
+                left = _undo(lt, pre_fd, ops, plan)
             finally:
                 os.close(pre_fd)
         pd.mark("undone")
         _cleanup(pd, keep_pre=False)
         if left:
-            raise UndoConflict(promotion=promotion_id,
+            err = UndoConflict(promotion=promotion_id,
                                paths=", ".join(display(p) for p in sorted(set(left))))
+            err.undone = True  # type: ignore[attr-defined]
+            raise err
         return [unb64(r["path"]) for r in ops]  # type: ignore[misc]

@@ -348,6 +348,10 @@ def gc() -> None:
     else:
         reaped = ", ".join(f"{k} {v}" for k, v in doc["reaped"].items() if v)
         o.say(f"removed: {', '.join(doc['removed']) or 'nothing'}; reaped: {reaped or 'nothing'}")
+        from .units import human_bytes
+        for p in doc.get("pruned_promotions", []):
+            o.say(f"pruned the pre-images of {p['id']} ({human_bytes(p['bytes'])}, {p['why']}): "
+                  "it can no longer be rolled back")
 
 
 @app.command()

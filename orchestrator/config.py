@@ -22,6 +22,9 @@ The format (every key optional)::
     [env]                # set inside every run (a run's --env overrides)
     PIP_INDEX_URL = "https://pypi.example/simple"
 
+    [promotions]
+    preimage_budget = "1G"   # what all kept pre-images may take; `petri gc` prunes the oldest
+
 Validation is pydantic's (strict: an unknown key is an error), but pydantic is imported
 only when a file exists, so commands stay cheap to start without one. A bad file is one
 error naming the file and the key, exit 2.
@@ -49,6 +52,7 @@ class Config:
     net: bool | None = None
     masks: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    preimage_budget_bytes: int | None = None
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -117,12 +121,13 @@ def parse_config(data: bytes, path: Path) -> Config:
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env)"
+            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, promotions.preimage_budget)"
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
-                  masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env))
+                  masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
+                  preimage_budget_bytes=m.promotions.preimage_budget)
 
 
 _MODEL = None
@@ -137,6 +142,16 @@ def _model():
 
     from .units import parse_duration, parse_size
 
+    def size_value(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return parse_size(v)
+            except Exception:
+                raise ValueError(f"bad size {v!r}: use bytes or a number with K, M, G or T") from None
+        if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+            raise ValueError("must be a positive number of bytes")
+        return v
+
     class LimitsModel(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=False)
         mem: int | None = None
@@ -149,14 +164,7 @@ def _model():
         @field_validator("mem", "disk", mode="before")
         @classmethod
         def _size(cls, v: Any) -> Any:
-            if isinstance(v, str):
-                try:
-                    return parse_size(v)
-                except Exception:
-                    raise ValueError(f"bad size {v!r}: use bytes or a number with K, M, G or T") from None
-            if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
-                raise ValueError("must be a positive number of bytes")
-            return v
+            return size_value(v)
 
         @field_validator("ttl", mode="before")
         @classmethod
@@ -170,9 +178,19 @@ def _model():
                 raise ValueError("must be a positive number of seconds")
             return v
 
+    class PromotionsModel(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=False)
+        preimage_budget: int | None = None
+
+        @field_validator("preimage_budget", mode="before")
+        @classmethod
+        def _size(cls, v: Any) -> Any:
+            return size_value(v)
+
     class ConfigModel(BaseModel):
         model_config = ConfigDict(extra="forbid")
         limits: LimitsModel = Field(default_factory=LimitsModel)
+        promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
 

@@ -11,13 +11,12 @@ creator's pid) before its tree is made, and a snapshot row after its tree is com
 from __future__ import annotations
 
 import base64
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from snapshot.backend import Backend, Progress
+from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
 from snapshot.choose import choose, get_backend
 from snapshot.store import Store
@@ -25,8 +24,8 @@ from snapshot.tree import remove_tree
 
 from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
                      UsageError)
-from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, new_id, now, pid_alive,
-                       rfc3339)
+from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
+                       pid_alive, rfc3339)
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
 
@@ -78,6 +77,7 @@ class Engine:
             engine.recover_promotions()
             engine.reap_expired()
             engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
+            keep_reserve(engine.store.root)  # room for `rm` and `gc` on a full disk
         return engine
 
     def recover_promotions(self, *, locked: bool = False) -> tuple[list[str], list[str]]:
@@ -142,6 +142,7 @@ class Engine:
             st = os.stat(root)
             reg.set_meta("owner", f"{st.st_uid}:{st.st_gid}")
             reg.close()
+            keep_reserve(store.root)
             add_git_exclude(root)
             engine = cls(root)
             if not chosen.instant:
@@ -154,18 +155,30 @@ class Engine:
         return engine, {"workspace": str(root), "backend": name, "reason": reason, "snapshot": snap.id}
 
     def deinit(self, *, force: bool = False) -> dict[str, Any]:
+        """Remove the store. Reaps first (processes, views and mounts, daemons), then trees
+        and snapshots, then everything else in the store, and the registry last: a deinit
+        that fails half-way leaves a registry the next ``deinit`` can start from again."""
         live = [s for s in self.registry.sandboxes() if s.state in LIVE_STATES or
                 (s.state == "expired" and s.keep_expired)]
         if live and not force:
             raise SandboxesExist(count=len(live), ids=", ".join(s.id for s in live[:5]))
         removed = []
         with self.lock():
+            for sb in live:
+                self._stop_sandbox_processes(sb)
+            self.reap_dead_tmp()
             for sb in self.registry.sandboxes():
                 self._destroy_tree(sb)
                 removed.append(sb.id)
             for snap in reversed(self.registry.snapshots()):
                 self.backend.delete_snapshot(self.store, snap.id)
                 removed.append(snap.id)
+            # What no row accounts for: views of petris still running, leaked mounts.
+            for left in self.backend.leftovers(self.store, set(), set()):
+                self._remove_leftover(left)
+            reap = getattr(self.backend, "reap_processes", None)
+            if reap is not None:
+                reap(self.store, set())
         self.close()
         _remove_store(self.store, self.backend)
         remove_git_exclude(self.root)
@@ -466,11 +479,7 @@ class Engine:
             for left in self.backend.leftovers(self.store, known_snaps, known_sbs):
                 if _in_use_tmp(self.store.tmp, left.path):
                     continue  # a view or staging area of a petri that is still running
-                remover = getattr(self.backend, "remove_leftover", None)
-                if remover:
-                    remover(self.store, left)
-                else:
-                    remove_tree(bytes(left.path))
+                self._remove_leftover(left)
                 reaped["mounts" if left.kind == "mount" else "trees"] += 1
             reap = getattr(self.backend, "reap_processes", None)
             if reap is not None:  # e.g. FUSE daemons serving no known sandbox
@@ -482,26 +491,61 @@ class Engine:
                     self.registry.delete_snapshot_row(snap.id)
                     self.backend.delete_snapshot(self.store, snap.id)
                     removed.append(snap.id)
-        for module, hook in (("runs", "gc_processes"), ("promotions", "gc_promotions")):
-            try:
-                fn = getattr(importlib.import_module(f"orchestrator.{module}"), hook)
-            except (ImportError, AttributeError):
-                continue
-            fn(self, reaped)  # fills reaped["processes"/"cgroups"] or ["promotions_*"]
-        return {"removed": removed, "reaped": reaped}
+        try:
+            from .runs import gc_processes
+        except ImportError:
+            pass
+        else:
+            gc_processes(self, reaped)  # fills reaped["processes"] and ["cgroups"]
+        from .promotions import gc_promotions
+        pruned = gc_promotions(self, reaped)  # fills reaped["promotions_*"]
+        return {"removed": removed, "reaped": reaped, "pruned_promotions": pruned}
 
     # -- rollback -----------------------------------------------------------------------
     def rollback_snapshot(self, ident: str) -> dict[str, Any]:
+        """Restore live to a snapshot as one journaled transaction (``snapshot.restore``),
+        after a safety snapshot of live as it is, so the rollback can itself be undone."""
         from snapshot.restore import execute_restore, plan_restore
+
+        from .promotions import pending
         target = self.resolve_snapshot(ident)
         with self.lock():
             safety = self._take_snapshot_locked(f"safety before rollback to {target.id}", "safety", None)
-            with self.backend.snapshot_view(self.store, target.id) as src:
-                ops = plan_restore(bytes(src), bytes(self.root))
-                changed = execute_restore(ops, bytes(src), bytes(self.root))
-        return {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
-                "changed_b64": [base64.b64encode(p).decode() for p in changed],
-                "safety_snapshot": safety.id}
+            # pending before the view is mounted: a kill anywhere is settled by the next command
+            with pending(self, new_id("r")) as txn_id:
+                with self.backend.snapshot_view(self.store, target.id) as src:
+                    ops = plan_restore(bytes(src), bytes(self.root))
+                    changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
+        doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
+               "changed_b64": [base64.b64encode(p).decode() for p in changed],
+               "safety_snapshot": safety.id}
+        if left:  # something stood in the way (a directory swapped for a symlink meanwhile)
+            doc["left_alone"] = [path_text(p) for p in left]
+        return doc
+
+    # -- leftovers ----------------------------------------------------------------------
+    def _remove_leftover(self, left: Leftover) -> None:
+        remover = getattr(self.backend, "remove_leftover", None)
+        if remover:
+            remover(self.store, left)
+        else:
+            remove_tree(bytes(left.path))
+
+    def reap_dead_tmp(self) -> int:
+        """Unmount and remove what petris that died left under tmp/ (the views a killed
+        promote, diff or rollback mounted, half-made trees); the caller holds the store
+        lock. Entries of a petri still alive are left alone. Returns how many went."""
+        try:
+            entries = sorted(self.store.tmp.iterdir())
+        except FileNotFoundError:
+            return 0
+        n = 0
+        for path in entries:
+            if _tmp_owner_alive(path.name):
+                continue
+            self._remove_leftover(Leftover("tree", path))
+            n += 1
+        return n
 
 
 def _in_use_tmp(tmp: Path, path: Path) -> bool:
@@ -527,9 +571,25 @@ def _human(n: int) -> str:
 
 
 def _remove_store(store: Store, backend: Backend) -> None:
-    """Remove the whole store, whatever state it is in (init failure, deinit)."""
+    """Remove the whole store, whatever state it is in (init failure, deinit): everything
+    but the registry first, the registry last (a failure before that leaves a store that
+    ``deinit`` can open and finish), then the store itself."""
     if not store.root.exists():
         return
+    last = {store.registry.name, store.registry.name + "-wal", store.registry.name + "-shm"}
+    remover = getattr(backend, "remove_leftover", None)
+    for entry in sorted(store.root.iterdir()):
+        if entry.name in last:
+            continue
+        if remover is not None and entry.is_dir() and not entry.is_symlink():
+            remover(store, Leftover("tree", entry))
+        else:
+            remove_tree(bytes(entry))
+    for name in sorted(last, key=len, reverse=True):  # the WAL and its index, then the database
+        try:
+            os.unlink(store.root / name)
+        except FileNotFoundError:
+            pass
     destroy = getattr(backend, "destroy_store", None)
     if destroy is not None:
         destroy(store)

@@ -56,6 +56,10 @@ class WorkspaceIsSymlink(OrchestratorError):
     exit_code = 4
 
 
+class StoreFull(OrchestratorError):
+    """the filesystem of {store} is full ({doing}); free space (`petri rm`, `petri gc`, or outside petri) and try again"""
+
+
 class SandboxesExist(OrchestratorError):
     """{count} sandbox(es) still exist ({ids}); remove them with `petri rm --all` or use `petri deinit --force`"""
 

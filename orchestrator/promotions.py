@@ -15,8 +15,10 @@ is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_
 true``, exit 1).
 
 ``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
-(kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``); a pruned promotion
-can no longer be rolled back (``PromotionPruned``).
+(kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, within a total size
+budget, ``PREIMAGE_BUDGET`` or ``[promotions] preimage_budget`` in the config, oldest pruned
+first, never the newest); a pruned promotion can no longer be rolled back
+(``PromotionPruned``), and ``gc`` names each one it pruned.
 
 Caveats:
 - A snapshot taken by a petri that was already waiting for the store lock when a promoter
@@ -33,7 +35,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
     from merge.promote import Plan
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 PENDING = ".pending"
 KEEP_LAST = 20
 KEEP_DAYS = 14.0
+PREIMAGE_BUDGET = 1 << 30  # bytes all kept pre-images may take; config [promotions] preimage_budget
 
 
 def _display(p: bytes) -> str:
@@ -58,11 +61,11 @@ def _pending_dir(engine: "Engine") -> Path:
     return engine.store.journal / PENDING
 
 
-def _mark_pending(engine: "Engine", promo_id: str) -> Path:
-    from merge.journal import fsync_dir
+def _mark_pending(engine: "Engine", txn_id: str) -> Path:
+    from snapshot.transaction import fsync_dir
     d = _pending_dir(engine)
     d.mkdir(parents=True, exist_ok=True)
-    p = d / promo_id
+    p = d / txn_id
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -80,6 +83,40 @@ def _clear_pending(path: Path) -> None:
         pass
 
 
+_ACTIVE: set[str] = set()  # marks this process set and is still working under
+
+
+@contextlib.contextmanager
+def pending(engine: "Engine", txn_id: str, *,
+            nothing_written: tuple[type[BaseException], ...] = ()) -> Iterator[str]:
+    """Mark ``txn_id`` (a promotion or a rollback to a snapshot) pending for the ``with``
+    block: set before any view is mounted or the journal is touched, so a petri killed
+    anywhere inside leaves a mark the next command settles (journal, views, registry).
+    Any other exception than ``nothing_written`` settles it at once (ENOSPC, a bug,
+    Ctrl-C: a row that never reached its journal ends "failed", not "running"); if even
+    that fails the mark stays for the next command."""
+    mark = _mark_pending(engine, txn_id)
+    _ACTIVE.add(txn_id)
+    try:
+        yield txn_id
+    except nothing_written:
+        _clear_pending(mark)
+        raise
+    except BaseException:
+        _ACTIVE.discard(txn_id)
+        try:
+            _settle(engine, [txn_id])
+        except Exception:
+            pass  # the mark stays: the next command settles it
+        else:
+            _clear_pending(mark)
+        raise
+    else:
+        _clear_pending(mark)
+    finally:
+        _ACTIVE.discard(txn_id)
+
+
 def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
     for pid in finished:
         engine.registry.update_promotion(pid, "done")
@@ -90,31 +127,48 @@ def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -
     acc[1].extend(undone)
 
 
+def _settle(engine: "Engine", names: list[str]) -> tuple[list[str], list[str]]:
+    """Finish or undo the journals of ``names`` (caller holds the store lock), put their
+    registry rows right, and unmount the views their dead petris left under tmp/."""
+    from merge.promote import promotion_state, recover
+    from snapshot import restore
+
+    finished, undone = recover(engine.root, engine.store.journal)
+    restore.recover(engine.root, engine.store.journal)
+    rows = {r["id"]: r for r in engine.registry.promotions()}
+    for n in names:
+        if n not in rows:
+            continue  # a rollback to a snapshot, or a promotion killed before its row
+        # A kill after the done mark settles nothing in ``recover``: the journal decides.
+        state = promotion_state(engine.store.journal, n)
+        if state == "done" and n not in finished:
+            finished.append(n)
+        elif state == "undone" and n not in undone:
+            undone.append(n)
+        elif state == "unknown" and rows[n]["state"] == "running" and n not in undone:
+            engine.registry.update_promotion(n, "failed")  # never got to its journal
+    _record_recovery(engine, [n for n in finished if n in rows], [n for n in undone if n in rows])
+    engine.reap_dead_tmp()
+    return finished, undone
+
+
 def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list[str], list[str]]:
     """Finish or undo what a killed petri left half-done: (finished ids, undone ids).
 
     ``locked``: the caller already holds the store lock (a live promoter holds it for its
-    whole run, so anything pending then is a dead one's)."""
+    whole run, so anything pending then is a dead one's, or this process's own)."""
     pend = _pending_dir(engine)
     try:
         if not os.listdir(pend):
             return [], []
     except FileNotFoundError:
         return [], []
-    from merge.promote import promotion_state, recover
     with contextlib.nullcontext() if locked else engine.lock():
-        names = os.listdir(pend)  # the promoter may have finished while we waited
+        # the promoter may have finished while we waited; our own marks are in progress
+        names = [n for n in os.listdir(pend) if n not in _ACTIVE]
         if not names:
             return [], []
-        finished, undone = recover(engine.root, engine.store.journal)
-        # A kill after the done mark settles nothing in ``recover``: the journal decides.
-        for n in names:
-            state = promotion_state(engine.store.journal, n)
-            if state == "done" and n not in finished:
-                finished.append(n)
-            elif state in ("undone", "unknown") and n not in undone:
-                undone.append(n)
-        _record_recovery(engine, finished, undone)
+        finished, undone = _settle(engine, names)
         for n in names:
             _clear_pending(pend / n)
     return finished, undone
@@ -153,9 +207,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     means conflict markers were written (the CLI exits 5)."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
-    from merge.promote import _conflict_error, execute_promotion, recover
 
-    from .changesets import is_running, sandbox_views
+    from .changesets import is_running
     from .errors import SandboxBusy
     from .registry import new_id
 
@@ -170,54 +223,54 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                            "conflicts": [], "verified": None, "rolled_back": False}
     promo_id = new_id("p")
     started = time.monotonic()
-    with engine.lock():
-        with sandbox_views(engine, row) as (base, tree):
-            plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
-                            include_ignored=include_ignored, paths=user)
-            doc.update(_plan_doc(plan))
-            if dry_run:
-                doc["dry_run"] = True
-                if plan.blocking:
-                    err = _conflict_error(plan.blocking)
-                    err.doc = doc  # type: ignore[attr-defined]
-                    raise err
-                return doc
-            if plan.blocking:
-                err = _conflict_error(plan.blocking)
-                err.doc = doc  # type: ignore[attr-defined]
-                raise err
-            if not plan.ops:
-                doc["applied"], doc["applied_b64"] = [], []
-                doc["duration_s"] = time.monotonic() - started
-                return doc
-            engine.registry.add_promotion(promo_id, row.id, "running",
-                                          {"base": row.base, "on_conflict": on_conflict})
-            pending = _mark_pending(engine, promo_id)
-            try:
-                result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
-            except PromotionConflict as e:
-                engine.registry.update_promotion(promo_id, "conflict")
-                _clear_pending(pending)
-                doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
-                doc["applied"], doc["applied_b64"] = [], []
-                e.doc = doc  # type: ignore[attr-defined]
-                raise
-            except Exception:
-                # Settle it now rather than at the next command (idempotent either way).
-                finished, undone = recover(engine.root, engine.store.journal)
-                _record_recovery(engine, finished, undone)
-                _clear_pending(pending)
-                raise
-            js = result.to_json()
-            doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
-                        "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
-            engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
-                "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
-            _clear_pending(pending)
+    # Marked before any view is mounted: a petri killed anywhere from here on leaves a mark,
+    # and the next command settles the journal and unmounts what it left. A conflict wrote
+    # nothing (its row, if any, says "conflict").
+    with engine.lock(), pending(engine, promo_id, nothing_written=(PromotionConflict,)):
+        _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict,
+                        include_ignored=include_ignored, paths=user, dry_run=dry_run)
     doc["duration_s"] = time.monotonic() - started
-    if verify:
+    if verify and doc["promotion"]:
         doc.update(_verify(engine, promo_id, verify, echo=echo, say=say))
     return doc
+
+
+def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
+                    on_conflict: str, include_ignored: bool, paths: list[bytes], dry_run: bool) -> None:
+    from merge.errors import PromotionConflict
+    from merge.promote import _conflict_error, execute_promotion
+
+    from .changesets import sandbox_views
+    with sandbox_views(engine, row) as (base, tree):
+        plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
+                        include_ignored=include_ignored, paths=paths)
+        doc.update(_plan_doc(plan))
+        if dry_run:
+            doc["dry_run"] = True
+        if plan.blocking:
+            err = _conflict_error(plan.blocking)
+            err.doc = doc  # type: ignore[attr-defined]
+            raise err
+        if dry_run:
+            return
+        if not plan.ops:
+            doc["applied"], doc["applied_b64"] = [], []
+            return
+        engine.registry.add_promotion(promo_id, row.id, "running",
+                                      {"base": row.base, "on_conflict": on_conflict})
+        try:
+            result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
+        except PromotionConflict as e:
+            engine.registry.update_promotion(promo_id, "conflict")
+            doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
+            doc["applied"], doc["applied_b64"] = [], []
+            e.doc = doc  # type: ignore[attr-defined]
+            raise
+        js = result.to_json()
+        doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
+                    "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
+        engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
+            "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
@@ -285,14 +338,10 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
         raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
-    with engine.lock():
-        pending = _mark_pending(engine, promo_id)
-        try:
-            paths = undo_promotion(engine.root, engine.store.journal, promo_id)
-        finally:
-            # An exception here left the journal settled (or untouched); a kill skips this
-            # and leaves the mark, so the next command completes the undo.
-            _clear_pending(pending)
+    with engine.lock(), pending(engine, promo_id):
+        # A refusal writes nothing; a path that moved mid-undo leaves the journal undone,
+        # and settling the pending mark (on any exception) makes the row say so too.
+        paths = undo_promotion(engine.root, engine.store.journal, promo_id)
         engine.registry.update_promotion(promo_id, "undone")
     paths = sorted(set(paths))
     return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
@@ -302,31 +351,65 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- gc
 
 
-def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> None:
+def preimage_bytes(engine: "Engine", promo_id: str) -> int:
+    """Bytes the pre-images of one promotion hold (what pruning it frees)."""
+    from merge.journal import PRE
+    from snapshot.tree import tree_bytes
+    pre = engine.store.journal / promo_id / PRE
+    return tree_bytes(bytes(pre))[0] if pre.is_dir() else 0
+
+
+def plan_pruning(rows: list[dict[str, Any]], sizes: dict[str, int], *, at: float,
+                 budget: int) -> list[tuple[str, str]]:
+    """Which finished promotions lose their pre-images, and why: (id, reason), oldest first.
+
+    Kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, as long as all the
+    kept ones together fit in ``budget`` bytes; over it, the oldest go first. The newest
+    promotion is always kept, whatever its size."""
+    done = [r for r in rows if r["state"] == "done"]
+    recent = {r["id"] for r in done[-KEEP_LAST:]}
+    out: list[tuple[str, str]] = []
+    kept = []
+    for r in done:
+        if r["id"] not in recent and at - r["created_at"] >= KEEP_DAYS * 86400:
+            out.append((r["id"], f"older than {KEEP_DAYS:g} days and not among the last {KEEP_LAST}"))
+        else:
+            kept.append(r)
+    total = sum(sizes.get(r["id"], 0) for r in kept)
+    for r in kept[:-1]:  # oldest first; never the newest
+        if total <= budget:
+            break
+        out.append((r["id"], "over the pre-image budget"))
+        total -= sizes.get(r["id"], 0)
+    return out
+
+
+def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, Any]]:
+    """Count what recovery settled; drop pre-images nobody can use (undone, conflict) and
+    prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
     from merge.journal import PRE, _rmtree_counting
 
+    from .config import load_config
     from .registry import now, rfc3339
     recover_interrupted(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
     reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
-    pruned = 0
+    budget = load_config(engine.root).preimage_budget_bytes or PREIMAGE_BUDGET
+    pruned: list[dict[str, Any]] = []
     with engine.lock():
         rows = engine.registry.promotions()
-        done = [r for r in rows if r["state"] == "done"]
-        keep = {r["id"] for r in done[-KEEP_LAST:]}
         for r in rows:
             pd = engine.store.journal / r["id"]
-            if r["state"] in ("undone", "conflict"):
-                if pd.is_dir():
-                    _rmtree_counting(pd / PRE)
-                continue
-            if r["state"] != "done" or r["id"] in keep or now() - r["created_at"] < KEEP_DAYS * 86400:
-                continue
-            if pd.is_dir():
+            if r["state"] in ("undone", "conflict") and pd.is_dir():
                 _rmtree_counting(pd / PRE)
-            engine.registry.update_promotion(r["id"], "pruned", {**r["doc"], "pruned_at": rfc3339(now())})
-            pruned += 1
+        sizes = {r["id"]: preimage_bytes(engine, r["id"]) for r in rows if r["state"] == "done"}
+        docs = {r["id"]: r["doc"] for r in rows}
+        for pid, why in plan_pruning(rows, sizes, at=now(), budget=budget):
+            _rmtree_counting(engine.store.journal / pid / PRE)
+            engine.registry.update_promotion(pid, "pruned", {**docs[pid], "pruned_at": rfc3339(now()),
+                                                             "pruned_why": why})
+            pruned.append({"id": pid, "bytes": sizes[pid], "why": why})
         # Stat caches of bases that are gone.
         cache_dir = engine.store.root / "statcache"
         if cache_dir.is_dir():
@@ -337,4 +420,6 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> None:
                         f.unlink()
                     except OSError:
                         pass
-    reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + pruned
+    reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + len(pruned)
+    reaped["preimage_bytes_freed"] = reaped.get("preimage_bytes_freed", 0) + sum(p["bytes"] for p in pruned)
+    return pruned

@@ -6,6 +6,16 @@ version is ``PRAGMA user_version``; a newer one than this code knows is refused.
 
 Rows are frozen dataclasses, not pydantic models: the registry is read on every command and
 start-up time matters (pydantic lives at the JSON/MCP/config edges).
+
+A full filesystem: even a read in WAL mode needs to grow ``registry.db-shm``, so a full disk
+would lock the user out of the very commands that free space (``rm``, ``gc``). The store
+keeps a small *reserve* file (``reserve``, 8 MiB, allocated while there is room); when the
+filesystem is full (SQLITE_FULL, or an I/O error with no space left) the reserve is released
+and the open or the write tried again, and a write that still cannot be done is one clear
+error (``StoreFull``, exit 1). The reserve comes back once there is room again.
+
+Caveats: space freed on btrfs by deleting a subvolume comes back only as the cleaner works;
+the reserve is allocated with ``fallocate`` and skipped where that is not supported.
 """
 from __future__ import annotations
 
@@ -19,9 +29,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import AmbiguousId, RegistryTooNew, UnknownId
+from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 
 SCHEMA_VERSION = 1
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 8 << 20
+ROOM_FOR_RESERVE = 64 << 20  # (re)made only when this much is free besides it
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -112,41 +126,125 @@ def _row(cls, r: sqlite3.Row):
     return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def _is_full(e: sqlite3.Error, directory: Path) -> bool:
+    """Did ``e`` come from a full filesystem? (SQLite reports a failed -shm or -wal growth
+    as a generic I/O error: then the free space decides.)"""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == _SQLITE_FULL:
+        return True
+    if code is not None and code & 0xFF != _SQLITE_IOERR:
+        return False
+    try:
+        return _free_bytes(directory) < RESERVE_BYTES // 8
+    except OSError:
+        return False
+
+
+def release_reserve(store_root: Path) -> bool:
+    """Free the store's reserve (True if there was one): room for the registry to work."""
+    try:
+        os.unlink(Path(store_root) / RESERVE_NAME)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def keep_reserve(store_root: Path) -> None:
+    """Allocate the reserve again if it is missing and the filesystem has plenty of room.
+    One stat when it is there; best effort (never fails a command)."""
+    path = Path(store_root) / RESERVE_NAME
+    if path.exists():
+        return
+    tmp = path.with_name(RESERVE_NAME + ".tmp")
+    try:
+        if _free_bytes(path.parent) < ROOM_FOR_RESERVE + RESERVE_BYTES:
+            return
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 class Registry:
     def __init__(self, path: Path, *, create: bool = False) -> None:
         self.path = path
         if not create and not path.exists():
             raise FileNotFoundError(path)
-        self.db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA busy_timeout = 60000")
-        if create:
-            self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA synchronous = NORMAL")
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise RegistryTooNew(path=str(path), found=version, known=SCHEMA_VERSION)
-        if version < SCHEMA_VERSION:
-            with self.write():
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        self.db.execute(stmt)
-                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            self._connect(create)
+        except sqlite3.OperationalError as e:
+            self._make_room(e, "opening the registry")
+            self._connect(create)
+
+    def _connect(self, create: bool) -> None:
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        try:
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA busy_timeout = 60000")
+            if create:
+                self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RegistryTooNew(path=str(self.path), found=version, known=SCHEMA_VERSION)
+            if version < SCHEMA_VERSION:
+                with self.write():
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            self.db.execute(stmt)
+                    self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _make_room(self, e: sqlite3.Error, doing: str) -> None:
+        """Release the reserve for a retry when ``e`` says the disk is full; else raise."""
+        if not _is_full(e, self.path.parent):
+            raise e
+        if not release_reserve(self.path.parent):
+            raise StoreFull(store=str(self.path.parent), doing=doing) from None
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; taken immediately so concurrent writers queue, not deadlock."""
-        self.db.execute("BEGIN IMMEDIATE")
+        """One write transaction; taken immediately so concurrent writers queue, not deadlock.
+
+        On a nearly full filesystem the reserve is released first: a write transaction
+        cannot be retried from here once its statements ran."""
+        try:
+            if _free_bytes(self.path.parent) < RESERVE_BYTES:
+                release_reserve(self.path.parent)
+        except OSError:
+            pass
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            self._make_room(e, "writing the registry")
+            self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        else:
             self.db.execute("COMMIT")
+        except BaseException as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.OperationalError) and _is_full(e, self.path.parent):
+                release_reserve(self.path.parent)  # the next try has room
+                raise StoreFull(store=str(self.path.parent), doing="writing the registry") from None
+            raise
 
     # -- meta --------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

@@ -111,7 +111,8 @@ def test_restore_snapshot_exactly(case):
     os.unlink(os.path.join(os.fsencode(ws), b"odd/new\nline.txt"))
     with case.backend.snapshot_view(case.store, sid) as view:
         ops = plan_restore(bytes(view), bytes(ws))
-        changed = execute_restore(ops, bytes(view), bytes(ws))
+        changed, left = execute_restore(ops, bytes(view), bytes(ws), case.store.journal, "r-conformance")
+    assert left == []
     after = C.manifest(ws, frozenset({b".petri", b".git"}))
     problems = C.diff_manifests(before, after)
     assert not problems, "\n".join(problems[:20])

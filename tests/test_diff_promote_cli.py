@@ -104,10 +104,8 @@ def _init(ws: Path, backend: str) -> Path:
     return ws
 
 
-@pytest.fixture(params=["copy", "btrfs", "overlay"])
-def project(request, tmp_path):
-    """(workspace, backend) with make_project's tree, on each backend that can run here."""
-    kind = request.param
+def empty_workspace(kind: str, tmp_path: Path, request) -> Path:
+    """A new empty directory that backend ``kind`` can host (skips where it cannot run)."""
     if kind == "copy":
         ws = tmp_path / "ws"
         ws.mkdir()
@@ -127,6 +125,14 @@ def project(request, tmp_path):
         ok, why = OverlayBackend.available(ws)
         if not ok:
             pytest.skip(f"overlay: {why}")
+    return ws
+
+
+@pytest.fixture(params=["copy", "btrfs", "overlay"])
+def project(request, tmp_path):
+    """(workspace, backend) with make_project's tree, on each backend that can run here."""
+    kind = request.param
+    ws = empty_workspace(kind, tmp_path, request)
     make_project(ws)
     _init(ws, kind)
     try:
