@@ -5,7 +5,7 @@ given at raise time) and each carries the exit code the CLI turns it into (SPEC 
 """
 from __future__ import annotations
 
-from snapshot.errors import PetriError
+from snapshot.errors import Conflict, NotFound, PetriError, UsageError
 
 
 class MergeError(PetriError):
@@ -16,7 +16,7 @@ class TreeChangedDuringScan(MergeError):
     """{path} changed while its change set was being computed; try again when it is quiet"""
 
 
-class UnsafePath(MergeError):
+class UnsafePath(MergeError, UsageError):
     """refusing path {path}: absolute, `..`, or reached through a symlink"""
 
     exit_code = 2
@@ -28,13 +28,13 @@ class BadIgnoreFile(MergeError):
 
 # --- promotion (merge3/promote/journal/safefs; appended by M2) ---------------------------
 
-class PromotionConflict(MergeError):
+class PromotionConflict(MergeError, Conflict):
     """promotion stopped on conflicts, nothing was written: {paths}"""
 
     exit_code = 3
 
 
-class PathThroughSymlink(MergeError):
+class PathThroughSymlink(MergeError, Conflict):
     """{path}: {via} is a symlink (or not a directory) in the workspace; it is never followed, so this path is a conflict"""
 
     exit_code = 3
@@ -44,13 +44,13 @@ class PromotionLocked(MergeError):
     """another promotion holds the workspace lock ({owner}); wait for it to finish"""
 
 
-class UndoConflict(MergeError):
+class UndoConflict(MergeError, Conflict):
     """cannot undo promotion {promotion}: the workspace changed these files since: {paths}"""
 
     exit_code = 3
 
 
-class UnknownPromotion(MergeError):
+class UnknownPromotion(MergeError, NotFound):
     """no promotion {promotion} in the journal"""
 
     exit_code = 2

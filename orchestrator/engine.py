@@ -22,6 +22,7 @@ from snapshot.choose import choose, get_backend
 from snapshot.store import Store
 from snapshot.tree import remove_tree
 
+from .limits import Limits
 from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
                      UsageError)
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
@@ -44,20 +45,6 @@ def path_fields(p: bytes) -> dict[str, str]:
     except UnicodeDecodeError:
         d["path_b64"] = base64.b64encode(p).decode()
     return d
-
-
-@dataclass(frozen=True)
-class Limits:
-    mem_bytes: int | None = None
-    cpus: float | None = None
-    pids: int | None = None
-    disk_bytes: int | None = None
-    net: bool = False
-    ttl_s: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"mem_bytes": self.mem_bytes, "cpus": self.cpus, "pids": self.pids,
-                "disk_bytes": self.disk_bytes, "net": self.net, "ttl_s": self.ttl_s}
 
 
 class Engine:
@@ -326,7 +313,8 @@ class Engine:
                           "disk_measure": usage.measure if usage else None,
                           "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
                           "peak_memory_bytes": row.peak_memory_bytes},
-                "last_exit_code": row.last_exit_code, "stale": staleness}
+                "last_exit_code": row.last_exit_code, "stale": staleness,
+                "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0))}
 
     def _last_activity(self, row: SandboxRow) -> float | None:
         """When the sandbox last changed through petri: its last run's end (None while one

@@ -5,20 +5,16 @@ Domain errors are caught at the CLI edge and turned into one line on stderr (and
 """
 from __future__ import annotations
 
-from snapshot.errors import PetriError
+from snapshot.errors import Conflict, NotFound, PetriError, Unsupported, UsageError
+
+__all__ = ["PetriError", "UsageError", "NotFound", "Conflict", "Unsupported"]  # the categories, for callers here
 
 
 class OrchestratorError(PetriError):
     """{detail}"""
 
 
-class UsageError(PetriError):
-    """{detail}"""
-
-    exit_code = 2
-
-
-class UnknownId(UsageError):
+class UnknownId(NotFound):
     """no {what} matches '{ident}'; see {listing}"""
 
 
@@ -34,7 +30,7 @@ class BadSize(UsageError):
     """bad size '{text}': use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
 
 
-class NotInitialised(PetriError):
+class NotInitialised(Unsupported):
     """{path} is not inside a petri workspace; run `petri init` there first"""
 
     exit_code = 4
@@ -44,13 +40,13 @@ class AlreadyInitialised(OrchestratorError):
     """{path} is already a petri workspace (backend {backend}); `petri deinit` removes it"""
 
 
-class NestedWorkspace(OrchestratorError):
+class NestedWorkspace(OrchestratorError, Unsupported):
     """{path} is inside the petri workspace {outer}; a workspace cannot nest in another"""
 
     exit_code = 4
 
 
-class WorkspaceIsSymlink(OrchestratorError):
+class WorkspaceIsSymlink(OrchestratorError, Unsupported):
     """{path} is a symlink (to {target}); run `petri init` on the real directory"""
 
     exit_code = 4
@@ -72,7 +68,7 @@ class SandboxGone(OrchestratorError):
     """sandbox {ident} is {state}: its tree no longer exists"""
 
 
-class RegistryTooNew(OrchestratorError):
+class RegistryTooNew(OrchestratorError, Unsupported):
     """the registry at {path} has schema {found}, newer than this petri knows ({known}); upgrade petri"""
 
     exit_code = 4
@@ -93,13 +89,13 @@ class SandboxSetupFailed(OrchestratorError):
     exit_code = 125
 
 
-class RunUserInvalid(OrchestratorError):
+class RunUserInvalid(OrchestratorError, Unsupported):
     """cannot run the command as uid {uid}: {why}"""
 
     exit_code = 4
 
 
-class LimitsUnavailable(OrchestratorError):
+class LimitsUnavailable(OrchestratorError, Unsupported):
     """cannot enforce {what} here: {why}"""
 
     exit_code = 4
@@ -116,7 +112,7 @@ class SandboxNotRunnable(OrchestratorError):
     """sandbox {ident} is {state}: nothing can run in it; fork a new one with `petri fork`"""
 
 
-class NoSuchRun(UsageError):
+class NoSuchRun(NotFound):
     """sandbox {ident} has no run {n}; `petri status {ident}` lists its runs"""
 
 
@@ -136,7 +132,7 @@ class NoCandidates(UsageError):
     """race needs at least one --patch FILE or --cmd CMD"""
 
 
-class DiskLimitUnavailable(OrchestratorError):
+class DiskLimitUnavailable(OrchestratorError, Unsupported):
     """cannot enforce --disk on {where}: {why}; {alternatives}"""
 
     exit_code = 4
@@ -165,7 +161,7 @@ class VerifyUnavailable(OrchestratorError):
     """--verify needs the runner (orchestrator.runs.run_sync), which this petri lacks: {why}"""
 
 
-class OwnerCannotRunPetri(OrchestratorError):
+class OwnerCannotRunPetri(OrchestratorError, Unsupported):
     """this workspace's store belongs to {owner}: petri run as root acts as that user there (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
 
     exit_code = 4

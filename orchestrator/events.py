@@ -131,6 +131,22 @@ def rotate_if_big(store_root: Path, limit: int = ROTATE_BYTES) -> bool:
     return True
 
 
+def read_all(store_root: Path) -> Iterator[dict[str, Any]]:
+    """Every event in the stream now (the rotated generation first), without waiting."""
+    for name in (ROTATED_NAME, FILE_NAME):
+        try:
+            with open(Path(store_root) / name, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        for ln in data.split(b"\n"):
+            if ln.strip():
+                try:
+                    yield json.loads(ln)
+                except ValueError:
+                    continue  # the line being written right now
+
+
 def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,
            stop: Any = None) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (blocking; polls), across rotations. ``stop()``

@@ -423,3 +423,39 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     reaped["promotions_pruned"] = reaped.get("promotions_pruned", 0) + len(pruned)
     reaped["preimage_bytes_freed"] = reaped.get("preimage_bytes_freed", 0) + sum(p["bytes"] for p in pruned)
     return pruned
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict[str, Any]]:
+    """The SPEC's ``promotions`` rows. States: ``done``, ``undone``, ``interrupted`` (a row
+    whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
+    with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
+    whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
+    from .registry import pid_alive, rfc3339
+    pending = e.store.journal / ".pending"
+    docs = []
+    for r in e.registry.promotions():
+        state, doc = r["state"], r["doc"]
+        if state == "conflict" and not include_conflicts:
+            continue
+        if state == "pruned":
+            state = "done"
+        elif state == "running":
+            state = "running" if pid_alive(_pending_pid(pending / r["id"])) else "interrupted"
+        can_undo = r["state"] == "done" and (e.store.journal / r["id"]).is_dir()
+        docs.append({"id": r["id"], "sandbox": r["sandbox"], "base": doc.get("base"),
+                     "applied": doc.get("applied", []), "created_at": rfc3339(r["created_at"]),
+                     "state": state, "can_undo": can_undo, "stage": doc.get("stage"),
+                     "parent": doc.get("parent"), "conflicts": doc.get("conflicts", []),
+                     "pruned": r["state"] == "pruned"})
+    return docs
+
+
+def _pending_pid(mark: Any) -> int | None:
+    try:
+        text = mark.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

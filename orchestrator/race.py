@@ -148,11 +148,16 @@ def interleave(argv: Sequence[str], patches: list[str], cmds: list[str]) -> list
     return [("patch", p) for p in patches] + [("cmd", c) for c in cmds]
 
 
-def load_candidates(pairs: Sequence[tuple[str, str]]) -> list[Candidate]:
-    """Read every patch file now: a missing one is a usage error before anything exists."""
+def load_candidates(pairs: Sequence[tuple[str, str]], texts: Sequence[bytes | None] = ()) -> list[Candidate]:
+    """Read every patch file now: a missing one is a usage error before anything exists.
+    ``texts[i]``, where given, is candidate i's patch itself (the API's ``Patch(text=...)``,
+    MCP's ``patch_text``): no file is read for it."""
     out = []
-    for kind, text in pairs:
-        if kind == "patch":
+    for i, (kind, text) in enumerate(pairs):
+        given = texts[i] if i < len(texts) else None
+        if kind == "patch" and given is not None:
+            out.append(Candidate("patch", text, given))
+        elif kind == "patch":
             try:
                 data = Path(text).read_bytes()
             except OSError as e:

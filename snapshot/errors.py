@@ -26,11 +26,45 @@ class PetriError(Exception):
         return str(self)
 
 
+# -- the public categories (``import petri`` re-exports them): every error petri raises is
+# one of these or a plain PetriError (exit 1), so a caller can catch by meaning.
+
+
+class UsageError(PetriError):
+    """{detail}"""
+
+    exit_code = 2
+
+
+class NotFound(UsageError):
+    """{detail}"""
+
+
+class Conflict(PetriError):
+    """{detail}"""
+
+    exit_code = 3
+    conflicts: tuple = ()  # what stopped it; the raiser sets it where it knows
+
+
+class Unsupported(PetriError):
+    """{detail}"""
+
+    exit_code = 4
+
+
+class MarkersWritten(PetriError):
+    """promotion {promotion} wrote conflict markers into {paths}; resolve them, or undo it with `petri rollback {promotion}`"""
+
+    exit_code = 5
+    result: object = None  # the promotion's result (petri.PromoteResult), set by the API
+
+
 class SnapshotError(PetriError):
     """snapshot failed: {detail}"""
 
 
-class BackendUnavailable(PetriError):
+class BackendUnavailable(Unsupported):
     """backend {backend} cannot work here: {why}"""
 
     exit_code = 4

@@ -1,0 +1,601 @@
+"""petri's Python API: the one surface the CLI, the MCP server and the TUI stand on.
+
+``import petri`` re-exports it (see ``petri/__init__.py``; ``petri.aio`` has the same names
+with ``async``). The smallest complete use::
+
+    ws = petri.init("/path/to/project")            # or petri.open(path)
+    snap = ws.snapshot("before upgrade")
+    with ws.fork(n=3, label="try", limits=petri.Limits(mem="1G", ttl="2h")) as sandboxes:
+        r = sandboxes[0].run(["python3", "-m", "pytest", "-q"], timeout=600)
+        r.exit_code, r.killed_by, r.stdout()       # a non-zero exit is a result, not an exception
+        d = sandboxes[0].diff()                     # .files, .patch
+        p = sandboxes[0].promote(verify="python3 -m pytest -q")   # petri.Conflict on exit-3 cases
+        p.rollback()
+    race = ws.race(check="python3 -m pytest -q", candidates=[petri.Patch("a.patch"), petri.Cmd("make fix")])
+
+Every call returns a frozen record (``orchestrator.results``) whose ``to_json()`` is the
+CLI's ``--json`` document; every failure is a ``petri.PetriError`` carrying the CLI's exit
+code. A command's non-zero exit is a result, never an exception.
+
+Threads: a ``Workspace`` may be used from several threads at once (each thread gets its own
+registry connection). Runs started from a thread fork their sandbox from that thread,
+which waits for it (see ``orchestrator/spawn.py``), so a run is never cut short by a
+thread ending.
+
+Caveats: ``Sandbox`` and the other records are pictures taken when made (``refresh()``
+takes a new one); a sync call made from inside a running trio loop blocks that loop (use
+``petri.aio`` there).
+"""
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+from .limits import Limits
+from .results import (Cleanup, Diff, Event, Forked, InitResult, PromoteResult, Promotion, PromotionList, Race,
+                      RunResult, Rollback, SandboxInfo, SandboxList, Snapshot, SnapshotList)
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .registry import SandboxRow
+
+__all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
+
+VIAS = ("api", "cli", "mcp", "tui")
+
+
+# ---------------------------------------------------------------------------- candidates
+
+
+class Patch:
+    """A race candidate: a patch (git or ``patch -p1`` format), from a file or as text."""
+
+    kind = "patch"
+
+    def __init__(self, path: str | os.PathLike | None = None, *, text: str | bytes | None = None,
+                 name: str | None = None) -> None:
+        if (path is None) == (text is None):
+            from .errors import UsageError
+            raise UsageError(detail="petri.Patch takes a file path or text=, not both or neither")
+        self.path = None if path is None else os.fspath(path)
+        self.text = text.encode() if isinstance(text, str) else text
+        self.name = name or (self.path if self.path is not None else "patch-text")
+
+    def __repr__(self) -> str:
+        return f"Patch({self.name!r})"
+
+
+class Cmd:
+    """A race candidate: a shell command run in its sandbox before the check."""
+
+    kind = "cmd"
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.name = command
+
+    def __repr__(self) -> str:
+        return f"Cmd({self.command!r})"
+
+
+# ---------------------------------------------------------------------------- opening
+
+
+def init(path: str | os.PathLike = ".", *, backend: str = "auto", convert: bool = False,
+         progress: Any = None, say: Callable[[str], None] | None = None, via: str = "api") -> "Workspace":
+    """Register ``path`` as a workspace, choose a backend, take the first snapshot.
+    ``ws.init_result`` is the ``init`` document."""
+    from .engine import Engine
+
+    engine, doc = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
+                              say=say or (lambda s: None))
+    ws = Workspace(engine.root, via=via, _engine=engine)
+    ws.init_result = InitResult.from_doc(doc)
+    return ws
+
+
+def open(path: str | os.PathLike | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001 - petri.open
+    """The workspace that holds ``path`` (default: the current directory, or
+    ``PETRI_WORKSPACE``), found by walking up as git does."""
+    from .workspace import find_workspace
+
+    return Workspace(find_workspace(None if path is None else Path(path), None), via=via)
+
+
+# ---------------------------------------------------------------------------- the workspace
+
+
+class Workspace:
+    """A petri workspace. Methods return records; errors are ``petri.PetriError``."""
+
+    def __init__(self, root: str | os.PathLike, *, via: str = "api", _engine: "Engine | None" = None) -> None:
+        if via not in VIAS:
+            from .errors import UsageError
+            raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
+        self.root = Path(root)
+        self.via = via
+        self.init_result: InitResult | None = None
+        self._local = threading.local()
+        self._kept: set[str] = set()
+        if _engine is not None:
+            self._local.engine = _engine
+
+    # -- plumbing -------------------------------------------------------------------------
+    @property
+    def engine(self) -> "Engine":
+        """This thread's engine (registry connection), opened on first use."""
+        e = getattr(self._local, "engine", None)
+        if e is None:
+            from .engine import Engine
+
+            e = Engine.open(self.root, str(self.root))
+            self._local.engine = e
+        return e
+
+    def close(self) -> None:
+        e = getattr(self._local, "engine", None)
+        if e is not None:
+            e.close()
+            self._local.engine = None
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<petri.Workspace {str(self.root)!r}>"
+
+    @property
+    def backend(self) -> str:
+        return self.engine.backend_name
+
+    # -- snapshots ------------------------------------------------------------------------
+    def snapshot(self, message: str = "", *, progress: Any = None) -> Snapshot:
+        """Take a snapshot of the workspace (the ``snapshot`` document)."""
+        from .units import MAX_NOTE, check_text
+
+        check_text("-m", message, max_len=MAX_NOTE)
+        row = self.engine.take_snapshot(message, kind="user", progress=progress)
+        return Snapshot.from_doc(self.engine.snapshot_doc(row, with_bytes=False))
+
+    def snapshots(self) -> list[Snapshot]:
+        e = self.engine
+        return [Snapshot.from_doc(e.snapshot_doc(r)) for r in e.registry.snapshots()]
+
+    def snapshot_list(self) -> SnapshotList:
+        """``snapshots`` as one document."""
+        return SnapshotList(snapshots=tuple(self.snapshots()))
+
+    # -- sandboxes ------------------------------------------------------------------------
+    def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
+             limits: Limits | None = None, keep_expired: bool = False) -> "SandboxSet":
+        """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
+        workspace now; a snapshot; a sandbox: a fork of a fork). Leaving a ``with`` block
+        over the result destroys them unless ``keep()`` was called. ``.forked`` is the
+        ``fork`` document."""
+        from .config import load_config
+        from .units import MAX_LABEL, check_text
+
+        if label is not None:
+            check_text("--label", label, max_len=MAX_LABEL)
+        e = self.engine
+        lim = load_config(e.root).apply_defaults(limits or Limits())
+        prepared = e.check_limits(lim)
+        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        forked = Forked.from_doc({"sandboxes": [_fork_row_doc(r) for r in rows],
+                                  "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
+        return SandboxSet(self, [Sandbox(self, info) for info in forked.sandboxes], forked)
+
+    def sandbox(self, ident: str) -> "Sandbox":
+        """A sandbox by id, unique id prefix or label (``petri.NotFound`` if none)."""
+        e = self.engine
+        row = e.resolve_sandbox(ident)
+        return Sandbox(self, SandboxInfo.from_doc(e.sandbox_doc(row, staleness=None)))
+
+    def sandboxes(self, *, all: bool = False, staleness: bool = True) -> list["Sandbox"]:  # noqa: A002
+        """Every sandbox (``ls``); ``all`` adds destroyed and failed ones."""
+        return [Sandbox(self, info) for info in self.sandbox_list(all=all, staleness=staleness).sandboxes]
+
+    def sandbox_list(self, *, all: bool = False, staleness: bool = True) -> SandboxList:  # noqa: A002
+        """``ls`` as one document."""
+        e = self.engine
+        rows = [r for r in e.registry.sandboxes() if all or r.state not in ("destroyed", "failed")]
+        docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False) for r in rows]
+        return SandboxList.from_doc({"sandboxes": docs})
+
+    def status(self, sandbox: "str | Sandbox") -> SandboxList:
+        """``status``: one sandbox in full, staleness and runs included."""
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        doc = e.sandbox_doc(row, staleness=e.staleness(row))
+        doc["runs"] = e.registry.runs(row.id)
+        return SandboxList.from_doc({"sandboxes": [doc]})
+
+    def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
+               expired: bool = False) -> Cleanup:
+        """``rm``: destroy sandboxes, or snapshots no sandbox uses."""
+        from .errors import UsageError
+
+        if not idents and not all and not expired:
+            raise UsageError(detail="rm needs ids, --all or --expired")
+        ids = [_any_id(i) for i in idents]
+        removed = self.engine.remove(ids, all_sandboxes=all, expired=expired)
+        return Cleanup.from_doc({"removed": removed, "reaped": {"mounts": 0, "processes": 0, "cgroups": 0,
+                                                               "promotions_finished": 0, "promotions_undone": 0}})
+
+    def gc(self) -> Cleanup:
+        return Cleanup.from_doc(self.engine.gc())
+
+    # -- runs -----------------------------------------------------------------------------
+    def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
+            env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
+            on_output: Callable[[str, bytes], None] | None = None) -> RunResult:
+        """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
+        wait for it; its output is saved (``stdout()``/``stderr()``), not printed."""
+        import functools
+
+        import trio
+
+        from .runs import run_in_sandbox
+
+        argv_l = _argv(argv)
+        on_event = None
+        if on_output is not None:
+            def on_event(ev: Any) -> None:
+                if ev.kind == "output" and ev.stream:
+                    on_output(ev.stream, ev.data)
+        doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
+                                         timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
+                                         cwd=cwd, on_event=on_event))
+        return RunResult.from_doc(doc)
+
+    def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
+        """Every run of the sandbox, oldest first."""
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        return [RunResult.from_doc(d) for d in e.registry.runs(row.id)]
+
+    # -- race -----------------------------------------------------------------------------
+    def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
+             jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
+             promote: bool = False, say: Callable[[str], None] | None = None) -> Race:
+        """Race the candidates: one sandbox each, the check run in all at once, ranked
+        (SPEC). ``winner`` is None when no check passed (a result, not an error)."""
+        from .errors import EmptyCommand, NoCandidates, UsageError
+        from .race import load_candidates, race_sync
+
+        if not check or not check.strip():
+            raise EmptyCommand(what="check", hint=" (e.g. check='python3 -m pytest -q')")
+        if not candidates:
+            raise NoCandidates()
+        if jobs < 1:
+            raise UsageError(detail=f"bad jobs {jobs}: at least 1")
+        cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
+        doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
+                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote)
+        return Race.from_doc(doc)
+
+    # -- diff, promote, rollback --------------------------------------------------------------
+    def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+             stat_only: bool = False) -> Diff:
+        """The sandbox's changes against its base as a git-format patch (``diff``)."""
+        return Diff.from_doc(diff_doc(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
+                                      with_patch=not stat_only))
+
+    def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
+                dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
+                say: Callable[[str], None] | None = None) -> PromoteResult:
+        """Apply the sandbox's changes to the workspace, 3-way against live, as one
+        journaled transaction. ``petri.Conflict`` (exit 3: nothing written);
+        ``petri.MarkersWritten`` (exit 5) carries the result in ``.result``; a failed
+        ``verify`` is a result (``verified: false, rolled_back: true``)."""
+        from snapshot.errors import MarkersWritten
+
+        from .promotions import promote as do_promote
+
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
+                         paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
+                         say=say or (lambda s: None))
+        result = PromoteResult.from_doc(doc)
+        result = _with_ws(result, self)
+        if doc.get("markers") and not dry_run:
+            err = MarkersWritten(promotion=doc.get("promotion"), paths=", ".join(doc.get("applied", [])[:5]))
+            err.result = result
+            raise err
+        return result
+
+    def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
+        from .promotions import promotion_docs
+
+        return [_with_ws(Promotion.from_doc(d), self) for d in promotion_docs(self.engine,
+                                                                              include_conflicts=include_conflicts)]
+
+    def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
+        return PromotionList(promotions=tuple(self.promotions(include_conflicts=include_conflicts)))
+
+    def rollback(self, target: "str | Snapshot | Promotion | PromoteResult") -> Rollback:
+        """``s-…``: restore the workspace to that snapshot (after a safety snapshot);
+        ``p-…``: undo that promotion (``petri.Conflict`` if live changed those files since)."""
+        e = self.engine
+        ident = _any_id(target)
+        kind, full = e.registry.resolve(ident, ("snapshot", "promotion"))
+        doc = e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
+        return Rollback.from_doc(doc)
+
+    # -- events ---------------------------------------------------------------------------
+    def events(self, *, follow: bool = False, from_start: bool = True, stop: Callable[[], bool] | None = None,
+               poll_s: float = 0.1) -> Iterator[Event]:
+        """The event stream (``.petri/events.jsonl``): what is there (``follow=False``), or
+        also what comes, blocking (``follow=True``: from the start with ``from_start``, else
+        from now; ``stop()`` returning true ends it)."""
+        from . import events as ev
+
+        store = self.engine.store.root
+        if follow:
+            for d in ev.follow(store, from_start=from_start, poll_s=poll_s, stop=stop):
+                yield Event.from_doc(d)
+            return
+        yield from (Event.from_doc(d) for d in ev.read_all(store))
+
+    # -- the workspace itself -------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """What ``init`` reported, as the registry remembers it (the ``init`` fields)."""
+        e = self.engine
+        reg = e.registry
+        return {"workspace": str(e.root), "backend": e.backend_name, "reason": reg.get_meta("reason") or "",
+                "snapshot": (reg.snapshots()[0].id if reg.snapshots() else None)}
+
+    def deinit(self, *, force: bool = False) -> dict[str, Any]:
+        doc = self.engine.deinit(force=force)
+        self._local.engine = None
+        return doc
+
+
+# ---------------------------------------------------------------------------- sandboxes
+
+
+class Sandbox:
+    """A handle on one sandbox with the record it was made from (``info``); its fields
+    (``id``, ``label``, ``path``, ``state``, ``base``, ``parent``, ``generation``...) read
+    through to that record."""
+
+    def __init__(self, ws: Workspace, info: SandboxInfo) -> None:
+        self.workspace = ws
+        self.info = info
+
+    def __getattr__(self, name: str) -> Any:
+        info = self.__dict__.get("info")
+        if info is None:
+            raise AttributeError(name)
+        if name in info.__dataclass_fields__ and name not in ("extra", "_order"):
+            return getattr(info, name)
+        if name in info.extra:
+            return info.extra[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"<petri.Sandbox {self.info.id}{' ' + repr(self.info.label) if self.info.label else ''}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.info.id == self.info.id
+
+    def __hash__(self) -> int:
+        return hash(self.info.id)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.info.to_json()
+
+    def refresh(self) -> "Sandbox":
+        """A new picture of this sandbox (state, usage, staleness)."""
+        return Sandbox(self.workspace, self.workspace.status(self.info.id).sandboxes[0])
+
+    def run(self, argv: Sequence[str | bytes] | str, **kw: Any) -> RunResult:
+        return self.workspace.run(self.info.id, argv, **kw)
+
+    def diff(self, paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
+        return self.workspace.diff(self.info.id, paths, **kw)
+
+    def promote(self, **kw: Any) -> PromoteResult:
+        return self.workspace.promote(self.info.id, **kw)
+
+    def fork(self, n: int = 1, **kw: Any) -> "Sandbox | SandboxSet":
+        """A fork of this fork (one sandbox, or a set with ``n`` > 1)."""
+        got = self.workspace.fork(n, source=self, **kw)
+        return got[0] if n == 1 else got
+
+    def logs(self) -> list[RunResult]:
+        return self.workspace.logs(self.info.id)
+
+    def destroy(self) -> Cleanup:
+        return self.workspace.remove(self.info.id)
+
+    def keep(self) -> "Sandbox":
+        """Leave this sandbox alive when its ``with ws.fork(...)`` block ends."""
+        self.workspace._kept.add(self.info.id)
+        return self
+
+
+class SandboxSet(list):
+    """The sandboxes one ``fork`` made: a list, and a context manager that destroys them on
+    exit (every one not ``keep()``-ed), also when the block raised."""
+
+    def __init__(self, ws: Workspace, items: Iterable[Sandbox], forked: Forked) -> None:
+        super().__init__(items)
+        self.workspace = ws
+        self.forked = forked
+
+    def to_json(self) -> dict[str, Any]:
+        return self.forked.to_json()
+
+    def keep(self) -> "SandboxSet":
+        for sb in self:
+            sb.keep()
+        return self
+
+    def __enter__(self) -> "SandboxSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from snapshot.errors import PetriError
+
+        gone = [sb.info.id for sb in self if sb.info.id not in self.workspace._kept]
+        for sb_id in gone:
+            try:
+                self.workspace.engine.destroy_sandbox(sb_id)
+            except PetriError:
+                pass  # already gone (rm by someone else); gc reaps anything left
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _with_ws(rec: Any, ws: Workspace) -> Any:
+    object.__setattr__(rec, "_ws", ws)
+    return rec
+
+
+def _rollback_of(rec: Any) -> Rollback:
+    ws = getattr(rec, "_ws", None)
+    ident = rec.promotion if isinstance(rec, PromoteResult) else rec.id
+    if ws is None or not ident:
+        from .errors import UsageError
+        raise UsageError(detail="this promotion wrote nothing: there is nothing to roll back")
+    return ws.rollback(ident)
+
+
+PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]  # records stay data; the API adds the verb
+Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
+
+
+def _sandbox_id(s: "str | Sandbox") -> str:
+    return s.info.id if isinstance(s, Sandbox) else str(s)
+
+
+def _any_id(x: Any) -> str:
+    if isinstance(x, Sandbox):
+        return x.info.id
+    if isinstance(x, PromoteResult):
+        return str(x.promotion)
+    if hasattr(x, "id"):
+        return str(x.id)
+    return str(x)
+
+
+def _source_id(source: Any) -> str:
+    return "live" if source is None else _any_id(source)
+
+
+def _argv(argv: Sequence[str | bytes] | str) -> list[Any]:
+    from .errors import EmptyCommand
+
+    if isinstance(argv, (str, bytes)):
+        if not argv.strip():
+            raise EmptyCommand(what="the command", hint="")
+        return ["/bin/sh", "-c", os.fsdecode(argv)]
+    out = [os.fsdecode(a) if isinstance(a, bytes) else a for a in argv]
+    if not out or not out[0]:
+        raise EmptyCommand(what="the command", hint="")
+    return out
+
+
+def _seconds(t: float | str | None) -> float | None:
+    if t is None:
+        return None
+    if isinstance(t, str):
+        from .units import parse_duration
+        return parse_duration(t)
+    if t <= 0:
+        from .errors import UsageError
+        raise UsageError(detail=f"bad timeout {t!r}: more than 0 seconds")
+    return float(t)
+
+
+def _path_bytes(p: str | bytes) -> bytes:
+    from merge.changes import normalize_path
+
+    return normalize_path(os.fsencode(p))
+
+
+def _candidate_pair(c: Any) -> tuple[str, str]:
+    if isinstance(c, Patch):
+        return ("patch", c.name)
+    if isinstance(c, Cmd):
+        return ("cmd", c.command)
+    if isinstance(c, dict) and len(c) == 1:
+        (k, v), = c.items()
+        if k in ("patch", "cmd"):
+            return (k, v)
+        if k == "patch_text":
+            return ("patch", "patch-text")
+    from .errors import UsageError
+    raise UsageError(detail=f"a candidate is petri.Patch(...) or petri.Cmd(...), not {c!r}")
+
+
+def _candidate_texts(candidates: Sequence[Any]) -> list[bytes | None]:
+    """Patch bytes given as text (``Patch(text=...)``, MCP's ``patch_text``), by position."""
+    out: list[bytes | None] = []
+    for c in candidates:
+        if isinstance(c, Patch) and c.text is not None:
+            out.append(c.text)
+        elif isinstance(c, dict) and "patch_text" in c:
+            t = c["patch_text"]
+            out.append(t.encode() if isinstance(t, str) else t)
+        else:
+            out.append(None)
+    return out
+
+
+def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
+    from .registry import rfc3339
+
+    return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
+            "expires_at": rfc3339(r.expires_at), "limits": r.limits,
+            "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
+
+
+def _b64(p: bytes) -> str:
+    return base64.b64encode(p).decode()
+
+
+def file_doc(s: Any) -> dict[str, Any]:
+    """One file of a diff (a ``merge.patch.FileStat``) as SPEC's ``files`` row."""
+    d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
+                         "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
+                         "binary": s.binary, "lines_added": s.lines_added, "lines_removed": s.lines_removed,
+                         "old_mode": s.old_mode, "new_mode": s.new_mode}
+    for key, raw in (("path", s.path), ("old_path", s.old_path)):
+        if raw is not None:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                d[key + "_b64"] = _b64(raw)
+    return d
+
+
+def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+             with_patch: bool = True) -> dict[str, Any]:
+    """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
+    UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
+    from merge.patch import format_patch, patch_stats
+
+    from .changesets import changes, sandbox_views
+
+    row = engine.resolve_sandbox(sandbox)
+    wanted = [_path_bytes(p) for p in paths]
+    with sandbox_views(engine, row) as (base, tree):
+        ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=wanted)
+        stats = patch_stats(ch, base, tree)
+        patch = format_patch(ch, base, tree) if with_patch else b""
+    text = patch.decode("utf-8", "backslashreplace")
+    doc: dict[str, Any] = {"base": row.base, "sandbox": row.id, "files": [file_doc(s) for s in stats],
+                           "patch": text}
+    if text.encode("utf-8", "surrogateescape") != patch:
+        doc["patch_b64"] = _b64(patch)
+    return doc

@@ -1,0 +1,79 @@
+"""The one ``Limits`` type: what a sandbox may use, from the command line (or the API, the
+MCP server, the config file) down to the registry row and each run's cgroup.
+
+``Limits(mem="1G", ttl="2h")`` takes what a person writes (sizes with K/M/G/T, durations
+with s/m/h/d, numbers as they are) as well as the exact fields (``mem_bytes=...``);
+``as_dict()`` is the row's and the JSON's ``limits`` object.
+
+Values are checked where they are applied (``units.validate_limits``: finite, within what
+the machine has), not here, so a row written by an older petri still loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+Size = int | str | None
+Duration = float | int | str | None
+
+
+@dataclass(frozen=True, init=False)
+class Limits:
+    mem_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    disk_bytes: int | None = None
+    net: bool = False
+    ttl_s: float | None = None
+
+    def __init__(self, mem: Size = None, cpus: float | int | str | None = None, pids: int | None = None,
+                 disk: Size = None, net: bool = False, ttl: Duration = None, *, mem_bytes: int | None = None,
+                 disk_bytes: int | None = None, ttl_s: float | None = None) -> None:
+        from .errors import UsageError
+        from .units import parse_cpus, parse_duration, parse_size
+
+        def one(name: str, friendly: Any, exact: Any) -> Any:
+            if friendly is not None and exact is not None:
+                raise UsageError(detail=f"Limits: give {name} or {name}_{'s' if name == 'ttl' else 'bytes'}, not both")
+            return friendly if friendly is not None else exact
+
+        mem_v = one("mem", mem, mem_bytes)
+        disk_v = one("disk", disk, disk_bytes)
+        ttl_v = one("ttl", ttl, ttl_s)
+        if isinstance(pids, bool) or (pids is not None and not isinstance(pids, int)):
+            raise UsageError(detail=f"Limits: pids must be a whole number, not {pids!r}")
+        set_ = object.__setattr__
+        set_(self, "mem_bytes", parse_size(mem_v) if isinstance(mem_v, str) else _int_or_none("mem", mem_v))
+        set_(self, "cpus", parse_cpus(cpus) if isinstance(cpus, str) else (None if cpus is None else float(cpus)))
+        set_(self, "pids", pids)
+        set_(self, "disk_bytes", parse_size(disk_v) if isinstance(disk_v, str) else _int_or_none("disk", disk_v))
+        set_(self, "net", bool(net))
+        set_(self, "ttl_s", parse_duration(ttl_v) if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Limits":
+        """From a row's or a document's ``limits`` object (unknown keys ignored)."""
+        d = d or {}
+        return cls(mem_bytes=d.get("mem_bytes"), cpus=d.get("cpus"), pids=d.get("pids"),
+                   disk_bytes=d.get("disk_bytes"), net=bool(d.get("net")), ttl_s=d.get("ttl_s"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self, **changes: Any) -> "Limits":
+        d = self.as_dict()
+        d.update(changes)
+        return Limits(**d)
+
+    def any_enforced(self) -> bool:
+        """Whether a run needs the machinery that enforces limits (cgroups, quotas)."""
+        return bool(self.mem_bytes or self.cpus or self.pids or self.disk_bytes)
+
+
+def _int_or_none(name: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        from .errors import UsageError
+        raise UsageError(detail=f"Limits: {name} must be bytes (an int) or a size such as '512M', not {v!r}")
+    return v

@@ -1,0 +1,297 @@
+"""Typed, frozen records of what petri did: one per SPEC JSON shape.
+
+Each record's ``to_json()`` is exactly the document ``petri <command> --json`` prints (the
+CLI prints ``to_json()``; the MCP server returns it as structured content), so there is one
+schema for the CLI, the Python API and MCP. A record keeps the SPEC's fields as typed
+attributes and everything else the engine reported in ``extra`` (SPEC: "more fields are
+welcome"), in the order the engine wrote it.
+
+Records are plain frozen dataclasses, not pydantic models: the CLI builds one on every
+command and start-up time matters. The MCP server derives JSON schemas from them.
+
+Caveat: a record is a picture taken when it was made. ``Sandbox.refresh()`` (in the API)
+takes a new one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Mapping, TypeVar
+
+SCHEMA = 1
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True)
+class Record:
+    """Base: ``from_doc(doc)`` splits a document into the typed fields and ``extra``."""
+
+    extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
+    # Fields that hold records (or tuples of them): name -> record class.
+    nested: ClassVar[Mapping[str, type["Record"]]] = {}
+    # Keys of the document whose place in the output matters to people (kept in doc order).
+    _order: tuple[str, ...] = field(default=(), repr=False, compare=False, kw_only=True)
+
+    @classmethod
+    def from_doc(cls: type[R], doc: Mapping[str, Any]) -> R:
+        names = {f.name for f in fields(cls)} - {"extra", "_order"}
+        kw: dict[str, Any] = {}
+        for name in names:
+            if name in doc:
+                kw[name] = _load(cls.nested.get(name), doc[name])
+        extra = {k: v for k, v in doc.items() if k not in names and k != "schema"}
+        return cls(**kw, extra=extra, _order=tuple(k for k in doc if k != "schema"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The SPEC document, ``"schema": 1`` first."""
+        typed = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if f.name not in ("extra", "_order")}
+        out: dict[str, Any] = {"schema": SCHEMA}
+        for k in self._order:  # the engine's order first, then whatever it did not name
+            if k in typed:
+                out[k] = typed[k]
+            elif k in self.extra:
+                out[k] = self.extra[k]
+        for k, v in typed.items():
+            out.setdefault(k, v)
+        for k, v in self.extra.items():
+            out.setdefault(k, v)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the document by name, typed or extra."""
+        if key in {f.name for f in fields(self)} - {"extra", "_order"}:
+            return getattr(self, key)
+        return self.extra.get(key, default)
+
+
+def _load(kind: type[Record] | None, value: Any) -> Any:
+    if kind is None:
+        return value
+    if isinstance(value, list):
+        return tuple(kind.from_doc(v) for v in value)
+    if isinstance(value, Mapping):
+        return kind.from_doc(value)
+    return value
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, Record):
+        d = value.to_json()
+        d.pop("schema", None)
+        return d
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------- workspace
+
+
+@dataclass(frozen=True)
+class InitResult(Record):
+    workspace: str
+    backend: str
+    reason: str
+    snapshot: str
+
+
+@dataclass(frozen=True)
+class Snapshot(Record):
+    id: str
+    message: str = ""
+    implicit: bool = False
+    created_at: str | None = None
+    backend: str | None = None
+    bytes_copied: int | None = None
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class SandboxInfo(Record):
+    """One sandbox row of ``ls`` / ``status`` / ``fork``."""
+
+    id: str
+    label: str | None = None
+    backend: str | None = None
+    state: str | None = None
+    base: str | None = None
+    path: str | None = None
+    created_at: str | None = None
+    expires_at: str | None = None
+    limits: Mapping[str, Any] | None = None
+    usage: Mapping[str, Any] | None = None
+    last_exit_code: int | None = None
+    stale: Mapping[str, Any] | None = None
+    parent: str | None = None
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Forked(Record):
+    """``fork``: the sandboxes made by one call."""
+
+    sandboxes: tuple[SandboxInfo, ...] = ()
+    nested = {"sandboxes": SandboxInfo}
+
+
+@dataclass(frozen=True)
+class SandboxList(Record):
+    """``ls`` and ``status``."""
+
+    sandboxes: tuple[SandboxInfo, ...] = ()
+    nested = {"sandboxes": SandboxInfo}
+
+
+@dataclass(frozen=True)
+class RunResult(Record):
+    id: str  # the sandbox
+    run: int
+    exit_code: int | None = None
+    duration_s: float | None = None
+    killed_by: str | None = None
+    limits_hit: tuple[str, ...] | list[str] = ()
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    peak_memory_bytes: int | None = None
+
+    @property
+    def sandbox(self) -> str:
+        return self.id
+
+    def stdout(self, errors: str = "replace") -> str:
+        """What the command wrote on stdout (the saved file), as text."""
+        return _read(self.stdout_path, errors)
+
+    def stderr(self, errors: str = "replace") -> str:
+        return _read(self.stderr_path, errors)
+
+
+def _read(path: str | None, errors: str) -> str:
+    if not path:
+        return ""
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", errors)
+
+
+@dataclass(frozen=True)
+class RaceCandidate(Record):
+    candidate: str
+    kind: str
+    sandbox: str | None = None
+    applied: bool = False
+    exit_code: int | None = None
+    duration_s: float | None = None
+    killed_by: str | None = None
+    files_changed: int = 0
+    lines_added: int = 0
+    lines_removed: int = 0
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class Race(Record):
+    race: str
+    base: str | None = None
+    winner: str | None = None
+    candidates: tuple[RaceCandidate, ...] = ()
+    conflicts: tuple[Any, ...] | list[Any] = ()
+    nested = {"candidates": RaceCandidate}
+
+    @property
+    def id(self) -> str:
+        return self.race
+
+
+@dataclass(frozen=True)
+class DiffFile(Record):
+    path: str
+    status: str
+    old_path: str | None = None
+    binary: bool = False
+    lines_added: int = 0
+    lines_removed: int = 0
+    old_mode: str | None = None
+    new_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class Diff(Record):
+    base: str | None
+    files: tuple[DiffFile, ...] = ()
+    patch: str = ""
+    nested = {"files": DiffFile}
+
+    @property
+    def patch_bytes(self) -> bytes:
+        """The patch exactly (``patch_b64`` when it holds bytes that are not UTF-8)."""
+        b64 = self.extra.get("patch_b64")
+        if b64:
+            import base64
+
+            return base64.b64decode(b64)
+        return self.patch.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class PromoteResult(Record):
+    promotion: str | None
+    applied: tuple[str, ...] | list[str] = ()
+    conflicts: tuple[Any, ...] | list[Any] = ()
+    verified: bool | None = None
+    rolled_back: bool = False
+
+    @property
+    def id(self) -> str | None:
+        return self.promotion
+
+
+@dataclass(frozen=True)
+class Promotion(Record):
+    """One row of ``promotions``."""
+
+    id: str
+    sandbox: str | None = None
+    base: str | None = None
+    applied: tuple[str, ...] | list[str] = ()
+    created_at: str | None = None
+    state: str | None = None
+    can_undo: bool = False
+    stage: str | None = None
+
+
+@dataclass(frozen=True)
+class PromotionList(Record):
+    promotions: tuple[Promotion, ...] = ()
+    nested = {"promotions": Promotion}
+
+
+@dataclass(frozen=True)
+class Rollback(Record):
+    restored: str
+    kind: str
+    changed: tuple[str, ...] | list[str] = ()
+    safety_snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class Cleanup(Record):
+    """``rm`` and ``gc``."""
+
+    removed: tuple[str, ...] | list[str] = ()
+    reaped: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SnapshotList(Record):
+    snapshots: tuple[Snapshot, ...] = ()
+    nested = {"snapshots": Snapshot}
+
+
+@dataclass(frozen=True)
+class Event(Record):
+    """One line of ``.petri/events.jsonl``."""
+
+    event: str
+    ts: str | None = None
+    pid: int | None = None
+    via: str | None = None

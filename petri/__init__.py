@@ -1,0 +1,32 @@
+"""petri: instant, isolated, same-path clones of a project: fork, run, race, diff, promote,
+roll back. This module only re-exports the public API (the engine lives in
+``orchestrator/``); its names are pinned by ``tests/test_exports.py``. ``petri.aio`` has the
+same names with ``async``.
+
+Importing petri imports no typer, textual, mcp or ray (tested).
+
+Note: PyPI has an unrelated old package also named ``petri``; installing both would shadow
+this module (the distribution here is ``petridish``).
+"""
+from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, init, open
+from orchestrator.limits import Limits
+from orchestrator.results import (Cleanup, Diff, DiffFile, Event, Forked, InitResult, PromoteResult, Promotion,
+                                  PromotionList, Race, RaceCandidate, Record, Rollback, RunResult, SandboxInfo,
+                                  SandboxList, Snapshot, SnapshotList)
+from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    # opening a workspace
+    "init", "open", "Workspace",
+    # handles
+    "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
+    # records (each .to_json() is the CLI's --json document)
+    "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
+    "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
+    "Cleanup", "Event",
+    # errors (each carries .exit_code)
+    "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
+]

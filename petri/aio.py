@@ -1,0 +1,298 @@
+"""petri's API for async code: the same names as ``petri``, with ``async`` methods.
+
+It runs under trio and asyncio alike (anyio). Calls that only touch the registry and the
+trees run in a worker thread (``anyio.to_thread``). A run (``Sandbox.run``) and a race
+(``Workspace.race``) are cancellable: cancelling the awaiting task kills the run's
+processes, as ``petri run`` does on its deadline, and returns only once they are gone.
+Under trio they run on the caller's own loop; under asyncio in a worker thread with a trio
+loop of its own, which the cancellation reaches.
+
+    import petri.aio as petri
+    ws = await petri.open("/path/to/project")
+    sandboxes = await ws.fork(n=3)
+    async with sandboxes:
+        r = await sandboxes[0].run(["make", "test"], timeout=600)
+
+Caveat: under asyncio a cancelled run is noticed within 50 ms (the worker's trio loop polls
+for it); under trio at once.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+
+import anyio
+import sniffio
+
+from orchestrator import api as _api
+from orchestrator.api import Cmd, Patch
+from orchestrator.limits import Limits
+from orchestrator.results import (Cleanup, Diff, Event, PromoteResult, Promotion, Race, Rollback, RunResult,
+                                  SandboxInfo, SandboxList, Snapshot)
+from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
+
+__all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
+           "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"]
+
+T = TypeVar("T")
+
+
+async def _thread(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kw))
+
+
+async def _trio_call(make: Callable[[], Awaitable[T]]) -> T:
+    """Await the trio-native coroutine ``make()``: directly under trio; under anything else in
+    a worker thread's own trio loop, cancelled (and waited for) when we are cancelled."""
+    if sniffio.current_async_library() == "trio":
+        return await make()
+    import trio
+
+    stop = threading.Event()
+    finished = threading.Event()
+
+    def body() -> T:
+        async def main() -> T:
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    while not stop.is_set():
+                        await trio.sleep(0.05)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                try:
+                    return await make()
+                finally:
+                    nursery.cancel_scope.cancel()
+
+        try:
+            return trio.run(main)
+        finally:
+            finished.set()
+
+    try:
+        return await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        stop.set()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(finished.wait)  # the run's processes are gone now
+        raise
+
+
+async def init(path: str | os.PathLike = ".", **kw: Any) -> "Workspace":
+    return Workspace(await _thread(_api.init, path, **kw))
+
+
+async def open(path: str | os.PathLike | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001
+    return Workspace(await _thread(_api.open, path, via=via))
+
+
+class Workspace:
+    """``petri.Workspace`` with async methods (``sync`` is the wrapped one)."""
+
+    def __init__(self, sync: _api.Workspace) -> None:
+        self.sync = sync
+        self.root = sync.root
+        self.via = sync.via
+
+    def __repr__(self) -> str:
+        return f"<petri.aio.Workspace {str(self.root)!r}>"
+
+    async def snapshot(self, message: str = "") -> Snapshot:
+        return await _thread(self.sync.snapshot, message)
+
+    async def snapshots(self) -> list[Snapshot]:
+        return await _thread(self.sync.snapshots)
+
+    async def fork(self, n: int = 1, **kw: Any) -> "SandboxSet":
+        if isinstance(kw.get("source"), Sandbox):
+            kw["source"] = kw["source"].sync
+        got = await _thread(self.sync.fork, n, **kw)
+        return SandboxSet(self, got)
+
+    async def sandbox(self, ident: str) -> "Sandbox":
+        return Sandbox(self, await _thread(self.sync.sandbox, ident))
+
+    async def sandboxes(self, **kw: Any) -> list["Sandbox"]:
+        return [Sandbox(self, s) for s in await _thread(self.sync.sandboxes, **kw)]
+
+    async def sandbox_list(self, **kw: Any) -> SandboxList:
+        return await _thread(self.sync.sandbox_list, **kw)
+
+    async def status(self, sandbox: "str | Sandbox") -> SandboxList:
+        return await _thread(self.sync.status, _sid(sandbox))
+
+    async def remove(self, *idents: Any, **kw: Any) -> Cleanup:
+        return await _thread(self.sync.remove, *[_sid(i) for i in idents], **kw)
+
+    async def gc(self) -> Cleanup:
+        return await _thread(self.sync.gc)
+
+    async def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
+                  timeout: float | str | None = None, env: dict[str, str] | None = None,
+                  cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
+                  on_output: Callable[[str, bytes], None] | None = None) -> RunResult:
+        """Run and wait; cancelling this kills the run (every process of it is gone when
+        the cancellation propagates)."""
+        from orchestrator.runs import run_in_sandbox
+
+        sb = _sid(sandbox)
+        argv_l = _api._argv(argv)
+        timeout_s = _api._seconds(timeout)
+        on_event = None
+        if on_output is not None:
+            def on_event(ev: Any) -> None:
+                if ev.kind == "output" and ev.stream:
+                    on_output(ev.stream, ev.data)
+        ws = self.sync
+
+        async def go() -> dict[str, Any]:
+            return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
+                                        echo=False, cwd=cwd, on_event=on_event)
+
+        return RunResult.from_doc(await _trio_call(go))
+
+    async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
+        return await _thread(self.sync.logs, _sid(sandbox))
+
+    async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, **kw: Any) -> Race:
+        """Race the candidates; cancelling this stops the race and removes its sandboxes."""
+        from orchestrator.errors import EmptyCommand, NoCandidates
+        from orchestrator.race import load_candidates, promote_winner, run_race
+
+        if not check or not check.strip():
+            raise EmptyCommand(what="check", hint="")
+        if not candidates:
+            raise NoCandidates()
+        cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
+        limits = kw.pop("limits", None) or Limits()
+        timeout_s = _api._seconds(kw.pop("timeout", None))
+        source = _api._source_id(kw.pop("source", "live"))
+        ws = self.sync
+
+        async def go() -> dict[str, Any]:
+            return await run_race(ws.engine, cands, check, source=source, limits=limits, timeout_s=timeout_s, **kw)
+
+        doc = await _trio_call(go)
+        if promote:
+            await _thread(lambda: promote_winner(ws.engine, doc))
+        return Race.from_doc(doc)
+
+    async def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
+        return await _thread(self.sync.diff, _sid(sandbox), paths, **kw)
+
+    async def promote(self, sandbox: "str | Sandbox", **kw: Any) -> PromoteResult:
+        return await _thread(self.sync.promote, _sid(sandbox), **kw)
+
+    async def promotions(self, **kw: Any) -> list[Promotion]:
+        return await _thread(self.sync.promotions, **kw)
+
+    async def rollback(self, target: Any) -> Rollback:
+        return await _thread(self.sync.rollback, _sid(target))
+
+    async def events(self, *, follow: bool = False, from_start: bool = True) -> AsyncIterator[Event]:
+        """The event stream; with ``follow`` it waits for new events (closing the iterator,
+        or cancelling the task, stops it)."""
+        it = self.sync.events(follow=False) if not follow else None
+        if it is not None:
+            for ev in await _thread(list, it):
+                yield ev
+            return
+        from orchestrator import events as ev_mod
+
+        store = (await _thread(lambda: self.sync.engine.store.root))
+        stop = threading.Event()
+        gen = ev_mod.follow(store, from_start=from_start, poll_s=0.05, stop=stop.is_set)
+        try:
+            while True:
+                d = await anyio.to_thread.run_sync(next, gen, None, abandon_on_cancel=True)
+                if d is None:
+                    return
+                yield Event.from_doc(d)
+        finally:
+            stop.set()
+
+    async def info(self) -> dict[str, Any]:
+        return await _thread(self.sync.info)
+
+    async def close(self) -> None:
+        self.sync.close()
+
+
+class Sandbox:
+    """``petri.Sandbox`` with async methods; its fields read through to ``info``."""
+
+    def __init__(self, ws: Workspace, sync: _api.Sandbox) -> None:
+        self.workspace = ws
+        self.sync = sync
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self.sync.info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["sync"], name)
+
+    def __repr__(self) -> str:
+        return f"<petri.aio.Sandbox {self.sync.info.id}>"
+
+    def to_json(self) -> dict[str, Any]:
+        return self.sync.to_json()
+
+    async def refresh(self) -> "Sandbox":
+        return Sandbox(self.workspace, await _thread(self.sync.refresh))
+
+    async def run(self, argv: Sequence[str | bytes] | str, **kw: Any) -> RunResult:
+        return await self.workspace.run(self.sync.info.id, argv, **kw)
+
+    async def diff(self, paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
+        return await self.workspace.diff(self.sync.info.id, paths, **kw)
+
+    async def promote(self, **kw: Any) -> PromoteResult:
+        return await self.workspace.promote(self.sync.info.id, **kw)
+
+    async def fork(self, n: int = 1, **kw: Any) -> "Sandbox | SandboxSet":
+        got = await self.workspace.fork(n, source=self, **kw)
+        return got[0] if n == 1 else got
+
+    async def logs(self) -> list[RunResult]:
+        return await self.workspace.logs(self.sync.info.id)
+
+    async def destroy(self) -> Cleanup:
+        return await self.workspace.remove(self.sync.info.id)
+
+    def keep(self) -> "Sandbox":
+        self.sync.keep()
+        return self
+
+
+class SandboxSet(list):
+    """``petri.SandboxSet``, with ``async with`` destroying what was not kept."""
+
+    def __init__(self, ws: Workspace, sync: _api.SandboxSet) -> None:
+        super().__init__(Sandbox(ws, s) for s in sync)
+        self.workspace = ws
+        self.sync = sync
+        self.forked = sync.forked
+
+    def to_json(self) -> dict[str, Any]:
+        return self.sync.to_json()
+
+    def keep(self) -> "SandboxSet":
+        self.sync.keep()
+        return self
+
+    async def __aenter__(self) -> "SandboxSet":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await _thread(self.sync.__exit__, None, None, None)
+
+
+def _sid(x: Any) -> Any:
+    if isinstance(x, Sandbox):
+        return x.sync.info.id
+    return x
