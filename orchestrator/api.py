@@ -244,11 +244,7 @@ class Workspace:
         from .runs import run_in_sandbox
 
         argv_l = _argv(argv)
-        on_event = None
-        if on_output is not None:
-            def on_event(ev: Any) -> None:
-                if ev.kind == "output" and ev.stream:
-                    on_output(ev.stream, ev.data)
+        on_event = None if on_output is None else _output_callback(on_output)
         doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
                                          timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
                                          cwd=cwd, on_event=on_event))
@@ -474,6 +470,14 @@ PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]  # records s
 Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
 
 
+def _output_callback(on_output: Callable[[str, bytes], None]) -> Callable[[Any], None]:
+    """A runner event callback that hands each output line to ``on_output(stream, line)``."""
+    def on_event(ev: Any) -> None:
+        if ev.kind == "output" and ev.stream:
+            on_output(ev.stream, ev.data)
+    return on_event
+
+
 def _sandbox_id(s: "str | Sandbox") -> str:
     return s.info.id if isinstance(s, Sandbox) else str(s)
 
@@ -579,10 +583,10 @@ def file_doc(s: Any) -> dict[str, Any]:
     return d
 
 
-def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
-             with_patch: bool = True) -> dict[str, Any]:
-    """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
-    UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
+def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+               with_patch: bool = True) -> tuple["SandboxRow", list[Any], bytes]:
+    """The sandbox's row, its per-file stats (``merge.patch.FileStat``) and its patch bytes
+    (empty unless ``with_patch``), read from a point-in-time view."""
     from merge.patch import format_patch, patch_stats
 
     from .changesets import changes, sandbox_views
@@ -593,6 +597,14 @@ def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), 
         ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=wanted)
         stats = patch_stats(ch, base, tree)
         patch = format_patch(ch, base, tree) if with_patch else b""
+    return row, stats, patch
+
+
+def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+             with_patch: bool = True) -> dict[str, Any]:
+    """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
+    UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
+    row, stats, patch = diff_parts(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch)
     text = patch.decode("utf-8", "backslashreplace")
     doc: dict[str, Any] = {"base": row.base, "sandbox": row.id, "files": [file_doc(s) for s in stats],
                            "patch": text}

@@ -4,7 +4,6 @@ Importing this module registers the commands on ``app``; it imports nothing heav
 module level (the merge engine loads when a command runs).
 """
 
-import base64
 import os
 import stat
 import sys
@@ -18,29 +17,12 @@ from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
 app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
 
 
-def _b64(p: bytes) -> str:
-    return base64.b64encode(p).decode()
-
 
 def _paths(paths: Optional[List[str]]) -> list[bytes]:
     import os
 
     from merge.changes import normalize_path
     return [normalize_path(os.fsencode(p)) for p in (paths or [])]
-
-
-def _file_doc(s: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
-                         "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
-                         "binary": s.binary, "lines_added": s.lines_added, "lines_removed": s.lines_removed,
-                         "old_mode": s.old_mode, "new_mode": s.new_mode}
-    for key, raw in (("path", s.path), ("old_path", s.old_path)):
-        if raw is not None:
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                d[key + "_b64"] = _b64(raw)
-    return d
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -51,31 +33,18 @@ def diff(
     include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
 ) -> None:
     """The sandbox's changes against its base, as a git-format patch."""
-    from merge.patch import format_patch, format_stat, patch_stats
+    from merge.patch import format_stat
 
-    from .changesets import changes, sandbox_views
+    from .api import diff_doc, diff_parts
     e = engine()
-    row = e.resolve_sandbox(sandbox)
-    wanted = _paths(paths)
-    with sandbox_views(e, row) as (base, tree):
-        ch = changes(e, row, base, tree, include_ignored=include_ignored, paths=wanted)
-        if G.json:
-            stats = patch_stats(ch, base, tree)
-            patch = format_patch(ch, base, tree)
-            text = patch.decode("utf-8", "backslashreplace")
-            doc: dict[str, Any] = {"base": row.base, "sandbox": row.id,
-                                   "files": [_file_doc(s) for s in stats], "patch": text}
-            if text.encode("utf-8", "surrogateescape") != patch:
-                doc["patch_b64"] = _b64(patch)
-            out().doc(doc)
-            return
-        if stat:
-            text = format_stat(patch_stats(ch, base, tree))
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
-        patch = format_patch(ch, base, tree)
-    sys.stdout.buffer.write(patch)
+    if G.json:
+        out().doc(diff_doc(e, sandbox, paths or (), include_ignored=include_ignored))
+        return
+    _, stats, patch = diff_parts(e, sandbox, paths or (), include_ignored=include_ignored, with_patch=not stat)
+    if stat:
+        sys.stdout.write(format_stat(stats))
+    else:
+        sys.stdout.buffer.write(patch)
     sys.stdout.flush()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 

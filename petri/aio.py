@@ -141,11 +141,7 @@ class Workspace:
         sb = _sid(sandbox)
         argv_l = _api._argv(argv)
         timeout_s = _api._seconds(timeout)
-        on_event = None
-        if on_output is not None:
-            def on_event(ev: Any) -> None:
-                if ev.kind == "output" and ev.stream:
-                    on_output(ev.stream, ev.data)
+        on_event = None if on_output is None else _api._output_callback(on_output)
         ws = self.sync
 
         async def go() -> dict[str, Any]:
