@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .limits import Limits
-from .results import (Cleanup, Diff, Event, Forked, InitResult, PromoteResult, Promotion, PromotionList, Race,
-                      RunResult, Rollback, SandboxInfo, SandboxList, Snapshot, SnapshotList)
+from .results import (Cleanup, Diff, Event, FileContent, FileWritten, Forked, InitResult, PromoteResult, Promotion,
+                      PromotionList, Race, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot, SnapshotList)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -325,6 +325,65 @@ class Workspace:
         doc = e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
         return Rollback.from_doc(doc)
 
+    # -- files in a sandbox ---------------------------------------------------------------
+    # Paths are relative to the workspace root, resolved one component at a time from the
+    # tree's directory fd without following a symlink (merge.safefs): nothing a sandbox
+    # contains can make these read or write outside it.
+    MAX_READ = 1 << 20
+    MAX_WRITE = 16 << 20
+
+    def read_file(self, sandbox: "str | Sandbox", path: str | bytes, *, base: bool = False,
+                  max_bytes: int | None = None) -> FileContent:
+        """A regular file of the sandbox (``base``: of the snapshot it was forked from), at
+        most ``max_bytes`` (default 1 MiB; ``truncated`` says when more was there)."""
+        from merge.safefs import SafeTree
+
+        from .errors import UsageError
+
+        rel = _path_bytes(path)
+        limit = self.MAX_READ if max_bytes is None else max_bytes
+        if limit < 0:
+            raise UsageError(detail=f"max_bytes must be 0 or more, not {limit}")
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        if base:
+            with e.backend.snapshot_view(e.store, row.base) as view:
+                return _read_in(SafeTree(view), rel, limit)
+        return _read_in(SafeTree(e.sandbox_tree(row)), rel, limit)
+
+    def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
+                   mode: int | None = None) -> FileWritten:
+        """Write a whole file in the sandbox (made, with its missing directories, or
+        replaced atomically keeping its mode), never through a symlink."""
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        if len(raw) > self.MAX_WRITE:
+            from .errors import UsageError
+            raise UsageError(detail=f"{len(raw)} bytes is more than the {self.MAX_WRITE} a write may carry")
+        rel = _path_bytes(path)
+        _write_in(self.engine, _sandbox_id(sandbox), rel, raw, mode)
+        return FileWritten(path=os.fsdecode(rel), bytes_written=len(raw))
+
+    def edit_file(self, sandbox: "str | Sandbox", path: str | bytes, old: str, new: str, *,
+                  count: int | None = 1) -> FileWritten:
+        """Replace ``old`` by ``new`` in a UTF-8 file: exactly ``count`` occurrences must be
+        there (None: all of them, at least one), else ``petri.UsageError`` and nothing is
+        written."""
+        from .errors import UsageError
+
+        if not old:
+            raise UsageError(detail="edit_file: the text to replace is empty")
+        got = self.read_file(sandbox, path, max_bytes=self.MAX_WRITE)
+        if got.truncated or got.encoding != "utf-8":
+            raise UsageError(detail=f"{got.path} is not a UTF-8 text file of at most {self.MAX_WRITE} bytes")
+        found = got.content.count(old)
+        if found == 0 or (count is not None and found != count):
+            want = "at least one" if count is None else str(count)
+            raise UsageError(detail=f"{got.path}: the text to replace occurs {found} time(s), not {want}; nothing written")
+        text = got.content.replace(old, new) if count is None else got.content.replace(old, new, count)
+        rel = _path_bytes(path)
+        _write_in(self.engine, _sandbox_id(sandbox), rel, text.encode("utf-8"), None)
+        return FileWritten(path=got.path, bytes_written=len(text.encode("utf-8")), replacements=found)
+
     # -- events ---------------------------------------------------------------------------
     def events(self, *, follow: bool = False, from_start: bool = True, stop: Callable[[], bool] | None = None,
                poll_s: float = 0.1) -> Iterator[Event]:
@@ -581,6 +640,63 @@ def file_doc(s: Any) -> dict[str, Any]:
             except UnicodeDecodeError:
                 d[key + "_b64"] = _b64(raw)
     return d
+
+
+def _read_in(tree: Any, rel: bytes, limit: int) -> FileContent:
+    from .errors import UsageError
+
+    with tree:
+        node = tree.node(rel)
+        if node is None:
+            raise UsageError(detail=f"no such file: {os.fsdecode(rel)}")
+        if node.kind != "file":
+            raise UsageError(detail=f"{os.fsdecode(rel)} is a {node.kind}, not a regular file")
+        fd = tree.open_regular(rel)
+    try:
+        size = os.fstat(fd).st_size
+        chunks, got = [], 0
+        while got < limit:
+            b = os.read(fd, min(1 << 20, limit - got))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        data = b"".join(chunks)
+        truncated = bool(os.read(fd, 1)) if got >= limit else False
+    finally:
+        os.close(fd)
+    try:
+        return FileContent(path=os.fsdecode(rel), size=size, encoding="utf-8", content=data.decode("utf-8"),
+                           truncated=truncated)
+    except UnicodeDecodeError:
+        return FileContent(path=os.fsdecode(rel), size=size, encoding="base64", content=_b64(data),
+                           truncated=truncated)
+
+
+def _write_in(engine: "Engine", sandbox: str, rel: bytes, data: bytes, mode: int | None) -> None:
+    """Atomically (temp + rename) write ``rel`` in the sandbox's tree through dir fds."""
+    from merge.safefs import SafeTree, write_new_file
+
+    from .errors import UsageError
+
+    row = engine.resolve_sandbox(sandbox)
+    with SafeTree(engine.sandbox_tree(row)) as tree:
+        node = tree.node(rel)
+        if node is not None and node.kind != "file":
+            raise UsageError(detail=f"{os.fsdecode(rel)} is a {node.kind}; only regular files are written")
+        keep = node.mode & 0o777 if node is not None else 0o644
+        pfd, name = tree.parent(rel, create_mode=0o755)
+        try:
+            tmp = b".petri-write." + os.urandom(4).hex().encode()
+            write_new_file(pfd, tmp, [data], keep if mode is None else mode,
+                           owner=(node.uid, node.gid) if node is not None else None)
+            try:
+                os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=pfd)
+                raise
+        finally:
+            os.close(pfd)
 
 
 def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,

@@ -295,3 +295,30 @@ class Event(Record):
     ts: str | None = None
     pid: int | None = None
     via: str | None = None
+
+
+@dataclass(frozen=True)
+class FileContent(Record):
+    """A file read from a sandbox (or its base): ``content`` is text when the bytes are
+    UTF-8 (``encoding: "utf-8"``), else base64 (``encoding: "base64"``)."""
+
+    path: str
+    size: int
+    encoding: str
+    content: str
+    truncated: bool = False
+
+    @property
+    def data(self) -> bytes:
+        if self.encoding == "base64":
+            import base64
+
+            return base64.b64decode(self.content)
+        return self.content.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class FileWritten(Record):
+    path: str
+    bytes_written: int = 0
+    replacements: int | None = None

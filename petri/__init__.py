@@ -10,7 +10,7 @@ this module (the distribution here is ``petridish``).
 """
 from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, init, open
 from orchestrator.limits import Limits
-from orchestrator.results import (Cleanup, Diff, DiffFile, Event, Forked, InitResult, PromoteResult, Promotion,
+from orchestrator.results import (Cleanup, Diff, DiffFile, Event, FileContent, FileWritten, Forked, InitResult, PromoteResult, Promotion,
                                   PromotionList, Race, RaceCandidate, Record, Rollback, RunResult, SandboxInfo,
                                   SandboxList, Snapshot, SnapshotList)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
@@ -26,7 +26,7 @@ __all__ = [
     # records (each .to_json() is the CLI's --json document)
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
-    "Cleanup", "Event",
+    "Cleanup", "Event", "FileContent", "FileWritten",
     # errors (each carries .exit_code)
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ]

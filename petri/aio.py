@@ -188,6 +188,15 @@ class Workspace:
     async def rollback(self, target: Any) -> Rollback:
         return await _thread(self.sync.rollback, _sid(target))
 
+    async def read_file(self, sandbox: "str | Sandbox", path: str | bytes, **kw: Any) -> Any:
+        return await _thread(self.sync.read_file, _sid(sandbox), path, **kw)
+
+    async def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, **kw: Any) -> Any:
+        return await _thread(self.sync.write_file, _sid(sandbox), path, data, **kw)
+
+    async def edit_file(self, sandbox: "str | Sandbox", path: str | bytes, old: str, new: str, **kw: Any) -> Any:
+        return await _thread(self.sync.edit_file, _sid(sandbox), path, old, new, **kw)
+
     async def events(self, *, follow: bool = False, from_start: bool = True) -> AsyncIterator[Event]:
         """The event stream; with ``follow`` it waits for new events (closing the iterator,
         or cancelling the task, stops it)."""

@@ -240,3 +240,35 @@ def test_failed_fork_of_n_removes_the_clones_it_made(tmp_path):
         w.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_file_tools_read_write_edit_and_never_follow_a_symlink_out(ws, tmp_path):
+    sb = ws.fork().keep()[0]
+    tree = Path(sb.path)
+    got = ws.read_file(sb, "notes.txt")
+    assert got.encoding == "utf-8" and got.content == "one\ntwo\nthree\n" and not got.truncated
+    assert ws.read_file(sb, "notes.txt", max_bytes=4).truncated
+    w = ws.write_file(sb, "new/dir/f.bin", b"\xff\x00x")
+    assert w.bytes_written == 3 and (tree / "new/dir/f.bin").read_bytes() == b"\xff\x00x"
+    assert ws.read_file(sb, "new/dir/f.bin").encoding == "base64"
+    os.chmod(tree / "notes.txt", 0o640)
+    e = ws.edit_file(sb, "notes.txt", "two", "TWO")
+    assert e.replacements == 1 and (tree / "notes.txt").read_text() == "one\nTWO\nthree\n"
+    assert (tree / "notes.txt").stat().st_mode & 0o777 == 0o640  # mode kept
+    with pytest.raises(petri.UsageError):
+        ws.edit_file(sb, "notes.txt", "absent", "x")
+    assert ws.read_file(sb, "notes.txt", base=True).content == "one\ntwo\nthree\n"  # the base is untouched
+    # attacks: a symlink to a host directory and one to a host file
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("host secret\n")
+    os.symlink(outside, tree / "link")
+    os.symlink(outside / "secret", tree / "leaf")
+    for bad in ("link/secret", "leaf", "../outside/secret", "/etc/passwd"):
+        with pytest.raises(petri.PetriError):
+            ws.read_file(sb, bad)
+    for bad in ("link/planted", "leaf"):
+        with pytest.raises(petri.PetriError):
+            ws.write_file(sb, bad, "x")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_text() == "host secret\n"

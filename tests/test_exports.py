@@ -15,7 +15,7 @@ PINNED = sorted([
     "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
-    "Cleanup", "Event",
+    "Cleanup", "Event", "FileContent", "FileWritten",
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ])
 
