@@ -400,9 +400,10 @@ def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command
         click.echo(target.get_help(sub_ctx))
 
 
-# Commands of the runner (issue 3) and the merge engine (issue 4) live in their own modules;
-# importing them registers them on ``app`` (they import nothing heavy at module level).
-for _mod in ("cli_run", "cli_merge"):
+# Commands of the runner, the merge engine and the front ends (MCP server, TUI) live in
+# their own modules; importing them registers them on ``app`` (they import nothing heavy at
+# module level: the MCP SDK and Textual load only when their command runs).
+for _mod in ("cli_run", "cli_merge", "cli_mcp", "cli_tui"):
     try:
         __import__(f"orchestrator.{_mod}")
     except ModuleNotFoundError as _e:
