@@ -640,15 +640,3 @@ def disk_limit_hit(engine: "Engine", row: SandboxRow, mark: Any) -> bool:
         return disk_plan(engine).hit(engine, row, mark)
     except Exception:
         return False
-    try:
-        with open(err_path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
-            tail = f.read()
-        if b"Disk quota exceeded" in tail or b"No space left on device" in tail:
-            return True
-    except OSError:
-        pass
-    try:
-        return disk_plan(engine).hit(engine, row)
-    except Exception:
-        return False
