@@ -420,3 +420,24 @@ def test_stdout_is_only_json_rpc_and_a_disconnect_leaves_nothing(overlay_ws):
         if raw.p.poll() is None:
             raw.p.kill()
             raw.p.wait()
+
+
+def test_sigterm_kills_the_runs_then_exits(overlay_ws):
+    raw = Raw(overlay_ws)
+    try:
+        raw.handshake()
+        sb = raw.call("sandbox_fork", {})["structuredContent"]["sandboxes"][0]["id"]
+        marker = f"mcp-term-{os.getpid()}"
+        raw.call("sandbox_run_start", {"sandbox": sb, "command": f"sleep 300; : {marker}"})
+        deadline = time.monotonic() + 10
+        while not alive_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive_with(marker)
+        raw.p.terminate()  # the client's host stopping the server, stdin still open
+        raw.p.wait(timeout=30)
+        assert raw.p.returncode == 128 + 15
+        wait_gone(marker, sb)
+    finally:
+        if raw.p.poll() is None:
+            raw.p.kill()
+            raw.p.wait()
