@@ -117,6 +117,9 @@ class Workspace:
             raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
         self.root = Path(root)
         self.via = via
+        # Front ends: who is calling through them (MCP: the client's name from `initialize`),
+        # for the audit trail to record beside `via`.
+        self.client: str | None = None
         self.init_result: InitResult | None = None
         self._local = threading.local()
         self._kept: set[str] = set()
@@ -234,9 +237,11 @@ class Workspace:
     # -- runs -----------------------------------------------------------------------------
     def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
             env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
-            on_output: Callable[[str, bytes], None] | None = None) -> RunResult:
+            on_output: Callable[[str, bytes], None] | None = None,
+            on_start: Callable[[int], None] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
-        wait for it; its output is saved (``stdout()``/``stderr()``), not printed."""
+        wait for it; its output is saved (``stdout()``/``stderr()``), not printed.
+        ``on_start(n)`` (front-end hook) gets the run's number as soon as it has one."""
         import functools
 
         import trio
@@ -247,7 +252,7 @@ class Workspace:
         on_event = None if on_output is None else _output_callback(on_output)
         doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
                                          timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
-                                         cwd=cwd, on_event=on_event))
+                                         cwd=cwd, on_event=on_event, on_started=on_start))
         return RunResult.from_doc(doc)
 
     def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
@@ -259,9 +264,12 @@ class Workspace:
     # -- race -----------------------------------------------------------------------------
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
-             promote: bool = False, say: Callable[[str], None] | None = None) -> Race:
+             promote: bool = False, say: Callable[[str], None] | None = None,
+             on_start: Callable[[str], None] | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
-        (SPEC). ``winner`` is None when no check passed (a result, not an error)."""
+        (SPEC). ``winner`` is None when no check passed (a result, not an error).
+        ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
+        its events (``race.started``, ``race.candidate_finished``) carry that id."""
         from .errors import EmptyCommand, NoCandidates, UsageError
         from .race import load_candidates, race_sync
 
@@ -273,7 +281,7 @@ class Workspace:
             raise UsageError(detail=f"bad jobs {jobs}: at least 1")
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
-                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote)
+                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------

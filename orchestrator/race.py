@@ -296,8 +296,11 @@ class _Race:
 
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
-                   keep: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   keep: bool = False, say: Callable[[str], None] | None = None,
+                   on_start: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
+    ``on_start(race_id)`` is told the race's id before anything is forked (front ends follow
+    a running race by it: its events carry ``race``).
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
     its own loop); ``race_sync(..., promote=True)`` does both.
 
@@ -314,6 +317,8 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     limits = load_config(engine.root).apply_defaults(limits or Limits())
     engine.check_limits(limits)
     race = _Race(new_id("r"), check)
+    if on_start is not None:
+        on_start(race.id)
     doc = None
     with contextlib.ExitStack() as stack:
         try:

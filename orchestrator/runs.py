@@ -208,9 +208,12 @@ async def run_in_sandbox(
     forward_signals: bool = False,
     kill_grace_s: float | None = None,
     quiet_warnings: bool = False,
+    on_started: "Callable[[int], None] | None" = None,
 ) -> dict[str, Any]:
     """Run ``argv`` isolated in the sandbox; return the run document (SPEC ``run``).
-    Every process of the run is gone when this returns; cancelling it kills the run."""
+    Every process of the run is gone when this returns; cancelling it kills the run.
+    ``on_started(n)`` is told the run's number as soon as its record exists (front ends
+    that follow a run, e.g. MCP's ``sandbox_run_start``, need it before the run ends)."""
     from .runner import KILL_GRACE_S, RunEvent, RunSpec, run_isolated
 
     if not argv or not any(a for a in argv):
@@ -228,6 +231,8 @@ async def run_in_sandbox(
     log = events.log_for(engine.store.root)
     log.emit("run.started", sandbox=row.id, run=n, argv=list(argv), stdout_path=str(out_path),
              stderr_path=str(err_path))
+    if on_started is not None:
+        on_started(n)
 
     def on_ev(ev: "RunEvent") -> None:
         if ev.kind == "output" and ev.stream:

@@ -97,6 +97,15 @@ class Workspace:
         self.root = sync.root
         self.via = sync.via
 
+    @property
+    def client(self) -> str | None:
+        """Who calls through this front end (``petri.Workspace.client``)."""
+        return self.sync.client
+
+    @client.setter
+    def client(self, name: str | None) -> None:
+        self.sync.client = name
+
     def __repr__(self) -> str:
         return f"<petri.aio.Workspace {str(self.root)!r}>"
 
@@ -133,9 +142,10 @@ class Workspace:
     async def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
                   timeout: float | str | None = None, env: dict[str, str] | None = None,
                   cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
-                  on_output: Callable[[str, bytes], None] | None = None) -> RunResult:
+                  on_output: Callable[[str, bytes], None] | None = None,
+                  on_start: Callable[[int], None] | None = None) -> RunResult:
         """Run and wait; cancelling this kills the run (every process of it is gone when
-        the cancellation propagates)."""
+        the cancellation propagates). ``on_start(n)``: the run's number, once it has one."""
         from orchestrator.runs import run_in_sandbox
 
         sb = _sid(sandbox)
@@ -146,7 +156,7 @@ class Workspace:
 
         async def go() -> dict[str, Any]:
             return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
-                                        echo=False, cwd=cwd, on_event=on_event)
+                                        echo=False, cwd=cwd, on_event=on_event, on_started=on_start)
 
         return RunResult.from_doc(await _trio_call(go))
 
@@ -154,7 +164,8 @@ class Workspace:
         return await _thread(self.sync.logs, _sid(sandbox))
 
     async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, **kw: Any) -> Race:
-        """Race the candidates; cancelling this stops the race and removes its sandboxes."""
+        """Race the candidates; cancelling this stops the race and removes its sandboxes.
+        ``on_start=fn`` gets the race's id before anything is forked (as in ``petri.Workspace.race``)."""
         from orchestrator.errors import EmptyCommand, NoCandidates
         from orchestrator.race import load_candidates, promote_winner, run_race
 

@@ -1,0 +1,34 @@
+"""``petri mcp``: registered on the CLI's ``app``.
+
+The MCP SDK costs about 0.7 s to import, so it is imported only when this command runs
+(``orchestrator.mcp.server``); ``import petri`` and every other command never load it.
+"""
+
+from typing import Annotated
+
+import typer
+
+from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
+
+app, G = _cli.app, _cli.G
+
+
+@app.command()
+def mcp(
+    allow_live: Annotated[bool, typer.Option("--allow-live", help="Also offer promote and rollback, which change"
+                                                                  " the live workspace.")] = False,
+) -> None:
+    """A Model Context Protocol server on stdio for agents (see the README for registering it).
+
+    Serves the workspace found from the current directory (or --workspace). Sandboxes,
+    runs, files, diffs and races are tools; promote and rollback exist only with
+    --allow-live. Runs it started stop when the client disconnects."""
+    from .api import open as open_workspace
+
+    ws = open_workspace(G.workspace, via="mcp")  # not a workspace: the CLI's one line, exit 4, before serving
+    ws.engine  # noqa: B018 - open the registry now: a broken store fails here, not in the first call
+    from .mcp.server import serve
+
+    code = serve(ws, allow_live=allow_live, debug=G.debug)
+    if code:
+        raise typer.Exit(code)
