@@ -43,18 +43,16 @@ class Record:
         return cls(**kw, extra=extra, _order=tuple(k for k in doc if k != "schema"))
 
     def to_json(self) -> dict[str, Any]:
-        """The SPEC document, ``"schema": 1`` first."""
+        """The SPEC document, ``"schema": 1`` first. A record read from a document gives
+        back exactly that document's keys, in its order; one built in code gives every field."""
         typed = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if f.name not in ("extra", "_order")}
         out: dict[str, Any] = {"schema": SCHEMA}
-        for k in self._order:  # the engine's order first, then whatever it did not name
-            if k in typed:
-                out[k] = typed[k]
-            elif k in self.extra:
-                out[k] = self.extra[k]
-        for k, v in typed.items():
-            out.setdefault(k, v)
-        for k, v in self.extra.items():
-            out.setdefault(k, v)
+        if self._order:
+            for k in self._order:
+                out[k] = typed[k] if k in typed else self.extra[k]
+            return out
+        out.update(typed)
+        out.update(self.extra)
         return out
 
     def get(self, key: str, default: Any = None) -> Any:
