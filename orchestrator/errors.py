@@ -159,3 +159,16 @@ class PromotionPruned(OrchestratorError):
 
 class VerifyUnavailable(OrchestratorError):
     """--verify needs the runner (orchestrator.runs.run_sync), which this petri lacks: {why}"""
+
+
+# -- the syscall filter (issue 9) -------------------------------------------------------
+
+
+class BadSeccompProfile(UsageError):
+    """bad {where} {text!r}: use one of {choices}"""
+
+
+class SeccompUnavailable(OrchestratorError):
+    """cannot build the {profile} syscall filter: {why}; install Debian's libseccomp2 and the Python package pyseccomp, or run with `--seccomp off`"""
+
+    exit_code = 125
