@@ -187,7 +187,8 @@ def _tail(path: str, n: int = 400) -> str:
 
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
-                   keep: bool = False, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   keep: bool = False, say: Callable[[str], None] | None = None,
+                   seccomp: str | None = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
     its own loop); ``race_sync(..., promote=True)`` does both."""
@@ -198,8 +199,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     from . import events
     from .config import load_config
     from .engine import Limits
-    from .runs import after_fork, run_in_sandbox
+    from .runs import after_fork, run_in_sandbox, seccomp_profile
 
+    seccomp = seccomp_profile(engine, seccomp)  # a bad one fails before anything is forked
     limits = load_config(engine.root).apply_defaults(limits or Limits())
     engine.check_limits(limits)
     race_id = new_id("r")
@@ -226,7 +228,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                 async with limiter:
                     argv, env, stdin = _apply_argv_env(engine, o.candidate)
                     doc = await run_in_sandbox(engine, o.sandbox, argv, env=env, stdin_data=stdin, echo=False,
-                                               timeout_s=timeout_s, quiet_warnings=False)
+                                               timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
                     o.runs.append(doc["run"])
                     o.apply_exit_code = doc["exit_code"]
                     if doc["exit_code"] != 0:
@@ -240,7 +242,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                     o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
                         _count, base_view, tree, manifest)
                     doc = await run_in_sandbox(engine, o.sandbox, ["/bin/sh", "-c", check], echo=False,
-                                               timeout_s=timeout_s)
+                                               timeout_s=timeout_s, seccomp=seccomp)
                     o.runs.append(doc["run"])
                     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
                     if say:
@@ -281,6 +283,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
         "conflicts": conflicts(outcomes),
         "duration_s": time.monotonic() - t0,
         "jobs": jobs,
+        "seccomp": seccomp,
     }
     if winner is not None:
         row = engine.registry.sandbox(winner.sandbox)
