@@ -5,8 +5,8 @@ the sandbox as stdin/stdout/stderr; inside, ``setsid -c`` makes the command a se
 with the slave as its controlling terminal. That happens inside the pid namespace on
 purpose: a session made outside would have a foreground process group the shell cannot
 see, and an interactive shell fails restoring it at exit. So job control
-(Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside can only
-type into the sandbox's own terminal. petri puts the user's terminal in raw mode and copies
+(Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside could only
+type into the sandbox's own terminal (the syscall filter refuses it anyway, as in every run). petri puts the user's terminal in raw mode and copies
 bytes both ways, passes window size changes on (SIGWINCH -> TIOCSWINSZ) and keeps a
 transcript of the output in ``spec.stdout_path``.
 

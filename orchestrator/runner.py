@@ -3,7 +3,8 @@
 ``run_isolated(spec)`` does, in order:
 
 1. build the sandbox plan (``isolation``) and the run's cgroup with its limits
-   (``cgroups``; rlimits with warnings where there is none);
+   (``cgroups``; rlimits with warnings where there is none); the plan's syscall filter
+   (``seccomp``) goes to bwrap on a pipe (``--seccomp FD``);
 2. start ``cgexec``'s wrapper -> bwrap -> ``/bin/sh -c 'exec "$@"'`` -> the command, in a
    session of its own so the user's Ctrl-C reaches petri, not bwrap (petri forwards it);
 3. stream stdout/stderr to the saved files (always) and to our own stdout/stderr (``echo``),

@@ -40,7 +40,7 @@ DEFAULT_EXPECTED = {
     "kexec_load": "EPERM", "bpf": "EPERM", "perf_event_open": "EPERM", "userfaultfd": "EPERM",
     "io_uring_setup": "EPERM", "io_uring_enter": "EPERM",
     "tiocsti": "EPERM", "tiocsti_high_bits": "EPERM", "tioclinux": "EPERM",
-    "x32": "EPERM",
+    "x32": "EPERM", "i386": "EPERM",
     # Allowed: a harmless unshare, a plain clone (fork), other ioctls, sockets.
     "unshare_files": "OK", "clone_plain": "OK", "ioctl_fionread": "ENOTTY",
     "socket_inet": "OK", "socket_unix": "OK", "socketpair_unix": "OK",
