@@ -141,7 +141,6 @@ def _model():
     from pydantic import BaseModel, ConfigDict, Field, field_validator
 
     from .seccomp import PROFILES
-
     from .units import parse_duration, parse_size
 
     class LimitsModel(BaseModel):

@@ -10,10 +10,10 @@ the MCP server call (async, trio). Around the runner (``orchestrator.runner``) i
 - runs as the workspace's owner (registry meta ``owner``; the ``sudo`` caller when that is
   root), under the syscall filter asked for (else the config's ``seccomp``, else
   ``default``; ``off`` says on stderr what it allows), with a sane ``PATH``, the config's
-  extra environment and masks, the sandbox's
-  limits on a cgroup named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns
-  it, so ``gc`` of another petri can tell a live run from a leaked one without a registry),
-  and the sandbox's ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
+  extra environment and masks, the sandbox's limits on a cgroup named
+  ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns it, so ``gc`` of another
+  petri can tell a live run from a leaked one without a registry), and the sandbox's
+  ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
 - saves output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` and emits events;
 - at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
   memory), the sandbox gets ``last_exit_code``, ``running -> exited``; a run ended by the
