@@ -26,6 +26,7 @@ tree size); p99 over 50 samples is close to the maximum.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (PETRI, REPO, Report, Samples, cli_env, fmt_s, log, make_loopfs, measure, run,
+from bench.common import (PETRI, Report, Samples, cli_env, fmt_s, log, measure, sample_engine_on_btrfs,
                           sigterm_as_interrupt, sweep_stale_images, verdict)
 
 BWRAP_FLOOR = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -88,24 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     sigterm_as_interrupt()
     sweep_stale_images()
     report = Report("Runs, races, idle sandboxes and quotas (issue 3)", [sys.argv[0], *(argv or sys.argv[1:])])
-    fs = make_loopfs("btrfs", 2 << 30)
-    engine = None
+    stack = contextlib.ExitStack()
     try:
-        import btrfsutil
         import trio  # noqa: F401  (imported before timing: the API keeps it loaded)
 
-        from orchestrator.engine import Engine, Limits
+        from orchestrator.engine import Limits
         from orchestrator.race import Candidate, race_sync
         from orchestrator.runs import check_limits, run_sync
 
-        assert fs.mount is not None
-        ws = fs.mount / "stats"
-        btrfsutil.create_subvolume(ws)
-        run(["bash", REPO / "demo" / "sample_project.sh", ws])
-        engine, init_doc = Engine.init(ws, "btrfs")
-        snap = init_doc["snapshot"]
+        engine, ws, snap = stack.enter_context(sample_engine_on_btrfs(2 << 30))
         env = cli_env()
-        log(f"workspace {ws} on {fs.device}, snapshot {snap}")
 
         # 1. floor
         floor = measure(lambda: subprocess.run(BWRAP_FLOOR, check=True), runs=args.runs)
@@ -222,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.render())
         return 130
     finally:
-        if engine is not None:
-            try:
-                engine.deinit(force=True)
-            except Exception as e:  # noqa: BLE001
-                log(f"deinit failed: {e}")
-        fs.release()
+        stack.close()
 
 
 if __name__ == "__main__":

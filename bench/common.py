@@ -21,6 +21,7 @@ images for the next run's sweep.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -302,6 +303,34 @@ def sweep_stale_work_dirs() -> None:
 def make_loopfs(kind: str, size: int) -> LoopFs:
     """A fresh ``kind`` filesystem on a sparse image of ``size`` bytes, mounted."""
     return loopimg.make_loopfs(kind, size, prefix=IMAGE_PREFIX)
+
+
+@contextlib.contextmanager
+def sample_engine_on_btrfs(size: int):
+    """The demo's sample project as a workspace (btrfs backend) on a fresh btrfs loop image:
+    yields ``(engine, ws, first snapshot id)``; deinit and release at the end, whatever
+    happened (the time-to-first-command setup of bench_run and bench_seccomp)."""
+    fs = make_loopfs("btrfs", size)
+    engine = None
+    try:
+        import btrfsutil
+
+        from orchestrator.engine import Engine
+
+        assert fs.mount is not None
+        ws = fs.mount / "stats"
+        btrfsutil.create_subvolume(ws)
+        run(["bash", REPO / "demo" / "sample_project.sh", ws])
+        engine, init_doc = Engine.init(ws, "btrfs")
+        log(f"workspace {ws} on {fs.device}, snapshot {init_doc['snapshot']}")
+        yield engine, ws, init_doc["snapshot"]
+    finally:
+        if engine is not None:
+            try:
+                engine.deinit(force=True)
+            except Exception as e:  # noqa: BLE001
+                log(f"deinit failed: {e}")
+        fs.release()
 
 
 # -- trees -------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def _parse_env(pairs: list[str] | None) -> dict[str, str]:
     return env
 
 
+SECCOMP_HELP = "Syscall filter: default, strict (also no sockets but AF_UNIX without --net) or off; default: the config's."
+
+
 def _timeout(text: str | None) -> float | None:
     from .units import parse_duration
     return parse_duration(text) if text else None
@@ -51,6 +54,7 @@ def run(
                                                             " SANDBOX (or after --).")] = None,
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Kill the command after this long (124), e.g. 30s, 5m.")] = None,
     env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
 ) -> None:
     """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
 
@@ -78,7 +82,7 @@ def run(
     extra = _parse_env(env)
     e = engine()
     doc = trio.run(lambda: run_in_sandbox(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json,
-                                          cwd=os.getcwd(), forward_signals=True))
+                                          cwd=os.getcwd(), forward_signals=True, seccomp=seccomp))
     o = out()
     if G.json:
         o.doc(doc)
@@ -99,13 +103,16 @@ def shell(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="End the session after this long.")] = None,
     env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
 ) -> None:
     """An interactive shell inside SANDBOX, on a terminal of its own."""
-    from .runs import shell_in_sandbox
+    from .runs import seccomp_fields, seccomp_profile, shell_in_sandbox
     e = engine()
-    code = shell_in_sandbox(e, sandbox, timeout_s=_timeout(timeout), env=_parse_env(env), cwd=os.getcwd())
+    profile = seccomp_profile(e, seccomp)
+    code = shell_in_sandbox(e, sandbox, timeout_s=_timeout(timeout), env=_parse_env(env), cwd=os.getcwd(),
+                            seccomp=profile)
     if G.json:
-        out().doc({"id": e.resolve_sandbox(sandbox).id, "exit_code": code})
+        out().doc({"id": e.resolve_sandbox(sandbox).id, "exit_code": code, **seccomp_fields(profile)})
     raise typer.Exit(code)
 
 
@@ -235,6 +242,7 @@ def race(
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Per step (apply, check) of each candidate.")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the losers' sandboxes too.")] = False,
     promote: Annotated[bool, typer.Option("--promote", help="Promote the winner into the workspace.")] = False,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
 ) -> None:
     """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner.
 
@@ -269,7 +277,7 @@ def race(
     progress = None if G.json else (lambda text: o.note(text))
     try:
         doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                        say=progress)
+                        say=progress, seccomp=seccomp)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         if G.json:

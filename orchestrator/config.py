@@ -1,4 +1,4 @@
-"""petri's configuration file: default limits, extra masked paths, extra environment.
+"""petri's configuration file: default limits, extra masked paths, extra environment, the syscall filter.
 
 Where it is read from (the first that exists wins; files are not merged):
 
@@ -7,7 +7,9 @@ Where it is read from (the first that exists wins; files are not merged):
    in a sandbox);
 3. ``~/.config/petri/config.toml`` (``$XDG_CONFIG_HOME/petri/config.toml`` when set).
 
-The format (every key optional)::
+The format (every key optional; top-level keys before the first ``[table]``)::
+
+    seccomp = "default"  # the syscall filter: "default", "strict" or "off"; --seccomp overrides
 
     [limits]             # defaults for `petri fork` and `petri race`; flags override
     mem = "2G"           # size: bytes or K/M/G/T
@@ -53,6 +55,7 @@ class Config:
     masks: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     preimage_budget_bytes: int | None = None
+    seccomp: str | None = None
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -121,13 +124,13 @@ def parse_config(data: bytes, path: Path) -> Config:
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, promotions.preimage_budget)"
+            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp, promotions.preimage_budget)"
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
                   masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
-                  preimage_budget_bytes=m.promotions.preimage_budget)
+                  preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp)
 
 
 _MODEL = None
@@ -138,8 +141,11 @@ def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
+    from typing import Literal
+
     from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+    from .seccomp import PROFILES
     from .units import parse_duration, parse_size
 
     def size_value(v: Any) -> Any:
@@ -193,6 +199,7 @@ def _model():
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
+        seccomp: Literal[PROFILES] | None = None  # type: ignore[valid-type]
 
         @field_validator("masks")
         @classmethod

@@ -165,3 +165,16 @@ class OwnerCannotRunPetri(OrchestratorError, Unsupported):
     """this workspace's store belongs to {owner}: petri run as root acts as that user there (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
 
     exit_code = 4
+
+
+# -- the syscall filter (issue 9) -------------------------------------------------------
+
+
+class BadSeccompProfile(UsageError):
+    """bad {where} {text!r}: use one of {choices}"""
+
+
+class SeccompUnavailable(OrchestratorError):
+    """cannot build the {profile} syscall filter: {why}; install Debian's libseccomp2 and the Python package pyseccomp, or run with `--seccomp off`"""
+
+    exit_code = 125

@@ -21,7 +21,10 @@ What a plan always contains:
 - every namespace (``--unshare-all``; ``--share-net`` only with net), a user namespace with
   ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
   ALL``, ``--clearenv`` and an explicit environment, ``--new-session`` unless the caller
-  hands the sandbox a terminal of its own (``petri shell``).
+  hands the sandbox a terminal of its own (``petri shell``);
+- a syscall filter (``seccomp``: the profile's name; ``orchestrator.seccomp`` has the rules):
+  ``bwrap_argv`` renders ``--seccomp FD`` and refuses to render a filtered plan without the
+  fd, so a caller that forgets it fails instead of running unfiltered.
 
 Mount order matters: a mount hides whatever was mounted under its destination earlier, and
 bwrap creates missing mount points inside the previous mount (a tmpfs is writable until it
@@ -137,6 +140,7 @@ class SandboxPlan:
     argv: tuple[bytes, ...]
     marker: bytes | None = None  # see EXEC_SHIM; None runs the command without the shim
     hostname: str = "petri"
+    seccomp: str = "default"  # the filter's profile (orchestrator.seccomp); "off": none
 
 
 def _b(p: str | bytes | os.PathLike) -> bytes:
@@ -307,6 +311,7 @@ def build_plan(
     masks: Sequence[Mask] = (),
     new_session: bool = True,
     marker: bytes | None = None,
+    seccomp: str = "default",
 ) -> SandboxPlan:
     """Pure: the plan for one sandboxed command.
 
@@ -353,11 +358,17 @@ def build_plan(
         new_session=new_session,
         argv=tuple(_b(a) for a in argv),
         marker=marker,
+        seccomp=seccomp,
     )
 
 
-def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP) -> list[bytes]:
-    """Render a plan as a bwrap command line (bytes: paths may be any bytes)."""
+def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP, seccomp_fd: int | None = None) -> list[bytes]:
+    """Render a plan as a bwrap command line (bytes: paths may be any bytes). ``seccomp_fd``:
+    the fd the child will read the plan's filter from (``seccomp.filter_fd``); required
+    unless the plan's profile is ``off``."""
+    if (plan.seccomp != "off") != (seccomp_fd is not None):
+        raise ValueError(f"seccomp profile {plan.seccomp!r} with seccomp_fd={seccomp_fd}: "
+                         "a filtered plan needs the filter's fd, and only it")
     a: list[bytes] = [_b(bwrap)]
     a += [b"--unshare-all"]
     if plan.net:
@@ -396,6 +407,8 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP) -> list[bytes]:
             raise ValueError(op.verb)
     for dest in reversed(remount_ro):
         a += [b"--remount-ro", dest]
+    if seccomp_fd is not None:
+        a += [b"--seccomp", b"%d" % seccomp_fd]
     a += [b"--chdir", plan.cwd, b"--"]
     if plan.marker is not None:
         a += [_b(x) for x in EXEC_SHIM] + [plan.marker]
@@ -418,6 +431,7 @@ def plan_for_run(
     extra_masks: Iterable[Path] = (),
     new_session: bool = True,
     marker: bytes | None = None,
+    seccomp: str = "default",
 ) -> SandboxPlan:
     """Discover the masks on this host and build the plan (the IO-doing convenience)."""
     ws = _b(workspace)
@@ -450,4 +464,5 @@ def plan_for_run(
         masks=outside,
         new_session=new_session,
         marker=marker,
+        seccomp=seccomp,
     )

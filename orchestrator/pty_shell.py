@@ -5,8 +5,8 @@ the sandbox as stdin/stdout/stderr; inside, ``setsid -c`` makes the command a se
 with the slave as its controlling terminal. That happens inside the pid namespace on
 purpose: a session made outside would have a foreground process group the shell cannot
 see, and an interactive shell fails restoring it at exit. So job control
-(Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside can only
-type into the sandbox's own terminal. petri puts the user's terminal in raw mode and copies
+(Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside could only
+type into the sandbox's own terminal (the syscall filter refuses it anyway, as in every run). petri puts the user's terminal in raw mode and copies
 bytes both ways, passes window size changes on (SIGWINCH -> TIOCSWINSZ) and keeps a
 transcript of the output in ``spec.stdout_path``.
 
@@ -35,7 +35,7 @@ import termios
 import time
 import tty
 
-from orchestrator import cgroups, isolation
+from orchestrator import cgroups, isolation, seccomp
 from orchestrator.cgexec import wrapper_argv
 from orchestrator.errors import BwrapMissing, SandboxSetupFailed
 from orchestrator.runner import EXIT_TIMEOUT, RunSpec, WRAPPER_ENV, resolve_identity
@@ -73,14 +73,19 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         extra_masks=spec.extra_masks,
         new_session=False,  # the session (and its terminal) is the one setsid -c makes inside
         marker=None,
+        seccomp=spec.seccomp,
     )
+    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)  # before the cgroup: nothing to undo if it fails
     try:
         cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, sup)
-    except cgroups.CgroupFailure as e:
-        raise SandboxSetupFailed(detail=str(e)) from e
+    except BaseException as e:
+        seccomp.close_fd(filter_fd)
+        if isinstance(e, cgroups.CgroupFailure):
+            raise SandboxSetupFailed(detail=str(e)) from e
+        raise
     rlimits = cgroups.rlimit_fallback(spec.limits)[0] if cg is None else None
     argv = wrapper_argv(
-        isolation.bwrap_argv(plan, bwrap=bwrap),
+        isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
         procs_files=cg.procs_files() if cg else (),
         rlimits=rlimits,
         drop_to=drop_to,
@@ -111,6 +116,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         proc = subprocess.Popen(
             argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
             start_new_session=True,  # the wrapper and bwrap: no terminal at all
+            pass_fds=seccomp.pass_fds(filter_fd),
         )
         os.close(slave)
         slave = -1
@@ -155,6 +161,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
             if proc.poll() is not None and master not in ready:
                 break
     finally:
+        seccomp.close_fd(filter_fd)
         if interactive and saved is not None:
             termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
         if old_winch is not None:

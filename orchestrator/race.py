@@ -297,7 +297,8 @@ class _Race:
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
                    keep: bool = False, say: Callable[[str], None] | None = None,
-                   on_start: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   on_start: Callable[[str], None] | None = None,
+                   seccomp: str | None = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
     ``on_start(race_id)`` is told the race's id before anything is forked (front ends follow
     a running race by it: its events carry ``race``).
@@ -313,7 +314,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     from .config import load_config
     from .engine import Limits
+    from .runs import seccomp_profile
 
+    seccomp = seccomp_profile(engine, seccomp)  # a bad one fails before anything is forked
     limits = load_config(engine.root).apply_defaults(limits or Limits())
     engine.check_limits(limits)
     race = _Race(new_id("r"), check)
@@ -334,7 +337,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                             return
                     guard.start_soon(on_sigint)
                 doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
-                                  timeout_s=timeout_s, keep=keep, say=say)
+                                  timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
                 guard.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             leaf = _single(group)
@@ -368,7 +371,7 @@ def _interrupted(race: _Race) -> RaceInterrupted:
 
 async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], check: str, *, source: str,
                 jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
-                say: Callable[[str], None] | None) -> dict[str, Any]:
+                say: Callable[[str], None] | None, seccomp: str) -> dict[str, Any]:
     import trio
 
     from merge.changes import scan_tree
@@ -408,7 +411,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                 async with limiter:
                     argv, env, stdin = _apply_argv_env(engine, o.candidate)
                     doc = await run_in_sandbox(engine, o.sandbox, argv, env=env, stdin_data=stdin, echo=False,
-                                               timeout_s=timeout_s, quiet_warnings=False)
+                                               timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
                     o.runs.append(doc["run"])
                     o.apply_exit_code = doc["exit_code"]
                     if doc["exit_code"] != 0:
@@ -429,7 +432,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                         _count, engine.root, base_view, tree, manifest)
                     await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)
                     doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], echo=False,
-                                               timeout_s=timeout_s)
+                                               timeout_s=timeout_s, seccomp=seccomp)
                     o.check_run = doc["run"]
                     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
                     o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
@@ -472,6 +475,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         "conflicts": conflicts(outcomes),
         "duration_s": time.monotonic() - t0,
         "jobs": jobs,
+        "seccomp": seccomp,
     }
     if winner is not None:
         row = engine.registry.sandbox(winner.sandbox)

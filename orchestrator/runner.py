@@ -3,7 +3,8 @@
 ``run_isolated(spec)`` does, in order:
 
 1. build the sandbox plan (``isolation``) and the run's cgroup with its limits
-   (``cgroups``; rlimits with warnings where there is none);
+   (``cgroups``; rlimits with warnings where there is none); the plan's syscall filter
+   (``seccomp``) goes to bwrap on a pipe (``--seccomp FD``);
 2. start ``cgexec``'s wrapper -> bwrap -> ``/bin/sh -c 'exec "$@"'`` -> the command, in a
    session of its own so the user's Ctrl-C reaches petri, not bwrap (petri forwards it);
 3. stream stdout/stderr to the saved files (always) and to our own stdout/stderr (``echo``),
@@ -47,7 +48,7 @@ from typing import Callable
 
 import trio
 
-from orchestrator import cgroups, isolation
+from orchestrator import cgroups, isolation, seccomp
 from orchestrator.cgexec import DropTo, ignored_signals, wrapper_argv
 from orchestrator.cgroups import RunLimits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
@@ -84,6 +85,7 @@ class RunSpec:
     stdin_data: bytes | None = None
     echo: bool = True
     extra_masks: tuple[Path, ...] = ()
+    seccomp: str = "default"  # the syscall filter's profile (orchestrator.seccomp)
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ async def run_isolated(
         extra_masks=spec.extra_masks,
         new_session=True,
         marker=marker,
+        seccomp=spec.seccomp,
     )
     killed_by: str | None = None
     proc: ChildProcess | None = None
@@ -317,8 +320,9 @@ async def run_isolated(
 
     try:
         # From here on the cgroup exists: everything below is inside the cleanup's try.
+        filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
         argv = wrapper_argv(
-            isolation.bwrap_argv(plan, bwrap=bwrap),
+            isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
             procs_files=cg.procs_files() if cg else (),
             rlimits=rlimits,
             drop_to=drop_to,
@@ -333,9 +337,12 @@ async def run_isolated(
                 stdout=PIPE,
                 stderr=PIPE,
                 env=WRAPPER_ENV,
+                pass_fds=seccomp.pass_fds(filter_fd),
             )
         except OSError as e:
             raise SandboxSetupFailed(detail=f"cannot start {argv[0]!r}: {e.strerror}") from e
+        finally:
+            seccomp.close_fd(filter_fd)  # the child has its copy (bwrap reads it to EOF)
         if on_event:
             on_event(RunEvent("started", pid=proc.pid))
         async with trio.open_nursery() as nursery:

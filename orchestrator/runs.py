@@ -8,10 +8,12 @@ the MCP server call (async, trio). Around the runner (``orchestrator.runner``) i
 - writes the run's row first (``runs``: number, argv, log paths, the petri pid that owns
   it) and moves the sandbox ``ready|exited -> running`` (compare-and-set);
 - runs as the workspace's owner (registry meta ``owner``; the ``sudo`` caller when that is
-  root), with a sane ``PATH``, the config's extra environment and masks, the sandbox's
-  limits on a cgroup named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns
-  it, so ``gc`` of another petri can tell a live run from a leaked one without a registry),
-  and the sandbox's ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
+  root), under the syscall filter asked for (else the config's ``seccomp``, else
+  ``default``; ``off`` says on stderr what it allows), with a sane ``PATH``, the config's
+  extra environment and masks, the sandbox's limits on a cgroup named
+  ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns it, so ``gc`` of another
+  petri can tell a live run from a leaked one without a registry), and the sandbox's
+  ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
 - saves output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` and emits events;
 - at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
   memory), the sandbox gets ``last_exit_code``, ``running -> exited``; a run ended by the
@@ -177,6 +179,34 @@ def warn_once(engine: "Engine", text: str) -> None:
     print(f"petri: warning: {text}", file=sys.stderr, flush=True)
 
 
+def seccomp_profile(engine: "Engine", asked: str | None) -> str:
+    """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
+    not a profile), else the config's, else ``default``."""
+    from .config import load_config
+    from .seccomp import DEFAULT_PROFILE, parse_profile
+
+    if asked is not None:
+        return parse_profile(asked)
+    return load_config(engine.root).seccomp or DEFAULT_PROFILE
+
+
+def seccomp_fields(profile: str) -> dict[str, Any]:
+    """The run document's ``seccomp``; with ``off``, also what that turned off."""
+    from .seccomp import turned_off
+
+    return {"seccomp": profile, **({"seccomp_turned_off": turned_off()} if profile == "off" else {})}
+
+
+def _say_seccomp_off(profile: str) -> None:
+    """``off`` says what it turns off, once per process, on stderr (before the command's output):
+    unlike a warning about the machine, this is said on every command that turns it off."""
+    from .seccomp import OFF_NOTICE
+
+    if profile == "off" and OFF_NOTICE not in _warned:
+        _warned.add(OFF_NOTICE)
+        print(f"petri: warning: {OFF_NOTICE}", file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------------------- running
 
 
@@ -209,6 +239,7 @@ async def run_in_sandbox(
     kill_grace_s: float | None = None,
     quiet_warnings: bool = False,
     on_started: "Callable[[int], None] | None" = None,
+    seccomp: str | None = None,
 ) -> dict[str, Any]:
     """Run ``argv`` isolated in the sandbox; return the run document (SPEC ``run``).
     Every process of the run is gone when this returns; cancelling it kills the run.
@@ -218,6 +249,7 @@ async def run_in_sandbox(
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
+    profile = seccomp_profile(engine, seccomp)
     row = runnable_row(engine, sandbox)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
@@ -233,6 +265,8 @@ async def run_in_sandbox(
              stderr_path=str(err_path))
     if on_started is not None:
         on_started(n)
+    if not quiet_warnings:
+        _say_seccomp_off(profile)
 
     def on_ev(ev: "RunEvent") -> None:
         if ev.kind == "output" and ev.stream:
@@ -246,7 +280,7 @@ async def run_in_sandbox(
                    cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
                    timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
                    uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data,
-                   echo=echo, extra_masks=_masks(engine))
+                   echo=echo, extra_masks=_masks(engine), seccomp=profile)
     res = None
     try:
         res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
@@ -267,6 +301,7 @@ async def run_in_sandbox(
     doc = run_doc(engine, row.id, n)
     doc["cgroup_mode"] = res.cgroup_mode
     doc["cpu_time_s"] = res.cpu_time_s
+    doc.update(seccomp_fields(profile))
     if res.setup_error:
         doc["setup_error"] = res.setup_error
     if res.warnings:
@@ -309,11 +344,12 @@ def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
 
 def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str] | None = None, *,
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
-                     cwd: Path | str | None = None) -> int:
+                     cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
     from .pty_shell import run_shell
     from .runner import RunSpec
 
+    profile = seccomp_profile(engine, seccomp)
     row = runnable_row(engine, sandbox)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
@@ -326,9 +362,11 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     spec = RunSpec(workspace=engine.root, tree=tree, store=engine.store.root, argv=argv,
                    cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
                    timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
-                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine))
+                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
+                   seccomp=profile)
     events.emit(engine.store.root, "run.started", sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
                 stderr_path=str(err_path), shell=True)
+    _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
     try:

@@ -94,8 +94,10 @@ class ChildProcess:
 
 def open_process_here(argv: Sequence[bytes | str], *, stdin: int | None = DEVNULL, stdout: int | None = PIPE,
                       stderr: int | None = PIPE, env: Mapping[str, str] | None = None,
-                      start_new_session: bool = True) -> ChildProcess:
+                      start_new_session: bool = True, pass_fds: Sequence[int] = ()) -> ChildProcess:
     """Start ``argv`` now, forking from this thread; ``PIPE`` streams become trio streams.
+    ``pass_fds`` stay open in the child under the same numbers (e.g. bwrap's ``--seccomp``
+    fd); the caller still owns and closes them.
     Must be called from the thread that runs trio (it needs no await: nothing blocks)."""
     trio.lowlevel.current_trio_token()  # only from inside trio: the thread must be the loop's
     ours: list[int] = []  # our ends of the pipes, closed if the spawn fails
@@ -119,7 +121,7 @@ def open_process_here(argv: Sequence[bytes | str], *, stdin: int | None = DEVNUL
             err_mine, child_err = pipe(False)
         popen = subprocess.Popen(list(argv), stdin=child_in, stdout=child_out, stderr=child_err,
                                  close_fds=True, env=dict(env) if env is not None else None,
-                                 start_new_session=start_new_session)
+                                 start_new_session=start_new_session, pass_fds=tuple(pass_fds))
     except BaseException:
         for fd in ours:
             os.close(fd)

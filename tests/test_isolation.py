@@ -35,6 +35,9 @@ PY = "/usr/bin/python3"
 # ----------------------------------------------------------------------------- pure plan
 
 
+FILTER_FD = 7  # rendering only: any number
+
+
 def _plan(**kw):
     base = dict(workspace="/root/proj", tree="/srv/trees/sb-1", argv=["true"], cwd="/root/proj/sub",
                 env={"PATH": "/usr/bin"}, uid=1000, gid=1000)
@@ -56,7 +59,7 @@ def test_plan_orders_mounts_parent_first_and_remounts_masks_last():
     assert dests.index(b"/root") < dests.index(b"/root/proj") < dests.index(b"/root/proj/.petri")
     # Under a masked dir: no mount point to create, already hidden. Under /tmp: fresh anyway.
     assert b"/root/.ssh" not in dests and b"/tmp/x/.ssh" not in dests
-    argv = bwrap_argv(plan)
+    argv = bwrap_argv(plan, seccomp_fd=FILTER_FD)
     # The remount of a mask happens after every mount (the workspace needed its mount point).
     last_bind = max(i for i, a in enumerate(argv) if a == b"--bind")
     assert argv.index(b"--remount-ro") > last_bind
@@ -65,15 +68,16 @@ def test_plan_orders_mounts_parent_first_and_remounts_masks_last():
 
 
 def test_plan_argv_has_every_isolation_flag():
-    argv = bwrap_argv(_plan(tmp_bytes=123456, env={"A": "1"}))
+    argv = bwrap_argv(_plan(tmp_bytes=123456, env={"A": "1"}), seccomp_fd=FILTER_FD)
     for flag in (b"--unshare-all", b"--unshare-user", b"--disable-userns", b"--die-with-parent",
                  b"--new-session", b"--clearenv", b"--cap-drop"):
         assert flag in argv
     assert b"--share-net" not in argv
     assert argv[argv.index(b"/tmp") - 2 : argv.index(b"/tmp")] == [b"123456", b"--tmpfs"]
     assert argv[argv.index(b"--chdir") + 1] == b"/root/proj/sub"
-    assert b"--share-net" in bwrap_argv(_plan(net=True))
-    assert b"--new-session" not in bwrap_argv(_plan(new_session=False))
+    assert argv[argv.index(b"--seccomp") + 1] == b"%d" % FILTER_FD
+    assert b"--share-net" in bwrap_argv(_plan(net=True), seccomp_fd=FILTER_FD)
+    assert b"--new-session" not in bwrap_argv(_plan(new_session=False), seccomp_fd=FILTER_FD)
     with pytest.raises(ValueError):
         _plan(cwd="/elsewhere")
 
@@ -326,7 +330,7 @@ def test_tiocsti_fails_with_new_session(box):
         plan = isolation.plan_for_run(workspace=box.ws, tree=box.tree, store=box.ws / ".petri",
                                       argv=[PY, "-c", TIOCSTI_PROBE], cwd=box.ws,
                                       env=isolation.base_env(0), uid=0, gid=0, net=False, tmp_bytes=1 << 20,
-                                      new_session=new_session)
+                                      new_session=new_session, seccomp="off")  # --new-session alone
         return isolation.bwrap_argv(plan, bwrap=shutil.which("bwrap"))
 
     # The control proves the probe can inject when the terminal is the sandbox's own.
