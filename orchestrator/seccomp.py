@@ -10,8 +10,9 @@ right before it execs the command, so the command and everything it starts run u
 The profiles (SPEC "Syscall filter"), learnt from Flatpak's ``setup_seccomp``
 (flatpak-run.c) and Codex's ``linux-sandbox/src/seccomp.rs``:
 
-- ``default``: allow everything except what no build or test needs and what has a long
-  history of kernel bugs or sandbox escapes (``DEFAULT_GROUPS``). Denied calls fail with
+- ``default``: allow everything except what no build or test needs, what has a long
+  history of kernel bugs or sandbox escapes, and making setuid/setgid files (as Flatpak:
+  a sandbox tree is a host directory) (``default_groups``). Denied calls fail with
   EPERM; clone3 and the new mount API fail with ENOSYS, which is what makes glibc (clone3
   -> clone for threads) and libmount fall back to the calls the filter can inspect.
 - ``strict``: ``default``, and when the sandbox has no ``--net``, no socket of a family
@@ -179,7 +180,28 @@ def default_groups(clone_flags_arg: int = 0) -> tuple[Group, ...]:
         Group("the TIOCSTI and TIOCLINUX ioctls", tty),
         # Flatpak's list: the kernel log leaks addresses; the rest is administration.
         Group("syslog, acct, quotactl, uselib", _deny("syslog acct quotactl uselib")),
+        # No setuid or setgid file is made inside (as Flatpak): a sandbox tree is a host
+        # directory, and a setuid plant there is a privilege escalation for whoever reaches
+        # it (issue 9). mode_t is 32 bits to the kernel: masked on the bit itself.
+        Group("setting the setuid or setgid bit (chmod, fchmod, fchmodat, open/creat with it)", _suid_rules()),
     )
+
+
+S_ISUID = 0o4000
+S_ISGID = 0o2000
+O_CREAT = 0o100
+O_TMPFILE_DIR = 0o20000000  # __O_TMPFILE: with O_DIRECTORY it makes a file, so its mode counts too
+
+
+def _suid_rules() -> tuple[Deny, ...]:
+    """chmod(path, mode) and fchmod(fd, mode): mode is argument 1; fchmodat(dfd, path, mode)
+    and fchmodat2 (452): argument 2; creat(path, mode): 1; open(path, flags, mode): 2;
+    openat(dfd, path, flags, mode): 3 (the mode is only used with O_CREAT or O_TMPFILE, and
+    is denied whenever it asks for the bits: no program passes them by accident)."""
+    where = (("chmod", 1, None), ("fchmod", 1, None), ("fchmodat", 2, None), ("fchmodat2", 2, 452),
+             ("creat", 1, None), ("open", 2, None), ("openat", 3, None))
+    return tuple(Deny(name, EPERM, ArgMatch(arg, "masked_eq", bit, mask=bit), number=number)
+                 for name, arg, number in where for bit in (S_ISUID, S_ISGID))
 
 
 def no_net_groups() -> tuple[Group, ...]:

@@ -154,6 +154,20 @@ int main(int argc, char **argv) {
   PROBE("x32", syscall(__X32_SYSCALL_BIT | 39));
   PROBE("i386", i386_getpid());
 
+  /* Setuid/setgid bits: unfiltered, the owner may set them (OK). The file is the probe's own. */
+  int fd = open("suid-probe", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+  if (fd >= 0) close(fd);
+  PROBE("chmod_setuid", chmod("suid-probe", 04755));
+  PROBE("chmod_setgid", chmod("suid-probe", 02755));
+  PROBE("chmod_setuid_high_bits", syscall(SYS_chmod, "suid-probe", HIGH | 04755));
+  PROBE("fchmodat_setuid", fchmodat(AT_FDCWD, "suid-probe", 04755, 0));
+  PROBE("fchmod_setuid", ({ int f = open("suid-probe", O_RDONLY); long r = fchmod(f, 04755); close(f); r; }));
+  PROBE("open_creat_setuid", ({ unlink("suid-new"); int f = syscall(SYS_openat, AT_FDCWD, "suid-new",
+                                  O_CREAT | O_WRONLY, 04755); if (f >= 0) close(f); f; }));
+  PROBE("chmod_plain", chmod("suid-probe", 0755));  /* allowed: not EPERM */
+  unlink("suid-probe");
+  unlink("suid-new");
+
   PROBE("socket_inet", ({ int s = socket(AF_INET, SOCK_STREAM, 0); if (s >= 0) close(s); s; }));
   PROBE("socket_unix", ({ int s = socket(AF_UNIX, SOCK_STREAM, 0); if (s >= 0) close(s); s; }));
   PROBE("socketpair_unix", ({ int sv[2]; int r = socketpair(AF_UNIX, SOCK_STREAM, 0, sv);

@@ -41,7 +41,10 @@ DEFAULT_EXPECTED = {
     "io_uring_setup": "EPERM", "io_uring_enter": "EPERM",
     "tiocsti": "EPERM", "tiocsti_high_bits": "EPERM", "tioclinux": "EPERM",
     "x32": "EPERM", "i386": "EPERM",
-    # Allowed: a harmless unshare, a plain clone (fork), other ioctls, sockets.
+    "chmod_setuid": "EPERM", "chmod_setgid": "EPERM", "chmod_setuid_high_bits": "EPERM",
+    "fchmodat_setuid": "EPERM", "fchmod_setuid": "EPERM", "open_creat_setuid": "EPERM",
+    # Allowed: a harmless unshare, a plain clone (fork), other ioctls, sockets, plain modes.
+    "chmod_plain": "OK",
     "unshare_files": "OK", "clone_plain": "OK", "ioctl_fionread": "ENOTTY",
     "socket_inet": "OK", "socket_unix": "OK", "socketpair_unix": "OK",
 }
