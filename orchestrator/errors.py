@@ -61,7 +61,7 @@ class SandboxesExist(OrchestratorError):
 
 
 class SnapshotInUse(OrchestratorError):
-    """snapshot {ident} is the base of sandbox(es) {users}; remove those first"""
+    """snapshot {ident} is still needed by {users}; remove those first (a promotion: roll it back)"""
 
 
 class SandboxGone(OrchestratorError):
@@ -165,3 +165,9 @@ class OwnerCannotRunPetri(OrchestratorError, Unsupported):
     """this workspace's store belongs to {owner}: petri run as root acts as that user there (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
 
     exit_code = 4
+
+
+class KpiBreach(OrchestratorError):
+    """KPI breach: {what}"""
+
+    result: object = None  # the Stats record (the API sets it)

@@ -2,11 +2,13 @@
 subprocess, and a session sweep so nothing is left mounted or running."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -71,6 +73,22 @@ def copy_ws(tmp_path):
     finally:
         petri("gc", cwd=w)
         petri("deinit", "--force", cwd=w)
+
+
+@contextlib.contextmanager
+def api_workspace(root: Path, backend: str = "copy", **kw: Any) -> Iterator[Any]:
+    """``petri.init(root)`` for the ``with`` block, ``deinit --force`` after (whatever the
+    test left)."""
+    import petri as api
+
+    w = api.init(root, backend=backend, **kw)
+    try:
+        yield w
+    finally:
+        try:
+            w.deinit(force=True)
+        except api.PetriError:
+            pass
 
 
 @pytest.fixture
