@@ -236,7 +236,7 @@ def promotions(
     for d in docs:
         paths = d["applied"]
         shown_paths = ", ".join(paths[:3]) + (f" (+{len(paths) - 3})" if len(paths) > 3 else "")
-        rows.append([d["id"], d["sandbox"], d["state"], "yes" if d["can_undo"] else "no",
+        rows.append([d["id"], d["sandbox"], d["stage"] or "-", d["state"], "yes" if d["can_undo"] else "no",
                      human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), shown_paths or "-"])
-    o.table(["id", "sandbox", "state", "undo", "age", "paths"], rows)
+    o.table(["id", "sandbox", "stage", "state", "undo", "age", "paths"], rows)
 

@@ -219,8 +219,9 @@ def render_tree(doc: dict[str, Any], paint: Any = lambda text, style: text) -> l
         if n.get("race"):
             verdict = "winner" if n.get("winner") else ("passed" if n.get("passed") else "failed")
             bits.append(f"race {n['race']} rank {n.get('rank') or '-'} ({verdict})")
-        if n.get("fitness") is not None:
-            bits.append(f"fitness {n['fitness']}")
+        fit = n.get("fitness")
+        if isinstance(fit, dict):
+            bits.append(f"score {fit.get('score', 0):g}")
         bits.append(paint(n["state"], "dim" if n["state"] in ("destroyed", "failed", "expired") else "green"))
         return "  ".join(bits)
 
