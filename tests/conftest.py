@@ -99,3 +99,34 @@ def run_petri():
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (mounts, loop devices)")
+
+
+@pytest.fixture
+def user_tmp() -> Iterator[Path]:
+    """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
+    import tempfile
+    from snapshot.tree import remove_tree
+    from tests.loopfs import unmount_under
+    d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        # A failed test can leave the user's FUSE daemons and mounts behind: end them first.
+        kill_processes_mentioning(str(d))
+        unmount_under(d)
+        remove_tree(bytes(d))
+
+
+def kill_processes_mentioning(text: str) -> None:
+    import signal
+    needle = text.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass

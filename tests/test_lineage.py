@@ -235,3 +235,43 @@ def test_grandchild_diff_promote_staleness_on_every_backend(any_ws):
         s.destroy()
     w.gc()
     assert "sandbox" not in [s.get("kind") for s in w.snapshots()]
+
+
+# --------------------------------------------------------------------------- rootless
+
+@pytest.mark.parametrize("where", ["host", "btrfs"])
+def test_fork_of_a_fork_as_a_normal_user(unprivileged_user, request, where):
+    """Unprivileged: the snapshot of a sandbox is made with the user's own rights (a fuse
+    layer without trusted xattrs, a btrfs snapshot of a subvolume the user owns)."""
+    import json
+
+    from tests.loopfs import run_as
+    from tests.test_rootless_cli import own, petri_as
+
+    if where == "btrfs":
+        import btrfsutil
+        ws = request.getfixturevalue("btrfs_dir") / "proj"
+        btrfsutil.create_subvolume(str(ws))
+        make_project(ws)
+    else:
+        ws = make_project(request.getfixturevalue("user_tmp") / "proj")
+    own(ws.parent if where == "host" else ws, unprivileged_user)
+
+    def run(*args: str) -> dict:
+        r = petri_as(unprivileged_user, *args, "--json", cwd=ws)
+        assert r.returncode == 0, (args, r.stderr)
+        return json.loads(r.stdout)
+
+    backend = run("init")["backend"]
+    g0 = run("fork")["sandboxes"][0]
+    assert run_as(unprivileged_user, ["sh", "-c", f"echo 'x = 1' > {g0['path']}/app.py"]).returncode == 0
+    g1 = run("fork", "--from", g0["id"])["sandboxes"][0]
+    assert (g1["parent"], g1["generation"]) == (g0["id"], 1)
+    assert run_as(unprivileged_user, ["sh", "-c", f"echo new > {g1['path']}/new.txt"]).returncode == 0
+    files = sorted(f["path"] for f in run("diff", g1["id"])["files"])
+    assert files == ["app.py", "new.txt"], backend
+    entries = run("log")["entries"]
+    assert entries[-1]["uid"] == unprivileged_user.uid and entries[-1]["op"] == "fork"
+    run("rm", "--all")
+    run("gc")
+    run("deinit")
