@@ -183,7 +183,8 @@ def _measure(ws: "Workspace", sb_id: str, check: str, timeout_s: float | None,
     """The seed's fitness: its check run in a throwaway fork of it."""
     e = ws.engine
     fork = e.fork(sb_id, 1)[0]
-    e.registry.update_sandbox(fork.id, meta={**(fork.meta or {}), "scaffold": "evolve-seed-check"})
+    from .lineage import mark_scaffold
+    mark_scaffold(e, fork, "evolve-seed-check")
     try:
         from .runs import run_sync
 

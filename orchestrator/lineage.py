@@ -126,6 +126,35 @@ def widen_candidates(engine: "Engine", row: "SandboxRow", cands: "Candidates") -
 # --------------------------------------------------------------------------- the tree
 
 
+def mark_scaffold(engine: "Engine", row: "SandboxRow", kind: str, **extra: Any) -> None:
+    """Mark a sandbox petri made for itself (a stage's fork, a pinned state, a seed's check
+    fork): left out of the lineage, and reaped by ``reap_scaffolds`` once its maker is dead."""
+    import os
+
+    engine.registry.update_sandbox(row.id, meta={**(row.meta or {}), "scaffold": kind, "scaffold_pid": os.getpid(),
+                                                 **extra})
+
+
+def reap_scaffolds(engine: "Engine", keep: "set[str] | frozenset[str]" = frozenset()) -> list[str]:
+    """Destroy the scaffold sandboxes whose maker died (SIGKILL mid-operation), but those in
+    ``keep`` (a pinned state a waiting pipeline still needs)."""
+    from .registry import LIVE_STATES, pid_alive
+
+    gone = []
+    for r in engine.registry.sandboxes():
+        meta = r.meta or {}
+        if not meta.get("scaffold") or r.state not in LIVE_STATES or r.id in keep:
+            continue
+        if pid_alive(meta.get("scaffold_pid")):
+            continue
+        try:
+            engine.destroy_sandbox(r.id)
+            gone.append(r.id)
+        except Exception:  # noqa: BLE001 - gc tries again
+            pass
+    return gone
+
+
 def _is_throwaway(row: "SandboxRow") -> bool:
     """A race's check fork, a verify or stage fork: petri's own scaffolding, not lineage."""
     meta = row.meta or {}

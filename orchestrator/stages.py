@@ -145,8 +145,10 @@ def _checks_in_fork(target: "Engine", snap_id: str, stage: "Stage", say: Say) ->
     """The stage's checks in a throwaway sandbox forked from ``snap_id`` of ``target``."""
     if not stage.checks:
         return "passed", []
+    from .lineage import mark_scaffold
+
     sb = target.fork(snap_id, 1)[0]
-    target.registry.update_sandbox(sb.id, meta={**(sb.meta or {}), "scaffold": "stage-check"})
+    mark_scaffold(target, sb, "stage-check")
     try:
         return _run_checks(target, sb.id, stage.checks, stage.timeout_s, say)
     finally:
@@ -173,7 +175,7 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
     from .api import diff_parts
-    from .lineage import diff_base, snapshot_of_sandbox
+    from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
     from .race import Candidate, _apply_argv_env
     from .runs import run_sync
 
@@ -183,7 +185,7 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
     doc["snapshot_before"] = base
     say(f"stage {stage.name} ({promo_id}): the patch of {doc['sandbox']} ({len(stats)} file(s)) on a fresh fork of {base}")
     sb = engine.fork(base, 1)[0]
-    engine.registry.update_sandbox(sb.id, meta={**(sb.meta or {}), "scaffold": "stage-fresh", "promotion": promo_id})
+    mark_scaffold(engine, sb, "stage-fresh", promotion=promo_id)
     doc["fresh_sandbox"] = sb.id
     _save(engine, promo_id, "running", doc)
     try:
@@ -298,7 +300,7 @@ def _index(stages: tuple["Stage", ...], name: str) -> int:
 
 def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None) -> dict[str, Any]:
     """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``)."""
-    from .lineage import snapshot_of_sandbox
+    from .lineage import mark_scaffold, snapshot_of_sandbox
     from .registry import new_id
 
     stages = _stages(engine)
@@ -309,8 +311,7 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
     snap = snapshot_of_sandbox(engine, row)
     pinned = engine.fork(snap.id, 1, label=f"pinned-for-{pipeline[2:]}")[0]
-    engine.registry.update_sandbox(pinned.id, meta={**(pinned.meta or {}), "scaffold": "pinned",
-                                                   "pipeline": pipeline})
+    mark_scaffold(engine, pinned, "pinned", pipeline=pipeline)
     return _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
 
 
@@ -421,6 +422,7 @@ def recover(engine: "Engine") -> list[str]:
     ``in_place`` as their promotion's journal says; their fresh forks go. Returns their ids."""
     from merge.promote import promotion_state
 
+    from .lineage import reap_scaffolds
     from .registry import pid_alive
 
     settled = []
@@ -439,21 +441,20 @@ def recover(engine: "Engine") -> list[str]:
                 try:
                     target.recover_promotions()  # the journal decides: finished or undone now
                     in_place = promotion_state(target.store.journal, p["id"]) == "done"
+                    if target is not engine:
+                        reap_scaffolds(target)  # the dead stage's check fork there
                 finally:
                     if target is not engine:
                         target.close()
             except Exception:  # noqa: BLE001 - the target is gone: nothing of it is in place here
                 in_place = False
-        for sb in engine.registry.sandboxes():
-            meta = sb.meta or {}
-            if meta.get("promotion") == p["id"] and meta.get("scaffold") == "stage-fresh":
-                try:
-                    engine.destroy_sandbox(sb.id)
-                except Exception:  # noqa: BLE001
-                    pass
         doc.update(in_place=in_place, pending_reason="interrupted", outcome="interrupted")
         _save(engine, p["id"], "pending", doc)
         settled.append(p["id"])
+    # what dead pipelines forked for themselves goes, but the pinned state of one that waits
+    waiting = {p["doc"].get("pinned") for p in engine.registry.promotions()
+               if p["doc"].get("stage") and p["state"] in ("pending", "running")}
+    reap_scaffolds(engine, keep={w for w in waiting if w})
     return settled
 
 

@@ -291,11 +291,49 @@ def test_sigkill_in_a_multi_stage_promotion(project, kill_at, staging_after):
     r = petri("promote", "--resume", rows["staging"]["id"], "--json", cwd=dev)
     assert r.rc == 0, r
     assert r.json["state"] == "done" and manifest(staging) == new
+    # nothing the killed petri forked for itself is left: not the pinned state, no check fork
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
+    assert petri("ls", "--json", cwd=staging).json["sandboxes"] == []
     # and the whole pipeline rolls back cleanly from its first stage
     r = petri("rollback", rows["fresh"]["id"], cwd=dev)
     assert r.rc == 0, r
     assert manifest(dev) == old_dev and manifest(staging) == old_staging
     assert not list((staging / ".petri" / "journal" / ".pending").glob("*"))
+
+
+def test_sigkill_while_a_check_runs_in_the_other_workspace(project, host_marker):
+    """kill -9 of petri itself while the staging stage's check runs: its sandbox processes
+    die with it, the next command settles the stage (in place, pending) and removes the
+    check's fork in staging; --resume runs the checks again."""
+    import signal
+    import sys
+    import time
+
+    dev, staging = project
+    configure(dev, three_stages(staging, staging_checks=[f"test -e {host_marker} || sleep 120"]))
+    sb = two_file_fix(dev)
+    env = {k: v for k, v in os.environ.items() if k != "PETRI_WORKSPACE"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "promote", sb, "--to", "staging"], cwd=dev,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the staging stage's check fork runs
+            running = [s for s in petri("ls", "--json", cwd=staging).json["sandboxes"] if s["state"] == "running"]
+            if running:
+                break
+            time.sleep(0.2)
+        assert running, "the staging check never started"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    rows = {p["stage"]: p for p in stage_rows(dev) if p["stage"]}
+    assert rows["staging"]["state"] == "pending" and rows["staging"]["pending_reason"] == "interrupted"
+    assert (staging / "calc.py").read_text() == FIXED  # the promotion had landed: in place
+    assert petri("ls", "--json", cwd=staging).json["sandboxes"] == [], "the dead check's fork was removed"
+    host_marker.write_text("go\n")
+    r = petri("promote", "--resume", rows["staging"]["id"], cwd=dev)
+    assert r.rc == 0, r
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
 
 
 def test_sigkill_then_rollback_instead_of_resume(project):
