@@ -275,3 +275,30 @@ def test_fork_of_a_fork_as_a_normal_user(unprivileged_user, request, where):
     run("rm", "--all")
     run("gc")
     run("deinit")
+
+
+# --------------------------------------------------------------------------- deep stacks
+
+@pytest.mark.parametrize("name", ["overlay", "fuse"])
+def test_fork_of_fork_past_the_layer_depth_compacts(tmp_path, name):
+    """Each generation adds a layer; past ``max_depth`` the stack is compacted into one,
+    and the trees stay exact (the conformance check, on a backend whose limit is 2)."""
+    from snapshot import conformance as C
+    from snapshot.choose import backend_class
+
+    cls = backend_class(name)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ok, why = cls.available(ws)
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    C.make_sample_tree(ws)
+    case = C.Case(cls(max_depth=2), ws)
+    try:
+        C.check_fork_of_fork(case)
+        layers = [case.backend.layers_of(case.store, s) for s in case.sandbox_snaps]
+        assert max(len(ls) for ls in layers) <= 2 and [len(ls) for ls in layers][1] == 1, layers  # compacted
+    finally:
+        case.cleanup()
+        if name == "fuse":
+            stop_fuse_under(tmp_path, [case.store.root])
