@@ -72,7 +72,9 @@ from .safefs import Node, SafeTree, content_id_bytes, read_chunks, safe_mode, sp
     write_new_file
 
 OnConflict = Literal["fail", "markers", "theirs", "ours"]
-PROTECTED_TOP = (b".git", b".petri")
+# What a check leaves for ``petri evolve`` to read (orchestrator.evolve): never a change.
+METRICS_FILE = b".petri-metrics.json"
+PROTECTED_TOP = (b".git", b".petri", METRICS_FILE)
 STAGING_PREFIX = ".petri-staging-"
 _FICLONE = 0x40049409
 

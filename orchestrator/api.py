@@ -29,14 +29,16 @@ takes a new one); a sync call made from inside a running trio loop blocks that l
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .limits import Limits
-from .results import (Cleanup, Diff, Event, FileContent, FileWritten, Forked, InitResult, PromoteResult, Promotion,
-                      PromotionList, Race, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot, SnapshotList)
+from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileWritten, Forked, InitResult, Lineage,
+                      Pipeline, PromoteResult, Promotion, PromotionList, Race, RunResult, Rollback, SandboxInfo,
+                      SandboxList, Snapshot, SnapshotList, Stats)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -45,6 +47,25 @@ if TYPE_CHECKING:
 __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
 
 VIAS = ("api", "cli", "mcp", "tui")
+
+
+def _audited(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A mutating ``Workspace`` method: one row of the audit trail (orchestrator.audit) per
+    call, with ``reason=`` (a keyword every such method takes) and the workspace's ``via``
+    and ``client``. Calls made inside another audited one add no row of their own."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> Any:
+            from . import audit
+            from .units import MAX_NOTE, check_text
+
+            if reason is not None:
+                check_text("--reason", reason, max_len=MAX_NOTE)
+            with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
+                                 client=self.client, root=self.root):
+                return fn(self, *args, **kw)
+        return wrapper
+    return deco
 
 
 # ---------------------------------------------------------------------------- candidates
@@ -85,13 +106,17 @@ class Cmd:
 
 
 def init(path: str | os.PathLike = ".", *, backend: str = "auto", convert: bool = False,
-         progress: Any = None, say: Callable[[str], None] | None = None, via: str = "api") -> "Workspace":
+         progress: Any = None, say: Callable[[str], None] | None = None, via: str = "api",
+         reason: str | None = None) -> "Workspace":
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
     ``ws.init_result`` is the ``init`` document."""
+    from . import audit
     from .engine import Engine
 
-    engine, doc = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
-                              say=say or (lambda s: None))
+    with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
+                         reason=reason):
+        engine, doc = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
+                                  say=say or (lambda s: None))
     ws = Workspace(engine.root, via=via, _engine=engine)
     ws.init_result = InitResult.from_doc(doc)
     return ws
@@ -109,17 +134,22 @@ def open(path: str | os.PathLike | None = None, *, via: str = "api") -> "Workspa
 
 
 class Workspace:
-    """A petri workspace. Methods return records; errors are ``petri.PetriError``."""
+    """A petri workspace. Methods return records; errors are ``petri.PetriError``.
 
-    def __init__(self, root: str | os.PathLike, *, via: str = "api", _engine: "Engine | None" = None) -> None:
+    Every method that changes something takes ``reason=`` and leaves one row in the audit
+    trail (``log()``) naming ``via`` and, when a front end set it, ``client`` (the MCP
+    server sets the client's name there)."""
+
+    def __init__(self, root: str | os.PathLike, *, via: str = "api", client: str | None = None,
+                 _engine: "Engine | None" = None) -> None:
         if via not in VIAS:
             from .errors import UsageError
             raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
         self.root = Path(root)
         self.via = via
         # Front ends: who is calling through them (MCP: the client's name from `initialize`),
-        # for the audit trail to record beside `via`.
-        self.client: str | None = None
+        # recorded in the audit trail beside `via`.
+        self.client: str | None = client
         self.init_result: InitResult | None = None
         self._local = threading.local()
         self._kept: set[str] = set()
@@ -158,6 +188,7 @@ class Workspace:
         return self.engine.backend_name
 
     # -- snapshots ------------------------------------------------------------------------
+    @_audited("snapshot")
     def snapshot(self, message: str = "", *, progress: Any = None) -> Snapshot:
         """Take a snapshot of the workspace (the ``snapshot`` document)."""
         from .units import MAX_NOTE, check_text
@@ -175,6 +206,7 @@ class Workspace:
         return SnapshotList(snapshots=tuple(self.snapshots()))
 
     # -- sandboxes ------------------------------------------------------------------------
+    @_audited("fork")
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
@@ -219,6 +251,7 @@ class Workspace:
         doc["runs"] = e.registry.runs(row.id)
         return SandboxList.from_doc({"sandboxes": [doc]})
 
+    @_audited("rm")
     def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
                expired: bool = False) -> Cleanup:
         """``rm``: destroy sandboxes, or snapshots no sandbox uses."""
@@ -231,10 +264,22 @@ class Workspace:
         return Cleanup.from_doc({"removed": removed, "reaped": {"mounts": 0, "processes": 0, "cgroups": 0,
                                                                "promotions_finished": 0, "promotions_undone": 0}})
 
-    def gc(self) -> Cleanup:
-        return Cleanup.from_doc(self.engine.gc())
+    @_audited("gc")
+    def gc(self, *, keep_generations: int | None = None) -> Cleanup:
+        """Reap what is left over (``gc``); ``keep_generations``: also destroy the living
+        sandboxes of each lineage older than its newest N generations (``pruned_sandboxes``)."""
+        pruned = []
+        if keep_generations is not None:
+            from .lineage import prune_generations
+            pruned = prune_generations(self.engine, keep_generations)
+        doc = self.engine.gc()
+        if keep_generations is not None:
+            doc["removed"] = [p["id"] for p in pruned] + doc["removed"]
+            doc["pruned_sandboxes"] = pruned
+        return Cleanup.from_doc(doc)
 
     # -- runs -----------------------------------------------------------------------------
+    @_audited("run")
     def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
             env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
             on_output: Callable[[str, bytes], None] | None = None,
@@ -250,9 +295,12 @@ class Workspace:
 
         argv_l = _argv(argv)
         on_event = None if on_output is None else _output_callback(on_output)
+        from . import audit
+
         doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
                                          timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
                                          cwd=cwd, on_event=on_event, on_started=on_start))
+        audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
 
     def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
@@ -262,6 +310,7 @@ class Workspace:
         return [RunResult.from_doc(d) for d in e.registry.runs(row.id)]
 
     # -- race -----------------------------------------------------------------------------
+    @_audited("race")
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
@@ -291,18 +340,27 @@ class Workspace:
         return Diff.from_doc(diff_doc(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
                                       with_patch=not stat_only))
 
+    @_audited("promote")
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
-                say: Callable[[str], None] | None = None) -> PromoteResult:
+                say: Callable[[str], None] | None = None, to: str | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written);
         ``petri.MarkersWritten`` (exit 5) carries the result in ``.result``; a failed
-        ``verify`` is a result (``verified: false, rolled_back: true``)."""
+        ``verify`` is a result (``verified: false, rolled_back: true``).
+
+        ``to``: a graduated promotion through the configured stages up to that one
+        (orchestrator.stages); the result is a ``petri.Pipeline`` whose ``state`` and
+        ``exit_code`` say how far it got (a failed or inconclusive check is a result)."""
         from snapshot.errors import MarkersWritten
 
         from .promotions import promote as do_promote
 
         e = self.engine
+        if to is not None:
+            from .stages import promote_to
+            return _with_ws(Pipeline.from_doc(promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None))),
+                            self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
                          paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
@@ -315,6 +373,15 @@ class Workspace:
             raise err
         return result
 
+    @_audited("promote")
+    def resume(self, promotion: "str | Promotion | PromoteResult", *,
+               say: Callable[[str], None] | None = None) -> Pipeline:
+        """``promote --resume p-…``: pass a stage's manual gate, or re-run an inconclusive or
+        interrupted stage, and go on up to the pipeline's last stage."""
+        from .stages import resume
+
+        return _with_ws(Pipeline.from_doc(resume(self.engine, _any_id(promotion), say=say or (lambda s: None))), self)
+
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
         from .promotions import promotion_docs
 
@@ -324,6 +391,7 @@ class Workspace:
     def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
         return PromotionList(promotions=tuple(self.promotions(include_conflicts=include_conflicts)))
 
+    @_audited("rollback")
     def rollback(self, target: "str | Snapshot | Promotion | PromoteResult") -> Rollback:
         """``s-…``: restore the workspace to that snapshot (after a safety snapshot);
         ``p-…``: undo that promotion (``petri.Conflict`` if live changed those files since)."""
@@ -359,6 +427,7 @@ class Workspace:
                 return _read_in(SafeTree(view), rel, limit)
         return _read_in(SafeTree(e.sandbox_tree(row)), rel, limit)
 
+    @_audited("write_file")
     def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
                    mode: int | None = None) -> FileWritten:
         """Write a whole file in the sandbox (made, with its missing directories, or
@@ -371,6 +440,7 @@ class Workspace:
         _write_in(self.engine, _sandbox_id(sandbox), rel, raw, mode)
         return FileWritten(path=os.fsdecode(rel), bytes_written=len(raw))
 
+    @_audited("edit_file")
     def edit_file(self, sandbox: "str | Sandbox", path: str | bytes, old: str, new: str, *,
                   count: int | None = 1) -> FileWritten:
         """Replace ``old`` by ``new`` in a UTF-8 file: exactly ``count`` occurrences must be
@@ -391,6 +461,59 @@ class Workspace:
         rel = _path_bytes(path)
         _write_in(self.engine, _sandbox_id(sandbox), rel, text.encode("utf-8"), None)
         return FileWritten(path=got.path, bytes_written=len(text.encode("utf-8")), replacements=found)
+
+    # -- lineage, population, audit trail, KPIs ---------------------------------------------
+    def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
+        """``lineage``: snapshots of live, the sandboxes forked from them, forks of forks
+        under their parents, with generation and race results; ``ident``: only its tree."""
+        from .lineage import lineage_doc
+
+        return Lineage.from_doc(lineage_doc(self.engine, None if ident is None else _any_id(ident)))
+
+    @_audited("evolve")
+    def evolve(self, seed: "str | Sandbox | Snapshot", mutate: "str | Callable[..., Sequence[Any]]", check: str, *,
+               population: int = 4, generations: int = 3, keep: int = 1,
+               fitness: Callable[[dict[str, Any]], float] | None = None, jobs: int = 8,
+               limits: Limits | None = None, timeout: float | str | None = None,
+               say: Callable[[str], None] | None = None) -> Evolution:
+        """Generations of races from ``seed``: ``mutate`` (a shell command run per candidate
+        with ``PETRI_GENERATION``/``PETRI_CANDIDATE``/``PETRI_PARENT`` set, or a callable
+        ``mutate(parent, generation, count)`` giving ``Patch``/``Cmd`` candidates) makes
+        ``population`` candidates a generation from the ``keep`` fittest so far; fitness is
+        ``check`` passing, then the ``score`` it leaves in ``.petri-metrics.json`` (or
+        ``fitness(candidate)``). See orchestrator.evolve."""
+        from .evolve import evolve
+
+        return Evolution.from_doc(evolve(self, seed, mutate, check, population=population, generations=generations,
+                                         keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
+                                         say=say))
+
+    def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
+        """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
+        ago ("1h"); ``limit``: the newest N."""
+        from .audit import entries
+
+        return AuditLog.from_doc({"entries": entries(self.engine.registry, since=_since(since), limit=limit, op=op)})
+
+    def stats(self, *, since: "float | str | None" = None, check: bool = False) -> Stats:
+        """``stats``: p50/p95/p99/max per operation and the rates, since ``since``; the
+        config's ``[kpi]`` thresholds they break are ``breaches``. ``check``: a breach
+        raises ``KpiBreach`` (exit 1, ``.result`` is the record)."""
+        from . import kpi
+        from .config import load_config
+        from .registry import rfc3339
+
+        e = self.engine
+        at = _since(since)
+        doc = {"since": rfc3339(at), **kpi.stats(e.registry, since=at)}
+        doc["breaches"] = kpi.breaches(doc, load_config(e.root).kpi)
+        result = Stats.from_doc(doc)
+        if check and doc["breaches"]:
+            from .errors import KpiBreach
+            err = KpiBreach(what="; ".join(b["message"] for b in doc["breaches"]))
+            err.result = result  # type: ignore[attr-defined]
+            raise err
+        return result
 
     # -- events ---------------------------------------------------------------------------
     def events(self, *, follow: bool = False, from_start: bool = True, stop: Callable[[], bool] | None = None,
@@ -415,6 +538,7 @@ class Workspace:
         return {"workspace": str(e.root), "backend": e.backend_name, "reason": reg.get_meta("reason") or "",
                 "snapshot": (reg.snapshots()[0].id if reg.snapshots() else None)}
 
+    @_audited("deinit")
     def deinit(self, *, force: bool = False) -> dict[str, Any]:
         doc = self.engine.deinit(force=force)
         self._local.engine = None
@@ -508,12 +632,18 @@ class SandboxSet(list):
     def __exit__(self, *exc: object) -> None:
         from snapshot.errors import PetriError
 
+        from . import audit
+
         gone = [sb.info.id for sb in self if sb.info.id not in self.workspace._kept]
-        for sb_id in gone:
-            try:
-                self.workspace.engine.destroy_sandbox(sb_id)
-            except PetriError:
-                pass  # already gone (rm by someone else); gc reaps anything left
+        if not gone:
+            return
+        ws = self.workspace
+        with audit.operation("rm", ["rm", *gone], ws.via, client=ws.client, root=ws.root):
+            for sb_id in gone:
+                try:
+                    ws.engine.destroy_sandbox(sb_id)
+                except PetriError:
+                    pass  # already gone (rm by someone else); gc reaps anything left
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -574,6 +704,31 @@ def _argv(argv: Sequence[str | bytes] | str) -> list[Any]:
     if not out or not out[0]:
         raise EmptyCommand(what="the command", hint="")
     return out
+
+
+def _since(t: "float | str | None") -> float | None:
+    """An epoch time from ``--since``: RFC 3339 ("2025-01-31T12:00:00Z"), a duration ago
+    ("90m", "2d"), or epoch seconds."""
+    if t is None:
+        return None
+    if isinstance(t, (int, float)):
+        return float(t)
+    from datetime import datetime
+
+    from .errors import UsageError
+    from .registry import now
+    from .units import parse_duration
+
+    text = t.strip()
+    if "T" in text or (text.count("-") >= 2 and text[:4].isdigit()):
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(detail=f"bad --since {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
+        if when.tzinfo is None:
+            raise UsageError(detail=f"bad --since {t!r}: give a time zone (Z or +HH:MM)")
+        return when.timestamp()
+    return now() - parse_duration(text)
 
 
 def _seconds(t: float | str | None) -> float | None:
@@ -728,9 +883,11 @@ def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), 
              with_patch: bool = True) -> dict[str, Any]:
     """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
     UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
+    from .lineage import diff_base
+
     row, stats, patch = diff_parts(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch)
     text = patch.decode("utf-8", "backslashreplace")
-    doc: dict[str, Any] = {"base": row.base, "sandbox": row.id, "files": [file_doc(s) for s in stats],
+    doc: dict[str, Any] = {"base": diff_base(engine, row), "sandbox": row.id, "files": [file_doc(s) for s in stats],
                            "patch": text}
     if text.encode("utf-8", "surrogateescape") != patch:
         doc["patch_b64"] = _b64(patch)

@@ -217,7 +217,13 @@ def upper_candidates(upper: Path, base: Path, tree: Path) -> Candidates:
 
 
 def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path, tree: Path) -> Candidates:
-    """Where the sandbox may differ from its base, from the backend's own record."""
+    """Where the sandbox may differ from its base (and, for a fork of a fork, from its
+    origin: orchestrator.lineage), from the backend's own record."""
+    from .lineage import widen_candidates
+    return widen_candidates(engine, row, _own_candidates(engine, row, base, tree))
+
+
+def _own_candidates(engine: "Engine", row: "SandboxRow", base: Path, tree: Path) -> Candidates:
     name = engine.backend_name
     store = engine.store
     try:
@@ -278,7 +284,8 @@ def staging_names(*roots: Path) -> tuple[bytes, ...]:
 
 
 def exclude_top(*roots: Path) -> tuple[bytes, ...]:
-    return (b".git", b".petri", *staging_names(*roots))
+    from merge.promote import METRICS_FILE  # what a check leaves for evolve: never a change
+    return (b".git", b".petri", METRICS_FILE, *staging_names(*roots))
 
 
 def changes(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, include_ignored: bool = False,
@@ -316,9 +323,10 @@ def sandbox_views(engine: "Engine", row: "SandboxRow", *, frozen: bool | None = 
     """(base view, sandbox tree) for the ``with`` block. The sandbox is read through a
     point-in-time view when a command runs in it (``frozen`` None: decide), and always on
     btrfs, where that view costs one snapshot and is what ``btrfs send`` needs anyway."""
+    from .lineage import diff_base
     store = engine.store
     with ExitStack() as stack:
-        base = stack.enter_context(engine.backend.snapshot_view(store, row.base))
+        base = stack.enter_context(engine.backend.snapshot_view(store, diff_base(engine, row)))
         tree = engine.sandbox_tree(row)
         if frozen is None:
             frozen = engine.backend_name == "btrfs" or is_running(engine, row)

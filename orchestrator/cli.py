@@ -76,6 +76,7 @@ class Globals:
     json = False
     debug = False
     workspace: str | None = None
+    reason: str | None = None
 
 
 G = Globals()
@@ -105,6 +106,7 @@ def root(
     json_: Annotated[bool, typer.Option("--json", help="One JSON document on stdout (any command).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
     workspace: Annotated[Optional[str], typer.Option("--workspace", help="The workspace (default: found from the cwd; or PETRI_WORKSPACE).")] = None,
+    reason: Annotated[Optional[str], typer.Option("--reason", help="Why: kept with the operation in the audit trail (`petri log`).")] = None,
 ) -> None:
     """Global flags may also follow the command."""
 
@@ -211,7 +213,7 @@ def snapshots() -> None:
 # --------------------------------------------------------------------------- fork / ls / status
 @app.command()
 def fork(
-    source: Annotated[str, typer.Option("--from", help="live (snapshot now) or a snapshot id")] = "live",
+    source: Annotated[str, typer.Option("--from", help="live (snapshot now), a snapshot id, or a sandbox (sb-…: a fork of a fork)")] = "live",
     n: Annotated[int, typer.Option("-n", help="How many sandboxes.")] = 1,
     label: Annotated[Optional[str], typer.Option("--label", help="A name; with -n N: NAME-1..NAME-N.")] = None,
     ttl: Annotated[Optional[str], typer.Option("--ttl", help="Lifetime, e.g. 30m, 2h.")] = None,
@@ -222,7 +224,10 @@ def fork(
     disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget, e.g. 1G.")] = None,
     net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
 ) -> None:
-    """Create N sandboxes from live or a snapshot; print ids and paths."""
+    """Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths.
+
+    --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
+    a fork, whose row records its parent and generation (the parent's + 1)."""
     from .engine import Limits
     from .units import parse_cpus, parse_duration, parse_size
     limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
@@ -235,9 +240,8 @@ def fork(
     rows = e.fork(source, n, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:
-        from .registry import rfc3339
-        o.doc({"sandboxes": [{"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-                              "expires_at": rfc3339(r.expires_at), "limits": r.limits} for r in rows],
+        from .api import _fork_row_doc
+        o.doc({"sandboxes": [_fork_row_doc(r) for r in rows],
                "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
     else:
         for r in rows:
@@ -338,10 +342,19 @@ def rm(
 
 
 @app.command()
-def gc() -> None:
-    """Reap expired sandboxes, leaked mounts/processes/cgroups, unused implicit snapshots."""
+def gc(
+    keep_generations: Annotated[Optional[int], typer.Option("--keep-generations", metavar="N",
+                                                            help="Also destroy the living sandboxes of each lineage"
+                                                                 " older than its newest N generations.")] = None,
+) -> None:
+    """Reap expired sandboxes, leaked mounts/processes/cgroups, unused implicit snapshots.
+
+    Never removes a snapshot a living sandbox (or a descendant's lineage), a promotion
+    that can be undone, or a pending graduated promotion still needs."""
+    from .api import Workspace
     e = engine()
-    doc = e.gc()
+    doc = Workspace(e.root, via="cli", _engine=e).gc(keep_generations=keep_generations).to_json()
+    doc.pop("schema", None)
     o = out()
     if G.json:
         o.doc(doc)
@@ -352,6 +365,8 @@ def gc() -> None:
         for p in doc.get("pruned_promotions", []):
             o.say(f"pruned the pre-images of {p['id']} ({human_bytes(p['bytes'])}, {p['why']}): "
                   "it can no longer be rolled back")
+        for p in doc.get("pruned_sandboxes", []):
+            o.say(f"destroyed {p['id']} (generation {p['generation']}: {p['why']})")
 
 
 @app.command()
@@ -403,7 +418,7 @@ def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command
 # Commands of the runner, the merge engine and the front ends (MCP server, TUI) live in
 # their own modules; importing them registers them on ``app`` (they import nothing heavy at
 # module level: the MCP SDK and Textual load only when their command runs).
-for _mod in ("cli_run", "cli_merge", "cli_mcp", "cli_tui"):
+for _mod in ("cli_run", "cli_merge", "cli_lineage", "cli_mcp", "cli_tui"):
     try:
         __import__(f"orchestrator.{_mod}")
     except ModuleNotFoundError as _e:
@@ -412,7 +427,7 @@ for _mod in ("cli_run", "cli_merge", "cli_mcp", "cli_tui"):
 
 
 # --------------------------------------------------------------------------- entry point
-_GLOBAL_FLAGS = {"--json": False, "--debug": False, "--workspace": True}  # flag -> takes a value
+_GLOBAL_FLAGS = {"--json": False, "--debug": False, "--workspace": True, "--reason": True}  # flag -> takes a value
 
 
 def _take_global(argv: list[str], i: int) -> int:
@@ -424,12 +439,13 @@ def _take_global(argv: list[str], i: int) -> int:
     if a == "--debug":
         G.debug = True
         return 1
-    if a == "--workspace" and i + 1 < len(argv):
-        G.workspace = argv[i + 1]
-        return 2
-    if a.startswith("--workspace="):
-        G.workspace = a.split("=", 1)[1]
-        return 1
+    for flag in ("--workspace", "--reason"):  # the global flags that take a value
+        if a == flag and i + 1 < len(argv):
+            setattr(G, flag[2:], argv[i + 1])
+            return 2
+        if a.startswith(flag + "="):
+            setattr(G, flag[2:], a.split("=", 1)[1])
+            return 1
     return 0
 
 
@@ -532,13 +548,24 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     assert isinstance(command, click.Group)
     _full_summaries(command)
+    from . import audit
+    raw = list(sys.argv[1:] if argv is None else argv)
+    scope, token = None, None
+    message = "ok"
     try:
-        args = _normalise(list(sys.argv[1:] if argv is None else argv), command)
+        args = _normalise(raw, command)
+        op = next((a for a in args if not a.startswith("-")), None)
+        if op in audit.MUTATING_COMMANDS:
+            if G.reason is not None:
+                from .units import MAX_NOTE, check_text
+                check_text("--reason", G.reason, max_len=MAX_NOTE)
+            scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
         rv = command.main(args=args, prog_name="petri", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except PetriError as e:
         if G.debug:
             traceback.print_exc()
+        message = str(e)
         code = fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         code = fail("interrupted", 130)
@@ -554,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 code = fail(f"{e.strerror or e}{where}", 1)
             else:
                 code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+    if scope is not None:
+        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}")
     try:
         sys.stdout.flush()
     except BrokenPipeError:

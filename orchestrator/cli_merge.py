@@ -50,7 +50,7 @@ def diff(
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def promote(
-    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    sandbox: Annotated[Optional[str], typer.Argument(help="Sandbox id, prefix or label.", show_default=False)] = None,
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
     on_conflict: Annotated[str, typer.Option("--on-conflict", click_type=click.Choice(["fail", "markers", "theirs", "ours"]),
@@ -59,12 +59,27 @@ def promote(
                                                   " sandbox's side) or ours (the workspace's side).")] = "fail",
     verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result; undo on failure.")] = None,
     include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="STAGE", help="Graduated promotion: walk the configured [[stages]] in order up to STAGE.")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", metavar="p-…", help="Go on with a graduated promotion waiting at a stage (a manual gate, an inconclusive or interrupted check).")] = None,
 ) -> None:
-    """Apply the sandbox's changes to the workspace, 3-way against live."""
+    """Apply the sandbox's changes to the workspace, 3-way against live.
+
+    With --to STAGE, through the stages of the config file (`[[stages]]`: fresh, workspace,
+    or another petri workspace), each with its checks; `petri promote --resume p-…` goes on
+    where one stopped. Exit 0: done, or waiting at a manual gate; 1: a check failed (that
+    stage was rolled back) or was inconclusive (timed out: the stage waits); 3: a conflict."""
     from merge.errors import PromotionConflict
 
     from .promotions import promote as do_promote
     o = out()
+    if to is not None or resume is not None:
+        from .cli_lineage import promote_staged
+        promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,
+                       include_ignored=include_ignored)
+        return
+    if sandbox is None:
+        from .errors import UsageError
+        raise UsageError(detail="promote needs a SANDBOX (or --resume p-…)")
     e = engine()
     row = e.resolve_sandbox(sandbox)
     wanted = _paths(paths)
@@ -221,7 +236,7 @@ def promotions(
     for d in docs:
         paths = d["applied"]
         shown_paths = ", ".join(paths[:3]) + (f" (+{len(paths) - 3})" if len(paths) > 3 else "")
-        rows.append([d["id"], d["sandbox"], d["state"], "yes" if d["can_undo"] else "no",
+        rows.append([d["id"], d["sandbox"], d["stage"] or "-", d["state"], "yes" if d["can_undo"] else "no",
                      human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), shown_paths or "-"])
-    o.table(["id", "sandbox", "state", "undo", "age", "paths"], rows)
+    o.table(["id", "sandbox", "stage", "state", "undo", "age", "paths"], rows)
 

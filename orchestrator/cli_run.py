@@ -231,7 +231,7 @@ def race(
     check: Annotated[Optional[str], typer.Option("--check", metavar="CMD", help="Required. The check: a shell command run in every candidate's sandbox; exit 0 = passed.")] = None,
     patch: Annotated[Optional[List[str]], typer.Option("--patch", metavar="FILE", help="A candidate: a patch file (git or patch -p1 format, no fuzz). Repeat it for more candidates.")] = None,
     cmd: Annotated[Optional[List[str]], typer.Option("--cmd", metavar="CMD", help="A candidate: a shell command run in its sandbox before the check (non-zero: not applied). Repeatable; mixes with --patch in command-line order.")] = None,
-    source: Annotated[str, typer.Option("--from", help="live (snapshot now) or a snapshot id")] = "live",
+    source: Annotated[str, typer.Option("--from", help="live (snapshot now), a snapshot id, or a sandbox (its winner is a fork of it: the next generation)")] = "live",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Candidates run at once.")] = 8,
     mem: Annotated[Optional[str], typer.Option("--mem", help="Memory limit per candidate, e.g. 512M.")] = None,
     cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota per candidate.")] = None,

@@ -27,6 +27,19 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     [promotions]
     preimage_budget = "1G"   # what all kept pre-images may take; `petri gc` prunes the oldest
 
+    [kpi]                # `petri stats --check` exits 1 when one is broken
+    fork_p95 = "2s"      # OP_STAT: OP fork|first_command|run|race|promote|rollback|staleness,
+    run_p99 = "10m"      #   STAT p50|p95|p99|max; a duration, the most it may be
+    race_success = 0.5   # a rate: the least it may be
+    conflicts = 0.2      # rates: the most they may be (also verify_failures, rollbacks)
+
+    [[stages]]           # graduated promotion: `petri promote SB --to NAME` walks them in order
+    name = "fresh"
+    target = "fresh"     # fresh | workspace | the path of another petri workspace
+    checks = ["python3 -m pytest -q"]
+    gate = "auto"        # auto | manual (stop before the stage until `petri promote --resume p-…`)
+    timeout = "10m"      # per check; a check that takes longer is inconclusive
+
 Validation is pydantic's (strict: an unknown key is an error), but pydantic is imported
 only when a file exists, so commands stay cheap to start without one. A bad file is one
 error naming the file and the key, exit 2.
@@ -56,6 +69,8 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     preimage_budget_bytes: int | None = None
     seccomp: str | None = None
+    kpi: dict[str, float] = field(default_factory=dict)  # orchestrator.kpi threshold key -> limit
+    stages: tuple["Stage", ...] = ()
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -66,6 +81,17 @@ class Config:
         if not limits.net and self.net:
             changes["net"] = True
         return replace(limits, **changes) if changes else limits
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a graduated promotion (orchestrator.stages)."""
+
+    name: str
+    target: str  # "fresh" | "workspace" | an absolute path of another petri workspace
+    checks: tuple[str, ...] = ()
+    gate: str = "auto"  # "auto" | "manual"
+    timeout_s: float | None = None
 
 
 def candidates(workspace: Path | None) -> list[Path]:
@@ -124,13 +150,17 @@ def parse_config(data: bytes, path: Path) -> Config:
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp, promotions.preimage_budget)"
+            msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
+                   " promotions.preimage_budget, kpi.*, stages[].{name,target,checks,gate,timeout})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
+    stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
+                         timeout_s=st.timeout) for st in m.stages)
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
                   masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
-                  preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp)
+                  preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp,
+                  kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages)
 
 
 _MODEL = None
@@ -143,7 +173,7 @@ def _model():
         return _MODEL
     from typing import Literal
 
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
     from .seccomp import PROFILES
     from .units import parse_duration, parse_size
@@ -156,6 +186,16 @@ def _model():
                 raise ValueError(f"bad size {v!r}: use bytes or a number with K, M, G or T") from None
         if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
             raise ValueError("must be a positive number of bytes")
+        return v
+
+    def duration_value(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return parse_duration(v)
+            except Exception:
+                raise ValueError(f"bad duration {v!r}: seconds, or a number with s, m, h or d") from None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+            raise ValueError("must be a positive number of seconds")
         return v
 
     class LimitsModel(BaseModel):
@@ -175,14 +215,7 @@ def _model():
         @field_validator("ttl", mode="before")
         @classmethod
         def _dur(cls, v: Any) -> Any:
-            if isinstance(v, str):
-                try:
-                    return parse_duration(v)
-                except Exception:
-                    raise ValueError(f"bad duration {v!r}: seconds, or a number with s, m, h or d") from None
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
-                raise ValueError("must be a positive number of seconds")
-            return v
+            return duration_value(v)
 
     class PromotionsModel(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=False)
@@ -193,13 +226,74 @@ def _model():
         def _size(cls, v: Any) -> Any:
             return size_value(v)
 
+    from . import kpi as K
+
+    # [kpi]: a duration per OP_STAT, a fraction per rate (orchestrator.kpi).
+    kpi_fields: dict[str, Any] = {k: (float | None, None) for k in K.threshold_keys()}
+    KpiBase = create_model("KpiModel", __config__=ConfigDict(extra="forbid"), **kpi_fields)
+
+    class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
+        @field_validator(*[k for k in K.threshold_keys() if k not in K.RATES], mode="before")
+        @classmethod
+        def _dur(cls, v: Any) -> Any:
+            return duration_value(v)
+
+        @field_validator(*K.RATES, mode="after")
+        @classmethod
+        def _fraction(cls, v: Any) -> Any:
+            if v is not None and not 0 <= v <= 1:
+                raise ValueError("a rate is a fraction from 0 to 1")
+            return v
+
+    class StageModel(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+        target: str
+        checks: list[str] = Field(default_factory=list)
+        gate: Literal["auto", "manual"] = "auto"
+        timeout: float | None = None
+
+        @field_validator("target")
+        @classmethod
+        def _target(cls, v: str) -> str:
+            if v in ("fresh", "workspace"):
+                return v
+            p = os.path.expanduser(v)
+            if not os.path.isabs(p):
+                raise ValueError(f"target {v!r}: fresh, workspace, or an absolute path of another petri workspace")
+            return os.path.normpath(p)
+
+        @field_validator("checks")
+        @classmethod
+        def _checks(cls, v: list[str]) -> list[str]:
+            for c in v:
+                if not c.strip():
+                    raise ValueError("a check is a shell command, not an empty string")
+            return v
+
+        @field_validator("timeout", mode="before")
+        @classmethod
+        def _dur(cls, v: Any) -> Any:
+            return duration_value(v)
+
     class ConfigModel(BaseModel):
         model_config = ConfigDict(extra="forbid")
         limits: LimitsModel = Field(default_factory=LimitsModel)
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
+        kpi: KpiModel = Field(default_factory=KpiModel)
+        stages: list[StageModel] = Field(default_factory=list)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
         seccomp: Literal[PROFILES] | None = None  # type: ignore[valid-type]
+
+        @field_validator("stages")
+        @classmethod
+        def _unique(cls, v: list[StageModel]) -> list[StageModel]:
+            names = [s.name for s in v]
+            for n in names:
+                if names.count(n) > 1:
+                    raise ValueError(f"two stages are named {n!r}")
+            return v
 
         @field_validator("masks")
         @classmethod

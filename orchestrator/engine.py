@@ -48,10 +48,12 @@ def path_fields(p: bytes) -> dict[str, str]:
 
 class Engine:
     def __init__(self, root: Path) -> None:
+        from . import audit
         self.root = root
         self.store = Store(root)
         self.registry = Registry(self.store.registry)
         self._backend: Backend | None = None
+        audit.bind(root)
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
@@ -185,11 +187,18 @@ class Engine:
         row = SnapshotRow(id=snap_id, message=message, implicit=(kind == "implicit"), created_at=now(),
                           backend=self.backend_name, parent=parent.id if parent else None,
                           bytes_copied=result.bytes_copied, kind=kind)
+        return self.record_snapshot(row)
+
+    def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
+        """The registry row of a snapshot the backend just made (the commit point); if it
+        cannot be written, the snapshot goes."""
         try:
             self.registry.add_snapshot(row)
         except BaseException:
-            self.backend.delete_snapshot(self.store, snap_id)
+            self.backend.delete_snapshot(self.store, row.id)
             raise
+        from . import audit
+        audit.touch(row.id)
         return row
 
     def snapshot_doc(self, row: SnapshotRow, *, with_bytes: bool = True) -> dict[str, Any]:
@@ -197,7 +206,7 @@ class Engine:
                 "created_at": rfc3339(row.created_at), "backend": row.backend, "parent": row.parent,
                 "bytes_copied": row.bytes_copied,
                 "bytes": self.backend.snapshot_bytes(self.store, row.id) if with_bytes else None,
-                "used_by": self.registry.snapshot_users(row.id)}
+                "used_by": self.registry.snapshot_users(row.id), "sandbox": row.sandbox, "origin": row.origin}
 
     def resolve_snapshot(self, ident: str) -> SnapshotRow:
         _, sid = self.registry.resolve(ident, ("snapshot",))
@@ -214,6 +223,7 @@ class Engine:
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = Limits(), keep_expired: bool = False) -> list[SandboxRow]:
+        started = now()
         if n < 1:
             raise UsageError(detail=f"-n must be at least 1, not {n}")
         if n > 1000:
@@ -228,10 +238,12 @@ class Engine:
                     raise UsageError(detail=f"label {lb!r} is already used by a live sandbox")
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
+        lineage: dict[str, Any] = {}
         if source == "live":
             base = self.take_snapshot("fork from live", kind="implicit")
-        else:
-            base = self.resolve_snapshot(source)
+        else:  # a snapshot, or a sandbox: a fork of a fork (orchestrator.lineage)
+            from .lineage import fork_source
+            base, lineage = fork_source(self, source)
         created = now()
         expires = created + limits.ttl_s if limits.ttl_s else None
         rows = []
@@ -240,7 +252,7 @@ class Engine:
             rows.append(SandboxRow(id=sb_id, label=labels[i], backend=self.backend_name, state="creating",
                                    base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
                                    expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,
-                                   owner_pid=os.getpid()))
+                                   owner_pid=os.getpid(), meta={**lineage, "fork_started_at": started}))
         try:
             self.registry.add_sandboxes(rows)
         except Exception as e:  # the unique label index lost a race with another petri
@@ -285,10 +297,13 @@ class Engine:
         if limits.disk_bytes:
             from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
             after_fork(self, made)  # type: ignore[arg-type]
+        from . import audit, kpi
         from .events import emit
         for row in made:
             emit(self.store.root, "sandbox.created", id=row.id, label=row.label, base=row.base,  # type: ignore[union-attr]
                  path=row.path)  # type: ignore[union-attr]
+        audit.touch(*(r.id for r in rows))
+        kpi.record(self.registry, "fork", now() - started, subject=rows[0].id, detail={"n": n, "base": base.id})
         return made  # type: ignore[return-value]
 
     def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
@@ -364,6 +379,8 @@ class Engine:
             raise UnknownId(what="sandbox", ident=sb_id, listing="`petri ls`")
         self._stop_sandbox_processes(row)
         self._destroy_tree(row)
+        from . import audit
+        audit.touch(sb_id)
         if state == "expired":
             self.registry.update_sandbox(sb_id, state="expired", keep_expired=False)
         else:
@@ -403,11 +420,22 @@ class Engine:
             from .staleness import staleness
         except ImportError:
             return None
-        return staleness(self, row)
+        from . import kpi
+        started = now()
+        got = staleness(self, row)
+        kpi.record(self.registry, "staleness", now() - started, subject=row.id)
+        return got
 
     def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
-        from .promotions import rollback_promotion
-        return rollback_promotion(self, promo_id)
+        """Undo a promotion; a stage of a graduated promotion undoes the later stages of its
+        pipeline first (orchestrator.stages)."""
+        from . import audit, kpi
+        from .stages import rollback_promotion
+        started = now()
+        doc = rollback_promotion(self, promo_id)
+        audit.touch(promo_id)
+        kpi.record(self.registry, "rollback", now() - started, subject=promo_id, detail={"kind": "promotion"})
+        return doc
 
     def delete_snapshot(self, snap_id: str) -> None:
         with self.lock():
@@ -471,10 +499,12 @@ class Engine:
             reap = getattr(self.backend, "reap_processes", None)
             if reap is not None:  # e.g. FUSE daemons serving no known sandbox
                 reaped["processes"] += reap(self.store, known_sbs)
-            # Implicit snapshots nobody uses, once a newer snapshot exists.
+            # Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live
+            # is the next one's delta parent; a snapshot of a sandbox is nobody's).
             snaps = self.registry.snapshots()
             for i, snap in enumerate(snaps):
-                if snap.implicit and i < len(snaps) - 1 and not self.registry.snapshot_users(snap.id):
+                if snap.implicit and (i < len(snaps) - 1 or snap.kind == "sandbox") and \
+                        not self.registry.snapshot_users(snap.id):
                     self.registry.delete_snapshot_row(snap.id)
                     self.backend.delete_snapshot(self.store, snap.id)
                     removed.append(snap.id)
@@ -503,6 +533,8 @@ class Engine:
                 with self.backend.snapshot_view(self.store, target.id) as src:
                     ops = plan_restore(bytes(src), bytes(self.root))
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
+        from . import audit
+        audit.touch(target.id)
         doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
                "changed_b64": [base64.b64encode(p).decode() for p in changed],
                "safety_snapshot": safety.id}

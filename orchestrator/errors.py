@@ -61,7 +61,7 @@ class SandboxesExist(OrchestratorError):
 
 
 class SnapshotInUse(OrchestratorError):
-    """snapshot {ident} is the base of sandbox(es) {users}; remove those first"""
+    """snapshot {ident} is still needed by {users}; remove those first (a promotion: roll it back)"""
 
 
 class SandboxGone(OrchestratorError):
@@ -178,3 +178,9 @@ class SeccompUnavailable(OrchestratorError):
     """cannot build the {profile} syscall filter: {why}; install Debian's libseccomp2 and the Python package pyseccomp, or run with `--seccomp off`"""
 
     exit_code = 125
+
+
+class KpiBreach(OrchestratorError):
+    """KPI breach: {what}"""
+
+    result: object = None  # the Stats record (the API sets it)

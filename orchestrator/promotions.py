@@ -178,14 +178,16 @@ def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list
 
 
 def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: str,
-             include_ignored: bool, paths: Sequence[bytes]) -> "Plan":
+             include_ignored: bool, paths: Sequence[bytes], live: Path | None = None) -> "Plan":
+    """The promotion plan of the sandbox into ``live`` (default: its own workspace)."""
     from merge.promote import Plan, plan_promotion
 
     from .changesets import narrow, sandbox_candidates
+    live = engine.root if live is None else live
     narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
     if narrowed is not None and not narrowed:
-        return Plan(base, engine.root, tree, on_conflict, (), ())
-    return plan_promotion(base, engine.root, tree, on_conflict=on_conflict,  # type: ignore[arg-type]
+        return Plan(base, live, tree, on_conflict, (), ())
+    return plan_promotion(base, live, tree, on_conflict=on_conflict,  # type: ignore[arg-type]
                           include_ignored=include_ignored, paths=narrowed or (),
                           labels=("workspace", f"base {row.base}", f"sandbox {row.id}"))
 
@@ -199,12 +201,18 @@ def _plan_doc(plan: "Plan") -> dict[str, Any]:
 
 def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", include_ignored: bool = False,
             paths: Sequence[bytes | str] = (), dry_run: bool = False, verify: str | None = None,
-            echo: bool = True, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+            echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
+            promo_id: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Promote the sandbox into the workspace; the SPEC ``promote`` document.
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
     ``SandboxBusy`` (exit 1) while a command runs in it. ``markers: true`` in the result
-    means conflict markers were written (the CLI exits 5)."""
+    means conflict markers were written (the CLI exits 5).
+
+    ``into``: another workspace's engine (a stage of a graduated promotion): the same
+    3-way promotion against the sandbox's base, into that workspace, journaled, locked
+    and recorded there. ``promo_id`` and ``extra`` (fields kept in the row's doc): the
+    stage's."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
 
@@ -219,31 +227,45 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    doc: dict[str, Any] = {"promotion": None, "sandbox": row.id, "base": row.base, "applied": [],
+    from .lineage import diff_base
+    # the merge base: a fork of a fork merges against the snapshot of live its lineage began at
+    doc: dict[str, Any] = {"promotion": None, "sandbox": row.id, "base": diff_base(engine, row), "applied": [],
                            "conflicts": [], "verified": None, "rolled_back": False}
-    promo_id = new_id("p")
+    from . import audit, kpi
+    target = engine if into is None else into
+    promo_id = promo_id or new_id("p")
     started = time.monotonic()
     # Marked before any view is mounted: a petri killed anywhere from here on leaves a mark,
     # and the next command settles the journal and unmounts what it left. A conflict wrote
     # nothing (its row, if any, says "conflict").
-    with engine.lock(), pending(engine, promo_id, nothing_written=(PromotionConflict,)):
-        _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict,
-                        include_ignored=include_ignored, paths=user, dry_run=dry_run)
+    try:
+        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict,)):
+            _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict, include_ignored=include_ignored,
+                            paths=user, dry_run=dry_run, target=target, extra=extra or {})
+    except PromotionConflict:
+        kpi.record(target.registry, "promote", time.monotonic() - started, subject=row.id,
+                   detail={"outcome": "conflict", "verified": None, "dry_run": dry_run})
+        raise
     doc["duration_s"] = time.monotonic() - started
     if verify and doc["promotion"]:
-        doc.update(_verify(engine, promo_id, verify, echo=echo, say=say))
+        doc.update(_verify(target, promo_id, verify, echo=echo, say=say))
+    outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
+    kpi.record(target.registry, "promote", doc["duration_s"], subject=row.id,
+               detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
+    audit.touch(doc["promotion"])
     return doc
 
 
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
-                    on_conflict: str, include_ignored: bool, paths: list[bytes], dry_run: bool) -> None:
+                    on_conflict: str, include_ignored: bool, paths: list[bytes], dry_run: bool,
+                    target: "Engine", extra: dict[str, Any]) -> None:
     from merge.errors import PromotionConflict
     from merge.promote import _conflict_error, execute_promotion
 
     from .changesets import sandbox_views
     with sandbox_views(engine, row) as (base, tree):
         plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
-                        include_ignored=include_ignored, paths=paths)
+                        include_ignored=include_ignored, paths=paths, live=target.root)
         doc.update(_plan_doc(plan))
         if dry_run:
             doc["dry_run"] = True
@@ -256,12 +278,12 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
         if not plan.ops:
             doc["applied"], doc["applied_b64"] = [], []
             return
-        engine.registry.add_promotion(promo_id, row.id, "running",
-                                      {"base": row.base, "on_conflict": on_conflict})
+        target.registry.add_promotion(promo_id, row.id, "running",
+                                      {**extra, "base": doc["base"], "on_conflict": on_conflict})
         try:
-            result = execute_promotion(plan, engine.root, engine.store.journal, promo_id)
+            result = execute_promotion(plan, target.root, target.store.journal, promo_id)
         except PromotionConflict as e:
-            engine.registry.update_promotion(promo_id, "conflict")
+            target.registry.update_promotion(promo_id, "conflict")
             doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
             doc["applied"], doc["applied_b64"] = [], []
             e.doc = doc  # type: ignore[attr-defined]
@@ -269,7 +291,7 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
         js = result.to_json()
         doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
                     "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
-        engine.registry.update_promotion(promo_id, "done", {k: doc[k] for k in (
+        target.registry.update_promotion(promo_id, "done", extra | {k: doc[k] for k in (
             "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
 
 
@@ -392,6 +414,8 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     from .config import load_config
     from .registry import now, rfc3339
     recover_interrupted(engine)
+    from .stages import recover as recover_stages
+    recover_stages(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
     reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
@@ -434,6 +458,8 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
     from .registry import pid_alive, rfc3339
+    from .stages import recover
+    recover(e)  # a stage whose petri died shows as pending, not running
     pending = e.store.journal / ".pending"
     docs = []
     for r in e.registry.promotions():
@@ -443,13 +469,18 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
         if state == "pruned":
             state = "done"
         elif state == "running":
-            state = "running" if pid_alive(_pending_pid(pending / r["id"])) else "interrupted"
-        can_undo = r["state"] == "done" and (e.store.journal / r["id"]).is_dir()
+            # a stage of a graduated promotion names its owner itself (orchestrator.stages)
+            owner = doc.get("pid") if doc.get("stage") else _pending_pid(pending / r["id"])
+            state = "running" if pid_alive(owner) else "interrupted"
+        in_place = r["state"] == "done" or (r["state"] == "pending" and bool(doc.get("in_place")))
+        can_undo = in_place and (e.store.journal / r["id"]).is_dir()
         docs.append({"id": r["id"], "sandbox": r["sandbox"], "base": doc.get("base"),
                      "applied": doc.get("applied", []), "created_at": rfc3339(r["created_at"]),
                      "state": state, "can_undo": can_undo, "stage": doc.get("stage"),
                      "parent": doc.get("parent"), "conflicts": doc.get("conflicts", []),
-                     "pruned": r["state"] == "pruned"})
+                     "pruned": r["state"] == "pruned", "pipeline": doc.get("pipeline"),
+                     "outcome": doc.get("outcome"), "pending_reason": doc.get("pending_reason"),
+                     "target": doc.get("target")})
     return docs
 
 

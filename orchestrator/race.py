@@ -30,12 +30,16 @@ recording the applied state and restoring the sandbox to it after the check, wou
 every check write into the tree that is promoted and then undo that, a second promotion
 in reverse. The fork is a clone of the same base with the candidate's change set (ignored
 files and ``.git`` included, since the check may need them) copied in
-(``merge.replay``), rather than a snapshot of the candidate's sandbox: no backend can
-snapshot a sandbox yet (``Backend.snapshot`` takes the live workspace), and the replay is
+(``merge.replay``), rather than a snapshot of the candidate's sandbox
+(``Backend.snapshot_sandbox``, a full copy on copy/reflink): the replay is
 O(what the candidate changed) on every backend, where the backend's own record (btrfs send,
 the overlay upper, the fuse journal) says what changed. The forks are made up front in the
 race's one fork call, so making them never blocks the checks that already run (the fork
 runs on the loop's thread), and destroyed when the race ends.
+
+What a check leaves in ``.petri-metrics.json`` (a JSON object, at most 64 KiB) is read
+from its fork before the fork goes, and reported as the candidate's ``metrics``
+(``evolve`` ranks by it; a plain race does not).
 
 Why a check failed is said in one line per candidate (``error``: the last line it wrote on
 stderr, ``command not found: NAME`` for exit 127, the limit that killed it) with its log
@@ -115,6 +119,7 @@ class Outcome:
     error: str | None = None  # why it failed, in one line
     stdout_path: str | None = None  # the log of the step that decided (the check, or a failed apply)
     stderr_path: str | None = None
+    metrics: dict[str, Any] | None = None  # what the check left in .petri-metrics.json (orchestrator.evolve)
 
     @property
     def passed(self) -> bool:
@@ -386,7 +391,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     rows = engine.fork(source, 2 * n, limits=limits)
     race.base = rows[0].base
     base_row = engine.registry.snapshot(race.base)
-    race.base_implicit = source == "live" and base_row is not None and base_row.implicit
+    # made for this race: of live, or of the sandbox it starts from (a fork of a fork)
+    made_here = source == "live" or engine.registry.resolve(source, ("snapshot", "sandbox"))[0] == "sandbox"
+    race.base_implicit = base_row is not None and base_row.implicit and made_here
     log = events.log_for(engine.store.root)
     race.outcomes = [Outcome(i, c, r.id, check_sandbox=rc.id)
                      for i, (c, r, rc) in enumerate(zip(candidates, rows[:n], rows[n:]))]
@@ -435,6 +442,8 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                                                timeout_s=timeout_s, seccomp=seccomp)
                     o.check_run = doc["run"]
                     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
+                    from .evolve import read_metrics
+                    o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
                     o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
                     if o.exit_code != 0:
                         o.error = failure_reason(doc, check)
@@ -460,13 +469,13 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         if o is not winner and not keep:
             engine.destroy_sandbox(o.sandbox)
             destroyed.add(o.sandbox)
-    for o in outcomes:
-        if o.sandbox not in destroyed:
-            row = engine.registry.sandbox(o.sandbox)
-            if row is not None:
-                meta = dict(row.meta or {})
-                meta["race"] = {**meta.get("race", {}), "done": True}
-                engine.registry.update_sandbox(o.sandbox, meta=meta)
+    for o in outcomes:  # the race's results stay on each candidate's row (petri lineage)
+        row = engine.registry.sandbox(o.sandbox)
+        if row is not None:
+            meta = dict(row.meta or {})
+            meta["race"] = {**meta.get("race", {}), "done": True, "rank": o.rank, "passed": o.passed,
+                            "winner": o is winner}
+            engine.registry.update_sandbox(o.sandbox, meta=meta)
     _drop_base_if_unused(engine, race)
     doc: dict[str, Any] = {
         **race.doc(destroyed),
@@ -485,6 +494,10 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         except Exception:
             doc["stale"] = None
     log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
+    from . import audit, kpi
+    audit.touch(race.id, *(o.sandbox for o in outcomes))
+    kpi.record(engine.registry, "race", doc["duration_s"], subject=race.id,
+               detail={"winner": winner is not None, "candidates": n})
     return doc
 
 
@@ -536,7 +549,7 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
             "rank": o.rank, "passed": o.passed, "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
             "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
             "check_sandbox": o.check_sandbox, "check_run": o.check_run,
-            "runs": o.runs, "kept": not destroyed}
+            "runs": o.runs, "kept": not destroyed, "metrics": o.metrics}
 
 
 def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str], None] | None = None) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RESERVE_NAME = "reserve"
 RESERVE_BYTES = 8 << 20
 ROOM_FOR_RESERVE = 64 << 20  # (re)made only when this much is free besides it
@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY, message TEXT NOT NULL DEFAULT '', implicit INTEGER NOT NULL,
     created_at REAL NOT NULL, backend TEXT NOT NULL, parent TEXT, bytes_copied INTEGER NOT NULL DEFAULT 0,
-    kind TEXT NOT NULL DEFAULT 'user');
+    kind TEXT NOT NULL DEFAULT 'user', sandbox TEXT, origin TEXT);
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY, label TEXT, backend TEXT NOT NULL, state TEXT NOT NULL, base TEXT NOT NULL,
     path TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL, limits TEXT NOT NULL,
@@ -91,9 +91,11 @@ class SnapshotRow:
     implicit: bool
     created_at: float
     backend: str
-    parent: str | None
+    parent: str | None  # a snapshot of live: the previous one; of a sandbox: the sandbox's base
     bytes_copied: int
-    kind: str = "user"  # user | implicit | safety
+    kind: str = "user"  # user | implicit | safety | stage | sandbox (a snapshot of a sandbox)
+    sandbox: str | None = None  # kind "sandbox": the sandbox it is a snapshot of
+    origin: str | None = None  # kind "sandbox": the snapshot of live its lineage started from
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class Registry:
                     for stmt in _SCHEMA.split(";"):
                         if stmt.strip():
                             self.db.execute(stmt)
+                    migrate(self.db)  # in the same transaction: all of it or none
                     self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             self.db.close()
@@ -259,10 +262,10 @@ class Registry:
     def add_snapshot(self, row: SnapshotRow) -> None:
         with self.write() as db:
             db.execute(
-                "INSERT INTO snapshots(id, message, implicit, created_at, backend, parent, bytes_copied, kind)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO snapshots(id, message, implicit, created_at, backend, parent, bytes_copied, kind,"
+                " sandbox, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (row.id, row.message, int(row.implicit), row.created_at, row.backend, row.parent,
-                 row.bytes_copied, row.kind))
+                 row.bytes_copied, row.kind, row.sandbox, row.origin))
 
     def snapshots(self) -> list[SnapshotRow]:
         return [_row(SnapshotRow, r) for r in self.db.execute("SELECT * FROM snapshots ORDER BY created_at, rowid")]
@@ -272,7 +275,10 @@ class Registry:
         return _row(SnapshotRow, r) if r else None
 
     def latest_snapshot(self) -> SnapshotRow | None:
-        r = self.db.execute("SELECT * FROM snapshots ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
+        """The newest snapshot of live (the parent the next one is a delta against; a
+        snapshot of a sandbox is of another tree)."""
+        r = self.db.execute("SELECT * FROM snapshots WHERE kind != 'sandbox'"
+                            " ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
         return _row(SnapshotRow, r) if r else None
 
     def delete_snapshot_row(self, snap_id: str) -> None:
@@ -280,9 +286,28 @@ class Registry:
             db.execute("DELETE FROM snapshots WHERE id = ?", (snap_id,))
 
     def snapshot_users(self, snap_id: str) -> list[str]:
-        return [r[0] for r in self.db.execute(
-            "SELECT id FROM sandboxes WHERE base = ? AND state NOT IN ('destroyed', 'failed')"
-            " AND NOT (state = 'expired' AND keep_expired = 0)", (snap_id,))]
+        """What still needs this snapshot: the sandboxes cloned from it, those cloned from a
+        snapshot of a sandbox whose lineage starts at it (a living descendant needs its
+        whole ancestry: diff, promote and staleness read its origin), and the stages of a
+        graduated promotion it brackets while they are in place or waiting."""
+        users: list[str] = []
+        todo, seen = [snap_id], set()
+        while todo:
+            s = todo.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            users += [r[0] for r in self.db.execute(
+                "SELECT id FROM sandboxes WHERE base = ? AND state NOT IN ('destroyed', 'failed')"
+                " AND NOT (state = 'expired' AND keep_expired = 0)", (s,))]
+            todo += [r[0] for r in self.db.execute(
+                "SELECT id FROM snapshots WHERE kind = 'sandbox' AND parent = ?", (s,))]
+        # A stage of a graduated promotion that is in place or waiting keeps its brackets.
+        users += [r[0] for r in self.db.execute(
+            "SELECT id FROM promotions WHERE state IN ('running', 'pending', 'done')"
+            " AND (json_extract(doc, '$.snapshot_before') = ? OR json_extract(doc, '$.snapshot_after') = ?)",
+            (snap_id, snap_id))]
+        return users
 
     # -- sandboxes ---------------------------------------------------------------------
     def add_sandbox(self, row: SandboxRow) -> None:
@@ -420,9 +445,16 @@ class Registry:
 
     # -- promotions --------------------------------------------------------------------
     def add_promotion(self, promo_id: str, sandbox: str, state: str, doc: dict[str, Any]) -> None:
+        """A new promotion row; a row of that id made beforehand (a stage of a graduated
+        promotion, recorded before its promote) keeps its doc's fields under the new ones."""
         with self.write() as db:
-            db.execute("INSERT INTO promotions(id, sandbox, created_at, state, doc) VALUES (?, ?, ?, ?, ?)",
-                       (promo_id, sandbox, now(), state, json.dumps(doc)))
+            old = db.execute("SELECT doc FROM promotions WHERE id = ?", (promo_id,)).fetchone()
+            if old is None:
+                db.execute("INSERT INTO promotions(id, sandbox, created_at, state, doc) VALUES (?, ?, ?, ?, ?)",
+                           (promo_id, sandbox, now(), state, json.dumps(doc)))
+            else:
+                db.execute("UPDATE promotions SET state = ?, doc = ? WHERE id = ?",
+                           (state, json.dumps({**json.loads(old[0]), **doc}), promo_id))
 
     def update_promotion(self, promo_id: str, state: str, doc: dict[str, Any] | None = None) -> None:
         with self.write() as db:
@@ -470,6 +502,39 @@ class Registry:
         if not matches:
             raise UnknownId(what=what, ident=shown(ident), listing=listing)
         raise AmbiguousId(what=what, ident=shown(ident), matches=", ".join(m[1] for m in matches[:5]))
+
+
+# Schema 2 (lineage, the audit trail, timings). Statements run in order inside the upgrade's
+# one transaction; each is idempotent, so a registry made by any earlier code (or a fresh
+# one, whose CREATE TABLE above already has the columns) ends in the same shape.
+_V2 = [
+    ("snapshots", "sandbox", "ALTER TABLE snapshots ADD COLUMN sandbox TEXT"),
+    ("snapshots", "origin", "ALTER TABLE snapshots ADD COLUMN origin TEXT"),
+    (None, None, """CREATE TABLE IF NOT EXISTS audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, op TEXT NOT NULL, argv TEXT NOT NULL,
+        uid INTEGER, sudo_uid INTEGER, via TEXT NOT NULL, client TEXT, reason TEXT, result TEXT,
+        exit_code INTEGER, ids TEXT NOT NULL DEFAULT '[]', duration_s REAL, pid INTEGER)"""),
+    # Append-only by construction: no row of the trail can be changed or removed through SQL.
+    (None, None, """CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END"""),
+    (None, None, """CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END"""),
+    (None, None, """CREATE TABLE IF NOT EXISTS timings (
+        ts REAL NOT NULL, op TEXT NOT NULL, duration_s REAL NOT NULL, ok INTEGER NOT NULL DEFAULT 1,
+        subject TEXT, detail TEXT NOT NULL DEFAULT '{}')"""),
+    (None, None, "CREATE INDEX IF NOT EXISTS timings_op_ts ON timings(op, ts)"),
+]
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Upgrade the registry in place to ``SCHEMA_VERSION`` (the caller holds a write
+    transaction and sets ``user_version`` after)."""
+    for table, column, stmt in _V2:
+        if column is not None:
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            if column in have:
+                continue
+        db.execute(stmt)
 
 
 _LISTING = {"snapshot": "snapshots", "sandbox": "ls", "promotion": "promotions"}

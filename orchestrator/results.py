@@ -320,3 +320,89 @@ class FileWritten(Record):
     path: str
     bytes_written: int = 0
     replacements: int | None = None
+
+
+# ---------------------------------------------------------------------------- lineage, audit, KPIs
+
+
+@dataclass(frozen=True)
+class LineageNode(Record):
+    """One node of ``lineage``: a snapshot of live, or a sandbox (forks of forks under their
+    parent sandbox)."""
+
+    id: str
+    kind: str
+    parent: str | None = None
+    generation: int = 0
+    race: str | None = None
+    rank: int | None = None
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class Lineage(Record):
+    nodes: tuple[LineageNode, ...] = ()
+    nested = {"nodes": LineageNode}
+
+    def children(self, ident: str) -> tuple[LineageNode, ...]:
+        return tuple(n for n in self.nodes if n.parent == ident)
+
+
+@dataclass(frozen=True)
+class AuditEntry(Record):
+    """One row of the audit trail (``log``)."""
+
+    ts: str
+    op: str
+    argv: tuple[str, ...] | list[str] = ()
+    uid: int | None = None
+    via: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    ids: tuple[str, ...] | list[str] = ()
+
+
+@dataclass(frozen=True)
+class AuditLog(Record):
+    entries: tuple[AuditEntry, ...] = ()
+    nested = {"entries": AuditEntry}
+
+
+@dataclass(frozen=True)
+class Stats(Record):
+    """``stats``: per operation ``{"n", "p50_s", "p95_s", "p99_s", "max_s"}``, the rates
+    (each ``{"rate", "count", "of"}``) and, against the config's ``[kpi]``, ``breaches``."""
+
+    since: str | None = None
+    ops: Mapping[str, Any] = field(default_factory=dict)
+    rates: Mapping[str, Any] = field(default_factory=dict)
+    breaches: tuple[Any, ...] | list[Any] = ()
+
+
+@dataclass(frozen=True)
+class Evolution(Record):
+    """What ``Workspace.evolve`` did: ``best`` is the fittest sandbox of the last
+    generation (kept), ``generations`` each generation's parents, races and ranked
+    candidates."""
+
+    seed: str
+    best: str | None = None
+    best_fitness: Mapping[str, Any] | None = None
+    survivors: tuple[str, ...] | list[str] = ()
+    generations: tuple[Any, ...] | list[Any] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline(PromoteResult):
+    """A graduated promotion (``promote --to STAGE``, ``--resume``): SPEC's ``promote``
+    fields for the last stage reached, and where the pipeline stands (``state``: done,
+    pending, failed, conflict, undone; ``pending``: the stage that waits and why;
+    ``exit_code``: what ``petri`` exits with)."""
+
+    pipeline: str | None = None
+    state: str | None = None
+    complete: bool = False
+    to: str | None = None
+    pending: Mapping[str, Any] | None = None
+    stages: tuple[Any, ...] | list[Any] = ()
+    exit_code: int = 0

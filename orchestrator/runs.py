@@ -267,6 +267,11 @@ async def run_in_sandbox(
         on_started(n)
     if not quiet_warnings:
         _say_seccomp_off(profile)
+    from . import audit, kpi
+    audit.touch(row.id)
+    forked_at = (row.meta or {}).get("fork_started_at")
+    if n == 1 and forked_at:
+        kpi.record(engine.registry, "first_command", now() - forked_at, subject=row.id)
 
     def on_ev(ev: "RunEvent") -> None:
         if ev.kind == "output" and ev.stream:
@@ -307,6 +312,8 @@ async def run_in_sandbox(
     if res.warnings:
         doc["warnings"] = list(res.warnings)
     log.emit("run.finished", **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
+    kpi.record(engine.registry, "run", res.duration_s, subject=row.id, ok=not res.setup_error,
+               detail={"exit_code": exit_code})
     if killed_by == "ttl":
         engine.reap_expired()  # the lifetime is over: expire now, not at the next command
     return doc

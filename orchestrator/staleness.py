@@ -474,9 +474,10 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
     from merge.safefs import SafeTree
 
     from .changesets import Candidates, btrfs_candidates, sandbox_candidates
+    from .lineage import diff_base, widen_candidates
     tree = engine.sandbox_tree(row)
     with ExitStack() as stack:
-        base = BaseSide(engine, row.base, stack)
+        base = BaseSide(engine, diff_base(engine, row), stack)
         name = engine.backend_name
         sandbox_layers: list[bytes] | None = None
         if name in ("overlay", "fuse"):
@@ -488,8 +489,9 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
                 # records every file whose metadata is looked up as read by the sandbox.
                 rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
                 upper = os.fsencode(engine.store.sandbox_dir(row.id) / rec["upper"])
-                if base.layers is not None:
-                    sandbox_layers = [upper, *base.layers]
+                if base.layers is not None:  # the layers it is mounted over (a fork of a fork: more than its origin's)
+                    sandbox_layers = [upper, *engine.backend._layer_paths(  # type: ignore[attr-defined]
+                        engine.store, rec["layers"])]
             else:
                 from snapshot.layers import layer_entries
                 rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
@@ -499,6 +501,7 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
             cands = btrfs_candidates(engine, Path(os.fsdecode(base.root())), tree)
         else:
             cands = sandbox_candidates(engine, row, tree, tree)  # copy/reflink: FULL
+        cands = widen_candidates(engine, row, cands)
         out = []
         with SafeTree(tree) as st:
             for p in sorted(live_paths):
@@ -533,7 +536,8 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
         return None
     if row.state == "creating":
         return None
-    live = live_changes(engine, row.base)
+    from .lineage import diff_base
+    live = live_changes(engine, diff_base(engine, row))
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}

@@ -10,9 +10,10 @@ this module (the distribution here is ``petridish``).
 """
 from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, init, open
 from orchestrator.limits import Limits
-from orchestrator.results import (Cleanup, Diff, DiffFile, Event, FileContent, FileWritten, Forked, InitResult, PromoteResult, Promotion,
-                                  PromotionList, Race, RaceCandidate, Record, Rollback, RunResult, SandboxInfo,
-                                  SandboxList, Snapshot, SnapshotList)
+from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile, Event, Evolution, FileContent,
+                                  FileWritten, Forked, InitResult, Lineage, LineageNode, Pipeline, PromoteResult,
+                                  Promotion, PromotionList, Race, RaceCandidate, Record, Rollback, RunResult,
+                                  SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 __version__ = "0.1.0"
@@ -26,7 +27,8 @@ __all__ = [
     # records (each .to_json() is the CLI's --json document)
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
-    "Cleanup", "Event", "FileContent", "FileWritten",
+    "Cleanup", "Event", "FileContent", "FileWritten", "Lineage", "LineageNode", "AuditLog", "AuditEntry", "Stats",
+    "Evolution", "Pipeline",
     # errors (each carries .exit_code)
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ]

@@ -29,8 +29,8 @@ import sniffio
 from orchestrator import api as _api
 from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
-from orchestrator.results import (Cleanup, Diff, Event, PromoteResult, Promotion, Race, Rollback, RunResult,
-                                  SandboxInfo, SandboxList, Snapshot)
+from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, Lineage, Pipeline, PromoteResult,
+                                  Promotion, Race, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
@@ -99,7 +99,7 @@ class Workspace:
 
     @property
     def client(self) -> str | None:
-        """Who calls through this front end (``petri.Workspace.client``)."""
+        """The front end's client name recorded in the audit trail (``Workspace.client``)."""
         return self.sync.client
 
     @client.setter
@@ -109,8 +109,8 @@ class Workspace:
     def __repr__(self) -> str:
         return f"<petri.aio.Workspace {str(self.root)!r}>"
 
-    async def snapshot(self, message: str = "") -> Snapshot:
-        return await _thread(self.sync.snapshot, message)
+    async def snapshot(self, message: str = "", **kw: Any) -> Snapshot:
+        return await _thread(self.sync.snapshot, message, **kw)
 
     async def snapshots(self) -> list[Snapshot]:
         return await _thread(self.sync.snapshots)
@@ -136,16 +136,17 @@ class Workspace:
     async def remove(self, *idents: Any, **kw: Any) -> Cleanup:
         return await _thread(self.sync.remove, *[_sid(i) for i in idents], **kw)
 
-    async def gc(self) -> Cleanup:
-        return await _thread(self.sync.gc)
+    async def gc(self, **kw: Any) -> Cleanup:
+        return await _thread(self.sync.gc, **kw)
 
     async def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
                   timeout: float | str | None = None, env: dict[str, str] | None = None,
                   cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
                   on_output: Callable[[str, bytes], None] | None = None,
-                  on_start: Callable[[int], None] | None = None) -> RunResult:
+                  on_start: Callable[[int], None] | None = None, reason: str | None = None) -> RunResult:
         """Run and wait; cancelling this kills the run (every process of it is gone when
         the cancellation propagates). ``on_start(n)``: the run's number, once it has one."""
+        from orchestrator import audit
         from orchestrator.runs import run_in_sandbox
 
         sb = _sid(sandbox)
@@ -158,14 +159,20 @@ class Workspace:
             return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
                                         echo=False, cwd=cwd, on_event=on_event, on_started=on_start)
 
-        return RunResult.from_doc(await _trio_call(go))
+        with audit.operation("run", audit.api_argv("run", [sb, argv], {"timeout": timeout}), ws.via,
+                             reason=reason, client=ws.client, root=ws.root):
+            doc = await _trio_call(go)
+            audit.set_exit_code(doc["exit_code"])
+        return RunResult.from_doc(doc)
 
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))
 
-    async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, **kw: Any) -> Race:
+    async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
+                   **kw: Any) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked (as in ``petri.Workspace.race``)."""
+        from orchestrator import audit
         from orchestrator.errors import EmptyCommand, NoCandidates
         from orchestrator.race import load_candidates, promote_winner, run_race
 
@@ -182,9 +189,11 @@ class Workspace:
         async def go() -> dict[str, Any]:
             return await run_race(ws.engine, cands, check, source=source, limits=limits, timeout_s=timeout_s, **kw)
 
-        doc = await _trio_call(go)
-        if promote:
-            await _thread(lambda: promote_winner(ws.engine, doc))
+        with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
+                             reason=reason, client=ws.client, root=ws.root):
+            doc = await _trio_call(go)
+            if promote:
+                await _thread(lambda: promote_winner(ws.engine, doc))
         return Race.from_doc(doc)
 
     async def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
@@ -193,11 +202,28 @@ class Workspace:
     async def promote(self, sandbox: "str | Sandbox", **kw: Any) -> PromoteResult:
         return await _thread(self.sync.promote, _sid(sandbox), **kw)
 
+    async def resume(self, promotion: Any, **kw: Any) -> Pipeline:
+        return await _thread(self.sync.resume, promotion, **kw)
+
     async def promotions(self, **kw: Any) -> list[Promotion]:
         return await _thread(self.sync.promotions, **kw)
 
-    async def rollback(self, target: Any) -> Rollback:
-        return await _thread(self.sync.rollback, _sid(target))
+    async def rollback(self, target: Any, **kw: Any) -> Rollback:
+        return await _thread(self.sync.rollback, _sid(target), **kw)
+
+    async def lineage(self, ident: Any = None) -> Lineage:
+        return await _thread(self.sync.lineage, _sid(ident))
+
+    async def evolve(self, seed: Any, mutate: Any, check: str, **kw: Any) -> Evolution:
+        """The population loop (``petri.Workspace.evolve``) in a worker thread; a Python
+        ``mutate`` is called from that thread."""
+        return await _thread(self.sync.evolve, _sid(seed) if isinstance(seed, Sandbox) else seed, mutate, check, **kw)
+
+    async def log(self, **kw: Any) -> AuditLog:
+        return await _thread(self.sync.log, **kw)
+
+    async def stats(self, **kw: Any) -> Stats:
+        return await _thread(self.sync.stats, **kw)
 
     async def read_file(self, sandbox: "str | Sandbox", path: str | bytes, **kw: Any) -> Any:
         return await _thread(self.sync.read_file, _sid(sandbox), path, **kw)

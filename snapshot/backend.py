@@ -105,6 +105,16 @@ class Backend(Protocol):
         """Does ``clone(..., disk_budget=N)`` cap the sandbox's writes itself (fuse)?"""
         return False
 
+    def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
+        """Take an immutable point-in-time image of the sandbox's tree as ``snap_id`` (a fork
+        of a fork clones it). ``parent`` is the snapshot the sandbox was cloned from (layered
+        backends stack on it). As exact as ``snapshot`` of live: atomic where the backend's
+        snapshots are, else per file. On any failure nothing half-made is left behind; the
+        sandbox is never changed."""
+        from .errors import Unsupported
+
+        raise Unsupported(detail=f"the {self.name} backend cannot snapshot a sandbox (fork --from sb-…)")
+
     def disk_refusals(self, store: Store, sb_id: str) -> int | None:
         """How many writes the backend's own disk budget has refused in this sandbox so far
         (it only grows), or None where the backend enforces no budget itself."""

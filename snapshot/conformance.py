@@ -110,6 +110,7 @@ class Case:
         self.workspace = workspace
         self.store = Store(workspace)
         self.snaps: list[str] = []
+        self.sandbox_snaps: list[str] = []
         self.clones: list[str] = []
         self._n = 0
         if not self.store.root.exists():
@@ -130,13 +131,26 @@ class Case:
         self.clones.append(sb)
         return tree
 
+    def snapshot_sandbox(self, tree: Path, parent: str) -> str:
+        """A snapshot of the sandbox at ``tree`` (one of this case's clones of ``parent``);
+        kept apart from the snapshots of live (never the parent of the next one)."""
+        self._n += 1
+        sid = f"s-test{self._n:04d}"
+        sb = tree.parent.name
+        self.backend.snapshot_sandbox(self.store, sb, sid, parent)
+        self.sandbox_snaps.append(sid)
+        return sid
+
     def cleanup(self) -> None:
         for sb in self.clones:
             self.backend.destroy_clone(self.store, sb)
+        for sid in reversed(self.sandbox_snaps):
+            self.backend.delete_snapshot(self.store, sid)
         for sid in reversed(self.snaps):
             self.backend.delete_snapshot(self.store, sid)
         self.clones.clear()
         self.snaps.clear()
+        self.sandbox_snaps.clear()
 
 
 def check_clone_is_exact(case: Case) -> None:
@@ -212,6 +226,65 @@ def check_snapshot_chain(case: Case) -> None:
         assert not problems, f"clone of {sid} wrong:\n" + "\n".join(problems[:20])
 
 
+def _mutate(tree: Path, tag: bytes) -> None:
+    """Every kind of change a generation can make: edit, add, delete, mode, a symlink, a
+    directory renamed (overlay writes a redirect for it), a directory replaced by a file."""
+    with open(tree / "README.md", "ab") as f:
+        f.write(b"gen " + tag + b"\n")
+    (tree / f"new-{tag.decode()}").write_bytes(tag + b"\n")
+    os.unlink(tree / "dangling")
+    os.symlink(b"README.md", tree / "dangling")
+    os.chmod(tree / "src" / "run.sh", 0o700)
+    os.rename(tree / "src", tree / f"src-{tag.decode()}")
+    os.rename(tree / f"src-{tag.decode()}", tree / "src")  # back: a redirect that ends where it began
+    os.rename(tree / "node_modules", tree / f"modules-{tag.decode()}")
+    os.mkdir(tree / "node_modules")
+    (tree / "node_modules" / "fresh.js").write_bytes(b"fresh " + tag + b"\n")
+
+
+def check_fork_of_fork(case: Case) -> None:
+    """Three generations of forks of forks: each snapshot of a sandbox is that sandbox at
+    that instant, a child sees everything its parent had, siblings never see each other,
+    and a child outlives its parent and grandparent sandboxes."""
+    s0 = case.snapshot()
+    g1 = case.clone(s0)
+    _mutate(g1, b"1")
+    s1 = case.snapshot_sandbox(g1, s0)
+    m1 = manifest(g1)
+    (g1 / "README.md").write_bytes(b"written after the snapshot of gen 1\n")  # point in time
+    (g1 / "late").write_bytes(b"late\n")
+    g2, sibling = case.clone(s1), case.clone(s1)
+    for t in (g2, sibling):
+        problems = diff_manifests(m1, manifest(t))
+        assert not problems, "generation 2 differs from its parent's snapshot:\n" + "\n".join(problems[:20])
+    _mutate(g2, b"2")
+    (g2 / "src" / "app.py").write_bytes(b"gen 2 only\n")
+    assert (sibling / "src" / "app.py").read_bytes() == b"def add(a, b):\n    return a + b\n"
+    assert not (sibling / "new-2").exists() and not (g1 / "new-2").exists()
+    assert diff_manifests(m1, manifest(sibling)) == [], "a sibling saw generation 2's changes"
+    s2 = case.snapshot_sandbox(g2, s1)
+    m2 = manifest(g2)
+    os.unlink(g2 / "new-1")  # after the snapshot: generation 3 still has it
+    g3 = case.clone(s2)
+    assert diff_manifests(m2, manifest(g3)) == [], "generation 3 differs from its parent's snapshot"
+    assert (g3 / "new-1").read_bytes() == b"1\n" and (g3 / "new-2").read_bytes() == b"2\n"
+    assert (g3 / "README.md").read_bytes().endswith(b"gen 1\ngen 2\n")
+    _mutate(g3, b"3")
+    s3 = case.snapshot_sandbox(g3, s2)
+    m3 = manifest(g3)
+    # The ancestors go; what was cloned or snapshotted from them stays whole.
+    for tree in (g1, g2, sibling):
+        sb = tree.parent.name
+        case.backend.destroy_clone(case.store, sb)
+        case.clones.remove(sb)
+    assert diff_manifests(m3, manifest(g3)) == []
+    for sid, m in ((s1, m1), (s2, m2), (s3, m3)):
+        with case.backend.snapshot_view(case.store, sid) as view:
+            problems = diff_manifests(m, manifest(view))
+            assert not problems, f"snapshot {sid} changed:\n" + "\n".join(problems[:20])
+    assert diff_manifests(m3, manifest(case.clone(s3))) == []
+
+
 def check_usage(case: Case, *, can_tell: bool) -> None:
     """``clone_usage``: nothing (or next to nothing) for a fresh clone; what a sandbox writes
     shows up. None only where the backend cannot tell (``can_tell`` False)."""
@@ -257,4 +330,4 @@ def mounted_under(path: Path) -> list[str]:
 
 
 CHECKS: list[Callable[..., None]] = [check_clone_is_exact, check_point_in_time, check_isolation,
-                                     check_snapshot_chain, check_destroy_leaves_nothing]
+                                     check_snapshot_chain, check_fork_of_fork, check_destroy_leaves_nothing]

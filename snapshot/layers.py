@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequenc
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
 from .tree import (COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, copy_xattrs, join,
-                   settable_xattr, walk)
+                   remove_tree, settable_xattr, walk)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -766,6 +766,52 @@ def copy_layer(src: bytes, dst: bytes, *, reflink: bool) -> int:
         apply_meta(out, st)
     apply_meta(dst, os.lstat(src))
     return copied
+
+
+def redirected_dirs(layer: bytes) -> list[bytes]:
+    """The top-most directories of a layer (a copied upper) that a kernel overlay marked
+    renamed (``trusted.overlay.redirect``): their content lives elsewhere below."""
+    out: list[bytes] = []
+    for rel, st in walk(layer):
+        if stat.S_ISDIR(st.st_mode) and not any(rel.startswith(r + b"/") for r in out):
+            if overlay_marks(os.path.join(layer, rel))[1] is not None:
+                out.append(rel)
+    return out
+
+
+def canonical_marks(layer: bytes, *, trusted: bool) -> None:
+    """Make a copied upper a layer in this module's format: every opaque directory marked
+    ``user.overlay.opaque`` (and, with ``trusted``, ``trusted.overlay.opaque`` too), and the
+    kernel's other bookkeeping (origin, impure, nlink, redirects already resolved) dropped,
+    so every reader (kernel with or without ``userxattr``, the fuse daemon, ``merged_walk``)
+    sees the same tree."""
+    for rel, st in walk(layer):
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        p = os.path.join(layer, rel) if rel else layer
+        opaque, _redirect = overlay_marks(p)
+        try:
+            names = os.listxattr(p, follow_symlinks=False)
+        except OSError:
+            names = []
+        for name in names:
+            if name.startswith(_OVERLAY_XATTR_PREFIXES) and name not in OPAQUE_XATTRS:
+                with contextlib.suppress(OSError):
+                    os.removexattr(p, name, follow_symlinks=False)
+        if opaque:
+            set_opaque(p, trusted=trusted)
+        elif trusted is False and TRUSTED_OPAQUE_XATTR in names:
+            with contextlib.suppress(OSError):
+                os.removexattr(p, TRUSTED_OPAQUE_XATTR, follow_symlinks=False)
+
+
+def replace_with_opaque_copy(layer: bytes, rel: bytes, copied: bytes, *, trusted: bool) -> None:
+    """Put the full tree ``copied`` (made outside the layer) at ``rel`` of the layer, as an
+    opaque directory: nothing below shows through, so it means what it meant as a redirect."""
+    target = os.path.join(layer, rel)
+    remove_tree(target)
+    os.rename(copied, target)
+    set_opaque(target, trusted=trusted)
 
 
 # -- installing layers --------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 subprocess, and a session sweep so nothing is left mounted or running."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -73,6 +75,22 @@ def copy_ws(tmp_path):
         petri("deinit", "--force", cwd=w)
 
 
+@contextlib.contextmanager
+def api_workspace(root: Path, backend: str = "copy", **kw: Any) -> Iterator[Any]:
+    """``petri.init(root)`` for the ``with`` block, ``deinit --force`` after (whatever the
+    test left)."""
+    import petri as api
+
+    w = api.init(root, backend=backend, **kw)
+    try:
+        yield w
+    finally:
+        try:
+            w.deinit(force=True)
+        except api.PetriError:
+            pass
+
+
 @pytest.fixture
 def run_petri():
     return petri
@@ -81,3 +99,34 @@ def run_petri():
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (mounts, loop devices)")
+
+
+@pytest.fixture
+def user_tmp() -> Iterator[Path]:
+    """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
+    import tempfile
+    from snapshot.tree import remove_tree
+    from tests.loopfs import unmount_under
+    d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        # A failed test can leave the user's FUSE daemons and mounts behind: end them first.
+        kill_processes_mentioning(str(d))
+        unmount_under(d)
+        remove_tree(bytes(d))
+
+
+def kill_processes_mentioning(text: str) -> None:
+    import signal
+    needle = text.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import petri
-from tests.conftest import petri as petri_cli
+from tests.conftest import api_workspace, petri as petri_cli
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                    reason="needs root (cgroups) and bwrap")
@@ -31,14 +31,8 @@ def make_project(root: Path) -> Path:
 
 @pytest.fixture
 def ws(tmp_path):
-    w = petri.init(make_project(tmp_path), backend="copy")
-    try:
+    with api_workspace(make_project(tmp_path)) as w:
         yield w
-    finally:
-        try:
-            w.deinit(force=True)
-        except petri.PetriError:
-            pass
 
 
 FIX = b"""--- a/pkg/calc.py

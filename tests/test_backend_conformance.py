@@ -86,6 +86,12 @@ def test_destroy_leaves_nothing(case):
     C.check_destroy_leaves_nothing(case)
 
 
+def test_fork_of_fork_three_generations(case):
+    C.check_fork_of_fork(case)
+    case.cleanup()
+    assert case.backend.leftovers(case.store, set(), set()) == []
+
+
 def test_usage(case):
     # btrfs without quotas needs root for its tree search; everything else can always tell
     C.check_usage(case, can_tell=case.name != "btrfs" or os.geteuid() == 0)

@@ -15,7 +15,8 @@ PINNED = sorted([
     "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
-    "Cleanup", "Event", "FileContent", "FileWritten",
+    "Cleanup", "Event", "FileContent", "FileWritten", "Lineage", "LineageNode", "AuditLog", "AuditEntry", "Stats",
+    "Evolution", "Pipeline",
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ])
 

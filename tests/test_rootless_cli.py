@@ -54,37 +54,6 @@ def lifecycle(user, ws: Path, expect_backend: str | None) -> dict:
     return doc
 
 
-@pytest.fixture
-def user_tmp():
-    """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
-    import tempfile
-    from snapshot.tree import remove_tree
-    from tests.loopfs import unmount_under
-    d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        # A failed test can leave the user's FUSE daemons and mounts behind: end them first.
-        kill_processes_mentioning(str(d))
-        unmount_under(d)
-        remove_tree(bytes(d))
-
-
-def kill_processes_mentioning(text: str) -> None:
-    import signal
-    needle = text.encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if needle in f.read():
-                    os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
-
-
 def sample_ws_owned_by(user, base: Path) -> Path:
     """``base/proj`` holding the sample tree, ``base`` and all below it owned by ``user``."""
     base.mkdir()

@@ -12,8 +12,7 @@ import pytest
 
 from tests.conftest import petri
 from tests.loopfs import run_as
-from tests.test_rootless_cli import (dev_fuse_like_a_distribution, petri_as, sample_ws_owned_by,  # noqa: F401
-                                     user_tmp)
+from tests.test_rootless_cli import dev_fuse_like_a_distribution, petri_as, sample_ws_owned_by  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
@@ -57,7 +56,7 @@ def processes_mentioning(text: str) -> dict[int, int]:
     return out
 
 
-def test_root_in_a_users_fuse_workspace_acts_as_the_owner(unprivileged_user, user_tmp,  # noqa: F811
+def test_root_in_a_users_fuse_workspace_acts_as_the_owner(unprivileged_user, user_tmp,
                                                           dev_fuse_like_a_distribution):  # noqa: F811
     user = unprivileged_user
     ws = sample_ws_owned_by(user, user_tmp / "home")

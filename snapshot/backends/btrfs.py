@@ -451,19 +451,31 @@ class BtrfsBackend(Backend):
             # A plain .petri would be snapshotted along with the workspace: registry,
             # logs and every earlier snapshot's metadata.
             raise SnapshotError(detail=f"{store.root} is not a nested subvolume; run `petri init` again")
+        self._readonly_snapshot(store, store.workspace, snap_id, f"taking snapshot {snap_id}")
+        if progress:
+            progress(0, 0)
+        return SnapshotResult(bytes_copied=0)
+
+    def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
+        """A read-only snapshot of the sandbox's subvolume: O(1) and atomic, even while a
+        command writes in it."""
+        tree = self.ensure_clone(store, sb_id)
+        self._readonly_snapshot(store, tree, snap_id, f"taking snapshot {snap_id} of sandbox {sb_id}")
+        return SnapshotResult(bytes_copied=0)
+
+    def _readonly_snapshot(self, store: Store, src: Path, snap_id: str, doing: str) -> None:
+        """A read-only snapshot of the subvolume ``src`` at ``snapshots/<snap_id>/tree``,
+        made in tmp/ and renamed into place (a name there is always whole)."""
         staging = store.tmp_path(snap_id)
         try:
             staging.mkdir(parents=True)
-            btrfsutil.create_snapshot(store.workspace, staging / "tree", read_only=True)
+            btrfsutil.create_snapshot(src, staging / "tree", read_only=True)
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException as e:
             delete_tree(staging)
             if isinstance(e, OSError) and not isinstance(e, PetriError):
-                raise _translate(e, f"taking snapshot {snap_id}") from e
+                raise _translate(e, doing) from e
             raise
-        if progress:
-            progress(0, 0)
-        return SnapshotResult(bytes_copied=0)
 
     def delete_snapshot(self, store: Store, snap_id: str) -> None:
         delete_tree(store.snapshot_dir(snap_id))

@@ -439,6 +439,78 @@ class OverlayBackend(Backend):
             raise
         return SnapshotResult(bytes_copied=result.bytes_copied if result else 0)
 
+    def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
+        """A new layer made of the sandbox's upper dir, stacked on the layers the sandbox is
+        mounted over: O(what the sandbox wrote). The copy is taken as the frozen view's is
+        (per file); then made canonical: directories the kernel renamed (redirects) become
+        opaque full copies read through a kernel view, opaque marks go into both xattr
+        namespaces, and the kernel's other bookkeeping is dropped."""
+        rec = self._record(store, sb_id)
+        names = [str(n) for n in rec["layers"]]
+        upper = store.sandbox_dir(sb_id) / rec["upper"]
+        snap_dir = store.snapshot_dir(snap_id)
+        if (snap_dir / "layers.json").exists():
+            raise SnapshotError(detail=f"snapshot {snap_id} already exists")
+        trusted = self._trusted_ok(store) and self._trusted_marks(store, parent)
+        built = store.tmp_path("layer")
+        staging: list[Path] = [built]
+        installed: list[str] = []
+        made_dir = False
+        try:
+            copied = L.copy_layer(bytes(upper), bytes(built), reflink=self._reflink_ok(store))
+            redirects = L.redirected_dirs(bytes(built))
+            if redirects:
+                self._resolve_redirects(store, built, names, rec, redirects, trusted, staging)
+            L.canonical_marks(bytes(built), trusted=trusted)
+            installed.append(L.install_layer(bytes(store.layers), bytes(built)))
+            new_names = names + installed
+            if len(new_names) > self.max_depth:
+                new_names = [self._compact(store, new_names, installed, staging)]
+                trusted = True  # one full layer: nothing below it to hide
+            L.sync_filesystem(store.layers)
+            snap_dir.mkdir(parents=True)
+            made_dir = True
+            L.write_layer_list(snap_dir / "layers.json", new_names, trusted_marks=trusted)  # the commit point
+        except BaseException:
+            if made_dir:
+                remove_tree(bytes(snap_dir))
+            for p in staging:
+                remove_tree(bytes(p))
+            for n in installed:
+                remove_tree(os.path.join(bytes(store.layers), n.encode()))
+            raise
+        for p in staging:  # the installed layer was renamed away; scratch views are left
+            remove_tree(bytes(p))
+        return SnapshotResult(bytes_copied=copied)
+
+    def _resolve_redirects(self, store: Store, built: Path, names: list[str], rec: dict, redirects: list[bytes],
+                           trusted: bool, staging: list[Path]) -> None:
+        """Replace each renamed directory of the copied upper by a full copy of what it shows
+        (only the kernel can follow a redirect): read through a read-only mount of the copy
+        over the sandbox's layers, with the sandbox's own options."""
+        from ..tree import TreeCopier, apply_meta
+
+        work = store.tmp_path(f"redirects-{built.name}")
+        staging.append(work)
+        mnt = work / "view"
+        mnt.mkdir(parents=True)
+        copies: list[tuple[bytes, bytes]] = []
+        self._mount(store, bytes(mnt), [bytes(built)] + self._layer_paths(store, names), readonly=True,
+                    options=self._options(rec))
+        try:
+            for i, rel in enumerate(redirects):
+                src = os.path.join(bytes(mnt), rel)
+                dst = os.path.join(bytes(work), b"%d" % i)
+                os.mkdir(dst, 0o700)
+                TreeCopier(reflink=self._reflink_ok(store), workers=self.workers).copy(src, dst)
+                L.copy_plain_xattrs(src, dst)
+                apply_meta(dst, os.lstat(src))
+                copies.append((rel, dst))
+        finally:
+            umount(bytes(mnt))
+        for rel, dst in copies:  # the copy is no lowerdir any more: now it may change
+            L.replace_with_opaque_copy(bytes(built), rel, dst, trusted=trusted)
+
     def _compact(self, store: Store, names: list[str], installed: list[str], staging: list[Path]) -> str:
         built = store.tmp_path("compact")
         staging.append(built)

@@ -1,0 +1,199 @@
+"""The audit trail: who did what to a workspace, kept in the registry's ``audit`` table.
+
+Every mutating operation, whichever entry point it came through, appends one row: when
+(``ts``), what (``op``, ``argv``: the CLI's argv, or for the API the method and its
+arguments), who (``uid``, ``sudo_uid`` when run through sudo, ``via`` = ``cli`` | ``api`` |
+``mcp`` | ``tui``, and ``client``: the MCP client's name when the front end set one on its
+``Workspace``), why (``reason``: ``--reason`` / ``reason=``), and how it ended
+(``exit_code``, ``result``: ``ok`` or the error line, ``duration_s``, ``ids``: what it
+made or touched). The table is append-only (SQLite triggers refuse UPDATE and DELETE),
+``gc`` never prunes it, and only ``deinit`` (which removes the whole store) ends it.
+
+One operation is one row: an entry point opens a scope (``operation``, or ``begin`` and
+``finish`` for the CLI, whose exit code is known only at its edge); scopes opened inside
+it (the CLI calling the API, ``evolve`` calling ``race``) add nothing of their own, and
+the engine reports the ids it makes or touches with ``touch``. The scope learns which
+workspace it is about from the first engine opened inside it (``bind``).
+
+Caveats: an entry that cannot be written (the registry is gone, as after ``deinit``, or
+the disk is full) is dropped rather than failing an operation that already happened; the
+uid is the process's real uid when the scope began (before ``sudo`` drops to the
+workspace's owner).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+# CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
+# promotions, lineage, log, stats, tui are not recorded).
+MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "shell", "race", "promote", "rollback",
+                               "rm", "gc", "mcp"})
+
+
+@dataclass
+class Scope:
+    op: str
+    argv: list[str]
+    via: str
+    reason: str | None = None
+    client: str | None = None
+    root: Path | None = None
+    started: float = field(default_factory=time.monotonic)
+    ts: float = field(default_factory=time.time)
+    uid: int = field(default_factory=os.getuid)
+    sudo_uid: int | None = field(default_factory=lambda: _int(os.environ.get("SUDO_UID")))
+    ids: list[str] = field(default_factory=list)
+    record: bool = True
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+_current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("petri_audit_scope", default=None)
+
+
+def current() -> Scope | None:
+    return _current.get()
+
+
+def begin(op: str, argv: Sequence[str], via: str, *, reason: str | None = None, client: str | None = None,
+          root: Path | None = None, record: bool = True) -> tuple[Scope, contextvars.Token | None]:
+    """Open a scope (the caller ``finish``es it). Inside another scope this returns that one
+    and no token: the outer scope records the operation."""
+    outer = _current.get()
+    if outer is not None:
+        return outer, None
+    scope = Scope(op=op, argv=[str(a) for a in argv], via=via, reason=reason, client=client, root=root,
+                  record=record)
+    return scope, _current.set(scope)
+
+
+def finish(scope: Scope, token: contextvars.Token | None, exit_code: int, result: str = "ok") -> None:
+    """Close the scope ``begin`` opened and append its row (nothing for a nested scope)."""
+    if token is None:
+        return
+    _current.reset(token)
+    if scope.record and scope.root is not None:
+        append(scope.root, scope, exit_code, result)
+
+
+@contextlib.contextmanager
+def operation(op: str, argv: Sequence[str], via: str, *, reason: str | None = None, client: str | None = None,
+              root: Path | None = None) -> Iterator[Scope]:
+    """One audited operation of the API (or a front end through it): the row says how it
+    ended: 0, or the PetriError's exit code and message."""
+    from snapshot.errors import PetriError
+
+    scope, token = begin(op, argv, via, reason=reason, client=client, root=root)
+    code, result = 0, "ok"
+    try:
+        yield scope
+    except PetriError as e:
+        code, result = e.exit_code, str(e)
+        raise
+    except KeyboardInterrupt:
+        code, result = 130, "interrupted"
+        raise
+    except BaseException as e:
+        code, result = 1, f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        finish(scope, token, code, result)
+
+
+def bind(root: Path) -> None:
+    """The workspace the current scope acts on (the first engine opened in it says)."""
+    scope = _current.get()
+    if scope is not None and scope.root is None:
+        scope.root = Path(root)
+
+
+def touch(*ids: str | None) -> None:
+    """Ids the current operation made or touched (sandboxes, snapshots, promotions...)."""
+    scope = _current.get()
+    if scope is None:
+        return
+    for i in ids:
+        if i and i not in scope.ids:
+            scope.ids.append(i)
+
+
+def set_exit_code(code: int) -> None:
+    """For operations whose result is a code rather than an error (``run``: the command's)."""
+    scope = _current.get()
+    if scope is not None:
+        scope.__dict__["reported_code"] = code
+
+
+def append(root: Path, scope: Scope, exit_code: int, result: str) -> None:
+    from snapshot.store import Store
+
+    from .registry import Registry
+
+    path = Store(Path(root)).registry
+    code = scope.__dict__.get("reported_code", exit_code) if exit_code == 0 else exit_code
+    try:
+        reg = Registry(path)
+    except Exception:  # noqa: BLE001 - no registry (deinit, a failed init): nothing to append to
+        return
+    try:
+        with reg.write() as db:
+            db.execute("INSERT INTO audit(ts, op, argv, uid, sudo_uid, via, client, reason, result, exit_code, ids,"
+                       " duration_s, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (scope.ts, scope.op, json.dumps(scope.argv), scope.uid, scope.sudo_uid, scope.via,
+                        scope.client, scope.reason, result[:2000], code, json.dumps(scope.ids),
+                        time.monotonic() - scope.started, os.getpid()))
+    except Exception:  # noqa: BLE001 - the operation happened; a full disk must not undo that
+        pass
+    finally:
+        reg.close()
+
+
+def entries(registry: Any, *, since: float | None = None, limit: int | None = None,
+            op: str | None = None) -> list[dict[str, Any]]:
+    """SPEC's ``log`` entries, oldest first (``limit``: the newest N)."""
+    from .registry import rfc3339
+
+    q = "SELECT * FROM audit WHERE 1=1"
+    args: list[Any] = []
+    if since is not None:
+        q += " AND ts >= ?"
+        args.append(since)
+    if op is not None:
+        q += " AND op = ?"
+        args.append(op)
+    q += " ORDER BY seq DESC"
+    if limit is not None:
+        q += " LIMIT ?"
+        args.append(limit)
+    out = []
+    for r in reversed(registry.db.execute(q, args).fetchall()):
+        out.append({"ts": rfc3339(r["ts"]), "op": r["op"], "argv": json.loads(r["argv"]), "uid": r["uid"],
+                    "via": r["via"], "reason": r["reason"], "exit_code": r["exit_code"], "ids": json.loads(r["ids"]),
+                    "result": r["result"], "client": r["client"], "sudo_uid": r["sudo_uid"],
+                    "duration_s": r["duration_s"], "seq": r["seq"]})
+    return out
+
+
+def api_argv(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """An API call as an argv: the method, then each argument (``name=value``)."""
+    def shown(v: Any) -> str:
+        info = getattr(v, "info", None)
+        if info is not None and hasattr(info, "id"):
+            return str(info.id)  # a Sandbox handle: its id
+        if callable(v) and not isinstance(v, (str, bytes)):
+            return getattr(v, "__qualname__", repr(v))
+        text = repr(v)
+        return text if len(text) <= 500 else text[:500] + "..."
+    return [method, *[shown(a) for a in args], *[f"{k}={shown(v)}" for k, v in kwargs.items()]]

@@ -1,0 +1,542 @@
+"""Graduated promotion: a sandbox's change taken through configured stages, each with checks.
+
+Stages are ``[[stages]]`` in the config (orchestrator.config.Stage): ``name``, ``target``
+(``fresh``, ``workspace``, or the path of another petri workspace such as a staging
+checkout), ``checks`` (shell commands), ``gate`` (``auto`` | ``manual``) and ``timeout``
+(per check). ``promote_to(engine, sandbox, STAGE)`` walks them in order up to STAGE; each
+stage is a promotion row ``p-…`` (``stage``, ``parent``: the stage before, ``pipeline``:
+the first stage's id) bracketed by a snapshot before and after:
+
+- ``fresh``: the sandbox's patch (its ``diff`` against its base) re-applied with ``git
+  apply`` inside a new fork of that base, the checks run there: what the sandbox carries
+  beyond its patch (caches, build outputs, ignored files) cannot make them pass. Before:
+  the base; after: a snapshot of the fork with the patch applied. Nothing to undo.
+- ``workspace``: the journaled 3-way promotion into this workspace
+  (``promotions.promote``), then the checks in a sandbox forked from the snapshot taken
+  right after it (as ``--verify`` does).
+- a path: the same promotion into that workspace (journaled, locked and recorded there,
+  under the same ``p-…`` id), its checks forked from its own after-snapshot.
+
+What every stage promotes is the sandbox **as it was when the pipeline began**: a pinned
+fork of it (``pinned``, label ``pinned-for-p-…``) is made first and destroyed when the
+pipeline ends, so editing the sandbox while a manual gate waits changes nothing.
+
+Outcomes: all checks pass: the stage is ``done``, the next one starts. A check fails:
+that stage is rolled back (its promotion undone) and the pipeline stops (``failed``,
+exit 1). A check times out: the stage stays in place, ``pending`` (``inconclusive``,
+exit 1). A manual gate: the stage is recorded ``pending`` (``manual gate``) before it
+runs, and the pipeline stops (exit 0, ``complete: false``); ``resume`` (``petri promote
+--resume p-…``) runs it and goes on, or re-runs the checks of an inconclusive or
+interrupted stage. A conflict stops the pipeline (exit 3, nothing written by that stage).
+``rollback_promotion`` of a stage first undoes the later stages of its pipeline, newest
+first (each in its own workspace), then it.
+
+Crash safety: each stage's promotion is the journaled one (all or nothing, settled by the
+next command in that workspace); a stage row records its step (``promoting``,
+``checking``) and its owner's pid before each step, so ``recover`` (run by every stage
+command, ``petri promotions`` and ``gc``) turns a stage whose petri died into ``pending``
+(``interrupted``), saying whether its promotion is in place (``in_place``):
+``--resume`` re-runs what was cut short, ``rollback`` undoes what is in place.
+
+Caveats:
+- the checks of a ``workspace`` stage run after the promotion is in live: between the two
+  the workspace holds a change not yet checked (as with ``promote --verify``).
+- a pipeline's stages are each all or nothing, the pipeline is not: a ``rollback`` that
+  stops on a conflict in one stage (exit 3) leaves the later stages it already undid undone.
+- a target workspace is opened as ``petri`` would open it there: if its store belongs to
+  another user, root becomes that user for the rest of the process.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import OrchestratorError, UsageError
+
+if TYPE_CHECKING:
+    from .config import Stage
+    from .engine import Engine
+    from .registry import SandboxRow
+
+Say = Callable[[str], None]
+FINAL = ("done", "undone", "failed", "conflict")
+
+
+class NoStages(UsageError):
+    """no stage named '{name}': {known}"""
+
+
+class StageTargetMissing(OrchestratorError):
+    """stage '{stage}': {path} is not a petri workspace; run `petri init` there first"""
+
+    exit_code = 4
+
+
+class NotPending(UsageError):
+    """{ident} is not a pending stage of a graduated promotion (state {state}); `petri promotions` lists them"""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _row(engine: "Engine", promo_id: str) -> dict[str, Any] | None:
+    return next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
+
+
+def _save(engine: "Engine", promo_id: str, state: str, doc: dict[str, Any]) -> None:
+    engine.registry.update_promotion(promo_id, state, doc)
+
+
+def _is_stage(row: dict[str, Any] | None) -> bool:
+    return row is not None and bool(row["doc"].get("stage"))
+
+
+def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
+    """The stage rows of one pipeline, in stage order."""
+    rows = [p for p in engine.registry.promotions() if p["doc"].get("pipeline") == pipeline]
+    return sorted(rows, key=lambda p: (p["doc"].get("index", 0), p["created_at"]))
+
+
+def _target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
+    """This workspace's engine, or the other workspace's a path stage names."""
+    from .engine import Engine
+    from .workspace import is_workspace
+
+    target = path or stage.target
+    if target in ("fresh", "workspace"):
+        return engine
+    p = Path(os.path.realpath(target))
+    if not is_workspace(p):
+        raise StageTargetMissing(stage=stage.name, path=str(p))
+    if p == Path(os.path.realpath(engine.root)):
+        return engine
+    return Engine.open(None, str(p))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s: float | None,
+                say: Say) -> tuple[str, list[dict[str, Any]]]:
+    """Run the checks one after another in the sandbox: ("passed" | "failed" |
+    "inconclusive", one record per check run). The first that does not pass decides."""
+    from .runs import run_sync
+
+    results = []
+    for cmd in checks:
+        doc = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], timeout_s=timeout_s, echo=False)
+        rec = {"command": cmd, "sandbox": sb_id, "run": doc["run"], "exit_code": doc["exit_code"],
+               "duration_s": doc["duration_s"], "killed_by": doc["killed_by"], "stderr_path": doc["stderr_path"],
+               "workspace": str(engine.root)}
+        results.append(rec)
+        if doc["killed_by"] == "timeout":
+            say(f"  check {cmd!r} timed out after {doc['duration_s']:.1f}s: inconclusive")
+            return "inconclusive", results
+        if doc["exit_code"] != 0:
+            say(f"  check {cmd!r} failed (exit {doc['exit_code']})")
+            return "failed", results
+        say(f"  check {cmd!r} passed")
+    return "passed", results
+
+
+def _checks_in_fork(target: "Engine", snap_id: str, stage: "Stage", say: Say) -> tuple[str, list[dict[str, Any]]]:
+    """The stage's checks in a throwaway sandbox forked from ``snap_id`` of ``target``."""
+    if not stage.checks:
+        return "passed", []
+    from .lineage import mark_scaffold
+
+    sb = target.fork(snap_id, 1)[0]
+    mark_scaffold(target, sb, "stage-check")
+    try:
+        return _run_checks(target, sb.id, stage.checks, stage.timeout_s, say)
+    finally:
+        try:
+            target.destroy_sandbox(sb.id)
+        except Exception:  # noqa: BLE001 - gc reaps it
+            pass
+
+
+# --------------------------------------------------------------------------- one stage
+
+
+def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
+               say: Say, *, checks_only: bool = False) -> str:
+    """Run one stage (its row exists, state running); returns its outcome and leaves the
+    row in its final or pending state."""
+    doc.update(pid=os.getpid(), step="promoting" if not checks_only else "checking")
+    _save(engine, promo_id, "running", doc)
+    if stage.target == "fresh":
+        return _fresh(engine, pinned, stage, promo_id, doc, say)
+    return _promote_stage(engine, pinned, stage, promo_id, doc, say, checks_only=checks_only)
+
+
+def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
+           say: Say) -> str:
+    from .api import diff_parts
+    from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
+    from .race import Candidate, _apply_argv_env
+    from .runs import run_sync
+
+    base = diff_base(engine, pinned)
+    _row_, stats, patch = diff_parts(engine, pinned.id)
+    doc["applied"] = [s.path.decode("utf-8", "backslashreplace") for s in stats]
+    doc["snapshot_before"] = base
+    say(f"stage {stage.name} ({promo_id}): the patch of {doc['sandbox']} ({len(stats)} file(s)) on a fresh fork of {base}")
+    sb = engine.fork(base, 1)[0]
+    mark_scaffold(engine, sb, "stage-fresh", promotion=promo_id)
+    doc["fresh_sandbox"] = sb.id
+    _save(engine, promo_id, "running", doc)
+    try:
+        if patch:
+            argv, env, stdin = _apply_argv_env(engine, Candidate("patch", "stage", patch))
+            applied = run_sync(engine, sb.id, argv, env=env, stdin_data=stdin, echo=False)
+            if applied["exit_code"] != 0:
+                doc["checks"] = [{"command": "git apply", "sandbox": sb.id, "exit_code": applied["exit_code"],
+                                  "stderr_path": applied["stderr_path"], "killed_by": applied["killed_by"]}]
+                say(f"  the patch does not apply to {base} (exit {applied['exit_code']})")
+                return _finish(engine, promo_id, doc, "failed", "failed")
+        doc["snapshot_after"] = snapshot_of_sandbox(engine, engine.registry.sandbox(sb.id)).id  # type: ignore[arg-type]
+        doc["step"] = "checking"
+        _save(engine, promo_id, "running", doc)
+        outcome, doc["checks"] = (_run_checks(engine, sb.id, stage.checks, stage.timeout_s, say)
+                                  if stage.checks else ("passed", []))
+    finally:
+        try:
+            engine.destroy_sandbox(sb.id)
+        except Exception:  # noqa: BLE001 - gc reaps it
+            pass
+    state = {"passed": "done", "failed": "failed", "inconclusive": "pending"}[outcome]
+    return _finish(engine, promo_id, doc, state, outcome)
+
+
+def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
+                   say: Say, *, checks_only: bool) -> str:
+    from snapshot.transaction import fault_point
+
+    from .promotions import promote, rollback_promotion as undo
+
+    target = _target_engine(engine, stage, doc.get("target_path"))
+    where = "this workspace" if target is engine else str(target.root)
+    try:
+        if not checks_only:
+            say(f"stage {stage.name} ({promo_id}): promoting {doc['sandbox']} into {where}")
+            doc["snapshot_before"] = target.take_snapshot(f"before stage {stage.name} ({promo_id})", kind="stage").id
+            _save(engine, promo_id, "running", doc)
+            fault_point("pipeline-promote")
+            # The row the promotion writes in its workspace: here, the stage's own (all of
+            # it: a kill right after the promotion leaves what recover needs); elsewhere a
+            # plain promotion that says where its pipeline lives.
+            extra = ({**doc, "step": "checking", "in_place": True} if target is engine else
+                     {"pipeline_of": str(engine.root), "pipeline": doc["pipeline"], "stage_name": stage.name})
+            try:
+                got = promote(engine, pinned, echo=False, into=target, promo_id=promo_id, extra=extra)
+            except Exception as e:
+                conflicts = getattr(e, "conflicts", None)
+                if getattr(e, "exit_code", 1) == 3:
+                    doc["conflicts"] = [c.to_json() for c in conflicts or []]
+                    _finish(engine, promo_id, doc, "conflict", "conflict")
+                raise
+            doc.update(applied=got["applied"], conflicts=got["conflicts"], in_place=bool(got["promotion"]),
+                       markers=got.get("markers", False), base=got.get("base"))
+            doc["snapshot_after"] = target.take_snapshot(f"after stage {stage.name} ({promo_id})", kind="stage").id
+        elif not doc.get("snapshot_after"):  # interrupted before it was taken: live holds the promotion now
+            doc["snapshot_after"] = target.take_snapshot(f"after stage {stage.name} ({promo_id})", kind="stage").id
+        doc["step"] = "checking"
+        _save(engine, promo_id, "running", doc)
+        fault_point("pipeline-checks")
+        outcome, doc["checks"] = _checks_in_fork(target, doc["snapshot_after"], stage, say)
+        if outcome == "failed" and doc.get("in_place"):
+            say(f"  rolling back stage {stage.name} ({promo_id})")
+            undo(target, promo_id)
+            doc["in_place"] = False
+            doc["rolled_back"] = True
+        state = {"passed": "done", "failed": "undone", "inconclusive": "pending"}[outcome]
+        return _finish(engine, promo_id, doc, state, outcome)
+    finally:
+        if target is not engine:
+            _mirror_audit(target, promo_id)
+            target.close()
+
+
+def _finish(engine: "Engine", promo_id: str, doc: dict[str, Any], state: str, outcome: str) -> str:
+    doc["outcome"] = outcome
+    doc["step"] = "final" if state in FINAL else doc.get("step")
+    if state == "pending":
+        doc["pending_reason"] = "inconclusive" if outcome == "inconclusive" else doc.get("pending_reason")
+    else:
+        doc.pop("pending_reason", None)
+    doc["finished_at"] = time.time()
+    _save(engine, promo_id, state, doc)
+    return outcome
+
+
+def _mirror_audit(target: "Engine", promo_id: str) -> None:
+    """The promotion into another workspace goes into that workspace's audit trail too."""
+    from . import audit
+
+    scope = audit.current()
+    if scope is not None:
+        audit.append(target.root, scope, 0, f"stage promotion {promo_id}")
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def _stages(engine: "Engine") -> tuple["Stage", ...]:
+    from .config import load_config
+
+    return load_config(engine.root).stages
+
+
+def _index(stages: tuple["Stage", ...], name: str) -> int:
+    for i, st in enumerate(stages):
+        if st.name == name:
+            return i
+    known = ", ".join(s.name for s in stages) if stages else "no [[stages]] are configured (see the README)"
+    raise NoStages(name=name, known=f"the stages are {known}" if stages else known)
+
+
+def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None) -> dict[str, Any]:
+    """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``)."""
+    from .lineage import mark_scaffold, snapshot_of_sandbox
+    from .registry import new_id
+
+    stages = _stages(engine)
+    last = _index(stages, to)
+    row = engine.resolve_sandbox(sandbox)
+    recover(engine)
+    pipeline = new_id("p")
+    # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
+    snap = snapshot_of_sandbox(engine, row)
+    pinned = engine.fork(snap.id, 1, label=f"pinned-for-{pipeline[2:]}")[0]
+    mark_scaffold(engine, pinned, "pinned", pipeline=pipeline)
+    return _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
+
+
+def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage", ...], start: int, last: int,
+          pipeline: str, parent: str | None, *, approve: int | None, say: Say,
+          resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run stages ``start``..``last``. ``approve``: the index of the stage whose manual gate
+    the caller (``resume``) passes; ``resumed``: the pending row to carry on with (its
+    promotion is in place: only its checks run again)."""
+    from snapshot.errors import PetriError
+
+    from . import audit
+    from .registry import new_id
+
+    for i in range(start, last + 1):
+        st = stages[i]
+        if resumed is not None and i == start:
+            promo_id, doc = resumed["id"], dict(resumed["doc"])
+            checks_only = bool(doc.get("in_place"))
+        else:
+            promo_id = pipeline if _row(engine, pipeline) is None else new_id("p")
+            doc = {"stage": st.name, "index": i, "parent": parent, "pipeline": pipeline, "to": stages[last].name,
+                   "target": st.target, "sandbox": sandbox, "pinned": pinned_id, "checks": [], "applied": [],
+                   "in_place": False, "pid": os.getpid(), "step": "gate"}
+            if st.target not in ("fresh", "workspace"):
+                doc["target_path"] = st.target
+            engine.registry.add_promotion(promo_id, sandbox, "running", doc)
+            checks_only = False
+        audit.touch(promo_id)
+        if st.gate == "manual" and approve != i:
+            doc.update(pending_reason="manual gate", step="gate")
+            _finish(engine, promo_id, doc, "pending", "awaiting approval")
+            say(f"stage {st.name} ({promo_id}) waits at its manual gate: `petri promote --resume {promo_id}` runs it")
+            return pipeline_doc(engine, pipeline)
+        pinned = engine.registry.sandbox(pinned_id)
+        if pinned is None or pinned.state in ("destroyed", "failed", "expired"):
+            _finish(engine, promo_id, doc, "failed", "failed")
+            raise OrchestratorError(detail=f"the pinned state of {sandbox} for {pipeline} is gone; start again "
+                                           f"with `petri promote {sandbox} --to {stages[last].name}`")
+        try:
+            outcome = _run_stage(engine, pinned, st, promo_id, doc, say, checks_only=checks_only)
+        except PetriError as e:
+            if e.exit_code == 3:  # a conflict: that stage wrote nothing; the pipeline ends
+                _end(engine, pinned_id)
+            else:
+                _abandon(engine, promo_id)
+            raise
+        except BaseException:
+            _abandon(engine, promo_id)
+            raise
+        if outcome != "passed":
+            if outcome != "inconclusive":
+                _end(engine, pinned_id)
+            return pipeline_doc(engine, pipeline)
+        parent = promo_id
+    _end(engine, pinned_id)
+    return pipeline_doc(engine, pipeline)
+
+
+def _abandon(engine: "Engine", promo_id: str) -> None:
+    """A stage that stopped on an error: settled now as a killed petri's would be (pending,
+    interrupted, ``in_place`` as its journal says), so ``--resume`` or ``rollback`` go on."""
+    row = _row(engine, promo_id)
+    if row is None or row["state"] in FINAL or row["state"] == "pending":
+        return
+    doc = dict(row["doc"])
+    doc["pid"] = None
+    _save(engine, promo_id, row["state"], doc)
+    try:
+        recover(engine)
+    except Exception:  # noqa: BLE001 - the next command's recover does it
+        pass
+
+
+def _end(engine: "Engine", pinned_id: str) -> None:
+    try:
+        engine.destroy_sandbox(pinned_id)
+    except Exception:  # noqa: BLE001 - gone already, or gc reaps it
+        pass
+
+
+def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dict[str, Any]:
+    """``petri promote --resume p-…``: pass a manual gate, or re-run what an inconclusive
+    or interrupted stage left, then go on to the pipeline's last stage."""
+    recover(engine)
+    _kind, full = engine.registry.resolve(promo_id, ("promotion",))
+    row = _row(engine, full)
+    if row is None or not _is_stage(row) or row["state"] != "pending":
+        raise NotPending(ident=full, state=row["state"] if row else "unknown")
+    doc = dict(row["doc"])
+    stages = _stages(engine)
+    start = _index(stages, doc["stage"])
+    last = _index(stages, doc.get("to", doc["stage"]))
+    walk = dict(sandbox=row["sandbox"], pinned_id=doc["pinned"], stages=stages, start=start, last=last,
+                pipeline=doc["pipeline"], parent=doc.get("parent"), approve=start, say=say)
+    if doc.get("step") == "gate" or doc.get("in_place"):
+        return _walk(engine, resumed=row, **walk)  # type: ignore[arg-type]
+    # Nothing of it is in place (a fresh stage, or a promotion undone by recovery): this
+    # row ends as it is and the stage runs again under a new id (its journal is spent).
+    doc.update(step="final", outcome=doc.get("outcome") or "interrupted")
+    doc.pop("pending_reason", None)
+    _save(engine, full, "failed", doc)
+    return _walk(engine, **walk)  # type: ignore[arg-type]
+
+
+def recover(engine: "Engine") -> list[str]:
+    """Stages whose petri died mid-step become ``pending`` (``interrupted``), with
+    ``in_place`` as their promotion's journal says; their fresh forks go. Returns their ids."""
+    from merge.promote import promotion_state
+
+    from .lineage import reap_scaffolds
+    from .registry import pid_alive
+
+    settled = []
+    for p in engine.registry.promotions():
+        doc = p["doc"]
+        # A row recovery settled (done, undone, failed) without its stage finishing still
+        # counts: only the stage's own "final" step ends it.
+        if not doc.get("stage") or p["state"] == "pending" or doc.get("step") == "final":
+            continue
+        if pid_alive(doc.get("pid")):
+            continue
+        in_place = False
+        if doc["target"] != "fresh":
+            try:
+                target = _target_engine(engine, _stage_like(doc), doc.get("target_path"))
+                try:
+                    target.recover_promotions()  # the journal decides: finished or undone now
+                    in_place = promotion_state(target.store.journal, p["id"]) == "done"
+                    if target is not engine:
+                        reap_scaffolds(target)  # the dead stage's check fork there
+                finally:
+                    if target is not engine:
+                        target.close()
+            except Exception:  # noqa: BLE001 - the target is gone: nothing of it is in place here
+                in_place = False
+        doc.update(in_place=in_place, pending_reason="interrupted", outcome="interrupted")
+        _save(engine, p["id"], "pending", doc)
+        settled.append(p["id"])
+    # what dead pipelines forked for themselves goes, but the pinned state of one that waits
+    waiting = {p["doc"].get("pinned") for p in engine.registry.promotions()
+               if p["doc"].get("stage") and p["state"] in ("pending", "running")}
+    reap_scaffolds(engine, keep={w for w in waiting if w})
+    return settled
+
+
+def _stage_like(doc: dict[str, Any]) -> "Stage":
+    from .config import Stage
+
+    return Stage(name=doc["stage"], target=doc.get("target_path") or doc["target"])
+
+
+def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
+    """``petri rollback p-…``: a plain promotion is undone as before; a stage undoes the
+    later stages of its pipeline first, newest first, each in its own workspace."""
+    from . import promotions
+
+    row = _row(engine, promo_id)
+    if not _is_stage(row):
+        return promotions.rollback_promotion(engine, promo_id)
+    recover(engine)
+    doc = row["doc"]  # type: ignore[index]
+    later = [r for r in pipeline_rows(engine, doc["pipeline"]) if r["doc"].get("index", 0) >= doc.get("index", 0)]
+    changed: list[str] = []
+    undone: list[str] = []
+    for r in reversed(later):
+        rdoc = r["doc"]
+        in_place = r["state"] == "done" or (r["state"] == "pending" and rdoc.get("in_place"))
+        if in_place and rdoc.get("target") != "fresh":
+            target = _target_engine(engine, _stage_like(rdoc), rdoc.get("target_path"))
+            try:
+                got = promotions.rollback_promotion(target, r["id"])
+            finally:
+                if target is not engine:
+                    _mirror_audit(target, r["id"])
+                    target.close()
+            changed += got["changed"]
+            undone.append(r["id"])
+        if r["state"] not in ("undone", "failed", "conflict"):
+            rdoc.update(in_place=False, step="final", rolled_back=True)
+            rdoc.pop("pending_reason", None)
+            _save(engine, r["id"], "undone", rdoc)
+    pinned = doc.get("pinned")
+    if pinned:
+        _end(engine, pinned)
+    return {"restored": promo_id, "kind": "promotion", "changed": changed, "safety_snapshot": None,
+            "stages_undone": undone}
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
+    """Where a pipeline stands: SPEC's ``promote`` fields for its last stage reached, and
+    every stage. ``state``: ``done`` (every stage up to the target passed), ``pending``
+    (a gate or an inconclusive or interrupted stage waits: ``pending``), ``failed``,
+    ``conflict``, ``undone``; ``exit_code`` is what the CLI exits with."""
+    rows = pipeline_rows(engine, pipeline)
+    stages = [_stage_doc(r) for r in rows]
+    last = rows[-1]
+    to = last["doc"].get("to")
+    reached_all = last["state"] == "done" and last["doc"].get("stage") == to
+    waiting = next((r for r in rows if r["state"] == "pending"), None)
+    state = ("done" if reached_all else "pending" if waiting is not None else
+             last["state"] if last["state"] in FINAL else "running")
+    if waiting is not None:
+        reason = waiting["doc"].get("pending_reason")
+        code = 0 if reason == "manual gate" else 1
+    else:
+        code = {"done": 0, "failed": 1, "undone": 1, "conflict": 3}.get(state, 1)
+    checks = [c for r in rows for c in r["doc"].get("checks", [])]
+    return {"promotion": last["id"], "pipeline": pipeline, "sandbox": last["doc"].get("sandbox"), "to": to,
+            "state": state, "complete": reached_all, "exit_code": code,
+            "pending": None if waiting is None else {"promotion": waiting["id"], "stage": waiting["doc"]["stage"],
+                                                     "reason": waiting["doc"].get("pending_reason"),
+                                                     "in_place": bool(waiting["doc"].get("in_place"))},
+            "applied": last["doc"].get("applied", []), "conflicts": last["doc"].get("conflicts", []),
+            "verified": None if not checks else all(c.get("exit_code") == 0 for c in checks),
+            "rolled_back": any(r["doc"].get("rolled_back") for r in rows), "stages": stages}
+
+
+def _stage_doc(r: dict[str, Any]) -> dict[str, Any]:
+    d = r["doc"]
+    return {"promotion": r["id"], "stage": d.get("stage"), "target": d.get("target"), "parent": d.get("parent"),
+            "state": r["state"], "outcome": d.get("outcome"), "pending_reason": d.get("pending_reason"),
+            "in_place": bool(d.get("in_place")), "applied": d.get("applied", []),
+            "snapshot_before": d.get("snapshot_before"), "snapshot_after": d.get("snapshot_after"),
+            "checks": d.get("checks", [])}
