@@ -1,0 +1,272 @@
+"""Issue 8's benchmarks: a real project's race and ``promote --verify``, against the same checks run directly.
+
+The project is chardet 5.2.0 from its PyPI sdist, with its ``.gitignore`` and a ``.venv``
+(``tests/realproj.py``: the same tree, injected bug, candidates and check as
+``tests/test_real_project.py``; the files come from the test cache, downloaded once). The
+check is the project's own suite, ``.venv/bin/python -m pytest -q`` (754 tests, about 30 s on
+one core). In one run, repetitions interleaved (even ones petri first, odd ones direct first):
+
+1. **race**: ``petri race --json --check CHECK --patch right.patch --patch wrong.patch --cmd
+   BREAKING`` as one whole process, against the direct way on the same filesystem: three
+   plain copies of the same buggy tree (``cp -a``, made outside the timed part), each lane
+   ``git apply PATCH && CHECK`` (or ``BREAKING && CHECK``) in its copy, the three started
+   together, timed until the last one exits. Lanes get the environment a sandbox gets
+   (``isolation.base_env``). Both sides: the right lane passes, the wrong one fails its
+   tests, the breaking one fails at collection (checked every repetition).
+2. **promote --verify**: ``petri promote --json WINNER --verify CHECK`` of the race's winner
+   (a 3-way promote, then the check in a fresh sandbox forked from the promoted workspace),
+   against CHECK alone in a plain copy of the fixed tree. Outside the timed part the
+   promotion is rolled back, the winner removed and ``petri gc`` run, so every repetition
+   starts from the same workspace.
+
+Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md: p50 (and
+min/max) of each side, and petri's overhead as the ratio of the p50s (target <= 1.10 for the
+race). Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_race``
+(``--reps 5`` by default; ``--backend overlay`` puts the workspace on the host filesystem,
+``/var/tmp/petri-bench/work-<pid>``, where ``auto`` picks overlay; the default is btrfs on a
+loop image it makes).
+
+Caveats: two cores, and the suite is single-threaded: the right and the wrong lane each
+take one core, so anything else running on the machine (other people's work, petri's own
+bookkeeping) comes straight out of the checks' time; the load average is printed per
+repetition. The direct lanes have no sandbox at all (no bwrap, no cgroup): the ratio
+charges petri for its isolation as well as its own work. Warm page cache.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import (CACHE, PETRI, Report, Samples, cli_env, fmt_ratio, fmt_s, loadavg, log, make_loopfs,
+                          remove_path, run, sigterm_as_interrupt, sweep_stale_images, sweep_stale_work_dirs,
+                          verdict)
+from tests import realproj as R
+
+RACE_TARGET = 1.10
+
+
+def petri_json(argv: list, ws: Path) -> dict:
+    r = run([PETRI, *argv], cwd=ws, env=cli_env(), check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"petri {' '.join(map(str, argv))} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout)
+
+
+class Direct:
+    """The three checks without petri: plain copies of the buggy tree, started together."""
+
+    def __init__(self, pristine: Path, work: Path, patches: dict[str, Path]) -> None:
+        from orchestrator.isolation import base_env
+
+        self.pristine, self.work, self.patches = pristine, work, patches
+        self.env = base_env(os.getuid())  # what a sandboxed command gets: PATH, HOME, LANG, TERM
+
+    def _fresh(self, name: str) -> Path:
+        lane = self.work / name
+        remove_path(lane)
+        run(["cp", "-a", "--no-target-directory", self.pristine, lane])
+        return lane
+
+    def lanes(self) -> dict[str, tuple[Path, str]]:
+        return {
+            "right": (self._fresh("right"), f"git apply --whitespace=nowarn {self.patches['right']} && {R.CHECK}"),
+            "wrong": (self._fresh("wrong"), f"git apply --whitespace=nowarn {self.patches['wrong']} && {R.CHECK}"),
+            "breaking": (self._fresh("breaking"), f"{R.BREAKING_CMD} && {R.CHECK}"),
+        }
+
+    def race(self) -> tuple[float, dict[str, tuple[int, float]]]:
+        """Wall time until the last lane exits, and each lane's (exit code, seconds)."""
+        lanes = self.lanes()
+        env = {**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)}
+        t0 = time.perf_counter()
+        procs = {name: subprocess.Popen(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL) for name, (cwd, script) in lanes.items()}
+        ends: dict[str, tuple[int, float]] = {}
+        while len(ends) < len(procs):
+            for name, p in procs.items():
+                if name not in ends and p.poll() is not None:
+                    ends[name] = (p.returncode, time.perf_counter() - t0)
+            time.sleep(0.01)
+        return time.perf_counter() - t0, ends
+
+    def check_fixed(self) -> float:
+        """The check alone in a plain copy of the fixed tree (what --verify runs)."""
+        lane = self._fresh("verify")
+        run(["git", "apply", "--whitespace=nowarn", self.patches["right"]], cwd=lane,
+            env={**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)})
+        t0 = time.perf_counter()
+        r = subprocess.run(["/bin/sh", "-c", R.CHECK], cwd=lane, env=self.env, capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        if r.returncode != 0 or R.TESTS_PASSING not in r.stdout:
+            raise RuntimeError(f"the check failed on the fixed tree ({r.returncode}): {r.stdout[-1000:]}")
+        return dt
+
+
+def expect_race(doc: dict, patches: dict[str, Path]) -> tuple[str, dict[str, float]]:
+    """The winner (the right patch, else the bench is measuring something broken) and each
+    candidate's check duration as petri reported it."""
+    by = {c["candidate"]: c for c in doc["candidates"]}
+    names = {str(patches["right"]): "right", str(patches["wrong"]): "wrong", R.BREAKING_CMD: "breaking"}
+    if doc["winner"] != by[str(patches["right"])]["sandbox"]:
+        raise RuntimeError(f"the race picked {doc['winner']}, not the right patch: {json.dumps(doc)[:2000]}")
+    codes = {names[c]: by[c]["exit_code"] for c in by}
+    if codes != {"right": 0, "wrong": 1, "breaking": 2}:
+        raise RuntimeError(f"unexpected check exit codes {codes}")
+    return doc["winner"], {names[c]: by[c]["duration_s"] for c in by}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--backend", choices=("btrfs", "overlay"), default="btrfs")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_real_race: run as root (loop mounts, cgroups)", file=sys.stderr)
+        return 1
+    sigterm_as_interrupt()
+    sweep_stale_images()
+    sweep_stale_work_dirs()
+    try:
+        R.fetch_all()
+    except R.RegistryUnreachable as e:
+        print(f"bench_real_race: {e}", file=sys.stderr)
+        return 1
+    report = Report("A real project's race and promote --verify (issue 8)", [sys.argv[0], *(argv or sys.argv[1:])])
+    fs = None
+    ws: Path | None = None
+    host_work = CACHE / f"work-{os.getpid()}"
+    race_petri, race_direct, verify_petri, verify_direct = Samples(), Samples(), Samples(), Samples()
+    check_petri: dict[str, list[float]] = {"right": [], "wrong": [], "breaking": []}
+    check_direct: dict[str, list[float]] = {"right": [], "wrong": [], "breaking": []}
+    loads: list[str] = []
+    try:
+        if args.backend == "btrfs":
+            fs = make_loopfs("btrfs", 2 << 30)
+            assert fs.mount is not None
+            root = fs.mount
+        else:
+            host_work.mkdir(parents=True)
+            root = host_work
+        ws, work = root / "chardet-5.2.0", root / "direct"
+        work.mkdir()
+        R.build_workspace(ws)
+        R.inject_bug(ws)
+        right, wrong = R.candidate_patches(ws)
+        patches = {"right": work / "right.patch", "wrong": work / "wrong.patch"}
+        patches["right"].write_text(right)
+        patches["wrong"].write_text(wrong)
+        pristine = work / "pristine"
+        run(["cp", "-a", "--no-target-directory", ws, pristine])  # before init: no .petri in it
+        init = petri_json(["init", "--json", *(["--convert"] if args.backend == "btrfs" else [])], ws)
+        log(f"workspace {ws}: backend {init['backend']}")
+        direct = Direct(pristine, work, patches)
+        race_argv = ["race", "--json", "--check", R.CHECK, "--patch", patches["right"], "--patch", patches["wrong"],
+                     "--cmd", R.BREAKING_CMD]
+
+        def petri_side() -> None:
+            t0 = time.perf_counter()
+            doc = petri_json(race_argv, ws)
+            race_petri.values.append(time.perf_counter() - t0)
+            winner, checks = expect_race(doc, patches)
+            for k, v in checks.items():
+                check_petri[k].append(v)
+            t0 = time.perf_counter()
+            promo = petri_json(["promote", "--json", winner, "--verify", R.CHECK], ws)
+            verify_petri.values.append(time.perf_counter() - t0)
+            if promo.get("verified") is not True:
+                raise RuntimeError(f"promote --verify did not verify: {promo}")
+            petri_json(["rollback", "--json", promo["promotion"]], ws)
+            petri_json(["rm", "--json", winner], ws)
+            petri_json(["gc", "--json"], ws)
+
+        def direct_side() -> None:
+            wall, ends = direct.race()
+            codes = {k: v[0] for k, v in ends.items()}
+            if codes != {"right": 0, "wrong": 1, "breaking": 2}:
+                raise RuntimeError(f"direct lanes exited {codes}")
+            race_direct.values.append(wall)
+            for k, (_, dt) in ends.items():
+                check_direct[k].append(dt)
+            verify_direct.values.append(direct.check_fixed())
+
+        for rep in range(args.reps):
+            loads.append(loadavg())
+            order = (petri_side, direct_side) if rep % 2 == 0 else (direct_side, petri_side)
+            for side in order:
+                log(f"rep {rep + 1}/{args.reps}: {side.__name__} (load {loadavg()})")
+                side()
+            log(f"rep {rep + 1}: race petri {race_petri.values[-1]:.2f}s direct {race_direct.values[-1]:.2f}s; "
+                f"verify petri {verify_petri.values[-1]:.2f}s direct {verify_direct.values[-1]:.2f}s")
+        loads.append(loadavg())
+        render(report, args, init["backend"], race_petri, race_direct, verify_petri, verify_direct,
+               check_petri, check_direct, loads)
+        print(report.render())
+        return 0
+    except KeyboardInterrupt:
+        if race_petri.n and race_direct.n:
+            render(report, args, "?", race_petri, race_direct, verify_petri, verify_direct,
+                   check_petri, check_direct, loads + [loadavg()])
+        print(report.render())
+        return 130
+    finally:
+        if ws is not None and (ws / ".petri").exists():
+            r = run([PETRI, "deinit", "--force", "--json"], cwd=ws, env=cli_env(), check=False)
+            if r.returncode != 0:
+                log(f"deinit failed: {r.stderr.strip()}")
+        if fs is not None:
+            fs.release()
+        remove_path(host_work)
+
+
+def _signed(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + fmt_s(abs(seconds))
+
+
+def _p50_row(what: str, s: Samples) -> list:
+    return [what, s.n, fmt_s(s.p50), fmt_s(min(s.values)), fmt_s(max(s.values))]
+
+
+def render(report: Report, args, backend: str, race_petri: Samples, race_direct: Samples, verify_petri: Samples,
+           verify_direct: Samples, check_petri: dict, check_direct: dict, loads: list[str]) -> None:
+    report.section("Settings",
+                   f"Project: chardet 5.2.0 (sdist `{R.SDIST.filename}`, sha256 {R.SDIST.sha256[:12]}…) with its "
+                   f".gitignore and a .venv (pytest 8.3.5); check `{R.CHECK}` (754 tests). Backend: {backend} "
+                   f"({'a btrfs loop image' if args.backend == 'btrfs' else 'the host filesystem'}). "
+                   f"{race_petri.n} repetitions, interleaved. Load average before each repetition and at the end: "
+                   + "; ".join(loads) + ".")
+    ratio = race_petri.p50 / race_direct.p50
+    report.section("Race: three candidates, petri against the same three checks run directly")
+    report.table(["what", "n", "p50", "min", "max"], [
+        _p50_row("`petri race` (whole process)", race_petri),
+        _p50_row("direct: 3 plain copies, started together", race_direct),
+    ])
+    rows = []
+    for k in ("right", "wrong", "breaking"):
+        sp, sd = Samples(check_petri[k]), Samples(check_direct[k])
+        rows.append([k, fmt_s(sp.p50) if sp.n else "-", fmt_s(sd.p50) if sd.n else "-",
+                     fmt_ratio(sp.p50, sd.p50) if sp.n and sd.n else "-"])
+    report.text("Per candidate, p50: petri's `duration_s` of the check (in the sandbox, after applying) "
+                "against the direct lane's apply + check.\n")
+    report.table(["candidate", "petri check", "direct lane", "ratio"], rows)
+    v_ratio = verify_petri.p50 / verify_direct.p50
+    report.section("`promote --verify` against the check run directly")
+    report.table(["what", "n", "p50", "min", "max"], [
+        _p50_row("`petri promote --verify` (whole process)", verify_petri),
+        _p50_row("direct: the check in a plain copy of the fixed tree", verify_direct),
+    ])
+    report.section("Targets")
+    report.table(["target", "measured", "verdict"], [
+        [f"race overhead (p50 ratio) <= {RACE_TARGET:.2f}", f"{ratio:.3f} ({_signed(race_petri.p50 - race_direct.p50)})",
+         verdict(ratio, RACE_TARGET)],
+        ["promote --verify overhead (p50 ratio)", f"{v_ratio:.3f} ({_signed(verify_petri.p50 - verify_direct.p50)})",
+         "-"],
+    ])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
