@@ -11,7 +11,8 @@ one core). In one run, repetitions interleaved (even ones petri first, odd ones 
    plain copies of the same buggy tree (``cp -a``, made outside the timed part), each lane
    ``git apply PATCH && CHECK`` (or ``BREAKING && CHECK``) in its copy, the three started
    together, timed until the last one exits. Lanes get the environment a sandbox gets
-   (``isolation.base_env``). Both sides: the right lane passes, the wrong one fails its
+   (``isolation.base_env``) and, like petri's runs, a cpu cgroup each under one parent
+   (``CpuGroups``: so other people's work on the machine weighs on both sides alike). Both sides: the right lane passes, the wrong one fails its
    tests, the breaking one fails at collection (checked every repetition).
 2. **promote --verify**: ``petri promote --json WINNER --verify CHECK`` of the race's winner
    (a 3-way promote, then the check in a fresh sandbox forked from the promoted workspace),
@@ -29,8 +30,8 @@ loop image it makes).
 Caveats: two cores, and the suite is single-threaded: the right and the wrong lane each
 take one core, so anything else running on the machine (other people's work, petri's own
 bookkeeping) comes straight out of the checks' time; the load average is printed per
-repetition. The direct lanes have no sandbox at all (no bwrap, no cgroup): the ratio
-charges petri for its isolation as well as its own work. Warm page cache.
+repetition. The direct lanes have no sandbox (no bwrap, no namespaces, no memory or pids
+cgroup): the ratio charges petri for its isolation as well as its own work. Warm page cache.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (CACHE, PETRI, Report, Samples, cli_env, fmt_ratio, fmt_s, loadavg, log, make_loopfs,
@@ -48,6 +50,56 @@ from bench.common import (CACHE, PETRI, Report, Samples, cli_env, fmt_ratio, fmt
 from tests import realproj as R
 
 RACE_TARGET = 1.10
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+class CpuGroups:
+    """A v1 cpu cgroup per direct lane, under one parent at the hierarchy's root: the shape
+    petri's runs get (``petri/<sandbox>/<run>``). With CFS group scheduling, a group
+    competes with other people's processes as one entity; without this the direct lanes
+    would compete task by task and the two sides would be scheduled differently whenever
+    anything else runs. No cpu limit is set on either side. Where there is no writable v1
+    cpu hierarchy, lanes run in the bench's own cgroup (``self.parent`` is None)."""
+
+    def __init__(self) -> None:
+        usable = (CPU_V1 / "cpu.shares").exists() and os.access(CPU_V1 / "cgroup.procs", os.W_OK)
+        self.parent = CPU_V1 / f"petri-bench-direct-{os.getpid()}" if usable else None
+
+    def wrap(self, lane: str, script: str) -> str:
+        """The lane's shell joins its group before it runs anything (children inherit it)."""
+        if self.parent is None:
+            return script
+        d = self.parent / lane
+        d.mkdir(parents=True, exist_ok=True)
+        return f"echo $$ > {d}/cgroup.procs && {script}"
+
+    def remove(self) -> None:
+        if self.parent is not None:
+            remove_cpu_group(self.parent)
+
+    @staticmethod
+    def sweep() -> None:
+        """Groups of killed bench runs (their pid is gone)."""
+        for d in CPU_V1.glob("petri-bench-direct-*"):
+            try:
+                os.kill(int(d.name.rsplit("-", 1)[1]), 0)
+            except ProcessLookupError:
+                remove_cpu_group(d)
+            except (ValueError, PermissionError):
+                pass
+
+
+def remove_cpu_group(d: Path) -> None:
+    for child in d.iterdir():
+        if child.is_dir():
+            try:
+                child.rmdir()
+            except OSError as e:
+                log(f"cannot remove {child}: {e.strerror}")
+    try:
+        d.rmdir()
+    except OSError as e:
+        log(f"cannot remove {d}: {e.strerror}")
 
 
 def petri_json(argv: list, ws: Path) -> dict:
@@ -65,6 +117,7 @@ class Direct:
 
         self.pristine, self.work, self.patches = pristine, work, patches
         self.env = base_env(os.getuid())  # what a sandboxed command gets: PATH, HOME, LANG, TERM
+        self.groups = CpuGroups()
 
     def _fresh(self, name: str) -> Path:
         lane = self.work / name
@@ -84,8 +137,9 @@ class Direct:
         lanes = self.lanes()
         env = {**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)}
         t0 = time.perf_counter()
+        scripts = {name: (cwd, self.groups.wrap(name, script)) for name, (cwd, script) in lanes.items()}
         procs = {name: subprocess.Popen(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL) for name, (cwd, script) in lanes.items()}
+                                        stderr=subprocess.DEVNULL) for name, (cwd, script) in scripts.items()}
         ends: dict[str, tuple[int, float]] = {}
         while len(ends) < len(procs):
             for name, p in procs.items():
@@ -100,11 +154,26 @@ class Direct:
         run(["git", "apply", "--whitespace=nowarn", self.patches["right"]], cwd=lane,
             env={**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)})
         t0 = time.perf_counter()
-        r = subprocess.run(["/bin/sh", "-c", R.CHECK], cwd=lane, env=self.env, capture_output=True, text=True)
+        r = subprocess.run(["/bin/sh", "-c", self.groups.wrap("verify", R.CHECK)], cwd=lane, env=self.env,
+                           capture_output=True, text=True)
         dt = time.perf_counter() - t0
         if r.returncode != 0 or R.TESTS_PASSING not in r.stdout:
             raise RuntimeError(f"the check failed on the fixed tree ({r.returncode}): {r.stdout[-1000:]}")
         return dt
+
+
+@dataclass
+class Figures:
+    backend: str = "?"
+    grouped: bool = False  # direct lanes in cpu cgroups
+    race_petri: Samples = field(default_factory=Samples)
+    race_direct: Samples = field(default_factory=Samples)
+    verify_petri: Samples = field(default_factory=Samples)
+    verify_direct: Samples = field(default_factory=Samples)
+    # per candidate ("right", "wrong", "breaking"): petri's check duration_s, the direct lane's time
+    check_petri: dict[str, list[float]] = field(default_factory=lambda: {"right": [], "wrong": [], "breaking": []})
+    check_direct: dict[str, list[float]] = field(default_factory=lambda: {"right": [], "wrong": [], "breaking": []})
+    loads: list[str] = field(default_factory=list)
 
 
 def expect_race(doc: dict, patches: dict[str, Path]) -> tuple[str, dict[str, float]]:
@@ -131,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     sigterm_as_interrupt()
     sweep_stale_images()
     sweep_stale_work_dirs()
+    CpuGroups.sweep()
     try:
         R.fetch_all()
     except R.RegistryUnreachable as e:
@@ -140,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     fs = None
     ws: Path | None = None
     host_work = CACHE / f"work-{os.getpid()}"
-    race_petri, race_direct, verify_petri, verify_direct = Samples(), Samples(), Samples(), Samples()
-    check_petri: dict[str, list[float]] = {"right": [], "wrong": [], "breaking": []}
-    check_direct: dict[str, list[float]] = {"right": [], "wrong": [], "breaking": []}
-    loads: list[str] = []
+    fig = Figures()
+    direct: Direct | None = None
     try:
         if args.backend == "btrfs":
             fs = make_loopfs("btrfs", 2 << 30)
@@ -163,21 +231,23 @@ def main(argv: list[str] | None = None) -> int:
         pristine = work / "pristine"
         run(["cp", "-a", "--no-target-directory", ws, pristine])  # before init: no .petri in it
         init = petri_json(["init", "--json", *(["--convert"] if args.backend == "btrfs" else [])], ws)
-        log(f"workspace {ws}: backend {init['backend']}")
+        fig.backend = init["backend"]
+        log(f"workspace {ws}: backend {fig.backend}")
         direct = Direct(pristine, work, patches)
+        fig.grouped = direct.groups.parent is not None
         race_argv = ["race", "--json", "--check", R.CHECK, "--patch", patches["right"], "--patch", patches["wrong"],
                      "--cmd", R.BREAKING_CMD]
 
         def petri_side() -> None:
             t0 = time.perf_counter()
             doc = petri_json(race_argv, ws)
-            race_petri.values.append(time.perf_counter() - t0)
+            fig.race_petri.values.append(time.perf_counter() - t0)
             winner, checks = expect_race(doc, patches)
             for k, v in checks.items():
-                check_petri[k].append(v)
+                fig.check_petri[k].append(v)
             t0 = time.perf_counter()
             promo = petri_json(["promote", "--json", winner, "--verify", R.CHECK], ws)
-            verify_petri.values.append(time.perf_counter() - t0)
+            fig.verify_petri.values.append(time.perf_counter() - t0)
             if promo.get("verified") is not True:
                 raise RuntimeError(f"promote --verify did not verify: {promo}")
             petri_json(["rollback", "--json", promo["promotion"]], ws)
@@ -189,28 +259,27 @@ def main(argv: list[str] | None = None) -> int:
             codes = {k: v[0] for k, v in ends.items()}
             if codes != {"right": 0, "wrong": 1, "breaking": 2}:
                 raise RuntimeError(f"direct lanes exited {codes}")
-            race_direct.values.append(wall)
+            fig.race_direct.values.append(wall)
             for k, (_, dt) in ends.items():
-                check_direct[k].append(dt)
-            verify_direct.values.append(direct.check_fixed())
+                fig.check_direct[k].append(dt)
+            fig.verify_direct.values.append(direct.check_fixed())
 
         for rep in range(args.reps):
-            loads.append(loadavg())
+            fig.loads.append(loadavg())
             order = (petri_side, direct_side) if rep % 2 == 0 else (direct_side, petri_side)
             for side in order:
                 log(f"rep {rep + 1}/{args.reps}: {side.__name__} (load {loadavg()})")
                 side()
-            log(f"rep {rep + 1}: race petri {race_petri.values[-1]:.2f}s direct {race_direct.values[-1]:.2f}s; "
-                f"verify petri {verify_petri.values[-1]:.2f}s direct {verify_direct.values[-1]:.2f}s")
-        loads.append(loadavg())
-        render(report, args, init["backend"], race_petri, race_direct, verify_petri, verify_direct,
-               check_petri, check_direct, loads)
+            log(f"rep {rep + 1}: race petri {fig.race_petri.values[-1]:.2f}s direct {fig.race_direct.values[-1]:.2f}s; "
+                f"verify petri {fig.verify_petri.values[-1]:.2f}s direct {fig.verify_direct.values[-1]:.2f}s")
+        fig.loads.append(loadavg())
+        render(report, args, fig)
         print(report.render())
         return 0
     except KeyboardInterrupt:
-        if race_petri.n and race_direct.n:
-            render(report, args, "?", race_petri, race_direct, verify_petri, verify_direct,
-                   check_petri, check_direct, loads + [loadavg()])
+        if fig.race_petri.n and fig.race_direct.n:
+            fig.loads.append(loadavg())
+            render(report, args, fig)
         print(report.render())
         return 130
     finally:
@@ -218,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             r = run([PETRI, "deinit", "--force", "--json"], cwd=ws, env=cli_env(), check=False)
             if r.returncode != 0:
                 log(f"deinit failed: {r.stderr.strip()}")
+        if direct is not None:
+            direct.groups.remove()
         if fs is not None:
             fs.release()
         remove_path(host_work)
@@ -231,40 +302,41 @@ def _p50_row(what: str, s: Samples) -> list:
     return [what, s.n, fmt_s(s.p50), fmt_s(min(s.values)), fmt_s(max(s.values))]
 
 
-def render(report: Report, args, backend: str, race_petri: Samples, race_direct: Samples, verify_petri: Samples,
-           verify_direct: Samples, check_petri: dict, check_direct: dict, loads: list[str]) -> None:
+def render(report: Report, args, fig: Figures) -> None:
     report.section("Settings",
                    f"Project: chardet 5.2.0 (sdist `{R.SDIST.filename}`, sha256 {R.SDIST.sha256[:12]}…) with its "
-                   f".gitignore and a .venv (pytest 8.3.5); check `{R.CHECK}` (754 tests). Backend: {backend} "
+                   f".gitignore and a .venv (pytest 8.3.5); check `{R.CHECK}` (754 tests). Backend: {fig.backend} "
                    f"({'a btrfs loop image' if args.backend == 'btrfs' else 'the host filesystem'}). "
-                   f"{race_petri.n} repetitions, interleaved. Load average before each repetition and at the end: "
-                   + "; ".join(loads) + ".")
-    ratio = race_petri.p50 / race_direct.p50
+                   f"Direct lanes: no sandbox, the sandbox's environment, "
+                   f"{'a v1 cpu cgroup each under one parent (as petri runs)' if fig.grouped else 'no cgroup'}. "
+                   f"{fig.race_petri.n} repetitions, interleaved. Load average before each repetition and at the end: "
+                   + "; ".join(fig.loads) + ".")
+    ratio = fig.race_petri.p50 / fig.race_direct.p50
     report.section("Race: three candidates, petri against the same three checks run directly")
     report.table(["what", "n", "p50", "min", "max"], [
-        _p50_row("`petri race` (whole process)", race_petri),
-        _p50_row("direct: 3 plain copies, started together", race_direct),
+        _p50_row("`petri race` (whole process)", fig.race_petri),
+        _p50_row("direct: 3 plain copies, started together", fig.race_direct),
     ])
     rows = []
     for k in ("right", "wrong", "breaking"):
-        sp, sd = Samples(check_petri[k]), Samples(check_direct[k])
+        sp, sd = Samples(fig.check_petri[k]), Samples(fig.check_direct[k])
         rows.append([k, fmt_s(sp.p50) if sp.n else "-", fmt_s(sd.p50) if sd.n else "-",
                      fmt_ratio(sp.p50, sd.p50) if sp.n and sd.n else "-"])
     report.text("Per candidate, p50: petri's `duration_s` of the check (in the sandbox, after applying) "
                 "against the direct lane's apply + check.\n")
     report.table(["candidate", "petri check", "direct lane", "ratio"], rows)
-    v_ratio = verify_petri.p50 / verify_direct.p50
+    v_ratio = fig.verify_petri.p50 / fig.verify_direct.p50
     report.section("`promote --verify` against the check run directly")
     report.table(["what", "n", "p50", "min", "max"], [
-        _p50_row("`petri promote --verify` (whole process)", verify_petri),
-        _p50_row("direct: the check in a plain copy of the fixed tree", verify_direct),
+        _p50_row("`petri promote --verify` (whole process)", fig.verify_petri),
+        _p50_row("direct: the check in a plain copy of the fixed tree", fig.verify_direct),
     ])
     report.section("Targets")
     report.table(["target", "measured", "verdict"], [
-        [f"race overhead (p50 ratio) <= {RACE_TARGET:.2f}", f"{ratio:.3f} ({_signed(race_petri.p50 - race_direct.p50)})",
-         verdict(ratio, RACE_TARGET)],
-        ["promote --verify overhead (p50 ratio)", f"{v_ratio:.3f} ({_signed(verify_petri.p50 - verify_direct.p50)})",
-         "-"],
+        [f"race overhead (p50 ratio) <= {RACE_TARGET:.2f}",
+         f"{ratio:.3f} ({_signed(fig.race_petri.p50 - fig.race_direct.p50)})", verdict(ratio, RACE_TARGET)],
+        ["promote --verify overhead (p50 ratio)",
+         f"{v_ratio:.3f} ({_signed(fig.verify_petri.p50 - fig.verify_direct.p50)})", "-"],
     ])
 
 
