@@ -21,8 +21,8 @@ one core). In one run, repetitions interleaved (even ones petri first, odd ones 
    starts from the same workspace.
 
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md: p50 (and
-min/max) of each side, and petri's overhead as the ratio of the p50s (target <= 1.10 for the
-race). Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_race``
+min/max) of each side's wall time, petri's overhead as the ratio of the p50s (target <= 1.10
+for the race), and the CPU time of petri's own processes against that of the direct side. Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_race``
 (``--reps 5`` by default; ``--backend overlay`` puts the workspace on the host filesystem,
 ``/var/tmp/petri-bench/work-<pid>``, where ``auto`` picks overlay; the default is btrfs on a
 loop image it makes; ``--no-direct-cgroups`` runs the direct lanes as plain processes).
@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -109,6 +110,26 @@ def petri_json(argv: list, ws: Path) -> dict:
     return json.loads(r.stdout)
 
 
+class Clock:
+    """Wall time, and the CPU time (user + sys) of every child process reaped meanwhile. For
+    the direct side that is the lanes, everything they ran. For petri it is petri's own work
+    only: the petri process, its exec wrapper and bwrap's outer monitor, not the sandboxed
+    commands (bwrap exits with the exit code its namespace's init reports, without reaping
+    that init, so the commands' CPU time never reaches its parent's rusage)."""
+
+    def __enter__(self) -> "Clock":
+        self.cpu0, self.t0 = _children_cpu(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.t0, _children_cpu() - self.cpu0
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 class Direct:
     """The three checks without petri: plain copies of the buggy tree, started together."""
 
@@ -132,10 +153,15 @@ class Direct:
             "breaking": (self._fresh("breaking"), f"{R.BREAKING_CMD} && {R.CHECK}"),
         }
 
-    def race(self) -> tuple[float, dict[str, tuple[int, float]]]:
-        """Wall time until the last lane exits, and each lane's (exit code, seconds)."""
+    def race(self) -> tuple[Clock, dict[str, tuple[int, float]]]:
+        """Wall time until the last lane exits (and CPU time), each lane's (exit code, seconds)."""
         lanes = self.lanes()
         env = {**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)}
+        with Clock() as clock:
+            ends = self._run_lanes(lanes, env)
+        return clock, ends
+
+    def _run_lanes(self, lanes: dict[str, tuple[Path, str]], env: dict[str, str]) -> dict[str, tuple[int, float]]:
         t0 = time.perf_counter()
         scripts = {name: (cwd, self.groups.wrap(name, script)) for name, (cwd, script) in lanes.items()}
         procs = {name: subprocess.Popen(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -146,20 +172,19 @@ class Direct:
                 if name not in ends and p.poll() is not None:
                     ends[name] = (p.returncode, time.perf_counter() - t0)
             time.sleep(0.01)
-        return time.perf_counter() - t0, ends
+        return ends
 
-    def check_fixed(self) -> float:
+    def check_fixed(self) -> Clock:
         """The check alone in a plain copy of the fixed tree (what --verify runs)."""
         lane = self._fresh("verify")
         run(["git", "apply", "--whitespace=nowarn", self.patches["right"]], cwd=lane,
             env={**self.env, "GIT_CEILING_DIRECTORIES": str(self.work)})
-        t0 = time.perf_counter()
-        r = subprocess.run(["/bin/sh", "-c", self.groups.wrap("verify", R.CHECK)], cwd=lane, env=self.env,
-                           capture_output=True, text=True)
-        dt = time.perf_counter() - t0
+        with Clock() as clock:
+            r = subprocess.run(["/bin/sh", "-c", self.groups.wrap("verify", R.CHECK)], cwd=lane, env=self.env,
+                               capture_output=True, text=True)
         if r.returncode != 0 or R.TESTS_PASSING not in r.stdout:
             raise RuntimeError(f"the check failed on the fixed tree ({r.returncode}): {r.stdout[-1000:]}")
-        return dt
+        return clock
 
 
 @dataclass
@@ -170,6 +195,11 @@ class Figures:
     race_direct: Samples = field(default_factory=Samples)
     verify_petri: Samples = field(default_factory=Samples)
     verify_direct: Samples = field(default_factory=Samples)
+    # CPU seconds (user + sys), see Clock: petri's own work; the direct lanes' whole work
+    race_petri_cpu: Samples = field(default_factory=Samples)
+    race_direct_cpu: Samples = field(default_factory=Samples)
+    verify_petri_cpu: Samples = field(default_factory=Samples)
+    verify_direct_cpu: Samples = field(default_factory=Samples)
     # per candidate ("right", "wrong", "breaking"): petri's check duration_s, the direct lane's time
     check_petri: dict[str, list[float]] = field(default_factory=lambda: {"right": [], "wrong": [], "breaking": []})
     check_direct: dict[str, list[float]] = field(default_factory=lambda: {"right": [], "wrong": [], "breaking": []})
@@ -241,15 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                      "--cmd", R.BREAKING_CMD]
 
         def petri_side() -> None:
-            t0 = time.perf_counter()
-            doc = petri_json(race_argv, ws)
-            fig.race_petri.values.append(time.perf_counter() - t0)
+            with Clock() as c:
+                doc = petri_json(race_argv, ws)
+            fig.race_petri.values.append(c.wall)
+            fig.race_petri_cpu.values.append(c.cpu)
             winner, checks = expect_race(doc, patches)
             for k, v in checks.items():
                 fig.check_petri[k].append(v)
-            t0 = time.perf_counter()
-            promo = petri_json(["promote", "--json", winner, "--verify", R.CHECK], ws)
-            fig.verify_petri.values.append(time.perf_counter() - t0)
+            with Clock() as c:
+                promo = petri_json(["promote", "--json", winner, "--verify", R.CHECK], ws)
+            fig.verify_petri.values.append(c.wall)
+            fig.verify_petri_cpu.values.append(c.cpu)
             if promo.get("verified") is not True:
                 raise RuntimeError(f"promote --verify did not verify: {promo}")
             petri_json(["rollback", "--json", promo["promotion"]], ws)
@@ -257,14 +289,17 @@ def main(argv: list[str] | None = None) -> int:
             petri_json(["gc", "--json"], ws)
 
         def direct_side() -> None:
-            wall, ends = direct.race()
+            c, ends = direct.race()
             codes = {k: v[0] for k, v in ends.items()}
             if codes != {"right": 0, "wrong": 1, "breaking": 2}:
                 raise RuntimeError(f"direct lanes exited {codes}")
-            fig.race_direct.values.append(wall)
+            fig.race_direct.values.append(c.wall)
+            fig.race_direct_cpu.values.append(c.cpu)
             for k, (_, dt) in ends.items():
                 fig.check_direct[k].append(dt)
-            fig.verify_direct.values.append(direct.check_fixed())
+            c = direct.check_fixed()
+            fig.verify_direct.values.append(c.wall)
+            fig.verify_direct_cpu.values.append(c.cpu)
 
         for rep in range(args.reps):
             fig.loads.append(loadavg())
@@ -300,8 +335,11 @@ def _signed(seconds: float) -> str:
     return ("+" if seconds >= 0 else "-") + fmt_s(abs(seconds))
 
 
-def _p50_row(what: str, s: Samples) -> list:
-    return [what, s.n, fmt_s(s.p50), fmt_s(min(s.values)), fmt_s(max(s.values))]
+def _p50_row(what: str, s: Samples, cpu: Samples) -> list:
+    return [what, s.n, fmt_s(s.p50), fmt_s(min(s.values)), fmt_s(max(s.values)), fmt_s(cpu.p50)]
+
+
+WALL_CPU = ["what", "n", "wall p50", "min", "max", "CPU p50 (user + sys; petri: its own processes only)"]
 
 
 def render(report: Report, args, fig: Figures) -> None:
@@ -315,9 +353,9 @@ def render(report: Report, args, fig: Figures) -> None:
                    + "; ".join(fig.loads) + ".")
     ratio = fig.race_petri.p50 / fig.race_direct.p50
     report.section("Race: three candidates, petri against the same three checks run directly")
-    report.table(["what", "n", "p50", "min", "max"], [
-        _p50_row("`petri race` (whole process)", fig.race_petri),
-        _p50_row("direct: 3 plain copies, started together", fig.race_direct),
+    report.table(WALL_CPU, [
+        _p50_row("`petri race` (whole process)", fig.race_petri, fig.race_petri_cpu),
+        _p50_row("direct: 3 plain copies, started together", fig.race_direct, fig.race_direct_cpu),
     ])
     rows = []
     for k in ("right", "wrong", "breaking"):
@@ -329,20 +367,25 @@ def render(report: Report, args, fig: Figures) -> None:
     report.table(["candidate", "petri check", "direct lane", "ratio"], rows)
     v_ratio = fig.verify_petri.p50 / fig.verify_direct.p50
     report.section("`promote --verify` against the check run directly")
-    report.table(["what", "n", "p50", "min", "max"], [
-        _p50_row("`petri promote --verify` (whole process)", fig.verify_petri),
-        _p50_row("direct: the check in a plain copy of the fixed tree", fig.verify_direct),
+    report.table(WALL_CPU, [
+        _p50_row("`petri promote --verify` (whole process)", fig.verify_petri, fig.verify_petri_cpu),
+        _p50_row("direct: the check in a plain copy of the fixed tree", fig.verify_direct, fig.verify_direct_cpu),
     ])
     paired = Samples([a / b for a, b in zip(fig.race_petri.values, fig.race_direct.values)])
     v_paired = Samples([a / b for a, b in zip(fig.verify_petri.values, fig.verify_direct.values)])
     report.section("Targets",
-                   "The ratio of the p50s, and beside it the p50 of the ratios within each repetition (the two "
-                   "sides of a repetition run back to back, so a slow drift in other load cancels out).")
-    report.table(["target", "ratio of p50s", "p50 of per-repetition ratios", "verdict"], [
+                   "The ratio of the wall-time p50s, and the p50 of the ratios within each repetition (the two "
+                   "sides of a repetition run back to back, so a slow drift in other load cancels out). petri's "
+                   "own CPU: the petri process, its wrappers and bwrap's monitors (not the sandboxed commands), "
+                   "against the CPU of the direct side's whole work.")
+    report.table(["target", "ratio of p50s", "p50 of per-repetition ratios", "petri's own CPU / direct CPU",
+                  "verdict"], [
         [f"race overhead <= {RACE_TARGET:.2f}", f"{ratio:.3f} ({_signed(fig.race_petri.p50 - fig.race_direct.p50)})",
-         f"{paired.p50:.3f} (min {min(paired.values):.3f}, max {max(paired.values):.3f})", verdict(ratio, RACE_TARGET)],
+         f"{paired.p50:.3f} (min {min(paired.values):.3f}, max {max(paired.values):.3f})",
+         f"{fmt_s(fig.race_petri_cpu.p50)} / {fmt_s(fig.race_direct_cpu.p50)}", verdict(ratio, RACE_TARGET)],
         ["promote --verify overhead", f"{v_ratio:.3f} ({_signed(fig.verify_petri.p50 - fig.verify_direct.p50)})",
-         f"{v_paired.p50:.3f} (min {min(v_paired.values):.3f}, max {max(v_paired.values):.3f})", "-"],
+         f"{v_paired.p50:.3f} (min {min(v_paired.values):.3f}, max {max(v_paired.values):.3f})",
+         f"{fmt_s(fig.verify_petri_cpu.p50)} / {fmt_s(fig.verify_direct_cpu.p50)}", "-"],
     ])
 
 
