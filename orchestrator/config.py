@@ -25,6 +25,9 @@ The format (every key optional)::
     [promotions]
     preimage_budget = "1G"   # what all kept pre-images may take; `petri gc` prunes the oldest
 
+    sandbox_user = "petri-sandbox"   # host account of a root-owned workspace's commands
+    allow_sockets = ["/run/docker.sock"]   # host sockets a --net sandbox may reach
+
 Validation is pydantic's (strict: an unknown key is an error), but pydantic is imported
 only when a file exists, so commands stay cheap to start without one. A bad file is one
 error naming the file and the key, exit 2.
@@ -53,6 +56,8 @@ class Config:
     masks: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     preimage_budget_bytes: int | None = None
+    sandbox_user: str | None = None
+    allow_sockets: tuple[Path, ...] = ()
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -121,13 +126,15 @@ def parse_config(data: bytes, path: Path) -> Config:
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, promotions.preimage_budget)"
+            msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, promotions.preimage_budget, "
+                   "sandbox_user, allow_sockets)")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
                   masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
-                  preimage_budget_bytes=m.promotions.preimage_budget)
+                  preimage_budget_bytes=m.promotions.preimage_budget, sandbox_user=m.sandbox_user,
+                  allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets))
 
 
 _MODEL = None
@@ -193,13 +200,22 @@ def _model():
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
+        sandbox_user: str | None = None
+        allow_sockets: list[str] = Field(default_factory=list)
 
-        @field_validator("masks")
+        @field_validator("masks", "allow_sockets")
         @classmethod
         def _abs(cls, v: list[str]) -> list[str]:
             for p in v:
                 if not os.path.isabs(os.path.expanduser(p)):
-                    raise ValueError(f"mask {p!r} must be an absolute path (or start with ~)")
+                    raise ValueError(f"path {p!r} must be absolute (or start with ~)")
+            return v
+
+        @field_validator("sandbox_user")
+        @classmethod
+        def _user(cls, v: str | None) -> str | None:
+            if v is not None and (not v or v in ("root", "0") or "\0" in v):
+                raise ValueError("must name an unprivileged account (a name or a uid), not root")
             return v
 
         @field_validator("env")
