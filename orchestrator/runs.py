@@ -7,8 +7,9 @@ the MCP server call (async, trio). Around the runner (``orchestrator.runner``) i
   or that is destroyed/failed/being created;
 - writes the run's row first (``runs``: number, argv, log paths, the petri pid that owns
   it) and moves the sandbox ``ready|exited -> running`` (compare-and-set);
-- runs as the workspace's owner (registry meta ``owner``; the ``sudo`` caller when that is
-  root), with a sane ``PATH``, the config's extra environment and masks, the sandbox's
+- runs as ``run_as`` says (the workspace's owner; for a root-owned workspace the ``sudo``
+  caller, or uid 0 of a user namespace that is ``petri-sandbox`` on the host, through a
+  per-run idmapped view of the tree: ``run_view``), with a sane ``PATH``, the config's extra environment and masks, the sandbox's
   limits on a cgroup named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns
   it, so ``gc`` of another petri can tell a live run from a leaked one without a registry),
   and the sandbox's ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
