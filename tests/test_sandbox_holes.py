@@ -146,6 +146,21 @@ def test_a_root_owned_workspace_runs_as_uid_0_of_the_sandbox_account(root_ws):
 
 
 @pytest.mark.parametrize("root_ws", ["copy"], indirect=True)
+def test_the_config_names_the_sandbox_account(root_ws, unprivileged_user, tmp_path):
+    cfg = tmp_path / "config.toml"
+    sb = fork(root_ws)
+    cfg.write_text(f'sandbox_user = "{unprivileged_user.name}"\n')
+    r = petri("run", "--json", sb["id"], "--", "id", "-u", cwd=root_ws, env={"PETRI_CONFIG": str(cfg)})
+    assert r.rc == 0 and r.json["run_as"]["host_uid"] == unprivileged_user.uid, r
+    cfg.write_text('sandbox_user = "petri-no-such-account"\n')
+    r = petri("run", sb["id"], "--", "true", cwd=root_ws, env={"PETRI_CONFIG": str(cfg)})
+    assert r.rc == 4 and "petri-no-such-account" in r.err and "host root" in r.err, r
+    cfg.write_text('sandbox_user = "root"\n')
+    r = petri("run", sb["id"], "--", "true", cwd=root_ws, env={"PETRI_CONFIG": str(cfg)})
+    assert r.rc == 2 and "sandbox_user" in r.err, r
+
+
+@pytest.mark.parametrize("root_ws", ["copy"], indirect=True)
 def test_on_the_host_the_command_is_the_sandbox_account(root_ws):
     sb = fork(root_ws)
     env = dict(os.environ, PYTHONPATH=str(REPO))
