@@ -10,6 +10,9 @@ Where it is read from (the first that exists wins; files are not merged):
 The format (every key optional; top-level keys before the first ``[table]``)::
 
     seccomp = "default"  # the syscall filter: "default", "strict" or "off"; --seccomp overrides
+    masks = ["/srv/secrets", "~/.config/some-tool"]   # hidden inside every sandbox
+    sandbox_user = "petri-sandbox"   # host account of a root-owned workspace's commands
+    allow_sockets = ["/run/docker.sock"]   # host sockets a --net sandbox may reach
 
     [limits]             # defaults for `petri fork` and `petri race`; flags override
     mem = "2G"           # size: bytes or K/M/G/T
@@ -18,8 +21,6 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     disk = "5G"
     ttl = "2h"           # duration: seconds or s/m/h/d
     net = false
-
-    masks = ["/srv/secrets", "~/.config/some-tool"]   # hidden inside every sandbox
 
     [env]                # set inside every run (a run's --env overrides)
     PIP_INDEX_URL = "https://pypi.example/simple"
@@ -71,6 +72,8 @@ class Config:
     seccomp: str | None = None
     kpi: dict[str, float] = field(default_factory=dict)  # orchestrator.kpi threshold key -> limit
     stages: tuple["Stage", ...] = ()
+    sandbox_user: str | None = None
+    allow_sockets: tuple[Path, ...] = ()
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -151,7 +154,8 @@ def parse_config(data: bytes, path: Path) -> Config:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
-                   " promotions.preimage_budget, kpi.*, stages[].{name,target,checks,gate,timeout})")
+                   " promotions.preimage_budget, sandbox_user, allow_sockets, kpi.*,"
+                   " stages[].{name,target,checks,gate,timeout})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
@@ -160,6 +164,8 @@ def parse_config(data: bytes, path: Path) -> Config:
                   ttl_s=lim.ttl, net=lim.net,
                   masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
                   preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp,
+                  sandbox_user=m.sandbox_user,
+                  allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
                   kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages)
 
 
@@ -285,6 +291,8 @@ def _model():
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
         seccomp: Literal[PROFILES] | None = None  # type: ignore[valid-type]
+        sandbox_user: str | None = None
+        allow_sockets: list[str] = Field(default_factory=list)
 
         @field_validator("stages")
         @classmethod
@@ -295,12 +303,19 @@ def _model():
                     raise ValueError(f"two stages are named {n!r}")
             return v
 
-        @field_validator("masks")
+        @field_validator("masks", "allow_sockets")
         @classmethod
         def _abs(cls, v: list[str]) -> list[str]:
             for p in v:
                 if not os.path.isabs(os.path.expanduser(p)):
-                    raise ValueError(f"mask {p!r} must be an absolute path (or start with ~)")
+                    raise ValueError(f"path {p!r} must be absolute (or start with ~)")
+            return v
+
+        @field_validator("sandbox_user")
+        @classmethod
+        def _user(cls, v: str | None) -> str | None:
+            if v is not None and (not v or v in ("root", "0") or "\0" in v):
+                raise ValueError("must name an unprivileged account (a name or a uid), not root")
             return v
 
         @field_validator("env")

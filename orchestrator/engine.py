@@ -61,7 +61,10 @@ class Engine:
         root = find_workspace(start, override)
         act_as_store_owner(root)  # root in a user's store becomes that user before touching it
         engine = cls(root)
+        engine.store.close_to_others()  # stores made before it was 0700
         if reap:
+            from .run_view import reap_dead_views
+            reap_dead_views()  # per-run mounts of a petri killed mid-run
             engine.recover_promotions()
             engine.reap_expired()
             engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
@@ -409,10 +412,17 @@ class Engine:
         return check_limits(self, limits)
 
     def clone_options(self, limits: Limits) -> dict[str, Any]:
-        """Clone arguments: a backend that caps writes itself (fuse) gets the --disk budget."""
+        """Clone arguments: a backend that caps writes itself (fuse) gets the --disk budget; one
+        whose own mount maps owners (overlay, fuse) gets a root-owned workspace's id map."""
+        opts: dict[str, Any] = {}
         if limits.disk_bytes and self.backend.enforces_disk_budget():
-            return {"disk_budget": limits.disk_bytes}
-        return {}
+            opts["disk_budget"] = limits.disk_bytes
+        if self.backend.mounts_map_owners():
+            from .run_as import owner_idmap
+            idmap = owner_idmap(self)
+            if idmap is not None:
+                opts["idmap"] = idmap
+        return opts
 
     def staleness(self, row: SandboxRow) -> dict[str, Any] | None:
         """Live files changed since the sandbox's base, and which of them it changed too."""
@@ -499,6 +509,8 @@ class Engine:
             reap = getattr(self.backend, "reap_processes", None)
             if reap is not None:  # e.g. FUSE daemons serving no known sandbox
                 reaped["processes"] += reap(self.store, known_sbs)
+            from .run_view import reap_dead_views
+            reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
             # Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live
             # is the next one's delta parent; a snapshot of a sandbox is nobody's).
             snaps = self.registry.snapshots()

@@ -95,6 +95,18 @@ class RunUserInvalid(OrchestratorError, Unsupported):
     exit_code = 4
 
 
+class SandboxUserUnavailable(OrchestratorError, Unsupported):
+    """cannot run commands of the root-owned workspace as an unprivileged user: {why}; petri does not run them as host root"""
+
+    exit_code = 4
+
+
+class OwnersCannotBeMapped(OrchestratorError, Unsupported):
+    """cannot run commands of the root-owned workspace {workspace}: {why}; petri does not run them as host root (README: who runs the command)"""
+
+    exit_code = 4
+
+
 class LimitsUnavailable(OrchestratorError, Unsupported):
     """cannot enforce {what} here: {why}"""
 

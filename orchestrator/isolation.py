@@ -11,7 +11,9 @@ What a plan always contains:
 
 - the host read-only at ``/`` (bwrap remounts every submount read-only too), a minimal
   ``/dev``, a fresh ``/proc`` (bwrap covers ``/proc/sys`` & co read-only), private
-  size-capped ``/tmp`` and ``/dev/shm``;
+  size-capped ``/tmp``, ``/dev/shm``, ``/var/tmp`` and ``/run`` (``/var/run``): no host
+  Unix socket is reachable through them, and every other one the host has bound is masked
+  (``host_sockets``; with net, the config's ``allow_sockets`` are bound back);
 - the sandbox tree bound read-write at the workspace's own absolute path;
 - masks: the store (``<workspace>/.petri``, only where the tree has one: a mount point that
   does not exist would be created *in the tree*), every user's credential folders and
@@ -92,6 +94,7 @@ HOST_SECRET_DIRS: tuple[str, ...] = ("/root",)
 
 # Mount points that are fresh inside the sandbox: host paths below them need no mask.
 FRESH_MOUNTS: tuple[bytes, ...] = (b"/tmp", b"/dev", b"/proc", b"/dev/shm")
+RUN_BYTES = 16 << 20  # a private /run: lock and pid files, nothing big
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -312,8 +315,14 @@ def build_plan(
     new_session: bool = True,
     marker: bytes | None = None,
     seccomp: str = "default",
+    private: Sequence[bytes] = (b"/run", b"/var/tmp"),
+    binds: Sequence[tuple[bytes, bytes]] = (),
 ) -> SandboxPlan:
     """Pure: the plan for one sandboxed command.
+
+    ``private``: host directories that are a fresh tmpfs inside (``/run`` small, the others
+    like ``/tmp``); ``binds``: (source, destination) read-only binds that bring host paths
+    back over a private directory or a mask (``host_sockets``).
 
     ``masks`` are paths as seen inside (from ``discover_masks``); one inside the workspace
     hides the tree's copy, and must exist there (the caller checked: bwrap would create a
@@ -333,12 +342,14 @@ def build_plan(
         MountOp("proc", b"/proc"),
         MountOp("tmpfs", b"/tmp", size=tmp_bytes),
         MountOp("tmpfs", b"/dev/shm", size=shm),
-    ]
+    ] + [MountOp("tmpfs", d, size=RUN_BYTES if d in (b"/run", b"/var/run") else tmp_bytes) for d in private]
+    fresh = FRESH_MOUNTS + tuple(private)
     layered: list[MountOp] = [MountOp("bind", ws, src=_b(tree))]
+    layered += [MountOp("ro-bind", dest, src=src) for src, dest in binds if not _is_under(dest, ws)]
     dir_masks = [m.path for m in masks if m.kind == "dir"]
     for m in masks:
         in_ws = _is_under(m.path, ws)
-        if not in_ws and any(_is_under(m.path, f) for f in FRESH_MOUNTS):
+        if not in_ws and any(_is_under(m.path, f) for f in fresh):
             continue
         if m.path == ws:
             continue  # the tree is the workspace; hiding it would hide the sandbox itself
@@ -432,10 +443,17 @@ def plan_for_run(
     new_session: bool = True,
     marker: bytes | None = None,
     seccomp: str = "default",
+    allow_sockets: Iterable[Path] = (),
 ) -> SandboxPlan:
     """Discover the masks on this host and build the plan (the IO-doing convenience)."""
+    from . import host_sockets
+
     ws = _b(workspace)
     masks = discover_masks_cached(extra=[_b(p) for p in extra_masks])
+    private = host_sockets.private_dirs()
+    sockets, binds = host_sockets.socket_plan(workspace=ws, net=net, allowed=[_b(p) for p in allow_sockets],
+                                              private=private)
+    masks = masks + [Mask(s, "file") for s in sockets]
     # Masks inside the workspace exist (if at all) in the tree: check there.
     inside: list[Mask] = []
     outside: list[Mask] = []
@@ -465,4 +483,6 @@ def plan_for_run(
         new_session=new_session,
         marker=marker,
         seccomp=seccomp,
+        private=private,
+        binds=host_sockets.kept_files(private) + binds,
     )

@@ -58,7 +58,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
     bwrap = shutil.which(isolation.BWRAP)
     if bwrap is None:
         raise BwrapMissing()
-    drop_to = resolve_identity(spec.uid, spec.gid)
+    drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
     plan = isolation.plan_for_run(
         workspace=spec.workspace,
         tree=spec.tree,
@@ -71,6 +71,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         net=spec.limits.net,
         tmp_bytes=spec.limits.tmp_bytes,
         extra_masks=spec.extra_masks,
+        allow_sockets=spec.allow_sockets,
         new_session=False,  # the session (and its terminal) is the one setsid -c makes inside
         marker=None,
         seccomp=spec.seccomp,

@@ -86,6 +86,10 @@ class RunSpec:
     echo: bool = True
     extra_masks: tuple[Path, ...] = ()
     seccomp: str = "default"  # the syscall filter's profile (orchestrator.seccomp)
+    # The host uid/gid the command runs as when not ``uid``/``gid`` (uid 0 inside a user
+    # namespace that is an unprivileged account outside: ``orchestrator.run_as``).
+    host_ids: tuple[int, int] | None = None
+    allow_sockets: tuple[Path, ...] = ()  # host sockets a --net run may reach (config)
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,7 @@ async def run_isolated(
     bwrap = shutil.which(isolation.BWRAP)
     if bwrap is None:
         raise BwrapMissing()
-    drop_to = resolve_identity(spec.uid, spec.gid)
+    drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
     marker = isolation.new_marker()
     plan = isolation.plan_for_run(
         workspace=spec.workspace,
@@ -226,6 +230,7 @@ async def run_isolated(
         net=spec.limits.net,
         tmp_bytes=spec.limits.tmp_bytes,
         extra_masks=spec.extra_masks,
+        allow_sockets=spec.allow_sockets,
         new_session=True,
         marker=marker,
         seccomp=spec.seccomp,

@@ -7,12 +7,13 @@ the MCP server call (async, trio). Around the runner (``orchestrator.runner``) i
   or that is destroyed/failed/being created;
 - writes the run's row first (``runs``: number, argv, log paths, the petri pid that owns
   it) and moves the sandbox ``ready|exited -> running`` (compare-and-set);
-- runs as the workspace's owner (registry meta ``owner``; the ``sudo`` caller when that is
-  root), under the syscall filter asked for (else the config's ``seccomp``, else
-  ``default``; ``off`` says on stderr what it allows), with a sane ``PATH``, the config's
-  extra environment and masks, the sandbox's limits on a cgroup named
-  ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns it, so ``gc`` of another
-  petri can tell a live run from a leaked one without a registry), and the sandbox's
+- runs as ``run_as`` says (the workspace's owner; for a root-owned workspace the ``sudo``
+  caller, or uid 0 of a user namespace that is ``petri-sandbox`` on the host, through a
+  per-run idmapped view of the tree: ``run_view``), under the syscall filter asked for (else
+  the config's ``seccomp``, else ``default``; ``off`` says on stderr what it allows), with a
+  sane ``PATH``, the config's extra environment and masks, the sandbox's limits on a cgroup
+  named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns it, so ``gc`` of
+  another petri can tell a live run from a leaked one without a registry), and the sandbox's
   ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
 - saves output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` and emits events;
 - at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
@@ -55,6 +56,7 @@ from .errors import (DiskLimitUnavailable, EmptyCommand, LimitsUnavailable, Sand
                      SandboxNotRunnable)
 from .isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
+from .run_as import RunAs, run_as
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -68,20 +70,16 @@ _warned: set[str] = set()
 # ---------------------------------------------------------------------------- identity
 
 
-def run_identity(engine: "Engine") -> tuple[int, int]:
-    """Who runs commands: the workspace's owner, or the sudo caller where that is root.
-    A non-root petri can only run them as itself."""
-    if os.geteuid() != 0:
-        return os.geteuid(), os.getegid()
-    uid, gid = 0, 0
-    owner = engine.registry.get_meta("owner")
-    if owner and ":" in owner:
-        a, b = owner.split(":", 1)
-        uid, gid = int(a), int(b)
-    if uid == 0 and os.environ.get("SUDO_UID", "").isdigit():
-        uid = int(os.environ["SUDO_UID"])
-        gid = int(os.environ["SUDO_GID"]) if os.environ.get("SUDO_GID", "").isdigit() else uid
-    return uid, gid
+def run_tree(engine: "Engine", row: SandboxRow, tree: Path, who: "RunAs"):
+    """The tree as ``who``'s command reaches it (``run_view``): the tree itself, or a
+    per-run ``nosuid`` (and, for a root-owned workspace, id-mapped) mount of it."""
+    from .run_view import open_view
+
+    mapped = False
+    if who.idmap is not None and engine.backend.mounts_map_owners():
+        engine.backend.map_owners(engine.store, row.id, who.idmap)  # a sandbox mounted before the map
+        mapped = True
+    return open_view(tree, engine.store.root, row.id, who, mapped_by_backend=mapped, workspace=engine.root)
 
 
 # ---------------------------------------------------------------------------- records
@@ -159,6 +157,12 @@ def _masks(engine: "Engine") -> tuple[Path, ...]:
     from .config import load_config
 
     return load_config(engine.root).masks
+
+
+def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
+    from .config import load_config
+
+    return load_config(engine.root).allow_sockets
 
 
 def warn_once(engine: "Engine", text: str) -> None:
@@ -254,7 +258,7 @@ async def run_in_sandbox(
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
     disk_mark = disk_limit_mark(engine, row)
-    uid, gid = run_identity(engine)
+    who = run_as(engine)
     n, out_path, err_path = _start_run_row(engine, row.id, argv)
     if not engine.registry.set_state(row.id, "running", only_from=RUNNABLE):
         engine.registry.finish_run(row.id, n, exit_code=125, duration_s=0.0)
@@ -281,15 +285,18 @@ async def run_in_sandbox(
         if on_event is not None:
             on_event(ev)
 
-    spec = RunSpec(workspace=engine.root, tree=tree, store=engine.store.root, argv=list(argv),
-                   cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
-                   timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
-                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data,
-                   echo=echo, extra_masks=_masks(engine), seccomp=profile)
     res = None
     try:
-        res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
-                                 kill_grace_s=KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
+        with run_tree(engine, row, tree, who) as bound:
+            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                           timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
+                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                           cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
+                           extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
+                           allow_sockets=_allowed_sockets(engine), seccomp=profile)
+            res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
+                                     kill_grace_s=KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
     finally:
         if res is None:  # petri failed or the run was cancelled: the record says so
             engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
@@ -305,6 +312,7 @@ async def run_in_sandbox(
     _settle_state(engine, row.id, n)
     doc = run_doc(engine, row.id, n)
     doc["cgroup_mode"] = res.cgroup_mode
+    doc["run_as"] = who.to_json()
     doc["cpu_time_s"] = res.cpu_time_s
     doc.update(seccomp_fields(profile))
     if res.setup_error:
@@ -360,24 +368,27 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     row = runnable_row(engine, sandbox)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
-    uid, gid = run_identity(engine)
+    who = run_as(engine)
     argv = list(argv or (["/bin/bash", "-i"] if os.path.exists("/bin/bash") else ["/bin/sh", "-i"]))
     n, out_path, err_path = _start_run_row(engine, row.id, argv)
     engine.registry.set_state(row.id, "running", only_from=RUNNABLE)
     err_path.parent.mkdir(parents=True, exist_ok=True)
     err_path.write_bytes(b"")  # a pty has one stream: everything is in the .out transcript
-    spec = RunSpec(workspace=engine.root, tree=tree, store=engine.store.root, argv=argv,
-                   cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
-                   timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path, stderr_path=err_path,
-                   uid=uid, gid=gid, cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
-                   seccomp=profile)
     events.emit(engine.store.root, "run.started", sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
                 stderr_path=str(err_path), shell=True)
     _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
     try:
-        code = run_shell(spec)
+        with run_tree(engine, row, tree, who) as bound:
+            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                           timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
+                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                           cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
+                           host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
+                           seccomp=profile)
+            code = run_shell(spec)
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
             "timeout" if code == 124 else None)
@@ -395,7 +406,17 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
 
 def stop_sandbox_processes(engine: "Engine", row: SandboxRow) -> int:
     """Kill every process of the sandbox's runs (in any petri process) and remove their
-    cgroups; how many processes were killed. Called at expiry and by ``rm``."""
+    cgroups and per-run views of its tree; how many processes were killed. Called at
+    expiry and by ``rm``."""
+    from .run_view import remove_sandbox_views
+
+    try:
+        return _kill_runs(engine, row)
+    finally:
+        remove_sandbox_views(engine.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
+
+
+def _kill_runs(engine: "Engine", row: SandboxRow) -> int:
     cur = engine.registry.sandbox(row.id)
     if cur is not None and cur.state == "expired":
         engine.registry.mark_live_runs(row.id, "ttl")

@@ -12,9 +12,12 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, runtime_checkable
 
 from .store import Store
+
+if TYPE_CHECKING:
+    from .idmap import IdMap
 
 # Called with the number of bytes copied so far and the total expected (0 when unknown).
 Progress = Callable[[int, int], None]
@@ -114,6 +117,17 @@ class Backend(Protocol):
         from .errors import Unsupported
 
         raise Unsupported(detail=f"the {self.name} backend cannot snapshot a sandbox (fork --from sb-…)")
+
+    def mounts_map_owners(self) -> bool:
+        """Does ``clone(..., idmap=M)`` mount the sandbox showing owners through ``M``
+        itself (overlay over idmapped layers, the fuse daemon)? Where not, the tree is
+        plain directories and a run maps owners with an idmapped mount of its own."""
+        return False
+
+    def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
+        """Make an existing sandbox's mount show owners through ``idmap`` (remounting one
+        made without it); only for backends whose ``mounts_map_owners()`` is True."""
+        raise NotImplementedError
 
     def disk_refusals(self, store: Store, sb_id: str) -> int | None:
         """How many writes the backend's own disk budget has refused in this sandbox so far

@@ -19,6 +19,7 @@ which backend made them::
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,20 @@ class Store:
     def make_dirs(self) -> None:
         for d in (self.snapshots, self.sandboxes, self.layers, self.tmp, self.logs, self.journal):
             d.mkdir(parents=True, exist_ok=True)
+        self.close_to_others()
+
+    def close_to_others(self) -> None:
+        """The store and ``sandboxes/`` 0700: nobody but the store's owner may reach a tree.
+        A sandbox can plant a setuid file (or anything else) in its tree, and the trees are
+        not all mounts that ``nosuid`` could cover (btrfs subvolumes, plain copies). Stores
+        made before this are closed when next opened (two lstat calls when nothing moves)."""
+        for d in (self.root, self.sandboxes):
+            try:
+                st = os.lstat(d)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                os.chmod(d, stat.S_IMODE(st.st_mode) & ~0o077 | 0o700)
 
     def tmp_path(self, prefix: str) -> Path:
         """A fresh name under tmp/ (not created)."""

@@ -32,6 +32,10 @@ Caveats:
   hard links from the base break at copy-up, as in overlay.
 - When root mounts, the mount carries ``allow_other`` so the runner can drop to the
   workspace owner; a normal user's mount serves that user only (bwrap keeps the uid).
+- A root-owned workspace's sandboxes are served with owners mapped (``clone(...,
+  idmap=M)``): the daemon shows on-disk root as the sandbox account and back (see
+  ``fusefs.ops``), so the host path shows the tree as that account's, and a file root
+  creates through it is stored as the account's. Every mount is ``nosuid,nodev``.
 """
 from __future__ import annotations
 
@@ -50,7 +54,9 @@ from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
 from ..store import Store
 from ..tree import apply_meta, remove_tree
-from .overlay import MOUNT_RECORD_VERSION, OverlayBackend, _probe_user_xattr, _refuse_if_mounts_under
+from ..idmap import IdMap
+from .overlay import (MOUNT_RECORD_VERSION, OverlayBackend, _idmap_json, _idmap_of, _probe_user_xattr,
+                      _refuse_if_mounts_under)
 
 
 class FuseMountFailed(SnapshotError):
@@ -104,7 +110,7 @@ class FuseBackend(OverlayBackend):
         return D.MountSpec(lowers=lowers, mountpoint=store.sandbox_tree(sb_id), upper=sb / rec["upper"],
                            workdir=sb / rec["work"], journal=sb / "journal", log=sb / "daemon.log",
                            pidfile=self._pidfile(store, sb_id), disk_budget=rec.get("disk_budget"),
-                           cache=self.cache)
+                           cache=self.cache, idmap=_idmap_of(rec))
 
     def _start(self, store: Store, spec: D.MountSpec) -> None:
         try:
@@ -143,14 +149,15 @@ class FuseBackend(OverlayBackend):
             yield mnt
 
     # -- sandboxes -----------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str, disk_budget: int | None = None) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
         names = self.layers_of(store, snap_id)
         lowers = self._layer_paths(store, names)
         sb = store.sandbox_dir(sb_id)
         if sb.exists():
             raise SnapshotError(detail=f"sandbox {sb_id} already exists at {sb}")
         rec = {"version": MOUNT_RECORD_VERSION, "backend": "fuse", "snapshot": snap_id, "layers": names,
-               "upper": "upper", "work": "work", "disk_budget": disk_budget}
+               "upper": "upper", "work": "work", "disk_budget": disk_budget, "idmap": _idmap_json(idmap)}
         spec = None
         try:
             sb.mkdir(parents=True)
@@ -183,6 +190,19 @@ class FuseBackend(OverlayBackend):
         tree.mkdir(exist_ok=True)
         self._start(store, self._spec(store, sb_id, rec))
         return tree
+
+    def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
+        """The daemon maps owners itself (FUSE servers here cannot opt into idmapped
+        mounts): one started without the map is stopped and started again with it."""
+        rec = self._record(store, sb_id)
+        if _idmap_of(rec) == idmap:
+            return
+        tree = store.sandbox_tree(sb_id)
+        D.stop(tree, self._pidfile(store, sb_id))
+        rec["idmap"] = _idmap_json(idmap)
+        L.atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
+        tree.mkdir(exist_ok=True)
+        self._start(store, self._spec(store, sb_id, rec))
 
     @contextlib.contextmanager
     def frozen_view(self, store: Store, sb_id: str) -> Iterator[Path]:

@@ -31,6 +31,16 @@ relative paths (``layers/1f:layers/1e``), which fits about 400 layers in a page.
 mounted is recorded in ``sandboxes/<sb>/mount.json``, so :meth:`ensure_clone` can mount it
 again after a reboot.
 
+Owners (``clone(..., idmap=M)``, a root-owned workspace: see ``snapshot.idmap``): the
+overlay itself cannot be id-mapped, its layers can. The sandbox is mounted over detached
+idmapped copies of ``layers/`` and of the sandbox dir (named by ``/proc/self/fd`` paths),
+from a thread whose fsuid is the mapped account with its capabilities raised again: the
+kernel does the upper-dir work with the mounter's credentials, which the idmapped upper
+turns back into root on disk. So the command (that account on the host) owns the tree,
+what it writes is root's on disk, and the host path shows root's files as the account's.
+The record keeps the map (``"idmap"``), so a remount after a reboot maps again. Every
+overlay mount is ``nosuid,nodev``.
+
 Measured here (ext4, 60,600 files, 2 cores under load): clone 1.2-1.9 ms; snapshot view
 mount 1.2 ms; a snapshot with nothing changed 0.9-1.3 s (the lstat walk is half of it);
 first snapshot 7-23 s (a full data copy; ext4 has no reflink); compaction of the stack 1.6 s
@@ -56,6 +66,10 @@ Caveats:
 - After a lazy unmount (destroy or gc while processes were still inside) the detached mount
   lives on until they exit; ``ensure_clone`` cannot see it and would mount the same upper a
   second time, which overlayfs calls undefined: kill a sandbox's processes before remounting.
+- With an id map, a file root creates through the host path is stored owned by the mapped
+  account (root has no id of its own on that mount) and shows as ``nobody`` inside.
+- Mounting over idmapped layers needs the new mount API with ``lowerdir+`` (Linux 6.8+)
+  and layers given as detached mounts (6.18 here); there is no ``mount(8)`` fallback for it.
 - ``leftovers`` and ``delete_snapshot`` count a layer as used by what ``snapshots/*`` and
   ``sandboxes/*/mount.json`` name: run them under the store lock, never while a snapshot is
   being taken.
@@ -74,9 +88,12 @@ import threading
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
 
+from .. import idmap as I
 from .. import layers as L
 from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import OverlayMountFailed, SnapshotError
+from ..idmap import IdMap
+from ..idmap import syscall as _syscall
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta, remove_tree
 
@@ -104,19 +121,10 @@ _SYS_move_mount, _SYS_fsopen, _SYS_fsconfig, _SYS_fsmount = 429, 430, 431, 432
 _FSOPEN_CLOEXEC = 1
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _FSMOUNT_CLOEXEC = 1
-_MOUNT_ATTR_RDONLY = 1
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
 _MOVE_MOUNT_F_EMPTY_PATH = 4
 _AT_FDCWD = -100
 _MNT_DETACH = 2
-
-
-def _syscall(*args) -> int:
-    # syscall(2) is variadic and reads longs: widen ints so negative fds (AT_FDCWD) survive.
-    r = _libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
-    if r < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return r
 
 
 def _fs_messages(fd: int) -> str:
@@ -169,7 +177,9 @@ def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None,
             else:
                 cfg(_FSCONFIG_SET_FLAG, k.encode(), None)
         cfg(_FSCONFIG_CMD_CREATE, None, None)
-        mfd = _syscall(_SYS_fsmount, fd, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_RDONLY if readonly else 0)
+        # nosuid,nodev always: a sandbox can plant a setuid file or a device node in its tree.
+        attrs = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if readonly else 0)
+        mfd = _syscall(_SYS_fsmount, fd, _FSMOUNT_CLOEXEC, attrs)
         try:
             _syscall(_SYS_move_mount, mfd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH)
         finally:
@@ -192,7 +202,7 @@ def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, w
     opts = [b"lowerdir=" + b":".join(rel(p) for p in lowers)]
     if upper is not None:
         opts += [b"upperdir=" + rel(upper), b"workdir=" + rel(work)]
-    opts += [o.encode() for o in options]
+    opts += [o.encode() for o in options] + [b"nosuid", b"nodev"]
     if readonly:
         opts.append(b"ro")
     data = b",".join(opts)
@@ -616,7 +626,7 @@ class OverlayBackend(Backend):
             raise SnapshotError(detail=f"unknown overlay mount options in the mount record: {','.join(opts)}")
         return opts
 
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, idmap: IdMap | None = None) -> Path:
         names = self.layers_of(store, snap_id)
         lowers = self._layer_paths(store, names)
         sb = store.sandbox_dir(sb_id)
@@ -631,15 +641,75 @@ class OverlayBackend(Backend):
             apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
             options = SANDBOX_MOUNT_OPTIONS if self._trusted_marks(store, snap_id) else MOUNT_OPTIONS
             record = {"version": MOUNT_RECORD_VERSION, "snapshot": snap_id, "layers": names,
-                      "upper": "upper", "work": "work", "options": list(options)}
+                      "upper": "upper", "work": "work", "options": list(options), "idmap": _idmap_json(idmap)}
             L.atomic_write(sb / "mount.json", json.dumps(record).encode() + b"\n")
-            self._mount(store, bytes(tree), lowers, bytes(sb / "upper"), bytes(sb / "work"), options=options)
+            self._mount_sandbox(store, sb_id, record)
         except BaseException:
             if is_overlay_mounted(bytes(tree)):
                 umount(bytes(tree))
             remove_tree(bytes(sb))
             raise
         return tree
+
+    def _mount_sandbox(self, store: Store, sb_id: str, rec: dict) -> None:
+        """Mount the sandbox as its record says: over idmapped layers when it names an id map."""
+        sb = store.sandbox_dir(sb_id)
+        tree = bytes(store.sandbox_tree(sb_id))
+        lowers = self._layer_paths(store, rec["layers"])
+        idmap = _idmap_of(rec)
+        if idmap is None:
+            self._mount(store, tree, lowers, bytes(sb / rec["upper"]), bytes(sb / rec["work"]),
+                        options=self._options(rec))
+            return
+        # overlayfs itself cannot be idmapped; its layers can. Detached idmapped copies of
+        # layers/ and of the sandbox dir (upper and work must share one mount) are named by
+        # /proc/self/fd paths, and the mount is made by a thread whose fsuid is the mapped
+        # account: overlay does its upper-dir work (copy-up, whiteouts, work dir) with the
+        # mounter's credentials, which the idmapped upper turns into root on disk.
+        lfd = I.open_clone(store.layers, idmap)
+        try:
+            sfd = I.open_clone(sb, idmap)
+            try:
+                names = [os.path.basename(p) for p in lowers]
+                mapped = [b"/proc/self/fd/%d/%s" % (lfd, n) for n in names]
+                up = b"/proc/self/fd/%d/%s" % (sfd, rec["upper"].encode())
+                wk = b"/proc/self/fd/%d/%s" % (sfd, rec["work"].encode())
+
+                def mount() -> None:
+                    try:
+                        _fsconfig_mount(tree, mapped, up, wk, False, self._options(rec))
+                    except _NoLowerdirPlus:
+                        raise OverlayMountFailed(target=os.fsdecode(tree),
+                                                 why="this kernel cannot mount overlay over idmapped layers "
+                                                     "(needs the new mount API with lowerdir+, Linux 6.8+)") from None
+                    except OSError as e:
+                        raise OverlayMountFailed(target=os.fsdecode(tree), why=e.strerror or str(e)) from e
+
+                I.as_fs_user(idmap.uid, idmap.gid, mount)
+            finally:
+                os.close(sfd)
+        finally:
+            os.close(lfd)
+
+    def mounts_map_owners(self) -> bool:
+        return True
+
+    def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
+        rec = self._record(store, sb_id)
+        if _idmap_of(rec) == idmap:
+            return
+        # A sandbox mounted without the map (made before petri mapped owners): it must come
+        # off for good before it goes on again, or two overlays would share one upper.
+        tree = bytes(store.sandbox_tree(sb_id))
+        while is_overlay_mounted(tree):
+            if _libc.umount2(tree, 0) != 0:
+                e = ctypes.get_errno()
+                raise SnapshotError(detail=f"sandbox {sb_id} must be mounted again with mapped owners, but its tree "
+                                           f"is in use ({os.strerror(e)}): close what uses "
+                                           f"{os.fsdecode(tree)} (a shell, an editor) and retry")
+        rec["idmap"] = _idmap_json(idmap)
+        L.atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
+        self._mount_sandbox(store, sb_id, rec)
 
     def _record(self, store: Store, sb_id: str) -> dict:
         try:
@@ -660,10 +730,8 @@ class OverlayBackend(Backend):
         if is_overlay_mounted(bytes(tree)):
             return tree
         rec = self._record(store, sb_id)
-        sb = store.sandbox_dir(sb_id)
         tree.mkdir(exist_ok=True)
-        self._mount(store, bytes(tree), self._layer_paths(store, rec["layers"]),
-                    bytes(sb / rec["upper"]), bytes(sb / rec["work"]), options=self._options(rec))
+        self._mount_sandbox(store, sb_id, rec)
         return tree
 
     @contextlib.contextmanager
@@ -735,6 +803,16 @@ class OverlayBackend(Backend):
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _idmap_json(idmap: IdMap | None) -> list[int] | None:
+    return None if idmap is None else [idmap.uid, idmap.gid]
+
+
+def _idmap_of(rec: dict) -> IdMap | None:
+    """The id map a mount record names (None: owners as on disk)."""
+    m = rec.get("idmap")
+    return None if not m else IdMap(int(m[0]), int(m[1]))
 
 
 def _walk_all(root: bytes):

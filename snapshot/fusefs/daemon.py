@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..idmap import IdMap
+
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
 
@@ -209,6 +211,7 @@ class MountSpec:
     disk_budget: int | None = None
     cache: CacheOptions = field(default_factory=CacheOptions)
     allow_other: bool | None = None  # None: only when root
+    idmap: IdMap | None = None  # on-disk root shown as this account and back (root-owned workspace)
 
     def argv(self) -> list[str]:
         """The fresh-process command line."""
@@ -232,6 +235,8 @@ class MountSpec:
         allow = self.allow_other if self.allow_other is not None else os.geteuid() == 0
         if allow:
             a.append("--allow-other")
+        if self.idmap is not None:
+            a += ["--idmap", f"{self.idmap.uid}:{self.idmap.gid}"]
         return a + self.cache.argv()
 
 
@@ -407,6 +412,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-fsync-copyup", dest="fsync_copyup", action="store_false")
     p.add_argument("--max-tasks", type=int, default=16)
     p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--idmap", help="UID:GID: show on-disk root as this account (and back)")
     p.add_argument("--debug", action="store_true")
     return p.parse_args(argv)
 
@@ -443,6 +449,13 @@ def set_process_name(name: bytes) -> None:
         pass
 
 
+def _parse_idmap(text: str | None) -> IdMap | None:
+    if not text:
+        return None
+    uid, _, gid = text.partition(":")
+    return IdMap(int(uid), int(gid or uid))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.detach:
@@ -473,9 +486,12 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
         fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
                    disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
                    attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
-                   keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup)
+                   keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup,
+                   idmap=_parse_idmap(args.idmap))
         options = set(pyfuse3.default_options)  # default_permissions
-        options |= {f"fsname={FSNAME}", f"subtype={FSNAME}"}
+        # nosuid,nodev always (fusermount3 adds them for a normal user anyway): a sandbox can
+        # plant a setuid file or a device node in its tree.
+        options |= {f"fsname={FSNAME}", f"subtype={FSNAME}", "nosuid", "nodev"}
         if args.allow_other:
             options.add("allow_other")
         if not args.upper:

@@ -60,6 +60,7 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from ..idmap import IdMap
 from ..layers import upper_bytes
 from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, remove_tree, settable_xattr
 from .journal import OPAQUE_XATTR, Journal, is_whiteout
@@ -215,8 +216,12 @@ class CowFS(pyfuse3.Operations):
                  workdir: str | bytes | os.PathLike | None = None, *, journal: Journal | None = None,
                  disk_budget: int | None = None, entry_timeout: float = 10.0,
                  attr_timeout: float = 10.0, negative_timeout: float = 10.0,
-                 keep_cache: str = "lower", writeback: bool = False, fsync_copyup: bool = True) -> None:
+                 keep_cache: str = "lower", writeback: bool = False, fsync_copyup: bool = True,
+                 idmap: IdMap | None = None) -> None:
         super().__init__()
+        # Owners as the kernel sees them <-> on disk (see snapshot.idmap): the kernel checks
+        # permissions against what we report, and requests carry the caller's host ids.
+        self.idmap = idmap
         self.fsync_copyup = fsync_copyup
         self.writable = upper is not None
         layers = [os.fsencode(os.path.abspath(p)) for p in lowers]
@@ -454,8 +459,10 @@ class CowFS(pyfuse3.Operations):
         e.st_mode = st.st_mode
         # A merged directory's link count is not any one layer's: 1 tells find(1) "unknown".
         e.st_nlink = 1 if node.is_dir and len(node.dir_layers) > 1 else st.st_nlink
-        e.st_uid = st.st_uid
-        e.st_gid = st.st_gid
+        if self.idmap is None:
+            e.st_uid, e.st_gid = st.st_uid, st.st_gid
+        else:
+            e.st_uid, e.st_gid = self.idmap.shown_uid(st.st_uid), self.idmap.shown_gid(st.st_gid)
         e.st_rdev = st.st_rdev
         e.st_size = st.st_size
         e.st_blksize = st.st_blksize
@@ -734,8 +741,12 @@ class CowFS(pyfuse3.Operations):
 
     def _chown_new(self, upath: bytes, parent_upper: bytes, ctx: pyfuse3.RequestContext) -> None:
         if IS_ROOT:
-            gid = -1 if os.lstat(parent_upper).st_mode & stat.S_ISGID else ctx.gid
-            os.chown(upath, ctx.uid, gid, follow_symlinks=False)
+            uid, gid = ctx.uid, ctx.gid
+            if self.idmap is not None:
+                uid, gid = self.idmap.to_disk_uid(uid), self.idmap.to_disk_gid(gid)
+            if os.lstat(parent_upper).st_mode & stat.S_ISGID:
+                gid = -1
+            os.chown(upath, uid, gid, follow_symlinks=False)
 
     def _finish_new(self, parent: Node, name: bytes, upath: bytes) -> tuple[Node, pyfuse3.EntryAttributes]:
         st = os.lstat(upath)
@@ -835,6 +846,9 @@ class CowFS(pyfuse3.Operations):
         if fields.update_uid or fields.update_gid:
             uid = attr.st_uid if fields.update_uid else -1
             gid = attr.st_gid if fields.update_gid else -1
+            if self.idmap is not None:
+                uid = self.idmap.to_disk_uid(uid) if uid != -1 else -1
+                gid = self.idmap.to_disk_gid(gid) if gid != -1 else -1
             if fd is not None:
                 os.fchown(fd, uid, gid)
             else:

@@ -1,0 +1,159 @@
+"""The sandbox tree as a run's command reaches it: a per-run mount only that command's
+host user (and root) can get to.
+
+The store is 0700 (nobody but its owner reaches ``sandboxes/``), so when the command runs
+as another host user than the store's owner (a root-owned workspace: ``petri-sandbox``, or
+the sudo caller; ``orchestrator.run_as``), bwrap, which runs as that user, could not reach
+the tree. For such a run petri mounts a copy of the tree at::
+
+    /run/petri/<host uid>/<store key>.<sandbox id>.<petri pid>.<random>
+
+``/run/petri`` is root's, 0711 (no listing); ``<host uid>`` belongs to the run's host user,
+0700, and stays (only that user and root get past it: the mount point's own name is public
+in ``/proc/self/mountinfo``); the mount is ``nosuid,nodev`` and, for a root-owned
+workspace, id-mapped (the tree's root-owned files show as the sandbox account:
+``snapshot.idmap``). Backends whose own mount already shows mapped owners (overlay over
+idmapped layers, the fuse daemon) get a plain ``nosuid,nodev`` copy. bwrap binds that path
+at the workspace's path and the command never sees ``/run`` (a tmpfs hides it: ``isolation``).
+
+The mount goes when the run ends. A petri killed meanwhile leaves it: the next petri
+command (``reap_dead_views``, one listing of ``/run/petri``) and ``petri gc`` remove every
+view whose petri is gone, and destroying a sandbox removes its views whoever made them.
+
+Caveats: a view is found again by its name only (a pid reused by another process keeps a
+dead petri's view until that process ends); views exist only where petri runs as root.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from .errors import OwnersCannotBeMapped, SandboxSetupFailed
+from .registry import pid_alive
+
+if TYPE_CHECKING:
+    from .run_as import RunAs
+
+# Every petri command reaps dead views: the mount plumbing (snapshot.idmap) is imported only
+# when there is a view to make or remove.
+
+VIEWS = Path("/run/petri")
+
+
+def store_key(store_root: Path) -> str:
+    """The store's identity in a view's name: its directory's device and inode (no hashing
+    to import on every command)."""
+    st = os.stat(store_root)
+    return f"{st.st_dev:x}-{st.st_ino:x}"
+
+
+def needs_view(who: "RunAs", store_root: Path) -> bool:
+    """Must this run reach its tree through a view (its host user cannot enter the store)?"""
+    if who.idmap is not None:
+        return True
+    try:
+        return os.lstat(store_root).st_uid != who.host_uid
+    except FileNotFoundError:
+        return False
+
+
+def _owned_dir(path: Path, uid: int, gid: int, mode: int) -> Path:
+    """``path`` as a directory of ``uid``'s with ``mode``, made or put right (only root can
+    write in its parent, so whatever is there was made by a petri)."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise SandboxSetupFailed(detail=f"cannot make {path}: {e.strerror}") from None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise SandboxSetupFailed(detail=f"{path} is not a directory")
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(path, uid, gid, follow_symlinks=False)
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    return path
+
+
+@contextlib.contextmanager
+def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_by_backend: bool,
+              workspace: Path) -> Iterator[Path]:
+    """The path bwrap should bind for this run: ``tree`` itself when the run's host user
+    owns the store, else a fresh per-run view (removed when the ``with`` ends).
+    ``mapped_by_backend``: the tree's own mount already shows the mapped owners."""
+    if not needs_view(who, store_root):
+        yield tree
+        return
+    _owned_dir(VIEWS, 0, 0, 0o711)
+    mine = _owned_dir(VIEWS / str(who.host_uid), who.host_uid, who.host_gid, 0o700)
+    mnt = mine / f"{store_key(store_root)}.{sb_id}.{os.getpid()}.{os.urandom(4).hex()}"
+    os.mkdir(mnt, 0o700)
+    from snapshot import idmap as I
+
+    try:
+        try:
+            I.clone_tree(tree, mnt, None if mapped_by_backend else who.idmap)
+        except I.IdmapUnsupported as e:
+            raise OwnersCannotBeMapped(workspace=str(workspace), why=str(e)) from None
+        except OSError as e:
+            raise SandboxSetupFailed(detail=f"cannot mount the sandbox tree for {who.user}: {e.strerror}") from None
+        yield mnt
+    finally:
+        _remove(mnt)
+
+
+def _remove(mnt: Path) -> None:
+    # Best effort: whatever stays (a busy mount point) belongs to a dead pid once this petri
+    # is gone, and the next command reaps it.
+    from snapshot import idmap as I
+
+    with contextlib.suppress(OSError):
+        I.detach(mnt)
+    with contextlib.suppress(OSError):
+        os.rmdir(mnt)
+
+
+def _entries() -> list[tuple[Path, list[str]]]:
+    out = []
+    try:
+        users = os.listdir(VIEWS)
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
+        return []
+    for u in users:
+        try:
+            names = os.listdir(VIEWS / u)
+        except OSError:
+            continue
+        out += [(VIEWS / u / n, n.split(".")) for n in names]
+    return out
+
+
+def reap_dead_views() -> int:
+    """Remove every view whose petri is gone (a kill -9 mid-run); how many went. Cheap
+    when there is nothing: a listing of ``/run/petri`` and of each account's directory."""
+    if os.geteuid() != 0:
+        return 0
+    n = 0
+    for path, parts in _entries():
+        if len(parts) == 4 and parts[2].isdigit() and not pid_alive(int(parts[2])):
+            _remove(path)
+            n += 1
+    return n
+
+
+def remove_sandbox_views(store_root: Path, sb_id: str) -> int:
+    """Remove the views of one sandbox, whichever petri made them (it is being destroyed or
+    expired, and its processes are gone)."""
+    if os.geteuid() != 0:
+        return 0
+    key = store_key(store_root)
+    n = 0
+    for path, parts in _entries():
+        if len(parts) == 4 and parts[0] == key and parts[1] == sb_id:
+            _remove(path)
+            n += 1
+    return n
