@@ -76,6 +76,8 @@ def differences(before: dict[bytes, tuple], after: dict[bytes, tuple]) -> list[s
 
 
 def _check_output(ws: Path, sandbox: str, run: int) -> str:
+    """The output of a candidate's check: it ran in the candidate's throwaway fork (the
+    race's ``check_sandbox``/``check_run``), so the candidate keeps its applied state."""
     r = petri("logs", "--json", sandbox, "--run", str(run), cwd=ws)
     assert r.rc == 0, r
     doc = r.json["runs"][0]
@@ -113,15 +115,15 @@ def test_race_and_promote_a_real_project(project, tmp_path):
     assert doc["winner"] == good["sandbox"]
     assert good["rank"] == 1 and good["exit_code"] == 0 and good["killed_by"] is None
     assert (good["files_changed"], good["lines_added"], good["lines_removed"]) == (1, 1, 1)
-    assert R.TESTS_PASSING in _check_output(ws, good["sandbox"], good["runs"][-1])
+    assert R.TESTS_PASSING in _check_output(ws, good["check_sandbox"], good["check_run"])
 
     # The wrong patch applied and ran the whole suite, which failed on the bug's own test.
     assert bad["applied"] and bad["exit_code"] == 1 and bad["killed_by"] is None
-    out = _check_output(ws, bad["sandbox"], bad["runs"][-1])
+    out = _check_output(ws, bad["check_sandbox"], bad["check_run"])
     assert f"FAILED {R.FAILING_TEST}" in out and "SyntaxError" not in out
     # The breaking command applied, and the suite stopped at collection: chardet no longer imports.
     assert broken["applied"] and broken["exit_code"] == 2 and broken["killed_by"] is None
-    out = _check_output(ws, broken["sandbox"], broken["runs"][-1])
+    out = _check_output(ws, broken["check_sandbox"], broken["check_run"])
     assert "SyntaxError" in out and R.BUGGY_FILE in out
     assert {good["rank"], bad["rank"], broken["rank"]} == {1, 2, 3}
 

@@ -164,20 +164,24 @@ def test_failing_check_rolls_that_stage_back_and_stops(project):
 @pytest.fixture
 def host_marker():
     """A path on the host a check can see (read-only) from inside its sandbox: not under
-    /tmp, which a sandbox has its own of."""
-    d = Path("/var/tmp") / f"petri-test-stages-{os.getpid()}-{os.urandom(3).hex()}"
-    d.mkdir()
+    /tmp, /var/tmp or /run, which a sandbox has its own of."""
+    d = Path("/var/lib/petri-test-markers") / f"stages-{os.getpid()}-{os.urandom(3).hex()}"
+    d.mkdir(parents=True)
     try:
         yield d / "ready"
     finally:
         shutil.rmtree(d, ignore_errors=True)
+        try:
+            d.parent.rmdir()  # the last one out removes the shared parent
+        except OSError:
+            pass
 
 
 def test_inconclusive_check_stops_pending_and_resume_goes_on(project, host_marker):
     dev, staging = project
     marker = host_marker
     check = f"test -e {marker} || sleep 60"
-    configure(dev, three_stages(staging, staging_checks=[check], timeout="2s"))
+    configure(dev, three_stages(staging, staging_checks=[check], timeout="5s"))
     sb = fixed_sandbox(dev)
     r = petri("promote", sb, "--to", "staging", "--json", cwd=dev)
     assert r.rc == 1 and "inconclusive" in r.err, r
