@@ -23,21 +23,15 @@ Binary: NUL in the first 8000 bytes of any input (git's ``buffer_is_binary``). B
 are never merged line-wise: one side changed -> that side; both changed the same way ->
 that; both changed differently -> one conflict, the result is ours (or the favoured side).
 
-Caveats: the 2-way diff under the hunk logic is chosen in ``_changed_flags`` (one function):
-xdiff's Myers as ported by M1 in ``merge.diffalgo`` (its private ``_prepare``/``_recs_cmp``:
-ask for a public entry point without the indent heuristic), followed by our transcription of
-``xdl_change_compact`` without the indent heuristic, which is what ``git merge-file`` runs.
-On 1200 random inputs full of repeated lines this matched git byte for byte; the tests check
-exact equality with git on inputs whose common subsequences are unique, and properties
-elsewhere. If ``diffalgo`` is missing or changes shape, ``difflib.SequenceMatcher`` (not a
-minimal diff) takes over and ambiguous inputs may then merge differently from git (~3% of
-such inputs differed in the output, ~0.5% in clean-vs-conflict). Neither the zdiff3 style,
-whitespace-ignoring flags, nor the indent heuristic are implemented (git merge-file does not
-use the indent heuristic either). Pure Python: large, very different files are slow.
+Caveats: the two 2-way diffs under the hunk logic are libgit2's xdiff (``merge.diffalgo``):
+Myers and compaction without the indent heuristic, which is what ``git merge-file`` runs;
+the tests compare with ``git merge-file`` byte for byte, also on inputs full of repeated
+lines. Neither the zdiff3 style nor whitespace-ignoring flags are implemented. The 3-way
+hunk logic itself is a transcription, not a library: pygit2's ``merge_file_from_index``
+needs a repository and decodes its result as UTF-8, so it cannot merge arbitrary bytes.
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -100,141 +94,13 @@ class MergeResult:
 # ---------------------------------------------------------------------------------------
 # 2-way diff: the one place the algorithm is chosen
 
-def _changed_flags(a: Sequence[bytes], b: Sequence[bytes]) -> tuple[list[bool], list[bool]]:
-    """Which lines of a and b are not in the common subsequence, before compaction.
-
-    xdiff's Myers (M1's port in ``merge.diffalgo``: record classes, discarding of lines
-    unique to one side, the cost heuristics) when its internals are there; git merge-file
-    does not use the indent heuristic, so compaction is ours (``_change_compact``), not
-    ``diffalgo.diff_lines``'s. Falls back to ``difflib`` if that module changes shape."""
-    try:
-        from . import diffalgo
-        x1, x2 = diffalgo._prepare(list(a), list(b))
-        diffalgo._recs_cmp(x1, x2, False)
-        # changed[i + 1] is line i (slots 0 and nrec + 1 are sentinels)
-        ra = [bool(c) for c in x1.changed[1:x1.nrec + 1]]
-        rb = [bool(c) for c in x2.changed[1:x2.nrec + 1]]
-        if len(ra) == len(a) and len(rb) == len(b):
-            return ra, rb
-    except (ImportError, AttributeError, TypeError, ValueError):
-        pass
-    ra = [True] * len(a)
-    rb = [True] * len(b)
-    for i, j, n in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
-        for k in range(n):
-            ra[i + k] = False
-            rb[j + k] = False
-    return ra, rb
-
-
-class _Groups:
-    """xdiff's ``struct xdlgroup`` walking over one file's change flags."""
-
-    def __init__(self, recs: Sequence[bytes], rchg: list[bool]) -> None:
-        self.recs, self.rchg, self.n = recs, rchg, len(recs)
-        self.start = self.end = 0
-        while self.end < self.n and rchg[self.end]:
-            self.end += 1
-
-    def _chg(self, i: int) -> bool:
-        return 0 <= i < self.n and self.rchg[i]
-
-    def next(self) -> bool:
-        if self.end == self.n:
-            return False
-        self.start = self.end = self.end + 1
-        while self._chg(self.end):
-            self.end += 1
-        return True
-
-    def previous(self) -> bool:
-        if self.start == 0:
-            return False
-        self.end = self.start - 1
-        self.start = self.end
-        while self._chg(self.start - 1):
-            self.start -= 1
-        return True
-
-    def slide_down(self) -> bool:
-        if self.end < self.n and self.recs[self.start] == self.recs[self.end]:
-            self.rchg[self.start] = False
-            self.rchg[self.end] = True
-            self.start += 1
-            self.end += 1
-            while self._chg(self.end):
-                self.end += 1
-            return True
-        return False
-
-    def slide_up(self) -> bool:
-        if self.start > 0 and self.recs[self.start - 1] == self.recs[self.end - 1]:
-            self.start -= 1
-            self.end -= 1
-            self.rchg[self.start] = True
-            self.rchg[self.end] = False
-            while self._chg(self.start - 1):
-                self.start -= 1
-            return True
-        return False
-
-
-def _change_compact(recs: Sequence[bytes], rchg: list[bool], orecs: Sequence[bytes],
-                    orchg: list[bool]) -> None:
-    """``xdl_change_compact`` without the indent heuristic: slide each group of changes as
-    far down as it goes, unless it can line up with a change in the other file."""
-    g = _Groups(recs, rchg)
-    go = _Groups(orecs, orchg)
-    while True:
-        if g.end != g.start:
-            while True:
-                groupsize = g.end - g.start
-                end_matching_other = -1
-                while g.slide_up():
-                    if not go.previous():
-                        raise AssertionError("group sync broken sliding up")
-                earliest_end = g.end
-                if go.end > go.start:
-                    end_matching_other = g.end
-                while g.slide_down():
-                    if not go.next():
-                        raise AssertionError("group sync broken sliding down")
-                    if go.end > go.start:
-                        end_matching_other = g.end
-                if groupsize == g.end - g.start:
-                    break
-            if g.end != earliest_end and end_matching_other != -1:
-                while go.end == go.start:
-                    if not g.slide_up():
-                        raise AssertionError("match disappeared")
-                    if not go.previous():
-                        raise AssertionError("group sync broken sliding to match")
-        if not g.next():
-            break
-        if not go.next():
-            raise AssertionError("group sync broken moving to next group")
-
-
 def _diff_script(a: Sequence[bytes], b: Sequence[bytes]) -> list[tuple[int, int, int, int]]:
-    """Hunks (i1, chg1, i2, chg2) turning a into b, as ``xdl_build_script`` makes them."""
-    ra, rb = _changed_flags(a, b)
-    _change_compact(a, ra, b, rb)
-    _change_compact(b, rb, a, ra)
-    script = []
-    i1 = i2 = 0
-    n1, n2 = len(a), len(b)
-    while i1 < n1 or i2 < n2:
-        if (i1 < n1 and ra[i1]) or (i2 < n2 and rb[i2]):
-            s1, s2 = i1, i2
-            while i1 < n1 and ra[i1]:
-                i1 += 1
-            while i2 < n2 and rb[i2]:
-                i2 += 1
-            script.append((s1, i1 - s1, s2, i2 - s2))
-        else:
-            i1 += 1
-            i2 += 1
-    return script
+    """Hunks (i1, chg1, i2, chg2) turning a into b, as ``git merge-file``'s xdiff makes them:
+    Myers with compaction and no indent heuristic (``merge.diffalgo.diff_lines``, libgit2's
+    xdiff)."""
+    from .diffalgo import diff_lines
+
+    return diff_lines(list(a), list(b), indent_heuristic=False)
 
 
 # ---------------------------------------------------------------------------------------
