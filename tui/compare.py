@@ -232,8 +232,11 @@ MAX_INTRALINE = 400  # longer lines: whole-line highlight only (SequenceMatcher 
 def _spans(a: str, b: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     if len(a) > MAX_INTRALINE or len(b) > MAX_INTRALINE:
         return [(0, len(a))], [(0, len(b))]
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    if sm.ratio() < 0.5:  # mostly different: marking the few shared letters would only be noise
+        return [(len(a) - len(a.lstrip()), len(a))], [(len(b) - len(b.lstrip()), len(b))]
     sa, sb = [], []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
             if i2 > i1:
                 sa.append((i1, i2))

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from rich.text import Text
 
-from orchestrator.units import human_bytes, human_duration
+from orchestrator.units import human_duration
 
 STATE_STYLE = {
     "creating": "yellow", "ready": "green", "running": "bold yellow", "exited": "cyan",
@@ -68,13 +68,18 @@ def short_duration(s: float | None) -> str:
 
 
 def size(n: int | None) -> str:
-    """Compact bytes: 512B, 1.2K, 340M (the CLI's units, one decimal dropped past 100)."""
+    """Compact bytes: 512B, 1.5K, 48M, 2G (one decimal only below 10, and not ".0")."""
     if n is None:
         return "-"
-    text = human_bytes(n)
-    if "." in text and len(text) > 5:
-        text = text.split(".")[0] + text[-1]
-    return text
+    v = float(n)
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if abs(v) < 1024 or unit == "P":
+            break
+        v /= 1024
+    if unit == "B" or v >= 10:
+        return f"{v:.0f}{unit}"
+    text = f"{v:.1f}"
+    return (text[:-2] if text.endswith(".0") else text) + unit
 
 
 def against(used: int | None, limit: int | None) -> Text:

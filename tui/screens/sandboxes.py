@@ -51,6 +51,7 @@ class SandboxesScreen(PetriScreen):
         self.table.set_width(self.size.width or self.app.size.width)
         self.table.rebuild(self.papp.model)
         self.table.focus()
+        self.call_after_refresh(lambda: self.load_detail(self.table.current_id()))
 
     def on_resize(self, event: Any) -> None:
         if self.table.set_width(event.size.width):
@@ -94,8 +95,8 @@ class SandboxesScreen(PetriScreen):
             return
         model = self.papp.model
         info = model.sandboxes.get(sid)
-        if info is None:
-            return
+        if info is None or not self.detail.is_mounted or not self.detail.query(TabbedContent):
+            return  # the model moved before this screen finished composing: on_mount loads it
         self.detail.sandbox = sid
         self.detail.show_status(info, model, self.papp.now())
         tab = self.detail.active

@@ -19,6 +19,9 @@ SPAN_STYLE = {"delete": "bold white on #8b2a2a", "insert": "bold white on #2a7a2
 
 
 class SplitDiff(VerticalScroll):
+    rows: Sequence[SplitRow] | None = None
+    titles: tuple[str, str] = ("", "")
+
     DEFAULT_CSS = """
     SplitDiff { width: 3fr; height: 1fr; border-left: solid $primary-darken-2; }
     SplitDiff > Static { width: 100%; }
@@ -29,6 +32,7 @@ class SplitDiff(VerticalScroll):
 
     def show(self, title_left: str, title_right: str, rows: Sequence[SplitRow] | None, note: str = "",
              path: str = "") -> None:
+        self.rows, self.titles = rows, (title_left, title_right)  # what is shown (tests read it)
         body = render(title_left, title_right, rows, note)
         if path:
             from rich.console import Group
