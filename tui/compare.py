@@ -147,7 +147,6 @@ def summary_rows(a: Any, b: Any, runs_a: Sequence[Any], runs_b: Sequence[Any], d
         rows.append(SummaryRow("race rank", _rank(race_a), _rank(race_b),
                                less((race_a or {}).get("rank"), (race_b or {}).get("rank"))))
     return rows + [
-        SummaryRow("label", a.label or "-", b.label or "-"),
         SummaryRow("state", a.state or "-", b.state or "-"),
         SummaryRow("base", a.base or "-", b.base or "-"),
         SummaryRow("check" if isinstance(ra, _CheckRun) else "last run", fmt.one_line(run_text(ra), 40),

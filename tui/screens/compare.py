@@ -35,6 +35,7 @@ class CompareScreen(PetriScreen):
         Binding("2", "mode('base-a')", "base vs A"),
         Binding("3", "mode('base-b')", "base vs B"),
         Binding("s", "swap", "Swap A/B"),
+        Binding("z", "fields", "All fields"),
         Binding("enter", "focus_diff", "Open file", show=False),
         Binding("tab", "focus_next", "Next pane", show=False),
     ]
@@ -43,6 +44,7 @@ class CompareScreen(PetriScreen):
         super().__init__()
         self.a, self.b = a, b
         self.mode = "ab"
+        self.all_fields = False
         self.data: dict[str, Any] = {}
         self._cache: dict[tuple[str, str, bool], Any] = {}
 
@@ -82,7 +84,7 @@ class CompareScreen(PetriScreen):
         rows = cmp.summary_rows(a_info, b_info, runs_a, runs_b, da, db, fmt, self.race_row(self.a), self.race_row(self.b))
         self.data["rows"] = rows
         self.data["counts"] = cmp.counts(files)
-        self.query_one(CompareSummary).show(_name(a_info), _name(b_info), rows, compact=self.size.height < 40)
+        self.show_summary()
         self.query_one(FileList).set_files(files)
         self.show_mode()
         await self.show_file()
@@ -97,10 +99,17 @@ class CompareScreen(PetriScreen):
         row = next((c for c in doc["candidates"] if c["sandbox"] == sid), None)
         return None if row is None else {**row, "check": doc.get("check")}
 
-    def on_resize(self, event: Any) -> None:
+    def show_summary(self) -> None:
         if self.data.get("rows"):
-            self.query_one(CompareSummary).show(_name(self.data["a"]), _name(self.data["b"]), self.data["rows"],
-                                                compact=event.size.height < 40)
+            compact = self.size.height < 40 and not self.all_fields
+            self.query_one(CompareSummary).show(_name(self.data["a"]), _name(self.data["b"]), self.data["rows"], compact)
+
+    def on_resize(self, _: Any) -> None:
+        self.show_summary()
+
+    def action_fields(self) -> None:
+        self.all_fields = not self.all_fields
+        self.show_summary()
 
     def show_mode(self) -> None:
         t = Text()

@@ -21,17 +21,18 @@ class CompareSummary(Static):
         self.update(summary_table(a, b, rows, compact))
 
 
-ALWAYS = ("race rank", "check", "last run", "exit code", "lines +/-")
+COMPACT = ("race rank", "exit code", "lines +/-", "files changed", "duration", "stale")
 
 
 def summary_table(a: str, b: str, rows: Sequence[SummaryRow], compact: bool = False) -> Any:
-    """``compact`` (a short terminal): the rows that differ, and the ones that always matter."""
+    """``compact`` (a short terminal): only the fields that decide between two candidates
+    (``z`` on the Compare screen shows them all)."""
     t = Table(box=None, padding=(0, 1), show_edge=False, expand=True)
     t.add_column("", style="bold", no_wrap=True, width=16)
     t.add_column(Text(f"A  {a}", style="bold cyan"), no_wrap=True, ratio=1)
     t.add_column(Text(f"B  {b}", style="bold magenta"), no_wrap=True, ratio=1)
     for r in rows:
-        if compact and not r.differ and r.label not in ALWAYS:
+        if compact and r.label not in COMPACT:
             continue
         sa = sb = ""
         if r.differ:
