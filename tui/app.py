@@ -79,7 +79,7 @@ class PetriApp(App):
         self.follow = follow
         self.clock = clock or source.clock
         self.model = Model()
-        self.sub_title = str(source.root) + ("  [read-only]" if read_only else "")
+        self.sub_title = ("read-only  " if read_only else "") + str(source.root)
         self.started_at = time.time()
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._pending = False

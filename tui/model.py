@@ -59,7 +59,7 @@ class Model:
     def put_sandboxes(self, infos: Iterable[Any]) -> Changes:
         """A full listing: rows not in it are gone (destroyed, failed)."""
         ch = Changes()
-        infos = sorted(infos, key=lambda i: (i.created_at or "", i.id))  # oldest first, as `petri ls`
+        infos = list(infos)  # the registry's order: creation, as `petri ls`
         seen = {i.id for i in infos}
         for sid in list(self.sandboxes):
             if sid not in seen:

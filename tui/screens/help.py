@@ -28,7 +28,9 @@ def bindings_table(groups: Iterable[tuple[str, Iterable[Any]]], read_only: bool,
     t.add_row(Text("moving", style="bold underline"), "")
     for k, d in (("↑ ↓, j k", "move the cursor"), ("pgup pgdn, home end", "move by pages, to the ends"),
                  ("enter", "open (the next detail tab, a race's sandbox, a file's diff)"),
-                 ("tab", "the next pane"), ("esc", "back to the screen before")):
+                 ("tab", "the next pane"), ("esc", "back to the screen before"),
+                 ("ctrl+p", "command palette: every action by name"),
+                 ("mouse", "click rows, tabs and buttons; scroll with the wheel")):
         t.add_row(k, d)
     t.add_row("", "")
     for title, bindings in groups:
@@ -44,8 +46,6 @@ def bindings_table(groups: Iterable[tuple[str, Iterable[Any]]], read_only: bool,
         for k, d in rows:
             t.add_row(k, d)
         t.add_row("", "")
-    t.add_row("ctrl+p", "command palette: every action by name")
-    t.add_row("mouse", "click rows, tabs and buttons; scroll with the wheel")
     return t
 
 

@@ -50,6 +50,9 @@ class SandboxesScreen(PetriScreen):
         self.table.now = self.papp.now()
         self.table.set_width(self.size.width or self.app.size.width)
         self.table.rebuild(self.papp.model)
+        if self.table.row_count:
+            # rows added before the screen was mounted may have left the cursor anywhere
+            self.table.move_cursor(row=0)
         self.table.focus()
         self.call_after_refresh(lambda: self.load_detail(self.table.current_id()))
 

@@ -57,6 +57,8 @@ class DetailPane(Vertical):
             body: Any = Text("the sandbox's tree is gone: no diff", style="dim")
         else:
             body = Text()
+            body.append(f"{diff.get('sandbox') or self.sandbox} against {diff.base}: {len(diff.files)} file(s)\n",
+                        style="dim")
             for f in diff.files:
                 body.append(f"{f.status[:1].upper()} ", style="bold")
                 body.append(f"{f.path}  ")
