@@ -665,9 +665,9 @@ class RaceTracker:
     def doc(self, rid: str) -> dict[str, Any]:
         """The race document now (a copy); a running race whose racing process is gone is
         ``interrupted``."""
-        import copy
-
-        r = copy.deepcopy(self.races[rid])
+        src = self.races[rid]
+        # a copy two levels deep: callers compare documents from before and after an event
+        r = {**src, "candidates": [dict(c) for c in src["candidates"]], "conflicts": list(src["conflicts"])}
         if r["state"] == "running" and not self.alive(r.get("pid")):
             r["state"] = "interrupted"
         return r

@@ -149,6 +149,9 @@ class FixedSource(Source):
         runs = [r.to_json() for r in RUNS.get(ident, [])]
         return petri.SandboxInfo.from_doc({**info.to_json(), "runs": runs})
 
+    def sandbox_row(self, ident: str) -> Any:
+        return next((s for s in SANDBOXES if s.id == ident), None)
+
     def runs(self, ident: str) -> list[Any]:
         return list(RUNS.get(ident, []))
 

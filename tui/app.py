@@ -54,17 +54,19 @@ class EventsReady(Message):
 class PetriApp(App):
     TITLE = "petri"
     ENABLE_COMMAND_PALETTE = True
+    # The footer shows a few keys (each one is a widget: fewer make the first paint faster);
+    # help (?) and the command palette list them all.
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
         Binding("r", "race_screen", "Race"),
-        Binding("P", "promotions", "Promotions"),
-        Binding("R", "race", "New race"),
-        Binding("f", "fork", "Fork"),
-        Binding("x", "run", "Run"),
+        Binding("P", "promotions", "Promotions", show=False),
+        Binding("R", "race", "New race", show=False),
+        Binding("f", "fork", "Fork", show=False),
+        Binding("x", "run", "Run", show=False),
         Binding("p", "promote", "Promote"),
-        Binding("D", "destroy", "Destroy"),
-        Binding("u", "rollback", "Roll back"),
+        Binding("D", "destroy", "Destroy", show=False),
+        Binding("u", "rollback", "Roll back", show=False),
         Binding("g", "gc", "gc", show=False),
         Binding("e", "editor", "Editor", show=False),
         Binding("s", "shell", "Shell", show=False),
@@ -86,7 +88,9 @@ class PetriApp(App):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fetching: set[str] = set()
-        self.trace: Callable[[list[dict[str, Any]], float], None] | None = None  # bench: (batch, applied at)
+        # bench/bench_tui.py: called with each batch of events once the screen showing it has
+        # been refreshed (Textual's call_after_refresh), to time event -> screen
+        self.trace: Callable[[list[dict[str, Any]]], None] | None = None
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
 
     # -- start -----------------------------------------------------------------------------------
@@ -102,14 +106,15 @@ class PetriApp(App):
         self.push_screen(SandboxesScreen())
         self.run_worker(self.load_initial, group="load")
         self.set_interval(1.0, self.tick)
-        if self.follow:
-            self.set_interval(REFRESH_S, self.refresh_sandboxes)
-            self.follow_events()
 
     async def load_initial(self) -> None:
-        # Without staleness first (the first paint must not wait for it), then with.
+        # The table first, without staleness: the first paint waits for nothing else (the
+        # event stream's history, staleness and promotions come after it).
         infos = await self.call(self.source.sandboxes, staleness=False)
         self.apply(self.model.put_sandboxes(infos))
+        if self.follow:
+            self.follow_events()
+            self.set_interval(REFRESH_S, self.refresh_sandboxes)
         if not self.follow:  # fixed records (tests): races come from the source
             for ev in await self.call(lambda: list(getattr(self.source, "history", lambda: [])())):
                 self.apply(self.model.feed(ev))
@@ -156,7 +161,7 @@ class PetriApp(App):
         ch.started_races = []
         self.apply(ch)
         if self.trace is not None:
-            self.call_after_refresh(self.trace, batch, time.monotonic())
+            self.call_after_refresh(self.trace, batch)
         for rid in live_races:
             if not isinstance(self.screen, ModalScreen) and self.model.tracker.doc(rid)["state"] == "running":
                 self.open_race(rid)
@@ -166,9 +171,14 @@ class PetriApp(App):
             self.fetch_sandboxes(ch.fetch - self._fetching)
         if not ch:
             return
+        top = self.screen
         for screen in self.screen_stack:
             if isinstance(screen, PetriScreen):
-                screen.on_model(ch)
+                # the screen in view now (under a dialog too); the covered ones catch up later
+                if screen is top or (isinstance(top, ModalScreen) and screen is self.screen_stack[-2]):
+                    screen.on_model(ch)
+                else:
+                    screen.defer(ch)
 
     def fetch_sandboxes(self, ids: Iterable[str]) -> None:
         ids = set(ids)
@@ -180,7 +190,7 @@ class PetriApp(App):
         try:
             ch = Changes()
             for sid in ids:
-                info = await self.call(self.source.sandbox, sid)
+                info = await self.call(self.source.sandbox_row, sid)
                 if info is not None:
                     ch.merge(self.model.put_sandbox(info))
             self.apply(ch)
@@ -201,9 +211,9 @@ class PetriApp(App):
 
     def tick(self) -> None:
         now = self.now()
-        for screen in self.screen_stack:
-            if isinstance(screen, PetriScreen):
-                screen.tick(now)
+        top = self.screen if not isinstance(self.screen, ModalScreen) else self.screen_stack[-2]
+        if isinstance(top, PetriScreen):
+            top.tick(now)  # a covered screen's clock cells catch up when it shows again
 
     async def run_lines(self, sid: str, n: int | None = None) -> tuple[list[tuple[str, str]], str]:
         """A run's output as (stream, line): as it streamed, when this TUI saw it run;

@@ -98,9 +98,10 @@ class Model:
             ch.races.add(rid)
             if name == "race.started":
                 ch.started_races.append(rid)
-            for c in self.tracker.races[rid]["candidates"]:
-                if c["sandbox"] in self.sandboxes:
-                    ch.sandboxes.add(c["sandbox"])  # its race rank moved
+            if name.startswith("race."):  # ranks move only when a candidate finishes (not per output line)
+                for c in self.tracker.races[rid]["candidates"]:
+                    if c["sandbox"] in self.sandboxes:
+                        ch.sandboxes.add(c["sandbox"])
         sb = ev.get("sandbox")
         if name == "sandbox.created":
             ch.fetch.add(sb)

@@ -50,6 +50,15 @@ class Source:
         except petri.NotFound:
             return None
 
+    def sandbox_row(self, ident: str) -> Any | None:
+        """One sandbox as ``ls`` shows it, without staleness (cheap: what an event asks for)."""
+        import petri
+
+        try:
+            return self.ws.sandbox(ident).info
+        except petri.NotFound:
+            return None
+
     def runs(self, ident: str) -> list[Any]:
         return self.ws.logs(ident)
 
@@ -71,7 +80,7 @@ class Source:
     def snapshots(self) -> list[Any]:
         return self.ws.snapshots()
 
-    def events(self, stop: Callable[[], bool], poll_s: float = 0.02) -> Iterator[dict[str, Any]]:
+    def events(self, stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[dict[str, Any]]:
         for ev in self.ws.events(follow=True, from_start=True, stop=stop, poll_s=poll_s):
             yield ev.to_json()
 

@@ -11,6 +11,22 @@ from ..model import Changes
 
 
 class PetriScreen(Screen):
+    _deferred: Changes | None = None
+
+    def defer(self, changes: Changes) -> None:
+        """Changes while another screen covers this one: applied, merged, when it shows
+        again (a covered table need not repaint per event)."""
+        if self._deferred is None:
+            self._deferred = Changes()
+        self._deferred.merge(changes)
+        self._deferred.output.clear()  # output lines matter to a screen that shows them live
+
+    def on_screen_resume(self) -> None:
+        self.tick(self.papp.now())
+        if self._deferred is not None:
+            ch, self._deferred = self._deferred, None
+            self.on_model(ch)
+
     @property
     def papp(self) -> Any:
         return self.app

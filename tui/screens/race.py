@@ -35,6 +35,7 @@ class RaceScreen(PetriScreen):
     def __init__(self, race_id: str | None) -> None:
         super().__init__()
         self.race_id = race_id
+        self._shown_key: Any = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -50,7 +51,7 @@ class RaceScreen(PetriScreen):
     def on_mount(self) -> None:
         self.table.set_width(self.size.width or self.app.size.width)
         self.refresh_race()
-        self.set_interval(0.1, self.table.spin)
+        self.set_interval(0.25, self.table.spin)  # each frame repaints the running rows: 4 a second is enough
         self.table.focus()
 
     def doc(self) -> dict[str, Any] | None:
@@ -67,8 +68,12 @@ class RaceScreen(PetriScreen):
                              else f"race {self.race_id}: not in the event stream (yet)", style="dim"))
             return
         self.table.sync(doc)
-        self.query_one(OverlapMatrix).sync(doc)
-        head.update(race_head(doc, self.papp.now()))
+        key = (doc["state"], doc.get("winner"), tuple((c["rank"], c["state"]) for c in doc["candidates"]),
+               len(doc["conflicts"]))
+        if key != self._shown_key:  # the matrix and the header change with these only
+            self._shown_key = key
+            self.query_one(OverlapMatrix).sync(doc)
+            head.update(race_head(doc, self.papp.now()))
 
     def on_resize(self, event: Any) -> None:
         self.table.set_width(event.size.width)
@@ -133,8 +138,8 @@ class RaceScreen(PetriScreen):
             return
         i = order.index(self.race_id) if self.race_id in order else len(order) - 1
         self.race_id = order[max(0, min(len(order) - 1, i + step))]
-        self.table.clear()
-        self.table.doc = None
+        self.table.reset()
+        self._shown_key = None
         self.refresh_race()
 
 

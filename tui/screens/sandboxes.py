@@ -24,11 +24,11 @@ class SandboxesScreen(PetriScreen):
     """
     BINDINGS = [
         Binding("j", "down", "Down", show=False), Binding("k", "up", "Up", show=False),
-        Binding("enter", "open", "Open"),
+        Binding("enter", "open", "Open", show=False),
         Binding("space", "mark", "Mark"),
         Binding("c", "compare", "Compare"),
         Binding("l", "logs", "Logs"),
-        Binding("slash", "filter", "Filter"),
+        Binding("slash", "filter", "Filter", show=False),
         Binding("1", "tab('tab-status')", "Status tab", show=False),
         Binding("2", "tab('tab-diff')", "Diff tab", show=False),
         Binding("3", "tab('tab-logs')", "Logs tab", show=False),

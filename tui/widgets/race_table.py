@@ -30,6 +30,7 @@ class RaceTable(DataTable):
         self.frame = 0
         self.doc: dict[str, Any] | None = None
         self.marked: list[str] = []
+        self._shown: dict[str, dict[str, Any]] = {}  # row -> the cells it shows
         self.out_width = MIN_OUT
 
     def set_width(self, width: int) -> None:
@@ -39,6 +40,7 @@ class RaceTable(DataTable):
             return
         self.out_width = out
         self.clear(columns=True)
+        self._shown.clear()
         for key, header, w in COLUMNS:
             self.add_column(header, key=key, width=(w or out) + 1)
         if self.doc is not None:
@@ -73,17 +75,28 @@ class RaceTable(DataTable):
         keys = [k for k, _, _ in COLUMNS]
         for i, c in enumerate(cands):
             key = str(i)
+            prev = old["candidates"][i] if old and i < len(old["candidates"]) else None
+            if prev == c and key in self.rows and (old or {}).get("winner") == winner:
+                continue
             new = self.cells(c, winner)
             if key not in self.rows:
                 self.add_row(*(new[k] for k in keys), key=key)
+                self._shown[key] = new
                 continue
-            prev = old["candidates"][i] if old and i < len(old["candidates"]) else None
-            if prev == c and not (c.get("state") in ("applying", "checking")):
-                continue
+            shown = self._shown.get(key, {})
             for k in keys:
-                self.update_cell(key, k, new[k])
+                if shown.get(k) != new[k]:  # only the cells that changed
+                    self.update_cell(key, k, new[k])
+            self._shown[key] = new
         for i in range(len(cands), self.row_count):
             self.remove_row(str(i))
+            self._shown.pop(str(i), None)
+
+    def reset(self) -> None:
+        """Another race: no rows, nothing shown."""
+        self.clear()
+        self._shown.clear()
+        self.doc = None
 
     def spin(self) -> None:
         """Advance the spinners: only the state cells of running candidates change."""
@@ -92,7 +105,9 @@ class RaceTable(DataTable):
         self.frame += 1
         for i, c in enumerate(self.doc["candidates"]):
             if c.get("state") in ("applying", "checking") and str(i) in self.rows:
-                self.update_cell(str(i), "state", self.cells(c, self.doc.get("winner"))["state"])
+                cell = self.cells(c, self.doc.get("winner"))["state"]
+                self.update_cell(str(i), "state", cell)
+                self._shown.setdefault(str(i), {})["state"] = cell
 
     def current(self) -> dict[str, Any] | None:
         if self.doc is None or not self.row_count:

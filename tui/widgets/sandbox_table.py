@@ -35,6 +35,7 @@ class SandboxTable(DataTable):
         self.filter_text = ""
         self.now = 0.0
         self._model: Any = None
+        self._shown: dict[str, dict[str, Any]] = {}  # row -> the cells it shows
 
     # -- columns -----------------------------------------------------------------------------
     def set_width(self, width: int) -> bool:
@@ -44,6 +45,7 @@ class SandboxTable(DataTable):
             return False
         self.wide = wide
         self.clear(columns=True)
+        self._shown.clear()
         for key, header, w in (COLUMNS_WIDE if wide else COLUMNS_NARROW):
             self.add_column(header, key=key, width=w + 1)
         return True
@@ -90,10 +92,12 @@ class SandboxTable(DataTable):
         self._columns_ready()
         keep = self.current_id()
         self.clear()
+        self._shown.clear()
         for info in model.sandboxes.values():
             if self.visible(info):
                 c = self.cells(info)
                 self.add_row(*(c[k] for k in self.keys), key=info.id)
+                self._shown[info.id] = c
         if keep:
             self.select(keep)
 
@@ -102,11 +106,14 @@ class SandboxTable(DataTable):
         self._model = model
         self._columns_ready()
         for sid in gone:
+            self._shown.pop(sid, None)
             if sid in self.rows:
                 self.remove_row(sid)
             if sid in self.marked:
                 self.marked.remove(sid)
-        for sid in ids:
+        ids = set(ids)
+        # in the model's order (creation), so that new rows are added as `petri ls` lists them
+        for sid in [s for s in model.sandboxes if s in ids] + [s for s in ids if s not in model.sandboxes]:
             info = model.sandboxes.get(sid)
             if info is None:
                 if sid in self.rows:
@@ -116,10 +123,13 @@ class SandboxTable(DataTable):
                 continue
             c = self.cells(info)
             if sid in self.rows:
+                shown = self._shown.get(sid, {})
                 for k in self.keys:
-                    self.update_cell(sid, k, c[k])
+                    if shown.get(k) != c[k]:  # only the cells that changed
+                        self.update_cell(sid, k, c[k])
             else:
                 self.add_row(*(c[k] for k in self.keys), key=sid)
+            self._shown[sid] = c
 
     def tick(self, model: Any, now: float) -> None:
         """Once a second: age and time left, the only cells that change with the clock."""
@@ -127,8 +137,12 @@ class SandboxTable(DataTable):
         for sid in list(self.rows):
             info = model.sandboxes.get(sid.value)
             if info is not None:
-                self.update_cell(sid, "age", fmt.age(info.created_at, now))
-                self.update_cell(sid, "left", fmt.time_left(info.expires_at, now, info.state))
+                shown = self._shown.setdefault(sid.value, {})
+                for key, cell in (("age", fmt.age(info.created_at, now)),
+                                  ("left", fmt.time_left(info.expires_at, now, info.state))):
+                    if shown.get(key) != cell:
+                        self.update_cell(sid, key, cell)
+                        shown[key] = cell
 
     # -- cursor and marks ------------------------------------------------------------------------
     def current_id(self) -> str | None:
