@@ -89,13 +89,23 @@ def event_to_screen(root: Path, candidates: int, lines: int) -> tuple[Samples, d
     app = PetriApp(Source(petri.open(root, via="tui")))
     started = time.time()
 
+    seen_screens: list[type] = []
+    steady: list[float] = []
+
     def trace(batch: list[dict]) -> None:
         shown = time.time()
         counts["batches"] += 1
+        # the batch during which a screen opened (the race screen, on race.started) pays for
+        # composing it; reported with the rest, and apart in "steady"
+        opened = type(app.screen) not in seen_screens
+        if opened:
+            seen_screens.append(type(app.screen))
         for ev in batch:
             t = fmt.ts(ev.get("ts"))
             if t is not None and t >= started:
                 lat.append(shown - t)
+                if not opened:
+                    steady.append(shown - t)
                 counts["events"] += 1
 
     app.trace = trace
@@ -126,6 +136,7 @@ def event_to_screen(root: Path, candidates: int, lines: int) -> tuple[Samples, d
             counts["race_state"] = doc["state"] if doc else "?"  # type: ignore[assignment]
 
     asyncio.run(main())
+    counts["steady"] = Samples(values=steady)  # type: ignore[assignment]
     return Samples(values=lat), counts
 
 
@@ -154,6 +165,7 @@ def main(argv: list[str]) -> int:
         paint = first_paint(root, args.paint_runs)
         log(f"race of {args.candidates} candidates x {args.lines} lines, followed by the TUI")
         lat, counts = event_to_screen(root, args.candidates, args.lines)
+        steady = counts.pop("steady")
         report.section("Results", f"{args.sandboxes} sandboxes; a race of {args.candidates} `--cmd` candidates "
                                   f"(`--jobs {args.candidates}`), each printing {args.lines} lines 50 ms apart.")
         report.table(["measure", "n", "p50", "p99", "max", "target", "verdict"], [
@@ -161,6 +173,8 @@ def main(argv: list[str]) -> int:
              fmt_s(max(paint.values)), "<= 500 ms", verdict(paint.p99, 0.5)],
             ["event to screen (ts -> refresh done)", lat.n, fmt_s(lat.p50), fmt_s(lat.p99), fmt_s(max(lat.values)),
              "p99 <= 100 ms", verdict(lat.p99, 0.1)],
+            ["... without the batches that opened a screen", steady.n, fmt_s(steady.p50), fmt_s(steady.p99),
+             fmt_s(max(steady.values)), "", ""],
         ])
         report.text(f"events seen: {counts['events']} in {counts['batches']} batches "
                     f"({counts['events'] / max(1, counts['batches']):.1f} per batch); the race screen opened "
