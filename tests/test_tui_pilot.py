@@ -225,3 +225,18 @@ def test_filter_and_marks_and_help(ws):
             await pilot.press("escape", "q")
 
     asyncio.run(main())
+
+
+def test_race_option_opens_that_race_by_prefix():
+    from tests.tui_fixtures import RACE, fixed_app
+
+    async def main() -> None:
+        app = fixed_app(race=RACE[:6])
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race")
+            assert screen.race_id == RACE and screen.doc()["winner"] == "sb-0001c0de"
+            await pilot.press("l")  # the candidate's check output
+            logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
+            assert logs.sandbox == "sb-0001c4ec"
+
+    asyncio.run(main())

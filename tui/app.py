@@ -39,8 +39,6 @@ from . import actions as act
 from . import format as fmt
 from .model import Changes, Model
 from .screens.base import PetriScreen
-from .screens.confirm import ConfirmScreen
-from .screens.help import HelpScreen, bindings_table
 from .screens.sandboxes import SandboxesScreen
 from .source import Source
 
@@ -276,6 +274,7 @@ class PetriApp(App):
 
     def action_help(self) -> None:
         from .screens.compare import CompareScreen
+        from .screens.help import HelpScreen, bindings_table
         from .screens.logs import LogsScreen
         from .screens.promotions import PromotionsScreen
         from .screens.race import RaceScreen
@@ -339,6 +338,8 @@ class PetriApp(App):
         """The confirmation, then ``execute(values)``; the result as a toast."""
         if self.read_only:
             return
+
+        from .screens.confirm import ConfirmScreen  # dialogs load when first asked for
 
         async def load_plan() -> Any:
             assert plan is not None
