@@ -56,6 +56,11 @@ class RaceScreen(PetriScreen):
 
     def doc(self) -> dict[str, Any] | None:
         tr = self.papp.model.tracker
+        if self.race_id is not None and self.race_id not in tr.races:
+            # a prefix (--race r-4e), or a race the stream's history has not told yet
+            found = [r for r in tr.order if r.startswith(self.race_id)]
+            if len(found) == 1:
+                self.race_id = found[0]
         if self.race_id is None or self.race_id not in tr.races:
             return None
         return tr.doc(self.race_id)
@@ -79,7 +84,7 @@ class RaceScreen(PetriScreen):
         self.table.set_width(event.size.width)
 
     def on_model(self, changes: Changes) -> None:
-        if self.race_id in changes.races:
+        if self.race_id in changes.races or (changes.races and self.race_id not in self.papp.model.tracker.races):
             self.refresh_race()
 
     def tick(self, now: float) -> None:
@@ -87,7 +92,7 @@ class RaceScreen(PetriScreen):
         if doc is not None and doc["state"] == "running":
             self.query_one("#race-head", Static).update(race_head(doc, now))
 
-    def on_data_table_row_selected(self, _: Any) -> None:
+    def on_race_table_selected(self, _: RaceTable.Selected) -> None:
         self.action_open()
 
     # -- keys -----------------------------------------------------------------------------------
