@@ -240,3 +240,43 @@ def test_race_option_opens_that_race_by_prefix():
             assert logs.sandbox == "sb-0001c4ec"
 
     asyncio.run(main())
+
+
+@needs_sandbox
+def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
+    first = ws.fork(label="base").keep()[0]
+
+    async def main() -> None:
+        app = PetriApp(Source(petri.open(ws.root, via="tui")))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await loaded(pilot)
+            table = app.screen.table
+            await until(pilot, lambda: first.id in table.rows, "the row")
+            await pilot.press("f")
+            dlg = await confirm(pilot)
+            await pilot.press("tab", "tab", *"kid")  # the label field
+            assert "petri fork --from live --label kid" in str(dlg.query_one("#command").render())
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: table.row_count == 2, "the fork's row", timeout=30)
+            child = next(s for s in ws.sandboxes() if s.id != first.id)
+            assert child.label == "kid" and child.generation == 0
+            await pilot.press("x")  # run in the selected (first) sandbox
+            dlg = await confirm(pilot)
+            await pilot.press(*"echo ran; exit 3")
+            assert "petri run" in str(dlg.query_one("#command").render())
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: str(table.get_cell(first.id, "exit")) == "3", "the exit code", timeout=30)
+            await until(pilot, lambda: any("exit 3" in n.message for n in app._notifications), "the run's toast")
+            await pilot.press("D")
+            dlg = await confirm(pilot)
+            assert f"petri rm {first.id}" in str(dlg.query_one("#command").render())
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: first.id not in table.rows, "the row gone")
+            await pilot.press("g")
+            await confirm(pilot)
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: any(n.message.startswith("gc") for n in app._notifications), "gc's toast")
+        assert [s.id for s in ws.sandboxes()] == [child.id]
+        assert ws.logs(first.id)[-1].stdout() == "ran\n"
+
+    asyncio.run(main())

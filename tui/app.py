@@ -366,9 +366,10 @@ class PetriApp(App):
         self.run_worker(go, group=f"action-{action}")
 
     def action_fork(self) -> None:
-        src = self._current() or "live"
-        req = act.Request("fork", f"Fork {'from ' + src if src != 'live' else 'from live'}", fields=[
-            act.Field("from", "from (live, s-…, sb-…)", src), act.Field("n", "how many", "1"),
+        # From live by default: the engine does not fork from a sandbox yet (`fork --from
+        # sb-…` says so, and the toast carries its error); a snapshot id can be typed.
+        req = act.Request("fork", "Fork new sandboxes", fields=[
+            act.Field("from", "from (live, or a snapshot s-…)", "live"), act.Field("n", "how many", "1"),
             act.Field("label", "label (optional)", "")])
         self.ask(req, lambda v: self.do_action("fork", lambda: self.source.fork(
             v["from"] or "live", int(v["n"] or 1), v["label"] or None)))
