@@ -544,6 +544,53 @@ class Workspace:
         self._local.engine = None
         return doc
 
+    # -- for front ends (TUI, MCP): races from the event stream, rollback plans ------------
+    # Races have no registry table: what a race did is in its events (race.started,
+    # race.candidate_finished, race.finished, and the runs of its sandboxes), which
+    # ``RaceTracker`` folds into race documents. Added for the TUI; the MCP server's
+    # race_status needs the same.
+    def races(self) -> list[Race]:
+        """Every race the event stream tells of, oldest first: finished ones with their
+        final ranks and overlaps, running ones with provisional ranks (``state``:
+        ``running``, ``done`` or ``interrupted``)."""
+        tracker = RaceTracker()
+        for ev in self.events():
+            tracker.feed(ev.to_json())
+        return [Race.from_doc(tracker.doc(r)) for r in tracker.order]
+
+    def race_status(self, race: str) -> Race:
+        """One race by id or unique id prefix (``petri.NotFound`` if the stream has none)."""
+        from .errors import AmbiguousId, UnknownId
+
+        found = [r for r in self.races() if r.race.startswith(race)] if race else []
+        exact = [r for r in found if r.race == race]
+        if exact:
+            return exact[0]
+        if len(found) > 1:
+            raise AmbiguousId(ident=race, what="race", matches=", ".join(r.race for r in found[:5]))
+        if not found:
+            raise UnknownId(what="race", ident=race, listing="the event stream (.petri/events.jsonl)")
+        return found[0]
+
+    def rollback_plan(self, target: "str | Snapshot | Promotion | PromoteResult") -> Rollback:
+        """What ``rollback(target)`` would change now, writing nothing (the ``rollback``
+        document with ``dry_run: true``; ``blocked``: paths live changed since a promotion,
+        which make its undo refuse)."""
+        e = self.engine
+        kind, full = e.registry.resolve(_any_id(target), ("snapshot", "promotion"))
+        if kind == "snapshot":
+            from snapshot.restore import changed_paths, plan_restore
+
+            with e.backend.snapshot_view(e.store, full) as src:
+                paths = changed_paths(plan_restore(bytes(src), bytes(e.root)))
+            blocked: list[bytes] = []
+        else:
+            paths, blocked = _undo_plan(e, full)
+        from .engine import path_text
+        return Rollback.from_doc({"restored": full, "kind": kind, "changed": [path_text(p) for p in paths],
+                                  "safety_snapshot": None, "dry_run": True,
+                                  "blocked": [path_text(p) for p in blocked]})
+
 
 # ---------------------------------------------------------------------------- sandboxes
 
@@ -644,6 +691,152 @@ class SandboxSet(list):
                     ws.engine.destroy_sandbox(sb_id)
                 except PetriError:
                     pass  # already gone (rm by someone else); gc reaps anything left
+
+
+# ---------------------------------------------------------------------------- races from events
+# (for front ends: see Workspace.races)
+
+
+def race_rank_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    """Provisional order of a race's candidates while it runs: passed (fewest lines, then
+    fastest), then the ones still running (command-line order: any may still win), then
+    those whose check failed, then those that did not apply. Once the race is over its own
+    ranks (``orchestrator.race.rank``) replace these."""
+    st = c.get("state")
+    dur = c.get("duration_s")
+    lines = (c.get("lines_added") or 0) + (c.get("lines_removed") or 0)
+    group = {"passed": 0, "waiting": 1, "applying": 1, "checking": 1, "failed": 2}.get(st, 3)
+    return (group, lines if group == 0 else 0, dur if (group == 0 and dur is not None) else 0.0, c["index"])
+
+
+class RaceTracker:
+    """Folds event documents (``feed``) into race documents (``doc``): the SPEC's race
+    shape plus ``state`` (running|done|interrupted), and per candidate ``state``
+    (waiting|applying|checking|passed|failed|not_applied), ``check_sandbox`` and
+    ``last_line`` (its newest output line). Pure: no I/O except ``alive`` (is the racing
+    process still there), so a front end can feed it as events arrive."""
+
+    def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
+        from .registry import pid_alive
+
+        self.alive = alive or pid_alive
+        self.races: dict[str, dict[str, Any]] = {}
+        self.order: list[str] = []
+        self.by_sandbox: dict[str, tuple[str, int]] = {}  # candidate or check sandbox -> (race, index)
+
+    def feed(self, ev: dict[str, Any]) -> str | None:
+        """Take one event; return the id of the race it changed, if any."""
+        name = ev.get("event")
+        if name == "race.started":
+            rid = ev["race"]
+            cands = []
+            for i, c in enumerate(ev.get("candidates") or []):
+                cands.append({"candidate": c.get("candidate"), "kind": c.get("kind"), "sandbox": c.get("sandbox"),
+                              "check_sandbox": c.get("check_sandbox"), "index": i, "state": "waiting",
+                              "applied": False, "exit_code": None, "duration_s": None, "killed_by": None,
+                              "files_changed": 0, "lines_added": 0, "lines_removed": 0, "rank": i + 1,
+                              "error": None, "last_line": None, "last_stream": None})
+                for sb in (c.get("sandbox"), c.get("check_sandbox")):
+                    if sb:
+                        self.by_sandbox[sb] = (rid, i)
+            if rid not in self.races:
+                self.order.append(rid)
+            self.races[rid] = {"race": rid, "base": ev.get("base"), "check": ev.get("check"), "winner": None,
+                               "candidates": cands, "conflicts": [], "state": "running", "started_at": ev.get("ts"),
+                               "finished_at": None, "duration_s": None, "pid": ev.get("pid"), "jobs": ev.get("jobs")}
+            self._rerank(rid)
+            return rid
+        if name in ("run.started", "run.output", "run.finished"):
+            hit = self.by_sandbox.get(ev.get("sandbox") or "")
+            if hit is None or self.races[hit[0]]["state"] != "running":
+                return None
+            rid, i = hit
+            c = next(c for c in self.races[rid]["candidates"] if c["index"] == i)  # the list is kept in rank order
+            if name == "run.started" and c["state"] in ("waiting", "applying"):
+                c["state"] = "checking" if ev["sandbox"] == c["check_sandbox"] else "applying"
+            elif name == "run.output":
+                c["last_line"], c["last_stream"] = ev.get("line"), ev.get("stream")
+            return rid
+        if name == "race.candidate_finished":
+            hit = self.by_sandbox.get(ev.get("sandbox") or "")
+            if hit is None:
+                return None
+            rid, i = hit
+            c = next(c for c in self.races[rid]["candidates"] if c["index"] == i)  # the list is kept in rank order
+            for k in ("applied", "exit_code", "duration_s", "killed_by", "error", "files_changed", "lines_added",
+                      "lines_removed"):
+                if k in ev:
+                    c[k] = ev[k]
+            c["state"] = "not_applied" if not c["applied"] else ("passed" if c["exit_code"] == 0 else "failed")
+            self._rerank(rid)
+            return rid
+        if name == "race.finished":
+            rid = ev.get("race")
+            r = self.races.get(rid)
+            if r is None:
+                return None
+            r.update(state="done" if not ev.get("error") else "interrupted", winner=ev.get("winner"),
+                     finished_at=ev.get("ts"), duration_s=ev.get("duration_s"), error=ev.get("error"))
+            if ev.get("conflicts") is not None:
+                r["conflicts"] = ev["conflicts"]
+            final = {c.get("sandbox"): c for c in ev.get("candidates") or []}
+            for c in r["candidates"]:
+                f = final.get(c["sandbox"])
+                if f:
+                    c.update({k: v for k, v in f.items() if k in c or k in ("kept", "passed")})
+                    c["state"] = ("not_applied" if not c["applied"]
+                                  else "passed" if c["exit_code"] == 0 else "failed")
+                elif c["state"] in ("waiting", "applying", "checking"):
+                    c["state"] = "stopped"
+            if not final:
+                self._rerank(rid)
+            r["candidates"].sort(key=lambda c: c["rank"])
+            return rid
+        return None
+
+    def _rerank(self, rid: str) -> None:
+        cands = self.races[rid]["candidates"]
+        cands.sort(key=race_rank_key)
+        for n, c in enumerate(cands, 1):
+            c["rank"] = n
+
+    def doc(self, rid: str) -> dict[str, Any]:
+        """The race document now (a copy); a running race whose racing process is gone is
+        ``interrupted``."""
+        src = self.races[rid]
+        # a copy two levels deep: callers compare documents from before and after an event
+        r = {**src, "candidates": [dict(c) for c in src["candidates"]], "conflicts": list(src["conflicts"])}
+        if r["state"] == "running" and not self.alive(r.get("pid")):
+            r["state"] = "interrupted"
+        return r
+
+    def rank_of(self, sandbox: str) -> tuple[str, int] | None:
+        """(race, rank) of a race's candidate sandbox (or its check's); None for any other."""
+        hit = self.by_sandbox.get(sandbox)
+        if hit is None:
+            return None
+        c = next(c for c in self.races[hit[0]]["candidates"] if c["index"] == hit[1])
+        return hit[0], c["rank"]
+
+
+def _undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
+    """(paths an undo of the promotion would write, paths that block it), reading only:
+    the planner ``merge.promote.undo_promotion`` itself runs, minus its lock and writes."""
+    from merge.journal import PRE
+    from merge.promote import _changed_since, _is_parked, _open_pd, plan_undo
+    from merge.safefs import SafeTree
+
+    from .errors import UsageError
+
+    pd = _open_pd(e.root, e.store.journal, promo_id)
+    if not pd.path.is_dir() or pd.state != "done":
+        raise UsageError(detail=f"promotion {promo_id} cannot be undone (it is {pd.state if pd.path.is_dir() else 'gone'})")
+    ops = pd.read_journal()["ops"]
+    pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
+    with SafeTree(e.root) as lt:
+        plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
+        blocked = [*_changed_since(lt, ops), *plan.blocked]
+    return sorted({s.path for s in plan.steps}), sorted(set(blocked))
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -17,7 +17,13 @@ Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind) and 
 - ``run.output``: ``sandbox``, ``run``, ``stream`` (stdout|stderr), ``line`` (text, invalid
   UTF-8 as U+FFFD; at most ``MAX_LINE`` bytes, ``truncated: true`` beyond)
 - ``run.finished``: ``sandbox``, ``run`` and the run document (``exit_code``, ...)
-- ``race.started`` / ``race.finished``: ``race``, ``candidates`` / ``winner``
+- ``race.started``: ``race``, ``base``, ``check``, ``jobs``, ``candidates`` (each with its
+  ``sandbox`` and ``check_sandbox``, so a follower can attribute the runs' output)
+- ``race.candidate_finished``: ``race``, ``sandbox``, ``applied``, ``exit_code``,
+  ``duration_s``, ``killed_by``, ``error`` and the lines it changed
+- ``race.finished``: ``race``, ``winner``, ``duration_s`` and, when it ran to its end, the
+  ranked ``candidates`` and ``conflicts`` of the race document; ``error`` when it was
+  interrupted or failed (``orchestrator.api.RaceTracker`` folds these into races)
 
 Rotation: ``petri gc`` renames a stream past ``ROTATE_BYTES`` to ``events.jsonl.1``
 (replacing the previous one) and a new stream starts. A writer notices the new file by its

@@ -405,8 +405,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                 "id": race.id, "pid": os.getpid(), "done": False, "candidate": i % n, **role}})
             log.emit("sandbox.created", sandbox=r.id, base=r.base, path=r.path, race=race.id)
         after_fork(engine, [engine.registry.sandbox(r.id) for r in rows])  # type: ignore[misc]
-        log.emit("race.started", race=race.id, base=race.base, check=check,
-                 candidates=[{"candidate": c.text, "kind": c.kind, "sandbox": r.id} for c, r in zip(candidates, rows)])
+        log.emit("race.started", race=race.id, base=race.base, check=check, jobs=jobs,
+                 candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,
+                              "check_sandbox": o.check_sandbox} for o in outcomes])
         if say:
             say(f"race {race.id}: {n} candidate(s) forked from {race.base} in "
                 f"{time.monotonic() - t0:.2f}s; checking at most {jobs} at once")
@@ -429,7 +430,8 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                         if say:
                             say(f"  {o.candidate.text}: did not apply ({o.error})")
                         log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
-                                 candidate=o.candidate.text, applied=False, exit_code=None, duration_s=None)
+                                 candidate=o.candidate.text, applied=False, exit_code=None, duration_s=None,
+                                 killed_by=o.killed_by, error=o.error)
                         return
                     o.applied = True
                     row = engine.registry.sandbox(o.sandbox)
@@ -452,15 +454,20 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                         say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s")
                     log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
                              candidate=o.candidate.text, applied=True, exit_code=o.exit_code,
-                             duration_s=o.duration_s)
+                             duration_s=o.duration_s, killed_by=o.killed_by, error=o.error,
+                             files_changed=o.files_changed, lines_added=o.lines_added,
+                             lines_removed=o.lines_removed)
 
             async with trio.open_nursery() as nursery:
                 for o in outcomes:
                     nursery.start_soon(one, o)
-    except BaseException:
+    except BaseException as exc:
         # Interrupted or failed: no half-raced sandboxes stay behind, nor the base made for them.
         with _shielded():
             _destroy_all(engine, race, [r.id for r in rows])
+        # Followers (TUI, MCP) learn that the race is over, not only that it went quiet.
+        log.emit("race.finished", race=race.id, winner=None, error=str(exc) or type(exc).__name__,
+                 duration_s=time.monotonic() - t0)
         raise
     ordered = rank(outcomes)
     winner = ordered[0] if ordered and ordered[0].passed else None
@@ -493,7 +500,10 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
             doc["stale"] = engine.staleness(row) if row else None
         except Exception:
             doc["stale"] = None
-    log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
+    # The whole result rides on the event, so a front end can show a finished race (ranks,
+    # overlaps) from the stream alone: races have no registry table.
+    log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"],
+             base=race.base, check=check, candidates=doc["candidates"], conflicts=doc["conflicts"])
     from . import audit, kpi
     audit.touch(race.id, *(o.sandbox for o in outcomes))
     kpi.record(engine.registry, "race", doc["duration_s"], subject=race.id,

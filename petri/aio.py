@@ -259,6 +259,16 @@ class Workspace:
     async def info(self) -> dict[str, Any]:
         return await _thread(self.sync.info)
 
+    # -- for front ends (TUI, MCP): see the sync API's section of the same name ----------
+    async def races(self) -> list[Race]:
+        return await _thread(self.sync.races)
+
+    async def race_status(self, race: str) -> Race:
+        return await _thread(self.sync.race_status, race)
+
+    async def rollback_plan(self, target: Any) -> Rollback:
+        return await _thread(self.sync.rollback_plan, _sid(target))
+
     async def close(self) -> None:
         self.sync.close()
 

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubblewrap git
       util-linux attr patch python3-venv python3-dev gcc libseccomp2
       fuse-overlayfs   # fuse-overlayfs: only bench/bench_fuse.py compares against it
-      openssh-client)  # ssh-agent/ssh-add: tests/test_sandbox_holes.py's real agent
+      openssh-client   # ssh-agent/ssh-add: tests/test_sandbox_holes.py's real agent
+      tmux)            # tmux: the TUI's real-terminal test
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -1,0 +1,125 @@
+"""``petri tui`` in a real terminal: tmux runs it at 80x24, keys go in with ``send-keys``,
+the screen comes back with ``capture-pane``. A real workspace (copy backend), the CLI entry
+point, Textual's real driver."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import petri
+from tests.test_api import make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (scripts/setup.sh installs it)")
+
+
+class Tmux:
+    def __init__(self, name: str, cwd: Path, argv: list[str]) -> None:
+        self.name = name
+        env = {"TERM": "xterm-256color", "PETRI_WORKSPACE": "", "COLUMNS": "", "LINES": ""}
+        cmd = " ".join(f"{k}={v}" for k, v in env.items()) + " exec " + " ".join(argv)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", "-c", str(cwd), cmd],
+                       check=True)
+
+    def keys(self, *keys: str) -> None:
+        for k in keys:
+            subprocess.run(["tmux", "send-keys", "-t", self.name, k], check=True)
+            # A lone ESC followed at once by a key reads as alt+key (terminals send alt that
+            # way): pause after it, as any person does.
+            time.sleep(0.3 if k == "Escape" else 0.05)
+
+    def screen(self) -> str:
+        cp = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        return cp.stdout
+
+    def wait_for(self, *texts: str, timeout: float = 30) -> str:
+        """The screen once every one of ``texts`` is on it at the same time (a screen is
+        painted in parts: one text alone may come before the rest)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.screen()
+            if all(t in got for t in texts):
+                return got
+            time.sleep(0.1)
+        raise AssertionError(f"{texts!r} never showed together; the screen:\n{self.screen()}")
+
+    def alive(self) -> bool:
+        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+@pytest.fixture
+def tmux_tui(ws):  # noqa: F811
+    sessions: list[Tmux] = []
+
+    def start(*args: str) -> Tmux:
+        t = Tmux(f"petri-tui-test-{os.getpid()}-{len(sessions)}", Path(ws.root),
+                 [sys.executable, "-m", "orchestrator.cli", "tui", *args])
+        sessions.append(t)
+        return t
+
+    try:
+        yield start
+    finally:
+        for t in sessions:
+            t.kill()
+
+
+@needs_sandbox
+def test_keys_in_a_real_terminal(ws, tmux_tui):  # noqa: F811
+    sb = ws.fork(label="alpha").keep()[0]
+    Path(sb.path, "notes.txt").write_text("one\nTWO, longer\nthree\n")  # another size: copy notices by stat
+    other = ws.fork(label="beta").keep()[0]
+    assert [f.path for f in ws.diff(sb).files] == ["notes.txt"]
+    t = tmux_tui()
+    headers = ("ID", "LABEL", "STATE", "AGE", "LEFT", "MEM", "DISK", "EXIT", "STALE", "RACE")
+    screen = t.wait_for(sb.id, *headers)
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    t.keys("2")  # the Diff tab of the first row
+    t.wait_for("+TWO")
+    t.keys("Space", "Space", "c")  # mark both, compare
+    t.wait_for("B only")
+    t.keys("Escape")
+    t.wait_for("LABEL")
+    t.keys("?")
+    t.wait_for("command palette")
+    t.keys("Escape")
+    # another petri destroys a sandbox: its row goes
+    ws.remove(other.id)
+    deadline = time.monotonic() + 20
+    while other.id in t.screen() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert other.id not in t.screen()
+    t.keys("p")  # promote asks first, with the command
+    t.wait_for(f"petri promote {sb.id}")
+    t.wait_for("would apply 1 path(s)")
+    t.keys("Escape")
+    t.keys("q")
+    deadline = time.monotonic() + 10
+    while t.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not t.alive(), "q quits"
+    assert ws.promotions() == []  # cancelled: nothing promoted
+
+
+def test_read_only_and_bad_race_id(ws, tmux_tui):  # noqa: F811
+    from tests.conftest import petri as petri_cli
+
+    bad = petri_cli("tui", "--race", "r-nope", cwd=ws.root)
+    assert bad.rc == 2 and bad.err.count("\n") == 1 and "r-nope" in bad.err
+    js = petri_cli("--json", "tui", cwd=ws.root)
+    assert js.rc == 2 and js.json["exit_code"] == 2
+    t = tmux_tui("--read-only")
+    screen = t.wait_for("read-only")
+    assert "Promote" not in screen and "Destroy" not in screen
+    t.keys("p")
+    time.sleep(0.5)
+    assert "petri promote" not in t.screen()
+    t.keys("q")

@@ -1,0 +1,486 @@
+"""``petri tui``: the Textual app over one workspace.
+
+How it stays apart from the engine (DESIGN: Textual runs on asyncio, the engine on trio):
+it reads and acts only through ``tui.source.Source`` (the public API): blocking calls in
+worker threads (``asyncio.to_thread``), runs and races through ``petri.aio`` (cancellable).
+A thread follows ``.petri/events.jsonl``; events are batched (one message per batch, not
+per event), folded into the ``Model``, and each screen updates the rows and cells the batch
+changed. What events do not carry (a new sandbox's limits, usage, staleness) is read from
+the registry: the sandboxes an event names at once, every sandbox every few seconds.
+
+Screens: Sandboxes (the base), Race, Compare, Logs, Promotions; Help and the confirmation
+dialogs are modal. Every mutating action asks first, showing the equivalent ``petri``
+command (and for promote and rollback the dry-run plan); ``read_only`` offers none.
+
+Caveats: the event stream is read from its start on launch (to know past races): a stream
+near its 32 MiB rotation takes a moment to fold, after the first paint. A race's ranks
+while it runs are provisional (``orchestrator.api.race_rank_key``).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import asyncio
+import collections
+import os
+import shlex
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import ModalScreen, Screen
+
+from . import actions as act
+from . import format as fmt
+from .model import Changes, Model
+from .screens.base import PetriScreen
+from .screens.sandboxes import SandboxesScreen
+from .source import Source
+
+REFRESH_S = 5.0  # usage, staleness and time left from the registry (events do not carry them)
+
+
+class EventsReady(Message):
+    """The follower thread queued events (one message per batch)."""
+
+
+class PetriApp(App):
+    TITLE = "petri"
+    ENABLE_COMMAND_PALETTE = True
+    # The footer shows a few keys (each one is a widget: fewer make the first paint faster);
+    # help (?) and the command palette list them all.
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("r", "race_screen", "Race"),
+        Binding("P", "promotions", "Promotions", show=False),
+        Binding("R", "race", "New race", show=False),
+        Binding("f", "fork", "Fork", show=False),
+        Binding("x", "run", "Run", show=False),
+        Binding("p", "promote", "Promote"),
+        Binding("D", "destroy", "Destroy", show=False),
+        Binding("u", "rollback", "Roll back", show=False),
+        Binding("g", "gc", "gc", show=False),
+        Binding("e", "editor", "Editor", show=False),
+        Binding("s", "shell", "Shell", show=False),
+    ]
+
+    def __init__(self, source: Source, *, read_only: bool = False, race: str | None = None,
+                 follow: bool = True, clock: Callable[[], float] | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.read_only = read_only
+        self.initial_race = race
+        self.follow = follow
+        self.clock = clock or source.clock
+        self.model = Model()
+        self.sub_title = ("read-only  " if read_only else "") + str(source.root)
+        self.started_at = time.time()
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._pending = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._fetching: set[str] = set()
+        # bench/bench_tui.py: called with each batch of events once the screen showing it has
+        # been refreshed (Textual's call_after_refresh), to time event -> screen
+        self.trace: Callable[[list[dict[str, Any]]], None] | None = None
+        self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
+
+    # -- start -----------------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock()
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """A blocking API call in a worker thread."""
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    def on_mount(self) -> None:
+        self.loaded = asyncio.Event()
+        self.push_screen(SandboxesScreen())
+        self.run_worker(self.load_initial, group="load")
+        self.set_interval(1.0, self.tick)
+
+    async def load_initial(self) -> None:
+        # The table first, without staleness: the first paint waits for nothing else (the
+        # event stream's history, staleness and promotions come after it).
+        infos = await self.call(self.source.sandboxes, staleness=False)
+        self.apply(self.model.put_sandboxes(infos))
+        if self.follow:
+            self.follow_events()
+            self.set_interval(REFRESH_S, self.refresh_sandboxes)
+        if not self.follow:  # fixed records (tests): races come from the source
+            for ev in await self.call(lambda: list(getattr(self.source, "history", lambda: [])())):
+                self.apply(self.model.feed(ev))
+        self.apply(self.model.put_promotions(await self.call(self.source.promotions)))
+        assert self.loaded is not None
+        self.loaded.set()
+        if self.initial_race:
+            self.open_race(self.initial_race)
+        await self.refresh_sandboxes_now()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    # -- the event stream ------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="follow")
+    def follow_events(self) -> None:
+        from textual.worker import get_current_worker
+
+        me = get_current_worker()
+        for ev in self.source.events(lambda: self._stop.is_set() or me.is_cancelled):
+            with self._lock:
+                self._queue.append(ev)
+                if self._pending:
+                    continue
+                self._pending = True
+            self.post_message(EventsReady())
+
+    def on_events_ready(self, _: EventsReady) -> None:
+        with self._lock:
+            batch = list(self._queue)
+            self._queue.clear()
+            self._pending = False
+        self.feed(batch)
+
+    def feed(self, batch: list[dict[str, Any]]) -> None:
+        """Fold a batch of events into the model and show what changed."""
+        ch = Changes()
+        live_races = []
+        for ev in batch:
+            c = self.model.feed(ev)
+            if c.started_races and (fmt.ts(ev.get("ts")) or 0) >= self.started_at - 2:
+                live_races += c.started_races
+            ch.merge(c)
+        ch.started_races = []
+        self.apply(ch)
+        if self.trace is not None:
+            self.call_after_refresh(self.trace, batch)
+        for rid in live_races:
+            if not isinstance(self.screen, ModalScreen) and self.model.tracker.doc(rid)["state"] == "running":
+                self.open_race(rid)
+
+    def apply(self, ch: Changes) -> None:
+        if ch.fetch:
+            self.fetch_sandboxes(ch.fetch - self._fetching)
+        if not ch:
+            return
+        top = self.screen
+        for screen in self.screen_stack:
+            if isinstance(screen, PetriScreen):
+                # the screen in view now (under a dialog too); the covered ones catch up later
+                if screen is top or (isinstance(top, ModalScreen) and screen is self.screen_stack[-2]):
+                    screen.on_model(ch)
+                else:
+                    screen.defer(ch)
+
+    def fetch_sandboxes(self, ids: Iterable[str]) -> None:
+        ids = set(ids)
+        if ids:
+            self._fetching |= ids
+            self.run_worker(partial(self._fetch, ids), group="fetch")
+
+    async def _fetch(self, ids: set[str]) -> None:
+        try:
+            ch = Changes()
+            for sid in ids:
+                info = await self.call(self.source.sandbox_row, sid)
+                if info is not None:
+                    ch.merge(self.model.put_sandbox(info))
+            self.apply(ch)
+        finally:
+            self._fetching -= ids
+
+    def refresh_sandboxes(self) -> None:
+        self.run_worker(self.refresh_sandboxes_now, exclusive=True, group="refresh")
+
+    async def refresh_sandboxes_now(self) -> None:
+        infos = await self.call(self.source.sandboxes, staleness=True)
+        self.apply(self.model.put_sandboxes(infos))
+
+    def refresh_promotions(self) -> None:
+        async def go() -> None:
+            self.apply(self.model.put_promotions(await self.call(self.source.promotions)))
+        self.run_worker(go, exclusive=True, group="promotions")
+
+    def tick(self) -> None:
+        now = self.now()
+        top = self.screen if not isinstance(self.screen, ModalScreen) else self.screen_stack[-2]
+        if isinstance(top, PetriScreen):
+            top.tick(now)  # a covered screen's clock cells catch up when it shows again
+
+    async def run_lines(self, sid: str, n: int | None = None) -> tuple[list[tuple[str, str]], str]:
+        """A run's output as (stream, line): as it streamed, when this TUI saw it run;
+        else from its saved files (stdout, then stderr: the files do not keep the order)."""
+        runs = await self.call(self.source.runs, sid)
+        if n is None:
+            n = self.model.running.get(sid) or (runs[-1].run if runs else None)
+        if n is None:
+            return [], "no runs yet"
+        run = next((r for r in runs if r.run == n), None)
+        header = f"run {n}" + (f": exit {run.exit_code}" if run is not None and run.exit_code is not None else "")
+        tail = self.model.tails.get((sid, n))
+        if tail is not None and len(tail) < tail.maxlen:  # type: ignore[operator]
+            return list(tail), header
+        lines: list[tuple[str, str]] = []
+        if run is not None:
+            out = await self.call(self.source.read_text, run.stdout_path)
+            err = await self.call(self.source.read_text, run.stderr_path)
+            lines = [("stdout", ln) for ln in out.splitlines()] + [("stderr", ln) for ln in err.splitlines()]
+        return lines, header
+
+    # -- navigation ------------------------------------------------------------------------------
+    def open_race(self, rid: str | None) -> None:
+        from .screens.race import RaceScreen
+
+        if rid is not None and rid not in self.model.tracker.races:
+            found = [r for r in self.model.tracker.order if r.startswith(rid)]
+            rid = found[-1] if found else rid
+        if isinstance(self.screen, RaceScreen) and self.screen.race_id == rid:
+            return
+        self.push_screen(RaceScreen(rid))
+
+    def action_race_screen(self) -> None:
+        self.open_race(self.model.latest_race())
+
+    def action_promotions(self) -> None:
+        from .screens.promotions import PromotionsScreen
+
+        if not isinstance(self.screen, PromotionsScreen):
+            self.push_screen(PromotionsScreen())
+
+    def compare(self, ids: list[str]) -> None:
+        from .screens.compare import CompareScreen
+
+        if len(ids) < 2:
+            self.notify("mark two sandboxes with space, then c compares them", severity="warning")
+            return
+        self.push_screen(CompareScreen(ids[-2], ids[-1]))
+
+    def open_logs(self, sid: str, title: str | None = None) -> None:
+        from .screens.logs import LogsScreen
+
+        self.push_screen(LogsScreen(sid, title))
+
+    def show_sandbox(self, sid: str) -> None:
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, SandboxesScreen):
+            self.pop_screen()
+        if isinstance(self.screen, SandboxesScreen):
+            self.screen.table.select(sid)
+
+    def action_help(self) -> None:
+        from .screens.compare import CompareScreen
+        from .screens.help import HelpScreen, bindings_table
+        from .screens.logs import LogsScreen
+        from .screens.promotions import PromotionsScreen
+        from .screens.race import RaceScreen
+
+        groups = [("everywhere", self.BINDINGS), ("Sandboxes", SandboxesScreen.BINDINGS),
+                  ("Race", RaceScreen.BINDINGS), ("Compare", CompareScreen.BINDINGS),
+                  ("Logs", LogsScreen.BINDINGS), ("Promotions", PromotionsScreen.BINDINGS + [
+                      Binding("u", "rollback", "undo the promotion under the cursor")])]
+        self.push_screen(HelpScreen(bindings_table(groups, self.read_only, act.MUTATING)))
+
+    # -- actions ---------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.read_only and action in act.MUTATING:
+            return False  # hidden from the footer, help and palette, and the key does nothing
+        return True
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help: every key", "List the keys of every screen", self.action_help)
+        yield SystemCommand("Race screen", "The newest race, ranked", self.action_race_screen)
+        yield SystemCommand("Promotions", "Promotions, with undo", self.action_promotions)
+        yield SystemCommand("Compare the marked sandboxes", "Two marked sandboxes side by side",
+                            lambda: self.compare(self._marked()))
+        yield SystemCommand("Logs of the sandbox", "Follow its runs", lambda: self._with_current(self.open_logs))
+        yield SystemCommand("Filter sandboxes", "Show only matching rows", self._filter)
+        if self.read_only:
+            return
+        for title, help_, fn in (
+                ("Fork a sandbox", "From the selected sandbox, or from live", self.action_fork),
+                ("Run a command in the sandbox", "petri run", self.action_run),
+                ("Promote the sandbox", "Into the workspace (dry-run plan first)", self.action_promote),
+                ("Promote the sandbox with --verify", "Roll back if the check fails", lambda: self.action_promote(True)),
+                ("Destroy sandboxes", "petri rm (the marked ones, or the selected)", self.action_destroy),
+                ("Roll back a promotion", "Undo (plan first)", self.action_rollback),
+                ("Roll back the workspace to a snapshot", "petri rollback s-… (plan first)", self.action_rollback_snapshot),
+                ("Garbage-collect (gc)", "petri gc", self.action_gc),
+                ("Open the sandbox in $EDITOR", "Its tree on the host", self.action_editor),
+                ("Shell in the sandbox", "petri shell", self.action_shell),
+                ("Start a race", "petri race: a check and candidates", self.action_race)):
+            yield SystemCommand(title, help_, fn)
+
+    def _filter(self) -> None:
+        if isinstance(self.screen, SandboxesScreen):
+            self.screen.action_filter()
+
+    def _current(self) -> str | None:
+        return self.screen.current_sandbox() if isinstance(self.screen, PetriScreen) else None
+
+    def _marked(self) -> list[str]:
+        return self.screen.marked() if isinstance(self.screen, PetriScreen) else []
+
+    def _with_current(self, fn: Callable[[str], Any]) -> None:
+        sid = self._current()
+        if sid is None:
+            self.notify("no sandbox selected", severity="warning")
+            return
+        fn(sid)
+
+    def ask(self, req: act.Request, execute: Callable[[dict[str, str]], Any],
+            plan: Callable[[], Any] | None = None) -> None:
+        """The confirmation, then ``execute(values)``; the result as a toast."""
+        if self.read_only:
+            return
+
+        from .screens.confirm import ConfirmScreen  # dialogs load when first asked for
+
+        async def load_plan() -> Any:
+            assert plan is not None
+            return await self.call(plan)
+
+        def done(values: dict[str, str] | None) -> None:
+            if values is not None:
+                execute(values)
+
+        self.push_screen(ConfirmScreen(req, load_plan if plan else None), done)
+
+    def do_action(self, action: str, fn: Callable[[], Any], *, is_async: bool = False) -> None:
+        """Do it in a worker; say the result (or the error line) in a toast."""
+        async def go() -> None:
+            try:
+                result = await fn() if is_async else await self.call(fn)
+            except Exception as e:  # noqa: BLE001 - petri's one-line errors become toasts
+                code = getattr(e, "exit_code", None)
+                self.notify(f"{action} failed{f' (exit {code})' if code else ''}: {e}", severity="error", timeout=10)
+                return
+            self.notify(act.summary(action, result), title=action)
+            self.refresh_promotions()
+            await self.refresh_sandboxes_now()
+        self.run_worker(go, group=f"action-{action}")
+
+    def action_fork(self) -> None:
+        # From live by default: the engine does not fork from a sandbox yet (`fork --from
+        # sb-…` says so, and the toast carries its error); a snapshot id can be typed.
+        req = act.Request("fork", "Fork new sandboxes", fields=[
+            act.Field("from", "from (live, or a snapshot s-…)", "live"), act.Field("n", "how many", "1"),
+            act.Field("label", "label (optional)", "")])
+        self.ask(req, lambda v: self.do_action("fork", lambda: self.source.fork(
+            v["from"] or "live", int(v["n"] or 1), v["label"] or None)))
+
+    def action_run(self) -> None:
+        def go(sid: str) -> None:
+            req = act.Request("run", f"Run a command in {sid}", (sid,), fields=[
+                act.Field("command", "command (sh -c)", "", placeholder="make test"),
+                act.Field("timeout", "timeout (optional, e.g. 5m)", "")])
+            self.ask(req, lambda v: self.do_action(
+                "run", lambda: self.source.run(sid, v["command"], v["timeout"] or None), is_async=True))
+        self._with_current(go)
+
+    def action_promote(self, verify: bool = False) -> None:
+        def go(sid: str) -> None:
+            req = act.Request("promote", f"Promote {sid} into the workspace", (sid,), fields=[
+                act.Field("verify", "verify command (optional: empty promotes without verifying)", "",
+                          placeholder="python3 -m pytest -q" if verify else "")],
+                              plan_of=self.source.promote_plan)
+            self.ask(req, lambda v: self.do_action("promote", lambda: self.source.promote(sid, v["verify"] or None)),
+                     plan=lambda: self.source.promote_plan(sid))
+        self._with_current(go)
+
+    def action_destroy(self) -> None:
+        ids = self._marked() or ([self._current()] if self._current() else [])
+        if not ids:
+            self.notify("no sandbox selected", severity="warning")
+            return
+        req = act.Request("destroy", f"Destroy {len(ids)} sandbox(es): their trees and processes", tuple(ids),
+                          danger=True)
+        self.ask(req, lambda v: self.do_action("destroy", lambda: self.source.remove(ids)))
+
+    def action_rollback(self) -> None:
+        from .screens.promotions import PromotionsScreen
+
+        target = None
+        if isinstance(self.screen, PromotionsScreen):
+            p = self.screen.current_promotion()
+            target = p.id if p is not None and p.can_undo else None
+        else:
+            sid = self._current()
+            undoable = [p for p in self.model.promotions if p.can_undo]
+            mine = [p for p in undoable if p.sandbox == sid]
+            pick = (mine or undoable)[-1:] if undoable else []
+            target = pick[0].id if pick else None
+        if target is None:
+            self.notify("nothing to roll back: no promotion that can be undone here", severity="warning")
+            return
+        self._ask_rollback(target)
+
+    def action_rollback_snapshot(self) -> None:
+        async def go() -> None:
+            snaps = await self.call(self.source.snapshots)
+            if not snaps:
+                self.notify("no snapshots", severity="warning")
+                return
+            self._ask_rollback(snaps[-1].id, editable=True)
+        self.run_worker(go)
+
+    def _ask_rollback(self, target: str, editable: bool = False) -> None:
+        fields = [act.Field("target", "roll back to (s-…: a snapshot, p-…: undo a promotion)", target)] if editable else []
+        req = act.Request("rollback", f"Roll back {target}" + (": undo that promotion" if target.startswith("p-") else ""),
+                          (target,), fields=fields, danger=True, plan_of=self.source.rollback_plan)
+        self.ask(req, lambda v: self.do_action("rollback", lambda: self.source.rollback(v.get("target") or target)),
+                 plan=lambda: self.source.rollback_plan(target))
+
+    def action_gc(self) -> None:
+        req = act.Request("gc", "Garbage-collect: expired sandboxes, leaked mounts, unused implicit snapshots")
+        self.ask(req, lambda v: self.do_action("gc", self.source.gc))
+
+    def action_editor(self) -> None:
+        def go(sid: str) -> None:
+            info = self.model.sandboxes.get(sid)
+            if info is None or not info.path:
+                self.notify("that sandbox has no tree", severity="warning")
+                return
+            editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+            req = act.Request("editor", f"Open {sid} in your editor", (sid, info.path),
+                              fields=[act.Field("editor", "editor", editor)])
+            self.ask(req, lambda v: self._suspended([*shlex.split(v["editor"] or "vi"), info.path], cwd=info.path))
+        self._with_current(go)
+
+    def action_shell(self) -> None:
+        def go(sid: str) -> None:
+            req = act.Request("shell", f"A shell in {sid} (exit returns here)", (sid,))
+            self.ask(req, lambda v: self._suspended(self.source.cli_argv("shell", sid)))
+        self._with_current(go)
+
+    def _suspended(self, argv: list[str], cwd: str | None = None) -> None:
+        try:
+            with self.suspend():
+                subprocess.run(argv, cwd=cwd, check=False)
+        except Exception as e:  # noqa: BLE001 - no terminal to hand over (tests, a pipe): said
+            self.notify(f"could not hand the terminal over: {e}", severity="error")
+        self.refresh_sandboxes()
+
+    def action_race(self) -> None:
+        req = act.Request("race", "Start a race: one sandbox per candidate, the check in all, ranked", fields=[
+            act.Field("check", "check (a shell command; exit 0 passes)", "", placeholder="python3 -m pytest -q"),
+            act.Field("candidates", "candidates, one a line: `cmd: COMMAND` or `patch: FILE`", "", multiline=True),
+            act.Field("jobs", "at most this many at once", "8")])
+
+        def go(v: dict[str, str]) -> None:
+            import petri
+
+            cands = [petri.Patch(os.path.join(str(self.source.root), t) if not os.path.isabs(t) else t)
+                     if k == "patch" else petri.Cmd(t) for k, t in act.candidates_of(v["candidates"])]
+            self.do_action("race", lambda: self.source.race(v["check"], cands, int(v["jobs"] or 8)), is_async=True)
+        self.ask(req, go)
+
+
+def main(source: Source, **kw: Any) -> int:
+    PetriApp(source, **kw).run()
+    return 0

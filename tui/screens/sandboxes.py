@@ -1,0 +1,187 @@
+"""The first screen: every sandbox in a table (updated in place as events arrive) and the
+detail pane of the one under the cursor (Status, Diff, Logs, Lineage)."""
+from __future__ import annotations
+
+from functools import partial
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Header, Input, TabbedContent
+
+from ..model import Changes
+from ..widgets.detail_pane import DetailPane
+from ..widgets.sandbox_table import SandboxTable
+from .base import PetriScreen
+
+
+class SandboxesScreen(PetriScreen):
+    DEFAULT_CSS = """
+    SandboxesScreen #filter { dock: bottom; display: none; height: 1; border: none; padding: 0 1; }
+    SandboxesScreen #filter.on { display: block; }
+    SandboxesScreen SandboxTable { height: auto; max-height: 55%; min-height: 4; }
+    """
+    BINDINGS = [
+        Binding("j", "down", "Down", show=False), Binding("k", "up", "Up", show=False),
+        Binding("enter", "open", "Open", show=False),
+        Binding("space", "mark", "Mark"),
+        Binding("c", "compare", "Compare"),
+        Binding("l", "logs", "Logs"),
+        Binding("slash", "filter", "Filter", show=False),
+        Binding("1", "tab('tab-status')", "Status tab", show=False),
+        Binding("2", "tab('tab-diff')", "Diff tab", show=False),
+        Binding("3", "tab('tab-logs')", "Logs tab", show=False),
+        Binding("4", "tab('tab-lineage')", "Lineage tab", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield SandboxTable(id="sandboxes")
+        yield DetailPane(id="detail")
+        yield Input(placeholder="filter: id, label, state or base (enter keeps it, esc clears)", id="filter")
+        yield Footer()
+
+    @property
+    def table(self) -> SandboxTable:
+        return self.query_one(SandboxTable)
+
+    def on_mount(self) -> None:
+        self.table.now = self.papp.now()
+        self.table.set_width(self.size.width or self.app.size.width)
+        self.table.rebuild(self.papp.model)
+        if self.table.row_count:
+            # rows added before the screen was mounted may have left the cursor anywhere
+            self.table.move_cursor(row=0)
+        self.table.focus()
+        self.call_after_refresh(lambda: self.load_detail(self.table.current_id()))
+
+    def on_resize(self, event: Any) -> None:
+        if self.table.set_width(event.size.width):
+            self.table.rebuild(self.papp.model)
+
+    # -- model -> rows ------------------------------------------------------------------------
+    def on_model(self, changes: Changes) -> None:
+        t = self.table
+        before = t.current_id()
+        t.sync(self.papp.model, changes.sandboxes, changes.gone)
+        cur = t.current_id()
+        if cur != before or (cur in changes.sandboxes):
+            self.load_detail(cur, light=cur == before)
+        if cur and changes.output:
+            run = self.papp.model.running.get(cur)
+            lines = changes.output.get((cur, run)) if run is not None else None
+            if lines and self.detail.active == "tab-logs":
+                self.detail.append_logs(lines)
+
+    def tick(self, now: float) -> None:
+        self.table.tick(self.papp.model, now)
+
+    # -- the detail pane -----------------------------------------------------------------------
+    @property
+    def detail(self) -> DetailPane:
+        return self.query_one(DetailPane)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table is self.table:
+            self.load_detail(event.row_key.value if event.row_key else None)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table is self.table:
+            self.action_open()  # enter (or a click on the highlighted row)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.load_detail(self.table.current_id())
+
+    def load_detail(self, sid: str | None, light: bool = False) -> None:
+        if sid is None:
+            return
+        model = self.papp.model
+        info = model.sandboxes.get(sid)
+        if info is None or not self.detail.is_mounted or not self.detail.query(TabbedContent):
+            return  # the model moved before this screen finished composing: on_mount loads it
+        self.detail.sandbox = sid
+        self.detail.show_status(info, model, self.papp.now())
+        tab = self.detail.active
+        if tab == "tab-lineage":
+            self.detail.show_lineage(info, model)
+        elif not light:
+            self.run_worker(partial(self._load_tab, sid, tab), exclusive=True, group="detail")
+
+    async def _load_tab(self, sid: str, tab: str) -> None:
+        papp = self.papp
+        full = await papp.call(papp.source.sandbox, sid)
+        if full is None or self.detail.sandbox != sid:
+            return
+        self.detail.show_status(full, papp.model, papp.now())
+        if tab == "tab-diff":
+            try:
+                diff = await papp.call(papp.source.diff, sid)
+            except Exception:  # noqa: BLE001 - an expired tree: said in the pane
+                diff = None
+            if self.detail.sandbox == sid:
+                self.detail.show_diff(diff)
+        elif tab == "tab-logs":
+            lines, header = await papp.run_lines(sid)
+            if self.detail.sandbox == sid:
+                self.detail.show_logs(lines, header)
+
+    # -- keys ----------------------------------------------------------------------------------
+    def current_sandbox(self) -> str | None:
+        return self.table.current_id()
+
+    def marked(self) -> list[str]:
+        return list(self.table.marked)
+
+    def action_down(self) -> None:
+        self.table.action_cursor_down()
+
+    def action_up(self) -> None:
+        self.table.action_cursor_up()
+
+    def action_open(self) -> None:
+        tabs = ["tab-status", "tab-diff", "tab-logs", "tab-lineage"]
+        cur = self.detail.active
+        self.detail.active = tabs[(tabs.index(cur) + 1) % len(tabs)] if cur in tabs else tabs[0]
+
+    def action_tab(self, tab: str) -> None:
+        self.detail.active = tab
+
+    def action_mark(self) -> None:
+        sid = self.table.current_id()
+        if sid:
+            self.table.toggle_mark(sid)
+            self.table.action_cursor_down()
+
+    def action_compare(self) -> None:
+        self.papp.compare(self.marked())
+
+    def action_logs(self) -> None:
+        sid = self.table.current_id()
+        if sid:
+            self.papp.open_logs(sid)
+
+    def action_filter(self) -> None:
+        f = self.query_one("#filter", Input)
+        f.add_class("on")
+        f.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.table.filter_text = event.value.strip()
+            self.table.rebuild(self.papp.model)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            if not event.value.strip():
+                event.input.remove_class("on")
+            self.table.focus()
+
+    def key_escape(self) -> None:
+        f = self.query_one("#filter", Input)
+        if f.has_class("on"):
+            f.value = ""
+            f.remove_class("on")
+            self.table.filter_text = ""
+            self.table.rebuild(self.papp.model)
+            self.table.focus()

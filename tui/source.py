@@ -1,0 +1,130 @@
+"""The TUI's one door to petri: reads and actions over the public API (``petri``,
+``petri.aio``), never the engine or a backend.
+
+Every blocking call here runs in a worker thread (the app wraps it in
+``asyncio.to_thread``); runs and races go through ``petri.aio`` so that cancelling the
+awaiting task kills them. ``via="tui"`` marks what the TUI does in the audit trail.
+
+Caveat: a ``Source`` is also what tests replace to build screens from fixed records (see
+``tests/tui_fixtures.py``); everything the screens read goes through these methods.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+
+class Source:
+    def __init__(self, ws: Any, *, clock: Callable[[], float] = time.time) -> None:
+        self.ws = ws
+        self.root = Path(ws.root)
+        self.clock = clock
+        self._aio: Any = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None) -> "Source":
+        import petri
+
+        return cls(petri.open(path, via="tui"))
+
+    @property
+    def aio(self) -> Any:
+        if self._aio is None:
+            import petri.aio
+
+            self._aio = petri.aio.Workspace(self.ws)
+        return self._aio
+
+    # -- reads ------------------------------------------------------------------------------
+    def sandboxes(self, *, staleness: bool = True) -> list[Any]:
+        return list(self.ws.sandbox_list(staleness=staleness).sandboxes)
+
+    def sandbox(self, ident: str) -> Any | None:
+        """One sandbox in full (staleness, runs in ``extra``), or None when it is gone."""
+        import petri
+
+        try:
+            return self.ws.status(ident).sandboxes[0]
+        except petri.NotFound:
+            return None
+
+    def sandbox_row(self, ident: str) -> Any | None:
+        """One sandbox as ``ls`` shows it, without staleness (cheap: what an event asks for)."""
+        import petri
+
+        try:
+            return self.ws.sandbox(ident).info
+        except petri.NotFound:
+            return None
+
+    def runs(self, ident: str) -> list[Any]:
+        return self.ws.logs(ident)
+
+    def diff(self, ident: str) -> Any:
+        return self.ws.diff(ident)
+
+    def read_file(self, ident: str, path: str, *, base: bool = False) -> Any | None:
+        """The file's content, or None when it is not there (deleted, not yet made)."""
+        import petri
+
+        try:
+            return self.ws.read_file(ident, path, base=base, max_bytes=1 << 20)
+        except petri.UsageError:
+            return None
+
+    def promotions(self) -> list[Any]:
+        return self.ws.promotions()
+
+    def snapshots(self) -> list[Any]:
+        return self.ws.snapshots()
+
+    def events(self, stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[dict[str, Any]]:
+        for ev in self.ws.events(follow=True, from_start=True, stop=stop, poll_s=poll_s):
+            yield ev.to_json()
+
+    def read_text(self, path: str | None) -> str:
+        """A run's saved output file (the API names it in ``stdout_path``/``stderr_path``)."""
+        if not path:
+            return ""
+        try:
+            with open(path, "rb") as f:
+                return f.read(4 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    # -- plans (write nothing) -----------------------------------------------------------------
+    def promote_plan(self, ident: str) -> Any:
+        return self.ws.promote(ident, dry_run=True)
+
+    def rollback_plan(self, target: str) -> Any:
+        return self.ws.rollback_plan(target)
+
+    # -- actions ---------------------------------------------------------------------------------
+    def fork(self, source: str, n: int, label: str | None) -> Any:
+        return self.ws.fork(n, source=source, label=label or None).keep()
+
+    def promote(self, ident: str, verify: str | None) -> Any:
+        return self.ws.promote(ident, verify=verify or None)
+
+    def remove(self, idents: Sequence[str]) -> Any:
+        return self.ws.remove(*idents)
+
+    def rollback(self, target: str) -> Any:
+        return self.ws.rollback(target)
+
+    def gc(self) -> Any:
+        return self.ws.gc()
+
+    async def run(self, ident: str, command: str, timeout: str | None) -> Any:
+        return await self.aio.run(ident, command, timeout=timeout or None)
+
+    async def race(self, check: str, candidates: Sequence[Any], jobs: int) -> Any:
+        return await self.aio.race(check, candidates, jobs=jobs, keep=True)
+
+    def cli_argv(self, *args: str) -> list[str]:
+        """``petri ARGS`` as this interpreter runs it (for shell: a terminal of its own)."""
+        import sys
+
+        return [sys.executable, "-m", "orchestrator.cli", "--workspace", str(self.root), *args]

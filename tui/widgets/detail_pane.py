@@ -1,0 +1,155 @@
+"""The detail pane under the sandbox table: Status, Diff, Logs and Lineage of the sandbox
+under the cursor. The screen loads what a tab shows (in a worker) and hands it down with
+``show_*``; the pane only renders."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import RichLog, Static, TabbedContent, TabPane
+
+from .. import format as fmt
+
+
+class DetailPane(Vertical):
+    DEFAULT_CSS = """
+    DetailPane { height: 1fr; }
+    DetailPane TabbedContent { height: 1fr; }
+    DetailPane VerticalScroll { height: 1fr; }
+    DetailPane RichLog { height: 1fr; }
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sandbox: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with TabbedContent(initial="tab-status"):
+            with TabPane("Status", id="tab-status"):
+                with VerticalScroll():
+                    yield Static("no sandbox selected", id="status-body")
+            with TabPane("Diff", id="tab-diff"):
+                with VerticalScroll():
+                    yield Static("", id="diff-body")
+            with TabPane("Logs", id="tab-logs"):
+                yield RichLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
+            with TabPane("Lineage", id="tab-lineage"):
+                with VerticalScroll():
+                    yield Static("", id="lineage-body")
+
+    @property
+    def active(self) -> str:
+        return self.query_one(TabbedContent).active
+
+    @active.setter
+    def active(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    # -- attributes down ------------------------------------------------------------------------
+    def show_status(self, info: Any, model: Any, now: float) -> None:
+        self.query_one("#status-body", Static).update(status_table(info, model, now))
+
+    def show_diff(self, diff: Any) -> None:
+        if diff is None:
+            body: Any = Text("the sandbox's tree is gone: no diff", style="dim")
+        else:
+            body = Text()
+            body.append(f"{diff.get('sandbox') or self.sandbox} against {diff.base}: {len(diff.files)} file(s)\n",
+                        style="dim")
+            for f in diff.files:
+                body.append(f"{f.status[:1].upper()} ", style="bold")
+                body.append(f"{f.path}  ")
+                body.append_text(fmt.lines(f.lines_added, f.lines_removed))
+                body.append("\n")
+            body.append("\n")
+            body.append_text(fmt.patch(diff.patch))
+        self.query_one("#diff-body", Static).update(body)
+
+    def show_logs(self, lines: Sequence[tuple[str, str]], header: str) -> None:
+        log = self.query_one("#logs-body", RichLog)
+        log.clear()
+        log.write(Text(header, style="bold"))
+        for stream, line in lines:
+            log.write(fmt.output_line(stream, line))
+
+    def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
+        log = self.query_one("#logs-body", RichLog)
+        for stream, line in lines:
+            log.write(fmt.output_line(stream, line))
+
+    def show_lineage(self, info: Any, model: Any) -> None:
+        self.query_one("#lineage-body", Static).update(lineage_text(info, model))
+
+
+def status_table(info: Any, model: Any, now: float) -> Table:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column()
+    lim, use = info.limits or {}, info.usage or {}
+    hit, won = model.race_rank(info.id)
+    stale = info.stale or {}
+    rows: list[tuple[str, Any]] = [
+        ("sandbox", Text(f"{info.id}  {info.label or ''}")),
+        ("state", fmt.state(info.state)),
+        ("path", info.path or "-"),
+        ("backend", info.backend or "-"),
+        ("base", info.base or "-"),
+        ("age / left", Text(fmt.age(info.created_at, now) + " / ").append_text(
+            fmt.time_left(info.expires_at, now, info.state))),
+        ("memory", fmt.against(use.get("peak_memory_bytes"), lim.get("mem_bytes"))),
+        ("disk", fmt.against(use.get("disk_bytes"), lim.get("disk_bytes"))),
+        ("limits", ", ".join(f"{k}={v}" for k, v in lim.items() if v not in (None, False)) or "none"),
+        ("last exit", fmt.exit_code(info.last_exit_code)),
+        ("stale", Text(f"{stale.get('live_changed', 0)} live file(s) changed since the base; ").append_text(
+            Text(f"overlapping: {', '.join(stale.get('overlapping') or []) or 'none'}",
+                 style="bold red" if stale.get("overlapping") else "")) if info.stale else Text("?", style="dim")),
+        ("race", Text(f"{hit[0]} rank {hit[1]}" + (" (winner)" if won else "")) if hit else Text("-", style="dim")),
+    ]
+    runs = info.extra.get("runs") or []
+    for r in runs[-3:]:
+        argv = r.get("argv") or []
+        cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
+        rows.append((f"run {r.get('run')}", Text(f"exit {r.get('exit_code')}  {fmt.seconds(r.get('duration_s'))}  ")
+                     .append(fmt.one_line(cmd, 60), style="dim")))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def lineage_text(info: Any, model: Any) -> Text:
+    """The snapshot -> sandbox -> fork-of-a-fork chain that the rows hold (parent,
+    generation), with this sandbox's children."""
+    chain = [info]
+    seen = {info.id}
+    while chain[0].parent and chain[0].parent in model.sandboxes and chain[0].parent not in seen:
+        chain.insert(0, model.sandboxes[chain[0].parent])
+        seen.add(chain[0].id)
+    out = Text()
+    root = chain[0]
+    out.append(f"{root.base or '?'}", style="bold cyan")
+    out.append("  snapshot\n", style="dim")
+    if root.parent and root.parent not in model.sandboxes:
+        out.append(f"└─ {root.parent}", style="dim")
+        out.append("  (parent, gone)\n", style="dim")
+    depth = 0
+    for node in chain:
+        pad = "   " * depth
+        out.append(f"{pad}└─ ")
+        out.append(node.id, style="bold reverse" if node.id == info.id else "bold")
+        out.append(f"  gen {node.generation}  {node.label or ''}  ", style="")
+        out.append_text(fmt.state(node.state))
+        out.append("\n")
+        depth += 1
+    kids = [s for s in model.sandboxes.values() if s.parent == info.id]
+    for k in kids:
+        out.append("   " * depth + "└─ ")
+        out.append(k.id, style="bold")
+        out.append(f"  gen {k.generation}  {k.label or ''}  ")
+        out.append_text(fmt.state(k.state))
+        out.append("\n")
+    if info.generation and not info.parent:
+        out.append(f"(generation {info.generation}; parent not recorded)\n", style="dim")
+    return out

@@ -1,0 +1,170 @@
+"""The table of sandboxes: one row per sandbox, updated cell by cell (``sync``), never
+cleared and refilled for an event, so nothing flickers and the cursor stays put.
+
+Two column sets: the full one, and a narrow one (no base, shorter label) that fits 80
+columns; the table rebuilds its columns only when the width crosses ``WIDE``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from .. import format as fmt
+
+WIDE = 104
+# key, header, width (the cell text's; one space of gap is added)
+COLUMNS_WIDE = [("mark", " ", 1), ("id", "ID", 11), ("label", "LABEL", 12), ("state", "STATE", 8),
+                ("base", "BASE", 10), ("age", "AGE", 5), ("left", "LEFT", 5), ("mem", "MEM/LIMIT", 11),
+                ("disk", "DISK/LIMIT", 11), ("exit", "EXIT", 4), ("stale", "STALE", 5), ("race", "RACE", 4)]
+COLUMNS_NARROW = [("mark", " ", 1), ("id", "ID", 11), ("label", "LABEL", 8), ("state", "STATE", 7),
+                  ("age", "AGE", 4), ("left", "LEFT", 5), ("mem", "MEM", 9), ("disk", "DISK", 9),
+                  ("exit", "EXIT", 4), ("stale", "STALE", 5), ("race", "RACE", 4)]
+
+
+class SandboxTable(DataTable):
+    DEFAULT_CSS = """
+    SandboxTable { height: 1fr; }
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, cell_padding=0, **kw)
+        self.wide: bool | None = None
+        self.marked: list[str] = []
+        self.filter_text = ""
+        self.now = 0.0
+        self._model: Any = None
+        self._shown: dict[str, dict[str, Any]] = {}  # row -> the cells it shows
+
+    # -- columns -----------------------------------------------------------------------------
+    def set_width(self, width: int) -> bool:
+        """Choose the column set for this width; True when it changed (rows must be re-added)."""
+        wide = width >= WIDE
+        if wide == self.wide:
+            return False
+        self.wide = wide
+        self.clear(columns=True)
+        self._shown.clear()
+        for key, header, w in (COLUMNS_WIDE if wide else COLUMNS_NARROW):
+            self.add_column(header, key=key, width=w + 1)
+        return True
+
+    def _columns_ready(self) -> None:
+        # The model may change before this table's screen is mounted and sized.
+        if self.wide is None:
+            self.set_width(self.size.width or self.app.size.width)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k, _, _ in (COLUMNS_WIDE if self.wide else COLUMNS_NARROW)]
+
+    # -- rows ----------------------------------------------------------------------------------
+    def cells(self, info: Any) -> dict[str, Any]:
+        m = self._model
+        hit, won = m.race_rank(info.id) if m is not None else (None, False)
+        lim, use = info.limits or {}, info.usage or {}
+        label_w = 12 if self.wide else 8
+        return {
+            "mark": Text("●", style="bold magenta") if info.id in self.marked else Text(" "),
+            "id": Text(info.id, style="bold"),
+            "label": fmt.one_line(info.label or "", label_w),
+            "state": fmt.state(info.state),
+            "base": info.base or "-",
+            "age": fmt.age(info.created_at, self.now),
+            "left": fmt.time_left(info.expires_at, self.now, info.state),
+            "mem": fmt.against(use.get("peak_memory_bytes"), lim.get("mem_bytes")),
+            "disk": fmt.against(use.get("disk_bytes"), lim.get("disk_bytes")),
+            "exit": fmt.exit_code(info.last_exit_code),
+            "stale": fmt.stale(info.stale),
+            "race": fmt.rank(hit, won),
+        }
+
+    def visible(self, info: Any) -> bool:
+        if not self.filter_text:
+            return True
+        needle = self.filter_text.lower()
+        return any(needle in (x or "").lower() for x in (info.id, info.label, info.state, info.base))
+
+    def rebuild(self, model: Any) -> None:
+        """All rows anew: on start, on a filter change, on a change of column set."""
+        self._model = model
+        self._columns_ready()
+        keep = self.current_id()
+        self.clear()
+        self._shown.clear()
+        for info in model.sandboxes.values():
+            if self.visible(info):
+                c = self.cells(info)
+                self.add_row(*(c[k] for k in self.keys), key=info.id)
+                self._shown[info.id] = c
+        if keep:
+            self.select(keep)
+
+    def sync(self, model: Any, ids: Iterable[str], gone: Iterable[str] = ()) -> None:
+        """Update these rows in place (add new ones, drop gone ones)."""
+        self._model = model
+        self._columns_ready()
+        for sid in gone:
+            self._shown.pop(sid, None)
+            if sid in self.rows:
+                self.remove_row(sid)
+            if sid in self.marked:
+                self.marked.remove(sid)
+        ids = set(ids)
+        # in the model's order (creation), so that new rows are added as `petri ls` lists them
+        for sid in [s for s in model.sandboxes if s in ids] + [s for s in ids if s not in model.sandboxes]:
+            info = model.sandboxes.get(sid)
+            if info is None:
+                if sid in self.rows:
+                    self.remove_row(sid)
+                continue
+            if not self.visible(info):
+                continue
+            c = self.cells(info)
+            if sid in self.rows:
+                shown = self._shown.get(sid, {})
+                for k in self.keys:
+                    if shown.get(k) != c[k]:  # only the cells that changed
+                        self.update_cell(sid, k, c[k])
+            else:
+                self.add_row(*(c[k] for k in self.keys), key=sid)
+            self._shown[sid] = c
+
+    def tick(self, model: Any, now: float) -> None:
+        """Once a second: age and time left, the only cells that change with the clock."""
+        self.now = now
+        for sid in list(self.rows):
+            info = model.sandboxes.get(sid.value)
+            if info is not None:
+                shown = self._shown.setdefault(sid.value, {})
+                for key, cell in (("age", fmt.age(info.created_at, now)),
+                                  ("left", fmt.time_left(info.expires_at, now, info.state))):
+                    if shown.get(key) != cell:
+                        self.update_cell(sid, key, cell)
+                        shown[key] = cell
+
+    # -- cursor and marks ------------------------------------------------------------------------
+    def current_id(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            return self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
+        except Exception:
+            return None
+
+    def select(self, sid: str) -> None:
+        if sid in self.rows:
+            self.move_cursor(row=self.get_row_index(sid))
+
+    def toggle_mark(self, sid: str) -> None:
+        if sid in self.marked:
+            self.marked.remove(sid)
+        else:
+            self.marked.append(sid)
+            if len(self.marked) > 2:  # compare takes two: the oldest mark goes
+                old = self.marked.pop(0)
+                if old in self.rows:
+                    self.update_cell(old, "mark", Text(" "))
+        if sid in self.rows:
+            self.update_cell(sid, "mark", Text("●", style="bold magenta") if sid in self.marked else Text(" "))
