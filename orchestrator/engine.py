@@ -19,7 +19,7 @@ from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
 from snapshot.choose import choose, get_backend
 from snapshot.store import Store
-from snapshot.tree import remove_tree
+from snapshot.osutil import rmtree
 
 from .limits import Limits
 from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
@@ -111,7 +111,7 @@ class Engine:
             from snapshot.backends.btrfs import check_btrfs, convert_to_subvolume
             ok, why = check_btrfs(root)
             if not ok:
-                from snapshot.fsinfo import fs_type
+                from snapshot.osutil import fs_type
                 if fs_type(root) != "btrfs":
                     raise OrchestratorError(detail=f"--convert needs a directory on btrfs; {root} is on {fs_type(root)}")
                 say(f"converting {root} into a btrfs subvolume: its contents are reflink-copied (no data"
@@ -560,7 +560,7 @@ class Engine:
         if remover:
             remover(self.store, left)
         else:
-            remove_tree(bytes(left.path))
+            rmtree(bytes(left.path))
 
     def reap_dead_tmp(self) -> int:
         """Unmount and remove what petris that died left under tmp/ (the views a killed
@@ -615,7 +615,7 @@ def _remove_store(store: Store, backend: Backend) -> None:
         if remover is not None and entry.is_dir() and not entry.is_symlink():
             remover(store, Leftover("tree", entry))
         else:
-            remove_tree(bytes(entry))
+            rmtree(bytes(entry))
     for name in sorted(last, key=len, reverse=True):  # the WAL and its index, then the database
         try:
             os.unlink(store.root / name)
@@ -625,4 +625,4 @@ def _remove_store(store: Store, backend: Backend) -> None:
     if destroy is not None:
         destroy(store)
     else:
-        remove_tree(bytes(store.root))
+        rmtree(bytes(store.root))

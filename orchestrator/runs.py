@@ -638,7 +638,7 @@ def disk_plan(engine: "Engine") -> _DiskPlan:
         return _BackendBudget()
     if name == "btrfs":
         return _BtrfsQgroups(engine)
-    from snapshot.fsinfo import fs_type
+    from snapshot.osutil import fs_type
 
     fs = fs_type(engine.store.root)
     if fs == "xfs":
@@ -652,17 +652,10 @@ def disk_plan(engine: "Engine") -> _DiskPlan:
                                why="this backend and filesystem have no per-sandbox disk cap", alternatives=_ALTERNATIVES)
 
 
-def _mount_of(path: Path) -> tuple[str, set[str]]:
-    real = os.path.realpath(path)
-    best, opts = "/", set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            mp = left.split()[4].replace("\\040", " ")
-            if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-                best = mp
-                opts = set(left.split()[5].split(",")) | set(right.split()[2].split(",")) if len(right.split()) > 2 else set()
-    return best, opts
+def _mount_of(path: Path) -> tuple[str, frozenset[str]]:
+    from snapshot.osutil import mount_of
+    m = mount_of(path)
+    return os.fsdecode(m.mountpoint), m.all_options
 
 
 def after_fork(engine: "Engine", rows: Sequence[SandboxRow]) -> None:

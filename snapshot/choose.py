@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .backend import Backend
 from .errors import BackendUnavailable
-from .fsinfo import fs_type
+from .osutil import fs_type
 
 BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
 _CLASSES = {

@@ -37,7 +37,6 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import stat
@@ -49,39 +48,19 @@ import btrfsutil
 
 from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, DiskFull, PetriError, SnapshotError, TreeChangedDuringCopy
+from ..osutil import BTRFS_SUPER_MAGIC, FS_NAMES, fs_magic, fsync_dir, mount_of, rename_exchange
 from ..store import Store
 from ..tree import StatKey, TreeCopier, copy_xattrs, walk
 
-BTRFS_SUPER_MAGIC = 0x9123683E
 SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
-FS_NAMES = {
-    0x9123683E: "btrfs", 0xEF53: "ext4", 0x58465342: "xfs", 0x01021994: "tmpfs",
-    0x794C7630: "overlayfs", 0x2FC12FC1: "zfs", 0x65735546: "fuse", 0x6969: "nfs",
-    0xFF534D42: "cifs", 0x5346544E: "ntfs", 0x4D44: "vfat",
-}
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
 BTRFS_IOC_FS_INFO = 0x8400941F
-AT_FDCWD = -100
-RENAME_EXCHANGE = 2
-
-_libc = ctypes.CDLL(None, use_errno=True)  # the loaded libc; find_library runs ldconfig (3 ms)
 
 
 # -- probing ----------------------------------------------------------------------------
 
-def fs_type(path: str | bytes | os.PathLike) -> int:
-    """statfs(2) ``f_type`` of the filesystem holding ``path``."""
-    # f_type is the first field of struct statfs on every Linux ABI; the buffer is
-    # oversized so no architecture's struct overruns it.
-    buf = ctypes.create_string_buffer(512)
-    if _libc.statfs(os.fsencode(path), buf) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(path))
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-
-
 def fs_name(path: str | bytes | os.PathLike) -> str:
-    t = fs_type(path)
+    t = fs_magic(path)
     return FS_NAMES.get(t, f"a filesystem of type {t:#x}")
 
 
@@ -97,7 +76,7 @@ def check_btrfs(path: str | bytes | os.PathLike) -> tuple[bool, str]:
     p = os.fsdecode(path)
     try:
         st = os.stat(path)
-        kind = fs_type(path)
+        kind = fs_magic(path)
     except OSError as e:
         return False, f"cannot inspect {p}: {e.strerror}"
     if kind != BTRFS_SUPER_MAGIC:
@@ -115,19 +94,9 @@ def check_btrfs(path: str | bytes | os.PathLike) -> tuple[bool, str]:
     return True, "the workspace is a btrfs subvolume: snapshots and forks are O(1)"
 
 
-def _mount_options(path: str) -> set[str]:
-    """Options of the mount holding ``path`` (the longest mount point prefix)."""
-    real = os.path.realpath(path)
-    best, opts = "", set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            point = fields[4].replace("\\040", " ")
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                best = point
-                opts = set(fields[5].split(",")) | set(right.split()[2].split(","))
-    return opts
+def _mount_options(path: str) -> frozenset[str]:
+    """Options of the mount holding ``path`` (per mount and per superblock)."""
+    return mount_of(path).all_options
 
 
 def _fsid(path: Path) -> str:
@@ -298,21 +267,6 @@ def delete_tree(path: str | bytes | os.PathLike) -> None:
 
 # -- convert ----------------------------------------------------------------------------
 
-def _exchange(a: bytes, b: bytes) -> None:
-    """Swap two names atomically (renameat2 RENAME_EXCHANGE)."""
-    if _libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(b))
-
-
-def _fsync_dir(path: bytes) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copyable(st: os.stat_result) -> bool:
     # TreeCopier skips sockets and device nodes; leave them out of the comparison too.
     return not (stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
@@ -331,7 +285,7 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
     st = os.lstat(src)
     if not stat.S_ISDIR(st.st_mode):
         raise SnapshotError(detail=f"{shown} is not a directory")
-    if fs_type(src) != BTRFS_SUPER_MAGIC:
+    if fs_magic(src) != BTRFS_SUPER_MAGIC:
         raise BackendUnavailable(backend="btrfs", why=f"{shown} is on {fs_name(src)}, not btrfs")
     if is_subvolume(src):
         return
@@ -374,9 +328,9 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
             raise TreeChangedDuringCopy(path=os.fsdecode(os.path.join(src, (gone or [b""])[0])))
         # Commit the new subvolume's contents before its name becomes the real one.
         btrfsutil.sync(new)
-        _exchange(new, src)
+        rename_exchange(new, src)
         exchanged = True
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException as e:
         if not exchanged:
             delete_tree(new)
@@ -558,4 +512,4 @@ class BtrfsBackend(Backend):
 
 
 __all__ = ["BtrfsBackend", "changed_extent_bytes", "check_btrfs", "convert_to_subvolume", "delete_tree",
-           "fs_type", "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]
+           "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]

@@ -40,7 +40,8 @@ from typing import ClassVar, Iterator
 from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import DiskFull, SnapshotError
 from ..store import STORE_NAME, Store
-from ..tree import StatKey, TreeCopier, remove_tree, walk
+from ..osutil import rmtree
+from ..tree import StatKey, TreeCopier, walk
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 CLONE_RECORD = "clone.json"  # beside a sandbox's tree: {"snapshot": the snapshot it was cloned from}
@@ -93,12 +94,12 @@ def _staged(staging: Path, doing: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        remove_tree(staging)
+        rmtree(staging)
         if e.errno in (28, 122):
             raise DiskFull(doing=doing) from e
         raise
     except BaseException:
-        remove_tree(staging)
+        rmtree(staging)
         raise
 
 
@@ -158,7 +159,7 @@ class CopyBackend(Backend):
             _save_manifest(staging / "manifest", copier.manifest, started_ns)
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException:
-            remove_tree(staging)
+            rmtree(staging)
             raise
         copied = copier._done if progress else sum(
             k.size for r, k in copier.manifest.items() if prev.get(r) != k and stat.S_ISREG(k.mode))
@@ -183,7 +184,7 @@ class CopyBackend(Backend):
         return SnapshotResult(bytes_copied=0 if self.reflink else copied)
 
     def delete_snapshot(self, store: Store, snap_id: str) -> None:
-        remove_tree(bytes(store.snapshot_dir(snap_id)))
+        rmtree(bytes(store.snapshot_dir(snap_id)))
 
     @contextlib.contextmanager
     def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
@@ -228,10 +229,10 @@ class CopyBackend(Backend):
                 bytes(store.sandbox_tree(sb_id)), bytes(staging))
             yield staging
         finally:
-            remove_tree(bytes(staging))
+            rmtree(bytes(staging))
 
     def destroy_clone(self, store: Store, sb_id: str) -> None:
-        remove_tree(bytes(store.sandbox_dir(sb_id)))
+        rmtree(bytes(store.sandbox_dir(sb_id)))
 
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """Bytes of the files the sandbox changed or added since its clone: a stat walk of
@@ -297,4 +298,4 @@ class CopyBackend(Backend):
         return found
 
     def remove_leftover(self, store: Store, leftover: Leftover) -> None:
-        remove_tree(bytes(leftover.path))
+        rmtree(bytes(leftover.path))

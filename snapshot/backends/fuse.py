@@ -53,7 +53,8 @@ from ..fusefs import daemon as D
 from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
 from ..store import Store
-from ..tree import apply_meta, remove_tree
+from ..osutil import atomic_write, mounts_under, rmtree
+from ..tree import apply_meta
 from ..idmap import IdMap
 from .overlay import (MOUNT_RECORD_VERSION, OverlayBackend, _idmap_json, _idmap_of, _probe_user_xattr,
                       _refuse_if_mounts_under)
@@ -64,9 +65,10 @@ class FuseMountFailed(SnapshotError):
 
 
 def _fuse_mounts_under(root: Path) -> list[bytes]:
-    prefix = os.fsencode(os.path.realpath(root)).rstrip(b"/") + b"/"
-    return [m.mountpoint for m in D.mounts()
-            if m.fstype.startswith("fuse") and m.source == D.FSNAME and m.mountpoint.startswith(prefix)]
+    """petri's FUSE mounts strictly below ``root``."""
+    real = os.path.realpath(os.fsencode(root))
+    return [m.mountpoint for m in mounts_under(root, lambda t: t.startswith("fuse"))
+            if m.source == D.FSNAME and m.mountpoint != real]
 
 
 class FuseBackend(OverlayBackend):
@@ -139,7 +141,7 @@ class FuseBackend(OverlayBackend):
         finally:
             D.stop(mnt, pidfile)
             if not D.is_mounted(mnt):
-                remove_tree(bytes(work))
+                rmtree(bytes(work))
 
     # -- snapshots (layers are the overlay backend's; only the view differs) ---------------
     @contextlib.contextmanager
@@ -165,13 +167,13 @@ class FuseBackend(OverlayBackend):
                 (sb / d).mkdir()
             # The merged root's owner, mode and times are the upper dir's: give it the snapshot's.
             apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
-            L.atomic_write(sb / "mount.json", json.dumps(rec).encode() + b"\n")
+            atomic_write(sb / "mount.json", json.dumps(rec).encode() + b"\n")
             spec = self._spec(store, sb_id, rec)
             self._start(store, spec)
         except BaseException:
             D.stop(store.sandbox_tree(sb_id), self._pidfile(store, sb_id))
             if not D.is_mounted(store.sandbox_tree(sb_id)):
-                remove_tree(bytes(sb))
+                rmtree(bytes(sb))
             raise
         return store.sandbox_tree(sb_id)
 
@@ -200,7 +202,7 @@ class FuseBackend(OverlayBackend):
         tree = store.sandbox_tree(sb_id)
         D.stop(tree, self._pidfile(store, sb_id))
         rec["idmap"] = _idmap_json(idmap)
-        L.atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
+        atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
         tree.mkdir(exist_ok=True)
         self._start(store, self._spec(store, sb_id, rec))
 
@@ -228,7 +230,7 @@ class FuseBackend(OverlayBackend):
         _refuse_if_mounts_under(bytes(sb))
         doomed = store.tmp_path(f"del-{sb_id}")
         os.rename(sb, doomed)
-        remove_tree(bytes(doomed))
+        rmtree(bytes(doomed))
 
     # -- journals ------------------------------------------------------------------------
     def changed_paths(self, store: Store, sb_id: str, *, verify: bool = False) -> Changes:
@@ -264,7 +266,7 @@ class FuseBackend(OverlayBackend):
             p = Path(os.fsdecode(mp))
             D.stop(p, p.parent / "daemon.pid")
         _refuse_if_mounts_under(bytes(store.root))
-        remove_tree(bytes(store.root))
+        rmtree(bytes(store.root))
 
     # -- gc ------------------------------------------------------------------------------
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:

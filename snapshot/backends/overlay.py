@@ -94,8 +94,9 @@ from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import OverlayMountFailed, SnapshotError
 from ..idmap import IdMap
 from ..idmap import syscall as _syscall
+from ..osutil import atomic_write, libc, mounts, mounts_under, rmtree, syncfs
 from ..store import STORE_NAME, Store
-from ..tree import FICLONE, apply_meta, remove_tree
+from ..tree import FICLONE, apply_meta
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 # Views, and sandboxes over layers without trusted marks (made before them, or where this
@@ -115,8 +116,6 @@ _ROOTLESS_WHY = ("needs root (rootless overlay exists only inside a user namespa
 
 # -- mounting (kernel) ------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 _SYS_move_mount, _SYS_fsopen, _SYS_fsconfig, _SYS_fsmount = 429, 430, 431, 432
 _FSOPEN_CLOEXEC = 1
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
@@ -235,55 +234,24 @@ def mount_overlay(target: bytes, lowers: Sequence[bytes], upper: bytes | None = 
 
 def umount(target: bytes) -> None:
     """Unmount; lazily if busy (processes still inside). Not mounted is not an error."""
-    if _libc.umount2(target, 0) == 0:
+    if libc.umount2(target, 0) == 0:
         return
     e = ctypes.get_errno()
     if e in (errno.EINVAL, errno.ENOENT):
         return
-    if e == errno.EBUSY and _libc.umount2(target, _MNT_DETACH) == 0:
+    if e == errno.EBUSY and libc.umount2(target, _MNT_DETACH) == 0:
         return
     e = ctypes.get_errno() if e == errno.EBUSY else e
     raise SnapshotError(detail=f"cannot unmount {os.fsdecode(target)}: {os.strerror(e)}")
 
 
-def _unescape(field: bytes) -> bytes:
-    # mountinfo writes space, tab, newline and backslash as \ooo.
-    if b"\\" not in field:
-        return field
-    out = bytearray()
-    i = 0
-    while i < len(field):
-        if field[i:i + 1] == b"\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
-            out.append(int(field[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return bytes(out)
-
-
-def mounts(fstype: bytes | None = b"overlay") -> list[tuple[bytes, bytes, bytes]]:
-    """(mount point, fstype, source) from /proc/self/mountinfo, in mount order."""
-    found = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            left, _, right = line.rstrip(b"\n").partition(b" - ")
-            parts = left.split(b" ")
-            rparts = right.split(b" ")
-            if fstype is None or rparts[0] == fstype:
-                found.append((_unescape(parts[4]), rparts[0], _unescape(rparts[1])))
-    return found
-
-
 def overlay_mounts_under(root: bytes) -> list[bytes]:
-    root = os.path.realpath(root)
-    prefix = root.rstrip(b"/") + b"/"
-    return [mp for mp, _, _ in mounts() if mp.startswith(prefix) or mp == root]
+    return [m.mountpoint for m in mounts_under(root, lambda t: t == "overlay")]
 
 
 def is_overlay_mounted(path: bytes) -> bool:
     path = os.path.realpath(path)
-    return any(mp == path for mp, _, _ in mounts())
+    return any(m.mountpoint == path and m.fstype == "overlay" for m in mounts())
 
 
 # -- the backend --------------------------------------------------------------------------------
@@ -307,7 +275,7 @@ class OverlayBackend(Backend):
         """Can this process host ``workspace`` with overlay? (ok, why)"""
         if os.geteuid() != 0:
             return False, _ROOTLESS_WHY
-        from ..fsinfo import fs_type
+        from ..osutil import fs_type
         try:
             fstype = fs_type(workspace)
         except OSError as e:
@@ -429,23 +397,23 @@ class OverlayBackend(Backend):
                 names = [self._compact(store, names, installed, staging)]
                 trusted = True  # one full layer: nothing below it to hide
             if installed:
-                L.sync_filesystem(store.layers)
+                syncfs(store.layers)
             if not snap_dir.exists():
                 snap_dir.mkdir(parents=True)
                 made_dir = True
-            L.atomic_write(snap_dir / "statcache", L.dump_stat_cache(L.next_cache(scan, result)))
+            atomic_write(snap_dir / "statcache", L.dump_stat_cache(L.next_cache(scan, result)))
             L.write_layer_list(snap_dir / "layers.json", names, trusted_marks=trusted)  # the commit point
         except BaseException:
             if made_dir:
-                remove_tree(bytes(snap_dir))
+                rmtree(bytes(snap_dir))
             else:
                 for f in ("statcache", "layers.json"):
                     with contextlib.suppress(FileNotFoundError):
                         (snap_dir / f).unlink()
             for p in staging:
-                remove_tree(bytes(p))
+                rmtree(bytes(p))
             for n in installed:
-                remove_tree(os.path.join(bytes(store.layers), n.encode()))
+                rmtree(os.path.join(bytes(store.layers), n.encode()))
             raise
         return SnapshotResult(bytes_copied=result.bytes_copied if result else 0)
 
@@ -477,20 +445,20 @@ class OverlayBackend(Backend):
             if len(new_names) > self.max_depth:
                 new_names = [self._compact(store, new_names, installed, staging)]
                 trusted = True  # one full layer: nothing below it to hide
-            L.sync_filesystem(store.layers)
+            syncfs(store.layers)
             snap_dir.mkdir(parents=True)
             made_dir = True
             L.write_layer_list(snap_dir / "layers.json", new_names, trusted_marks=trusted)  # the commit point
         except BaseException:
             if made_dir:
-                remove_tree(bytes(snap_dir))
+                rmtree(bytes(snap_dir))
             for p in staging:
-                remove_tree(bytes(p))
+                rmtree(bytes(p))
             for n in installed:
-                remove_tree(os.path.join(bytes(store.layers), n.encode()))
+                rmtree(os.path.join(bytes(store.layers), n.encode()))
             raise
         for p in staging:  # the installed layer was renamed away; scratch views are left
-            remove_tree(bytes(p))
+            rmtree(bytes(p))
         return SnapshotResult(bytes_copied=copied)
 
     def _resolve_redirects(self, store: Store, built: Path, names: list[str], rec: dict, redirects: list[bytes],
@@ -528,7 +496,7 @@ class OverlayBackend(Backend):
         name = L.install_layer(bytes(store.layers), bytes(built))
         # The delta made a moment ago is now named by nobody: drop it.
         for n in list(installed):
-            remove_tree(os.path.join(bytes(store.layers), n.encode()))
+            rmtree(os.path.join(bytes(store.layers), n.encode()))
             installed.remove(n)
         installed.append(name)
         return name
@@ -562,7 +530,7 @@ class OverlayBackend(Backend):
             store.tmp.mkdir(parents=True, exist_ok=True)
             doomed = store.tmp_path(f"del-{snap_id}")
             os.rename(snap_dir, doomed)  # gone in one step; the rest is cleanup
-            remove_tree(bytes(doomed))
+            rmtree(bytes(doomed))
         used = self._used_layers(store)
         for n in mine:
             if n not in used:
@@ -574,7 +542,7 @@ class OverlayBackend(Backend):
             return
         doomed = store.tmp_path(f"del-layer-{name}")
         os.rename(path, doomed)
-        remove_tree(bytes(doomed))
+        rmtree(bytes(doomed))
 
     @contextlib.contextmanager
     def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
@@ -594,7 +562,7 @@ class OverlayBackend(Backend):
                 umount(bytes(mnt))
         finally:
             if not is_overlay_mounted(bytes(mnt)):
-                remove_tree(bytes(work))
+                rmtree(bytes(work))
 
     def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
         mine = self.layers_of(store, snap_id)
@@ -642,12 +610,12 @@ class OverlayBackend(Backend):
             options = SANDBOX_MOUNT_OPTIONS if self._trusted_marks(store, snap_id) else MOUNT_OPTIONS
             record = {"version": MOUNT_RECORD_VERSION, "snapshot": snap_id, "layers": names,
                       "upper": "upper", "work": "work", "options": list(options), "idmap": _idmap_json(idmap)}
-            L.atomic_write(sb / "mount.json", json.dumps(record).encode() + b"\n")
+            atomic_write(sb / "mount.json", json.dumps(record).encode() + b"\n")
             self._mount_sandbox(store, sb_id, record)
         except BaseException:
             if is_overlay_mounted(bytes(tree)):
                 umount(bytes(tree))
-            remove_tree(bytes(sb))
+            rmtree(bytes(sb))
             raise
         return tree
 
@@ -702,13 +670,13 @@ class OverlayBackend(Backend):
         # off for good before it goes on again, or two overlays would share one upper.
         tree = bytes(store.sandbox_tree(sb_id))
         while is_overlay_mounted(tree):
-            if _libc.umount2(tree, 0) != 0:
+            if libc.umount2(tree, 0) != 0:
                 e = ctypes.get_errno()
                 raise SnapshotError(detail=f"sandbox {sb_id} must be mounted again with mapped owners, but its tree "
                                            f"is in use ({os.strerror(e)}): close what uses "
                                            f"{os.fsdecode(tree)} (a shell, an editor) and retry")
         rec["idmap"] = _idmap_json(idmap)
-        L.atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
+        atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
         self._mount_sandbox(store, sb_id, rec)
 
     def _record(self, store: Store, sb_id: str) -> dict:
@@ -755,7 +723,7 @@ class OverlayBackend(Backend):
                 umount(bytes(mnt))
         finally:
             if not is_overlay_mounted(bytes(mnt)):
-                remove_tree(bytes(work))
+                rmtree(bytes(work))
 
     def destroy_clone(self, store: Store, sb_id: str) -> None:
         sb = store.sandbox_dir(sb_id)
@@ -767,7 +735,7 @@ class OverlayBackend(Backend):
         _refuse_if_mounts_under(bytes(sb))
         doomed = store.tmp_path(f"del-{sb_id}")
         os.rename(sb, doomed)
-        remove_tree(bytes(doomed))
+        rmtree(bytes(doomed))
 
     # -- gc ---------------------------------------------------------------------------------
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
@@ -799,7 +767,7 @@ class OverlayBackend(Backend):
         for mp in sorted(overlay_mounts_under(path), key=len, reverse=True):
             umount(mp)
         _refuse_if_mounts_under(path)
-        remove_tree(path)
+        rmtree(path)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -821,12 +789,9 @@ def _walk_all(root: bytes):
 
 
 def _refuse_if_mounts_under(path: bytes) -> None:
-    path = os.path.realpath(path)
-    prefix = path.rstrip(b"/") + b"/"
-    for mp, fstype, _ in mounts(None):
-        if mp.startswith(prefix) or mp == path:
-            raise SnapshotError(detail=f"{os.fsdecode(mp)} ({fstype.decode()}) is still mounted under "
-                                       f"{os.fsdecode(path)}; unmount it first")
+    for m in mounts_under(path):
+        raise SnapshotError(detail=f"{os.fsdecode(m.mountpoint)} ({m.fstype}) is still mounted under "
+                                   f"{os.fsdecode(os.path.realpath(path))}; unmount it first")
 
 
 def _probe_user_xattr(workspace: Path) -> tuple[bool, str]:

@@ -46,7 +46,7 @@ from typing import ClassVar, Iterator
 from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
 from ..errors import BackendUnavailable, DiskFull, SnapshotError
 from ..store import Store
-from ..tree import remove_tree
+from ..osutil import Mount, mounts, parse_mountinfo, rmtree
 
 SNAP_PREFIX = "petri-"
 STORE_DATASET = "petri-store"
@@ -57,24 +57,19 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 # -- pure parsing (no zfs needed) ----------------------------------------------------------
 
-def _unescape_mountinfo(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def dataset_from_mountinfo(mountinfo: str, path: str) -> str | None:
+def dataset_from_mountinfo(mountinfo: str | bytes, path: str) -> str | None:
     """The zfs dataset mounted exactly at ``path`` according to a mountinfo text, or None.
 
     The last mount at that point wins (it is the one on top)."""
+    text = mountinfo if isinstance(mountinfo, bytes) else mountinfo.encode("utf-8", "surrogateescape")
+    return _dataset_in(parse_mountinfo(text), path)
+
+
+def _dataset_in(table: list[Mount], path: str) -> str | None:
     found = None
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 2:
-            continue
-        if _unescape_mountinfo(fields[4]) == path:
-            found = _unescape_mountinfo(rfields[1]) if rfields[0] == "zfs" else None
+    for m in table:
+        if m.mountpoint == os.fsencode(path):
+            found = m.source if m.fstype == "zfs" else None
     return found
 
 
@@ -191,8 +186,7 @@ def _exists(name: str) -> bool:
 def dataset_at(path: str | os.PathLike) -> str | None:
     """The dataset whose mountpoint is exactly ``path``, or None."""
     real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        found = dataset_from_mountinfo(f.read(), real)
+    found = _dataset_in(mounts(), real)
     if found:
         return found
     # Not mounted at the moment (or a namespace hides it): ask zfs for its mountpoints.
@@ -287,7 +281,7 @@ class ZfsBackend(Backend):
             if name.startswith(f"{ds}@{SNAP_PREFIX}"):
                 zfs("destroy", name)
         with contextlib.suppress(OSError):
-            remove_tree(bytes(store.root))
+            rmtree(bytes(store.root))
 
     def estimate_bytes(self, store: Store, parent: str | None) -> int:
         return 0
@@ -308,7 +302,7 @@ class ZfsBackend(Backend):
             (staging / RECORD).write_text(name + "\n")
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException:
-            remove_tree(bytes(staging))
+            rmtree(bytes(staging))
             zfs("destroy", name)
             raise
 
@@ -321,7 +315,7 @@ class ZfsBackend(Backend):
         name = self._snap(store, snap_id)
         if _exists(name):
             zfs("destroy", name)
-        remove_tree(bytes(store.snapshot_dir(snap_id)))
+        rmtree(bytes(store.snapshot_dir(snap_id)))
 
     @contextlib.contextmanager
     def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
@@ -346,7 +340,7 @@ class ZfsBackend(Backend):
         try:
             zfs("clone", "-o", f"mountpoint={tree}", "-o", "snapdir=hidden", self._snap(store, snap_id), ds)
         except BaseException:
-            remove_tree(bytes(store.sandbox_dir(sb_id)))
+            rmtree(bytes(store.sandbox_dir(sb_id)))
             raise
         return tree
 
@@ -378,7 +372,7 @@ class ZfsBackend(Backend):
                 raise SnapshotError(detail=f"sandbox {sb_id} has forks made from it ({names}); on zfs they "
                                            "depend on its dataset: remove them first")
             zfs("destroy", "-r", ds)  # -r: its frozen-view snapshots too; it unmounts first
-        remove_tree(bytes(store.sandbox_dir(sb_id)))
+        rmtree(bytes(store.sandbox_dir(sb_id)))
 
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """The clone dataset's ``used``: what it holds beyond its origin snapshot."""
@@ -430,4 +424,4 @@ class ZfsBackend(Backend):
         elif path.parent == store.sandboxes:
             self.destroy_clone(store, path.name)
         else:
-            remove_tree(bytes(path))
+            rmtree(bytes(path))
