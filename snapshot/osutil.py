@@ -250,7 +250,11 @@ def atomic_write(path: PathLike, data: bytes, *, mode: int = 0o644,
         raise
     os.close(fd)
     if before_rename is not None:
-        before_rename()
+        try:
+            before_rename()
+        except BaseException:
+            os.unlink(tmp)
+            raise
     os.rename(tmp, p)
     fsync_dir(d)
 
