@@ -639,6 +639,40 @@ def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
             yield rel, "file", st
 
 
+def layer_lookup(layers: Sequence[bytes], rel: bytes) -> bytes | None:
+    """Where ``rel`` of the merged view of ``layers`` (TOP FIRST) lives, as overlayfs
+    resolves it (whiteouts hide, opaque dirs stop the merge, a non-dir ends a path), or None.
+    Redirects are not followed: for layers petri builds and fuse uppers, which have none."""
+    parts = rel.split(b"/")
+    cands = list(layers)
+    for i, _ in enumerate(parts):
+        sub = b"/".join(parts[:i + 1])
+        last = i == len(parts) - 1
+        nxt: list[bytes] = []
+        for layer in cands:
+            p = os.path.join(layer, sub)
+            try:
+                st = os.lstat(p)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if is_whiteout(st):
+                break
+            if last:
+                return p
+            if not stat.S_ISDIR(st.st_mode):
+                break  # the first entry found is not a directory: nothing beneath
+            nxt.append(layer)
+            try:
+                if os.getxattr(p, OPAQUE_XATTR, follow_symlinks=False) == b"y":
+                    break
+            except OSError:
+                pass
+        if not nxt:
+            return None
+        cands = nxt
+    return None
+
+
 def upper_bytes(layer: bytes) -> int:
     """Apparent bytes of the regular files in a layer or upper dir, every name counted (what
     the fuse disk budget charges; a sandbox's usage on overlay and fuse)."""

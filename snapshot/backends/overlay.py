@@ -41,6 +41,12 @@ what it writes is root's on disk, and the host path shows root's files as the ac
 The record keeps the map (``"idmap"``), so a remount after a reboot maps again. Every
 overlay mount is ``nosuid,nodev``.
 
+What a sandbox changed is its upper dir (``change_candidates``: files, whiteouts, opaque
+directories, renamed directories, read by ``snapshot.layers.layer_entries``); for a fork of
+a fork, the layers between its lineage's origin and its base are added. A snapshot keeps
+its stat cache of live (``live_record``), and its layers can be read without mounting
+anything (``snapshot_layers``): staleness uses both.
+
 Measured here (ext4, 60,600 files, 2 cores under load): clone 1.2-1.9 ms; snapshot view
 mount 1.2 ms; a snapshot with nothing changed 0.9-1.3 s (the lstat walk is half of it);
 first snapshot 7-23 s (a full data copy; ext4 has no reflink); compaction of the stack 1.6 s
@@ -86,11 +92,13 @@ import stat
 import subprocess
 import threading
 from pathlib import Path
-from typing import ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 from .. import idmap as I
 from .. import layers as L
-from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
+from ..backend import (FULL, Backend, Candidates, DiskUsage, Leftover, Progress, SnapshotResult, StatKeys,
+                       refuse_clone_options)
+from ..candidates import prune_dirs
 from ..errors import OverlayMountFailed, SnapshotError
 from ..idmap import IdMap
 from ..idmap import syscall as _syscall
@@ -110,6 +118,9 @@ _KNOWN_OPTIONS = {MOUNT_OPTIONS, SANDBOX_MOUNT_OPTIONS}
 MOUNT_SOURCE = "petri"
 MOUNT_RECORD_VERSION = 1
 DEFAULT_MAX_DEPTH = 32
+# A sandbox's mount.json: version, snapshot, layers, upper, work, options, idmap (fuse: and
+# backend, disk_budget).
+MountRecord = dict[str, Any]
 _ROOTLESS_WHY = ("needs root (rootless overlay exists only inside a user namespace, so it cannot "
                  "give a host-visible path: use fuse)")
 
@@ -200,6 +211,7 @@ def _legacy_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, w
 
     opts = [b"lowerdir=" + b":".join(rel(p) for p in lowers)]
     if upper is not None:
+        assert work is not None  # an upper dir always comes with its work dir
         opts += [b"upperdir=" + rel(upper), b"workdir=" + rel(work)]
     opts += [o.encode() for o in options] + [b"nosuid", b"nodev"]
     if readonly:
@@ -338,6 +350,15 @@ class OverlayBackend(Backend):
         store.root.mkdir(exist_ok=True)
         store.make_dirs()
 
+    def destroy_store(self, store: Store) -> None:
+        """Unmount every overlay left in the store (deepest first), then remove it; never
+        removes through a mount (that would write whiteouts, or worse, into a layer)."""
+        root = bytes(store.root)
+        for mp in sorted(overlay_mounts_under(root), key=len, reverse=True):
+            umount(mp)
+        _refuse_if_mounts_under(root)
+        rmtree(root)
+
     def _snap_file(self, store: Store, snap_id: str, name: str) -> Path:
         return store.snapshot_dir(snap_id) / name
 
@@ -461,7 +482,7 @@ class OverlayBackend(Backend):
             rmtree(bytes(p))
         return SnapshotResult(bytes_copied=copied)
 
-    def _resolve_redirects(self, store: Store, built: Path, names: list[str], rec: dict, redirects: list[bytes],
+    def _resolve_redirects(self, store: Store, built: Path, names: list[str], rec: MountRecord, redirects: list[bytes],
                            trusted: bool, staging: list[Path]) -> None:
         """Replace each renamed directory of the copied upper by a full copy of what it shows
         (only the kernel can follow a redirect): read through a read-only mount of the copy
@@ -570,13 +591,13 @@ class OverlayBackend(Backend):
         others = self._used_layers(store, skip_snapshot=snap_id, count_sandboxes=False)
         alone = [bytes(store.layers / n) for n in mine if n not in others]
         # Count an inode only when all its links are in these layers (compaction links files).
-        seen: dict[tuple[int, int], list] = {}
+        seen: dict[tuple[int, int], list[Any]] = {}
         for layer in alone:
             for _, st in _walk_all(layer):
                 if stat.S_ISREG(st.st_mode):
                     ent = seen.setdefault((st.st_dev, st.st_ino), [0, st])
                     ent[0] += 1
-        return sum(st.st_blocks * 512 for n, st in seen.values() if n >= st.st_nlink)
+        return int(sum(st.st_blocks * 512 for n, st in seen.values() if n >= st.st_nlink))
 
     # -- sandboxes --------------------------------------------------------------------------
     def _mount(self, store: Store, target: bytes, lowers: Sequence[bytes], upper: bytes | None = None,
@@ -586,7 +607,7 @@ class OverlayBackend(Backend):
                       legacy=self.legacy_mount, options=options)
 
     @staticmethod
-    def _options(rec: dict) -> tuple[str, ...]:
+    def _options(rec: MountRecord) -> tuple[str, ...]:
         """The options a sandbox's upper was made under: it must always be mounted with them
         (its opaque marks and redirects are in that flavour's xattr namespace)."""
         opts = tuple(rec.get("options", MOUNT_OPTIONS))
@@ -594,7 +615,9 @@ class OverlayBackend(Backend):
             raise SnapshotError(detail=f"unknown overlay mount options in the mount record: {','.join(opts)}")
         return opts
 
-    def clone(self, store: Store, snap_id: str, sb_id: str, idmap: IdMap | None = None) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        refuse_clone_options(self.name, disk_budget, None)
         names = self.layers_of(store, snap_id)
         lowers = self._layer_paths(store, names)
         sb = store.sandbox_dir(sb_id)
@@ -619,7 +642,7 @@ class OverlayBackend(Backend):
             raise
         return tree
 
-    def _mount_sandbox(self, store: Store, sb_id: str, rec: dict) -> None:
+    def _mount_sandbox(self, store: Store, sb_id: str, rec: MountRecord) -> None:
         """Mount the sandbox as its record says: over idmapped layers when it names an id map."""
         sb = store.sandbox_dir(sb_id)
         tree = bytes(store.sandbox_tree(sb_id))
@@ -679,9 +702,9 @@ class OverlayBackend(Backend):
         atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
         self._mount_sandbox(store, sb_id, rec)
 
-    def _record(self, store: Store, sb_id: str) -> dict:
+    def _record(self, store: Store, sb_id: str) -> MountRecord:
         try:
-            rec = json.loads((store.sandbox_dir(sb_id) / "mount.json").read_text())
+            rec: MountRecord = json.loads((store.sandbox_dir(sb_id) / "mount.json").read_text())
         except FileNotFoundError:
             raise SnapshotError(detail=f"sandbox {sb_id} has no mount record on disk") from None
         if rec.get("version") != MOUNT_RECORD_VERSION:
@@ -692,6 +715,54 @@ class OverlayBackend(Backend):
         """What the sandbox wrote: its upper dir's files (O(upper), not O(tree))."""
         upper = store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"]
         return DiskUsage(L.upper_bytes(bytes(upper)), "upper")
+
+    # -- change sets and staleness ------------------------------------------------------------
+    def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
+                          base: Path | None = None, tree: Path | None = None) -> Candidates:
+        """The sandbox's upper dir (for a frozen view: the copy of it the view was built
+        from, ``<view>/../upper``), widened by the layers between ``since`` and
+        ``cloned_from`` for a fork of a fork."""
+        try:
+            frozen = self._frozen_upper(store, tree)
+            own = upper_candidates(frozen, base, tree) if frozen is not None else \
+                self._recorded_candidates(store, sb_id, base, tree)
+        except (OSError, KeyError, ValueError):
+            return FULL
+        return self._widen(store, own, cloned_from, since)
+
+    @staticmethod
+    def _frozen_upper(store: Store, tree: Path | None) -> Path | None:
+        """The copied upper beside a frozen view (``frozen_view``'s layout), if ``tree`` is one."""
+        if tree is None or tree.name != "view" or store.tmp not in tree.parents:
+            return None
+        upper = tree.parent / "upper"
+        return upper if upper.is_dir() else None
+
+    def _recorded_candidates(self, store: Store, sb_id: str, base: Path | None, tree: Path | None) -> Candidates:
+        return upper_candidates(store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"], base, tree)
+
+    def _widen(self, store: Store, cands: Candidates, cloned_from: str, since: str) -> Candidates:
+        """``cands`` plus what the layers between ``since`` and ``cloned_from`` hold (what the
+        sandbox's ancestors changed), so the set covers every difference from ``since``."""
+        if cands.paths is None or since == cloned_from:
+            return cands
+        mine = self.layers_of(store, cloned_from)
+        theirs = self.layers_of(store, since)
+        if mine[:len(theirs)] != theirs:
+            return FULL  # compacted: no layer says what the ancestors changed
+        extra: set[bytes] = set()
+        for n in mine[len(theirs):]:
+            layer = os.path.join(os.fsencode(store.layers), n.encode())
+            extra.update(rel for rel, _kind, _st in L.layer_entries(layer))
+        return Candidates(frozenset(cands.paths | extra), cands.source + "+lineage")
+
+    def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
+        """The snapshot's stat cache of live (racy entries carry an impossible size: they never match)."""
+        keys = L.load_stat_cache(store.snapshot_dir(snap_id) / "statcache")
+        return keys, dict(keys)
+
+    def snapshot_layers(self, store: Store, snap_id: str) -> list[bytes] | None:
+        return self._layer_paths(store, self.layers_of(store, snap_id))
 
     def ensure_clone(self, store: Store, sb_id: str) -> Path:
         tree = store.sandbox_tree(sb_id)
@@ -773,17 +844,31 @@ class OverlayBackend(Backend):
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def upper_candidates(upper: Path, base: Path | None, tree: Path | None) -> Candidates:
+    """What an upper dir (or a layer) says may differ: its entries, whiteouts, opaque and
+    renamed directories as whole subtrees; directories only copied up dropped where both
+    trees are given (``snapshot.candidates.prune_dirs``)."""
+    plain: set[bytes] = set()
+    whole: set[bytes] = set()
+    for rel, kind, _st in L.layer_entries(os.fsencode(upper)):
+        if kind in ("opaque_dir", "redirect_dir", "whiteout"):
+            whole.add(rel)
+        else:
+            plain.add(rel)
+    return Candidates(frozenset(prune_dirs(base, tree, plain) | whole), "upper")
+
+
 def _idmap_json(idmap: IdMap | None) -> list[int] | None:
     return None if idmap is None else [idmap.uid, idmap.gid]
 
 
-def _idmap_of(rec: dict) -> IdMap | None:
+def _idmap_of(rec: MountRecord) -> IdMap | None:
     """The id map a mount record names (None: owners as on disk)."""
     m = rec.get("idmap")
     return None if not m else IdMap(int(m[0]), int(m[1]))
 
 
-def _walk_all(root: bytes):
+def _walk_all(root: bytes) -> Iterator[tuple[bytes, os.stat_result]]:
     from ..tree import walk
     return walk(root)
 

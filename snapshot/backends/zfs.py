@@ -9,7 +9,8 @@ directory ``snapshots/<id>/`` records the snapshot's full name (``zfs-snapshot``
 ``gc``'s "a snapshot row without a directory is stale" rule holds for every backend. A
 sandbox ``sb-…`` is the clone ``D/petri-store/sb-…`` mounted at ``sandboxes/<id>/tree``.
 ``frozen_view`` is a temporary snapshot of the clone. ``changes`` lists what a sandbox
-changed with ``zfs diff`` against its origin snapshot.
+changed with ``zfs diff`` against its origin snapshot (its ``change_candidates``; a fork of
+a fork gets none: ``zfs diff`` knows only the clone's own origin).
 
 Every zfs name petri makes starts with ``petri-`` (snapshots) or lives under
 ``D/petri-store`` (clones): the user's own snapshots and datasets are never touched.
@@ -41,11 +42,15 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator
 
-from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
+from ..backend import FULL, Backend, Candidates, DiskUsage, Leftover, Progress, SnapshotResult, refuse_clone_options
+from ..candidates import clean, prune_dirs
 from ..errors import BackendUnavailable, DiskFull, SnapshotError
 from ..store import Store
+
+if TYPE_CHECKING:
+    from ..idmap import IdMap
 from ..osutil import Mount, mounts, parse_mountinfo, rmtree
 
 SNAP_PREFIX = "petri-"
@@ -183,7 +188,7 @@ def _exists(name: str) -> bool:
         raise
 
 
-def dataset_at(path: str | os.PathLike) -> str | None:
+def dataset_at(path: str | os.PathLike[str]) -> str | None:
     """The dataset whose mountpoint is exactly ``path``, or None."""
     real = os.path.realpath(path)
     found = _dataset_in(mounts(), real)
@@ -196,7 +201,7 @@ def dataset_at(path: str | os.PathLike) -> str | None:
     return None
 
 
-def available(path: str | os.PathLike) -> tuple[bool, str]:
+def available(path: str | os.PathLike[str]) -> tuple[bool, str]:
     """Can the zfs backend host the workspace at ``path``? (ok, why)"""
     if shutil.which("zfs") is None:
         return False, "zfs command not found"
@@ -331,7 +336,9 @@ class ZfsBackend(Backend):
             return None
 
     # -- sandboxes ---------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        refuse_clone_options(self.name, disk_budget, idmap)
         tree = store.sandbox_tree(sb_id)
         ds = self._clone_ds(store, sb_id)
         if os.path.lexists(store.sandbox_dir(sb_id)) or _exists(ds):
@@ -387,6 +394,20 @@ class ZfsBackend(Backend):
         out = zfs("diff", "-F", "-H", self._snap(store, snap_id), self._clone_ds(store, sb_id))
         roots = [os.fsencode(store.sandbox_tree(sb_id)), os.fsencode(store.workspace)]
         return parse_diff(out, roots)
+
+    def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
+                          base: Path | None = None, tree: Path | None = None) -> Candidates:
+        if since != cloned_from:
+            return FULL  # zfs diff knows only the clone's own origin
+        try:
+            paths: set[bytes] = set()
+            for c in self.changes(store, cloned_from, sb_id):
+                paths.add(c.path)
+                if c.new_path is not None:
+                    paths.add(c.new_path)
+            return Candidates(frozenset(prune_dirs(base, tree, clean(paths))), "zfs-diff")
+        except (OSError, KeyError, ValueError):
+            return FULL
 
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: dict[Path, Leftover] = {}
