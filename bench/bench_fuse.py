@@ -55,6 +55,7 @@ from .common import (CACHE, PETRI, REPO, Report, Samples, cli_env, ensure_tree, 
 
 sys.path.insert(0, str(REPO))
 from snapshot.fusefs import daemon as D  # noqa: E402
+from snapshot.osutil import mounts  # noqa: E402
 
 PYPREFIX = "/root/.pyenv/versions/3.11.7"
 IMPORTS = ["json", "decimal", "asyncio", "email.parser", "http.client", "xml.etree.ElementTree",
@@ -76,7 +77,7 @@ def sh(argv: list, **kw) -> subprocess.CompletedProcess:
 
 
 def is_mounted(p: Path) -> bool:
-    return any(m.mountpoint == os.fsencode(p) for m in D.mounts())
+    return any(m.mountpoint == os.fsencode(p) for m in mounts())
 
 
 # -- the three filesystems -------------------------------------------------------------------
@@ -187,7 +188,7 @@ class Bench:
             except Exception as e:  # noqa: BLE001 - keep cleaning the rest
                 log(f"cleanup of {m.base} failed: {e}")
         if self.work.exists():
-            for mp in [m.mountpoint for m in D.mounts() if m.mountpoint.startswith(os.fsencode(self.work))]:
+            for mp in [m.mountpoint for m in mounts() if m.mountpoint.startswith(os.fsencode(self.work))]:
                 subprocess.run(["umount", "-l", mp], capture_output=True)
             shutil.rmtree(self.work, ignore_errors=True)
 

@@ -14,7 +14,7 @@ masked with ``0o777`` (no setuid, setgid or sticky). Extended attributes (and so
 are ``system.posix_acl_*`` xattrs) are copied only when their name is in the allow-list given
 by the caller; the default list is empty.
 
-Renames use ``renameat2`` (through ctypes) so that creating a path that must not exist can
+Renames use ``renameat2`` (``snapshot.osutil``) so that creating a path that must not exist can
 say ``RENAME_NOREPLACE`` and lose no file an editor created a moment earlier.
 
 Caveats: a check of a path and the operation on it are separate system calls, so a
@@ -25,7 +25,6 @@ same guarantee on every kernel and is what is used.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Iterable
 
 import xxhash
+
+from snapshot.osutil import RENAME_NOREPLACE, renameat2
 
 from .changes import content_id_fd, kind_of, read_fd
 from .errors import PathThroughSymlink, UnsafePath
@@ -44,22 +45,6 @@ PERM_MASK = 0o777
 CHUNK = 1 << 20
 XATTR_ALLOW_DEFAULT: frozenset[bytes] = frozenset()
 
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-AT_FDCWD = -100
-
-_libc = ctypes.CDLL(None, use_errno=True)  # the loaded libc; find_library runs ldconfig (3 ms)
-_renameat2 = getattr(_libc, "renameat2", None)
-
-
-def renameat2(src_dir: int, src: bytes, dst_dir: int, dst: bytes, flags: int = 0) -> None:
-    if _renameat2 is None:  # glibc < 2.28: raw syscall 316 on x86_64
-        r = _libc.syscall(316, src_dir, src, dst_dir, dst, flags)
-    else:
-        r = _renameat2(src_dir, src, dst_dir, dst, flags)
-    if r != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), src, None, dst)
 
 
 def split_rel(path: bytes | str | os.PathLike) -> list[bytes]:

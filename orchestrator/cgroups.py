@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 
 from orchestrator.cgexec import Rlimits
+from snapshot.osutil import mounts
 
 Mode = Literal["v2", "v1", "none"]
 
@@ -100,19 +101,9 @@ class CgroupFailure(OSError):
 # ---------------------------------------------------------------------------- discovery
 
 
-def _mountinfo() -> list[tuple[str, str, str, str]]:
+def _mountinfo() -> list[tuple[str, str, str, frozenset[str]]]:
     """(root, mount point, fstype, super options) of every mount we can see."""
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for raw in f:
-            left, _, right = raw.decode("utf-8", "surrogateescape").rstrip("\n").partition(" - ")
-            fields = left.split(" ")
-            rfields = right.split(" ")
-            if len(fields) < 5 or len(rfields) < 3:
-                continue
-            unesc = lambda s: s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-            out.append((unesc(fields[3]), unesc(fields[4]), rfields[0], rfields[2]))
-    return out
+    return [(os.fsdecode(m.root), os.fsdecode(m.mountpoint), m.fstype, m.super_options) for m in mounts()]
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -176,7 +167,7 @@ def _v1_mounts() -> dict[str, Path]:
     for root, mp, fstype, opts in _mountinfo():
         if fstype != "cgroup":
             continue
-        for o in opts.split(","):
+        for o in opts:
             if o in V1_CONTROLLERS and o not in found and root == "/":
                 found[o] = Path(mp)
     return found

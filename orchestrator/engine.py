@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterable
 from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
 from snapshot.choose import choose, get_backend
+from snapshot.choose import convert as convert_workspace
 from snapshot.store import Store
-from snapshot.tree import remove_tree
+from snapshot.osutil import rmtree
 
 from .limits import Limits
-from .errors import (OrchestratorError, SandboxesExist, SandboxGone, SnapshotInUse, UnknownId,
-                     UsageError)
+from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
@@ -108,18 +108,7 @@ class Engine:
              progress: Progress | None = None, say: Say = lambda s: None) -> tuple["Engine", dict[str, Any]]:
         root = check_can_init(path)
         if convert:
-            from snapshot.backends.btrfs import check_btrfs, convert_to_subvolume
-            ok, why = check_btrfs(root)
-            if not ok:
-                from snapshot.fsinfo import fs_type
-                if fs_type(root) != "btrfs":
-                    raise OrchestratorError(detail=f"--convert needs a directory on btrfs; {root} is on {fs_type(root)}")
-                say(f"converting {root} into a btrfs subvolume: its contents are reflink-copied (no data"
-                    " is duplicated) into a new subvolume, which then takes its place at the same path")
-                convert_to_subvolume(root, progress)
-                backend = "btrfs"
-            else:
-                say(f"{root} is already a btrfs subvolume; nothing to convert")
+            backend = convert_workspace(root, progress, say) or backend
         name, reason = choose(root, backend)
         chosen = get_backend(name)
         store = Store(root)
@@ -167,9 +156,7 @@ class Engine:
             # What no row accounts for: views of petris still running, leaked mounts.
             for left in self.backend.leftovers(self.store, set(), set()):
                 self._remove_leftover(left)
-            reap = getattr(self.backend, "reap_processes", None)
-            if reap is not None:
-                reap(self.store, set())
+            self.backend.reap_processes(self.store, set())
         self.close()
         _remove_store(self.store, self.backend)
         remove_git_exclude(self.root)
@@ -506,9 +493,8 @@ class Engine:
                     continue  # a view or staging area of a petri that is still running
                 self._remove_leftover(left)
                 reaped["mounts" if left.kind == "mount" else "trees"] += 1
-            reap = getattr(self.backend, "reap_processes", None)
-            if reap is not None:  # e.g. FUSE daemons serving no known sandbox
-                reaped["processes"] += reap(self.store, known_sbs)
+            # e.g. the fuse fork server, when it serves no known sandbox
+            reaped["processes"] += self.backend.reap_processes(self.store, known_sbs)
             from .run_view import reap_dead_views
             reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
             # Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live
@@ -556,11 +542,7 @@ class Engine:
 
     # -- leftovers ----------------------------------------------------------------------
     def _remove_leftover(self, left: Leftover) -> None:
-        remover = getattr(self.backend, "remove_leftover", None)
-        if remover:
-            remover(self.store, left)
-        else:
-            remove_tree(bytes(left.path))
+        self.backend.remove_leftover(self.store, left)
 
     def reap_dead_tmp(self) -> int:
         """Unmount and remove what petris that died left under tmp/ (the views a killed
@@ -608,21 +590,16 @@ def _remove_store(store: Store, backend: Backend) -> None:
     if not store.root.exists():
         return
     last = {store.registry.name, store.registry.name + "-wal", store.registry.name + "-shm"}
-    remover = getattr(backend, "remove_leftover", None)
     for entry in sorted(store.root.iterdir()):
         if entry.name in last:
             continue
-        if remover is not None and entry.is_dir() and not entry.is_symlink():
-            remover(store, Leftover("tree", entry))
+        if entry.is_dir() and not entry.is_symlink():
+            backend.remove_leftover(store, Leftover("tree", entry))
         else:
-            remove_tree(bytes(entry))
+            rmtree(bytes(entry))
     for name in sorted(last, key=len, reverse=True):  # the WAL and its index, then the database
         try:
             os.unlink(store.root / name)
         except FileNotFoundError:
             pass
-    destroy = getattr(backend, "destroy_store", None)
-    if destroy is not None:
-        destroy(store)
-    else:
-        remove_tree(bytes(store.root))
+    backend.destroy_store(store)

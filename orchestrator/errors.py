@@ -5,9 +5,10 @@ Domain errors are caught at the CLI edge and turned into one line on stderr (and
 """
 from __future__ import annotations
 
-from snapshot.errors import Conflict, NotFound, PetriError, Unsupported, UsageError
+from snapshot.errors import Conflict, DiskLimitUnavailable, NotFound, PetriError, Unsupported, UsageError
 
-__all__ = ["PetriError", "UsageError", "NotFound", "Conflict", "Unsupported"]  # the categories, for callers here
+__all__ = ["PetriError", "UsageError", "NotFound", "Conflict", "Unsupported",  # the categories, for callers here
+           "DiskLimitUnavailable"]  # raised by the backends' disk caps (snapshot.backend.DiskCap)
 
 
 class OrchestratorError(PetriError):
@@ -142,12 +143,6 @@ class PatchUnreadable(UsageError):
 
 class NoCandidates(UsageError):
     """race needs at least one --patch FILE or --cmd CMD"""
-
-
-class DiskLimitUnavailable(OrchestratorError, Unsupported):
-    """cannot enforce --disk on {where}: {why}; {alternatives}"""
-
-    exit_code = 4
 
 
 class ConfigError(UsageError):

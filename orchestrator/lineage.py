@@ -10,9 +10,9 @@ What a fork of a fork is compared with: its **origin**. ``diff``, ``promote`` (t
 merge base) and staleness read a descendant against the snapshot of live its lineage began
 at, so promoting the winner of generation 3 carries what generations 1 to 3 changed,
 and a later promotion of an ancestor's change merges cleanly (both sides made it).
-``diff_base`` says which snapshot that is; ``widen_candidates`` adds to a backend's
-record of what the sandbox changed what its ancestors changed (the layers between the
-origin and its base), so the fast change-set paths stay exact.
+``diff_base`` says which snapshot that is; the backend's ``change_candidates`` is asked
+for what may differ from it (overlay and fuse add the layers between the origin and the
+sandbox's base to their record), so the fast change-set paths stay exact.
 
 ``gc`` keeps every snapshot a living sandbox needs: its base and, through the snapshots'
 ``parent`` links, its whole ancestry up to the origin (``Registry.snapshot_users``).
@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .changesets import Candidates
     from .engine import Engine
     from .registry import SandboxRow, SnapshotRow
 
@@ -90,37 +89,6 @@ def origin_of(engine: "Engine", snap_id: str) -> str:
 def diff_base(engine: "Engine", row: "SandboxRow") -> str:
     """The snapshot the sandbox's changes are counted against (diff, promote, staleness)."""
     return origin_of(engine, row.base)
-
-
-def widen_candidates(engine: "Engine", row: "SandboxRow", cands: "Candidates") -> "Candidates":
-    """A backend's candidate paths for a descendant, plus what its ancestors changed, so
-    the set covers every difference from its origin (and still from its base)."""
-    from .changesets import FULL, Candidates
-
-    if cands.paths is None:
-        return cands
-    base = engine.registry.snapshot(row.base)
-    if base is None or base.kind != "sandbox":
-        return cands
-    name = engine.backend_name
-    if name == "btrfs":
-        return cands  # btrfs send compares with whichever base the caller holds
-    if name not in ("overlay", "fuse"):
-        return FULL  # zfs diff knows only the immediate base
-    import os
-
-    from snapshot.layers import layer_entries
-
-    be: Any = engine.backend
-    mine = be.layers_of(engine.store, row.base)
-    theirs = be.layers_of(engine.store, diff_base(engine, row))
-    if mine[:len(theirs)] != theirs:
-        return FULL  # compacted: no layer says what the ancestors changed
-    extra: set[bytes] = set()
-    for n in mine[len(theirs):]:
-        layer = os.path.join(os.fsencode(engine.store.layers), n.encode())
-        extra.update(rel for rel, _kind, _st in layer_entries(layer))
-    return Candidates(frozenset(cands.paths | extra), cands.source + "+lineage")
 
 
 # --------------------------------------------------------------------------- the tree

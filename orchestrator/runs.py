@@ -24,41 +24,39 @@ Hooks the engine calls (``engine.py``): ``stop_sandbox_processes`` (expiry, rm),
 ``check_limits`` (fork, race: refuse what cannot be enforced, exit 4), ``gc_processes``
 (``petri gc``: leaked cgroups and processes, runs and races whose petri died).
 
-Disk caps (``--disk``): btrfs qgroups (quotas are enabled on the filesystem only when a
-``--disk`` is first asked for: they make every snapshot on it slower), an exclusive-bytes
-limit on the sandbox's subvolume; the fuse backend's own budget; an XFS project quota where
-the filesystem is mounted with ``prjquota``; anything else is refused.
+Disk caps (``--disk``): the backend's ``disk_cap`` (``snapshot.backend.DiskCap``: btrfs
+qgroups, the fuse daemon's own budget, an XFS project quota where the filesystem is mounted
+with ``prjquota``; anything else is refused, exit 4). Here: ``prepare`` when a fork or race
+asks for one (what it did, such as switching btrfs quotas on, is said once per workspace),
+``apply`` per sandbox (recorded in its meta as ``disk_cap_applied``), ``mark``/``hit``
+around each run.
 
 Caveats:
 - Without cgroups (rootless on cgroup v1) ``stop_sandbox_processes`` cannot find the runs
   of another petri process: only their own deadline ends them.
-- The btrfs qgroup limit is applied after the clone (``after_fork``); the engine must call
-  it, or it is applied at the sandbox's first run. Writes through the host path before that
-  are not capped.
-- ``limits_hit: ["disk"]`` comes from the cap, never from the command's output: the fuse
-  budget counts the writes it refused; btrfs qgroups count no refusals, so there it means
-  the qgroup's exclusive bytes ended within 1 MiB of the cap. An XFS project quota is not
-  reported.
-- The XFS project quota path is written to xfs_quota's documentation but untested here
-  (this kernel's XFS refuses prjquota mounts in the test image).
+- A cap that is not the clone's own (btrfs, XFS) is applied after the clone
+  (``after_fork``); the engine must call it, or it is applied at the sandbox's first run.
+  Writes through the host path before that are not capped.
+- ``limits_hit: ["disk"]`` comes from the cap's own counters, never from the command's
+  output; each cap's module says what its counters can tell (an XFS project quota: nothing).
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import cgroups, events
-from .errors import (DiskLimitUnavailable, EmptyCommand, LimitsUnavailable, SandboxExpired,
-                     SandboxNotRunnable)
+from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired, SandboxNotRunnable
 from .isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
 from .run_as import RunAs, run_as
 
 if TYPE_CHECKING:
+    from snapshot.backend import DiskCap
+
     from .engine import Engine, Limits
     from .runner import RunEvent
 
@@ -512,157 +510,17 @@ def check_limits(engine: "Engine", limits: "Limits") -> dict[str, Any]:
         warn_once(engine, "no usable cgroups here (" + sup.reason + "): limits fall back to rlimits, which are weaker")
     warnings: list[str] = []
     if limits.disk_bytes:
-        warnings = disk_plan(engine).prepare()
+        warnings = _prepare_disk_cap(engine, engine.backend.disk_cap(engine.store))
     return {"warnings": warnings, "quotas_enabled": bool(warnings)}
 
 
-class _DiskPlan:
-    """How one workspace enforces ``--disk``: ``prepare`` (once per fork or run: make the cap
-    possible; returns warnings about what that did), ``apply`` (per sandbox), and ``mark`` /
-    ``hit`` (before and after a run: did the cap refuse anything meanwhile?). Never from a
-    command's output: a message can be faked, and a real overflow can be silenced."""
-
-    kind = "none"
-
-    def prepare(self) -> list[str]:
-        return []
-
-    def apply(self, engine: "Engine", row: SandboxRow) -> None:
-        pass
-
-    def mark(self, engine: "Engine", row: SandboxRow) -> Any:
-        return None
-
-    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
-        return False
-
-
-class _BackendBudget(_DiskPlan):
-    """The backend enforces the budget itself (fuse: the clone gets ``disk_budget`` from
-    engine.clone_options, its writes get ENOSPC) and counts what it refused."""
-
-    kind = "fuse"
-
-    def mark(self, engine: "Engine", row: SandboxRow) -> Any:
-        return engine.backend.disk_refusals(engine.store, row.id)
-
-    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
-        now = engine.backend.disk_refusals(engine.store, row.id)
-        return now is not None and now > (mark or 0)
-
-
-class _BtrfsQgroups(_DiskPlan):
-    kind = "btrfs"
-
-    def __init__(self, engine: "Engine") -> None:
-        self.engine = engine
-
-    def enabled(self) -> bool:
-        from snapshot.backends.btrfs import quotas_enabled
-        return quotas_enabled(self.engine.store.root)
-
-    def prepare(self) -> list[str]:
-        if os.geteuid() != 0:
-            raise DiskLimitUnavailable(where=str(self.engine.root), why="btrfs qgroups need root",
-                                       alternatives="run petri as root, or use a workspace with the fuse backend"
-                                                    " (`petri init --backend fuse`), whose --disk works rootless")
-        if self.enabled():
-            return []
-        # Quotas cost every snapshot on this filesystem (bench/RESULTS.md: forks 2.5-4x
-        # slower): they are turned on only now that a --disk cap is asked for, they stay on,
-        # and the user is told so, with the way back.
-        for argv in (["btrfs", "quota", "enable", str(self.engine.store.root)],
-                     ["btrfs", "quota", "rescan", "-w", str(self.engine.store.root)]):
-            cp = subprocess.run(argv, capture_output=True, text=True)
-            if cp.returncode != 0 and "in progress" not in cp.stderr:
-                raise DiskLimitUnavailable(where=str(self.engine.root),
-                                           why=f"`{' '.join(argv)}` failed: {cp.stderr.strip()}",
-                                           alternatives="use the fuse backend (`petri init --backend fuse`)")
-        mount = _mount_of(self.engine.store.root)[0]
-        text = (f"--disk switched on btrfs quotas for the whole filesystem at {mount}: from now on every "
-                f"snapshot and fork there is slower (2.5-4x measured); `btrfs quota disable {mount}` switches "
-                f"them off again and lifts every --disk cap on that filesystem")
-        warn_once(self.engine, text)
-        return [text]
-
-    def apply(self, engine: "Engine", row: SandboxRow) -> None:
-        limit = (row.limits or {}).get("disk_bytes")
-        tree = engine.store.sandbox_tree(row.id)
-        cp = subprocess.run(["btrfs", "qgroup", "limit", "-e", str(limit), str(tree)], capture_output=True, text=True)
-        if cp.returncode != 0:
-            raise DiskLimitUnavailable(where=str(tree), why=f"btrfs qgroup limit failed: {cp.stderr.strip()}",
-                                       alternatives="check `btrfs quota` on this filesystem")
-
-    def hit(self, engine: "Engine", row: SandboxRow, mark: Any) -> bool:
-        # qgroups count no refusals: the counters say the sandbox is at its cap.
-        from snapshot.backends.btrfs import qgroup_usage
-        u = qgroup_usage(engine.store.sandbox_tree(row.id))
-        if u is None:
-            return False
-        used, cap = u
-        return cap > 0 and used >= cap - (1 << 20)
-
-
-class _XfsProject(_DiskPlan):
-    kind = "xfs"
-
-    def __init__(self, engine: "Engine", mountpoint: str) -> None:
-        self.engine = engine
-        self.mountpoint = mountpoint
-
-    def prepare(self) -> list[str]:
-        if os.geteuid() != 0:
-            raise DiskLimitUnavailable(where=str(self.engine.root), why="XFS project quotas need root",
-                                       alternatives="run petri as root, or use the fuse backend")
-        return []
-
-    def apply(self, engine: "Engine", row: SandboxRow) -> None:
-        limit = (row.limits or {}).get("disk_bytes")
-        proj = int(row.id.split("-", 1)[1], 16) or 1  # sb-<8 hex>: a 32-bit project id of its own
-        tree = engine.store.sandbox_tree(row.id)
-        cp = subprocess.run(["xfs_quota", "-x", "-c", f"project -s -p {tree} {proj}",
-                             "-c", f"limit -p bhard={limit} {proj}", self.mountpoint], capture_output=True, text=True)
-        if cp.returncode != 0:
-            raise DiskLimitUnavailable(where=str(tree), why=f"xfs_quota failed: {cp.stderr.strip()}",
-                                       alternatives="use the fuse backend")
-
-
-_ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (qgroups, as root), the fuse "
-                 "backend (`petri init --backend fuse`: its own budget), or XFS mounted with prjquota")
-
-
-def disk_plan(engine: "Engine") -> _DiskPlan:
-    """How --disk is enforced for this workspace, or DiskLimitUnavailable (exit 4)."""
-    name = engine.backend_name
-    if engine.backend.enforces_disk_budget():
-        return _BackendBudget()
-    if name == "btrfs":
-        return _BtrfsQgroups(engine)
-    from snapshot.fsinfo import fs_type
-
-    fs = fs_type(engine.store.root)
-    if fs == "xfs":
-        mp, opts = _mount_of(engine.store.root)
-        if opts & {"prjquota", "pquota", "pqnoenforce"} and "pqnoenforce" not in opts:
-            return _XfsProject(engine, mp)
-        raise DiskLimitUnavailable(where=f"{engine.root} (XFS at {mp})",
-                                   why="the filesystem is not mounted with prjquota",
-                                   alternatives="remount it with -o prjquota (XFS project quotas), or " + _ALTERNATIVES)
-    raise DiskLimitUnavailable(where=f"{engine.root} ({name} backend on {fs})",
-                               why="this backend and filesystem have no per-sandbox disk cap", alternatives=_ALTERNATIVES)
-
-
-def _mount_of(path: Path) -> tuple[str, set[str]]:
-    real = os.path.realpath(path)
-    best, opts = "/", set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            mp = left.split()[4].replace("\\040", " ")
-            if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-                best = mp
-                opts = set(left.split()[5].split(",")) | set(right.split()[2].split(",")) if len(right.split()) > 2 else set()
-    return best, opts
+def _prepare_disk_cap(engine: "Engine", cap: "DiskCap") -> list[str]:
+    """Make the cap possible (``DiskCap.prepare``); what that did is said once per workspace
+    on stderr, and returned for the caller's JSON."""
+    warnings = cap.prepare()
+    for text in warnings:
+        warn_once(engine, text)
+    return warnings
 
 
 def after_fork(engine: "Engine", rows: Sequence[SandboxRow]) -> None:
@@ -673,22 +531,27 @@ def after_fork(engine: "Engine", rows: Sequence[SandboxRow]) -> None:
 
 
 def ensure_disk_limit(engine: "Engine", row: SandboxRow) -> None:
-    if not (row.limits or {}).get("disk_bytes"):
+    limit = (row.limits or {}).get("disk_bytes")
+    if not limit:
         return
     applied = (row.meta or {}).get("disk_cap_applied")
-    if applied == "btrfs" and not _BtrfsQgroups(engine).enabled():
-        # Someone ran `btrfs quota disable`: the qgroup and its limit are gone. Turning
-        # quotas back on behind their back would undo that choice; say what it means.
-        warn_once(engine, f"{row.id}'s --disk cap is no longer enforced: btrfs quotas were switched off on its "
-                  f"filesystem (a new `petri fork --disk` switches them on again)")
-        return
     if applied:
+        # Still in force? (btrfs: someone may have run `btrfs quota disable`, which drops
+        # every qgroup limit; turning quotas back on behind their back would undo that
+        # choice, so only say what it means.)
+        try:
+            cap = engine.backend.disk_cap(engine.store)
+        except PetriError:
+            return
+        why = cap.lapsed() if cap.kind == applied else None
+        if why:
+            warn_once(engine, f"{row.id}'s --disk cap is no longer enforced: {why}")
         return
-    plan = disk_plan(engine)
-    plan.prepare()
-    plan.apply(engine, row)
+    cap = engine.backend.disk_cap(engine.store)
+    _prepare_disk_cap(engine, cap)
+    cap.apply(engine.store, row.id, int(limit))
     meta = dict(row.meta or {})
-    meta["disk_cap_applied"] = plan.kind
+    meta["disk_cap_applied"] = cap.kind
     engine.registry.update_sandbox(row.id, meta=meta)
 
 
@@ -697,8 +560,8 @@ def disk_limit_mark(engine: "Engine", row: SandboxRow) -> Any:
     if not (row.limits or {}).get("disk_bytes"):
         return None
     try:
-        return disk_plan(engine).mark(engine, row)
-    except Exception:
+        return engine.backend.disk_cap(engine.store).mark(engine.store, row.id)
+    except Exception:  # noqa: BLE001 - no mark: the run's end cannot say "disk"
         return None
 
 
@@ -708,6 +571,6 @@ def disk_limit_hit(engine: "Engine", row: SandboxRow, mark: Any) -> bool:
     if not (row.limits or {}).get("disk_bytes"):
         return False
     try:
-        return disk_plan(engine).hit(engine, row, mark)
-    except Exception:
+        return engine.backend.disk_cap(engine.store).hit(engine.store, row.id, mark)
+    except Exception:  # noqa: BLE001 - a cap that cannot be read refused nothing we know of
         return False

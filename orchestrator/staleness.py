@@ -1,23 +1,25 @@
 """Staleness: how far live has moved since a sandbox's base, and whether that matters to it.
 
 ``staleness(engine, row)`` gives ``{"live_changed": n, "overlapping": [paths],
-"read_changed": [paths] (fuse only), "results_may_not_hold": bool}``: the number of live
-files (files and symlinks; directories count through their contents) whose content, kind
-or permission bits differ from the base snapshot, which of those the sandbox changed too
-(a certain conflict risk) and, where the backend records what the sandbox read (fuse),
-which of them its runs read (their results may not hold).
+"read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool}``:
+the number of live files (files and symlinks; directories count through their contents)
+whose content, kind or permission bits differ from the base snapshot, which of those the
+sandbox changed too (a certain conflict risk) and, where the backend records what the
+sandbox read (``Backend.read_set``: fuse), which of them its runs read (their results may
+not hold).
 
 Content-based, never by timestamps alone, and fast:
 
-- btrfs (as root): a read-only snapshot of live, then ``btrfs send --no-data -p <base>``
-  names the candidates and only those are compared by content (O(changes)).
+- where the backend can name the candidates itself (``Backend.live_candidates``: btrfs
+  send, as root) only those are compared by content (O(changes)).
 - elsewhere: a stat walk of live against two stat caches. The snapshot's own record of
-  live when it was taken (overlay/fuse ``statcache``, copy/reflink ``manifest``) says which
-  files did not move since; petri's own cache in ``.petri/statcache/<base>`` keyed on
-  (inode, size, mtime_ns, ctime_ns, mode) remembers the verdict for files that moved, so
-  only what moved since the last look is hashed again (xxh3-128) and compared with the
-  base's content (read from the snapshot; for overlay/fuse straight from the layers,
-  without mounting anything).
+  live when it was taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink
+  ``manifest``) says which files did not move since; petri's own cache in
+  ``.petri/statcache/<base>`` keyed on (inode, size, mtime_ns, ctime_ns, mode) remembers the
+  verdict for files that moved, so only what moved since the last look is hashed again
+  (xxh3-128) and compared with the base's content (read from the snapshot; where it is a
+  stack of layers, ``Backend.snapshot_layers``, straight from them, without mounting
+  anything).
 
 So an editor's tmp+rename save (a new inode), a same-size edit with the mtime put back (the
 ctime moves) and a ``touch`` (content equal) are all told apart by content.
@@ -30,9 +32,9 @@ Caveats:
   clean rule); the snapshots' records carry the same marks (a racy entry never matches).
   An old (version 1) copy/reflink manifest has none: its entries are trusted only for
   files whose ctime is over a minute older than the snapshot.
-- Where the snapshot keeps no record (zfs, btrfs without root) or only an old manifest,
-  the first look hashes every file that moved, both sides; later looks hash only what
-  moved.
+- Where the snapshot keeps no record (zfs, btrfs without root) or only an old copy/reflink
+  manifest, the first look hashes every file that moved, both sides; later looks hash only
+  what moved.
 - Ignored files (the workspace's ``.gitignore``) are left out, as in ``diff``; ``.git/``
   and the store always are.
 """
@@ -46,7 +48,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import xxhash
 
@@ -59,7 +61,6 @@ if TYPE_CHECKING:
 
 CACHE_VERSION = 1
 RACY_NS = 50_000_000
-MANIFEST_TRUST_NS = 60_000_000_000
 _RFLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 Ent = tuple  # (kind, mode, cid): kind 'file' | 'symlink' | 'other'
@@ -98,50 +99,17 @@ def entry_of(path: bytes) -> Ent | None:
     return (k, mode, None)
 
 
-def layer_lookup(layers: list[bytes], rel: bytes) -> bytes | None:
-    """Where ``rel`` of the merged view of ``layers`` (TOP FIRST) lives, as overlayfs
-    resolves it (whiteouts hide, opaque dirs stop the merge, a non-dir ends a path)."""
-    parts = rel.split(b"/")
-    cands = list(layers)
-    for i, _ in enumerate(parts):
-        sub = b"/".join(parts[:i + 1])
-        last = i == len(parts) - 1
-        nxt: list[bytes] = []
-        for layer in cands:
-            p = os.path.join(layer, sub)
-            try:
-                st = os.lstat(p)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                break  # whiteout
-            if last:
-                return p
-            if not stat.S_ISDIR(st.st_mode):
-                break  # the first entry found is not a directory: nothing beneath
-            nxt.append(layer)
-            try:
-                if os.getxattr(p, "user.overlay.opaque", follow_symlinks=False) == b"y":
-                    break
-            except OSError:
-                pass
-        if not nxt:
-            return None
-        cands = nxt
-    return None
-
-
 class BaseSide:
-    """Reads a base snapshot's entries: from its layers (overlay/fuse: no mount), else from
-    ``snapshot_view`` opened on first use."""
+    """Reads a base snapshot's entries: from its layers where it is a stack of them (no
+    mount), else from ``snapshot_view`` opened on first use."""
 
     def __init__(self, engine: "Engine", base_id: str, stack: ExitStack):
         self.engine, self.base_id, self.stack = engine, base_id, stack
-        self.layers: list[bytes] | None = None
         self._root: bytes | None = None
-        if engine.backend_name in ("overlay", "fuse"):
-            be: Any = engine.backend
-            self.layers = be._layer_paths(engine.store, be.layers_of(engine.store, base_id))
+        self.layers = engine.backend.snapshot_layers(engine.store, base_id)
+        if self.layers is not None:
+            from snapshot.layers import layer_lookup
+            self._lookup = layer_lookup
 
     def root(self) -> bytes:
         if self._root is None:
@@ -151,7 +119,7 @@ class BaseSide:
 
     def entry(self, rel: bytes) -> Ent | None:
         if self.layers is not None:
-            p = layer_lookup(self.layers, rel)
+            p = self._lookup(self.layers, rel)
             return None if p is None else entry_of(p)
         return _entry_beneath(self.root(), rel)
 
@@ -179,36 +147,16 @@ def _same(a: Ent | None, b: Ent | None) -> bool:
 # --------------------------------------------------------------------------- the stat caches
 
 
-def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple] | None, dict[bytes, Any]]:
+def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[Mapping[bytes, tuple] | None, dict[bytes, Any]]:
     """(every base path -> its key at snapshot time, or None when the backend keeps no
     record; a fresh copy of it in which keys not trustworthy enough to say 'unchanged
     since' are None). The walk pops the copy."""
-    store = engine.store
-    name = engine.backend_name
-    d = store.snapshot_dir(base_id)
+    row = engine.registry.snapshot(base_id)
     try:
-        if name in ("overlay", "fuse"):
-            from snapshot.layers import load_stat_cache
-            keys = load_stat_cache(d / "statcache")
-            return keys, dict(keys)  # racy entries carry an impossible size: they never match
-        if name in ("copy", "reflink"):
-            # Read the manifest's marshal directly: building 60k StatKey objects costs more
-            # than the whole walk.
-            from snapshot.backends.copy import MANIFEST_VERSION
-            with open(d / "manifest", "rb") as f:
-                version, keys = marshal.loads(f.read())
-            if version == MANIFEST_VERSION and keys:
-                return keys, dict(keys)  # racy entries carry an impossible size, as above
-            if version != 1 or not keys:
-                return None, {}
-            # Version 1 keeps no racy marks: trust only what moved well before the snapshot.
-            row = engine.registry.snapshot(base_id)
-            limit = int((row.created_at if row else 0) * 1e9) - MANIFEST_TRUST_NS
-            trusted = {k: (v if v[3] < limit and v[2] < limit else None) for k, v in keys.items()}
-            return keys, trusted
-    except Exception:  # a damaged record only costs speed
+        got = engine.backend.live_record(engine.store, base_id, row.created_at if row else 0.0)
+    except Exception:  # noqa: BLE001 - a damaged record only costs speed
         return None, {}
-    return None, {}
+    return (None, {}) if got is None else got
 
 
 def _cache_path(engine: "Engine", base_id: str) -> Path:
@@ -420,30 +368,28 @@ def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any) 
     return frozenset(out)
 
 
-def live_changes_btrfs(engine: "Engine", base_id: str, *, include_ignored: bool = False) -> LiveChanges | None:
-    """None when btrfs send cannot be used here (the caller falls back to the stat cache)."""
-    started = time.monotonic()
-    from merge.ignore import IgnoreRules
+def _not_compared(top: bytes) -> bool:
+    """Top-level names of live never part of staleness: git's own, the store, a promotion's staging."""
+    return top in (b".git", b".petri") or top.startswith(b".petri-staging-")
 
-    from .changesets import SendStreamError, _clean, _multi_linked, btrfs_send_paths, readonly_btrfs
-    if os.geteuid() != 0:
-        return None
-    base = engine.store.snapshot_dir(base_id) / "tree"
+
+def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool = False) -> LiveChanges | None:
+    """From the backend's own candidates (``Backend.live_candidates``); None when it has none
+    here (the caller falls back to the stat cache)."""
+    started = time.monotonic()
     try:
-        with readonly_btrfs(engine, engine.root, "live-ro") as ro:
-            cands = _clean(btrfs_send_paths(base, ro))
-            cands = {c for c in cands if c.split(b"/", 1)[0] not in (b".git", b".petri")
-                     and not c.startswith(b".petri-staging-")}
-            if _multi_linked(ro, cands):
+        with engine.backend.live_candidates(engine.store, base_id, _not_compared) as got:
+            if got is None:
                 return None
-            if not cands:
-                return LiveChanges(frozenset(), "btrfs-send", time.monotonic() - started)
+            base, ro, cands = got
+            if not cands.paths:
+                return LiveChanges(frozenset(), cands.source, time.monotonic() - started)
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
-            paths = _compare_candidates(os.fsencode(base), os.fsencode(ro), cands,
+            paths = _compare_candidates(os.fsencode(base), os.fsencode(ro), set(cands.paths),
                                         None if include_ignored else IgnoreRules(ro))
-    except (SendStreamError, OSError):
+    except OSError:
         return None
-    return LiveChanges(paths, "btrfs-send", time.monotonic() - started)
+    return LiveChanges(paths, cands.source, time.monotonic() - started)
 
 
 def live_changes(engine: "Engine", base_id: str) -> LiveChanges | None:
@@ -454,9 +400,7 @@ def live_changes(engine: "Engine", base_id: str) -> LiveChanges | None:
     if engine.registry.snapshot(base_id) is None:
         memo[base_id] = None
         return None
-    got = None
-    if engine.backend_name == "btrfs":
-        got = live_changes_btrfs(engine, base_id)
+    got = live_changes_fast(engine, base_id)
     if got is None:
         got = live_changes_statcache(engine, base_id)
     memo[base_id] = got
@@ -472,36 +416,19 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
     if not live_paths:
         return []
     from merge.safefs import SafeTree
+    from snapshot.layers import layer_lookup
 
-    from .changesets import Candidates, btrfs_candidates, sandbox_candidates
-    from .lineage import diff_base, widen_candidates
+    from .changesets import sandbox_candidates
+    from .lineage import diff_base
     tree = engine.sandbox_tree(row)
     with ExitStack() as stack:
         base = BaseSide(engine, diff_base(engine, row), stack)
-        name = engine.backend_name
-        sandbox_layers: list[bytes] | None = None
-        if name in ("overlay", "fuse"):
-            # The upper dir / journal over-approximates; the compare below decides.
-            if name == "fuse":
-                ch = engine.backend.changed_paths(engine.store, row.id)  # type: ignore[attr-defined]
-                cands = Candidates(frozenset(ch.paths | ch.trees), "fuse-journal")
-                # Read the sandbox side from its layers, not through the mount: the daemon
-                # records every file whose metadata is looked up as read by the sandbox.
-                rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
-                upper = os.fsencode(engine.store.sandbox_dir(row.id) / rec["upper"])
-                if base.layers is not None:  # the layers it is mounted over (a fork of a fork: more than its origin's)
-                    sandbox_layers = [upper, *engine.backend._layer_paths(  # type: ignore[attr-defined]
-                        engine.store, rec["layers"])]
-            else:
-                from snapshot.layers import layer_entries
-                rec = engine.backend._record(engine.store, row.id)  # type: ignore[attr-defined]
-                upper = os.fsencode(engine.store.sandbox_dir(row.id) / rec["upper"])
-                cands = Candidates(frozenset(r for r, _k, _s in layer_entries(upper)), "upper")
-        elif name == "btrfs":
-            cands = btrfs_candidates(engine, Path(os.fsdecode(base.root())), tree)
-        else:
-            cands = sandbox_candidates(engine, row, tree, tree)  # copy/reflink: FULL
-        cands = widen_candidates(engine, row, cands)
+        # The backend's record over-approximates; the compare below decides. No trees are
+        # handed over: nothing is read through the sandbox's mount for the candidates.
+        cands = sandbox_candidates(engine, row, None, None)
+        # Where reading through the mount would count as the sandbox's own reads (fuse),
+        # the sandbox side is read from its layers.
+        sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
         out = []
         with SafeTree(tree) as st:
             for p in sorted(live_paths):
@@ -541,14 +468,12 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
-    read_set = None
-    if engine.backend_name == "fuse":
-        try:
-            # Before the compare below, which reads the sandbox (it must not count as the
-            # sandbox's own reads).
-            read_set = engine.backend.read_set(engine.store, row.id)  # type: ignore[attr-defined]
-        except Exception:
-            read_set = None
+    try:
+        # Before the compare below, which reads the sandbox (it must not count as the
+        # sandbox's own reads).
+        read_set = engine.backend.read_set(engine.store, row.id)
+    except Exception:  # noqa: BLE001 - no read set: results_may_not_hold from live alone
+        read_set = None
     try:
         over = overlapping(engine, row, live.paths)
     except Exception as e:  # a sandbox tree that cannot be read now: say so, do not fail `ls`

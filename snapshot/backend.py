@@ -4,15 +4,29 @@ A backend turns the live workspace into immutable snapshots and snapshots into w
 sandbox trees. It knows trees and nothing of processes, the registry or time: the
 orchestrator owns ids (it passes them in) and records what the backend returns.
 
-Every backend must pass ``tests/backend_conformance.py`` (the behavioural checker, in the
-manner of trio's ``check_one_way_stream``).
+The protocol is complete: everything above ``snapshot/`` reaches a backend through these
+methods only, never by its name or a ``getattr``. What a backend may lack (a fast change
+set, a record of live for staleness, a read set, a disk cap, a usage figure, processes to
+reap) is a method with a default that says "cannot tell" or "nothing to do", which the
+backend overrides where it can do better. ``snapshot.choose`` is the one place that picks
+a backend by name.
+
+Every backend must pass ``snapshot/conformance.py`` (the behavioural checker, in the
+manner of trio's ``check_one_way_stream``, run by ``tests/test_backend_conformance.py``);
+``tests/test_backend_protocol.py`` checks that each one implements every method here with
+a compatible signature (and mypy checks it statically).
+
+Caveats: a backend subclasses this protocol to inherit the defaults, so forgetting an
+override is silent at run time: the defaults are all correct, only slower or less
+informative (a full compare instead of a fast change set, no usage figure).
 """
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from .store import Store
 
@@ -21,6 +35,10 @@ if TYPE_CHECKING:
 
 # Called with the number of bytes copied so far and the total expected (0 when unknown).
 Progress = Callable[[int, int], None]
+# Says one line to the person at the terminal (``petri init --convert``'s progress notes).
+Say = Callable[[str], None]
+# A snapshot's record of live: relative path -> (ino, size, mtime_ns, ctime_ns, mode).
+StatKeys = Mapping[bytes, tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -51,11 +69,82 @@ class Leftover:
     path: Path
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """Paths (and whole subtrees beneath them) outside which nothing changed, from a
+    backend's own record; ``paths`` None means the backend cannot tell (compare
+    everything). They only narrow a compare by content, never decide it."""
+
+    paths: frozenset[bytes] | None
+    source: str  # "manifest" (none), "btrfs-send", "upper", "fuse-journal", "zfs-diff", "+lineage"
+
+    def covers(self, path: bytes) -> bool:
+        if self.paths is None:
+            return True
+        if path in self.paths:
+            return True
+        parts = path.split(b"/")
+        return any(b"/".join(parts[:i]) in self.paths for i in range(1, len(parts)))
+
+
+FULL = Candidates(None, "manifest")
+
+# A read-only point-in-time view of live and the snapshot, with where they may differ.
+LiveCandidates = tuple[Path, Path, Candidates]  # (snapshot tree, live view, candidates)
+
+
+class DiskCap:
+    """How a workspace enforces ``--disk`` (``Backend.disk_cap``).
+
+    ``prepare`` once per fork or run makes the cap possible and returns warnings about what
+    that did (for the person and the ``--json`` document); ``apply`` caps one sandbox;
+    ``mark`` before a run and ``hit`` after it tell whether the cap refused anything
+    meanwhile, from the cap's own counters, never from a command's output (a message can be
+    faked, and a real overflow can be silenced); ``usage`` is (bytes counted against the
+    cap, the cap) where the cap keeps such counters; ``lapsed`` says why caps applied
+    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox."""
+
+    kind: ClassVar[str] = "none"
+
+    def prepare(self) -> list[str]:
+        return []
+
+    def apply(self, store: Store, sb_id: str, limit: int) -> None:
+        pass
+
+    def mark(self, store: Store, sb_id: str) -> object:
+        return None
+
+    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
+        return False
+
+    def usage(self, store: Store, sb_id: str) -> tuple[int, int] | None:
+        return None
+
+    def lapsed(self) -> str | None:
+        return None
+
+
+def refuse_clone_options(name: str, disk_budget: int | None, idmap: IdMap | None) -> None:
+    """For backends whose ``clone`` honours neither option: the engine never passes them
+    (it asks ``enforces_disk_budget`` and ``mounts_map_owners`` first); a caller that
+    does gets an error rather than a silently uncapped or unmapped sandbox."""
+    if disk_budget is not None or idmap is not None:
+        from .errors import Unsupported
+
+        raise Unsupported(detail=f"the {name} backend's clones take no disk budget and map no owners")
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: ClassVar[str]
     # True when snapshot() copies no file data (btrfs, zfs): init says so instead of a byte count.
     instant: ClassVar[bool]
+
+    @staticmethod
+    def available(workspace: Path, /) -> tuple[bool, str]:
+        """Can this process host ``workspace`` with this backend? (ok, why) for the chooser."""
+        return False, "this backend cannot say whether it works here"
 
     def create_store(self, store: Store) -> None:
         """Create ``store.root`` (btrfs: as a nested subvolume so snapshots skip it)."""
@@ -79,8 +168,11 @@ class Backend(Protocol):
     def snapshot_bytes(self, store: Store, snap_id: str) -> int | None:
         """Bytes this snapshot alone holds, or None where the backend cannot tell."""
 
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
-        """Make a writable sandbox tree from the snapshot; return its host path."""
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        """Make a writable sandbox tree from the snapshot; return its host path.
+        ``disk_budget`` only where ``enforces_disk_budget()``, ``idmap`` only where
+        ``mounts_map_owners()`` (``refuse_clone_options`` elsewhere)."""
 
     def ensure_clone(self, store: Store, sb_id: str) -> Path:
         """Make sure the sandbox tree is usable (e.g. remount after a reboot); return it."""
@@ -97,6 +189,32 @@ class Backend(Protocol):
     # -- capabilities a backend may lack: the defaults say "cannot tell" -------------------------
     # (Backends subclass this protocol to inherit them; callers never probe with getattr.)
 
+    @staticmethod
+    def convert(workspace: Path, progress: Progress | None = None, say: Say | None = None, /) -> bool:
+        """``petri init --convert``: make ``workspace`` one this backend hosts in place (btrfs:
+        a subvolume at the same path). True if it converted, False if it already was one."""
+        from .errors import Unsupported
+
+        raise Unsupported(detail="this backend cannot convert a workspace (--convert)")
+
+    def remove_leftover(self, store: Store, leftover: Leftover) -> None:
+        """Undo one of ``leftovers``' findings (unmounting what is mounted first)."""
+        from .osutil import rmtree
+
+        rmtree(leftover.path)
+
+    def reap_processes(self, store: Store, sandboxes: set[str]) -> int:
+        """For ``gc`` and ``deinit``: stop the store's helper processes that serve none of
+        ``sandboxes`` (fuse: its fork server); how many were stopped."""
+        return 0
+
+    def destroy_store(self, store: Store) -> None:
+        """Remove the whole store with whatever of this backend is in it (deinit, a failed
+        init): the caller has already removed every row's tree and the registry."""
+        from .osutil import rmtree
+
+        rmtree(store.root)
+
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """Disk space the sandbox holds beyond its base, or None where the backend cannot
         tell. ``since`` (epoch seconds): a figure measured at or after then will do, so a
@@ -107,6 +225,14 @@ class Backend(Protocol):
     def enforces_disk_budget(self) -> bool:
         """Does ``clone(..., disk_budget=N)`` cap the sandbox's writes itself (fuse)?"""
         return False
+
+    def disk_cap(self, store: Store) -> DiskCap:
+        """How ``--disk`` is enforced for sandboxes of this store, or ``DiskLimitUnavailable``
+        (exit 4) naming what would work. The default: an XFS project quota where the store's
+        filesystem is mounted with ``prjquota``, else that refusal."""
+        from .diskcap import filesystem_disk_cap
+
+        return filesystem_disk_cap(self.name, store)
 
     def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
         """Take an immutable point-in-time image of the sandbox's tree as ``snap_id`` (a fork
@@ -127,9 +253,58 @@ class Backend(Protocol):
     def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
         """Make an existing sandbox's mount show owners through ``idmap`` (remounting one
         made without it); only for backends whose ``mounts_map_owners()`` is True."""
-        raise NotImplementedError
+        from .errors import Unsupported
+
+        raise Unsupported(detail=f"the {self.name} backend's sandboxes are plain trees: a run maps owners itself")
 
     def disk_refusals(self, store: Store, sb_id: str) -> int | None:
         """How many writes the backend's own disk budget has refused in this sandbox so far
         (it only grows), or None where the backend enforces no budget itself."""
+        return None
+
+    # -- what changed: records that make diff and staleness O(changes) ---------------------------
+
+    def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
+                          base: Path | None = None, tree: Path | None = None) -> Candidates:
+        """Where sandbox ``sb_id`` (cloned from snapshot ``cloned_from``) may differ from
+        snapshot ``since`` (``cloned_from`` itself, or the snapshot of live a fork of a fork's
+        lineage began at), from the backend's own record of what moved. ``base`` and ``tree``:
+        the views of ``since`` and of the sandbox the caller reads, if it holds them; they let
+        the backend drop directories whose bits did not change. Without them nothing is read
+        through the sandbox's mount. Default: ``FULL`` (compare everything)."""
+        return FULL
+
+    def prefers_frozen_view(self) -> bool:
+        """Should a diff read the sandbox through ``frozen_view`` even when nothing runs in
+        it (the view is O(1) and is what ``change_candidates`` needs anyway)?"""
+        return False
+
+    def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
+        """What live looked like when ``snap_id`` was taken (at ``taken_at``, epoch seconds):
+        every path's stat key then, and a copy in which keys not trustworthy enough to say
+        "unchanged since" are None. None where the backend keeps no such record."""
+        return None
+
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
+                        ) -> AbstractContextManager[LiveCandidates | None]:
+        """For the ``with`` block: a point-in-time view of live with where it may differ from
+        ``snap_id`` (top-level names ``exclude_top`` accepts left out), or None where the
+        backend cannot tell cheaply (the caller then walks live against ``live_record``)."""
+        return contextlib.nullcontext(None)
+
+    def snapshot_layers(self, store: Store, snap_id: str) -> list[bytes] | None:
+        """The snapshot as a stack of layers, top first, to be read with overlay's lookup
+        rules (``snapshot.layers.layer_lookup``) without mounting anything; None where the
+        snapshot is no layer stack (read it through ``snapshot_view``)."""
+        return None
+
+    def quiet_layers(self, store: Store, sb_id: str) -> list[bytes] | None:
+        """The sandbox's tree as layers, top first, where reading it through its mount would
+        be noticed (the fuse daemon records every lookup as the sandbox's own read); None:
+        read it through the mount."""
+        return None
+
+    def read_set(self, store: Store, sb_id: str) -> frozenset[bytes] | None:
+        """Paths the sandbox's commands read, relative to its root, or None where the backend
+        does not record reads."""
         return None

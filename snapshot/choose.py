@@ -1,8 +1,9 @@
-"""Choosing a backend: the one place that decides, and says why.
+"""Choosing a backend: the one place that decides, and says why (and the one place above
+the backends' own modules that names them).
 
 ``auto``: btrfs/zfs when the workspace is a subvolume/dataset; as root on anything else,
 layered overlay; rootless, fuse; reflink where the filesystem has it and the others cannot
-run; copy last.
+run; copy last. ``--convert`` makes the workspace one the btrfs backend hosts in place.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import importlib
 import os
 from pathlib import Path
 
-from .backend import Backend
+from .backend import Backend, Progress, Say
 from .errors import BackendUnavailable
-from .fsinfo import fs_type
+from .osutil import fs_type
 
 BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
 _CLASSES = {
@@ -25,13 +26,18 @@ _CLASSES = {
 }
 
 
-def backend_class(name: str):
+# `petri init --convert` makes the workspace one this backend hosts in place.
+CONVERTS_TO = "btrfs"
+
+
+def backend_class(name: str) -> type[Backend]:
     try:
         module, cls = _CLASSES[name]
     except KeyError:
         raise BackendUnavailable(backend=name, why=f"unknown backend; choose one of {', '.join(BACKENDS)}") from None
     try:
-        return getattr(importlib.import_module(module), cls)
+        found: type[Backend] = getattr(importlib.import_module(module), cls)
+        return found
     except (ImportError, AttributeError) as e:
         raise BackendUnavailable(backend=name, why=f"not built into this petri ({e})") from None
 
@@ -43,20 +49,18 @@ def get_backend(name: str) -> Backend:
 
 def probe(name: str, workspace: Path) -> tuple[bool, str]:
     """Can backend ``name`` host ``workspace`` for this user? (ok, why)"""
-    if name == "copy":
-        return True, "plain copies work everywhere (O(bytes) per snapshot and clone)"
-    if name == "reflink":
-        from .backends.reflink import reflink_works
-        ok, why = reflink_works(workspace)
-        return ok, why + ("" if ok else "; reflinks need XFS (reflink=1) or btrfs")
     try:
         cls = backend_class(name)
     except BackendUnavailable as e:
         return False, str(e)
-    available = getattr(cls, "available", None)
-    if available is None:
-        return False, f"{name} is not available in this build"
-    return available(workspace)
+    return cls.available(workspace)
+
+
+def convert(workspace: Path, progress: Progress | None = None, say: Say | None = None) -> str | None:
+    """``petri init --convert``: make ``workspace`` one the O(1) backend hosts in place;
+    that backend's name if it converted, None if it already was one."""
+    cls = backend_class(CONVERTS_TO)
+    return cls.name if cls.convert(workspace, progress, say) else None
 
 
 def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:

@@ -16,6 +16,7 @@ from typing import Callable
 import xxhash
 
 from .backend import Backend
+from .osutil import mounts_under
 from .store import STORE_NAME, Store
 from .tree import walk
 
@@ -319,14 +320,7 @@ def check_destroy_leaves_nothing(case: Case) -> None:
 
 
 def mounted_under(path: Path) -> list[str]:
-    prefix = os.path.realpath(path)
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            target = line.split()[4].encode().decode("unicode_escape")
-            if target == prefix or target.startswith(prefix + "/"):
-                out.append(target)
-    return out
+    return [os.fsdecode(m.mountpoint) for m in mounts_under(path)]
 
 
 CHECKS: list[Callable[..., None]] = [check_clone_is_exact, check_point_in_time, check_isolation,

@@ -80,3 +80,9 @@ class TreeChangedDuringCopy(PetriError):
 
 class OverlayMountFailed(SnapshotError):
     """cannot mount overlay at {target}: {why}"""
+
+
+class DiskLimitUnavailable(Unsupported):
+    """cannot enforce --disk on {where}: {why}; {alternatives}"""
+
+    exit_code = 4

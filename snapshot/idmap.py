@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from .errors import PetriError
+from .osutil import libc
 
 T = TypeVar("T")
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 SYS_open_tree, SYS_move_mount, SYS_mount_setattr = 428, 429, 442
 SYS_setfsuid, SYS_setfsgid, SYS_capget, SYS_capset = 122, 123, 125, 126
@@ -77,7 +76,7 @@ class _CapData(ctypes.Structure):
 def syscall(*args) -> int:
     """syscall(2) through ctypes; a negative return raises OSError with errno."""
     # syscall(2) is variadic and reads longs: widen ints so negative fds (AT_FDCWD) survive.
-    r = _libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    r = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
@@ -143,7 +142,7 @@ def userns_fd(idmap: IdMap) -> int:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child: no Python beyond these calls
         try:
-            ok = _libc.unshare(CLONE_NEWUSER) == 0
+            ok = libc.unshare(CLONE_NEWUSER) == 0
             os.write(ready_w, b"1" if ok else b"0")
             # Released by a byte, not by EOF: a child forked at the same time by another
             # thread holds copies of our pipe ends, so EOF might never come. The timeout
@@ -187,7 +186,7 @@ def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None) -> in
             syscall(SYS_mount_setattr, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(a), ctypes.sizeof(a))
         except OSError as e:
             if idmap is not None and e.errno in (errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
-                from .fsinfo import fs_type
+                from .osutil import fs_type
                 try:
                     kind = fs_type(path)
                 except OSError:
@@ -217,7 +216,7 @@ def clone_tree(src: bytes | str | os.PathLike, dst: bytes | str | os.PathLike, i
 
 def detach(path: bytes | str | os.PathLike) -> bool:
     """Lazily unmount ``path``; False when nothing was mounted there."""
-    if _libc.umount2(os.fsencode(path), MNT_DETACH) == 0:
+    if libc.umount2(os.fsencode(path), MNT_DETACH) == 0:
         return True
     e = ctypes.get_errno()
     if e in (errno.EINVAL, errno.ENOENT):
@@ -243,9 +242,9 @@ def as_fs_user(uid: int, gid: int, fn: Callable[[], T]) -> T:
     def body() -> None:
         try:
             # setfsuid returns the previous id and never fails loudly: check by asking again.
-            _libc.syscall(ctypes.c_long(SYS_setfsgid), ctypes.c_long(gid))
-            _libc.syscall(ctypes.c_long(SYS_setfsuid), ctypes.c_long(uid))
-            if _libc.syscall(ctypes.c_long(SYS_setfsuid), ctypes.c_long(-1)) != uid:
+            libc.syscall(ctypes.c_long(SYS_setfsgid), ctypes.c_long(gid))
+            libc.syscall(ctypes.c_long(SYS_setfsuid), ctypes.c_long(uid))
+            if libc.syscall(ctypes.c_long(SYS_setfsuid), ctypes.c_long(-1)) != uid:
                 raise OSError(errno.EPERM, f"setfsuid({uid}) did not take")
             _raise_effective_caps()
             box["value"] = fn()

@@ -64,7 +64,6 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import marshal
@@ -76,8 +75,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from .errors import DiskFull, SnapshotError, TreeChangedDuringCopy
+from .osutil import atomic_write, fsync_dir, rename_noreplace, rmtree
 from .tree import (COPY_RETRIES, StatKey, TreeCopier, apply_meta, copy_file, copy_file_at, copy_xattrs, join,
-                   remove_tree, settable_xattr, walk)
+                   settable_xattr, walk)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -178,30 +178,6 @@ def copy_all_xattrs(src: bytes, dst: bytes) -> None:
 
 
 # -- small on-disk records ----------------------------------------------------------------------
-
-
-def atomic_write(path: bytes | str | os.PathLike, data: bytes) -> None:
-    """Temp file in the same directory, fsync, rename over, fsync the directory."""
-    path = os.fsencode(path)
-    d = os.path.dirname(path) or b"."
-    tmp = os.path.join(d, b"." + os.path.basename(path) + b".tmp." + os.urandom(4).hex().encode())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def write_layer_list(path: bytes | str | os.PathLike, layers: Sequence[str], *, trusted_marks: bool = False) -> None:
@@ -663,6 +639,40 @@ def layer_entries(layer: bytes) -> Iterator[tuple[bytes, str, os.stat_result]]:
             yield rel, "file", st
 
 
+def layer_lookup(layers: Sequence[bytes], rel: bytes) -> bytes | None:
+    """Where ``rel`` of the merged view of ``layers`` (TOP FIRST) lives, as overlayfs
+    resolves it (whiteouts hide, opaque dirs stop the merge, a non-dir ends a path), or None.
+    Redirects are not followed: for layers petri builds and fuse uppers, which have none."""
+    parts = rel.split(b"/")
+    cands = list(layers)
+    for i, _ in enumerate(parts):
+        sub = b"/".join(parts[:i + 1])
+        last = i == len(parts) - 1
+        nxt: list[bytes] = []
+        for layer in cands:
+            p = os.path.join(layer, sub)
+            try:
+                st = os.lstat(p)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if is_whiteout(st):
+                break
+            if last:
+                return p
+            if not stat.S_ISDIR(st.st_mode):
+                break  # the first entry found is not a directory: nothing beneath
+            nxt.append(layer)
+            try:
+                if os.getxattr(p, OPAQUE_XATTR, follow_symlinks=False) == b"y":
+                    break
+            except OSError:
+                pass
+        if not nxt:
+            return None
+        cands = nxt
+    return None
+
+
 def upper_bytes(layer: bytes) -> int:
     """Apparent bytes of the regular files in a layer or upper dir, every name counted (what
     the fuse disk budget charges; a sandbox's usage on overlay and fuse)."""
@@ -809,35 +819,12 @@ def replace_with_opaque_copy(layer: bytes, rel: bytes, copied: bytes, *, trusted
     """Put the full tree ``copied`` (made outside the layer) at ``rel`` of the layer, as an
     opaque directory: nothing below shows through, so it means what it meant as a redirect."""
     target = os.path.join(layer, rel)
-    remove_tree(target)
+    rmtree(target)
     os.rename(copied, target)
     set_opaque(target, trusted=trusted)
 
 
 # -- installing layers --------------------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
-
-
-def rename_noreplace(src: bytes, dst: bytes) -> None:
-    if _libc.renameat2(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_NOREPLACE) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), dst)
-
-
-def sync_filesystem(path: bytes | str | os.PathLike) -> None:
-    """syncfs(2): a new layer's files reach the disk before a snapshot that names it is committed
-    (fsync per file would cost one flush per file; the layer is the only dirty data we made)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if _libc.syncfs(fd) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e), path)
-    finally:
-        os.close(fd)
-
 
 def layer_names(layers_dir: bytes) -> list[str]:
     try:
@@ -868,9 +855,5 @@ def install_layer(layers_dir: bytes, built: bytes) -> str:
                 n += 1
                 continue
             raise
-        dfd = os.open(layers_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(layers_dir)
         return name

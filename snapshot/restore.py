@@ -51,10 +51,10 @@ from typing import Any
 import xxhash
 
 from .errors import DiskFull
-from .layers import sync_filesystem
+from .osutil import rmtree, syncfs
 from .transaction import (JOURNAL, SCHEMA, STAGING_PREFIX, TxnDir, TxnLock, b64, fault_point, list_txns,
                           scratch_dirs, unb64)
-from .tree import IS_ROOT, copy_file, copy_xattrs, make_special, remove_tree, walk
+from .tree import IS_ROOT, copy_file, copy_xattrs, make_special, walk
 
 NEVER_TOUCH = frozenset({b".git", b".petri"})
 RESTORE_DIR = ".rollback"  # under the journal dir: promotion recovery skips dot-names
@@ -198,7 +198,7 @@ def _stage(ops: list[RestoreOp], src: bytes, td: _RestoreDir) -> list[dict[str, 
             rec["stage"] = f"s{i}"
             fault_point("stage")
         records.append(rec)
-    sync_filesystem(td.staging)  # one flush for every staged file, before the commit point
+    syncfs(td.staging)  # one flush for every staged file, before the commit point
     return records
 
 
@@ -294,7 +294,7 @@ def _finish(live: Path, td: _RestoreDir, record: dict[str, Any]) -> list[bytes]:
         os.close(pre_fd)
         os.close(st_fd)
         os.close(root_fd)
-    sync_filesystem(live)
+    syncfs(live)
     fault_point("fsync")
     td.mark("done")
     _discard(td, record)
@@ -406,7 +406,7 @@ def _discard(td: _RestoreDir, record: dict[str, Any] | None) -> None:
     td.drop_preimages()
     td.drop_staging()
     if td.scratch != td.path:
-        remove_tree(bytes(td.scratch))
+        rmtree(bytes(td.scratch))
         if record is not None:
             fd = os.open(unb64(record["live"]), DIR_FLAGS)  # type: ignore[arg-type]
             try:

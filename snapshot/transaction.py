@@ -28,7 +28,7 @@ The steps, and where a promotion and a rollback to a snapshot meet them:
 
     stage        after each new entry is staged
     preimage     after each pre-image is linked or copied (promotion)
-    journal      journal.json.tmp written and fsynced, not yet renamed (still uncommitted)
+    journal      journal.json's temp file written and fsynced, not yet renamed (still uncommitted)
     commit       journal.json renamed into place and its directory fsynced
     apply        after each op is applied to the workspace
     fsync        after the workspace is made durable, before the done mark
@@ -44,19 +44,18 @@ Caveats: flock does not work across NFS clients; the workspace is assumed local.
 from __future__ import annotations
 
 import base64
-import errno
 import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
-import stat
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import osutil
 from .errors import SnapshotError
+from .osutil import fsync_dir
 
 SCHEMA = 1
 JOURNAL = "journal.json"
@@ -126,29 +125,11 @@ def unb64(s: str | None) -> bytes | None:
 
 # --- durable small files -----------------------------------------------------------------
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(directory: Path, name: str, data: bytes, *, step: str | None = None) -> None:
-    """borg's SaveFile / git's lockfile: temp in the same dir, fsync, rename, fsync dir."""
-    tmp = directory / (name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if step:
-        fault_point(step)
-    os.replace(tmp, directory / name)
-    fsync_dir(directory)
+    """``osutil.atomic_write`` of ``directory/name`` (owner-only), with the fault point
+    ``step`` between the temp file's fsync and its rename."""
+    osutil.atomic_write(Path(directory) / name, data, mode=0o600,
+                        before_rename=(lambda: fault_point(step)) if step else None)
 
 
 # --- the lock ----------------------------------------------------------------------------
@@ -288,37 +269,8 @@ class TxnDir:
 
 
 def rmtree_counting(path: Path) -> None:
-    """rmtree that never follows symlinks and passes a fault point per entry."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        fault_point("discard")
-        return
-    try:
-        os.chmod(path, 0o700)  # a read-only directory moved aside whole still has to go
-    except OSError:
-        pass
-    for entry in os.scandir(path):
-        p = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            rmtree_counting(p)
-        else:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-            fault_point("discard")
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if e.errno != errno.ENOTEMPTY:
-            raise
-        shutil.rmtree(path)
+    """``osutil.rmtree`` passing the fault point ``discard`` per entry removed."""
+    osutil.rmtree(path, each=lambda: fault_point("discard"))
 
 
 def list_txns(journal_dir: Path, cls: type[TxnDir] = TxnDir) -> list[Any]:

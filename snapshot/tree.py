@@ -378,33 +378,3 @@ class TreeCopier:
         # Directory times last: creating children moved them.
         for rel, st in reversed(dirs):
             apply_meta(os.path.join(dst_root, rel) if rel else dst_root, st)
-
-
-def remove_tree(path: bytes | str) -> None:
-    """rm -rf that also copes with read-only directories and never follows symlinks."""
-    path = os.fsencode(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    stack = [path]
-    order = []
-    while stack:
-        d = stack.pop()
-        order.append(d)
-        try:
-            os.chmod(d, 0o700)
-        except OSError:
-            pass
-        with os.scandir(d) as it:
-            for e in it:
-                p = os.path.join(d, e.name)
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(p)
-                else:
-                    os.unlink(p)
-    for d in reversed(order):
-        os.rmdir(d)

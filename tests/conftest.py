@@ -48,10 +48,11 @@ def stop_fuse_under(root: Path, stores: list[Path]) -> None:
     mounted below ``root`` (each by the pid file beside its mount: only the daemon it names)."""
     from snapshot.fusefs import daemon as D
     from snapshot.fusefs import server as S
+    from snapshot.osutil import mounts
 
     for store in stores:
         S.stop_server(store)
-    for m in D.mounts():
+    for m in mounts():
         if m.mountpoint.startswith(os.fsencode(root)):
             mp = Path(os.fsdecode(m.mountpoint))
             D.stop(mp, mp.parent / "daemon.pid")
@@ -105,7 +106,7 @@ def require_root() -> None:
 def user_tmp() -> Iterator[Path]:
     """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
     import tempfile
-    from snapshot.tree import remove_tree
+    from snapshot.osutil import rmtree
     from tests.loopfs import unmount_under
     d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
     os.chmod(d, 0o755)
@@ -115,7 +116,7 @@ def user_tmp() -> Iterator[Path]:
         # A failed test can leave the user's FUSE daemons and mounts behind: end them first.
         kill_processes_mentioning(str(d))
         unmount_under(d)
-        remove_tree(bytes(d))
+        rmtree(bytes(d))
 
 
 def kill_processes_mentioning(text: str) -> None:

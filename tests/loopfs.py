@@ -109,9 +109,9 @@ def remove_btrfs_tree(path: Path) -> None:
     """rm -rf as root that also deletes subvolumes (read-only ones too) below ``path``."""
     if not os.path.lexists(path) or loopimg.delete_subvolumes_under(path):
         return
-    from snapshot.tree import remove_tree
 
-    remove_tree(bytes(path))
+    from snapshot.osutil import rmtree
+    rmtree(bytes(path))
 
 
 def _scratch_dir(mount: Path, request: pytest.FixtureRequest, btrfs: bool) -> Iterator[Path]:
@@ -126,9 +126,9 @@ def _scratch_dir(mount: Path, request: pytest.FixtureRequest, btrfs: bool) -> It
         if btrfs:
             remove_btrfs_tree(d)
         else:
-            from snapshot.tree import remove_tree
 
-            remove_tree(bytes(d))
+            from snapshot.osutil import rmtree
+            rmtree(bytes(d))
 
 
 @pytest.fixture

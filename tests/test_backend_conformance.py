@@ -43,9 +43,8 @@ def case(request, tmp_path):
     else:
         ws = tmp_path / "ws"
         ws.mkdir()
-    available = getattr(cls, "available", None)
-    if available is not None and name not in ("copy", "reflink"):
-        ok, why = available(ws)
+    if name not in ("copy", "reflink"):
+        ok, why = cls.available(ws)
         if not ok:
             pytest.skip(f"{name}: {why}")
     C.make_sample_tree(ws)
@@ -56,9 +55,7 @@ def case(request, tmp_path):
         yield c
     finally:
         c.cleanup()
-        destroy = getattr(c.backend, "destroy_store", None)
-        if destroy:
-            destroy(c.store)
+        c.backend.destroy_store(c.store)
 
 
 def test_clone_is_exact(case):

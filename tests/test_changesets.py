@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import changesets as CS
 from orchestrator.engine import Engine
+from snapshot.backends.btrfs import SendStreamError, parse_send_stream
 
 
 def w(p: Path, data: bytes | str, mode: int | None = None) -> None:
@@ -196,14 +197,14 @@ def test_parse_send_stream_keeps_content_commands_only():
         (11, [(15, b"weird\nname \xff")]),    # unlink
         (21, []),                             # end
     ])
-    assert CS.parse_send_stream(data) == {b"a", b"z", b"z/b/c", b"f", b"o261-8-0", b"weird\nname \xff"}
+    assert parse_send_stream(data) == {b"a", b"z", b"z/b/c", b"f", b"o261-8-0", b"weird\nname \xff"}
     # v2: a data attribute runs to the end of its command
     v2 = _stream(2, [(15, [(15, b"w"), (19, b"payload-without-length")])])
-    assert CS.parse_send_stream(v2) == {b"w"}
-    with pytest.raises(CS.SendStreamError):
-        CS.parse_send_stream(b"not a stream")
-    with pytest.raises(CS.SendStreamError):
-        CS.parse_send_stream(data[:-3])
+    assert parse_send_stream(v2) == {b"w"}
+    with pytest.raises(SendStreamError):
+        parse_send_stream(b"not a stream")
+    with pytest.raises(SendStreamError):
+        parse_send_stream(data[:-3])
 
 
 def test_narrow_intersects_prefixes():

@@ -11,6 +11,7 @@ import pytest
 
 from snapshot.backends.fuse import FuseBackend
 from snapshot.fusefs import daemon as D
+from snapshot.osutil import mounts
 from snapshot.store import Store
 from tests.conftest import stop_fuse_under
 
@@ -60,7 +61,7 @@ def test_clone_write_destroy(ws):
     b.destroy_clone(store, "sb1")
     made.remove("sb1")
     assert not D.is_mounted(tree) and not store.sandbox_dir("sb1").exists()
-    assert not [m for m in D.mounts() if m.source == D.FSNAME and m.mountpoint.startswith(os.fsencode(store.root))]
+    assert not [m for m in mounts() if m.source == D.FSNAME and m.mountpoint.startswith(os.fsencode(store.root))]
 
 
 def test_read_set_and_changed_paths(ws):

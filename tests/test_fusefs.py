@@ -23,6 +23,7 @@ import pytest
 
 from snapshot.fusefs import daemon as D
 from snapshot.fusefs.journal import read_changes, read_reads, walk_upper
+from snapshot.osutil import mounts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +46,7 @@ def _sweep():
     yield
     for mnt, pid in _STARTED:
         D.stop(mnt, pid)
-    for m in D.mounts():
+    for m in mounts():
         if m.source == D.FSNAME and b"pytest" in m.mountpoint:
             D.unmount(os.fsdecode(m.mountpoint))
 

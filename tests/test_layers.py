@@ -16,7 +16,7 @@ import pytest
 
 from snapshot import layers as L
 from snapshot.errors import SnapshotError
-from snapshot.tree import remove_tree
+from snapshot.osutil import rmtree
 
 IS_ROOT = os.geteuid() == 0
 
@@ -124,7 +124,7 @@ class Chain:
 def chain(tmp_path):
     c = Chain(tmp_path)
     yield c
-    remove_tree(os.fsencode(tmp_path))
+    rmtree(os.fsencode(tmp_path))
 
 
 def w(p: Path, data: bytes | str = b"x", mode: int | None = None) -> None:

@@ -108,7 +108,7 @@ def test_writes_stay_in_the_sandbox_and_cwd_maps(ws):
 
 def test_runs_as_the_sudo_caller_when_the_owner_is_root():
     import tempfile
-    from snapshot.tree import remove_tree
+    from snapshot.osutil import rmtree
     top = Path(tempfile.mkdtemp(prefix="petri-test-run-", dir="/var/tmp"))
     os.chmod(top, 0o755)  # the caller must be able to reach the tree (pytest's tmp is 0700)
     ws = make_project(top / "proj")
@@ -117,7 +117,7 @@ def test_runs_as_the_sudo_caller_when_the_owner_is_root():
         _runs_as_the_sudo_caller(ws)
     finally:
         petri("deinit", "--force", cwd=ws)
-        remove_tree(bytes(top))
+        rmtree(bytes(top))
 
 
 def _runs_as_the_sudo_caller(ws):

@@ -16,6 +16,19 @@ the tree, ``rmdir`` it (the kernel deletes an empty subvolume on rmdir since 4.1
 Also here: ``convert_to_subvolume`` for ``petri init --convert`` and ``check_btrfs`` for
 the backend chooser.
 
+Change sets and staleness, O(changes): ``btrfs send --no-data -p <base snapshot> <read-only
+snapshot>`` names every path whose content, kind, mode or existence moved; its binary
+stream is parsed here (``parse_send_stream``; times, owners and xattrs are left out:
+change sets ignore them). For a sandbox the read-only snapshot is its frozen view (which
+is why diff always reads a btrfs sandbox through one); for live it is a snapshot made for
+the look. The paths only narrow a compare by content.
+
+``--disk``: a qgroup limit on the sandbox's subvolume (exclusive bytes). Quotas are
+switched on for the whole filesystem by the first ``--disk`` (they make every snapshot
+there 2.5-4x slower, bench/RESULTS.md), they stay on, and the user is told so with the
+way back; ``limits_hit`` says "disk" when the exclusive bytes ended within 1 MiB of the
+cap (qgroups count no refusals).
+
 Caveats:
 - snapshots and clones hold an EMPTY ``.petri`` directory where the store subvolume is
   (btrfs leaves an empty directory for a nested subvolume). Consumers exclude ``.petri``
@@ -33,71 +46,63 @@ Caveats:
 - ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
   (nothing changes), but a process that has a file open, or its cwd, inside the old
   directory keeps the old (deleted) copy: shells inside must ``cd "$PWD"`` afterwards.
+- ``btrfs send`` needs CAP_SYS_ADMIN: rootless, change sets and staleness use the full
+  compare and the stat walk. It names a hard-linked inode by one of its paths only: when a
+  candidate has more than one link the full compare is used instead.
+- ``--disk`` needs root (qgroup commands), and its limit goes on after the clone: writes
+  through the host path before ``after_fork`` (or the first run) are not capped.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import stat
 import struct
+import subprocess
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
 import btrfsutil
 
-from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
-from ..errors import BackendUnavailable, DiskFull, PetriError, SnapshotError, TreeChangedDuringCopy
+from ..backend import (FULL, Backend, Candidates, DiskCap, DiskUsage, Leftover, LiveCandidates, Progress, Say,
+                       SnapshotResult, refuse_clone_options)
+from ..candidates import clean, multi_linked, prune_dirs
+from ..errors import (BackendUnavailable, DiskFull, DiskLimitUnavailable, PetriError, SnapshotError,
+                      TreeChangedDuringCopy)
+from ..osutil import BTRFS_SUPER_MAGIC, FS_NAMES, fs_magic, fsync_dir, mount_of, rename_exchange
 from ..store import Store
+
+if TYPE_CHECKING:
+    from ..idmap import IdMap
+    from ..osutil import PathLike
 from ..tree import StatKey, TreeCopier, copy_xattrs, walk
 
-BTRFS_SUPER_MAGIC = 0x9123683E
 SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
-FS_NAMES = {
-    0x9123683E: "btrfs", 0xEF53: "ext4", 0x58465342: "xfs", 0x01021994: "tmpfs",
-    0x794C7630: "overlayfs", 0x2FC12FC1: "zfs", 0x65735546: "fuse", 0x6969: "nfs",
-    0xFF534D42: "cifs", 0x5346544E: "ntfs", 0x4D44: "vfat",
-}
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
 BTRFS_IOC_FS_INFO = 0x8400941F
-AT_FDCWD = -100
-RENAME_EXCHANGE = 2
-
-_libc = ctypes.CDLL(None, use_errno=True)  # the loaded libc; find_library runs ldconfig (3 ms)
 
 
 # -- probing ----------------------------------------------------------------------------
 
-def fs_type(path: str | bytes | os.PathLike) -> int:
-    """statfs(2) ``f_type`` of the filesystem holding ``path``."""
-    # f_type is the first field of struct statfs on every Linux ABI; the buffer is
-    # oversized so no architecture's struct overruns it.
-    buf = ctypes.create_string_buffer(512)
-    if _libc.statfs(os.fsencode(path), buf) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(path))
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-
-
-def fs_name(path: str | bytes | os.PathLike) -> str:
-    t = fs_type(path)
+def fs_name(path: PathLike) -> str:
+    t = fs_magic(path)
     return FS_NAMES.get(t, f"a filesystem of type {t:#x}")
 
 
-def is_subvolume(path: str | bytes | os.PathLike) -> bool:
+def is_subvolume(path: PathLike) -> bool:
     try:
-        return btrfsutil.is_subvolume(path)
+        return bool(btrfsutil.is_subvolume(path))
     except btrfsutil.BtrfsUtilError:
         return False
 
 
-def check_btrfs(path: str | bytes | os.PathLike) -> tuple[bool, str]:
+def check_btrfs(path: PathLike) -> tuple[bool, str]:
     """Can this user run the btrfs backend on the workspace at ``path``? (ok, why)."""
     p = os.fsdecode(path)
     try:
         st = os.stat(path)
-        kind = fs_type(path)
+        kind = fs_magic(path)
     except OSError as e:
         return False, f"cannot inspect {p}: {e.strerror}"
     if kind != BTRFS_SUPER_MAGIC:
@@ -115,19 +120,9 @@ def check_btrfs(path: str | bytes | os.PathLike) -> tuple[bool, str]:
     return True, "the workspace is a btrfs subvolume: snapshots and forks are O(1)"
 
 
-def _mount_options(path: str) -> set[str]:
-    """Options of the mount holding ``path`` (the longest mount point prefix)."""
-    real = os.path.realpath(path)
-    best, opts = "", set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            point = fields[4].replace("\\040", " ")
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                best = point
-                opts = set(fields[5].split(",")) | set(right.split()[2].split(","))
-    return opts
+def _mount_options(path: str) -> frozenset[str]:
+    """Options of the mount holding ``path`` (per mount and per superblock)."""
+    return mount_of(path).all_options
 
 
 def _fsid(path: Path) -> str:
@@ -145,13 +140,13 @@ def _fsid(path: Path) -> str:
 
 # -- removal ----------------------------------------------------------------------------
 
-# -- quotas (the orchestrator switches them on for --disk; usage reads them) ---------------
+# -- quotas (the first --disk switches them on; usage reads them) ---------------------------
 
-def _qgroups_dir(path: str | bytes | os.PathLike) -> Path:
+def _qgroups_dir(path: PathLike) -> Path:
     return Path("/sys/fs/btrfs") / _fsid(Path(os.fsdecode(path))) / "qgroups"
 
 
-def quotas_enabled(path: str | bytes | os.PathLike) -> bool:
+def quotas_enabled(path: PathLike) -> bool:
     """Are quotas on for the btrfs filesystem holding ``path``? (sysfs lists qgroups only then)."""
     try:
         return _qgroups_dir(path).is_dir()
@@ -159,7 +154,7 @@ def quotas_enabled(path: str | bytes | os.PathLike) -> bool:
         return False
 
 
-def qgroup_usage(subvolume: str | bytes | os.PathLike) -> tuple[int, int] | None:
+def qgroup_usage(subvolume: PathLike) -> tuple[int, int] | None:
     """(exclusive bytes, exclusive limit or 0) of the subvolume's own qgroup, or None when
     quotas are off or their numbers are not consistent yet (a rescan is running)."""
     try:
@@ -188,7 +183,7 @@ _TYPE_MAX = 255
 FILE_EXTENT_INLINE = 0
 
 
-def changed_extent_bytes(subvolume: str | bytes | os.PathLike) -> int | None:
+def changed_extent_bytes(subvolume: PathLike) -> int | None:
     """File data written into ``subvolume`` since it was made (a snapshot: since the clone):
     the lengths of its current file extents newer than its creation, found by a tree search
     that skips tree blocks older than that (O(changes); what ``btrfs subvolume find-new``
@@ -261,7 +256,7 @@ def _make_writable(d: bytes, st: os.stat_result) -> None:
             pass  # not ours: the unlinks below say so precisely
 
 
-def delete_tree(path: str | bytes | os.PathLike) -> None:
+def delete_tree(path: PathLike) -> None:
     """Remove a file, directory or subvolume with everything below it, subvolumes included.
 
     As root (or with ``user_subvol_rm_allowed``) each subvolume goes in O(1); otherwise
@@ -298,27 +293,12 @@ def delete_tree(path: str | bytes | os.PathLike) -> None:
 
 # -- convert ----------------------------------------------------------------------------
 
-def _exchange(a: bytes, b: bytes) -> None:
-    """Swap two names atomically (renameat2 RENAME_EXCHANGE)."""
-    if _libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), os.fsdecode(b))
-
-
-def _fsync_dir(path: bytes) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copyable(st: os.stat_result) -> bool:
     # TreeCopier skips sockets and device nodes; leave them out of the comparison too.
     return not (stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
 
 
-def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | None = None) -> None:
+def convert_to_subvolume(path: PathLike, progress: Progress | None = None) -> None:
     """Turn the plain directory ``path`` on btrfs into a subvolume at the same path.
 
     A new subvolume is made beside it, the tree is reflink-copied in (modes, owners,
@@ -331,7 +311,7 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
     st = os.lstat(src)
     if not stat.S_ISDIR(st.st_mode):
         raise SnapshotError(detail=f"{shown} is not a directory")
-    if fs_type(src) != BTRFS_SUPER_MAGIC:
+    if fs_magic(src) != BTRFS_SUPER_MAGIC:
         raise BackendUnavailable(backend="btrfs", why=f"{shown} is on {fs_name(src)}, not btrfs")
     if is_subvolume(src):
         return
@@ -374,9 +354,9 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
             raise TreeChangedDuringCopy(path=os.fsdecode(os.path.join(src, (gone or [b""])[0])))
         # Commit the new subvolume's contents before its name becomes the real one.
         btrfsutil.sync(new)
-        _exchange(new, src)
+        rename_exchange(new, src)
         exchanged = True
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException as e:
         if not exchanged:
             delete_tree(new)
@@ -395,6 +375,131 @@ def convert_to_subvolume(path: str | bytes | os.PathLike, progress: Progress | N
             f"removed ({e.strerror}); remove it by hand")) from e
 
 
+# -- send streams: what moved between two read-only subvolumes ---------------------------
+
+# btrfs send stream (fs/btrfs/send.h): commands that can change what a path holds.
+_SEND_MAGIC = b"btrfs-stream\0"
+_CMD_NAMES = {1: "subvol", 2: "snapshot", 3: "mkfile", 4: "mkdir", 5: "mknod", 6: "mkfifo", 7: "mksock",
+              8: "symlink", 9: "rename", 10: "link", 11: "unlink", 12: "rmdir", 13: "set_xattr",
+              14: "remove_xattr", 15: "write", 16: "clone", 17: "truncate", 18: "chmod", 19: "chown",
+              20: "utimes", 21: "end", 22: "update_extent", 23: "fallocate", 24: "fileattr",
+              25: "encoded_write", 26: "enable_verity"}
+_CONTENT_CMDS = frozenset({3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16, 17, 18, 22, 23, 25})
+_A_PATH, _A_PATH_TO, _A_DATA = 15, 16, 19
+
+
+class SendStreamError(ValueError):
+    pass
+
+
+def parse_send_stream(data: bytes) -> set[bytes]:
+    """The paths a ``btrfs send`` stream touches in ways a change set cares about."""
+    if not data.startswith(_SEND_MAGIC) or len(data) < 17:
+        raise SendStreamError("not a btrfs send stream")
+    (version,) = struct.unpack_from("<I", data, 13)
+    pos = 17
+    out: set[bytes] = set()
+    n = len(data)
+    while pos < n:
+        if pos + 10 > n:
+            raise SendStreamError("truncated command header")
+        length, cmd, _crc = struct.unpack_from("<IHI", data, pos)
+        pos += 10
+        end = pos + length
+        if end > n:
+            raise SendStreamError("truncated command")
+        if cmd in _CONTENT_CMDS:
+            p = pos
+            while p + 4 <= end:
+                typ, alen = struct.unpack_from("<HH", data, p)
+                p += 4
+                if typ == _A_DATA and version >= 2:
+                    break  # v2: the data attribute has no length and runs to the end
+                if typ in (_A_PATH, _A_PATH_TO):
+                    out.add(data[p:p + alen])
+                p += alen
+        pos = end
+    return out
+
+
+def send_paths(parent: Path, snap: Path) -> set[bytes]:
+    """Candidate paths between two read-only subvolumes of one filesystem (root only)."""
+    r = subprocess.run(["btrfs", "send", "-q", "--no-data", "-p", os.fspath(parent), os.fspath(snap),
+                        "-f", "/dev/stdout"], capture_output=True)
+    if r.returncode != 0:
+        raise SendStreamError(r.stderr.decode(errors="replace").strip() or f"btrfs send exited {r.returncode}")
+    return parse_send_stream(r.stdout)
+
+
+def _is_ro_subvolume(path: Path) -> bool:
+    try:
+        return is_subvolume(path) and btrfsutil.get_subvolume_read_only(path)
+    except Exception:  # noqa: BLE001 - anything odd: make a read-only snapshot instead
+        return False
+
+
+# -- --disk: qgroup limits ----------------------------------------------------------------
+
+class BtrfsQgroups(DiskCap):
+    """An exclusive-bytes qgroup limit per sandbox subvolume (see the module doc)."""
+
+    kind = "btrfs"
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def enabled(self) -> bool:
+        return quotas_enabled(self.store.root)
+
+    def prepare(self) -> list[str]:
+        where = str(self.store.workspace)
+        if os.geteuid() != 0:
+            raise DiskLimitUnavailable(where=where, why="btrfs qgroups need root",
+                                       alternatives="run petri as root, or use a workspace with the fuse backend"
+                                                    " (`petri init --backend fuse`), whose --disk works rootless")
+        if self.enabled():
+            return []
+        # Quotas cost every snapshot on this filesystem (bench/RESULTS.md: forks 2.5-4x
+        # slower): they are turned on only now that a --disk cap is asked for, they stay on,
+        # and the user is told so, with the way back.
+        for argv in (["btrfs", "quota", "enable", str(self.store.root)],
+                     ["btrfs", "quota", "rescan", "-w", str(self.store.root)]):
+            cp = subprocess.run(argv, capture_output=True, text=True)
+            if cp.returncode != 0 and "in progress" not in cp.stderr:
+                raise DiskLimitUnavailable(where=where, why=f"`{' '.join(argv)}` failed: {cp.stderr.strip()}",
+                                           alternatives="use the fuse backend (`petri init --backend fuse`)")
+        mount = os.fsdecode(mount_of(self.store.root).mountpoint)
+        return [f"--disk switched on btrfs quotas for the whole filesystem at {mount}: from now on every "
+                f"snapshot and fork there is slower (2.5-4x measured); `btrfs quota disable {mount}` switches "
+                f"them off again and lifts every --disk cap on that filesystem"]
+
+    def apply(self, store: Store, sb_id: str, limit: int) -> None:
+        tree = store.sandbox_tree(sb_id)
+        cp = subprocess.run(["btrfs", "qgroup", "limit", "-e", str(limit), str(tree)], capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise DiskLimitUnavailable(where=str(tree), why=f"btrfs qgroup limit failed: {cp.stderr.strip()}",
+                                       alternatives="check `btrfs quota` on this filesystem")
+
+    def usage(self, store: Store, sb_id: str) -> tuple[int, int] | None:
+        return qgroup_usage(store.sandbox_tree(sb_id))
+
+    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
+        # qgroups count no refusals: the counters say the sandbox is at its cap.
+        u = self.usage(store, sb_id)
+        if u is None:
+            return False
+        used, cap = u
+        return cap > 0 and used >= cap - (1 << 20)
+
+    def lapsed(self) -> str | None:
+        # Someone ran `btrfs quota disable`: the qgroups and their limits are gone. Turning
+        # quotas back on behind their back would undo that choice.
+        if self.enabled():
+            return None
+        return ("btrfs quotas were switched off on its filesystem (a new `petri fork --disk` switches them "
+                "on again)")
+
+
 # -- the backend ------------------------------------------------------------------------
 
 def _translate(e: OSError, doing: str) -> PetriError:
@@ -410,6 +515,24 @@ class BtrfsBackend(Backend):
     instant: ClassVar[bool] = True
     # The chooser's probe: (ok, why) for a workspace path.
     available = staticmethod(check_btrfs)
+
+    @staticmethod
+    def convert(workspace: Path, progress: Progress | None = None, say: Say | None = None) -> bool:
+        """``petri init --convert``: the plain directory on btrfs becomes a subvolume at the
+        same path (``convert_to_subvolume``); False if it already is one."""
+        ok, _why = check_btrfs(workspace)
+        if ok:
+            if say:
+                say(f"{workspace} is already a btrfs subvolume; nothing to convert")
+            return False
+        kind = fs_name(workspace)
+        if kind != "btrfs":
+            raise PetriError(f"--convert needs a directory on btrfs; {workspace} is on {kind}")
+        if say:
+            say(f"converting {workspace} into a btrfs subvolume: its contents are reflink-copied (no data"
+                " is duplicated) into a new subvolume, which then takes its place at the same path")
+        convert_to_subvolume(workspace, progress)
+        return True
 
     def _tree(self, store: Store, snap_id: str) -> Path:
         return store.snapshot_dir(snap_id) / "tree"
@@ -493,7 +616,9 @@ class BtrfsBackend(Backend):
         return None if u is None else u[0]
 
     # -- sandboxes ---------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        refuse_clone_options(self.name, disk_budget, idmap)
         src = self._tree(store, snap_id)
         if not is_subvolume(src):
             raise SnapshotError(detail=f"snapshot {snap_id} has no subvolume on disk at {src}")
@@ -556,6 +681,62 @@ class BtrfsBackend(Backend):
     def remove_leftover(self, store: Store, leftover: Leftover) -> None:
         delete_tree(leftover.path)
 
+    # -- --disk, change sets, staleness ------------------------------------------------------
+    def disk_cap(self, store: Store) -> DiskCap:
+        return BtrfsQgroups(store)
 
-__all__ = ["BtrfsBackend", "changed_extent_bytes", "check_btrfs", "convert_to_subvolume", "delete_tree",
-           "fs_type", "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]
+    @contextlib.contextmanager
+    def _readonly(self, store: Store, tree: Path, what: str) -> Iterator[Path]:
+        """``tree`` itself when it is a read-only subvolume, else a read-only snapshot of it."""
+        if _is_ro_subvolume(tree):
+            yield tree
+            return
+        view = store.tmp_path(what)
+        view.parent.mkdir(parents=True, exist_ok=True)
+        btrfsutil.create_snapshot(tree, view, read_only=True)
+        try:
+            yield view
+        finally:
+            delete_tree(view)
+
+    def prefers_frozen_view(self) -> bool:
+        return True  # one O(1) snapshot, and the read-only subvolume btrfs send needs anyway
+
+    def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
+                          base: Path | None = None, tree: Path | None = None) -> Candidates:
+        """``btrfs send`` between ``since`` and a read-only snapshot of the sandbox (``tree``
+        when it already is one: a frozen view). It compares with whichever snapshot it is
+        given, so a fork of a fork needs nothing added for its lineage."""
+        base_tree = base if base is not None else self._tree(store, since)
+        try:
+            with self._readonly(store, tree if tree is not None else store.sandbox_tree(sb_id), "changes-ro") as ro:
+                raw = clean(send_paths(base_tree, ro))
+                if multi_linked(ro, raw):
+                    return FULL
+                return Candidates(frozenset(prune_dirs(base_tree, ro, raw)), "btrfs-send")
+        except (SendStreamError, OSError):  # rootless: send needs CAP_SYS_ADMIN
+            return FULL
+
+    @contextlib.contextmanager
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
+                        ) -> Iterator[LiveCandidates | None]:
+        """A read-only snapshot of live and ``btrfs send``'s paths against ``snap_id``; None
+        rootless, or where send fails or names a hard-linked file (by one of its names only)."""
+        if os.geteuid() != 0:
+            yield None
+            return
+        base = self._tree(store, snap_id)
+        with self._readonly(store, store.workspace, "live-ro") as ro:
+            got: LiveCandidates | None = None
+            try:
+                cands = {c for c in clean(send_paths(base, ro)) if not exclude_top(c.split(b"/", 1)[0])}
+                if not multi_linked(ro, cands):
+                    got = (base, ro, Candidates(frozenset(cands), "btrfs-send"))
+            except (SendStreamError, OSError):
+                got = None
+            yield got
+
+
+__all__ = ["BtrfsBackend", "BtrfsQgroups", "SendStreamError", "changed_extent_bytes", "check_btrfs",
+           "convert_to_subvolume", "delete_tree", "fs_name", "is_subvolume", "parse_send_stream", "qgroup_usage",
+           "quotas_enabled", "send_paths"]

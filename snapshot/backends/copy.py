@@ -13,9 +13,9 @@ entry whose mtime or ctime is not older than the snapshot's start (less
 ``RACY_WINDOW_NS``) could be rewritten within the same timestamp tick after it was copied
 and keep all five fields, so it is stored with the impossible size -1 and never matches.
 Every other entry can be trusted as "unchanged since this snapshot" by whoever reads the
-manifest (the next snapshot; staleness). Version 1 manifests carry no marks: their
-entries are still used by the next snapshot as before, and staleness trusts them only
-for files whose ctime is over a minute older than the snapshot.
+manifest (the next snapshot; staleness, through ``live_record``). Version 1 manifests carry
+no marks: their entries are still used by the next snapshot as before, and staleness
+trusts them only for files whose ctime is over a minute older than the snapshot.
 
 Caveats: the first snapshot and every clone copy all the data (O(bytes)); snapshots are
 exact per file, not across files (each file is re-copied if it moved during its copy);
@@ -35,12 +35,16 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
-from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
+from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult, StatKeys, refuse_clone_options
 from ..errors import DiskFull, SnapshotError
 from ..store import STORE_NAME, Store
-from ..tree import StatKey, TreeCopier, remove_tree, walk
+from ..osutil import rmtree
+from ..tree import StatKey, TreeCopier, walk
+
+if TYPE_CHECKING:
+    from ..idmap import IdMap
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 CLONE_RECORD = "clone.json"  # beside a sandbox's tree: {"snapshot": the snapshot it was cloned from}
@@ -51,9 +55,12 @@ _READABLE_VERSIONS = (1, 2)
 # room for a slow tick (as snapshot.layers.RACY_WINDOW_NS).
 RACY_WINDOW_NS = 50_000_000
 RACY_SIZE = -1  # no file has it: a racy entry never matches a live stat
+# A version 1 manifest keeps no racy marks: staleness trusts its entries only for files
+# that moved this long before the snapshot.
+MANIFEST_TRUST_NS = 60_000_000_000
 
 
-def manifest_data(manifest: dict[bytes, StatKey], started_ns: int) -> dict[bytes, tuple]:
+def manifest_data(manifest: dict[bytes, StatKey], started_ns: int) -> dict[bytes, tuple[int, int, int, int, int]]:
     """The manifest as stored: plain tuples, racy entries marked (pure)."""
     recent = started_ns - RACY_WINDOW_NS
     data = {}
@@ -93,12 +100,12 @@ def _staged(staging: Path, doing: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        remove_tree(staging)
+        rmtree(staging)
         if e.errno in (28, 122):
             raise DiskFull(doing=doing) from e
         raise
     except BaseException:
-        remove_tree(staging)
+        rmtree(staging)
         raise
 
 
@@ -110,6 +117,10 @@ class CopyBackend(Backend):
 
     def __init__(self, workers: int = 4) -> None:
         self.workers = workers
+
+    @staticmethod
+    def available(workspace: Path) -> tuple[bool, str]:
+        return True, "plain copies work everywhere (O(bytes) per snapshot and clone)"
 
     # -- store -------------------------------------------------------------------------
     def create_store(self, store: Store) -> None:
@@ -158,7 +169,7 @@ class CopyBackend(Backend):
             _save_manifest(staging / "manifest", copier.manifest, started_ns)
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException:
-            remove_tree(staging)
+            rmtree(staging)
             raise
         copied = copier._done if progress else sum(
             k.size for r, k in copier.manifest.items() if prev.get(r) != k and stat.S_ISREG(k.mode))
@@ -183,7 +194,7 @@ class CopyBackend(Backend):
         return SnapshotResult(bytes_copied=0 if self.reflink else copied)
 
     def delete_snapshot(self, store: Store, snap_id: str) -> None:
-        remove_tree(bytes(store.snapshot_dir(snap_id)))
+        rmtree(bytes(store.snapshot_dir(snap_id)))
 
     @contextlib.contextmanager
     def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
@@ -201,7 +212,9 @@ class CopyBackend(Backend):
         return total
 
     # -- sandboxes ---------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        refuse_clone_options(self.name, disk_budget, idmap)
         src = self._tree(store, snap_id)
         staging = store.tmp_path(sb_id)
         with _staged(staging, f"cloning {snap_id}"):
@@ -228,10 +241,10 @@ class CopyBackend(Backend):
                 bytes(store.sandbox_tree(sb_id)), bytes(staging))
             yield staging
         finally:
-            remove_tree(bytes(staging))
+            rmtree(bytes(staging))
 
     def destroy_clone(self, store: Store, sb_id: str) -> None:
-        remove_tree(bytes(store.sandbox_dir(sb_id)))
+        rmtree(bytes(store.sandbox_dir(sb_id)))
 
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """Bytes of the files the sandbox changed or added since its clone: a stat walk of
@@ -285,6 +298,20 @@ class CopyBackend(Backend):
     def _changed_file_bytes(self, path: bytes, st: os.stat_result) -> int:
         return st.st_size
 
+    def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
+        """The snapshot's manifest of live. Its marshal is read directly: building 60k
+        ``StatKey`` objects costs more than staleness's whole walk."""
+        with open(self._manifest(store, snap_id), "rb") as f:
+            version, keys = marshal.loads(f.read())
+        if version == MANIFEST_VERSION and keys:
+            return keys, dict(keys)  # racy entries carry an impossible size: they never match
+        if version != 1 or not keys:
+            return None
+        # Version 1 keeps no racy marks: trust only what moved well before the snapshot.
+        limit = int(taken_at * 1e9) - MANIFEST_TRUST_NS
+        trusted = {k: (v if v[3] < limit and v[2] < limit else None) for k, v in keys.items()}
+        return keys, trusted
+
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: list[Leftover] = []
         for parent, known, kind in ((store.snapshots, snapshots, "snapshot"), (store.sandboxes, sandboxes, "tree")):
@@ -297,4 +324,4 @@ class CopyBackend(Backend):
         return found
 
     def remove_leftover(self, store: Store, leftover: Leftover) -> None:
-        remove_tree(bytes(leftover.path))
+        rmtree(bytes(leftover.path))

@@ -14,8 +14,11 @@ so the merge engine reads it like an overlay upper), with beside it::
     daemon.pid     the daemon's pid; daemon.log its log
 
 Beyond kernel overlay: the daemon records what the sandbox read (``read_set``), keeps the
-change journal (``changed_paths``, O(changes)), and enforces a disk budget at write
-(``clone(..., disk_budget=N)``: ENOSPC inside, nothing more written).
+change journal (``changed_paths``, O(changes): the sandbox's ``change_candidates``), and
+enforces a disk budget at write (``clone(..., disk_budget=N)``: ENOSPC inside, nothing more
+written; ``--disk`` is that budget, and the daemon's count of refused writes says whether
+it was hit). Every lookup through the mount counts as the sandbox's read, so petri's own
+reads of a sandbox (staleness) go to its layers instead (``quiet_layers``).
 
 Daemons are forked by a per-store fork server (:mod:`snapshot.fusefs.server`, at
 ``.petri/fuse.sock``) that has pyfuse3 and trio imported: started by the first clone, gone
@@ -47,15 +50,17 @@ from pathlib import Path
 from typing import Callable, ClassVar, Iterator
 
 from .. import layers as L
-from ..backend import Leftover
+from ..backend import Candidates, DiskCap, Leftover
+from ..candidates import clean, prune_dirs
 from ..errors import SnapshotError
 from ..fusefs import daemon as D
 from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
 from ..store import Store
-from ..tree import apply_meta, remove_tree
+from ..osutil import atomic_write, mounts_under, rmtree
+from ..tree import apply_meta
 from ..idmap import IdMap
-from .overlay import (MOUNT_RECORD_VERSION, OverlayBackend, _idmap_json, _idmap_of, _probe_user_xattr,
+from .overlay import (MOUNT_RECORD_VERSION, MountRecord, OverlayBackend, _idmap_json, _idmap_of, _probe_user_xattr,
                       _refuse_if_mounts_under)
 
 
@@ -64,9 +69,27 @@ class FuseMountFailed(SnapshotError):
 
 
 def _fuse_mounts_under(root: Path) -> list[bytes]:
-    prefix = os.fsencode(os.path.realpath(root)).rstrip(b"/") + b"/"
-    return [m.mountpoint for m in D.mounts()
-            if m.fstype.startswith("fuse") and m.source == D.FSNAME and m.mountpoint.startswith(prefix)]
+    """petri's FUSE mounts strictly below ``root``."""
+    real = os.path.realpath(os.fsencode(root))
+    return [m.mountpoint for m in mounts_under(root, lambda t: t.startswith("fuse"))
+            if m.source == D.FSNAME and m.mountpoint != real]
+
+
+class FuseBudget(DiskCap):
+    """``--disk`` is the daemon's own budget (the clone gets ``disk_budget``; its writes get
+    ENOSPC), and the daemon counts the writes it refused."""
+
+    kind = "fuse"
+
+    def __init__(self, backend: "FuseBackend") -> None:
+        self.backend = backend
+
+    def mark(self, store: Store, sb_id: str) -> object:
+        return self.backend.disk_refusals(store, sb_id)
+
+    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
+        now = self.backend.disk_refusals(store, sb_id)
+        return now is not None and now > (mark if isinstance(mark, int) else 0)
 
 
 class FuseBackend(OverlayBackend):
@@ -104,7 +127,7 @@ class FuseBackend(OverlayBackend):
     def _pidfile(store: Store, sb_id: str) -> Path:
         return store.sandbox_dir(sb_id) / "daemon.pid"
 
-    def _spec(self, store: Store, sb_id: str, rec: dict) -> D.MountSpec:
+    def _spec(self, store: Store, sb_id: str, rec: MountRecord) -> D.MountSpec:
         sb = store.sandbox_dir(sb_id)
         lowers = tuple(Path(os.fsdecode(p)) for p in self._layer_paths(store, rec["layers"]))
         return D.MountSpec(lowers=lowers, mountpoint=store.sandbox_tree(sb_id), upper=sb / rec["upper"],
@@ -139,7 +162,7 @@ class FuseBackend(OverlayBackend):
         finally:
             D.stop(mnt, pidfile)
             if not D.is_mounted(mnt):
-                remove_tree(bytes(work))
+                rmtree(bytes(work))
 
     # -- snapshots (layers are the overlay backend's; only the view differs) ---------------
     @contextlib.contextmanager
@@ -149,7 +172,7 @@ class FuseBackend(OverlayBackend):
             yield mnt
 
     # -- sandboxes -----------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str, disk_budget: int | None = None,
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
               idmap: IdMap | None = None) -> Path:
         names = self.layers_of(store, snap_id)
         lowers = self._layer_paths(store, names)
@@ -165,13 +188,13 @@ class FuseBackend(OverlayBackend):
                 (sb / d).mkdir()
             # The merged root's owner, mode and times are the upper dir's: give it the snapshot's.
             apply_meta(bytes(sb / "upper"), os.lstat(lowers[0]))
-            L.atomic_write(sb / "mount.json", json.dumps(rec).encode() + b"\n")
+            atomic_write(sb / "mount.json", json.dumps(rec).encode() + b"\n")
             spec = self._spec(store, sb_id, rec)
             self._start(store, spec)
         except BaseException:
             D.stop(store.sandbox_tree(sb_id), self._pidfile(store, sb_id))
             if not D.is_mounted(store.sandbox_tree(sb_id)):
-                remove_tree(bytes(sb))
+                rmtree(bytes(sb))
             raise
         return store.sandbox_tree(sb_id)
 
@@ -200,7 +223,7 @@ class FuseBackend(OverlayBackend):
         tree = store.sandbox_tree(sb_id)
         D.stop(tree, self._pidfile(store, sb_id))
         rec["idmap"] = _idmap_json(idmap)
-        L.atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
+        atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")
         tree.mkdir(exist_ok=True)
         self._start(store, self._spec(store, sb_id, rec))
 
@@ -228,7 +251,7 @@ class FuseBackend(OverlayBackend):
         _refuse_if_mounts_under(bytes(sb))
         doomed = store.tmp_path(f"del-{sb_id}")
         os.rename(sb, doomed)
-        remove_tree(bytes(doomed))
+        rmtree(bytes(doomed))
 
     # -- journals ------------------------------------------------------------------------
     def changed_paths(self, store: Store, sb_id: str, *, verify: bool = False) -> Changes:
@@ -241,12 +264,26 @@ class FuseBackend(OverlayBackend):
             ch = Changes(ch.paths | up.paths, ch.trees | up.trees)
         return ch
 
-    def read_set(self, store: Store, sb_id: str) -> frozenset[bytes]:
+    def read_set(self, store: Store, sb_id: str) -> frozenset[bytes] | None:
         """Paths the sandbox opened for reading (or read as a symlink), relative to its root."""
         return read_reads(store.sandbox_dir(sb_id) / "journal")
 
+    def _recorded_candidates(self, store: Store, sb_id: str, base: Path | None, tree: Path | None) -> Candidates:
+        """The daemon's journal: changed paths, and whole subtrees (``trees``) kept as they are."""
+        ch = self.changed_paths(store, sb_id)
+        trees = clean(ch.trees)
+        return Candidates(frozenset(prune_dirs(base, tree, clean(ch.paths), trees) | trees), "fuse-journal")
+
+    def quiet_layers(self, store: Store, sb_id: str) -> list[bytes] | None:
+        """Its upper over the layers it is mounted on (a fork of a fork: more than its origin's)."""
+        rec = self._record(store, sb_id)
+        return [os.fsencode(store.sandbox_dir(sb_id) / rec["upper"]), *self._layer_paths(store, rec["layers"])]
+
     def enforces_disk_budget(self) -> bool:
         return True
+
+    def disk_cap(self, store: Store) -> DiskCap:
+        return FuseBudget(self)
 
     def disk_refusals(self, store: Store, sb_id: str) -> int | None:
         """Writes the daemon refused for the sandbox's disk budget so far (None: no budget)."""
@@ -263,8 +300,7 @@ class FuseBackend(OverlayBackend):
         for mp in sorted(_fuse_mounts_under(store.root), key=len, reverse=True):
             p = Path(os.fsdecode(mp))
             D.stop(p, p.parent / "daemon.pid")
-        _refuse_if_mounts_under(bytes(store.root))
-        remove_tree(bytes(store.root))
+        super().destroy_store(store)
 
     # -- gc ------------------------------------------------------------------------------
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:

@@ -21,6 +21,7 @@ import struct
 from pathlib import Path
 from typing import ClassVar
 
+from ..store import Store
 from ..tree import FICLONE
 from .copy import CopyBackend
 
@@ -101,5 +102,10 @@ class ReflinkBackend(CopyBackend):
         got = unshared_bytes(path)
         return st.st_size if got is None else got
 
-    def estimate_bytes(self, store, parent):  # type: ignore[override]
-        return 0
+    @staticmethod
+    def available(workspace: Path) -> tuple[bool, str]:
+        ok, why = reflink_works(workspace)
+        return ok, why + ("" if ok else "; reflinks need XFS (reflink=1) or btrfs")
+
+    def estimate_bytes(self, store: Store, parent: str | None) -> int:
+        return 0  # reflinked: no data is copied

@@ -9,7 +9,8 @@ directory ``snapshots/<id>/`` records the snapshot's full name (``zfs-snapshot``
 ``gc``'s "a snapshot row without a directory is stale" rule holds for every backend. A
 sandbox ``sb-…`` is the clone ``D/petri-store/sb-…`` mounted at ``sandboxes/<id>/tree``.
 ``frozen_view`` is a temporary snapshot of the clone. ``changes`` lists what a sandbox
-changed with ``zfs diff`` against its origin snapshot.
+changed with ``zfs diff`` against its origin snapshot (its ``change_candidates``; a fork of
+a fork gets none: ``zfs diff`` knows only the clone's own origin).
 
 Every zfs name petri makes starts with ``petri-`` (snapshots) or lives under
 ``D/petri-store`` (clones): the user's own snapshots and datasets are never touched.
@@ -41,12 +42,16 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator
 
-from ..backend import Backend, DiskUsage, Leftover, Progress, SnapshotResult
+from ..backend import FULL, Backend, Candidates, DiskUsage, Leftover, Progress, SnapshotResult, refuse_clone_options
+from ..candidates import clean, prune_dirs
 from ..errors import BackendUnavailable, DiskFull, SnapshotError
 from ..store import Store
-from ..tree import remove_tree
+
+if TYPE_CHECKING:
+    from ..idmap import IdMap
+from ..osutil import Mount, mounts, parse_mountinfo, rmtree
 
 SNAP_PREFIX = "petri-"
 STORE_DATASET = "petri-store"
@@ -57,24 +62,19 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 # -- pure parsing (no zfs needed) ----------------------------------------------------------
 
-def _unescape_mountinfo(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def dataset_from_mountinfo(mountinfo: str, path: str) -> str | None:
+def dataset_from_mountinfo(mountinfo: str | bytes, path: str) -> str | None:
     """The zfs dataset mounted exactly at ``path`` according to a mountinfo text, or None.
 
     The last mount at that point wins (it is the one on top)."""
+    text = mountinfo if isinstance(mountinfo, bytes) else mountinfo.encode("utf-8", "surrogateescape")
+    return _dataset_in(parse_mountinfo(text), path)
+
+
+def _dataset_in(table: list[Mount], path: str) -> str | None:
     found = None
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 2:
-            continue
-        if _unescape_mountinfo(fields[4]) == path:
-            found = _unescape_mountinfo(rfields[1]) if rfields[0] == "zfs" else None
+    for m in table:
+        if m.mountpoint == os.fsencode(path):
+            found = m.source if m.fstype == "zfs" else None
     return found
 
 
@@ -188,11 +188,10 @@ def _exists(name: str) -> bool:
         raise
 
 
-def dataset_at(path: str | os.PathLike) -> str | None:
+def dataset_at(path: str | os.PathLike[str]) -> str | None:
     """The dataset whose mountpoint is exactly ``path``, or None."""
     real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        found = dataset_from_mountinfo(f.read(), real)
+    found = _dataset_in(mounts(), real)
     if found:
         return found
     # Not mounted at the moment (or a namespace hides it): ask zfs for its mountpoints.
@@ -202,7 +201,7 @@ def dataset_at(path: str | os.PathLike) -> str | None:
     return None
 
 
-def available(path: str | os.PathLike) -> tuple[bool, str]:
+def available(path: str | os.PathLike[str]) -> tuple[bool, str]:
     """Can the zfs backend host the workspace at ``path``? (ok, why)"""
     if shutil.which("zfs") is None:
         return False, "zfs command not found"
@@ -287,7 +286,7 @@ class ZfsBackend(Backend):
             if name.startswith(f"{ds}@{SNAP_PREFIX}"):
                 zfs("destroy", name)
         with contextlib.suppress(OSError):
-            remove_tree(bytes(store.root))
+            rmtree(bytes(store.root))
 
     def estimate_bytes(self, store: Store, parent: str | None) -> int:
         return 0
@@ -308,7 +307,7 @@ class ZfsBackend(Backend):
             (staging / RECORD).write_text(name + "\n")
             os.rename(staging, store.snapshot_dir(snap_id))
         except BaseException:
-            remove_tree(bytes(staging))
+            rmtree(bytes(staging))
             zfs("destroy", name)
             raise
 
@@ -321,7 +320,7 @@ class ZfsBackend(Backend):
         name = self._snap(store, snap_id)
         if _exists(name):
             zfs("destroy", name)
-        remove_tree(bytes(store.snapshot_dir(snap_id)))
+        rmtree(bytes(store.snapshot_dir(snap_id)))
 
     @contextlib.contextmanager
     def snapshot_view(self, store: Store, snap_id: str) -> Iterator[Path]:
@@ -337,7 +336,9 @@ class ZfsBackend(Backend):
             return None
 
     # -- sandboxes ---------------------------------------------------------------------
-    def clone(self, store: Store, snap_id: str, sb_id: str) -> Path:
+    def clone(self, store: Store, snap_id: str, sb_id: str, *, disk_budget: int | None = None,
+              idmap: IdMap | None = None) -> Path:
+        refuse_clone_options(self.name, disk_budget, idmap)
         tree = store.sandbox_tree(sb_id)
         ds = self._clone_ds(store, sb_id)
         if os.path.lexists(store.sandbox_dir(sb_id)) or _exists(ds):
@@ -346,7 +347,7 @@ class ZfsBackend(Backend):
         try:
             zfs("clone", "-o", f"mountpoint={tree}", "-o", "snapdir=hidden", self._snap(store, snap_id), ds)
         except BaseException:
-            remove_tree(bytes(store.sandbox_dir(sb_id)))
+            rmtree(bytes(store.sandbox_dir(sb_id)))
             raise
         return tree
 
@@ -378,7 +379,7 @@ class ZfsBackend(Backend):
                 raise SnapshotError(detail=f"sandbox {sb_id} has forks made from it ({names}); on zfs they "
                                            "depend on its dataset: remove them first")
             zfs("destroy", "-r", ds)  # -r: its frozen-view snapshots too; it unmounts first
-        remove_tree(bytes(store.sandbox_dir(sb_id)))
+        rmtree(bytes(store.sandbox_dir(sb_id)))
 
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """The clone dataset's ``used``: what it holds beyond its origin snapshot."""
@@ -393,6 +394,20 @@ class ZfsBackend(Backend):
         out = zfs("diff", "-F", "-H", self._snap(store, snap_id), self._clone_ds(store, sb_id))
         roots = [os.fsencode(store.sandbox_tree(sb_id)), os.fsencode(store.workspace)]
         return parse_diff(out, roots)
+
+    def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
+                          base: Path | None = None, tree: Path | None = None) -> Candidates:
+        if since != cloned_from:
+            return FULL  # zfs diff knows only the clone's own origin
+        try:
+            paths: set[bytes] = set()
+            for c in self.changes(store, cloned_from, sb_id):
+                paths.add(c.path)
+                if c.new_path is not None:
+                    paths.add(c.new_path)
+            return Candidates(frozenset(prune_dirs(base, tree, clean(paths))), "zfs-diff")
+        except (OSError, KeyError, ValueError):
+            return FULL
 
     def leftovers(self, store: Store, snapshots: set[str], sandboxes: set[str]) -> list[Leftover]:
         found: dict[Path, Leftover] = {}
@@ -430,4 +445,4 @@ class ZfsBackend(Backend):
         elif path.parent == store.sandboxes:
             self.destroy_clone(store, path.name)
         else:
-            remove_tree(bytes(path))
+            rmtree(bytes(path))

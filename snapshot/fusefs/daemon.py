@@ -48,52 +48,14 @@ from pathlib import Path
 from typing import Callable
 
 from ..idmap import IdMap
+from ..osutil import Mount, libc, mounts
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
 
 
 # -- mount table ---------------------------------------------------------------------------
-def _unescape(field_: str) -> bytes:
-    out = bytearray()
-    b = field_.encode("utf-8", "surrogateescape")
-    i = 0
-    while i < len(b):
-        if b[i] == 0x5C and i + 3 < len(b) + 0 and b[i + 1:i + 4].isdigit():
-            out.append(int(b[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(b[i])
-            i += 1
-    return bytes(out)
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    mountpoint: bytes
-    major: int
-    minor: int
-    fstype: str
-    source: str
-
-    @property
-    def connection(self) -> int:
-        """The fusectl connection number: the superblock's kernel dev_t."""
-        return (self.major << 20) | self.minor
-
-
-def mounts() -> list[MountEntry]:
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            parts = line.decode("utf-8", "surrogateescape").split(" ")
-            sep = parts.index("-")
-            major, minor = parts[2].split(":")
-            out.append(MountEntry(_unescape(parts[4]), int(major), int(minor), parts[sep + 1], parts[sep + 2]))
-    return out
-
-
-def mount_entry(mountpoint: str | os.PathLike | bytes) -> MountEntry | None:
+def mount_entry(mountpoint: str | os.PathLike | bytes) -> Mount | None:
     """The topmost FUSE mount at ``mountpoint`` (never stats the path: it may be hung)."""
     mp = os.fsencode(os.path.abspath(mountpoint))
     found = None
@@ -442,9 +404,9 @@ def _detach(log: str | None) -> None:
 def set_process_name(name: bytes) -> None:
     """``comm`` (what ps and top show; 15 bytes) for a forked daemon, whose command line
     is the fork server's."""
+    import ctypes
     try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+        libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
 

@@ -48,7 +48,6 @@ Caveats:
 from __future__ import annotations
 
 import copy
-import ctypes
 import errno
 import fcntl
 import functools
@@ -62,7 +61,8 @@ import trio
 
 from ..idmap import IdMap
 from ..layers import upper_bytes
-from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, remove_tree, settable_xattr
+from ..osutil import RENAME_EXCHANGE, RENAME_NOREPLACE, rename_exchange, rmtree, syncfs
+from ..tree import FICLONE, _copy_sparse, apply_meta, copy_xattrs, settable_xattr
 from .journal import OPAQUE_XATTR, Journal, is_whiteout
 
 log = logging.getLogger("petri.fusefs")
@@ -70,37 +70,10 @@ log = logging.getLogger("petri.fusefs")
 IS_ROOT = os.geteuid() == 0
 HIDDEN_XATTR_PREFIXES = (b"user.overlay.", b"trusted.overlay.")
 WHITEOUT_MODE = stat.S_IFCHR
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-AT_FDCWD = -100
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_renameat2 = _libc.renameat2
-_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-
-
-def renameat2(src: bytes, dst: bytes, flags: int) -> None:
-    if _renameat2(AT_FDCWD, src, AT_FDCWD, dst, flags) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), src)
 
 
 def join(a: bytes, b: bytes) -> bytes:
     return a + b"/" + b if a else b
-
-
-_syncfs = _libc.syncfs
-_syncfs.argtypes = [ctypes.c_int]
-
-
-def syncfs(path: bytes) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if _syncfs(fd) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e), path)
-    finally:
-        os.close(fd)
 
 
 def _is_opaque(path: bytes) -> bool:
@@ -623,12 +596,12 @@ class CowFS(pyfuse3.Operations):
             if self.fsync_copyup:
                 syncfs(tmp)  # one flush for the whole copied tree before it takes the name
             if node.dir_layers[0] == self.U:
-                renameat2(tmp, upath, RENAME_EXCHANGE)  # tmp now holds the emptied old skeleton
-                remove_tree(tmp)
+                rename_exchange(tmp, upath)  # tmp now holds the emptied old skeleton
+                rmtree(tmp)
             else:
                 self._place(lambda: os.rename(tmp, upath), parent_upper)
         except BaseException:
-            remove_tree(tmp)
+            rmtree(tmp)
             raise
         node.dir_layers = (self.U,)
         node.layer = self.U
@@ -669,8 +642,8 @@ class CowFS(pyfuse3.Operations):
         except FileNotFoundError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
-            renameat2(tmp, upath, RENAME_EXCHANGE)
-            remove_tree(tmp)
+            rename_exchange(tmp, upath)
+            rmtree(tmp)
         else:
             os.rename(tmp, upath)
 
@@ -710,14 +683,14 @@ class CowFS(pyfuse3.Operations):
         out = make(tmp)
         try:
             if is_dir:
-                renameat2(tmp, upath, RENAME_EXCHANGE)  # rename(2) cannot put a dir over a non-dir
+                rename_exchange(tmp, upath)  # rename(2) cannot put a dir over a non-dir
                 os.unlink(tmp)  # now the whiteout
             else:
                 os.rename(tmp, upath)
         except BaseException:
             if isinstance(out, int):
                 os.close(out)
-            remove_tree(tmp) if is_dir else os.unlink(tmp)
+            rmtree(tmp) if is_dir else os.unlink(tmp)
             raise
         return out
 
@@ -970,7 +943,7 @@ class CowFS(pyfuse3.Operations):
             self._whiteout_at(upath)
         elif node.layer == self.U:
             if want_dir:
-                remove_tree(upath)  # only whiteouts were left inside
+                rmtree(upath)  # only whiteouts were left inside
             else:
                 os.unlink(upath)
         if node.layer == self.U:
@@ -1040,7 +1013,7 @@ class CowFS(pyfuse3.Operations):
         new_path = join(pnew.path, name_new)
         uold, unew = self._upper(old_path), self._upper(new_path)
         if exchange:
-            renameat2(uold, unew, RENAME_EXCHANGE)
+            rename_exchange(uold, unew)
             dnode = dst[0]
             self._relink(snode, pold, name_old, pnew, name_new)
             self._relink(dnode, pnew, name_new, pold, name_old)
@@ -1056,11 +1029,11 @@ class CowFS(pyfuse3.Operations):
         swapped = False
         if ust is not None:
             if stat.S_ISDIR(ust.st_mode):
-                remove_tree(unew)  # an empty merged dir: nothing but whiteouts inside
+                rmtree(unew)  # an empty merged dir: nothing but whiteouts inside
             elif is_whiteout(ust) and snode.is_dir:
                 # A dir cannot be renamed over a non-dir: swap, and the old name gets the
                 # whiteout in the same step (crash-safe; no moment with neither).
-                renameat2(uold, unew, RENAME_EXCHANGE)
+                rename_exchange(uold, unew)
                 swapped = True
             elif not is_whiteout(ust):
                 self._credit_unlinked(ust)
