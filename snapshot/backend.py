@@ -109,3 +109,15 @@ class Backend(Protocol):
         """How many writes the backend's own disk budget has refused in this sandbox so far
         (it only grows), or None where the backend enforces no budget itself."""
         return None
+
+    def snapshot_layers(self, store: Store, snap_id: str) -> list[Path] | None:
+        """The snapshot as a stack of immutable layers in the overlay format
+        (:mod:`snapshot.layers`), LOWEST first, or None where the backend keeps no layers
+        (a caller then reads ``snapshot_view`` as one full tree)."""
+        return None
+
+    def import_snapshot(self, store: Store, snap_id: str, layer_names: list[str]) -> None:
+        """Make ``snap_id`` out of layers already installed under ``store.layers`` (lowest
+        first), e.g. received from another machine; only layered backends can."""
+        from .errors import SnapshotError
+        raise SnapshotError(detail=f"the {self.name} backend cannot import a snapshot made of layers")
