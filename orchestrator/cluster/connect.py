@@ -56,6 +56,27 @@ def import_ray(loopback: bool) -> Any:
     return ray
 
 
+def _to_debug_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+    log = logging.getLogger("petri.cluster")
+    for line in data.get("lines", ()):
+        log.debug("%s: %s", data.get("pid"), line)
+
+
+def _reachable(address: str | None, timeout: float = 10.0) -> None:
+    """Fail fast, in one line, where ``ray.init`` would retry for minutes: nothing answers
+    at HOST:PORT. (``auto`` is Ray's to resolve.)"""
+    import socket
+
+    m = _HOST_PORT.fullmatch(address or "")
+    if m is None:
+        return
+    host = m.group(1).strip("[]")
+    try:
+        socket.create_connection((host, int(m.group(2))), timeout=timeout).close()
+    except OSError as e:
+        raise ClusterUnreachable(address=address, why=f"nothing answers there ({e.strerror or e})") from None
+
+
 class Session:
     """The connection a race holds while it runs: ``open()``, ``ray``, ``address``, ``close()``."""
 
@@ -67,6 +88,8 @@ class Session:
         self.address: str | None = None if self.kind == "local" else (
             self.arg.address if self.kind == "given" else self.arg)
         self.ray: Any = None
+        self.saved_enable: bool | None = None
+        self.saved_print: Any = None
 
     @property
     def loopback(self) -> bool:
@@ -81,6 +104,12 @@ class Session:
 
     def _open(self, say: Any) -> "Session":
         self.ray = import_ray(self.loopback)
+        if self.loopback:
+            # Ray imported earlier in this process, without the loopback setting, would turn
+            # 127.0.0.1 into this machine's outward address (and bind there): not while we hold it.
+            from ray._private import ray_constants
+            self.saved_enable = ray_constants.ENABLE_RAY_CLUSTER
+            ray_constants.ENABLE_RAY_CLUSTER = False
         if self.kind == "local":
             if say:
                 say(f"starting a local Ray cluster of {self.arg} node(s) on 127.0.0.1")
@@ -89,12 +118,19 @@ class Session:
             self.address = self.local.address
         ray = self.ray
         if not ray.is_initialized():
+            _reachable(self.address)
             try:
                 ray.init(address=self.address, namespace="petri", log_to_driver=False,
                          logging_level=logging.ERROR, configure_logging=True)
             except Exception as e:  # noqa: BLE001 - Ray's errors, translated at the boundary
                 raise ClusterUnreachable(address=self.address, why=f"{type(e).__name__}: {e}".splitlines()[0]) from None
             self.owns_connection = True
+        # Ray's driver prints what the cluster reports (a raylet's death, with its last
+        # log lines) on stdout, where `--json` has its one document: the race reports node
+        # deaths itself, so that goes to the debug log instead while the race holds Ray.
+        from ray._private import worker as ray_worker
+        self.saved_print = ray_worker.print_to_stdstream
+        ray_worker.print_to_stdstream = _to_debug_log
         if self.loopback:
             wide = [ln for ln in listeners({os.getpid()}) if not ln.loopback]
             if wide:  # Ray was imported before without the loopback setting
@@ -105,6 +141,12 @@ class Session:
         if self.owns_connection and self.ray is not None:
             self.ray.shutdown()
             self.owns_connection = False
+        if self.saved_print is not None:
+            from ray._private import worker as ray_worker
+            ray_worker.print_to_stdstream, self.saved_print = self.saved_print, None
+        if self.saved_enable is not None:
+            from ray._private import ray_constants
+            ray_constants.ENABLE_RAY_CLUSTER, self.saved_enable = self.saved_enable, None
         if self.owns_local and self.local is not None:
             self.local.close()
             self.owns_local = False

@@ -103,11 +103,12 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
 
     from .. import events
     from ..race import Outcome, _shielded
-    from .connect import Session
+    from .connect import Session, import_ray
 
     t0 = time.monotonic()
     session = Session(cluster)  # a bad address fails here, before anything is made
     log = events.log_for(engine.store.root)
+    await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
     race.base, race.base_implicit = base, implicit
     race.outcomes = [Outcome(i, c, new_id("sb"), check_sandbox=new_id("sb")) for i, c in enumerate(candidates)]
@@ -226,8 +227,11 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
                limits: "Limits", say: Callable[[str], None] | None) -> None:
     """Every live node ends with the base imported: the layers it lacks pulled from the
     object store (each layer put there once), then the snapshot made and its view mounted."""
+    from .export import stack_digests
+
     ray = session.ray
-    digests = [layer.digest for layer in layers]
+    digests = stack_digests([layer.digest for layer in layers])
+    layers = [next(la for la in layers if la.digest == d) for d in digests]
     live = [n for n in nodes if not n.dead]
     missing = _gather(ray, {n.id: n.actor.missing.remote(digests) for n in live})
     receives: dict[str, list[Any]] = {}

@@ -48,8 +48,24 @@ class Layer:
     size: int
 
 
+def stack_digests(digests: list[str]) -> list[str]:
+    """The layer stack a node mounts, lowest first, each digest once, at its TOPMOST place.
+
+    Two layers of one stack can hold the same bytes (a file whose mtime is in the future, or
+    was racily clean, is copied again by every snapshot), and an overlay mount refuses the
+    same directory twice (ELOOP). Dropping the lower copy changes nothing: every name the
+    layer holds (entry, whiteout or opaque directory) is resolved at its upper copy first,
+    and it holds no name the lower copy would add."""
+    out: list[str] = []
+    for d in reversed(digests):
+        if d not in out:
+            out.append(d)
+    return out[::-1]
+
+
 @dataclass
 class ExportStats:
+    stack: int = 0  # layers in the snapshot, duplicates included
     layers: int = 0
     bytes: int = 0
     hashed: int = 0  # layers whose digest was computed now (not cached)
@@ -61,7 +77,7 @@ class ExportStats:
     put_digests: list[str] = field(default_factory=list)
 
     def doc(self) -> dict[str, Any]:
-        return {"layers": self.layers, "bytes": self.bytes, "layers_hashed": self.hashed,
+        return {"stack": self.stack, "layers": self.layers, "bytes": self.bytes, "layers_hashed": self.hashed,
                 "hash_s": round(self.hash_s, 3), "layers_put": self.layers_put, "objects_put": self.objects_put,
                 "bytes_put": self.bytes_put, "put_s": round(self.put_s, 3)}
 
@@ -104,8 +120,9 @@ class BaseExport:
                 self.layers.append(Layer(Path(path), key, got[0], got[1]))
             if fresh:
                 self._save({**cache, **fresh}, keep={k for _, k in sources})
-            self.stats.layers = len(self.layers)
-            self.stats.bytes = sum(layer.size for layer in self.layers)
+            unique = {layer.digest: layer.size for layer in self.layers}
+            self.stats.stack, self.stats.layers = len(self.layers), len(unique)
+            self.stats.bytes = sum(unique.values())
             return self.layers
         except BaseException:
             self.stack.close()

@@ -65,7 +65,8 @@ class LocalCluster:
         self.n = nodes
         self.cpus = cpus_per_node
         self.object_store_bytes = object_store_bytes
-        self.node_backend = node_backend
+        # PETRI_NODE_BACKEND here: `--cluster local:N` with the nodes on fuse (as a rootless node would be)
+        self.node_backend = node_backend or os.environ.get("PETRI_NODE_BACKEND")
         self.parent_dir = parent_dir
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -248,6 +249,21 @@ def processes_naming(text: str) -> set[int]:
     return out
 
 
+def _node_sandbox_ids(d: Path) -> list[str]:
+    """Every sandbox id the node stores below ``d`` know of."""
+    import sqlite3
+
+    ids: list[str] = []
+    for db in d.glob("node-*/ws/*/.petri/registry.db"):
+        with contextlib.suppress(sqlite3.Error):
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                ids += [r[0] for r in con.execute("SELECT id FROM sandboxes")]
+            finally:
+                con.close()
+    return ids
+
+
 def sweep_dir(d: Path) -> None:
     """Kill the processes that name ``d``, unmount everything below it, remove it."""
     for _ in range(3):
@@ -258,6 +274,12 @@ def sweep_dir(d: Path) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
+    # Runs of a node that died were never finished: their cgroups (v1 keeps empty ones) go.
+    from ..cgroups import sweep_cgroups
+    from ..runs import CGROUP_ROOT
+    for sb in _node_sandbox_ids(d):
+        with contextlib.suppress(Exception):
+            sweep_cgroups(f"{CGROUP_ROOT}/{sb}")
     prefix = os.fsencode(os.path.realpath(d)).rstrip(b"/") + b"/"
     from snapshot.fusefs import daemon as D
     for m in sorted(D.mounts(), key=lambda m: len(m.mountpoint), reverse=True):
