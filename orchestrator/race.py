@@ -208,12 +208,16 @@ def _apply_argv_env(engine: "Engine", cand: Candidate) -> tuple[list[str], dict[
     return ["/bin/sh", "-c", cand.text], {}, None
 
 
-def _count(workspace: Path, base: Path, tree: Path, manifest: Any) -> tuple[int, int, int, frozenset[bytes]]:
-    """Files and lines the candidate changed, by the rules ``petri diff`` uses."""
+def _count(workspace: Path, base: Path, tree: Path, manifest: Any,
+           within: Sequence[bytes] | None = None) -> tuple[int, int, int, frozenset[bytes]]:
+    """Files and lines the candidate changed, by the rules ``petri diff`` uses; ``within``:
+    only these paths can differ (the backend's own record), [] none, None unknown."""
     from merge.changes import tree_changes
     from merge.patch import patch_stats
 
-    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace)
+    if within is not None and not within:
+        return 0, 0, 0, frozenset()
+    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace, paths=within or ())
     stats = patch_stats(changes, base, tree)
     paths = set()
     for c in changes:

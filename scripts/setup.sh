@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubblewrap git
       util-linux attr patch python3-venv python3-dev gcc libseccomp2
-      fuse-overlayfs)  # fuse-overlayfs: only bench/bench_fuse.py compares against it
+      fuse-overlayfs  # fuse-overlayfs: only bench/bench_fuse.py compares against it
+      iproute2)  # ss: the cluster tests check that a local Ray cluster listens on loopback only
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -255,58 +256,110 @@ def candidates() -> tuple[list, dict[int, int]]:
 # ---------------------------------------------------------------------------- cluster plumbing
 
 
-def wide_listeners() -> set[str]:
-    """TCP listeners and bound UDP sockets beyond loopback, as ``ss`` reports them."""
-    out = subprocess.run(["ss", "-Hltnup"], capture_output=True, text=True, check=True).stdout
-    wide = set()
-    for line in out.splitlines():
-        f = line.split()
-        local = f[4]
-        host = local.rsplit(":", 1)[0].strip("[]")
-        if not (host.startswith("127.") or host == "::1" or host.startswith("::ffff:127.")):
-            wide.add(" ".join(f[:1] + f[4:5] + f[6:7]))
-    return wide
+_SS_PID = re.compile(r"pid=(\d+),")
 
 
-def loopback_listeners_of(pids: set[int]) -> list[str]:
-    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
-    return [ln for ln in out.splitlines() if any(f"pid={p}," in ln for p in pids)]
+def _names_cluster(pid: int, extra: set[int]) -> bool:
+    """A process of a local cluster (its directory, /var/tmp/petri-lc-*, in its command line
+    or environment), or one of ``extra``."""
+    if pid in extra:
+        return True
+    for part in ("cmdline", "environ"):
+        with contextlib.suppress(OSError):
+            if b"/var/tmp/petri-lc-" in Path(f"/proc/{pid}/{part}").read_bytes():
+                return True
+    return False
+
+
+class ListenerWatch:
+    """``ss -ltnup`` sampled while a cluster lives: every socket a process of a local
+    cluster (or of ``extra``) listens on. ``wide`` must stay empty; ``loopback`` proves the
+    samples saw the cluster at all."""
+
+    def __init__(self, extra: set[int] | None = None, every_s: float = 0.25) -> None:
+        self.extra = extra if extra is not None else set()
+        self.every_s = every_s
+        self.wide: set[str] = set()
+        self.loopback: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        out = subprocess.run(["ss", "-Hltnup"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            f = line.split()
+            pids = {int(p) for p in _SS_PID.findall(line)}
+            if not any(_names_cluster(p, self.extra) for p in pids):
+                continue
+            host = f[4].rsplit(":", 1)[0].strip("[]")
+            loop = host.startswith("127.") or host == "::1" or host.startswith("::ffff:127.")
+            (self.loopback if loop else self.wide).add(" ".join(f[:1] + f[4:5] + f[6:]))
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.every_s)
+
+    def __enter__(self) -> "ListenerWatch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 @contextlib.contextmanager
 def local_cluster(nodes: int = 3, **kw) -> Iterator["object"]:
-    """A started LocalCluster; torn down whatever happens, then checked: nothing of it left
-    (no process naming its directory, no mount below it, no directory), and ``ss`` never saw
-    a listener beyond loopback that was not there before it started."""
+    """A started LocalCluster; torn down whatever happens, then checked: ``ss`` saw none of
+    its processes (nor this one) listen beyond loopback while it lived, and nothing of it is
+    left (no process naming its directory, no mount below it, no directory)."""
     from orchestrator.cluster.local import LocalCluster, processes_naming
 
-    before = wide_listeners()
     lc = LocalCluster(nodes, **kw)
     d = None
-    try:
-        lc.start()
-        d = lc.dir
-        assert loopback_listeners_of(lc.pids()), "ss shows no listener of the cluster: the check would be empty"
-        assert wide_listeners() <= before, wide_listeners() - before
-        yield lc
-        assert wide_listeners() <= before, wide_listeners() - before
-    finally:
-        lc.close()
+    with ListenerWatch({os.getpid()}) as watch:
+        try:
+            lc.start()
+            d = lc.dir
+            watch.sample()
+            yield lc
+        finally:
+            lc.close()
+    assert watch.wide == set(), watch.wide
+    assert watch.loopback, "ss saw no listener of the cluster: the check would be empty"
     assert d is not None and not d.exists()
     assert processes_naming(str(d)) == set()
     assert [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(d) in m] == []
 
 
 def _node_processes(store: str) -> list[str]:
-    from orchestrator.cluster.local import processes_naming
-
-    out = []
-    for pid in processes_naming(store):
-        with contextlib.suppress(OSError):
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            if comm in ("bwrap", "sleep", "python3", "sh"):
-                out.append(f"{pid} {comm}")
-    return out
+    """The sandboxes' processes of a node: every bwrap whose command line names its store (the
+    tree it binds), and all their descendants. (Ray's own workers name the store in their
+    environment: they are not sandboxes.)"""
+    parents: dict[int, int] = {}
+    comms: dict[int, str] = {}
+    roots = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+            comms[pid] = comm
+            if comm == "bwrap" and store.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                roots.add(pid)
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return sorted(f"{pid} {comms.get(pid, '?')}" for pid in found)
 
 
 def _node_live_sandboxes(store: str) -> list[str]:
@@ -494,19 +547,19 @@ def test_cli_local_cluster_with_fuse_nodes_and_promote(demo_ws):
     from orchestrator.cluster.local import processes_naming
 
     w = demo_ws.root
-    before = wide_listeners()
     env = {"PETRI_NODE_BACKEND": "fuse"}
-    r = petri("race", "--json", "--promote", "--cluster", "local:2", "--check",
-              "/usr/bin/python3 -m unittest -q tests.test_stats", "--patch", str(FIXES / "wrong.patch"),
-              "--patch", str(FIXES / "right.patch"), cwd=w, env=env, timeout=300)
+    with ListenerWatch() as watch:
+        r = petri("race", "--json", "--promote", "--cluster", "local:2", "--check",
+                  "/usr/bin/python3 -m unittest -q tests.test_stats", "--patch", str(FIXES / "wrong.patch"),
+                  "--patch", str(FIXES / "right.patch"), cwd=w, env=env, timeout=300)
     assert r.rc == 0, r
+    assert watch.wide == set() and watch.loopback, (watch.wide, watch.loopback)
     doc = r.json
     assert doc["winner_candidate"] == str(FIXES / "right.patch") and doc["promotion"]["applied"] == ["stats/__init__.py"]
     assert {n["backend"] for n in doc["cluster"]["nodes"]} == {"fuse"}
     assert "(s[n // 2 - 1] + s[n // 2]) / 2" in (w / "stats" / "__init__.py").read_text()
     store = doc["cluster"]["nodes"][0]["store"]
     assert not Path(store).exists() and processes_naming(str(Path(store).parent)) == set()
-    assert wide_listeners() <= before
     assert json.loads(json.dumps(doc))["cluster"]["local"] is True
 
 
@@ -541,8 +594,28 @@ def test_ray_imported_before_petri_still_keeps_a_local_cluster_on_loopback(demo_
             f"doc = ws.race('/usr/bin/python3 -m unittest -q tests.test_stats', "
             f"[petri.Patch({str(FIXES / 'right.patch')!r})], cluster='local:2').to_json()\n"
             f"print(json.dumps(doc['winner_candidate']))\n")
-    before = wide_listeners()
-    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    assert json.loads(cp.stdout.strip().splitlines()[-1]) == str(FIXES / "right.patch")
-    assert wide_listeners() <= before
+    with ListenerWatch() as watch:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        watch.extra.add(proc.pid)  # the driver itself: Ray was imported there before petri
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1]) == str(FIXES / "right.patch")
+    assert watch.wide == set() and watch.loopback, (watch.wide, watch.loopback)
+
+
+def test_the_listener_watch_sees_a_wide_listener():
+    """The checker the cluster tests rely on: a socket of this process on 0.0.0.0 is caught
+    (and one on 127.0.0.1 is not). Nothing connects to either."""
+    import socket
+
+    with socket.socket() as wide, socket.socket() as loop:
+        wide.bind(("0.0.0.0", 0))
+        wide.listen()
+        loop.bind(("127.0.0.1", 0))
+        loop.listen()
+        ports = wide.getsockname()[1], loop.getsockname()[1]
+        watch = ListenerWatch({os.getpid()})
+        watch.sample()
+    assert any(f":{ports[0]} " in w for w in watch.wide), watch.wide
+    assert any(f":{ports[1]} " in w for w in watch.loopback) and not any(f":{ports[1]} " in w for w in watch.wide)

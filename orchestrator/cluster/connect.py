@@ -10,6 +10,16 @@ costs about half a second and ``import petri`` must not pay it).
 A session connects with ``ray.init`` unless this process is connected already (a caller that
 runs several races on one cluster), and disconnects at the end only what it connected; a
 ``local:N`` cluster it started, it also tears down.
+
+Caveats:
+- While a session holds Ray it changes two things of Ray's in this process, and puts them
+  back at the end: for a local cluster, Ray's "cluster enabled" switch is off (else Ray,
+  imported before with it on, turns 127.0.0.1 into this machine's outward address); and
+  the messages Ray's driver prints on stdout (a raylet's death and its last log lines) go
+  to the ``petri.cluster`` debug log, since ``--json`` owns stdout. Both are Ray internals
+  of the pinned version.
+- ``ray://`` (Ray Client) and ``auto`` are passed to Ray as they are; only ``HOST:PORT`` and
+  ``local:N`` are exercised by the tests here.
 """
 from __future__ import annotations
 

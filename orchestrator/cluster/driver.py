@@ -443,9 +443,15 @@ async def _rebuild(engine: "Engine", race: "_Race", o: "Outcome", patch: tuple[b
                             why=_tail(doc["stderr_path"]) or f"git apply exit {doc['exit_code']}")
     if not verify:
         return {"patch_bytes": len(data)}
-    tree = engine.sandbox_tree(engine.registry.sandbox(row.id))  # type: ignore[arg-type]
+    from ..changesets import narrow, sandbox_candidates
+
+    row = engine.registry.sandbox(row.id)
+    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
     with engine.backend.snapshot_view(engine.store, race.base) as base_view:
-        files, added, removed, _ = await trio.to_thread.run_sync(_count, engine.root, Path(base_view), tree, None)
+        # Only where the backend says the rebuilt sandbox changed: not a walk of the whole tree.
+        within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])  # type: ignore[arg-type]
+        files, added, removed, _ = await trio.to_thread.run_sync(_count, engine.root, Path(base_view), tree, None,
+                                                                 within)
     same = (files, added, removed) == (o.files_changed, o.lines_added, o.lines_removed)
     if not same:
         raise ReplicaFailed(candidate=o.candidate.text, node=node.short, why=(
