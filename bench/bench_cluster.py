@@ -10,12 +10,13 @@ costs to ship a base to each node.
 2. **Base transfer**: the ~60k-file tree (``bench/common.py``'s py60k, about 1 GiB) as a
    workspace (overlay), raced with three ``--cmd true`` candidates on a fresh local cluster:
    per node the seconds to pull the base's layers from the object store and extract them
-   into its store, the bytes; the driver's digest and ``ray.put`` time; the race's wall time
-   cold and again with every node's cache warm.
+   into its store (on a 1-node cluster alone, then on every node of a fresh N-node cluster
+   at once), the bytes; the driver's digest and ``ray.put`` time; the race's wall time here,
+   cold on the cluster and again with every node's cache warm.
 
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as
 root from the repository root: ``.venv/bin/python -m bench.bench_cluster`` (``--runs N``,
-``--candidates 12,48``, ``--nodes 3``, ``--no-transfer``).
+``--candidates 12,48``, ``--nodes 3``, ``--no-transfer``, ``--no-races``).
 
 Caveats: the local cluster's nodes and the local race share this machine's two cores and
 one disk, so the cluster cannot be faster here; what the numbers show is the overhead the
@@ -144,9 +145,15 @@ def transfer(report: Report, scratch: Path, nodes: int, cpus: int) -> None:
     cands = [petri.Cmd("true"), petri.Cmd("true"), petri.Cmd("true")]
     try:
         base = ws.snapshot("bench base")
+        here, _ = timed_race(ws, cands, check="true", source=base)  # the same race, here: the engine's own cost
+        log(f"here: {here:.1f}s")
+        with LocalCluster(1, cpus_per_node=cpus) as lc:  # one node alone: no other node competes
+            alone, doc1 = timed_race(ws, cands, check="true", source=base, cluster=lc)
+        log(f"one node: {alone:.1f}s")
         with LocalCluster(nodes, cpus_per_node=cpus) as lc:
             cold, doc = timed_race(ws, cands, check="true", source=base, cluster=lc)
             warm, doc2 = timed_race(ws, cands, check="true", source=base, cluster=lc)
+        log(f"{nodes} nodes: cold {cold:.1f}s, warm {warm:.1f}s")
     finally:
         ws.deinit(force=True)
     b = doc["cluster"]["base"]
@@ -157,14 +164,19 @@ def transfer(report: Report, scratch: Path, nodes: int, cpus: int) -> None:
                    "the head node's spilling directory on the same disk).")
     report.table(["driver", ""], [
         ["layers (stack)", f"{b['layers']} ({b['stack']})"], ["archive bytes", f"{b['bytes']:,}"],
-        ["digests computed (first race of this base)", f"{b['layers_hashed']} in {b['hash_s']:.2f} s"],
+        ["digests computed (first race of this base)",
+         f"{doc1['cluster']['base']['layers_hashed']} in {doc1['cluster']['base']['hash_s']:.2f} s"],
         ["put in the object store", f"{b['objects_put']} objects, {b['bytes_put']:,} bytes in {b['put_s']:.2f} s"],
+        ["the same race here (no cluster)", fmt_s(here)],
         ["race wall time, cold (ships the base)", fmt_s(cold)],
         ["race wall time, warm (every node has it)", fmt_s(warm)],
     ])
-    report.table(["node", "layers fetched", "bytes", "pull + extract", "import + view + hash"],
-                 [[n["node"][:8], n["layers_fetched"], f"{n['bytes_fetched']:,}", fmt_s(n["transfer_s"]),
-                   fmt_s(n["import_s"])] for n in doc["cluster"]["nodes"]])
+    rows = [[f"{n['node'][:8]} (alone: a 1-node cluster)", n["layers_fetched"], f"{n['bytes_fetched']:,}",
+             fmt_s(n["transfer_s"]), fmt_s(n["import_s"])] for n in doc1["cluster"]["nodes"]]
+    rows += [[f"{n['node'][:8]} (one of {nodes} at once)", n["layers_fetched"], f"{n['bytes_fetched']:,}",
+              fmt_s(n["transfer_s"]), fmt_s(n["import_s"])] for n in doc["cluster"]["nodes"]]
+    report.table(["node", "layers fetched", "bytes", "pull + extract", "import + view + hash"], rows)
+    report.text(f"Race wall time on the 1-node cluster (cold): {fmt_s(alone)}.")
     warm_fetched = [n["layers_fetched"] for n in doc2["cluster"]["nodes"]]
     report.text(f"Second race on the same base: layers fetched per node {warm_fetched}.")
 
@@ -176,12 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--cpus", type=int, default=2, help="slots per node")
     p.add_argument("--no-transfer", action="store_true")
+    p.add_argument("--no-races", action="store_true")
     a = p.parse_args(argv)
     sigterm_as_interrupt()
     report = Report("Issue 14: races on a Ray cluster", sys.argv)
     scratch = Path(tempfile.mkdtemp(prefix="petri-bench-cluster-", dir="/var/tmp"))
     try:
-        races(report, scratch, [int(x) for x in a.candidates.split(",")], a.runs, a.nodes, a.cpus)
+        if not a.no_races:
+            races(report, scratch, [int(x) for x in a.candidates.split(",")], a.runs, a.nodes, a.cpus)
         if not a.no_transfer:
             transfer(report, scratch, a.nodes, a.cpus)
     finally:

@@ -118,6 +118,9 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
     node_logs: dict[int, Any] = {}
     from .export import BaseExport
     export = BaseExport(engine, base)
+    log.emit("race.started", race=race.id, base=base, check=check, cluster=session.address or str(cluster),
+             candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox}
+                         for o in race.outcomes])
     try:
         await trio.to_thread.run_sync(session.open, say)
         nodes = await trio.to_thread.run_sync(_start_agents, session, race.id, engine, limits)
@@ -127,10 +130,6 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
         live = [n for n in nodes if not n.dead]
         if not live:
             raise NoUsableNode(address=session.address, why="; ".join(n.dead or "" for n in nodes))
-        log.emit("race.started", race=race.id, base=base, check=check, cluster=session.address,
-                 nodes=[n.id for n in live],
-                 candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox}
-                             for o in race.outcomes])
         if say:
             shipped = sum(len(n.fetched) for n in nodes)
             say(f"race {race.id}: base {base} ({len(layers)} layer(s), {export.stats.bytes} bytes) on "
@@ -353,9 +352,12 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
     """The node's outcome into ours (same index, candidate and ids), tails saved here;
     where the node kept the full logs."""
     theirs = got["outcome"]
-    for name in ("applied", "apply_exit_code", "apply_error", "exit_code", "duration_s", "killed_by",
-                 "files_changed", "lines_added", "lines_removed", "paths", "runs", "check_run", "error"):
-        setattr(o, name, getattr(theirs, name))
+    import dataclasses
+
+    # Every measured field (whatever the race module's Outcome grows), none of the identity.
+    for f in dataclasses.fields(theirs):
+        if f.name not in ("index", "candidate", "sandbox", "check_sandbox", "stdout_path", "stderr_path", "rank"):
+            setattr(o, f.name, getattr(theirs, f.name))
     for stream, key in (("out", "stdout"), ("err", "stderr")):
         path = logs / f"{o.index}.{stream}"
         path.write_bytes(got[f"{key}_tail"])
