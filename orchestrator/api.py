@@ -314,11 +314,14 @@ class Workspace:
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
-             on_start: Callable[[str], None] | None = None) -> Race:
+             on_start: Callable[[str], None] | None = None, cluster: Any = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (SPEC). ``winner`` is None when no check passed (a result, not an error).
         ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
-        its events (``race.started``, ``race.candidate_finished``) carry that id."""
+        its events (``race.started``, ``race.candidate_finished``) carry that id.
+        ``cluster``: run the candidates on a Ray cluster (its address, ``"local:N"`` for a
+        throwaway one here, or a started ``orchestrator.cluster.LocalCluster``); the
+        winner's sandbox is rebuilt here, so ``promote`` works as after a local race."""
         from .errors import EmptyCommand, NoCandidates, UsageError
         from .race import load_candidates, race_sync
 
@@ -330,7 +333,8 @@ class Workspace:
             raise UsageError(detail=f"bad jobs {jobs}: at least 1")
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
-                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start)
+                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
+                        cluster=cluster)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------

@@ -243,6 +243,7 @@ def race(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the losers' sandboxes too.")] = False,
     promote: Annotated[bool, typer.Option("--promote", help="Promote the winner into the workspace.")] = False,
     seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", metavar="ADDRESS", help="Run the candidates on a Ray cluster: its address (HOST:PORT, ray://HOST:PORT, auto), or local:N for a throwaway cluster of N nodes here (needs petridish[cluster]).")] = None,
 ) -> None:
     """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner.
 
@@ -277,7 +278,7 @@ def race(
     progress = None if G.json else (lambda text: o.note(text))
     try:
         doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                        say=progress, seccomp=seccomp)
+                        say=progress, seccomp=seccomp, cluster=cluster)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         if G.json:

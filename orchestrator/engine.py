@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -30,6 +31,7 @@ from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, fin
                         store_lock)
 
 Say = Callable[[str], None]
+_SANDBOX_ID = re.compile(r"sb-[0-9a-f]{8}")
 
 
 def path_text(p: bytes) -> str:
@@ -212,7 +214,14 @@ class Engine:
         return row
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
-             limits: Limits = Limits(), keep_expired: bool = False) -> list[SandboxRow]:
+             limits: Limits = Limits(), keep_expired: bool = False,
+             ids: "list[str] | None" = None) -> list[SandboxRow]:
+        """``ids``: the new sandboxes' ids, made by the caller (a cluster race names a
+        candidate's sandbox before any machine makes it, and keeps the name when the
+        winner is rebuilt here); by default fresh ones."""
+        if ids is not None and (len(ids) != n or len(set(ids)) != n or
+                                not all(isinstance(i, str) and _SANDBOX_ID.fullmatch(i) for i in ids)):
+            raise UsageError(detail=f"fork: ids must be {n} distinct sandbox ids (sb-<8 hex>), not {ids!r}")
         started = now()
         if n < 1:
             raise UsageError(detail=f"-n must be at least 1, not {n}")
@@ -238,7 +247,7 @@ class Engine:
         expires = created + limits.ttl_s if limits.ttl_s else None
         rows = []
         for i in range(n):
-            sb_id = new_id("sb")
+            sb_id = ids[i] if ids is not None else new_id("sb")
             rows.append(SandboxRow(id=sb_id, label=labels[i], backend=self.backend_name, state="creating",
                                    base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
                                    expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,

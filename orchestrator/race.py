@@ -213,12 +213,16 @@ def _apply_argv_env(engine: "Engine", cand: Candidate) -> tuple[list[str], dict[
     return ["/bin/sh", "-c", cand.text], {}, None
 
 
-def _count(workspace: Path, base: Path, tree: Path, manifest: Any) -> tuple[int, int, int, frozenset[bytes]]:
-    """Files and lines the candidate changed, by the rules ``petri diff`` uses."""
+def _count(workspace: Path, base: Path, tree: Path, manifest: Any,
+           within: Sequence[bytes] | None = None) -> tuple[int, int, int, frozenset[bytes]]:
+    """Files and lines the candidate changed, by the rules ``petri diff`` uses; ``within``:
+    only these paths can differ (the backend's own record), [] none, None unknown."""
     from merge.changes import tree_changes
     from merge.patch import patch_stats
 
-    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace)
+    if within is not None and not within:
+        return 0, 0, 0, frozenset()
+    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace, paths=within or ())
     stats = patch_stats(changes, base, tree)
     paths = set()
     for c in changes:
@@ -303,8 +307,11 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
-                   seccomp: str | None = None) -> dict[str, Any]:
+                   seccomp: str | None = None, cluster: Any = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
+    ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
+    run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
+    the winner's sandbox are here all the same.
     ``on_start(race_id)`` is told the race's id before anything is forked (front ends follow
     a running race by it: its events carry ``race``).
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
@@ -322,6 +329,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     from .runs import seccomp_profile
 
     seccomp = seccomp_profile(engine, seccomp)  # a bad one fails before anything is forked
+    if cluster is not None:
+        from .cluster.connect import parse_address
+        parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
     limits = load_config(engine.root).apply_defaults(limits or Limits())
     engine.check_limits(limits)
     race = _Race(new_id("r"), check)
@@ -341,8 +351,14 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                             guard.cancel_scope.cancel()
                             return
                     guard.start_soon(on_sigint)
-                doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
-                                  timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
+                if cluster is not None:
+                    from .cluster.driver import cluster_race
+                    doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
+                                             limits=limits, timeout_s=timeout_s, keep=keep, say=say,
+                                             seccomp=seccomp, cluster=cluster)
+                else:
+                    doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
+                                      timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
                 guard.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             leaf = _single(group)
@@ -382,7 +398,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     from merge.changes import scan_tree
 
     from . import events
-    from .runs import after_fork, run_in_sandbox
+    from .runs import after_fork
 
     t0 = time.monotonic()
     n = len(candidates)
@@ -417,46 +433,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
 
             async def one(o: Outcome) -> None:
                 async with limiter:
-                    argv, env, stdin = _apply_argv_env(engine, o.candidate)
-                    doc = await run_in_sandbox(engine, o.sandbox, argv, env=env, stdin_data=stdin, echo=False,
-                                               timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
-                    o.runs.append(doc["run"])
-                    o.apply_exit_code = doc["exit_code"]
-                    if doc["exit_code"] != 0:
-                        o.killed_by = doc["killed_by"]
-                        o.apply_error = _tail(doc["stderr_path"]) or f"exit {doc['exit_code']}"
-                        o.error = failure_reason(doc, o.candidate.text if o.candidate.kind == "cmd" else "git apply")
-                        o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
-                        if say:
-                            say(f"  {o.candidate.text}: did not apply ({o.error})")
-                        log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
-                                 candidate=o.candidate.text, applied=False, exit_code=None, duration_s=None,
-                                 killed_by=o.killed_by, error=o.error)
-                        return
-                    o.applied = True
-                    row = engine.registry.sandbox(o.sandbox)
-                    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
-                    check_tree = engine.sandbox_tree(engine.registry.sandbox(o.check_sandbox))  # type: ignore[arg-type]
-                    o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
-                        _count, engine.root, base_view, tree, manifest)
-                    await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)
-                    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], echo=False,
-                                               timeout_s=timeout_s, seccomp=seccomp)
-                    o.check_run = doc["run"]
-                    o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
-                    from .evolve import read_metrics
-                    o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
-                    o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
-                    if o.exit_code != 0:
-                        o.error = failure_reason(doc, check)
-                    if say:
-                        verdict = "passed" if o.exit_code == 0 else f"failed ({o.error})"
-                        say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s")
-                    log.emit("race.candidate_finished", race=race.id, sandbox=o.sandbox,
-                             candidate=o.candidate.text, applied=True, exit_code=o.exit_code,
-                             duration_s=o.duration_s, killed_by=o.killed_by, error=o.error,
-                             files_changed=o.files_changed, lines_added=o.lines_added,
-                             lines_removed=o.lines_removed)
+                    await run_candidate(engine, o, check, base_view=base_view, manifest=manifest,
+                                        ignore_root=engine.root, timeout_s=timeout_s, seccomp=seccomp)
+                report_candidate(log, race.id, o, say)
 
             async with trio.open_nursery() as nursery:
                 for o in outcomes:
@@ -509,6 +488,67 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     kpi.record(engine.registry, "race", doc["duration_s"], subject=race.id,
                detail={"winner": winner is not None, "candidates": n})
     return doc
+
+
+def report_candidate(log: Any, race_id: str, o: Outcome, say: Callable[[str], None] | None,
+                     node: str | None = None) -> None:
+    """Say how one candidate ended, and write its ``race.candidate_finished`` event (with
+    the cluster node it ran on, for a cluster race)."""
+    at = f" [node {node[:8]}]" if node else ""
+    if say:
+        if not o.applied:
+            say(f"  {o.candidate.text}: did not apply ({o.error}){at}")
+        else:
+            verdict = "passed" if o.exit_code == 0 else f"failed ({o.error})"
+            say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s{at}")
+    counts = dict(files_changed=o.files_changed, lines_added=o.lines_added,
+                  lines_removed=o.lines_removed) if o.applied else {}
+    log.emit("race.candidate_finished", race=race_id, sandbox=o.sandbox, candidate=o.candidate.text,
+             applied=o.applied, exit_code=o.exit_code if o.applied else None,
+             duration_s=o.duration_s if o.applied else None, killed_by=o.killed_by, error=o.error,
+             **counts, **({"node": node} if node else {}))
+
+
+async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: Path, manifest: Any,
+                        ignore_root: Path, timeout_s: float | None, seccomp: str,
+                        env: dict[str, str] | None = None) -> None:
+    """One candidate, start to end, filling in ``o``: apply it in its sandbox (a recorded
+    run), count what it changed against ``base_view`` (by ``ignore_root``'s ignore rules,
+    as ``petri diff`` does), replay the applied state into its check fork, run the check
+    there. Both sandboxes exist already. The local race and a cluster node
+    (``orchestrator.cluster.node``) both run candidates through here, so a candidate is
+    judged the same wherever it runs. ``env``: extra variables for both steps."""
+    import trio
+
+    from .runs import run_in_sandbox
+
+    argv, apply_env, stdin = _apply_argv_env(engine, o.candidate)
+    doc = await run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env}, stdin_data=stdin,
+                               echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
+    o.runs.append(doc["run"])
+    o.apply_exit_code = doc["exit_code"]
+    if doc["exit_code"] != 0:
+        o.killed_by = doc["killed_by"]
+        o.apply_error = _tail(doc["stderr_path"]) or f"exit {doc['exit_code']}"
+        o.error = failure_reason(doc, o.candidate.text if o.candidate.kind == "cmd" else "git apply")
+        o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
+        return
+    o.applied = True
+    row = engine.registry.sandbox(o.sandbox)
+    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
+    check_tree = engine.sandbox_tree(engine.registry.sandbox(o.check_sandbox))  # type: ignore[arg-type]
+    o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
+        _count, ignore_root, base_view, tree, manifest)
+    await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)
+    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
+                               timeout_s=timeout_s, seccomp=seccomp)
+    o.check_run = doc["run"]
+    o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
+    from .evolve import read_metrics
+    o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
+    o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
+    if o.exit_code != 0:
+        o.error = failure_reason(doc, check)
 
 
 def _destroy_all(engine: "Engine", race: _Race, ids: Sequence[str]) -> list[str]:

@@ -171,7 +171,8 @@ class Workspace:
     async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
                    **kw: Any) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
-        ``on_start=fn`` gets the race's id before anything is forked (as in ``petri.Workspace.race``)."""
+        ``on_start=fn`` gets the race's id before anything is forked, and ``cluster=`` runs the
+        candidates on a Ray cluster (as in ``petri.Workspace.race``)."""
         from orchestrator import audit
         from orchestrator.errors import EmptyCommand, NoCandidates
         from orchestrator.race import load_candidates, promote_winner, run_race

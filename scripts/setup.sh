@@ -7,6 +7,7 @@ pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubble
       util-linux attr patch python3-venv python3-dev gcc libseccomp2
       fuse-overlayfs   # fuse-overlayfs: only bench/bench_fuse.py compares against it
       openssh-client   # ssh-agent/ssh-add: tests/test_sandbox_holes.py's real agent
+      iproute2         # ss: the cluster tests check that a local Ray cluster listens on loopback only
       tmux)            # tmux: the TUI's real-terminal test
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -26,7 +27,7 @@ fi
 stamp=.venv/.petri-installed
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
   log=$(mktemp)
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[test]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[test,cluster]'; } >"$log" 2>&1; then
     cat "$log" >&2; rm -f "$log"; echo "setup: pip install failed" >&2; exit 1
   fi
   rm -f "$log"

@@ -308,3 +308,9 @@ class Backend(Protocol):
         """Paths the sandbox's commands read, relative to its root, or None where the backend
         does not record reads."""
         return None
+
+    def import_snapshot(self, store: Store, snap_id: str, layer_names: list[str]) -> None:
+        """Make ``snap_id`` out of layers already installed under ``store.layers`` (lowest
+        first), e.g. received from another machine; only layered backends can."""
+        from .errors import SnapshotError
+        raise SnapshotError(detail=f"the {self.name} backend cannot import a snapshot made of layers")

@@ -63,6 +63,25 @@ def convert(workspace: Path, progress: Progress | None = None, say: Say | None =
     return cls.name if cls.convert(workspace, progress, say) else None
 
 
+LAYERED = ("overlay", "fuse")  # the backends whose snapshots are stacks of layers (snapshot.layers)
+
+
+def choose_layered(workspace: Path, requested: str = "auto") -> tuple[str, str]:
+    """(backend name, reason) among the layered backends, for a store that receives layers
+    from elsewhere (a cluster node): overlay as root, else fuse; or BackendUnavailable."""
+    if requested != "auto":
+        if requested not in LAYERED:
+            raise BackendUnavailable(backend=requested, why=f"not a layered backend; choose one of {', '.join(LAYERED)}")
+        return choose(workspace, requested)
+    notes = []
+    for name in LAYERED if os.geteuid() == 0 else ("fuse",):
+        ok, why = probe(name, workspace)
+        if ok:
+            return name, why
+        notes.append(f"{name}: {why}")
+    raise BackendUnavailable(backend="overlay or fuse", why="; ".join(notes))
+
+
 def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
     """(backend name, reason) for this workspace, or BackendUnavailable (exit 4) naming what
     would work."""

@@ -510,6 +510,20 @@ class OverlayBackend(Backend):
         for rel, dst in copies:  # the copy is no lowerdir any more: now it may change
             L.replace_with_opaque_copy(bytes(built), rel, dst, trusted=trusted)
 
+    def import_snapshot(self, store: Store, snap_id: str, layer_names: list[str]) -> None:
+        """A snapshot whose layers came from elsewhere (``orchestrator.cluster``): its stat
+        cache is empty, as there is no live tree behind it here (a snapshot of this store's
+        live tree taken after it would copy everything, which is right)."""
+        snap_dir = store.snapshot_dir(snap_id)
+        if (snap_dir / "layers.json").exists():
+            raise SnapshotError(detail=f"snapshot {snap_id} already exists")
+        for n in layer_names:
+            if not L._is_layer_name(n) or not (store.layers / n).is_dir():
+                raise SnapshotError(detail=f"layer {n!r} is not installed in {store.layers}")
+        snap_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(snap_dir / "statcache", L.dump_stat_cache({}))
+        L.write_layer_list(snap_dir / "layers.json", layer_names)  # the commit point
+
     def _compact(self, store: Store, names: list[str], installed: list[str], staging: list[Path]) -> str:
         built = store.tmp_path("compact")
         staging.append(built)
