@@ -143,7 +143,7 @@ def test_race_with_patch_text_and_commands(ws):
     by = {c.candidate: c for c in race.candidates}
     assert race.winner == by["fix"].sandbox and by["fix"].rank == 1
     assert by["fix"].applied and by["fix"].exit_code == 0
-    assert by["echo broken > pkg/calc.py"].exit_code != 0 and by["true"].exit_code == 1
+    assert by["echo broken > pkg/calc.py"].exit_code != 0 and by["true"].exit_code == 1, race.to_json()
     assert race.to_json()["winner"] == race.winner
     kept = {s.id for s in ws.sandboxes()}
     assert kept == {race.winner}
