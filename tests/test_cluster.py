@@ -340,6 +340,7 @@ def _node_processes(store: str) -> list[str]:
     parents: dict[int, int] = {}
     comms: dict[int, str] = {}
     roots = set()
+    ids = _node_sandboxes(store, live_only=False)
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -349,7 +350,7 @@ def _node_processes(store: str) -> list[str]:
             comm = stat[stat.index("(") + 1:stat.rindex(")")]
             parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
             comms[pid] = comm
-            if comm == "bwrap" and store.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if comm == "bwrap" and _names_node(Path(f"/proc/{pid}/cmdline").read_bytes(), store, ids):
                 roots.add(pid)
     found = set(roots)
     grew = True
@@ -362,16 +363,29 @@ def _node_processes(store: str) -> list[str]:
     return sorted(f"{pid} {comms.get(pid, '?')}" for pid in found)
 
 
-def _node_live_sandboxes(store: str) -> list[str]:
+def _names_node(cmdline: bytes, store: str, ids: list[str]) -> bool:
+    """A bwrap binds the node's tree either from its store or, when the command runs as
+    another host user than the store's (a root node: the sandbox account), through a per-run
+    view ``/run/petri/<uid>/<store key>.<sandbox id>.<pid>.<random>`` (orchestrator.run_view)."""
+    return store.encode() in cmdline or any(f".{i}.".encode() in cmdline for i in ids)
+
+
+def _node_sandboxes(store: str, *, live_only: bool = True) -> list[str]:
     out = []
+    where = " WHERE state NOT IN ('destroyed', 'failed', 'expired')" if live_only else ""
     for db in Path(store).glob("ws/*/.petri/registry.db"):
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            out += [r[0] for r in con.execute(
-                "SELECT id FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'expired')")]
+            out += [r[0] for r in con.execute("SELECT id FROM sandboxes" + where)]
+        except sqlite3.OperationalError:
+            pass  # the node is creating its registry right now
         finally:
             con.close()
     return out
+
+
+def _node_live_sandboxes(store: str) -> list[str]:
+    return _node_sandboxes(store)
 
 
 @pytest.fixture
