@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups, isolation
-from orchestrator.cgexec import DropTo, Rlimits, wrapper_argv
-from orchestrator.isolation import Mask, bwrap_argv, build_plan
-from orchestrator.runner import RunLimits, RunSpec, run_isolated
+from orchestrator.sandbox import cgroups, isolation
+from orchestrator.sandbox.cgexec import DropTo, Rlimits, wrapper_argv
+from orchestrator.sandbox.isolation import Mask, bwrap_argv, build_plan
+from orchestrator.sandbox.runner import RunLimits, RunSpec, run_isolated
 
 PREFIX = f"petri-test-iso-{os.getpid()}"
 HAVE_BWRAP = shutil.which("bwrap") is not None
@@ -403,7 +403,7 @@ def test_masks_cache_sees_a_new_credential_folder(tmp_path):
     """The per-process masks cache must not hide a credential folder created after it filled."""
     import time as _time
 
-    from orchestrator.isolation import RACY_S, discover_masks, discover_masks_cached
+    from orchestrator.sandbox.isolation import RACY_S, discover_masks, discover_masks_cached
     secret = tmp_path / "creds"
     extra = [bytes(secret)]
     _time.sleep(RACY_S + 0.1)  # let the fresh tmp dir age past the racy window
@@ -417,6 +417,6 @@ def test_masks_cache_sees_a_new_credential_folder(tmp_path):
 
 
 def test_wrapper_resets_signals_unless_told_not_to():
-    from orchestrator.cgexec import wrapper_argv
+    from orchestrator.sandbox.cgexec import wrapper_argv
     assert b"--default-signal" in wrapper_argv(["true"])
     assert b"--default-signal" not in wrapper_argv(["true"], reset_signals=False)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups
-from orchestrator.cgexec import wrapper_argv
-from orchestrator.cgroups import CgroupV2, RunLimits, Support
+from orchestrator.sandbox import cgroups
+from orchestrator.sandbox.cgexec import wrapper_argv
+from orchestrator.sandbox.cgroups import CgroupV2, RunLimits, Support
 from orchestrator.errors import SandboxSetupFailed
-from orchestrator.runner import RunSpec, run_isolated
+from orchestrator.sandbox.runner import RunSpec, run_isolated
 
 PREFIX = f"petri-test-lim-{os.getpid()}"
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, masked inside
@@ -212,7 +212,7 @@ def test_cgexec_module_joins_the_cgroup_before_exec():
     cg = cgroups.open_cgroup(f"{PREFIX}/cli/run-1", RunLimits(pids=10))
     try:
         args = [a for f in cg.procs_files() for a in ("--procs", str(f))]
-        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
+        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.sandbox.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=30)
         assert cp.returncode == 0, cp.stderr
         lines = dict(l.split(":", 2)[1:] for l in cp.stdout.splitlines())

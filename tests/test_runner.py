@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups
-from orchestrator.cgroups import RunLimits
-from orchestrator.runner import RunEvent, RunSpec, run_isolated
+from orchestrator.sandbox import cgroups
+from orchestrator.sandbox.cgroups import RunLimits
+from orchestrator.sandbox.runner import RunEvent, RunSpec, run_isolated
 
 PREFIX = f"petri-test-run-{os.getpid()}"
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, masked inside
@@ -94,7 +94,7 @@ def test_echo_streams_to_our_stdout(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-c", "echo to-out; echo to-err >&2"], echo=True)
     code = """
 import functools, pickle, sys, trio
-from orchestrator.runner import run_isolated
+from orchestrator.sandbox.runner import run_isolated
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 sys.exit(trio.run(functools.partial(run_isolated, spec)).exit_code)
 """
@@ -170,7 +170,7 @@ def test_ctrl_c_reaches_the_command_and_petri_cleans_up(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=None)
     code = """
 import functools, pickle, sys, trio
-from orchestrator.runner import run_isolated
+from orchestrator.sandbox.runner import run_isolated
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 r = trio.run(functools.partial(run_isolated, spec, forward_signals=True))
 print('RESULT', r.exit_code, r.killed_by)
@@ -201,7 +201,7 @@ def test_interactive_shell_gets_its_own_terminal(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-i"], timeout_s=30.0)
     code = """
 import pickle, sys
-from orchestrator.pty_shell import run_shell
+from orchestrator.sandbox.pty_shell import run_shell
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 sys.exit(run_shell(spec))
 """

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
-from orchestrator.cgexec import Rlimits
+from orchestrator.sandbox.cgexec import Rlimits
 from snapshot.osutil import mounts
 
 Mode = Literal["v2", "v1", "none"]
@@ -462,7 +462,8 @@ class CgroupV2(Cgroup):
             raise CgroupFailure(errno.ENOTSUP, f"cgroup2 at {self.base} lacks {', '.join(missing)}")
         _mkdirs(self.dir)
         if wanted:
-            chain = [self.base] + [self.base.joinpath(*Path(self.name).parts[:i]) for i in range(1, len(Path(self.name).parts))]
+            parts = Path(self.name).parts
+            chain = [self.base] + [self.base.joinpath(*parts[:i]) for i in range(1, len(parts))]
             for d in chain:
                 _write(d / "cgroup.subtree_control", " ".join("+" + c for c in wanted))
         if limits.mem_bytes is not None:
@@ -560,7 +561,7 @@ def list_cgroups(prefix: str = "petri", sup: Support | None = None) -> list[tupl
         top = r / prefix
         if not top.is_dir():
             continue
-        for dirpath, dirnames, _ in os.walk(top):
+        for dirpath, _, _ in os.walk(top):
             found.append((r, Path(dirpath)))
     found.sort(key=lambda rd: len(rd[1].parts), reverse=True)
     return found

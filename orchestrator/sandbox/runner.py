@@ -48,11 +48,11 @@ from typing import Callable
 
 import trio
 
-from orchestrator import cgroups, isolation, seccomp
-from orchestrator.cgexec import DropTo, ignored_signals, wrapper_argv
-from orchestrator.cgroups import RunLimits
+from orchestrator.sandbox import cgroups, isolation, seccomp
+from orchestrator.sandbox.cgexec import DropTo, ignored_signals, wrapper_argv
+from orchestrator.sandbox.cgroups import RunLimits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
-from orchestrator.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
+from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 
 __all__ = ["RunLimits", "RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
 

@@ -6,9 +6,9 @@ with the slave as its controlling terminal. That happens inside the pid namespac
 purpose: a session made outside would have a foreground process group the shell cannot
 see, and an interactive shell fails restoring it at exit. So job control
 (Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside could only
-type into the sandbox's own terminal (the syscall filter refuses it anyway, as in every run). petri puts the user's terminal in raw mode and copies
-bytes both ways, passes window size changes on (SIGWINCH -> TIOCSWINSZ) and keeps a
-transcript of the output in ``spec.stdout_path``.
+type into the sandbox's own terminal (the syscall filter refuses it anyway, as in every run).
+petri puts the user's terminal in raw mode and copies bytes both ways, passes window size
+changes on (SIGWINCH -> TIOCSWINSZ) and keeps a transcript of the output in ``spec.stdout_path``.
 
 This is plain blocking code (select on two fds), not trio: it is one interactive session
 that owns the terminal, and mixing it with an event loop buys nothing.
@@ -35,10 +35,10 @@ import termios
 import time
 import tty
 
-from orchestrator import cgroups, isolation, seccomp
-from orchestrator.cgexec import wrapper_argv
+from orchestrator.sandbox import cgroups, isolation, seccomp
+from orchestrator.sandbox.cgexec import wrapper_argv
 from orchestrator.errors import BwrapMissing, SandboxSetupFailed
-from orchestrator.runner import EXIT_TIMEOUT, RunSpec, WRAPPER_ENV, resolve_identity
+from orchestrator.sandbox.runner import EXIT_TIMEOUT, RunSpec, WRAPPER_ENV, resolve_identity
 
 
 def _copy_winsize(src_fd: int, dst_fd: int) -> None:
