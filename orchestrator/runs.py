@@ -121,10 +121,11 @@ def runnable_row(engine: "Engine", sandbox: "str | SandboxRow") -> SandboxRow:
     return row
 
 
-def run_limits(row: SandboxRow) -> cgroups.RunLimits:
-    lim = row.limits or {}
-    return cgroups.RunLimits(mem_bytes=lim.get("mem_bytes"), cpus=lim.get("cpus"), pids=lim.get("pids"),
-                          net=bool(lim.get("net")))
+def run_limits(row: SandboxRow) -> "Limits":
+    """The sandbox's recorded limits, as its runs' cgroups and plans take them."""
+    from .limits import Limits
+
+    return Limits.from_dict(row.limits)
 
 
 def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:

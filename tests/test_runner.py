@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from orchestrator.sandbox import cgroups
-from orchestrator.sandbox.cgroups import RunLimits
+from orchestrator.limits import Limits
 from orchestrator.sandbox.runner import RunEvent, RunSpec, run_isolated
 
 PREFIX = f"petri-test-run-{os.getpid()}"
@@ -44,7 +44,7 @@ def make_spec(tmp_path: Path, argv, **kw) -> RunSpec:
     (tmp_path / "ws").mkdir(parents=True, exist_ok=True)
     (tmp_path / "tree").mkdir(parents=True, exist_ok=True)
     d = dict(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
-             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=RunLimits(mem_bytes=512 << 20, pids=128),
+             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=Limits(mem_bytes=512 << 20, pids=128),
              timeout_s=30.0, deadline=None, stdout_path=tmp_path / "logs" / f"{i}.out",
              stderr_path=tmp_path / "logs" / f"{i}.err", uid=0, gid=0,
              cgroup_name=f"{PREFIX}/sb/run-{i}", echo=False)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
+from orchestrator.limits import Limits
 from orchestrator.sandbox.cgexec import Rlimits
 from snapshot.osutil import mounts
 
@@ -49,18 +50,6 @@ Mode = Literal["v2", "v1", "none"]
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CFS_PERIOD_US = 100_000
-
-
-@dataclass(frozen=True)
-class RunLimits:
-    """What one run's cgroup (or rlimits) enforces. The sandbox's recorded limits, with disk
-    and lifetime, are ``engine.Limits``; ``runs.run_limits`` maps one to the other."""
-
-    mem_bytes: int | None = None
-    cpus: float | None = None
-    pids: int | None = None
-    net: bool = False
-    tmp_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -207,7 +196,7 @@ def detect_cgroup_mode() -> tuple[Mode, str]:
     return s.mode, s.reason
 
 
-def rlimit_fallback(limits: RunLimits) -> tuple[Rlimits | None, list[str]]:
+def rlimit_fallback(limits: Limits) -> tuple[Rlimits | None, list[str]]:
     """rlimits standing in for cgroup limits, and one warning per thing that is weaker."""
     warn: list[str] = []
     as_bytes = nproc = None
@@ -345,7 +334,7 @@ class CgroupV1(Cgroup):
                 seen.append(d)
         return seen
 
-    def create(self, limits: RunLimits) -> "CgroupV1":
+    def create(self, limits: Limits) -> "CgroupV1":
         for d in self._unique_dirs():
             _mkdirs(d)
         mem = self.dirs.get("memory")
@@ -446,7 +435,7 @@ class CgroupV2(Cgroup):
         self.dir = base / self.name
         self.controllers = tuple(controllers)
 
-    def create(self, limits: RunLimits) -> "CgroupV2":
+    def create(self, limits: Limits) -> "CgroupV2":
         # Enable the controllers down the chain: a child only gets a controller its parent
         # lists in cgroup.subtree_control (and a cgroup with processes cannot: the base is
         # the hierarchy root or a delegated subtree whose processes live in leaves).
@@ -525,7 +514,7 @@ class CgroupV2(Cgroup):
         _rmdir_chain(self.dir, self.base)
 
 
-def open_cgroup(name: str, limits: RunLimits, sup: Support | None = None) -> Cgroup | None:
+def open_cgroup(name: str, limits: Limits, sup: Support | None = None) -> Cgroup | None:
     """Create the run's cgroup with its limits; None when this machine has none to give."""
     sup = sup or support()
     if sup.mode == "v2":

@@ -69,7 +69,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
         uid=spec.uid,
         gid=spec.gid,
         net=spec.limits.net,
-        tmp_bytes=spec.limits.tmp_bytes,
+        tmp_bytes=spec.tmp_bytes,
         extra_masks=spec.extra_masks,
         allow_sockets=spec.allow_sockets,
         new_session=False,  # the session (and its terminal) is the one setsid -c makes inside

@@ -50,11 +50,11 @@ import trio
 
 from orchestrator.sandbox import cgroups, isolation, seccomp
 from orchestrator.sandbox.cgexec import DropTo, ignored_signals, wrapper_argv
-from orchestrator.sandbox.cgroups import RunLimits
+from orchestrator.limits import Limits
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 
-__all__ = ["RunLimits", "RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
+__all__ = ["RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
 
 detect_cgroup_mode = cgroups.detect_cgroup_mode
 sweep_cgroups = cgroups.sweep_cgroups
@@ -74,7 +74,7 @@ class RunSpec:
     argv: list[str] | list[bytes]
     cwd: Path  # absolute, as seen inside (under workspace)
     env: dict[str, str]  # extra variables on top of PATH, HOME, LANG, TERM
-    limits: RunLimits
+    limits: Limits  # the cgroup takes mem, cpus, pids; the plan net; disk and ttl are the caller's
     timeout_s: float | None
     deadline: float | None  # absolute time.time() of the sandbox's lifetime end
     stdout_path: Path
@@ -90,6 +90,7 @@ class RunSpec:
     # namespace that is an unprivileged account outside: ``orchestrator.run_as``).
     host_ids: tuple[int, int] | None = None
     allow_sockets: tuple[Path, ...] = ()  # host sockets a --net run may reach (config)
+    tmp_bytes: int = 1 << 30  # the size of the sandbox's /tmp (and /dev/shm) tmpfs
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ async def run_isolated(
         uid=spec.uid,
         gid=spec.gid,
         net=spec.limits.net,
-        tmp_bytes=spec.limits.tmp_bytes,
+        tmp_bytes=spec.tmp_bytes,
         extra_masks=spec.extra_masks,
         allow_sockets=spec.allow_sockets,
         new_session=True,
