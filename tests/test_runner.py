@@ -259,3 +259,28 @@ def test_runs_in_one_nursery_overlap(tmp_path):
     assert time.monotonic() - t < 2.5  # three 1 s runs at once, not 3 s in a row
     assert [r.exit_code for r in results] == [0, 0, 0]
     assert all(s.stdout_path.read_text() == "done\n" for s in specs)
+
+
+# ---------------------------------------------------------------------------- shared setup
+
+
+def test_prepare_gives_the_wrapper_argv_and_undoes_itself(tmp_path):
+    # run_isolated and run_shell share this setup: what it makes (the filter's fd, the
+    # cgroup) is gone when the with ends, even when the body raises.
+    from orchestrator.sandbox.prepare import prepare
+
+    spec = make_spec(tmp_path, ["true"])
+    sup = cgroups.support()
+    with pytest.raises(RuntimeError, match="body"):
+        with prepare(spec, argv=spec.argv, marker=b"M", new_session=True, support=sup) as prep:
+            fd = prep.filter_fd
+            assert fd is not None and prep.pass_fds == (fd,) and os.fstat(fd)
+            assert b"--seccomp" in prep.argv and b"%d" % fd in prep.argv
+            if sup.mode != "none":
+                assert prep.cgroup is not None and prep.cgroup.pids() == set()
+                assert [str(f).encode() for f in prep.cgroup.procs_files()] == [
+                    a for a in prep.argv if a.endswith(b"cgroup.procs")]
+            raise RuntimeError("body")
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert cgroups.list_cgroups(f"{PREFIX}/sb") == []

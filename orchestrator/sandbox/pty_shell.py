@@ -29,16 +29,17 @@ import errno
 import fcntl
 import os
 import select
-import shutil
 import signal
 import termios
 import time
 import tty
+from typing import TYPE_CHECKING, BinaryIO
 
-from orchestrator.sandbox import cgroups, isolation, seccomp
-from orchestrator.sandbox.cgexec import wrapper_argv
-from orchestrator.errors import BwrapMissing, SandboxSetupFailed
-from orchestrator.sandbox.runner import EXIT_TIMEOUT, RunSpec, WRAPPER_ENV, resolve_identity
+from orchestrator.sandbox import cgroups
+from orchestrator.sandbox.prepare import EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec, prepare
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def _copy_winsize(src_fd: int, dst_fd: int) -> None:
@@ -52,47 +53,17 @@ def _copy_winsize(src_fd: int, dst_fd: int) -> None:
 def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: cgroups.Support | None = None) -> int:
     """Run ``spec.argv`` (e.g. ``["/bin/bash", "-i"]``) interactively; return its exit code
     (124 when the timeout or lifetime ended it). Every process is gone when this returns."""
+    sup = support or cgroups.support()
+    # The session (and its terminal) is the one setsid -c makes inside: no bwrap --new-session.
+    with prepare(spec, argv=["setsid", "-c", "-w", *spec.argv], marker=None, new_session=False,
+                 support=sup) as prep:
+        return _interact(spec, prep, stdin_fd, stdout_fd)
+
+
+def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> int:
     import subprocess
 
-    sup = support or cgroups.support()
-    bwrap = shutil.which(isolation.BWRAP)
-    if bwrap is None:
-        raise BwrapMissing()
-    drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
-    plan = isolation.plan_for_run(
-        workspace=spec.workspace,
-        tree=spec.tree,
-        store=spec.store,
-        argv=["setsid", "-c", "-w", *spec.argv],
-        cwd=spec.cwd,
-        env=isolation.base_env(spec.uid, spec.env),
-        uid=spec.uid,
-        gid=spec.gid,
-        net=spec.limits.net,
-        tmp_bytes=spec.tmp_bytes,
-        extra_masks=spec.extra_masks,
-        allow_sockets=spec.allow_sockets,
-        new_session=False,  # the session (and its terminal) is the one setsid -c makes inside
-        marker=None,
-        seccomp=spec.seccomp,
-    )
-    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)  # before the cgroup: nothing to undo if it fails
-    try:
-        cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, sup)
-    except BaseException as e:
-        seccomp.close_fd(filter_fd)
-        if isinstance(e, cgroups.CgroupFailure):
-            raise SandboxSetupFailed(detail=str(e)) from e
-        raise
-    rlimits = cgroups.rlimit_fallback(spec.limits)[0] if cg is None else None
-    argv = wrapper_argv(
-        isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
-        procs_files=cg.procs_files() if cg else (),
-        rlimits=rlimits,
-        drop_to=drop_to,
-    )
     end = None
-    end_kind = None
     now = time.time()
     if spec.timeout_s is not None:
         end = now + spec.timeout_s
@@ -115,54 +86,16 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
             old_winch = signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
             tty.setraw(stdin_fd)
         proc = subprocess.Popen(
-            argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
+            prep.argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
             start_new_session=True,  # the wrapper and bwrap: no terminal at all
-            pass_fds=seccomp.pass_fds(filter_fd),
+            pass_fds=prep.pass_fds,
         )
+        prep.spawned()
         os.close(slave)
         slave = -1
-        stdin_open = True
-        eof_sent_at = None
-        while True:
-            if end is not None and time.time() >= end:
-                end_kind = "killed"
-                break
-            if not stdin_open and (eof_sent_at is None or time.monotonic() - eof_sent_at >= EOF_REPEAT_S):
-                # End of our input must reach the shell, or `petri shell SB </dev/null` waits
-                # forever: a pty cannot be half-closed, so type the terminal's EOF key, as a
-                # person would, again until it exits (a command reading the terminal gets it
-                # first; a shell that just started or ignores one EOF gets the next).
-                _write_all(master, _eof_char(master))
-                eof_sent_at = time.monotonic()
-            fds = [master] + ([stdin_fd] if stdin_open else [])
-            try:
-                ready, _, _ = select.select(fds, [], [], 0.2)
-            except InterruptedError:
-                continue
-            if master in ready:
-                try:
-                    data = os.read(master, 65536)
-                except BlockingIOError:
-                    data = None
-                except OSError as e:
-                    if e.errno != errno.EIO:  # EIO: every slave fd is closed
-                        raise
-                    break
-                if data == b"":
-                    break
-                if data:
-                    transcript.write(data)
-                    _write_all(stdout_fd, data)
-            if stdin_fd in ready:
-                data = os.read(stdin_fd, 65536)
-                if not data:
-                    stdin_open = False
-                    continue
-                _write_all(master, data)
-            if proc.poll() is not None and master not in ready:
-                break
+        timed_out = _copy(master, stdin_fd, stdout_fd, transcript, proc, end)
     finally:
-        seccomp.close_fd(filter_fd)
+        prep.spawned()
         if interactive and saved is not None:
             termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
         if old_winch is not None:
@@ -171,21 +104,61 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
             os.close(slave)
         if proc is not None and proc.poll() is None:
             proc.kill()
-        if cg is not None:
-            cg.kill_all()
+        if prep.cgroup is not None:
+            prep.cgroup.kill_all()
         if proc is not None:
             proc.wait()
-        if cg is not None:
-            try:
-                cg.remove()
-            except cgroups.CgroupFailure:
-                pass
         os.close(master)
         transcript.close()
-    if end_kind is not None:
+    if timed_out:
         return EXIT_TIMEOUT
     rc = proc.returncode
     return 128 - rc if rc < 0 else rc
+
+
+def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: BinaryIO, proc: "subprocess.Popen[bytes]",
+          end: float | None) -> bool:
+    """Copy bytes between our terminal and the shell's until it is done; True when the
+    timeout or lifetime ended it."""
+    stdin_open = True
+    eof_sent_at = None
+    while True:
+        if end is not None and time.time() >= end:
+            return True
+        if not stdin_open and (eof_sent_at is None or time.monotonic() - eof_sent_at >= EOF_REPEAT_S):
+            # End of our input must reach the shell, or `petri shell SB </dev/null` waits
+            # forever: a pty cannot be half-closed, so type the terminal's EOF key, as a
+            # person would, again until it exits (a command reading the terminal gets it
+            # first; a shell that just started or ignores one EOF gets the next).
+            _write_all(master, _eof_char(master))
+            eof_sent_at = time.monotonic()
+        fds = [master] + ([stdin_fd] if stdin_open else [])
+        try:
+            ready, _, _ = select.select(fds, [], [], 0.2)
+        except InterruptedError:
+            continue
+        if master in ready:
+            try:
+                data = os.read(master, 65536)
+            except BlockingIOError:
+                data = None
+            except OSError as e:
+                if e.errno != errno.EIO:  # EIO: every slave fd is closed
+                    raise
+                return False
+            if data == b"":
+                return False
+            if data:
+                transcript.write(data)
+                _write_all(stdout_fd, data)
+        if stdin_fd in ready:
+            data = os.read(stdin_fd, 65536)
+            if not data:
+                stdin_open = False
+                continue
+            _write_all(master, data)
+        if proc.poll() is not None and master not in ready:
+            return False
 
 
 EOF_REPEAT_S = 0.25

@@ -2,9 +2,9 @@
 
 ``run_isolated(spec)`` does, in order:
 
-1. build the sandbox plan (``isolation``) and the run's cgroup with its limits
-   (``cgroups``; rlimits with warnings where there is none); the plan's syscall filter
-   (``seccomp``) goes to bwrap on a pipe (``--seccomp FD``);
+1. ``prepare`` (shared with ``pty_shell``): the sandbox plan (``isolation``), the run's
+   cgroup with its limits (``cgroups``; rlimits with warnings where there is none), the
+   plan's syscall filter (``seccomp``) on a pipe for bwrap (``--seccomp FD``);
 2. start ``cgexec``'s wrapper -> bwrap -> ``/bin/sh -c 'exec "$@"'`` -> the command, in a
    session of its own so the user's Ctrl-C reaches petri, not bwrap (petri forwards it);
 3. stream stdout/stderr to the saved files (always) and to our own stdout/stderr (``echo``),
@@ -38,59 +38,29 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import trio
 
-from orchestrator.sandbox import cgroups, isolation, seccomp
-from orchestrator.sandbox.cgexec import DropTo, ignored_signals, wrapper_argv
-from orchestrator.limits import Limits
-from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
+from orchestrator.errors import SandboxSetupFailed
+from orchestrator.sandbox import cgroups, isolation
+from orchestrator.sandbox.cgexec import ignored_signals
+from orchestrator.sandbox.prepare import (EXIT_MEMORY, EXIT_PETRI, EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec,
+                                          prepare)
 from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 
-__all__ = ["RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups"]
+__all__ = ["RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups",
+           "EXIT_TIMEOUT", "EXIT_PETRI", "EXIT_MEMORY", "KILL_GRACE_S"]
 
 detect_cgroup_mode = cgroups.detect_cgroup_mode
 sweep_cgroups = cgroups.sweep_cgroups
 
-EXIT_TIMEOUT = 124
-EXIT_PETRI = 125
-EXIT_MEMORY = 137
 KILL_GRACE_S = 2.0
-WRAPPER_ENV = {"PATH": isolation.DEFAULT_PATH, "LANG": "C.UTF-8"}
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    workspace: Path  # live workspace, absolute: the tree is bound read-write here inside
-    tree: Path  # the sandbox's tree on the host
-    store: Path  # <workspace>/.petri: masked inside
-    argv: list[str] | list[bytes]
-    cwd: Path  # absolute, as seen inside (under workspace)
-    env: dict[str, str]  # extra variables on top of PATH, HOME, LANG, TERM
-    limits: Limits  # the cgroup takes mem, cpus, pids; the plan net; disk and ttl are the caller's
-    timeout_s: float | None
-    deadline: float | None  # absolute time.time() of the sandbox's lifetime end
-    stdout_path: Path
-    stderr_path: Path
-    uid: int
-    gid: int
-    cgroup_name: str  # unique, e.g. petri/<sb-id>/run-3
-    stdin_data: bytes | None = None
-    echo: bool = True
-    extra_masks: tuple[Path, ...] = ()
-    seccomp: str = "default"  # the syscall filter's profile (orchestrator.seccomp)
-    # The host uid/gid the command runs as when not ``uid``/``gid`` (uid 0 inside a user
-    # namespace that is an unprivileged account outside: ``orchestrator.run_as``).
-    host_ids: tuple[int, int] | None = None
-    allow_sockets: tuple[Path, ...] = ()  # host sockets a --net run may reach (config)
-    tmp_bytes: int = 1 << 30  # the size of the sandbox's /tmp (and /dev/shm) tmpfs
 
 
 @dataclass(frozen=True)
@@ -164,21 +134,15 @@ class _MarkerFilter:
         return out
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
-
-
-def resolve_identity(uid: int, gid: int) -> DropTo | None:
-    """Whom the wrapper must become before bwrap: None when that is us already."""
-    me = os.geteuid()
-    if uid == me:
-        return None
-    if me != 0:
-        raise RunUserInvalid(uid=uid, why=f"petri runs as uid {me}, not root, so it can only run commands as itself")
-    return DropTo(uid, gid)
+def _end_of(spec: RunSpec) -> tuple[float, str | None]:
+    """Which end comes first (trio's clock), and what it is called: timeout or lifetime."""
+    now_wall, now_trio = time.time(), trio.current_time()
+    end_at, end_kind = math.inf, None
+    if spec.timeout_s is not None:
+        end_at, end_kind = now_trio + spec.timeout_s, "timeout"
+    if spec.deadline is not None and now_trio + (spec.deadline - now_wall) < end_at:
+        end_at, end_kind = now_trio + (spec.deadline - now_wall), "ttl"
+    return end_at, end_kind
 
 
 async def run_isolated(
@@ -195,18 +159,10 @@ async def run_isolated(
     of the same kind kills the run. Cancelling this task kills the run and re-raises."""
     t0 = time.monotonic()
     sup = support or cgroups.support()
-    warnings: list[str] = []
     spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
     spec.stderr_path.parent.mkdir(parents=True, exist_ok=True)
-
-    # Which end comes first, and what it is called.
-    now_wall, now_trio = time.time(), trio.current_time()
-    end_at, end_kind = math.inf, None
-    if spec.timeout_s is not None:
-        end_at, end_kind = now_trio + spec.timeout_s, "timeout"
-    if spec.deadline is not None and now_trio + (spec.deadline - now_wall) < end_at:
-        end_at, end_kind = now_trio + (spec.deadline - now_wall), "ttl"
-    if end_kind is not None and end_at <= now_trio:
+    end_at, end_kind = _end_of(spec)
+    if end_kind is not None and end_at <= trio.current_time():
         spec.stdout_path.write_bytes(b"")
         spec.stderr_path.write_bytes(b"")
         res = RunResult(EXIT_TIMEOUT, 0.0, end_kind, [], None, sup.mode)
@@ -214,75 +170,121 @@ async def run_isolated(
             on_event(RunEvent("finished", result=res))
         return res
 
-    bwrap = shutil.which(isolation.BWRAP)
-    if bwrap is None:
-        raise BwrapMissing()
-    drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
     marker = isolation.new_marker()
-    plan = isolation.plan_for_run(
-        workspace=spec.workspace,
-        tree=spec.tree,
-        store=spec.store,
-        argv=spec.argv,
-        cwd=spec.cwd,
-        env=isolation.base_env(spec.uid, spec.env),
-        uid=spec.uid,
-        gid=spec.gid,
-        net=spec.limits.net,
-        tmp_bytes=spec.tmp_bytes,
-        extra_masks=spec.extra_masks,
-        allow_sockets=spec.allow_sockets,
-        new_session=True,
-        marker=marker,
-        seccomp=spec.seccomp,
-    )
-    killed_by: str | None = None
-    proc: ChildProcess | None = None
-    marker_filter = _MarkerFilter(marker)
-    stats = cgroups.Stats()
-    out_f = open(spec.stdout_path, "wb")
-    err_f = open(spec.stderr_path, "wb")
-    rlimits = None
-    try:
-        cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, sup)
-    except BaseException as e:
-        out_f.close()
-        err_f.close()
-        if isinstance(e, cgroups.CgroupFailure):
-            raise SandboxSetupFailed(detail=str(e)) from e
-        raise
-    if cg is None:
-        rlimits, warnings = cgroups.rlimit_fallback(spec.limits)
-        for w in warnings:
-            if on_event:
-                on_event(RunEvent("warning", data=w.encode()))
-    all_gone = True
+    with ExitStack() as files:
+        out_f = files.enter_context(open(spec.stdout_path, "wb"))
+        err_f = files.enter_context(open(spec.stderr_path, "wb"))
+        # Read per run: a handler may have been set to SIG_IGN since the last one.
+        with prepare(spec, argv=spec.argv, marker=marker, new_session=True, support=sup,
+                     reset_signals=bool(ignored_signals())) as prep:
+            for w in prep.warnings:
+                if on_event:
+                    on_event(RunEvent("warning", data=w.encode()))
+            run = _Run(spec, prep, marker, on_event)
+            try:
+                await run.supervise(out_f, err_f, end_at, end_kind, kill_grace_s, forward_signals)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await run.reap()
+    res = run.result(time.monotonic() - t0, sup.mode, prep.warnings)
+    if on_event:
+        on_event(RunEvent("finished", result=res))
+    return res
 
-    def nothing_to_kill() -> bool:
+
+class _Run:
+    """One started run: its process, its cgroup, how it ended."""
+
+    def __init__(self, spec: RunSpec, prep: Prepared, marker: bytes, on_event: Callable[[RunEvent], None] | None):
+        self.spec, self.prep, self.cg, self.on_event = spec, prep, prep.cgroup, on_event
+        self.marker_filter = _MarkerFilter(marker)
+        self.proc: ChildProcess | None = None
+        self.killed_by: str | None = None
+        self.interrupted: int | None = None
+        self.all_gone = True
+        self.stats = cgroups.Stats()
+
+    def spawn(self) -> ChildProcess:
+        argv = self.prep.argv
+        try:
+            # Forked from this (the loop's) thread, never a worker thread: see spawn.py.
+            proc = open_process_here(argv, stdin=_stdin_arg(self.spec.stdin_data), stdout=PIPE, stderr=PIPE,
+                                     env=WRAPPER_ENV, pass_fds=self.prep.pass_fds)
+        except OSError as e:
+            raise SandboxSetupFailed(detail=f"cannot start {argv[0]!r}: {e.strerror}") from e
+        finally:
+            self.prep.spawned()
+        self.proc = proc
+        if self.on_event:
+            self.on_event(RunEvent("started", pid=proc.pid))
+        return proc
+
+    async def supervise(self, out_f: BinaryIO, err_f: BinaryIO, end_at: float, end_kind: str | None,
+                        kill_grace_s: float, forward_signals: bool) -> None:
+        """Start the run, copy its output, end it at ``end_at``; return when bwrap is gone."""
+        proc = self.spawn()
+        async with trio.open_nursery() as nursery:
+            assert proc.stdout is not None and proc.stderr is not None
+            nursery.start_soon(self.pump, proc.stdout, out_f, 1, "stdout")
+            nursery.start_soon(self.pump, proc.stderr, err_f, 2, "stderr")
+            if self.spec.stdin_data is not None:
+                assert proc.stdin is not None
+                nursery.start_soon(_feed_stdin, proc.stdin, self.spec.stdin_data)
+            fwd_scope = trio.CancelScope()
+            if forward_signals and threading.current_thread() is threading.main_thread():
+
+                async def _fwd(task_status=trio.TASK_STATUS_IGNORED):
+                    with fwd_scope:
+                        await self.forward(task_status=task_status)
+
+                await nursery.start(_fwd)
+            with trio.CancelScope(deadline=end_at) as scope:
+                await proc.wait()
+            if scope.cancelled_caught:
+                self.killed_by = end_kind
+                if self.cg is not None:
+                    self.cg.signal_all(signal.SIGTERM, exclude=(proc.pid,))
+                    with trio.move_on_after(kill_grace_s):
+                        await proc.wait()
+                await trio.to_thread.run_sync(self.kill_everything)
+                await proc.wait()
+            # The namespace is gone with bwrap; anything left in the cgroup goes now, so the
+            # pipes reach EOF and the pumps finish.
+            await self.kill_everything_async()
+            fwd_scope.cancel()
+
+    def nothing_to_kill(self) -> bool:
         # The usual end: bwrap exited and its pid namespace took everything with it. Reading
         # the cgroup's member lists is a few cheap cgroupfs reads, done in the loop; only
         # a real kill (which polls and sleeps) needs a thread.
-        if proc is not None and proc.returncode is None:
+        if self.proc is not None and self.proc.returncode is None:
             return False
-        return cg is None or not cg.pids()
+        return self.cg is None or not self.cg.pids()
 
-    async def kill_everything_async() -> None:
-        if not nothing_to_kill():
-            await trio.to_thread.run_sync(kill_everything)
+    async def kill_everything_async(self) -> None:
+        if not self.nothing_to_kill():
+            await trio.to_thread.run_sync(self.kill_everything)
 
-    def kill_everything() -> None:
-        nonlocal all_gone
-        if proc is not None and proc.returncode is None:
+    def kill_everything(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
             try:
-                os.kill(proc.pid, signal.SIGKILL)
+                os.kill(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if cg is not None:
-            all_gone = cg.kill_all() and all_gone
+        if self.cg is not None:
+            self.all_gone = self.cg.kill_all() and self.all_gone
 
-    async def pump(stream: trio.abc.ReceiveStream, f, echo_fd: int, name: str) -> None:
-        lines = _LineSplitter(name, on_event)
-        filt = marker_filter if name == "stderr" else None
+    async def reap(self) -> None:
+        """Always, at the end: nothing of the run is left, its counters are read."""
+        await self.kill_everything_async()
+        if self.proc is not None:
+            await self.proc.wait()
+        if self.cg is not None:
+            self.stats = self.cg.stats()
+
+    async def pump(self, stream: trio.abc.ReceiveStream, f: BinaryIO, echo_fd: int, name: str) -> None:
+        lines = _LineSplitter(name, self.on_event)
+        filt = self.marker_filter if name == "stderr" else None
         async with stream:
             while True:
                 chunk = await stream.receive_some(65536)
@@ -292,24 +294,14 @@ async def run_isolated(
                 if data:
                     f.write(data)
                     f.flush()
-                    if spec.echo:
+                    if self.spec.echo:
                         _write_all(echo_fd, data)
                     lines.feed(data)
                 if not chunk:
                     break
         lines.close()
 
-    async def feed_stdin(stream: trio.abc.SendStream, data: bytes) -> None:
-        async with stream:
-            try:
-                await stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the command did not read it all; that is its business
-
-    interrupted: int | None = None
-
-    async def forward(task_status=trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal interrupted
+    async def forward(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         counts: dict[int, int] = {}
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
             task_status.started()
@@ -317,114 +309,44 @@ async def run_isolated(
                 counts[sig] = counts.get(sig, 0) + 1
                 # Before the command exists (the shim's marker not seen yet) there is no one
                 # to pass it to: the user asked to stop, so stop. A second one means "now".
-                if counts[sig] > 1 or cg is None or not marker_filter.seen:
-                    interrupted = sig
-                    await trio.to_thread.run_sync(kill_everything)
+                if counts[sig] > 1 or self.cg is None or not self.marker_filter.seen:
+                    self.interrupted = sig
+                    await trio.to_thread.run_sync(self.kill_everything)
                 else:
-                    assert proc is not None
-                    cg.signal_all(sig, exclude=(proc.pid,))
+                    assert self.proc is not None
+                    self.cg.signal_all(sig, exclude=(self.proc.pid,))
 
-    try:
-        # From here on the cgroup exists: everything below is inside the cleanup's try.
-        filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
-        argv = wrapper_argv(
-            isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
-            procs_files=cg.procs_files() if cg else (),
-            rlimits=rlimits,
-            drop_to=drop_to,
-            # Read per run: a handler may have been set to SIG_IGN since the last one.
-            reset_signals=bool(ignored_signals()),
-        )
+    def result(self, duration_s: float, mode: str, warnings: list[str]) -> RunResult:
+        assert self.proc is not None and self.proc.returncode is not None
+        rc = self.proc.returncode
+        rc = 128 - rc if rc < 0 else rc  # bwrap itself killed by a signal
+        setup_error = None
+        killed_by = self.killed_by
+        if killed_by is not None:
+            code = EXIT_TIMEOUT
+        elif self.interrupted is not None:
+            code = 128 + self.interrupted  # the shell's convention for "ended by this signal"
+        elif not self.marker_filter.seen:
+            code = EXIT_PETRI
+            setup_error = self.marker_filter.before.decode("utf-8", "replace").strip() or f"bwrap exited {rc}"
+        elif self.stats.oom_kills and rc != 0:
+            code, killed_by = EXIT_MEMORY, "memory"
+        else:
+            code = rc
+        if not self.all_gone:
+            warnings = [*warnings, f"cgroup {self.spec.cgroup_name} still had processes after the kill loop"]
+        return RunResult(exit_code=code, duration_s=duration_s, killed_by=killed_by,
+                         limits_hit=self.stats.limits_hit, peak_memory_bytes=self.stats.peak_memory_bytes,
+                         cgroup_mode=mode, warnings=tuple(warnings), setup_error=setup_error,
+                         cpu_time_s=self.stats.cpu_usage_s)
+
+
+async def _feed_stdin(stream: trio.abc.SendStream, data: bytes) -> None:
+    async with stream:
         try:
-            # Forked from this (the loop's) thread, never a worker thread: see spawn.py.
-            proc = open_process_here(
-                argv,
-                stdin=_stdin_arg(spec.stdin_data),
-                stdout=PIPE,
-                stderr=PIPE,
-                env=WRAPPER_ENV,
-                pass_fds=seccomp.pass_fds(filter_fd),
-            )
-        except OSError as e:
-            raise SandboxSetupFailed(detail=f"cannot start {argv[0]!r}: {e.strerror}") from e
-        finally:
-            seccomp.close_fd(filter_fd)  # the child has its copy (bwrap reads it to EOF)
-        if on_event:
-            on_event(RunEvent("started", pid=proc.pid))
-        async with trio.open_nursery() as nursery:
-            assert proc.stdout is not None and proc.stderr is not None
-            nursery.start_soon(pump, proc.stdout, out_f, 1, "stdout")
-            nursery.start_soon(pump, proc.stderr, err_f, 2, "stderr")
-            if spec.stdin_data is not None:
-                assert proc.stdin is not None
-                nursery.start_soon(feed_stdin, proc.stdin, spec.stdin_data)
-            fwd_scope = trio.CancelScope()
-            if forward_signals and threading.current_thread() is threading.main_thread():
-
-                async def _fwd(task_status=trio.TASK_STATUS_IGNORED):
-                    with fwd_scope:
-                        await forward(task_status=task_status)
-
-                await nursery.start(_fwd)
-            with trio.CancelScope(deadline=end_at) as scope:
-                await proc.wait()
-            if scope.cancelled_caught:
-                killed_by = end_kind
-                if cg is not None:
-                    cg.signal_all(signal.SIGTERM, exclude=(proc.pid,))
-                    with trio.move_on_after(kill_grace_s):
-                        await proc.wait()
-                await trio.to_thread.run_sync(kill_everything)
-                await proc.wait()
-            # The namespace is gone with bwrap; anything left in the cgroup goes now, so the
-            # pipes reach EOF and the pumps finish.
-            await kill_everything_async()
-            fwd_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await kill_everything_async()
-            if proc is not None:
-                await proc.wait()
-            if cg is not None:
-                stats = cg.stats()
-                try:
-                    cg.remove()
-                except cgroups.CgroupFailure as e:
-                    warnings.append(str(e))
-            out_f.close()
-            err_f.close()
-
-    assert proc is not None and proc.returncode is not None
-    rc = proc.returncode
-    rc = 128 - rc if rc < 0 else rc  # bwrap itself killed by a signal
-    setup_error = None
-    if killed_by is not None:
-        code = EXIT_TIMEOUT
-    elif interrupted is not None:
-        code = 128 + interrupted  # the shell's convention for "ended by this signal"
-    elif not marker_filter.seen:
-        code = EXIT_PETRI
-        setup_error = marker_filter.before.decode("utf-8", "replace").strip() or f"bwrap exited {rc}"
-    elif stats.oom_kills and rc != 0:
-        code, killed_by = EXIT_MEMORY, "memory"
-    else:
-        code = rc
-    if not all_gone:
-        warnings.append(f"cgroup {spec.cgroup_name} still had processes after the kill loop")
-    res = RunResult(
-        exit_code=code,
-        duration_s=time.monotonic() - t0,
-        killed_by=killed_by,
-        limits_hit=stats.limits_hit,
-        peak_memory_bytes=stats.peak_memory_bytes,
-        cgroup_mode=sup.mode,
-        warnings=tuple(warnings),
-        setup_error=setup_error,
-        cpu_time_s=stats.cpu_usage_s,
-    )
-    if on_event:
-        on_event(RunEvent("finished", result=res))
-    return res
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the command did not read it all; that is its business
 
 
 def _stdin_arg(data: bytes | None) -> int:
