@@ -134,7 +134,7 @@ class Direct:
     """The three checks without petri: plain copies of the buggy tree, started together."""
 
     def __init__(self, pristine: Path, work: Path, patches: dict[str, Path], cgroups: bool) -> None:
-        from orchestrator.isolation import base_env
+        from orchestrator.sandbox.isolation import base_env
 
         self.pristine, self.work, self.patches = pristine, work, patches
         self.env = base_env(os.getuid())  # what a sandboxed command gets: PATH, HOME, LANG, TERM

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import trio  # noqa: F401  (imported before timing: the API keeps it loaded)
 
-        from orchestrator import seccomp
+        from orchestrator.sandbox import seccomp
         from orchestrator.runs import run_sync
 
         engine, ws, snap = stack.enter_context(sample_engine_on_btrfs(1 << 30))

@@ -181,7 +181,7 @@ def _model():
 
     from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-    from .seccomp import PROFILES
+    from .sandbox.seccomp import PROFILES
     from .units import parse_duration, parse_size
 
     def size_value(v: Any) -> Any:

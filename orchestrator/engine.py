@@ -65,7 +65,7 @@ class Engine:
         engine = cls(root)
         engine.store.close_to_others()  # stores made before it was 0700
         if reap:
-            from .run_view import reap_dead_views
+            from .sandbox.run_view import reap_dead_views
             reap_dead_views()  # per-run mounts of a petri killed mid-run
             engine.recover_promotions()
             engine.reap_expired()
@@ -504,7 +504,7 @@ class Engine:
                 reaped["mounts" if left.kind == "mount" else "trees"] += 1
             # e.g. the fuse fork server, when it serves no known sandbox
             reaped["processes"] += self.backend.reap_processes(self.store, known_sbs)
-            from .run_view import reap_dead_views
+            from .sandbox.run_view import reap_dead_views
             reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
             # Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live
             # is the next one's delta parent; a snapshot of a sandbox is nobody's).

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
+from .sandbox.procs import pid_alive  # noqa: F401 (its callers import it from here)
 
 SCHEMA_VERSION = 2
 RESERVE_NAME = "reserve"
@@ -573,15 +574,3 @@ def _run_doc(r: sqlite3.Row) -> dict[str, Any]:
             "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
             "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"]),
             "pid": r["pid"]}
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,7 +1,7 @@
 """Runs at the engine level: a command in a sandbox, with its record, logs, limits, lifetime.
 
 ``run_in_sandbox(engine, sandbox, argv)`` is what ``petri run``, ``petri race``, the TUI and
-the MCP server call (async, trio). Around the runner (``orchestrator.runner``) it:
+the MCP server call (async, trio). Around the runner (``orchestrator.sandbox.runner``) it:
 
 - refuses a sandbox whose lifetime is over (exit 1; an overdue one is expired right then),
   or that is destroyed/failed/being created;
@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from . import cgroups, events
+from . import events
+from .sandbox import cgroups
 from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired, SandboxNotRunnable
-from .isolation import DEFAULT_PATH
+from .sandbox.isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
 from .run_as import RunAs, run_as
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from snapshot.backend import DiskCap
 
     from .engine import Engine, Limits
-    from .runner import RunEvent
+    from .sandbox.runner import RunEvent
 
 CGROUP_ROOT = "petri"
 RUNNABLE = ("ready", "exited", "running")
@@ -71,7 +72,7 @@ _warned: set[str] = set()
 def run_tree(engine: "Engine", row: SandboxRow, tree: Path, who: "RunAs"):
     """The tree as ``who``'s command reaches it (``run_view``): the tree itself, or a
     per-run ``nosuid`` (and, for a root-owned workspace, id-mapped) mount of it."""
-    from .run_view import open_view
+    from .sandbox.run_view import open_view
 
     mapped = False
     if who.idmap is not None and engine.backend.mounts_map_owners():
@@ -120,10 +121,11 @@ def runnable_row(engine: "Engine", sandbox: "str | SandboxRow") -> SandboxRow:
     return row
 
 
-def run_limits(row: SandboxRow) -> cgroups.RunLimits:
-    lim = row.limits or {}
-    return cgroups.RunLimits(mem_bytes=lim.get("mem_bytes"), cpus=lim.get("cpus"), pids=lim.get("pids"),
-                          net=bool(lim.get("net")))
+def run_limits(row: SandboxRow) -> "Limits":
+    """The sandbox's recorded limits, as its runs' cgroups and plans take them."""
+    from .limits import Limits
+
+    return Limits.from_dict(row.limits)
 
 
 def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
@@ -185,7 +187,7 @@ def seccomp_profile(engine: "Engine", asked: str | None) -> str:
     """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
     not a profile), else the config's, else ``default``."""
     from .config import load_config
-    from .seccomp import DEFAULT_PROFILE, parse_profile
+    from .sandbox.seccomp import DEFAULT_PROFILE, parse_profile
 
     if asked is not None:
         return parse_profile(asked)
@@ -194,7 +196,7 @@ def seccomp_profile(engine: "Engine", asked: str | None) -> str:
 
 def seccomp_fields(profile: str) -> dict[str, Any]:
     """The run document's ``seccomp``; with ``off``, also what that turned off."""
-    from .seccomp import turned_off
+    from .sandbox.seccomp import turned_off
 
     return {"seccomp": profile, **({"seccomp_turned_off": turned_off()} if profile == "off" else {})}
 
@@ -202,7 +204,7 @@ def seccomp_fields(profile: str) -> dict[str, Any]:
 def _say_seccomp_off(profile: str) -> None:
     """``off`` says what it turns off, once per process, on stderr (before the command's output):
     unlike a warning about the machine, this is said on every command that turns it off."""
-    from .seccomp import OFF_NOTICE
+    from .sandbox.seccomp import OFF_NOTICE
 
     if profile == "off" and OFF_NOTICE not in _warned:
         _warned.add(OFF_NOTICE)
@@ -247,7 +249,7 @@ async def run_in_sandbox(
     Every process of the run is gone when this returns; cancelling it kills the run.
     ``on_started(n)`` is told the run's number as soon as its record exists (front ends
     that follow a run, e.g. MCP's ``sandbox_run_start``, need it before the run ends)."""
-    from .runner import KILL_GRACE_S, RunEvent, RunSpec, run_isolated
+    from .sandbox.runner import KILL_GRACE_S, RunEvent, RunSpec, run_isolated
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
@@ -359,8 +361,8 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
-    from .pty_shell import run_shell
-    from .runner import RunSpec
+    from .sandbox.pty_shell import run_shell
+    from .sandbox.runner import RunSpec
 
     profile = seccomp_profile(engine, seccomp)
     row = runnable_row(engine, sandbox)
@@ -406,7 +408,7 @@ def stop_sandbox_processes(engine: "Engine", row: SandboxRow) -> int:
     """Kill every process of the sandbox's runs (in any petri process) and remove their
     cgroups and per-run views of its tree; how many processes were killed. Called at
     expiry and by ``rm``."""
-    from .run_view import remove_sandbox_views
+    from .sandbox.run_view import remove_sandbox_views
 
     try:
         return _kill_runs(engine, row)

@@ -178,7 +178,7 @@ def test_the_cgroup_fallback_warning_is_said_once_per_workspace(unprivileged_use
     w = sample_ws_owned_by(unprivileged_user, user_tmp / "home")
     r = petri_as(unprivileged_user, "init", "--backend", "copy", cwd=w)
     assert r.returncode == 0, r.stderr
-    from orchestrator import cgroups
+    from orchestrator.sandbox import cgroups
     try:
         first = petri_as(unprivileged_user, "fork", "--mem", "256M", "--label", "w", cwd=w)
         assert first.returncode == 0, first.stderr

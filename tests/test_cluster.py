@@ -547,7 +547,7 @@ def test_a_node_killed_mid_race_fails_its_candidates_and_leaves_nothing(demo_ws)
         for node in lc.nodes[:1] + lc.nodes[2:]:
             assert _node_live_sandboxes(node["store"]) == [], node
     # the dead node's runs never finished; their cgroups went with the cluster
-    from orchestrator import cgroups
+    from orchestrator.sandbox import cgroups
     ids = {c["sandbox"] for c in doc["candidates"]} | {c["check_sandbox"] for c in doc["candidates"]}
     assert [str(d) for _, d in cgroups.list_cgroups("petri") if any(i in str(d) for i in ids)] == []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cgroups
+from orchestrator.sandbox import cgroups
 from tests.conftest import REPO, petri
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),

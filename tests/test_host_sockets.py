@@ -1,12 +1,12 @@
-"""The pure parts of hiding host sockets (``orchestrator.host_sockets``) and how the plan
+"""The pure parts of hiding host sockets (``orchestrator.sandbox.host_sockets``) and how the plan
 (``isolation.build_plan``) renders them: no root, no bwrap, milliseconds."""
 from __future__ import annotations
 
 import os
 import socket
 
-from orchestrator import host_sockets as H
-from orchestrator import isolation as I
+from orchestrator.sandbox import host_sockets as H
+from orchestrator.sandbox import isolation as I
 
 LISTING = (b"Num       RefCount Protocol Flags    Type St Inode Path\n"
            b"0000000000000000: 00000002 00000000 00010000 0001 01 20001 /run/dbus/system_bus_socket\n"

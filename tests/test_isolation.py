@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups, isolation
-from orchestrator.cgexec import DropTo, Rlimits, wrapper_argv
-from orchestrator.isolation import Mask, bwrap_argv, build_plan
-from orchestrator.runner import RunLimits, RunSpec, run_isolated
+from orchestrator.sandbox import cgroups, isolation
+from orchestrator.sandbox.cgexec import DropTo, Rlimits, wrapper_argv
+from orchestrator.sandbox.isolation import Mask, bwrap_argv, build_plan
+from orchestrator.limits import Limits
+from orchestrator.sandbox.runner import RunSpec, run_isolated
 
 PREFIX = f"petri-test-iso-{os.getpid()}"
 HAVE_BWRAP = shutil.which("bwrap") is not None
@@ -141,7 +142,7 @@ class Box:
     def spec(self, argv, *, uid=0, gid=0, **kw) -> RunSpec:
         self.n += 1
         d = dict(workspace=self.ws, tree=self.tree, store=self.ws / ".petri", argv=list(argv), cwd=self.ws,
-                 env={}, limits=RunLimits(), timeout_s=30, deadline=None,
+                 env={}, limits=Limits(), timeout_s=30, deadline=None,
                  stdout_path=self.root / f"out{self.n}", stderr_path=self.root / f"err{self.n}",
                  uid=uid, gid=gid, cgroup_name=f"{PREFIX}/sb/run-{self.n}", echo=False)
         d.update(kw)
@@ -196,7 +197,7 @@ def test_only_loopback_without_net(box):
     host = [l.split(":")[0].strip() for l in Path("/proc/net/dev").read_text().splitlines()[2:]]
     if host != ["lo"]:
         res, out, _ = box.sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
-                             limits=RunLimits(net=True))
+                             limits=Limits(net=True))
         assert sorted(out.split()) == sorted(host)
 
 
@@ -390,7 +391,7 @@ def test_runs_as_the_given_user_without_capabilities(user_box, test_user):
     uid, gid = test_user.pw_uid, test_user.pw_gid
     res, out, err = user_box.sh("id -u; id -g; grep -E '^(CapEff|CapPrm)' /proc/self/status; "
                                 "echo made > made.txt; cat root-only; unshare -U true && echo NESTED; true",
-                                uid=uid, gid=gid, limits=RunLimits(mem_bytes=256 << 20, pids=64))
+                                uid=uid, gid=gid, limits=Limits(mem_bytes=256 << 20, pids=64))
     lines = out.split("\n")
     assert lines[0] == str(uid) and lines[1] == str(gid), (out, err)
     assert out.count("0000000000000000") == 2
@@ -403,7 +404,7 @@ def test_masks_cache_sees_a_new_credential_folder(tmp_path):
     """The per-process masks cache must not hide a credential folder created after it filled."""
     import time as _time
 
-    from orchestrator.isolation import RACY_S, discover_masks, discover_masks_cached
+    from orchestrator.sandbox.isolation import RACY_S, discover_masks, discover_masks_cached
     secret = tmp_path / "creds"
     extra = [bytes(secret)]
     _time.sleep(RACY_S + 0.1)  # let the fresh tmp dir age past the racy window
@@ -417,6 +418,6 @@ def test_masks_cache_sees_a_new_credential_folder(tmp_path):
 
 
 def test_wrapper_resets_signals_unless_told_not_to():
-    from orchestrator.cgexec import wrapper_argv
+    from orchestrator.sandbox.cgexec import wrapper_argv
     assert b"--default-signal" in wrapper_argv(["true"])
     assert b"--default-signal" not in wrapper_argv(["true"], reset_signals=False)

@@ -1,4 +1,4 @@
-"""RunLimits on real cgroups (v1 here; the v2 path on the controller-less cgroup2 this machine
+"""Limits on real cgroups (v1 here; the v2 path on the controller-less cgroup2 this machine
 has) and the rlimit fallback. Every cgroup created is swept at the end of the module."""
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups
-from orchestrator.cgexec import wrapper_argv
-from orchestrator.cgroups import CgroupV2, RunLimits, Support
+from orchestrator.sandbox import cgroups
+from orchestrator.sandbox.cgexec import wrapper_argv
+from orchestrator.limits import Limits
+from orchestrator.sandbox.cgroups import CgroupV2, Support
 from orchestrator.errors import SandboxSetupFailed
-from orchestrator.runner import RunSpec, run_isolated
+from orchestrator.sandbox.runner import RunSpec, run_isolated
 
 PREFIX = f"petri-test-lim-{os.getpid()}"
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, masked inside
@@ -47,7 +48,7 @@ def box(tmp_path):
     (tmp_path / "tree").mkdir()
     n = iter(range(1, 1000))
 
-    def run(script, limits=RunLimits(), *, timeout=30.0, support=None):
+    def run(script, limits=Limits(), *, timeout=30.0, support=None):
         i = next(n)
         spec = RunSpec(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
                        argv=["/bin/sh", "-c", script], cwd=tmp_path / "ws", env={}, limits=limits,
@@ -82,7 +83,7 @@ def test_detects_v1_here():
 def test_memory_bomb_is_killed_137_and_the_host_is_fine(box):
     limit = 64 << 20
     res, out, err = box(f"{PY} -c 'x = []\nwhile True: x.append(bytearray(1 << 20))'; exit $?",
-                        RunLimits(mem_bytes=limit))
+                        Limits(mem_bytes=limit))
     assert (res.exit_code, res.killed_by) == (137, "memory"), (res, err)
     assert "memory" in res.limits_hit
     assert res.peak_memory_bytes is not None and limit // 2 < res.peak_memory_bytes <= limit
@@ -105,7 +106,7 @@ def test_fork_bomb_stays_under_pids_max_and_is_reaped(box):
             "        time.sleep(60); os._exit(0)\n"
             "    n += 1\n"
             "print(n, len([p for p in os.listdir('/proc') if p.isdigit()]))\n")
-    res, out, err = box(f"{PY} -c \"{bomb}\" {mark}", RunLimits(pids=16))
+    res, out, err = box(f"{PY} -c \"{bomb}\" {mark}", Limits(pids=16))
     assert res.exit_code == 0, err
     forked, visible = map(int, out.split())
     assert 5 < forked < 16 and visible <= 16
@@ -118,7 +119,7 @@ def test_fork_bomb_stays_under_pids_max_and_is_reaped(box):
 def test_cpu_hog_is_throttled_to_its_quota(box):
     wall = 1.5
     res, out, err = box(f"{PY} -c 'import time\ne = time.time() + {wall}\nwhile time.time() < e: pass'",
-                        RunLimits(cpus=0.2))
+                        Limits(cpus=0.2))
     assert res.exit_code == 0, err
     assert "cpu" in res.limits_hit
     # Unthrottled it would use ~1.5 s of CPU; at 0.2 CPUs about 0.3 s.
@@ -129,7 +130,7 @@ def test_rlimit_fallback_limits_and_warns(box):
     none = Support("none", "test: pretend there is no cgroup")
     res, out, err = box(f"grep -E 'Max (address space|processes)' /proc/self/limits; "
                         f"{PY} -c 'bytearray(400 << 20)' 2>&1 | tail -n 1",
-                        RunLimits(mem_bytes=200 << 20, pids=500, cpus=1), support=none)
+                        Limits(mem_bytes=200 << 20, pids=500, cpus=1), support=none)
     assert res.cgroup_mode == "none" and res.exit_code == 0
     assert "209715200" in out and "500" in out, out
     assert "MemoryError" in out
@@ -146,7 +147,7 @@ needs_unified = pytest.mark.skipif(not (UNIFIED / "cgroup.procs").exists(),
 
 @needs_unified
 def test_v2_join_kill_remove_on_a_controllerless_cgroup2():
-    cg = CgroupV2(f"{PREFIX}/v2/a", UNIFIED, controllers=()).create(RunLimits())
+    cg = CgroupV2(f"{PREFIX}/v2/a", UNIFIED, controllers=()).create(Limits())
     p = subprocess.Popen(wrapper_argv(["sleep", "30"], procs_files=cg.procs_files()), start_new_session=True)
     try:
         deadline = time.monotonic() + 5
@@ -160,9 +161,9 @@ def test_v2_join_kill_remove_on_a_controllerless_cgroup2():
     finally:
         p.kill()
         p.wait()
-    # RunLimits this cgroup2 cannot give are refused, not silently dropped.
+    # Limits this cgroup2 cannot give are refused, not silently dropped.
     with pytest.raises(cgroups.CgroupFailure):
-        CgroupV2(f"{PREFIX}/v2/b", UNIFIED, controllers=()).create(RunLimits(mem_bytes=1 << 30))
+        CgroupV2(f"{PREFIX}/v2/b", UNIFIED, controllers=()).create(Limits(mem_bytes=1 << 30))
     assert not (UNIFIED / PREFIX / "v2" / "b").exists()
 
 
@@ -178,7 +179,34 @@ def test_v2_run_times_out_and_reaps_a_daemon(box):
     assert out.strip() == "0::/"  # its own cgroup namespace
     assert _procs_with(mark) == []
     with pytest.raises(SandboxSetupFailed):
-        box("true", RunLimits(mem_bytes=1 << 30), support=sup2)
+        box("true", Limits(mem_bytes=1 << 30), support=sup2)
+
+
+# ------------------------------------------------------------------------ one Limits
+
+
+@needs_v1
+def test_one_limits_type_from_the_row_to_the_cgroup_files():
+    # The sandbox's recorded limits reach the cgroup as the same Limits the CLI parsed (no
+    # second shape); disk and ttl ride along and the cgroup ignores them (quota, deadline).
+    from types import SimpleNamespace
+
+    from orchestrator.runs import run_limits
+
+    parsed = Limits(mem="64M", cpus="0.5", pids=10, disk="1G", ttl="1h", net=True)
+    lim = run_limits(SimpleNamespace(limits=parsed.as_dict()))
+    assert type(lim) is Limits and lim == parsed
+    assert not hasattr(cgroups, "RunLimits")
+    cg = cgroups.open_cgroup(f"{PREFIX}/one/run-1", lim)
+    try:
+        m = SUP.v1_mounts
+        assert (m["memory"] / PREFIX / "one/run-1/memory.limit_in_bytes").read_text().strip() == str(64 << 20)
+        assert (m["pids"] / PREFIX / "one/run-1/pids.max").read_text().strip() == "10"
+        if "cpu" in m:
+            assert (m["cpu"] / PREFIX / "one/run-1/cpu.cfs_quota_us").read_text().strip() == "50000"
+    finally:
+        cg.kill_all()
+        cg.remove()
 
 
 # ------------------------------------------------------------------------ sweep
@@ -187,8 +215,8 @@ def test_v2_run_times_out_and_reaps_a_daemon(box):
 @needs_v1
 def test_sweep_kills_and_removes_leaked_cgroups_but_keeps_the_living():
     mark = f"32.{secrets.randbelow(10**6):06d}"
-    leaked = cgroups.open_cgroup(f"{PREFIX}/gc/sb-dead/run-1", RunLimits(pids=10))
-    alive = cgroups.open_cgroup(f"{PREFIX}/gc/sb-live/run-1", RunLimits(pids=10))
+    leaked = cgroups.open_cgroup(f"{PREFIX}/gc/sb-dead/run-1", Limits(pids=10))
+    alive = cgroups.open_cgroup(f"{PREFIX}/gc/sb-live/run-1", Limits(pids=10))
     p = subprocess.Popen(wrapper_argv(["sleep", mark], procs_files=leaked.procs_files()), start_new_session=True)
     try:
         deadline = time.monotonic() + 5
@@ -209,10 +237,10 @@ def test_sweep_kills_and_removes_leaked_cgroups_but_keeps_the_living():
 
 @needs_v1
 def test_cgexec_module_joins_the_cgroup_before_exec():
-    cg = cgroups.open_cgroup(f"{PREFIX}/cli/run-1", RunLimits(pids=10))
+    cg = cgroups.open_cgroup(f"{PREFIX}/cli/run-1", Limits(pids=10))
     try:
         args = [a for f in cg.procs_files() for a in ("--procs", str(f))]
-        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
+        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.sandbox.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=30)
         assert cp.returncode == 0, cp.stderr
         lines = dict(l.split(":", 2)[1:] for l in cp.stdout.splitlines())

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator import cgroups
+from orchestrator.sandbox import cgroups
 from orchestrator.race import Candidate, Outcome, conflicts, interleave, rank
 from tests.conftest import REPO, petri
 

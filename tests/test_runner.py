@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import cgroups
-from orchestrator.cgroups import RunLimits
-from orchestrator.runner import RunEvent, RunSpec, run_isolated
+from orchestrator.sandbox import cgroups
+from orchestrator.limits import Limits
+from orchestrator.sandbox.runner import RunEvent, RunSpec, run_isolated
 
 PREFIX = f"petri-test-run-{os.getpid()}"
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, masked inside
@@ -44,7 +44,7 @@ def make_spec(tmp_path: Path, argv, **kw) -> RunSpec:
     (tmp_path / "ws").mkdir(parents=True, exist_ok=True)
     (tmp_path / "tree").mkdir(parents=True, exist_ok=True)
     d = dict(workspace=tmp_path / "ws", tree=tmp_path / "tree", store=tmp_path / "ws" / ".petri",
-             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=RunLimits(mem_bytes=512 << 20, pids=128),
+             argv=list(argv), cwd=tmp_path / "ws", env={}, limits=Limits(mem_bytes=512 << 20, pids=128),
              timeout_s=30.0, deadline=None, stdout_path=tmp_path / "logs" / f"{i}.out",
              stderr_path=tmp_path / "logs" / f"{i}.err", uid=0, gid=0,
              cgroup_name=f"{PREFIX}/sb/run-{i}", echo=False)
@@ -94,7 +94,7 @@ def test_echo_streams_to_our_stdout(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-c", "echo to-out; echo to-err >&2"], echo=True)
     code = """
 import functools, pickle, sys, trio
-from orchestrator.runner import run_isolated
+from orchestrator.sandbox.runner import run_isolated
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 sys.exit(trio.run(functools.partial(run_isolated, spec)).exit_code)
 """
@@ -170,7 +170,7 @@ def test_ctrl_c_reaches_the_command_and_petri_cleans_up(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=None)
     code = """
 import functools, pickle, sys, trio
-from orchestrator.runner import run_isolated
+from orchestrator.sandbox.runner import run_isolated
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 r = trio.run(functools.partial(run_isolated, spec, forward_signals=True))
 print('RESULT', r.exit_code, r.killed_by)
@@ -201,7 +201,7 @@ def test_interactive_shell_gets_its_own_terminal(tmp_path):
     spec = make_spec(tmp_path, ["/bin/sh", "-i"], timeout_s=30.0)
     code = """
 import pickle, sys
-from orchestrator.pty_shell import run_shell
+from orchestrator.sandbox.pty_shell import run_shell
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 sys.exit(run_shell(spec))
 """
@@ -259,3 +259,28 @@ def test_runs_in_one_nursery_overlap(tmp_path):
     assert time.monotonic() - t < 2.5  # three 1 s runs at once, not 3 s in a row
     assert [r.exit_code for r in results] == [0, 0, 0]
     assert all(s.stdout_path.read_text() == "done\n" for s in specs)
+
+
+# ---------------------------------------------------------------------------- shared setup
+
+
+def test_prepare_gives_the_wrapper_argv_and_undoes_itself(tmp_path):
+    # run_isolated and run_shell share this setup: what it makes (the filter's fd, the
+    # cgroup) is gone when the with ends, even when the body raises.
+    from orchestrator.sandbox.prepare import prepare
+
+    spec = make_spec(tmp_path, ["true"])
+    sup = cgroups.support()
+    with pytest.raises(RuntimeError, match="body"):
+        with prepare(spec, argv=spec.argv, marker=b"M", new_session=True, support=sup) as prep:
+            fd = prep.filter_fd
+            assert fd is not None and prep.pass_fds == (fd,) and os.fstat(fd)
+            assert b"--seccomp" in prep.argv and b"%d" % fd in prep.argv
+            if sup.mode != "none":
+                assert prep.cgroup is not None and prep.cgroup.pids() == set()
+                assert [str(f).encode() for f in prep.cgroup.procs_files()] == [
+                    a for a in prep.argv if a.endswith(b"cgroup.procs")]
+            raise RuntimeError("body")
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert cgroups.list_cgroups(f"{PREFIX}/sb") == []

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.timeout(300),
 PLANT = 'cp "$(readlink -f "$(command -v python3)")" rootpy; chmod 4755 rootpy'
 EUID = "import os; print(os.geteuid())"
 BACKENDS = ["copy", "btrfs", "overlay", "fuse"]
-VIEWS = Path("/run/petri")  # orchestrator.run_view.VIEWS, spelled out: the test must not need it
+VIEWS = Path("/run/petri")  # orchestrator.sandbox.run_view.VIEWS, spelled out: the test must not need it
 
 
 def scratch(prefix: str, parent: str = "/var/tmp") -> Path:

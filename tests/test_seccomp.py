@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import isolation, seccomp
+from orchestrator.sandbox import isolation, seccomp
 from orchestrator.errors import BadSeccompProfile
 from tests.conftest import REPO, petri
 from tests.test_run_cli import fork, ws  # noqa: F401 (ws: a fixture; copy backend, no cgroup left behind)

@@ -2,15 +2,16 @@
 
 The runner starts this wrapper instead of bwrap. It writes its own pid into every cgroup's
 ``cgroup.procs``, sets rlimits when there is no cgroup to use, resets every signal to its
-default disposition, drops root privileges to the target uid, and execs bwrap. exec keeps the pid, so bwrap and everything it starts is born
-inside the cgroup: there is no window in which the command runs unlimited.
+default disposition, drops root privileges to the target uid, and execs bwrap. exec keeps the
+pid, so bwrap and everything it starts is born inside the cgroup: there is no window in
+which the command runs unlimited.
 
 Why not ``preexec_fn``: it runs Python between fork and exec in a process that inherited
 trio's threads' locks (it can deadlock), and CPython warns against it with threads. Why not
 a Python wrapper: it costs ~8 ms of interpreter start per run, dash ~1 ms, and the job is
 four lines. The wrapper is therefore ``/bin/sh`` (dash on Debian) with util-linux's
 ``setpriv``; this module builds its command line (pure) and also works as
-``python -m orchestrator.cgexec --procs F... [--uid U --gid G] [--as-bytes N] [--nproc N]
+``python -m orchestrator.sandbox.cgexec --procs F... [--uid U --gid G] [--as-bytes N] [--nproc N]
 -- ARGV...`` for debugging.
 
 Dropping privileges before bwrap rather than asking a root bwrap for ``--uid``: a root bwrap
@@ -125,7 +126,7 @@ def wrapper_argv(
 def main(args: Sequence[str] | None = None) -> None:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m orchestrator.cgexec")
+    p = argparse.ArgumentParser(prog="python -m orchestrator.sandbox.cgexec")
     p.add_argument("--procs", action="append", default=[], help="a cgroup.procs file to join")
     p.add_argument("--uid", type=int)
     p.add_argument("--gid", type=int)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
-from orchestrator.cgexec import Rlimits
+from orchestrator.limits import Limits
+from orchestrator.sandbox.cgexec import Rlimits
 from snapshot.osutil import mounts
 
 Mode = Literal["v2", "v1", "none"]
@@ -49,18 +50,6 @@ Mode = Literal["v2", "v1", "none"]
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CFS_PERIOD_US = 100_000
-
-
-@dataclass(frozen=True)
-class RunLimits:
-    """What one run's cgroup (or rlimits) enforces. The sandbox's recorded limits, with disk
-    and lifetime, are ``engine.Limits``; ``runs.run_limits`` maps one to the other."""
-
-    mem_bytes: int | None = None
-    cpus: float | None = None
-    pids: int | None = None
-    net: bool = False
-    tmp_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -207,7 +196,7 @@ def detect_cgroup_mode() -> tuple[Mode, str]:
     return s.mode, s.reason
 
 
-def rlimit_fallback(limits: RunLimits) -> tuple[Rlimits | None, list[str]]:
+def rlimit_fallback(limits: Limits) -> tuple[Rlimits | None, list[str]]:
     """rlimits standing in for cgroup limits, and one warning per thing that is weaker."""
     warn: list[str] = []
     as_bytes = nproc = None
@@ -345,7 +334,7 @@ class CgroupV1(Cgroup):
                 seen.append(d)
         return seen
 
-    def create(self, limits: RunLimits) -> "CgroupV1":
+    def create(self, limits: Limits) -> "CgroupV1":
         for d in self._unique_dirs():
             _mkdirs(d)
         mem = self.dirs.get("memory")
@@ -446,7 +435,7 @@ class CgroupV2(Cgroup):
         self.dir = base / self.name
         self.controllers = tuple(controllers)
 
-    def create(self, limits: RunLimits) -> "CgroupV2":
+    def create(self, limits: Limits) -> "CgroupV2":
         # Enable the controllers down the chain: a child only gets a controller its parent
         # lists in cgroup.subtree_control (and a cgroup with processes cannot: the base is
         # the hierarchy root or a delegated subtree whose processes live in leaves).
@@ -462,7 +451,8 @@ class CgroupV2(Cgroup):
             raise CgroupFailure(errno.ENOTSUP, f"cgroup2 at {self.base} lacks {', '.join(missing)}")
         _mkdirs(self.dir)
         if wanted:
-            chain = [self.base] + [self.base.joinpath(*Path(self.name).parts[:i]) for i in range(1, len(Path(self.name).parts))]
+            parts = Path(self.name).parts
+            chain = [self.base] + [self.base.joinpath(*parts[:i]) for i in range(1, len(parts))]
             for d in chain:
                 _write(d / "cgroup.subtree_control", " ".join("+" + c for c in wanted))
         if limits.mem_bytes is not None:
@@ -524,7 +514,7 @@ class CgroupV2(Cgroup):
         _rmdir_chain(self.dir, self.base)
 
 
-def open_cgroup(name: str, limits: RunLimits, sup: Support | None = None) -> Cgroup | None:
+def open_cgroup(name: str, limits: Limits, sup: Support | None = None) -> Cgroup | None:
     """Create the run's cgroup with its limits; None when this machine has none to give."""
     sup = sup or support()
     if sup.mode == "v2":
@@ -560,7 +550,7 @@ def list_cgroups(prefix: str = "petri", sup: Support | None = None) -> list[tupl
         top = r / prefix
         if not top.is_dir():
             continue
-        for dirpath, dirnames, _ in os.walk(top):
+        for dirpath, _, _ in os.walk(top):
             found.append((r, Path(dirpath)))
     found.sort(key=lambda rd: len(rd[1].parts), reverse=True)
     return found

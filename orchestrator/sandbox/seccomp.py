@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import BadSeccompProfile, SeccompUnavailable
+from ..errors import BadSeccompProfile, SeccompUnavailable
 
 Profile = Literal["default", "strict", "off"]
 PROFILES: tuple[str, ...] = ("default", "strict", "off")
@@ -255,12 +255,14 @@ def compile_bpf(plan: FilterPlan) -> bytes:
         nr = sc.resolve_syscall(sc.Arch.NATIVE, rule.syscall)
         if nr == -1:  # __NR_SCALL_ERR: this libseccomp does not know the name
             if rule.number is None:
-                raise SeccompUnavailable(profile=plan.profile, why=f"libseccomp does not know the syscall {rule.syscall}")
+                raise SeccompUnavailable(profile=plan.profile,
+                                         why=f"libseccomp does not know the syscall {rule.syscall}")
             nr = rule.number
         args = []
         if rule.arg is not None:
             a = rule.arg
-            args = [sc.Arg(a.index, sc.MASKED_EQ, a.mask, a.value) if a.op == "masked_eq" else sc.Arg(a.index, sc.NE, a.value)]
+            args = [sc.Arg(a.index, sc.MASKED_EQ, a.mask, a.value) if a.op == "masked_eq"
+                    else sc.Arg(a.index, sc.NE, a.value)]
         try:
             f.add_rule(sc.ERRNO(rule.errno), nr, *args)
         except OSError as e:
@@ -360,7 +362,8 @@ def _read_cached(path: Path) -> bytes | None:
         return None
     finally:
         os.close(fd)
-    head, digest, body = raw[: len(CACHE_FORMAT)], raw[len(CACHE_FORMAT): len(CACHE_FORMAT) + 32], raw[len(CACHE_FORMAT) + 32:]
+    n = len(CACHE_FORMAT)
+    head, digest, body = raw[:n], raw[n: n + 32], raw[n + 32:]
     if head != CACHE_FORMAT or hashlib.sha256(body).digest() != digest or not body or len(body) % 8:
         return None
     return body

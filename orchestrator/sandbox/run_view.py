@@ -29,13 +29,19 @@ import contextlib
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
-from .errors import OwnersCannotBeMapped, SandboxSetupFailed
-from .registry import pid_alive
+from ..errors import OwnersCannotBeMapped, SandboxSetupFailed
+from .procs import pid_alive
 
-if TYPE_CHECKING:
-    from .run_as import RunAs
+
+class RunAs(Protocol):
+    """Whom a run's command is on the host (``orchestrator.run_as.RunAs`` is one)."""
+
+    host_uid: int
+    host_gid: int
+    idmap: object | None  # snapshot.idmap.IdMap: how the tree's owners must look inside
+    user: str
 
 # Every petri command reaps dead views: the mount plumbing (snapshot.idmap) is imported only
 # when there is a view to make or remove.

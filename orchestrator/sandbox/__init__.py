@@ -1,0 +1,45 @@
+"""The sandbox mechanism: how one command runs isolated, given plain values (paths, ids,
+``orchestrator.limits.Limits``, uids). It knows no registry, engine, config or events: the
+services above (``orchestrator.runs``) decide what to run and record what happened.
+
+- ``isolation``: the sandbox plan (mounts, masks, namespaces) and its bwrap command line;
+  ``host_sockets``: which host sockets a plan hides or binds back;
+- ``seccomp``: the syscall filter's profiles, compiled to BPF for bwrap;
+- ``cgroups``: a run's cgroup (v2, v1, or rlimits) with its limits, kill loop and counters;
+  ``cgexec``: the wrapper that joins the cgroup and drops privileges before bwrap;
+- ``prepare``: the setup a run and a shell share (plan, filter fd, cgroup, wrapper argv);
+- ``runner``: ``run_isolated`` (trio), output, timeouts, signals; ``pty_shell``: ``run_shell``
+  on a pseudo-terminal; ``spawn``: forking from the event loop's thread;
+- ``run_view``: the per-run mount of the tree for a host user who cannot enter the store;
+- ``procs``: process facts (``pid_alive``).
+
+Nothing is imported here: ``import orchestrator.sandbox.procs`` (the registry does) must not
+pull in trio or the seccomp compiler. Import the submodule you need.
+
+Caveat: the names below are resolved on first use (PEP 562), so ``from orchestrator.sandbox
+import run_isolated`` costs the runner's imports (trio) at that moment.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "Limits": "orchestrator.limits",
+    "RunSpec": "orchestrator.sandbox.runner",
+    "RunResult": "orchestrator.sandbox.runner",
+    "RunEvent": "orchestrator.sandbox.runner",
+    "run_isolated": "orchestrator.sandbox.runner",
+    "run_shell": "orchestrator.sandbox.pty_shell",
+    "pid_alive": "orchestrator.sandbox.procs",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)
