@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -170,6 +171,46 @@ async def run_isolated(
             on_event(RunEvent("finished", result=res))
         return res
 
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        res = await _attempt(spec, sup, end_at, end_kind, kill_grace_s, forward_signals, t0,
+                             on_event if attempt == 1 else _no_warnings(on_event))
+        if attempt == SETUP_ATTEMPTS or not _mount_table_moved(res):
+            break
+    if on_event:
+        on_event(RunEvent("finished", result=res))
+    return res
+
+
+# bwrap binds the host's / recursively and then remounts each mount it copied read-only.
+# A mount that another process removes in between (another petri's per-run view of a
+# sandbox tree ending: orchestrator.sandbox.run_view) makes that remount fail, and bwrap
+# exits before the command starts ("Can't bind mount /oldroot/ on /newroot/: Unable to
+# apply mount flags: remount ...": seen with three race checks starting at once, and
+# reproduced with bwrap alone against a loop of mounts coming and going). Nothing of the
+# command ran (the marker was not seen), so starting again is safe; the chance that it hits
+# the same instant again is small, and a third failure is reported as it is.
+SETUP_ATTEMPTS = 3
+_MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount")
+
+
+def _mount_table_moved(res: RunResult) -> bool:
+    return res.exit_code == EXIT_PETRI and bool(res.setup_error) and bool(_MOVED.search(res.setup_error or ""))
+
+
+def _no_warnings(on_event: Callable[[RunEvent], None] | None) -> Callable[[RunEvent], None] | None:
+    """A retried start's events without the setup warnings the first one already gave."""
+    if on_event is None:
+        return None
+
+    def forward(ev: RunEvent) -> None:
+        if ev.kind != "warning":
+            on_event(ev)
+    return forward
+
+
+async def _attempt(spec: RunSpec, sup: cgroups.Support, end_at: float, end_kind: str | None, kill_grace_s: float,
+                   forward_signals: bool, t0: float, on_event: Callable[[RunEvent], None] | None) -> RunResult:
+    """One start of the run, to its end (the output files begin empty)."""
     marker = isolation.new_marker()
     with ExitStack() as files:
         out_f = files.enter_context(open(spec.stdout_path, "wb"))
@@ -186,10 +227,7 @@ async def run_isolated(
             finally:
                 with trio.CancelScope(shield=True):
                     await run.reap()
-    res = run.result(time.monotonic() - t0, sup.mode, prep.warnings)
-    if on_event:
-        on_event(RunEvent("finished", result=res))
-    return res
+    return run.result(time.monotonic() - t0, sup.mode, prep.warnings)
 
 
 class _Run:
