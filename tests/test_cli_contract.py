@@ -494,3 +494,9 @@ def test_ls_fast_path_prints_what_typer_prints(ws):
     assert set(fast.json) == set(slow.json) == {"schema", "sandboxes"}
     missing = petri("ls", "--json", cwd=ws.parent)
     assert missing.rc == 4 and missing.json["exit_code"] == 4 and len(missing.err.strip().splitlines()) == 1
+
+
+def test_a_mistyped_command_names_commands_not_yet_loaded(ws):
+    """The lazy group loads no command before resolving one, yet the suggestion covers all."""
+    r = petri("promot", cwd=ws)
+    assert r.rc == 2 and "'promote'" in r.err and "'promotions'" in r.err and r.err.count("Did you mean") == 1, r

@@ -15,7 +15,7 @@ tests/test_cli_contract.py::test_help_for_newcomers checks that they agree.
 """
 
 import importlib
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import click
 import typer
@@ -99,6 +99,17 @@ class LazyGroup(typer.core.TyperGroup):
         cmd = load_command(name)
         self.commands[name] = cmd
         return cmd
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """An unknown command names the close ones from every command, not only the ones
+        already loaded (click >= 8.4 suggests from ``self.commands``)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            name = getattr(e, "command_name", None)
+            if name is None:
+                raise
+            raise type(e)(name, possibilities=self.list_commands(ctx), ctx=ctx) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Each command with its whole first line (not cut with "…"), loading none."""
