@@ -78,7 +78,8 @@ def warm_cli(scratch: Path) -> None:
     """Fill the bytecode cache for every module a CLI init/fork/rm/deinit imports."""
     env = cli_env()
     py = REPO / ".venv" / "bin" / "python"
-    mods = ["orchestrator.cli", "orchestrator.engine"] + [f"snapshot.backends.{b}" for b in
+    mods = ["orchestrator.cli", "orchestrator.cli.app", "orchestrator.cli.workspace", "orchestrator.cli.sandboxes",
+            "orchestrator.engine"] + [f"snapshot.backends.{b}" for b in
                                                           ("btrfs", "overlay", "reflink", "copy", "fuse")]
     run([py, "-c", "import importlib\nfor m in %r: importlib.import_module(m)" % mods], env=env, cwd=REPO)
     ws = scratch / "warm-ws"

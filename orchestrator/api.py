@@ -122,12 +122,14 @@ def init(path: str | os.PathLike = ".", *, backend: str = "auto", convert: bool 
     return ws
 
 
-def open(path: str | os.PathLike | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001 - petri.open
+def open(path: str | os.PathLike | None = None, *, via: str = "api",  # noqa: A001 - petri.open
+         override: str | None = None) -> "Workspace":
     """The workspace that holds ``path`` (default: the current directory, or
-    ``PETRI_WORKSPACE``), found by walking up as git does."""
+    ``PETRI_WORKSPACE``), found by walking up as git does. ``override``: a workspace named
+    outright (the CLI's ``--workspace``), which wins over both."""
     from .workspace import find_workspace
 
-    return Workspace(find_workspace(None if path is None else Path(path), None), via=via)
+    return Workspace(find_workspace(None if path is None else Path(path), override), via=via)
 
 
 # ---------------------------------------------------------------------------- the workspace

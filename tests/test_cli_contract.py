@@ -293,12 +293,14 @@ def test_help_for_newcomers():
     assert r.rc == 0
     listing = r.out.split("Commands:", 1)[1]
     assert "..." not in listing, listing
-    from orchestrator.cli import app
-    import typer
-    group = typer.main.get_command(app)
+    import click
+
+    from orchestrator.cli.app import root_group
+    group = root_group()
     flat = " ".join(listing.split())
-    for name, cmd in group.commands.items():
-        if not cmd.hidden:
+    for name in group.list_commands(click.Context(group)):
+        cmd = group.get_command(click.Context(group), name)
+        if not cmd.hidden:  # the lazy listing's line is the command's own first line
             first = cmd.help.strip().splitlines()[0]
             assert " ".join(first.split()) in flat, (name, first)
     race = petri("race", "--help").out
@@ -450,3 +452,51 @@ def test_the_scripts_need_root_and_say_so(unprivileged_user, user_tmp, script):
                cwd=str(user_tmp))
     assert r.returncode == 0, r.stderr
     assert log.read_text().split() == ["--", "bash", str(REPO / "scripts" / script), "-k", "x"]
+
+
+# --------------------------------------------------------------------------- start-up (issue 10)
+
+_HEAVY = ("textual", "mcp", "ray", "trio", "pydantic", "orchestrator.cli.race", "orchestrator.cli.merge",
+          "orchestrator.cli.mcp", "orchestrator.cli.tui", "orchestrator.cli.lineage", "orchestrator.cluster",
+          "orchestrator.mcp")
+
+
+def _modules_after(argv, cwd):
+    """The modules a real `python -m orchestrator.cli ARGV` process has loaded when it exits."""
+    code = ("import atexit, json, os, runpy, sys\n"
+            "atexit.register(lambda: os.write(2, ('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n').encode()))\n"
+            f"sys.argv = ['petri', *{list(argv)!r}]\n"
+            "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)\n")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+    line = [x for x in cp.stderr.splitlines() if x.startswith("MODULES ")][-1]
+    return cp, set(json.loads(line[len("MODULES "):]))
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["ls"], ["ls", "--json"], ["--json", "ls", "-a"]])
+def test_version_help_and_ls_import_no_other_command(ws, argv):
+    cp, mods = _modules_after(argv, ws)
+    assert cp.returncode == 0, cp.stderr
+    loaded = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in _HEAVY))
+    assert not loaded, loaded
+    if argv != ["--help"]:
+        assert "typer" not in mods and "click" not in mods  # the fast path builds no typer app
+    assert "orchestrator.cli.run" not in mods and "orchestrator.cli.workspace" not in mods
+
+
+def test_ls_fast_path_prints_what_typer_prints(ws):
+    """The same bytes with and without the fast path (`--reason` is a global flag the fast
+    path also takes; `ls --all --all` goes through typer)."""
+    fork(ws, "--label", "same")
+    fast = petri("ls", "--json", cwd=ws)
+    slow = petri("ls", "--all", "--all", "--json", cwd=ws)
+    assert fast.rc == slow.rc == 0
+    assert [s["id"] for s in fast.json["sandboxes"]] == [s["id"] for s in slow.json["sandboxes"]]
+    assert set(fast.json) == set(slow.json) == {"schema", "sandboxes"}
+    missing = petri("ls", "--json", cwd=ws.parent)
+    assert missing.rc == 4 and missing.json["exit_code"] == 4 and len(missing.err.strip().splitlines()) == 1
+
+
+def test_a_mistyped_command_names_commands_not_yet_loaded(ws):
+    """The lazy group loads no command before resolving one, yet the suggestion covers all."""
+    r = petri("promot", cwd=ws)
+    assert r.rc == 2 and "'promote'" in r.err and "'promotions'" in r.err and r.err.count("Did you mean") == 1, r

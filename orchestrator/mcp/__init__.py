@@ -8,6 +8,6 @@
 - ``server``: the SDK wiring, on trio, over ``petri.aio``; ``serve()`` is the entry point.
 
 Nothing here is imported by ``import petri`` or by the other commands: the SDK loads only
-when ``petri mcp`` runs (``orchestrator/cli_mcp.py``). Inside this package ``import mcp``
+when ``petri mcp`` runs (``orchestrator/cli/mcp.py``). Inside this package ``import mcp``
 is the SDK (absolute imports), not this package.
 """

@@ -329,7 +329,7 @@ def build_server(st: State) -> Any:
     import mcp_types as types
     from mcp.server import Server
 
-    from ..cli import VERSION
+    from ..cli.common import VERSION
 
     listed = [_tool(t) for t in st.tools.values()]
 

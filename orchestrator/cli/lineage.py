@@ -1,8 +1,7 @@
 """``petri lineage``, ``log``, ``stats`` and ``promote --to/--resume``: parse, call the API,
 render its records.
 
-Importing this module registers the commands on ``app`` (cli.py imports it at its end); it
-imports nothing heavy at module level.
+It imports nothing heavy at module level.
 """
 
 import sys
@@ -10,25 +9,19 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
-from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
+from .app import command_app
+from .common import G, out, workspace
 
-app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
-
-
-def _ws():
-    from .api import Workspace
-
-    e = engine()
-    return Workspace(e.root, via="cli", _engine=e)
+app = command_app()
 
 
 @app.command()
 def lineage(ident: Annotated[Optional[str], typer.Argument(help="A sandbox or snapshot: only its tree (default: all).",
                                                            show_default=False)] = None) -> None:
     """The tree snapshot -> sandbox -> fork of a fork, with generation and race results."""
-    from .lineage import render_tree
+    from ..lineage import render_tree
 
-    doc = _ws().lineage(ident).to_json()
+    doc = workspace().lineage(ident).to_json()
     o = out()
     if G.json:
         o.doc({k: v for k, v in doc.items() if k != "schema"})
@@ -42,20 +35,22 @@ def lineage(ident: Annotated[Optional[str], typer.Argument(help="A sandbox or sn
 
 @app.command("log")
 def log_(
-    since: Annotated[Optional[str], typer.Option("--since", metavar="D", help="Only entries since then: a duration ago (2h, 7d) or an RFC 3339 time.")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", metavar="D",
+                                                 help="Only entries since then: a duration ago (2h, 7d) or an"
+                                                      " RFC 3339 time.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Only the newest N entries.")] = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this operation (fork, run, promote, ...).")] = None,
 ) -> None:
     """The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason, result."""
-    from .errors import UsageError
+    from ..errors import UsageError
     if limit is not None and limit < 1:
         raise UsageError(detail=f"bad --limit {limit}: at least 1")
-    doc = _ws().log(since=since, limit=limit, op=op).to_json()
+    doc = workspace().log(since=since, limit=limit, op=op).to_json()
     o = out()
     if G.json:
         o.doc({k: v for k, v in doc.items() if k != "schema"})
         return
-    from .units import shown
+    from ..units import shown
     rows = []
     for en in doc["entries"]:
         who = f"uid {en['uid']}" + (f" (sudo {en['sudo_uid']})" if en.get("sudo_uid") is not None else "")
@@ -68,13 +63,16 @@ def log_(
 
 @app.command()
 def stats(
-    since: Annotated[Optional[str], typer.Option("--since", metavar="D", help="Only operations since then: a duration ago (24h, 7d) or an RFC 3339 time.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 when a [kpi] threshold of the config is broken, naming it.")] = False,
+    since: Annotated[Optional[str], typer.Option("--since", metavar="D",
+                                                 help="Only operations since then: a duration ago (24h, 7d) or an "
+                                                      "RFC 3339 time.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 when a [kpi] threshold of the config is broken,"
+                                                        " naming it.")] = False,
 ) -> None:
     """p50/p95/p99 of fork, time to first command, run, race, promote, staleness; and rates."""
-    from .errors import KpiBreach
+    from ..errors import KpiBreach
 
-    ws = _ws()
+    ws = workspace()
     o = out()
     try:
         rec = ws.stats(since=since, check=check)
@@ -91,7 +89,7 @@ def stats(
         _print_stats(o, doc)
     if err is not None:
         print(f"petri: {err}", file=sys.stderr, flush=True)
-        raise typer.Exit(err.exit_code)
+        raise typer.Exit(err.exit_code) from None
 
 
 def _secs(v: Any) -> str:
@@ -116,7 +114,7 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
                    verify: Optional[str], paths: Optional[List[str]], on_conflict: str, include_ignored: bool) -> None:
     """``promote --to STAGE`` / ``--resume p-…``: run the pipeline, print where it stands,
     exit with its code (0 done or at a manual gate, 1 failed or inconclusive, 3 conflict)."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     if to is not None and resume is not None:
         raise UsageError(detail="give --to STAGE (with a SANDBOX) or --resume p-…, not both")
@@ -130,7 +128,7 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
     if unsupported:
         raise UsageError(detail=f"{', '.join(unsupported)} cannot be used with --to/--resume: the stages' checks "
                                 "and the config decide")
-    ws = _ws()
+    ws = workspace()
     o = out()
     say = None if G.json else o.note
     rec = ws.promote(sandbox, to=to, say=say) if to is not None else ws.resume(resume, say=say)  # type: ignore[arg-type]
@@ -144,14 +142,17 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
         o.doc(doc)
     else:
         for st in doc["stages"]:
-            checks = ", ".join(f"{c['command']!r} {'ok' if c.get('exit_code') == 0 else c.get('killed_by') or 'exit ' + str(c.get('exit_code'))}"
-                               for c in st["checks"]) or "no checks"
+            checks = ", ".join(f"{c['command']!r} {_check_outcome(c)}" for c in st["checks"]) or "no checks"
             o.say(f"{st['promotion']}  {st['stage']:<12} {st['state']:<8} {st['outcome'] or '-':<18} {checks}")
         if not code:
             o.say(message)
     if code:
         print(f"petri: {message}", file=sys.stderr, flush=True)
         raise typer.Exit(code)
+
+
+def _check_outcome(c: dict[str, Any]) -> str:
+    return "ok" if c.get("exit_code") == 0 else c.get("killed_by") or f"exit {c.get('exit_code')}"
 
 
 def _pipeline_message(doc: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""``petri mcp``: registered on the CLI's ``app``.
+"""``petri mcp``.
 
 The MCP SDK costs about 0.7 s to import, so it is imported only when this command runs
 (``orchestrator.mcp.server``); ``import petri`` and every other command never load it.
@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
-from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
+from .app import command_app
+from .common import G
 
-app, G = _cli.app, _cli.G
+app = command_app()
 
 
 @app.command()
@@ -23,11 +24,11 @@ def mcp(
     Serves the workspace found from the current directory (or --workspace). Sandboxes,
     runs, files, diffs and races are tools; promote and rollback exist only with
     --allow-live. Runs it started stop when the client disconnects."""
-    from .api import open as open_workspace
+    from ..api import open as open_workspace
 
     ws = open_workspace(G.workspace, via="mcp")  # not a workspace: the CLI's one line, exit 4, before serving
     ws.engine  # noqa: B018 - open the registry now: a broken store fails here, not in the first call
-    from .mcp.server import serve
+    from ..mcp.server import serve
 
     code = serve(ws, allow_live=allow_live, debug=G.debug)
     if code:

@@ -1,7 +1,11 @@
-"""``petri diff`` and ``petri promote``: parse, delegate, print (``rollback p-…`` is in cli.py).
+"""``petri diff``, ``promote`` and ``promotions``: parse, delegate, print (``rollback p-…``
+is in workspace.py).
 
-Importing this module registers the commands on ``app``; it imports nothing heavy at
-module level (the merge engine loads when a command runs).
+``diff --json`` and ``promotions`` render API records. ``promote`` and the plain ``diff``
+still call ``orchestrator.promotions`` / ``api.diff_parts`` with the engine: promote echoes
+``--verify`` output live and settles a Ctrl-C truthfully from the journal, and the plain
+diff streams the patch as bytes, none of which the API's records carry. It imports nothing
+heavy at module level (the merge engine loads when a command runs).
 """
 
 import os
@@ -13,8 +17,10 @@ from typing import Annotated, Any, List, Optional
 import click
 import typer
 
-from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
-app, G, engine, out = _cli.app, _cli.G, _cli.engine, _cli.out
+from .app import command_app
+from .common import G, out, workspace
+
+app = command_app()
 
 
 
@@ -30,17 +36,19 @@ def diff(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     stat: Annotated[bool, typer.Option("--stat", help="A diffstat instead of the patch.")] = False,
-    include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
+    include_ignored: Annotated[bool, typer.Option("--include-ignored",
+                                                  help="Also files the workspace's .gitignore ignores.")] = False,
 ) -> None:
     """The sandbox's changes against its base, as a git-format patch."""
     from merge.patch import format_stat
 
-    from .api import diff_doc, diff_parts
-    e = engine()
+    from ..api import diff_parts
+    ws = workspace()
     if G.json:
-        out().doc(diff_doc(e, sandbox, paths or (), include_ignored=include_ignored))
+        out().doc(ws.diff(sandbox, paths or (), include_ignored=include_ignored).to_json())
         return
-    _, stats, patch = diff_parts(e, sandbox, paths or (), include_ignored=include_ignored, with_patch=not stat)
+    # The patch as bytes, streamed as it is (a record holds it as text)
+    _, stats, patch = diff_parts(ws.engine, sandbox, paths or (), include_ignored=include_ignored, with_patch=not stat)
     if stat:
         sys.stdout.write(format_stat(stats))
     else:
@@ -53,14 +61,21 @@ def promote(
     sandbox: Annotated[Optional[str], typer.Argument(help="Sandbox id, prefix or label.", show_default=False)] = None,
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    on_conflict: Annotated[str, typer.Option("--on-conflict", click_type=click.Choice(["fail", "markers", "theirs", "ours"]),
+    on_conflict: Annotated[str, typer.Option("--on-conflict",
+                                             click_type=click.Choice(["fail", "markers", "theirs", "ours"]),
                                              help="On a conflicting hunk: fail (exit 3, nothing written),"
                                                   " markers (write diff3 markers, exit 5), theirs (the"
                                                   " sandbox's side) or ours (the workspace's side).")] = "fail",
-    verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result; undo on failure.")] = None,
-    include_ignored: Annotated[bool, typer.Option("--include-ignored", help="Also files the workspace's .gitignore ignores.")] = False,
-    to: Annotated[Optional[str], typer.Option("--to", metavar="STAGE", help="Graduated promotion: walk the configured [[stages]] in order up to STAGE.")] = None,
-    resume: Annotated[Optional[str], typer.Option("--resume", metavar="p-…", help="Go on with a graduated promotion waiting at a stage (a manual gate, an inconclusive or interrupted check).")] = None,
+    verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result;"
+                                                                   " undo on failure.")] = None,
+    include_ignored: Annotated[bool, typer.Option("--include-ignored",
+                                                  help="Also files the workspace's .gitignore ignores.")] = False,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="STAGE",
+                                              help="Graduated promotion: walk the configured [[stages]] in order up "
+                                                   "to STAGE.")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", metavar="p-…",
+                                                  help="Go on with a graduated promotion waiting at a stage (a "
+                                                       "manual gate, an inconclusive or interrupted check).")] = None,
 ) -> None:
     """Apply the sandbox's changes to the workspace, 3-way against live.
 
@@ -70,17 +85,17 @@ def promote(
     stage was rolled back) or was inconclusive (timed out: the stage waits); 3: a conflict."""
     from merge.errors import PromotionConflict
 
-    from .promotions import promote as do_promote
+    from ..promotions import promote as do_promote
     o = out()
     if to is not None or resume is not None:
-        from .cli_lineage import promote_staged
+        from .lineage import promote_staged
         promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,
                        include_ignored=include_ignored)
         return
     if sandbox is None:
-        from .errors import UsageError
+        from ..errors import UsageError
         raise UsageError(detail="promote needs a SANDBOX (or --resume p-…)")
-    e = engine()
+    e = workspace().engine
     row = e.resolve_sandbox(sandbox)
     wanted = _paths(paths)
     started = time.time()
@@ -98,7 +113,8 @@ def promote(
         for c in conflicts:
             print(f"petri: conflict: {c['path']}: {c['reason']}", file=sys.stderr)
         print(f"petri: promotion stopped on {len(conflicts)} conflict(s); nothing was written"
-              + ("" if on_conflict != "fail" else "; try --on-conflict markers|theirs|ours"), file=sys.stderr, flush=True)
+              + ("" if on_conflict != "fail" else "; try --on-conflict markers|theirs|ours"),
+              file=sys.stderr, flush=True)
         if G.json:
             doc = dict(getattr(err, "doc", None) or {"promotion": None, "applied": [], "verified": None,
                                                      "rolled_back": False})
@@ -106,7 +122,7 @@ def promote(
             doc["applied"] = []
             doc.update({"error": str(err), "exit_code": 3})
             o.doc(doc)
-        raise typer.Exit(3)
+        raise typer.Exit(3) from None
     if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
         doc["unchanged"] = _check_paths_exist(e, row, wanted)
     code = 0
@@ -116,8 +132,9 @@ def promote(
         code = 5
     if G.json:
         if code == 1:
-            doc.setdefault("error", "--verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
-                                                         else "; the rollback failed: " + doc.get("rollback_error", "")))
+            doc.setdefault("error", "--verify failed"
+                           + ("; the promotion was rolled back" if doc.get("rolled_back")
+                              else "; the rollback failed: " + doc.get("rollback_error", "")))
             doc["exit_code"] = 1
         o.doc(doc)
     else:
@@ -129,8 +146,8 @@ def promote(
 def _check_paths_exist(e: Any, row: Any, wanted: list[bytes]) -> list[str]:
     """The paths asked for that exist (unchanged) in the sandbox or its base; a path in
     neither is a usage error (exit 2), not "no changes"."""
-    from .changesets import sandbox_views
-    from .errors import UsageError
+    from ..changesets import sandbox_views
+    from ..errors import UsageError
     with sandbox_views(e, row) as (base, tree):
         missing = [p for p in wanted if not (_lexists_under(bytes(tree), p) or _lexists_under(bytes(base), p))]
     if missing:
@@ -159,7 +176,7 @@ def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> N
     """Ctrl-C in promote: say truthfully whether the sandbox was promoted (exit 130)."""
     import signal
 
-    from .promotions import settle_interrupted
+    from ..promotions import settle_interrupted
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the settling short
     promo = settle_interrupted(e, sb_id, started)
     if promo is None:
@@ -172,7 +189,7 @@ def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> N
         rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
         out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
                    "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": 130})
-    raise typer.Exit(130)
+    raise typer.Exit(130) from None
 
 
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
@@ -221,17 +238,16 @@ def promotions(
                                                           " (they wrote nothing).")] = False,
 ) -> None:
     """Promotions: id, sandbox, paths, time, state, whether it can still be undone."""
-    e = engine()
-    from .promotions import promotion_docs
-    docs = promotion_docs(e, include_conflicts=all_)
+    doc = workspace().promotion_list(include_conflicts=all_).to_json()
+    docs = doc["promotions"]
     o = out()
     if G.json:
-        o.doc({"promotions": docs})
+        o.doc(doc)
         return
     from datetime import datetime
 
-    from .registry import now
-    from .units import human_duration
+    from ..registry import now
+    from ..units import human_duration
     rows = []
     for d in docs:
         paths = d["applied"]

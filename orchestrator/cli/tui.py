@@ -1,4 +1,4 @@
-"""``petri tui``: registered on the CLI's ``app`` (``orchestrator.cli`` imports this module).
+"""``petri tui``.
 
 The command only parses and delegates; Textual is imported inside it, so ``petri ls`` and
 every other command never pay for it.
@@ -9,14 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import cli as _cli  # noqa: E402 (cli imports this module at its end)
+from .app import command_app
+from .common import G
 
-app, G = _cli.app, _cli.G
+app = command_app()
 
 
 @app.command()
 def tui(
-    read_only: Annotated[bool, typer.Option("--read-only", help="Look only: no action that changes anything is offered.")] = False,
+    read_only: Annotated[bool, typer.Option("--read-only", help="Look only: no action that changes anything is"
+                                                                " offered.")] = False,
     race: Annotated[Optional[str], typer.Option("--race", help="Open on this race (id or prefix).")] = None,
 ) -> None:
     """The terminal UI: sandboxes side by side, races ranked, two candidates compared.
@@ -28,7 +30,7 @@ def tui(
     showing the equivalent petri command."""
     import petri
 
-    from .errors import UsageError
+    from ..errors import UsageError
 
     if G.json:
         raise UsageError(detail="petri tui is interactive: --json does not apply")

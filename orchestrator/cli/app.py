@@ -1,0 +1,271 @@
+"""The ``petri`` typer app: the root (global flags, ``--help``), and every command loaded
+lazily from its own module, as click's "lazy loading of subcommands" pattern does.
+
+``COMMANDS`` names each command's module and one-line help (SPEC's command table), so
+``petri --help`` lists every command without importing one, and ``petri ls`` imports only
+the module of ``ls``: the MCP SDK, Textual, Ray, trio and the merge engine load only with
+the commands that use them. Each command module has a typer app of its own
+(``command_app()``); the lazy group turns a command of it into a click command on first use.
+
+Global flags (``--json``, ``--debug``, ``--workspace``, ``--reason``) are accepted anywhere
+before ``--``: ``_normalise`` takes them out of argv before click sees it.
+
+Caveat: a command's one-line help lives twice, in its docstring and in ``COMMANDS``;
+tests/test_cli_contract.py::test_help_for_newcomers checks that they agree.
+"""
+
+import importlib
+from typing import Annotated, Any, List, Optional
+
+import click
+import typer
+import typer.core
+
+from .common import at_the_edge, print_version, take_global
+
+
+def _fit_typer_to_click() -> None:
+    """Two mismatches of typer 0.20 (pinned for start-up time) with click >= 8.2, fixed here
+    rather than living with them: typer escapes "[" for rich whenever rich is importable
+    (textual brings it), so plain help printed a literal "\\[default: .]"; and typer sets an
+    argument's help before click's __init__ resets it to None, so arguments lost their help
+    (and once restored, click's own "Positional arguments" section would repeat typer's
+    "Arguments")."""
+    if getattr(typer.core, "_petri_fitted", False):
+        return
+    typer.core.HAS_RICH = False  # help is plain click text here (rich_markup_mode=None)
+    init = typer.core.TyperArgument.__init__
+
+    def __init__(self, *args, help=None, **kw):  # noqa: A002 - typer's own keyword
+        init(self, *args, help=help, **kw)
+        self.help = help
+
+    typer.core.TyperArgument.__init__ = __init__
+    for cls in (typer.core.TyperCommand, typer.core.TyperGroup):
+        cls.format_arguments = lambda self, ctx, formatter: None  # typer's format_options lists them
+    typer.core._petri_fitted = True
+
+
+_fit_typer_to_click()
+
+# name -> (module under orchestrator.cli, one-line help), in the order `petri --help` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("workspace", "Register PATH as a workspace, choose a backend, take the first snapshot."),
+    "deinit": ("workspace", "Remove the store: every snapshot, sandbox, log and the registry."),
+    "snapshot": ("workspace", "Take a snapshot of the workspace; print its id."),
+    "snapshots": ("workspace", "List snapshots: id, message, implicit or not, age, bytes it alone holds."),
+    "fork": ("sandboxes", "Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths."),
+    "ls": ("sandboxes", "Sandboxes: id, label, backend, state, age, time left, usage, last exit code, staleness."),
+    "status": ("sandboxes", "One sandbox in full, staleness included."),
+    "rm": ("sandboxes", "Destroy sandboxes, or snapshots no sandbox uses."),
+    "gc": ("workspace", "Reap expired sandboxes, leaked mounts/processes/cgroups, unused implicit snapshots."),
+    "rollback": ("workspace", "Restore the workspace to a snapshot (s-…), or undo a promotion (p-…)."),
+    "run": ("run", "Run CMD isolated inside SANDBOX; stream its output; exit with its exit code."),
+    "shell": ("run", "An interactive shell inside SANDBOX, on a terminal of its own."),
+    "logs": ("run", "The saved output of a sandbox's runs (stdout here, stderr on stderr)."),
+    "race": ("race", "Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner."),
+    "diff": ("merge", "The sandbox's changes against its base, as a git-format patch."),
+    "promote": ("merge", "Apply the sandbox's changes to the workspace, 3-way against live."),
+    "promotions": ("merge", "Promotions: id, sandbox, paths, time, state, whether it can still be undone."),
+    "lineage": ("lineage", "The tree snapshot -> sandbox -> fork of a fork, with generation and race results."),
+    "log": ("lineage", "The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason,"
+                       " result."),
+    "stats": ("lineage", "p50/p95/p99 of fork, time to first command, run, race, promote, staleness; and rates."),
+    "mcp": ("mcp", "A Model Context Protocol server on stdio for agents (see the README for registering it)."),
+    "tui": ("tui", "The terminal UI: sandboxes side by side, races ranked, two candidates compared."),
+}
+
+# Commands whose last argument is a command to run (`petri run SB ls -la`): see _split_trailing.
+TRAILING = frozenset({"run"})
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def command_app() -> typer.Typer:
+    """The typer app a command module registers its commands on."""
+    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+                       context_settings=CONTEXT)
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """The root group: commands from ``COMMANDS`` are imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(n for n in super().list_commands(ctx) if n not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        if name in self.commands or name not in COMMANDS:
+            return super().get_command(ctx, name)
+        cmd = load_command(name)
+        self.commands[name] = cmd
+        return cmd
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """An unknown command names the close ones from every command, not only the ones
+        already loaded (click >= 8.4 suggests from ``self.commands``)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            name = getattr(e, "command_name", None)
+            if name is None:
+                raise
+            raise type(e)(name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with its whole first line (not cut with "…"), loading none."""
+        rows = [(name, COMMANDS[name][1]) for name in COMMANDS]
+        rows += [(n, c.help.strip().splitlines()[0] if c.help else "") for n, c in self.commands.items()
+                 if n not in COMMANDS and not c.hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def load_command(name: str) -> click.Command:
+    module = importlib.import_module(f"orchestrator.cli.{COMMANDS[name][0]}")
+    group = typer.main.get_group(module.app)
+    cmd = group.commands[name]
+    if name in TRAILING:
+        cmd.trailing_command = True  # type: ignore[attr-defined]
+    return cmd
+
+
+app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, suggest_commands=False,  # click itself already says "Did you mean"
+                  context_settings=CONTEXT,
+                  help="petri: instant, isolated, same-path clones of a project. Fork, run, race, diff, promote,"
+                       " roll back.")
+
+
+def _version_cb(value: bool) -> None:
+    if value:
+        print_version()
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_cb, is_eager=True,
+                                          help="Print the version.")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON document on stdout (any command).")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+    workspace: Annotated[Optional[str], typer.Option("--workspace", help="The workspace (default: found from the"
+                                                                         " cwd; or PETRI_WORKSPACE).")] = None,
+    reason: Annotated[Optional[str], typer.Option("--reason", help="Why: kept with the operation in the audit trail"
+                                                                   " (`petri log`).")] = None,
+) -> None:
+    """Global flags may also follow the command."""
+
+
+@app.command("help", hidden=True)
+def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command.")] = None) -> None:
+    """The help of petri, or of one command (as `petri COMMAND --help`)."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    group = root.command
+    target, names = group, ["petri"]
+    for name in command or []:
+        sub = target.get_command(root, name) if isinstance(target, click.Group) else None
+        if sub is None:
+            from ..errors import UsageError
+            raise UsageError(detail=f"no command {name!r}; `petri --help` lists them")
+        target, names = sub, names + [name]
+    with click.Context(target, info_name=" ".join(names), parent=None) as sub_ctx:
+        click.echo(target.get_help(sub_ctx))
+
+
+def root_group() -> click.Group:
+    group = typer.main.get_command(app)
+    assert isinstance(group, click.Group)
+    return group
+
+
+def _option_arity(cmd: click.Command) -> dict[str, bool]:
+    """Each option name of ``cmd`` -> whether it takes a value."""
+    arity: dict[str, bool] = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            for name in (*p.opts, *p.secondary_opts):
+                arity[name] = not (p.is_flag or p.count)
+    for name in ("-h", "--help"):
+        arity[name] = False
+    return arity
+
+
+def _normalise(argv: list[str], group: click.Group) -> list[str]:
+    """Accept the global flags anywhere before ``--`` (``petri ls --json``), and, for
+    commands that end in a command of their own (``run``), read everything after the
+    sandbox as that command, as ``docker run`` does: ``petri run SB ls -la`` is
+    ``petri run SB -- ls -la``. Their own options may still come before the command."""
+    rest: list[str] = []
+    i = 0
+    sub: str | None = None
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest.extend(argv[i:])
+            break
+        used = take_global(argv, i)
+        if used:
+            i += used
+            continue
+        rest.append(a)
+        i += 1
+        if sub is None and not a.startswith("-"):
+            sub = a
+            if a in TRAILING:
+                cmd = group.get_command(click.Context(group), a)
+                assert cmd is not None
+                rest.extend(_split_trailing(argv[i:], cmd))
+                break
+    return rest
+
+
+def _split_trailing(args: list[str], cmd: click.Command) -> list[str]:
+    """``args`` of a command whose last argument is a command: its options and the sandbox,
+    then ``--``, then the command exactly as given (its own flags included)."""
+    from ..errors import UsageError
+    arity = _option_arity(cmd)
+    out: list[str] = []
+    seen_sandbox = False
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        used = take_global(args, i)
+        if used:
+            i += used
+            continue
+        if a.startswith("-") and a != "-":
+            name = a.split("=", 1)[0] if a.startswith("--") else a[:2]
+            if name not in arity:
+                if seen_sandbox:
+                    raise UsageError(detail=f"no such option {a.split('=', 1)[0]!r} for `petri {cmd.name}`; if it"
+                                            f" belongs to the command, put `--` before the command:"
+                                            f" petri {cmd.name} SANDBOX -- CMD [ARGS...]")
+                out.append(a)  # click names the unknown option
+                i += 1
+                continue
+            attached = "=" in a if a.startswith("--") else len(a) > 2
+            n = 2 if arity[name] and not attached else 1
+            out.extend(args[i:i + n])
+            i += n
+            continue
+        if seen_sandbox:
+            return out + ["--"] + args[i:]
+        seen_sandbox = True
+        out.append(a)
+        i += 1
+    return out
+
+
+def main(raw: list[str]) -> int:
+    """Every command but the fast paths of ``orchestrator.cli.main``: through click."""
+    group = root_group()
+    args: list[str] = []
+
+    def parse() -> str | None:
+        args.extend(_normalise(raw, group))
+        return next((a for a in args if not a.startswith("-")), None)
+
+    return at_the_edge(raw, parse, lambda: group.main(args=args, prog_name="petri", standalone_mode=False))

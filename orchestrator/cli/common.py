@@ -1,0 +1,179 @@
+"""What every ``petri`` command shares, with no typer in it: the global flags, the API
+workspace a command works on, output, and the edge where errors become exit codes.
+
+Kept free of typer and click on purpose: ``petri --version`` and ``petri ls`` run from here
+and ``listing.py`` alone (see ``orchestrator/cli/__init__.py``), without the typer app.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from snapshot.errors import PetriError
+
+from ..output import Output
+
+if TYPE_CHECKING:
+    from ..api import Workspace
+
+VERSION = "0.1.0"
+
+
+class Globals:
+    json = False
+    debug = False
+    workspace: str | None = None
+    reason: str | None = None
+
+
+G = Globals()
+
+
+def out() -> Output:
+    return Output(G.json)
+
+
+def workspace() -> "Workspace":
+    """The API workspace of this command (``--workspace``, ``PETRI_WORKSPACE`` or the cwd),
+    its engine opened (and leftovers reaped) now, so a broken store fails before any work."""
+    from ..api import open as open_workspace
+
+    ws = open_workspace(override=G.workspace, via="cli")
+    ws.engine  # noqa: B018 - open it here: "not a workspace" is this command's error, exit 4
+    return ws
+
+
+SECCOMP_HELP = ("Syscall filter: default, strict (also no sockets but AF_UNIX without --net) or off;"
+                " default: the config's.")
+
+
+def parse_timeout(text: str | None) -> float | None:
+    from ..units import parse_duration
+    return parse_duration(text) if text else None
+
+
+def print_version() -> None:
+    if G.json:
+        Output(True).doc({"version": VERSION})
+    else:
+        print(f"petri {VERSION}")
+
+
+def take_global(argv: list[str], i: int) -> int:
+    """If argv[i] is a global flag, record it and return how many words it used; else 0."""
+    a = argv[i]
+    if a == "--json":
+        G.json = True
+        return 1
+    if a == "--debug":
+        G.debug = True
+        return 1
+    for flag in ("--workspace", "--reason"):  # the global flags that take a value
+        if a == flag and i + 1 < len(argv):
+            setattr(G, flag[2:], argv[i + 1])
+            return 2
+        if a.startswith(flag + "="):
+            setattr(G, flag[2:], a.split("=", 1)[1])
+            return 1
+    return 0
+
+
+def shown_argv(argv: list[str]) -> str:
+    """A command line for people: bytes that were not UTF-8 and control characters escaped."""
+    from ..units import shown
+    return " ".join(shown(a, limit=200) for a in argv)
+
+
+def run_outcome(run: dict) -> str:
+    if run["finished_at"] is None:
+        return "running"
+    ended = f" ({run['killed_by']})" if run["killed_by"] else ""
+    return f"exit {run['exit_code']}{ended}"
+
+
+def fail(message: str, code: int) -> int:
+    from ..units import shown
+    line = shown(message, limit=2000)  # one line, whatever the input held
+    print(f"petri: {line}", file=sys.stderr, flush=True)
+    if G.json:
+        Output(True).doc({"error": line, "exit_code": code})
+    return code
+
+
+def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[[], Any], *,
+                read_only: bool = False) -> int:
+    """Run one command: ``parse()`` (argv; returns the command's name), its audit row
+    (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
+    exit code (``{"error", "exit_code"}`` under ``--json``)."""
+    scope = token = None
+    message = "ok"
+    try:
+        op = parse()
+        # read_only: a command SPEC says changes nothing (the fast paths), so not even
+        # orchestrator.audit is imported to ask.
+        if not read_only and op in _mutating():
+            from .. import audit
+            if G.reason is not None:
+                from ..units import MAX_NOTE, check_text
+                check_text("--reason", G.reason, max_len=MAX_NOTE)
+            scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
+        rv = body()
+        code = rv if isinstance(rv, int) else 0
+    except PetriError as e:
+        if G.debug:
+            _print_traceback()
+        message = str(e)
+        code = fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        code = fail("interrupted", 130)
+    except BrokenPipeError:
+        code = 0
+    except Exception as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
+        code = _from_click(e)
+        if code is None:
+            if G.debug:
+                _print_traceback()
+            if isinstance(e, OSError):
+                where = f": {os.fsdecode(e.filename)}" if e.filename else ""
+                code = fail(f"{e.strerror or e}{where}", 1)
+            else:
+                code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+    if scope is not None:
+        from .. import audit
+        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}")
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    return code
+
+
+def _mutating() -> frozenset[str]:
+    from ..audit import MUTATING_COMMANDS
+    return MUTATING_COMMANDS
+
+
+def _print_traceback() -> None:
+    import traceback  # only with --debug: it costs ~4 ms of imports (textwrap, linecache)
+    traceback.print_exc()
+
+
+def _from_click(e: Exception) -> int | None:
+    """The exit code for click's own exceptions (whichever click typer carries), else None:
+    matched by class name, so this module needs no click."""
+    kinds = {c.__name__ for c in type(e).__mro__}
+    if "Exit" in kinds:
+        return int(getattr(e, "exit_code", 0))
+    if "Abort" in kinds:
+        return fail("aborted", 130)
+    if "NoArgsIsHelpError" in kinds:
+        if G.json:  # a script asked for one JSON document, not a help page
+            return fail("no command given; `petri --help` lists them", 2)
+        print(e.format_message())  # type: ignore[attr-defined]
+        return 0
+    if "ClickException" in kinds:
+        if G.debug:
+            _print_traceback()
+        return fail(" ".join(e.format_message().split()), 2)  # type: ignore[attr-defined]
+    return None

@@ -1,0 +1,129 @@
+"""``petri race``: fork one sandbox per candidate, check them all at once, rank.
+
+It calls ``orchestrator.race`` itself, not ``Workspace.race``: the CLI reads candidates in
+command-line order from argv, prints progress as it goes, and settles a Ctrl-C during
+``--promote`` truthfully, which the API call does not expose.
+"""
+
+import sys
+import time
+from typing import Annotated, List, Optional
+
+import typer
+
+from ..errors import EmptyCommand, NoCandidates, UsageError
+from .app import command_app
+from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
+
+app = command_app()
+
+
+def _promote_winner(e, doc: dict, progress) -> None:
+    """``race --promote``: Ctrl-C while promoting says whether the winner landed (exit 130)."""
+    from ..promotions import settle_interrupted
+    from ..race import promote_winner
+    started = time.time()
+    try:
+        promote_winner(e, doc, say=progress)
+    except KeyboardInterrupt:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the settling must not be cut short
+        promo = settle_interrupted(e, doc["winner"], started)
+        msg = (f"interrupted: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
+               f"interrupted after the promotion was in place: the winner {doc['winner']} was promoted as {promo}")
+        print(f"petri: {msg}", file=sys.stderr, flush=True)
+        if G.json:
+            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": 130})
+        raise typer.Exit(130) from None
+
+
+def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
+    """The candidates in command-line order (typer gives each option's values apart)."""
+    from ..race import interleave
+    return interleave(sys.argv[1:], patches, cmds)
+
+
+@app.command()
+def race(
+    check: Annotated[Optional[str], typer.Option("--check", metavar="CMD",
+                                                 help="Required. The check: a shell command run in every candidate's"
+                                                      " sandbox; exit 0 = passed.")] = None,
+    patch: Annotated[Optional[List[str]], typer.Option("--patch", metavar="FILE",
+                                                       help="A candidate: a patch file (git or patch -p1 format, no "
+                                                            "fuzz). Repeat it for more candidates.")] = None,
+    cmd: Annotated[Optional[List[str]], typer.Option("--cmd", metavar="CMD",
+                                                     help="A candidate: a shell command run in its sandbox before "
+                                                          "the check (non-zero: not applied). Repeatable; mixes with"
+                                                          " --patch in command-line order.")] = None,
+    source: Annotated[str, typer.Option("--from", help="live (snapshot now), a snapshot id, or a sandbox (its"
+                                                       " winner is a fork of it: the next generation)")] = "live",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Candidates run at once.")] = 8,
+    mem: Annotated[Optional[str], typer.Option("--mem", help="Memory limit per candidate, e.g. 512M.")] = None,
+    cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota per candidate.")] = None,
+    pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes per candidate.")] = None,
+    disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget per candidate.")] = None,
+    net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
+    ttl: Annotated[Optional[str], typer.Option("--ttl", help="Lifetime of the candidates' sandboxes.")] = None,
+    timeout: Annotated[Optional[str], typer.Option("--timeout",
+                                                   help="Per step (apply, check) of each candidate.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the losers' sandboxes too.")] = False,
+    promote: Annotated[bool, typer.Option("--promote", help="Promote the winner into the workspace.")] = False,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", metavar="ADDRESS",
+                                                   help="Run the candidates on a Ray cluster: its address "
+                                                        "(HOST:PORT, ray://HOST:PORT, auto), or local:N for a "
+                                                        "throwaway cluster of N nodes here (needs "
+                                                        "petridish[cluster]).")] = None,
+) -> None:
+    """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner.
+
+    --check is required; give at least one candidate with --patch FILE or --cmd CMD (each
+    repeatable, e.g. --patch a.patch --patch b.patch --cmd 'make fix').
+
+    \b
+    Ranking: 1. the check passed (exit 0)
+             2. fewest lines changed (counted right after applying, before the check)
+             3. fastest check
+             4. command-line order
+    A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
+    `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
+    from ..limits import Limits
+    from ..race import RaceInterrupted, load_candidates, race_sync, render_table
+    from ..units import parse_cpus, parse_duration, parse_size
+    if check is None or not check.strip():
+        raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
+    if not patch and not cmd:
+        raise NoCandidates()
+    if jobs < 1:
+        raise UsageError(detail=f"bad --jobs {jobs}: at least 1")
+    if pids is not None and pids < 1:
+        raise UsageError(detail=f"bad --pids {pids}: at least 1")
+    cands = load_candidates(_candidate_order(list(patch or []), list(cmd or [])))
+    limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
+                    pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
+                    ttl_s=parse_duration(ttl) if ttl else None)
+    timeout_s = parse_timeout(timeout)
+    e = workspace().engine
+    o = out()
+    progress = None if G.json else (lambda text: o.note(text))
+    try:
+        doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
+                        say=progress, seccomp=seccomp, cluster=cluster)
+    except RaceInterrupted as err:
+        print(f"petri: {err}", file=sys.stderr, flush=True)
+        if G.json:
+            o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
+                                                 "exit_code": err.exit_code})
+        raise typer.Exit(err.exit_code) from None
+    if promote:
+        _promote_winner(e, doc, progress)
+    if G.json:
+        o.doc(doc)
+    else:
+        render_table(o, doc)
+    if doc["winner"] is None:
+        print("petri: no candidate passed the check", file=sys.stderr, flush=True)
+        raise typer.Exit(1)
+    if doc.get("promotion_error"):
+        print(f"petri: {doc['promotion_error']}", file=sys.stderr, flush=True)
+        raise typer.Exit(doc.get("promotion_exit_code", 1))

@@ -1,0 +1,197 @@
+"""``petri run``, ``shell`` and ``logs``.
+
+``run`` and ``shell`` stream a live process (echo, signals forwarded, a terminal), which the
+API's ``Workspace.run`` (output saved, not printed) does not do, so they call
+``orchestrator.runs`` themselves. trio is imported inside the commands.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from ..errors import EmptyCommand, NoRunsYet, NoSuchRun, UsageError
+from .app import command_app
+from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, shown_argv, workspace
+
+app = command_app()
+
+# Why a run ended, as its own `petri run` says it on stderr (ended_by -> the line).
+ENDED = {
+    "timeout": "killed by --timeout after {duration_s:.1f}s",
+    "ttl": "killed: sandbox {id} reached the end of its lifetime",
+    "memory": "killed: over the memory limit",
+    "destroyed": "killed: sandbox {id} was destroyed (`petri rm`) while the command ran",
+}
+
+
+def _parse_env(pairs: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for p in pairs or []:
+        k, sep, v = p.partition("=")
+        if not sep or not k or "\0" in p:
+            raise UsageError(detail=f"bad --env {p!r}: use NAME=VALUE")
+        env[k] = v
+    return env
+
+
+
+
+# --------------------------------------------------------------------------- run
+@app.command(options_metavar="[OPTIONS]")
+def run(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    cmd: Annotated[Optional[List[str]], typer.Argument(metavar="[--] CMD [ARGS]...",
+                                                       help="The command and its arguments: everything after"
+                                                            " SANDBOX (or after --).")] = None,
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Kill the command after this long (124), e.g."
+                                                                     " 30s, 5m.")] = None,
+    env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+) -> None:
+    """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
+
+    Everything after SANDBOX is the command, as with `docker run`: `petri run SB ls -la`.
+    petri's own options go before the command; `--` before it is allowed and never needed
+    (`petri run SB --timeout 5m -- make test`).
+
+    \b
+    Exit codes: the command's own, except
+      124  killed by --timeout or by the end of the sandbox's lifetime (--ttl)
+      125  petri itself failed (could not start the sandbox, or petri was killed)
+      126  the command could not be executed
+      127  the command was not found
+      137  killed by SIGKILL: the memory limit (killed_by "memory"), or the sandbox
+           was destroyed by `petri rm` while it ran (ended_by "destroyed")
+    --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
+    the files it names."""
+    import trio
+
+    from ..runs import run_in_sandbox
+    argv = list(cmd or [])
+    if not argv or not argv[0]:
+        raise EmptyCommand(what="the command", hint=": petri run SANDBOX -- CMD [ARGS...]")
+    timeout_s = parse_timeout(timeout)
+    extra = _parse_env(env)
+    e = workspace().engine
+    doc = trio.run(lambda: run_in_sandbox(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json,
+                                          cwd=os.getcwd(), forward_signals=True, seccomp=seccomp))
+    o = out()
+    if G.json:
+        o.doc(doc)
+    else:
+        if doc.get("setup_error"):
+            print(f"petri: could not start the sandbox: {doc['setup_error']}", file=sys.stderr)
+        if doc.get("ended_by") in ENDED:
+            print("petri: " + ENDED[doc["ended_by"]].format(**doc), file=sys.stderr)
+        for hit in doc["limits_hit"]:
+            if hit != "memory":
+                print(f"petri: the {hit} limit was hit", file=sys.stderr)
+    raise typer.Exit(doc["exit_code"])
+
+
+# --------------------------------------------------------------------------- shell
+@app.command()
+def shell(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="End the session after this long.")] = None,
+    env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
+    seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+) -> None:
+    """An interactive shell inside SANDBOX, on a terminal of its own."""
+    from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
+    e = workspace().engine
+    profile = seccomp_profile(e, seccomp)
+    code = shell_in_sandbox(e, sandbox, timeout_s=parse_timeout(timeout), env=_parse_env(env), cwd=os.getcwd(),
+                            seccomp=profile)
+    if G.json:
+        out().doc({"id": e.resolve_sandbox(sandbox).id, "exit_code": code, **seccomp_fields(profile)})
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- logs
+@app.command()
+def logs(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    run_n: Annotated[Optional[int], typer.Option("--run",
+                                                 help="Run number (default: every run; with -f the last).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
+) -> None:
+    """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
+    e = workspace().engine
+    row = e.resolve_sandbox(sandbox)
+    runs = e.registry.runs(row.id)
+    if run_n is not None:
+        runs = [r for r in runs if r["run"] == run_n]
+        if not runs:
+            raise NoSuchRun(ident=row.id, n=run_n)
+    elif not runs:
+        raise NoRunsYet(ident=row.id)
+    elif follow:
+        runs = runs[-1:]
+    if G.json:
+        docs = []
+        for r in runs:
+            d = dict(r)  # the run document, as `run --json` and `status --json` give it
+            for k in ("stdout", "stderr"):
+                try:
+                    d[k] = Path(r[f"{k}_path"]).read_bytes().decode("utf-8", "replace")
+                except OSError:
+                    d[k] = None
+            docs.append(d)
+        out().doc({"id": row.id, "runs": docs})
+        return
+    many = len(runs) > 1
+    for r in runs:
+        if many:
+            print(f"==> run {r['run']}: {shown_argv(r['argv'])} ({run_outcome(r)}) <==", flush=True)
+        if follow and r["finished_at"] is None:
+            _follow(e, row.id, r)
+        else:
+            for k, fd in (("stdout", 1), ("stderr", 2)):
+                try:
+                    _copy_file(Path(r[f"{k}_path"]), fd)
+                except FileNotFoundError:
+                    pass
+
+
+def _copy_file(path: Path, fd: int, offset: int = 0) -> int:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return f.tell()
+            _write(fd, chunk)
+
+
+def _write(fd: int, data: bytes) -> None:
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _follow(e, sb_id: str, r: dict) -> None:
+    """Tail both files until the run's row is finished (or its petri died), then drain."""
+    from ..registry import pid_alive
+    pos = {"stdout": 0, "stderr": 0}
+    while True:
+        for k, fd in (("stdout", 1), ("stderr", 2)):
+            try:
+                pos[k] = _copy_file(Path(r[f"{k}_path"]), fd, pos[k])
+            except FileNotFoundError:
+                pass
+        cur = e.registry.run(sb_id, r["run"])
+        if cur is None or cur["finished_at"] is not None or not pid_alive(cur["pid"]):
+            for k, fd in (("stdout", 1), ("stderr", 2)):
+                try:
+                    pos[k] = _copy_file(Path(r[f"{k}_path"]), fd, pos[k])
+                except FileNotFoundError:
+                    pass
+            return
+        time.sleep(0.1)

@@ -1,0 +1,94 @@
+"""``petri fork``, ``ls``, ``status`` and ``rm``: parse, call the API, render its records."""
+
+from typing import Annotated, List, Optional
+
+import typer
+
+from .app import command_app
+from .common import G, out, run_outcome, shown_argv, workspace
+from .listing import show_ls
+
+app = command_app()
+
+
+@app.command()
+def fork(
+    source: Annotated[str, typer.Option("--from", help="live (snapshot now), a snapshot id, or a sandbox (sb-…: a"
+                                                       " fork of a fork)")] = "live",
+    n: Annotated[int, typer.Option("-n", help="How many sandboxes.")] = 1,
+    label: Annotated[Optional[str], typer.Option("--label", help="A name; with -n N: NAME-1..NAME-N.")] = None,
+    ttl: Annotated[Optional[str], typer.Option("--ttl", help="Lifetime, e.g. 30m, 2h.")] = None,
+    keep_expired: Annotated[bool, typer.Option("--keep-expired",
+                                               help="Keep the tree after the lifetime ends.")] = False,
+    mem: Annotated[Optional[str], typer.Option("--mem", help="Memory limit, e.g. 512M.")] = None,
+    cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota, e.g. 0.5.")] = None,
+    pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes.")] = None,
+    disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget, e.g. 1G.")] = None,
+    net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
+) -> None:
+    """Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths.
+
+    --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
+    a fork, whose row records its parent and generation (the parent's + 1)."""
+    from ..limits import Limits
+    from ..units import parse_cpus, parse_duration, parse_size
+    limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
+                    pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
+                    ttl_s=parse_duration(ttl) if ttl else None)
+    made = workspace().fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
+    o = out()
+    if G.json:
+        o.doc(made.to_json())
+    else:
+        for s in made:
+            print(f"{s.id}\t{s.path}")
+
+
+@app.command("ls")
+def ls_(all_: Annotated[bool, typer.Option("--all", "-a",
+                                           help="Also destroyed and failed sandboxes.")] = False) -> None:
+    """Sandboxes: id, label, backend, state, age, time left, usage, last exit code, staleness."""
+    show_ls(all_)
+
+
+@app.command()
+def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")]) -> None:
+    """One sandbox in full, staleness included."""
+    doc = workspace().status(sandbox).to_json()["sandboxes"][0]
+    o = out()
+    if G.json:
+        o.doc({"sandboxes": [doc]})
+        return
+    for k in ("id", "label", "backend", "state", "base", "path", "created_at", "expires_at"):
+        o.say(f"{k + ':':<12} {doc[k] if doc[k] is not None else '-'}")
+    lim = ", ".join(f"{k}={v}" for k, v in doc["limits"].items() if v not in (None, False))
+    o.say(f"{'limits:':<12} {lim or 'none'}")
+    o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
+    stale = doc["stale"]
+    if stale is not None:
+        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}")
+        for p in stale["overlapping"]:
+            o.say(f"  also changed here: {p}")
+        for p in stale.get("read_changed", []) or []:
+            o.say(f"  read here, changed in live (results may not hold): {p}")
+    for run in doc["runs"]:
+        o.say(f"run {run['run']}: {shown_argv(run['argv'])} -> {run_outcome(run)}")
+
+
+@app.command()
+def rm(
+    ids: Annotated[Optional[List[str]], typer.Argument(help="Sandbox or snapshot ids (prefixes, labels).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every sandbox.")] = False,
+    expired: Annotated[bool, typer.Option("--expired", help="Trees kept by --keep-expired.")] = False,
+) -> None:
+    """Destroy sandboxes, or snapshots no sandbox uses."""
+    from ..errors import UsageError
+    if not ids and not all_ and not expired:
+        raise UsageError(detail="rm needs ids, --all or --expired")
+    doc = workspace().remove(*(ids or ()), all=all_, expired=expired).to_json()
+    o = out()
+    if G.json:
+        o.doc(doc)
+    else:
+        for r in doc["removed"]:
+            o.say(f"removed {r}")
