@@ -366,7 +366,7 @@ def _node_processes(store: str) -> list[str]:
 def _names_node(cmdline: bytes, store: str, ids: list[str]) -> bool:
     """A bwrap binds the node's tree either from its store or, when the command runs as
     another host user than the store's (a root node: the sandbox account), through a per-run
-    view ``/run/petri/<uid>/<store key>.<sandbox id>.<pid>.<random>`` (orchestrator.run_view)."""
+    view ``/run/petri/<uid>/<store key>.<sandbox id>.<pid>.<random>`` (orchestrator.sandbox.run_view)."""
     return store.encode() in cmdline or any(f".{i}.".encode() in cmdline for i in ids)
 
 
