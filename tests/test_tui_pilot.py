@@ -280,3 +280,40 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
         assert ws.logs(first.id)[-1].stdout() == "ran\n"
 
     asyncio.run(main())
+
+
+def test_the_race_screen_composed_ahead_shows_each_race_afresh():
+    """The Race screen is composed after the first paint and reused: opened again it shows
+    the race anew (no marks, cursor on rank 1), and a race with fewer candidates shows only
+    its rows (the others wait hidden)."""
+    from tests.tui_fixtures import fixed_app
+
+    async def main() -> None:
+        app = fixed_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await loaded(pilot)
+            spare = await until(pilot, lambda: app._spare_race is not None and app._spare_race.is_running
+                                and app._spare_race.table._all and app._spare_race, "the spare race screen")
+            await pilot.press("r")
+            race = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race")
+            assert race is spare and race.table.row_count == 3
+            await pilot.press("space", "space")
+            assert len(race.table.marked) == 2 and race.table.cursor_row == 2
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, SandboxesScreen), "back")
+            await pilot.press("r")
+            again = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race again")
+            assert again is spare and again.table.marked == [] and again.table.cursor_row == 0
+            assert "●" not in again.table.cell_text(0, "rank")
+            doc = dict(again.doc())
+            doc["candidates"] = doc["candidates"][:2]
+            again.table.sync(doc)
+            await pilot.pause()
+            assert again.table.row_count == 2
+            assert [r.display for r in again.table._all[:3]] == [True, True, False]
+            again.table.sync(again.doc())
+            await pilot.pause()
+            assert again.table.row_count == 3 and all(r.display for r in again.table._all[:3])
+            assert "sb-0003c0de" in str(again.table._all[2].text_shown)
+
+    asyncio.run(main())

@@ -48,6 +48,16 @@ class RaceScreen(PetriScreen):
     def table(self) -> RaceTable:
         return self.query_one(RaceTable)
 
+    def show_race(self, race_id: str | None) -> None:
+        """Show this race, as a new screen would (the app reuses a screen composed ahead)."""
+        self.race_id = race_id
+        self._shown_key = None
+        self._deferred = None
+        self.table.marked.clear()
+        self.table.cursor_row = 0
+        self.table.scroll_home(animate=False)
+        self.refresh_race()
+
     def on_mount(self) -> None:
         self.table.set_width(self.size.width or self.app.size.width)
         self.refresh_race()
