@@ -317,3 +317,38 @@ def test_the_race_screen_composed_ahead_shows_each_race_afresh():
             assert "sb-0003c0de" in str(again.table._all[2].text_shown)
 
     asyncio.run(main())
+
+
+def test_many_new_rows_show_a_screenful_first_then_all_in_order():
+    """The first listing of many sandboxes adds the rows a screen shows before the first
+    frame and the rest just after it; rows that come meanwhile go after those, so once
+    settled the table lists every sandbox in creation order, as `petri ls` does."""
+    from textual.app import App
+
+    from tests.tui_fixtures import _sb
+    from tui.model import Model
+    from tui.widgets.sandbox_table import SandboxTable
+
+    class One(App):
+        def compose(self) -> Any:
+            yield SandboxTable()
+
+    async def main() -> None:
+        app = One()
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.query_one(SandboxTable)
+            model = Model()
+            ch = model.put_sandboxes([_sb(i, f"n{i}", "ready") for i in range(1, 101)])
+            table.sync(model, ch.sandboxes)
+            first = table.row_count
+            assert 24 <= first < 100
+            later = _sb(101, "later", "ready")
+            table.sync(model, model.put_sandbox(later).sandboxes)
+            table.sync(model, (), gone={"sb-0090c0de"})
+            del model.sandboxes["sb-0090c0de"]
+            assert table.row_count == first  # the new row waits behind the others
+            await until(pilot, lambda: table.row_count == 100, "every row")
+            assert [k.value for k in table.rows] == list(model.sandboxes)
+            assert str(table.get_row("sb-0101c0de")[2]) == "later"
+
+    asyncio.run(main())
