@@ -61,8 +61,12 @@ class RaceScreen(PetriScreen):
     def on_mount(self) -> None:
         self.table.set_width(self.size.width or self.app.size.width)
         self.refresh_race()
-        self.set_interval(0.25, self.table.spin)  # each frame repaints the running rows: 4 a second is enough
+        self.set_interval(0.25, self._spin)  # each frame repaints the running rows: 4 a second is enough
         self.table.focus()
+
+    def _spin(self) -> None:
+        if self in self.app.screen_stack:  # not the spare screen waiting off the stack (app.preload_race_screen)
+            self.table.spin()
 
     def doc(self) -> dict[str, Any] | None:
         tr = self.papp.model.tracker
