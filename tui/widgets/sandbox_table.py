@@ -108,8 +108,9 @@ class SandboxTable(DataTable):
         if keep:
             self.select(keep)
 
-    def sync(self, model: Any, ids: Iterable[str], gone: Iterable[str] = ()) -> None:
-        """Update these rows in place (add new ones, drop gone ones)."""
+    def sync(self, model: Any, ids: Iterable[str], gone: Iterable[str] = (), *, split: bool = True) -> None:
+        """Update these rows in place (add new ones, drop gone ones); ``split``: many new
+        rows are added a screenful now, the rest after the next frame."""
         self._model = model
         self._columns_ready()
         for sid in gone:
@@ -125,7 +126,7 @@ class SandboxTable(DataTable):
         new = [s for s in order if s not in self.rows and s in model.sandboxes]
         if self._pending:
             first: set[str] = set()  # behind the rows still waiting
-        elif len(new) > self.app.size.height + FIRST_ROWS:
+        elif split and len(new) > self.app.size.height + FIRST_ROWS:
             first = set(new[:self.app.size.height + FIRST_ROWS])
             self.call_after_refresh(self._add_pending)
         else:
@@ -155,7 +156,7 @@ class SandboxTable(DataTable):
     def _add_pending(self) -> None:
         pending, self._pending = list(self._pending), {}
         if self._model is not None and pending:
-            self.sync(self._model, pending)
+            self.sync(self._model, pending, split=False)
 
     def tick(self, model: Any, now: float) -> None:
         """Once a second: age and time left, the only cells that change with the clock."""
