@@ -280,3 +280,77 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
         assert ws.logs(first.id)[-1].stdout() == "ran\n"
 
     asyncio.run(main())
+
+
+def test_the_race_screen_composed_ahead_shows_each_race_afresh():
+    """The Race screen is composed after the first paint and reused: opened again it shows
+    the race anew (no marks, cursor on rank 1), and a race with fewer candidates shows only
+    its rows (the others wait hidden)."""
+    from tests.tui_fixtures import fixed_app
+
+    async def main() -> None:
+        app = fixed_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await loaded(pilot)
+            spare = await until(pilot, lambda: app._spare_race is not None and app._spare_race.is_running
+                                and app._spare_race.table._all and app._spare_race, "the spare race screen")
+            await pilot.press("r")
+            race = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race")
+            assert race is spare and race.table.row_count == 3
+            await pilot.press("space", "space")
+            assert len(race.table.marked) == 2 and race.table.cursor_row == 2
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, SandboxesScreen), "back")
+            await pilot.press("r")
+            again = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race again")
+            assert again is spare and again.table.marked == [] and again.table.cursor_row == 0
+            assert "●" not in again.table.cell_text(0, "rank")
+            doc = dict(again.doc())
+            doc["candidates"] = doc["candidates"][:2]
+            again.table.sync(doc)
+            await pilot.pause()
+            assert again.table.row_count == 2
+            assert [r.display for r in again.table._all[:3]] == [True, True, False]
+            again.table.sync(again.doc())
+            await pilot.pause()
+            assert again.table.row_count == 3 and all(r.display for r in again.table._all[:3])
+            assert "sb-0003c0de" in str(again.table._all[2].text_shown)
+
+    asyncio.run(main())
+
+
+def test_many_new_rows_show_a_screenful_first_then_all_in_order():
+    """The first listing of many sandboxes adds the rows a screen shows before the first
+    frame and the rest just after it; rows that come meanwhile go after those, so once
+    settled the table lists every sandbox in creation order, as `petri ls` does."""
+    from textual.app import App
+
+    from tests.tui_fixtures import _sb
+    from tui.model import Model
+    from tui.widgets.sandbox_table import SandboxTable
+
+    class One(App):
+        def compose(self) -> Any:
+            yield SandboxTable()
+
+    async def main() -> None:
+        app = One()
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.query_one(SandboxTable)
+            model = Model()
+            ch = model.put_sandboxes([_sb(i, f"n{i}", "ready") for i in range(1, 101)])
+            table.sync(model, ch.sandboxes)
+            first = table.row_count
+            assert 24 <= first < 100
+            later = _sb(101, "later", "ready")
+            table.sync(model, model.put_sandbox(later).sandboxes)
+            table.sync(model, (), gone={"sb-0090c0de"})
+            del model.sandboxes["sb-0090c0de"]
+            assert table.row_count == first  # the new row waits behind the others
+            table._add_pending()  # what runs after the next frame: all the rest at once
+            assert table.row_count == 100
+            await pilot.pause()
+            assert [k.value for k in table.rows] == list(model.sandboxes)
+            assert str(table.get_row("sb-0101c0de")[2]) == "later"
+
+    asyncio.run(main())

@@ -42,6 +42,7 @@ from .screens.base import PetriScreen
 from .screens.sandboxes import SandboxesScreen
 from .source import Source
 
+SPARE_ROWS = 24  # candidate rows mounted ahead in the spare Race screen (more are mounted when needed)
 REFRESH_S = 5.0  # usage, staleness and time left from the registry (events do not carry them)
 
 
@@ -90,6 +91,7 @@ class PetriApp(App):
         # been refreshed (Textual's call_after_refresh), to time event -> screen
         self.trace: Callable[[list[dict[str, Any]]], None] | None = None
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
+        self._spare_race: Any = None  # a Race screen composed ahead (preload_race_screen)
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -121,6 +123,8 @@ class PetriApp(App):
         self.loaded.set()
         if self.initial_race:
             self.open_race(self.initial_race)
+        else:
+            self.call_after_refresh(self.preload_race_screen)
         await self.refresh_sandboxes_now()
 
     def on_unmount(self) -> None:
@@ -234,6 +238,21 @@ class PetriApp(App):
         return lines, header
 
     # -- navigation ------------------------------------------------------------------------------
+    def preload_race_screen(self) -> None:
+        """Compose a Race screen now, after the first paint, off the stack: a race that starts
+        opens it while its events stream, and composing it then (100-300 ms on a busy machine)
+        held up the events behind it. Textual composes a screen when it is registered, which
+        ``push_screen`` does through ``_get_screen``; with no such method (another Textual)
+        the screen is composed when pushed, as before."""
+        from .screens.race import RaceScreen
+
+        if self._spare_race is not None or not hasattr(self, "_get_screen"):
+            return
+        self._spare_race = RaceScreen(None)
+        self.install_screen(self._spare_race, name="petri-race")  # installed: kept when popped, reused
+        self._get_screen(self._spare_race)
+        self._spare_race.call_after_refresh(lambda: self._spare_race.table.prepare(SPARE_ROWS))
+
     def open_race(self, rid: str | None) -> None:
         from .screens.race import RaceScreen
 
@@ -242,7 +261,12 @@ class PetriApp(App):
             rid = found[-1] if found else rid
         if isinstance(self.screen, RaceScreen) and self.screen.race_id == rid:
             return
-        self.push_screen(RaceScreen(rid))
+        spare = self._spare_race
+        if spare is not None and spare.is_running and spare not in self.screen_stack:
+            spare.show_race(rid)
+            self.push_screen(spare)
+        else:
+            self.push_screen(RaceScreen(rid))
 
     def action_race_screen(self) -> None:
         self.open_race(self.model.latest_race())

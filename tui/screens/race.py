@@ -48,11 +48,25 @@ class RaceScreen(PetriScreen):
     def table(self) -> RaceTable:
         return self.query_one(RaceTable)
 
+    def show_race(self, race_id: str | None) -> None:
+        """Show this race, as a new screen would (the app reuses a screen composed ahead)."""
+        self.race_id = race_id
+        self._shown_key = None
+        self._deferred = None
+        self.table.marked.clear()
+        self.table.cursor_row = 0
+        self.table.scroll_home(animate=False)
+        self.refresh_race()
+
     def on_mount(self) -> None:
         self.table.set_width(self.size.width or self.app.size.width)
         self.refresh_race()
-        self.set_interval(0.25, self.table.spin)  # each frame repaints the running rows: 4 a second is enough
+        self.set_interval(0.25, self._spin)  # each frame repaints the running rows: 4 a second is enough
         self.table.focus()
+
+    def _spin(self) -> None:
+        if self in self.app.screen_stack:  # not the spare screen waiting off the stack (app.preload_race_screen)
+            self.table.spin()
 
     def doc(self) -> dict[str, Any] | None:
         tr = self.papp.model.tracker

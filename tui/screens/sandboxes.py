@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Header, Input, TabbedContent
+from textual.widgets import DataTable, Footer, Header
 
 from ..model import Changes
 from ..widgets.detail_pane import DetailPane
@@ -39,8 +39,7 @@ class SandboxesScreen(PetriScreen):
         yield Header()
         yield SandboxTable(id="sandboxes")
         yield DetailPane(id="detail")
-        yield Input(placeholder="filter: id, label, state or base (enter keeps it, esc clears)", id="filter")
-        yield Footer()
+        yield Footer()  # the filter's Input is mounted before it when first asked for (action_filter)
 
     @property
     def table(self) -> SandboxTable:
@@ -54,7 +53,9 @@ class SandboxesScreen(PetriScreen):
             # rows added before the screen was mounted may have left the cursor anywhere
             self.table.move_cursor(row=0)
         self.table.focus()
-        self.call_after_refresh(lambda: self.load_detail(self.table.current_id()))
+
+    def on_detail_pane_built(self, _: DetailPane.Built) -> None:
+        self.load_detail(self.table.current_id())
 
     def on_resize(self, event: Any) -> None:
         if self.table.set_width(event.size.width):
@@ -90,7 +91,7 @@ class SandboxesScreen(PetriScreen):
         if event.data_table is self.table:
             self.action_open()  # enter (or a click on the highlighted row)
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+    def on_tabbed_content_tab_activated(self, event: Any) -> None:
         self.load_detail(self.table.current_id())
 
     def load_detail(self, sid: str | None, light: bool = False) -> None:
@@ -98,8 +99,8 @@ class SandboxesScreen(PetriScreen):
             return
         model = self.papp.model
         info = model.sandboxes.get(sid)
-        if info is None or not self.detail.is_mounted or not self.detail.query(TabbedContent):
-            return  # the model moved before this screen finished composing: on_mount loads it
+        if info is None or not self.detail.is_mounted or not self.detail.built:
+            return  # the model moved before the pane's tabs were built: on_detail_pane_built loads it
         self.detail.sandbox = sid
         self.detail.show_status(info, model, self.papp.now())
         tab = self.detail.active
@@ -162,24 +163,32 @@ class SandboxesScreen(PetriScreen):
             self.papp.open_logs(sid)
 
     def action_filter(self) -> None:
-        f = self.query_one("#filter", Input)
+        from textual.widgets import Input
+
+        found = self.query("#filter")
+        if found:
+            f = found.first()
+        else:
+            f = Input(placeholder="filter: id, label, state or base (enter keeps it, esc clears)", id="filter")
+            self.mount(f, before=self.query_one(Footer))
         f.add_class("on")
         f.focus()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
+    def on_input_changed(self, event: Any) -> None:
         if event.input.id == "filter":
             self.table.filter_text = event.value.strip()
             self.table.rebuild(self.papp.model)
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_input_submitted(self, event: Any) -> None:
         if event.input.id == "filter":
             if not event.value.strip():
                 event.input.remove_class("on")
             self.table.focus()
 
     def key_escape(self) -> None:
-        f = self.query_one("#filter", Input)
-        if f.has_class("on"):
+        found = self.query("#filter")
+        f = found.first() if found else None
+        if f is not None and f.has_class("on"):
             f.value = ""
             f.remove_class("on")
             self.table.filter_text = ""

@@ -1,6 +1,9 @@
 """The detail pane under the sandbox table: Status, Diff, Logs and Lineage of the sandbox
 under the cursor. The screen loads what a tab shows (in a worker) and hands it down with
-``show_*``; the pane only renders."""
+``show_*``; the pane only renders.
+
+The tabs are composed just after the first paint (``Built`` says when): the sandbox table
+shows first, and the pane's widgets (and their imports and CSS) do not delay it."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -9,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import RichLog, Static, TabbedContent, TabPane
+from textual.message import Message
+from textual.widgets import Static
 
 from .. import format as fmt
 
@@ -22,12 +26,31 @@ class DetailPane(Vertical):
     DetailPane RichLog { height: 1fr; }
     """
 
+    class Built(Message):
+        """The tabs are there: what they show can be loaded."""
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.sandbox: str | None = None
+        self.built = False  # the tabs are mounted
+        self._tabs = False  # compose them (after the first paint)
+        self._active = "tab-status"  # the tab to open with (a key may choose one before the tabs are built)
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._build)
+
+    async def _build(self) -> None:
+        self._tabs = True
+        await self.recompose()
+        self.built = True
+        self.post_message(self.Built())
 
     def compose(self) -> ComposeResult:
-        with TabbedContent(initial="tab-status"):
+        if not self._tabs:
+            return
+        from textual.widgets import RichLog, TabbedContent, TabPane
+
+        with TabbedContent(initial=self._active):
             with TabPane("Status", id="tab-status"):
                 with VerticalScroll():
                     yield Static("no sandbox selected", id="status-body")
@@ -42,11 +65,20 @@ class DetailPane(Vertical):
 
     @property
     def active(self) -> str:
-        return self.query_one(TabbedContent).active
+        from textual.widgets import TabbedContent
+
+        tabs = self.query(TabbedContent)
+        return tabs.first().active if tabs else self._active
 
     @active.setter
     def active(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        from textual.widgets import TabbedContent
+
+        tabs = self.query(TabbedContent)
+        if tabs:
+            tabs.first().active = tab
+        else:
+            self._active = tab
 
     # -- attributes down ------------------------------------------------------------------------
     def show_status(self, info: Any, model: Any, now: float) -> None:
@@ -69,6 +101,8 @@ class DetailPane(Vertical):
         self.query_one("#diff-body", Static).update(body)
 
     def show_logs(self, lines: Sequence[tuple[str, str]], header: str) -> None:
+        from textual.widgets import RichLog
+
         log = self.query_one("#logs-body", RichLog)
         log.clear()
         log.write(Text(header, style="bold"))
@@ -76,6 +110,8 @@ class DetailPane(Vertical):
             log.write(fmt.output_line(stream, line))
 
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
+        from textual.widgets import RichLog
+
         log = self.query_one("#logs-body", RichLog)
         for stream, line in lines:
             log.write(fmt.output_line(stream, line))

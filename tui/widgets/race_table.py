@@ -81,7 +81,14 @@ class RaceTable(VerticalScroll, can_focus=True):
         self.marked: list[str] = []
         self.out_width = MIN_OUT
         self.cursor_row = 0
-        self._rows: list[CandidateRow] = []
+        # every row mounted, the first _n shown: rows mounted ahead (``prepare``) or left by a
+        # bigger race wait hidden, so showing a race does not mount widgets while it streams
+        self._all: list[CandidateRow] = []
+        self._n = 0
+
+    @property
+    def _rows(self) -> list[CandidateRow]:
+        return self._all[:self._n]
 
     def compose(self) -> Any:
         yield Static("", id="race-header")
@@ -148,15 +155,30 @@ class RaceTable(VerticalScroll, can_focus=True):
         """Show this race document; only rows whose text changed repaint."""
         self.doc = doc
         cands = doc["candidates"]
-        while len(self._rows) < len(cands):
-            row = CandidateRow(len(self._rows))
-            self._rows.append(row)
-            self.mount(row)
-        while len(self._rows) > len(cands):
-            self._rows.pop().remove()
+        self._show_rows(len(cands))
         for i, c in enumerate(cands):
             self._rows[i].show(self.line(c, i))
         self._show_cursor()
+
+    def prepare(self, n: int) -> None:
+        """Mount ``n`` rows now, hidden, for a race to come."""
+        self._mount_rows(n)
+
+    def _mount_rows(self, n: int) -> None:
+        new = [CandidateRow(i) for i in range(len(self._all), n)]
+        for row in new:
+            row.display = False
+        if new:
+            self._all += new
+            self.mount_all(new)
+
+    def _show_rows(self, n: int) -> None:
+        self._mount_rows(n)
+        for i in range(min(n, self._n), max(n, self._n)):
+            self._all[i].display = i < n
+            if i >= n:
+                self._all[i].text_shown = None
+        self._n = n
 
     def spin(self) -> None:
         """Advance the spinners: only running candidates' rows change."""
@@ -169,9 +191,7 @@ class RaceTable(VerticalScroll, can_focus=True):
 
     def reset(self) -> None:
         """Another race: no rows."""
-        for row in self._rows:
-            row.remove()
-        self._rows.clear()
+        self._show_rows(0)
         self.doc = None
         self.cursor_row = 0
 

@@ -3,6 +3,10 @@ cleared and refilled for an event, so nothing flickers and the cursor stays put.
 
 Two column sets: the full one, and a narrow one (no base, shorter label) that fits 80
 columns; the table rebuilds its columns only when the width crosses ``WIDE``.
+
+Many new rows at once (the first listing) are added a screenful first and the rest just
+after that frame (``_pending``, in order): the first paint does not wait for rows below the
+fold, and once settled the table is the same.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from textual.widgets import DataTable
 from .. import format as fmt
 
 WIDE = 104
+FIRST_ROWS = 8  # rows added before the first frame beyond the terminal's height, when many come at once
 # key, header, width (the cell text's; one space of gap is added)
 COLUMNS_WIDE = [("mark", " ", 1), ("id", "ID", 11), ("label", "LABEL", 12), ("state", "STATE", 8),
                 ("base", "BASE", 10), ("age", "AGE", 5), ("left", "LEFT", 5), ("mem", "MEM/LIMIT", 11),
@@ -36,6 +41,7 @@ class SandboxTable(DataTable):
         self.now = 0.0
         self._model: Any = None
         self._shown: dict[str, dict[str, Any]] = {}  # row -> the cells it shows
+        self._pending: dict[str, None] = {}  # rows to add after the next frame, in order
 
     # -- columns -----------------------------------------------------------------------------
     def set_width(self, width: int) -> bool:
@@ -93,6 +99,7 @@ class SandboxTable(DataTable):
         keep = self.current_id()
         self.clear()
         self._shown.clear()
+        self._pending.clear()
         for info in model.sandboxes.values():
             if self.visible(info):
                 c = self.cells(info)
@@ -101,25 +108,40 @@ class SandboxTable(DataTable):
         if keep:
             self.select(keep)
 
-    def sync(self, model: Any, ids: Iterable[str], gone: Iterable[str] = ()) -> None:
-        """Update these rows in place (add new ones, drop gone ones)."""
+    def sync(self, model: Any, ids: Iterable[str], gone: Iterable[str] = (), *, split: bool = True) -> None:
+        """Update these rows in place (add new ones, drop gone ones); ``split``: many new
+        rows are added a screenful now, the rest after the next frame."""
         self._model = model
         self._columns_ready()
         for sid in gone:
             self._shown.pop(sid, None)
+            self._pending.pop(sid, None)
             if sid in self.rows:
                 self.remove_row(sid)
             if sid in self.marked:
                 self.marked.remove(sid)
         ids = set(ids)
         # in the model's order (creation), so that new rows are added as `petri ls` lists them
-        for sid in [s for s in model.sandboxes if s in ids] + [s for s in ids if s not in model.sandboxes]:
+        order = [s for s in model.sandboxes if s in ids] + [s for s in ids if s not in model.sandboxes]
+        new = [s for s in order if s not in self.rows and s in model.sandboxes]
+        if self._pending:
+            first: set[str] = set()  # behind the rows still waiting
+        elif split and len(new) > self.app.size.height + FIRST_ROWS:
+            first = set(new[:self.app.size.height + FIRST_ROWS])
+            self.call_after_refresh(self._add_pending)
+        else:
+            first = set(new)
+        for sid in order:
             info = model.sandboxes.get(sid)
             if info is None:
+                self._pending.pop(sid, None)
                 if sid in self.rows:
                     self.remove_row(sid)
                 continue
             if not self.visible(info):
+                continue
+            if sid not in self.rows and sid not in first:
+                self._pending[sid] = None  # after the rows before it (its cells are made then)
                 continue
             c = self.cells(info)
             if sid in self.rows:
@@ -130,6 +152,11 @@ class SandboxTable(DataTable):
             else:
                 self.add_row(*(c[k] for k in self.keys), key=sid)
             self._shown[sid] = c
+
+    def _add_pending(self) -> None:
+        pending, self._pending = list(self._pending), {}
+        if self._model is not None and pending:
+            self.sync(self._model, pending, split=False)
 
     def tick(self, model: Any, now: float) -> None:
         """Once a second: age and time left, the only cells that change with the clock."""
