@@ -20,8 +20,8 @@ States, as recovery reads them: no ``journal.json`` -> *uncommitted*: the worksp
 touched, the directory is discarded. ``journal.json`` without a mark -> *interrupted*: ops
 may be half applied; recovery finishes it only if every op is already in its new state (then
 it marks it done), otherwise it undoes every op (the rule is "undo unless already complete").
-``undoing`` (a rollback of a finished promotion was
-interrupted) -> the undo is completed. ``done`` / ``undone`` -> settled. Undo is idempotent: each op's undo first looks at what the
+``undoing`` (a rollback of a finished promotion was interrupted) -> the undo is completed.
+``done`` / ``undone`` -> settled. Undo is idempotent: each op's undo first looks at what the
 path holds (old state: nothing to do; new state: restore; anything else: someone edited it
 since, leave it and report it), so a kill during recovery is repaired by recovering again.
 

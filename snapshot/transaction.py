@@ -1,5 +1,5 @@
 """Journaled transactions on the live tree: the lock, one directory per transaction, atomic
-small files, fault injection. A promotion (``merge/promote.py``, layout in
+small files, fault injection. A promotion (``merge/promote/``, layout in
 ``merge/journal.py``) and a rollback to a snapshot (``snapshot/restore.py``) are both built
 on it; it lives here, at the bottom, so that both layers can use it.
 
