@@ -36,13 +36,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from snapshot.transaction import (DONE, FAULT_ENV, JOURNAL, LOCK, PRE, SCHEMA, STAGING, STEPS,  # noqa: F401
+from snapshot.transaction import (DONE, FAULT_ENV, JOURNAL, LOCK, PRE, SCHEMA, STAGING, STEPS,
                                   UNDOING, UNDONE, TxnDir, TxnLock, atomic_write, b64, fault_point,
-                                  fsync_dir, list_txns, on_step, reset_faults, scratch_dirs,
-                                  unb64)
-from snapshot.transaction import rmtree_counting as _rmtree_counting  # noqa: F401
+                                  list_txns, on_step, reset_faults, scratch_dirs, unb64)
+from snapshot.osutil import fsync_dir
+from snapshot.transaction import rmtree_counting as _rmtree_counting
 
 from .errors import JournalCorrupt, PromotionLocked
+
+# What the promotion modules take from here: the transaction plumbing re-exported under the
+# journal's name, so they need not know that it lives in snapshot/transaction.py.
+__all__ = ["DONE", "FAULT_ENV", "JOURNAL", "LOCK", "PARKED", "PRE", "SCHEMA", "STAGING", "STEPS", "UNDOING",
+           "UNDONE", "PromotionDir", "TxnDir", "TxnLock", "WorkspaceLock", "_rmtree_counting", "atomic_write",
+           "b64", "fault_point", "fsync_dir", "list_promotions", "list_txns", "on_step", "reset_faults",
+           "scratch_dirs", "unb64"]
 
 PARKED = "parked"  # pre-images were moved from the workspace's scratch dir into the journal
 

@@ -198,7 +198,7 @@ class _PreTree(SafeTree):
         self.root = b"<pre>"
         self.fd = os.dup(fd)
 
-    def node(self, rel: bytes, *, with_content_id: bool = True) -> Node | None:  # type: ignore[override]
+    def node(self, rel: bytes, *, with_content_id: bool = True) -> Node | None:
         try:
             return super().node(rel, with_content_id=True)
         finally:

@@ -125,9 +125,9 @@ class PromotionResult:
 
 
 def conflict_error(conflicts: Iterable[Conflict]) -> PromotionConflict:
-    conflicts = list(conflicts)
-    err = PromotionConflict(paths=", ".join(f"{display(c.path)} ({c.reason})" for c in conflicts))
-    err.conflicts = conflicts  # type: ignore[attr-defined]
+    listed = list(conflicts)
+    err = PromotionConflict(paths=", ".join(f"{display(c.path)} ({c.reason})" for c in listed))
+    err.conflicts = listed
     return err
 
 

@@ -46,7 +46,7 @@ def _state_of_entry(e: Entry | None, tree: SafeTree, path: bytes) -> State | Non
 
 
 class _Planner:
-    def __init__(self, bt: SafeTree, lt: SafeTree, tt: SafeTree, on_conflict: str,
+    def __init__(self, bt: SafeTree, lt: SafeTree, tt: SafeTree, on_conflict: OnConflict,
                  labels: tuple[str, str, str]):
         self.bt, self.lt, self.tt = bt, lt, tt
         self.on_conflict = on_conflict
@@ -103,8 +103,8 @@ class _Planner:
     def both_changed(self, path: bytes, B: State | None, L: State | None,
                      T: State | None) -> None:
         lk, tk, bk = (L.kind if L else None), (T.kind if T else None), (B.kind if B else None)
-        if lk == tk == "file" and bk in (None, "file"):
-            self.merge_files(path, B, L, T)  # type: ignore[arg-type]
+        if L is not None and T is not None and lk == tk == "file" and bk in (None, "file"):
+            self.merge_files(path, B, L, T)
             return
         if lk == tk == "dir":
             # both changed a directory's bits: keep the workspace's unless told otherwise
@@ -142,7 +142,9 @@ class _Planner:
         else:
             mode_conflict = True
             mode = tm if self.on_conflict == "theirs" else lm
-        favor = self.on_conflict if self.on_conflict in ("ours", "theirs") else None
+        favor: Literal["ours", "theirs"] | None = None
+        if self.on_conflict == "ours" or self.on_conflict == "theirs":
+            favor = self.on_conflict
         r = merge3(bdata, ldata, tdata, style="merge", favor=favor, labels=self.labels)
         content = r.content
         why = "merged"

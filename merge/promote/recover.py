@@ -118,6 +118,6 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
         if left:
             err = UndoConflict(promotion=promotion_id,
                                paths=", ".join(display(p) for p in sorted(set(left))))
-            err.undone = True  # type: ignore[attr-defined]
+            err.undone = True
             raise err
-        return [unb64(r["path"]) for r in ops]  # type: ignore[misc]
+        return [unb64(r["path"]) for r in ops]

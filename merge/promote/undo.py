@@ -180,7 +180,7 @@ def undo_records(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]],
         if not _run_undo_step(lt, pre_fd, s):
             left.append(s.path)
         fault_point("undo")
-    for d in sorted({b"/".join(unb64(r["path"]).split(b"/")[:-1]) for r in records},  # type: ignore[union-attr]
+    for d in sorted({b"/".join(unb64(r["path"]).split(b"/")[:-1]) for r in records},
                     key=depth, reverse=True):
         try:
             lt.fsync_dir(d)
@@ -214,16 +214,18 @@ def _final_states(records: list[dict[str, Any]]) -> dict[bytes, tuple[str, State
     return final
 
 
+def _gone_or_not_dir(final: dict[bytes, tuple[str, State | None]], path: bytes) -> bool:
+    """Did the promotion leave ``path`` absent or as something other than a directory?"""
+    what, st = final.get(path, ("dir", None))
+    return what == "absent" or (st is not None and st.kind != "dir")
+
+
 def changed_since(lt: SafeTree, records: list[dict[str, Any]]) -> list[bytes]:
     """Touched paths that no longer hold what the promotion left there."""
     out = []
     final = _final_states(records)
     for path, (what, st) in sorted(final.items()):
-        if what == "absent" and any(
-                final.get(a, ("dir", None))[0] == "absent"
-                or (final.get(a, ("dir", None))[1] is not None
-                    and final[a][1].kind != "dir")  # type: ignore[union-attr]
-                for a in ancestors(path)):
+        if what == "absent" and any(_gone_or_not_dir(final, a) for a in ancestors(path)):
             continue  # its directory is gone or became a file: checked at that path
         try:
             cur = lt.node(path, with_content_id=True)
