@@ -26,7 +26,7 @@ class BadIgnoreFile(MergeError):
     """cannot read ignore rules from {path}: {why}"""
 
 
-# --- promotion (merge3/promote/journal/safefs; appended by M2) ---------------------------
+# --- promotion (merge3, promote, journal, safefs) ---------------------------------------
 
 class PromotionConflict(MergeError, Conflict):
     """promotion stopped on conflicts, nothing was written: {paths}"""
