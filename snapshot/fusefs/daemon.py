@@ -51,7 +51,8 @@ from typing import Callable
 from ..idmap import IdMap
 from ..osutil import Mount, libc, mounts
 from . import client
-from .proc import DaemonFailed, _alive, _kill, _wait_gone, child_env, start_time
+from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
+from .proc import _alive, _kill, _wait_gone, child_env, start_time
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
