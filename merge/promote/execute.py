@@ -92,27 +92,8 @@ def execute_promotion(plan: Plan, live: Path, journal_dir: Path,
                                   "live": b64(os.fsencode(live)),
                                   "scratch": b64(os.fsencode(staging.parent)),
                                   "ops": records})
-                applied = 0
-                try:
-                    for i, op in enumerate(plan.ops):
-                        _apply(lt, st_fd, i, op)
-                        applied = i + 1
-                        fault_point("apply")
-                except _LiveChanged as e:
-                    left = undo_records(lt, pre_fd, records[:applied])
-                    pd.mark("undone")
-                    cleanup(pd, keep_pre=False)
-                    c = Conflict(e.path, f"changed in the workspace during the promotion "
-                                         f"({e.why}); the promotion was undone", fatal=True)
-                    extra = [Conflict(p, "changed in the workspace during the undo; left as is",
-                                      fatal=True) for p in left]
-                    raise conflict_error([c, *extra]) from None
-                parents = {b"/".join(o.path.split(b"/")[:-1]) for o in plan.ops}
-                for d in sorted(parents, key=depth, reverse=True):
-                    try:
-                        lt.fsync_dir(d)
-                    except (OSError, PathThroughSymlink, UnsafePath):
-                        pass  # gone again (removed by a later op): its parent is synced
+                _apply_all(plan, lt, st_fd, pre_fd, pd, records)
+                _fsync_parents(lt, plan.ops)
                 fault_point("fsync")
                 pd.mark("done")
                 pd.drop_staging()
@@ -124,6 +105,37 @@ def execute_promotion(plan: Plan, live: Path, journal_dir: Path,
                            plan.skipped, plan.writes_markers)
 
 
+def _apply_all(plan: Plan, lt: SafeTree, st_fd: int, pre_fd: int, pd: PromotionDir,
+               records: list[dict[str, Any]]) -> None:
+    """Apply the ops in order (the journal is committed). When live changed under one, undo
+    those already applied, mark the promotion undone and raise the conflict."""
+    applied = 0
+    try:
+        for i, op in enumerate(plan.ops):
+            _apply(lt, st_fd, i, op)
+            applied = i + 1
+            fault_point("apply")
+    except _LiveChanged as e:
+        left = undo_records(lt, pre_fd, records[:applied])
+        pd.mark("undone")
+        cleanup(pd, keep_pre=False)
+        c = Conflict(e.path, f"changed in the workspace during the promotion "
+                             f"({e.why}); the promotion was undone", fatal=True)
+        extra = [Conflict(p, "changed in the workspace during the undo; left as is",
+                          fatal=True) for p in left]
+        raise conflict_error([c, *extra]) from None
+
+
+def _fsync_parents(lt: SafeTree, ops: tuple[Op, ...]) -> None:
+    """fsync every directory an op wrote into, deepest first."""
+    parents = {b"/".join(o.path.split(b"/")[:-1]) for o in ops}
+    for d in sorted(parents, key=depth, reverse=True):
+        try:
+            lt.fsync_dir(d)
+        except (OSError, PathThroughSymlink, UnsafePath):
+            pass  # gone again (removed by a later op): its parent is synced
+
+
 def _prepare(plan: Plan, lt: SafeTree, tt: SafeTree, st_fd: int, pre_fd: int,
              pd: PromotionDir) -> list[dict[str, Any]]:
     """Stage new content and link pre-images; on any surprise discard and raise."""
@@ -133,48 +145,11 @@ def _prepare(plan: Plan, lt: SafeTree, tt: SafeTree, st_fd: int, pre_fd: int,
             staged = has_pre = False
             old_node = None
             if op.old is not None and op.action in ("put", "remove"):
-                try:
-                    old_node = lt.node(op.path)
-                    lt.link_out(op.path, pre_fd, f"p{i}".encode())
-                except OSError as e:
-                    if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK):
-                        raise _LiveChanged(op.path, f"cannot keep its pre-image: {e}") from e
-                    _copy_preimage(lt, op.path, pre_fd, f"p{i}".encode())
-                except PathThroughSymlink as e:
-                    raise _LiveChanged(op.path, str(e)) from e
-                pre_tree = _PreTree(pre_fd)
-                if not matches(pre_tree.node(f"p{i}".encode()), op.old):
-                    raise _LiveChanged(op.path, "it changed since the plan was made")
+                old_node = _keep_preimage(lt, pre_fd, i, op)
                 has_pre = True
                 fault_point("preimage")
             if op.action == "put":
-                assert op.new is not None
-                name = f"s{i}".encode()
-                if op.new.kind == "symlink":
-                    assert op.new.target is not None
-                    if content_id_bytes(op.new.target) != op.new.cid:
-                        raise SandboxChangedDuringPromotion(path=display(op.path))
-                    os.symlink(op.new.target, name, dir_fd=st_fd)
-                    own = _owner_for(lt, old_node)
-                    if own:
-                        os.chown(name, *own, dir_fd=st_fd, follow_symlinks=False)
-                else:
-                    own = _owner_for(lt, old_node)
-                    if op.data is not None:
-                        cid = write_new_file(st_fd, name, [op.data], op.new.mode, owner=own)
-                    else:
-                        assert op.source is not None
-                        try:
-                            src = tt.open_regular(op.source)
-                        except (OSError, PathThroughSymlink) as e:
-                            raise SandboxChangedDuringPromotion(path=display(op.path)) from e
-                        try:
-                            cid = write_new_file(st_fd, name, read_chunks(src), op.new.mode,
-                                                 owner=own)
-                        finally:
-                            os.close(src)
-                    if cid != op.new.cid:
-                        raise SandboxChangedDuringPromotion(path=display(op.path))
+                _stage(lt, tt, st_fd, i, op, old_node)
                 staged = True
                 fault_point("stage")
             records.append(_op_json(i, op, staged, has_pre))
@@ -189,6 +164,57 @@ def _prepare(plan: Plan, lt: SafeTree, tt: SafeTree, st_fd: int, pre_fd: int,
         pd.discard()
         raise
     return records
+
+
+def _keep_preimage(lt: SafeTree, pre_fd: int, i: int, op: Op) -> Node | None:
+    """Keep what live holds at ``op.path`` as pre-image ``p<i>`` (a hard link, a copy where
+    links are refused) and check it still is what the plan read. Returns the live node as
+    first seen (its owner is the staged file's), None if it could not be read."""
+    old_node = None
+    try:
+        old_node = lt.node(op.path)
+        lt.link_out(op.path, pre_fd, f"p{i}".encode())
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK):
+            raise _LiveChanged(op.path, f"cannot keep its pre-image: {e}") from e
+        _copy_preimage(lt, op.path, pre_fd, f"p{i}".encode())
+    except PathThroughSymlink as e:
+        raise _LiveChanged(op.path, str(e)) from e
+    pre_tree = _PreTree(pre_fd)
+    if not matches(pre_tree.node(f"p{i}".encode()), op.old):
+        raise _LiveChanged(op.path, "it changed since the plan was made")
+    return old_node
+
+
+def _stage(lt: SafeTree, tt: SafeTree, st_fd: int, i: int, op: Op, old_node: Node | None) -> None:
+    """Write op ``i``'s new content as ``s<i>`` in the staging dir, owned like the file it
+    replaces (root only), and check it is what the plan hashed in the sandbox."""
+    assert op.new is not None
+    name = f"s{i}".encode()
+    if op.new.kind == "symlink":
+        assert op.new.target is not None
+        if content_id_bytes(op.new.target) != op.new.cid:
+            raise SandboxChangedDuringPromotion(path=display(op.path))
+        os.symlink(op.new.target, name, dir_fd=st_fd)
+        own = _owner_for(lt, old_node)
+        if own:
+            os.chown(name, *own, dir_fd=st_fd, follow_symlinks=False)
+        return
+    own = _owner_for(lt, old_node)
+    if op.data is not None:
+        cid = write_new_file(st_fd, name, [op.data], op.new.mode, owner=own)
+    else:
+        assert op.source is not None
+        try:
+            src = tt.open_regular(op.source)
+        except (OSError, PathThroughSymlink) as e:
+            raise SandboxChangedDuringPromotion(path=display(op.path)) from e
+        try:
+            cid = write_new_file(st_fd, name, read_chunks(src), op.new.mode, owner=own)
+        finally:
+            os.close(src)
+    if cid != op.new.cid:
+        raise SandboxChangedDuringPromotion(path=display(op.path))
 
 
 class _PreTree(SafeTree):
