@@ -34,7 +34,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import xxhash
 
@@ -159,6 +159,14 @@ class _Narrow:
 IgnoreFn = Callable[[bytes, bool], bool]
 
 
+class _Scandir(Protocol):
+    """What ``os.scandir(fd)`` returns (its class is private to the stubs): entries, closed
+    early when the walk stops."""
+
+    def __next__(self) -> os.DirEntry[str]: ...
+    def close(self) -> None: ...
+
+
 def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
           narrow: _Narrow) -> dict[bytes, _Raw]:
     out: dict[bytes, _Raw] = {}
@@ -171,13 +179,13 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
     # Each frame also counts [entries seen, entries left in]: a directory that had entries
     # and kept none (all ignored, like a __pycache__ under a '*.pyc' rule) is dropped when
     # its frame is popped, as git shows no such directory either.
-    stack: list[tuple[bytes, int, object, list[int]]] = [(b"", root_fd, os.scandir(root_fd), [0, 0])]
+    stack: list[tuple[bytes, int, _Scandir, list[int]]] = [(b"", root_fd, os.scandir(root_fd), [0, 0])]
     try:
         while stack:
             rel, fd, it, seen_kept = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
+            entry = next(it, None)
             if entry is None:
-                it.close()  # type: ignore[attr-defined]
+                it.close()
                 os.close(fd)
                 stack.pop()
                 if seen_kept[0] and not seen_kept[1] and ignored is not None and rel in out:
@@ -228,7 +236,7 @@ def _walk(root: bytes, exclude_top: Iterable[bytes], ignored: IgnoreFn | None,
                 seen_kept[1] += 1
     finally:
         for _, fd, it, _counts in stack:
-            it.close()  # type: ignore[attr-defined]
+            it.close()
             os.close(fd)
     return out
 

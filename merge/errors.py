@@ -26,7 +26,7 @@ class BadIgnoreFile(MergeError):
     """cannot read ignore rules from {path}: {why}"""
 
 
-# --- promotion (merge3/promote/journal/safefs; appended by M2) ---------------------------
+# --- promotion (merge3, promote, journal, safefs) ---------------------------------------
 
 class PromotionConflict(MergeError, Conflict):
     """promotion stopped on conflicts, nothing was written: {paths}"""
@@ -35,7 +35,7 @@ class PromotionConflict(MergeError, Conflict):
 
 
 class PathThroughSymlink(MergeError, Conflict):
-    """{path}: {via} is a symlink (or not a directory) in the workspace; it is never followed, so this path is a conflict"""
+    """{path}: {via} is a symlink (or not a directory) in the workspace; it is never followed, so this path is a conflict"""  # noqa: E501 (a message template is one line)
 
     exit_code = 3
 
@@ -48,6 +48,9 @@ class UndoConflict(MergeError, Conflict):
     """cannot undo promotion {promotion}: the workspace changed these files since: {paths}"""
 
     exit_code = 3
+    # Set (True) by merge.promote when the rest of the undo ran and only these paths were
+    # left; declared only, like PromotionConflict.conflicts.
+    undone: bool
 
 
 class UnknownPromotion(MergeError, NotFound):

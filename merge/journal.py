@@ -20,8 +20,8 @@ States, as recovery reads them: no ``journal.json`` -> *uncommitted*: the worksp
 touched, the directory is discarded. ``journal.json`` without a mark -> *interrupted*: ops
 may be half applied; recovery finishes it only if every op is already in its new state (then
 it marks it done), otherwise it undoes every op (the rule is "undo unless already complete").
-``undoing`` (a rollback of a finished promotion was
-interrupted) -> the undo is completed. ``done`` / ``undone`` -> settled. Undo is idempotent: each op's undo first looks at what the
+``undoing`` (a rollback of a finished promotion was interrupted) -> the undo is completed.
+``done`` / ``undone`` -> settled. Undo is idempotent: each op's undo first looks at what the
 path holds (old state: nothing to do; new state: restore; anything else: someone edited it
 since, leave it and report it), so a kill during recovery is repaired by recovering again.
 
@@ -36,13 +36,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from snapshot.transaction import (DONE, FAULT_ENV, JOURNAL, LOCK, PRE, SCHEMA, STAGING, STEPS,  # noqa: F401
+from snapshot.transaction import (DONE, FAULT_ENV, JOURNAL, LOCK, PRE, SCHEMA, STAGING, STEPS,
                                   UNDOING, UNDONE, TxnDir, TxnLock, atomic_write, b64, fault_point,
-                                  fsync_dir, list_txns, on_step, reset_faults, scratch_dirs,
-                                  unb64)
-from snapshot.transaction import rmtree_counting as _rmtree_counting  # noqa: F401
+                                  list_txns, on_step, reset_faults, scratch_dirs, unb64)
+from snapshot.osutil import fsync_dir
+from snapshot.transaction import rmtree_counting as _rmtree_counting
 
 from .errors import JournalCorrupt, PromotionLocked
+
+# What the promotion modules take from here: the transaction plumbing re-exported under the
+# journal's name, so they need not know that it lives in snapshot/transaction.py.
+__all__ = ["DONE", "FAULT_ENV", "JOURNAL", "LOCK", "PARKED", "PRE", "SCHEMA", "STAGING", "STEPS", "UNDOING",
+           "UNDONE", "PromotionDir", "TxnDir", "TxnLock", "WorkspaceLock", "_rmtree_counting", "atomic_write",
+           "b64", "fault_point", "fsync_dir", "list_promotions", "list_txns", "on_step", "reset_faults",
+           "scratch_dirs", "unb64"]
 
 PARKED = "parked"  # pre-images were moved from the workspace's scratch dir into the journal
 

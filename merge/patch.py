@@ -107,6 +107,13 @@ def _func_name(rec: bytes) -> bytes | None:
 
 def _hunks(a: list[bytes], b: list[bytes], script: list[tuple[int, int, int, int]]) -> bytes:
     out = bytearray()
+
+    def line(prefix: bytes, rec: bytes) -> None:
+        out.extend(prefix)
+        out.extend(rec)
+        if not rec.endswith(b"\n"):
+            out.extend(b"\n" + _NO_EOL)
+
     n1, n2 = len(a), len(b)
     funclineprev = -1
     func = b""
@@ -147,13 +154,6 @@ def _hunks(a: list[bytes], b: list[bytes], script: list[tuple[int, int, int, int
         if func:
             hdr += b" " + func
         out += hdr + b"\n"
-
-        def line(prefix: bytes, rec: bytes) -> None:
-            out.extend(prefix)
-            out.extend(rec)
-            if not rec.endswith(b"\n"):
-                out.extend(b"\n" + _NO_EOL)
-
         p2 = s2
         while p2 < i2:
             line(b" ", b[p2])
@@ -246,14 +246,15 @@ def _pairs(changes: Iterable[Change]) -> Iterable[tuple[Change, bytes, Entry | N
 def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, new: Entry | None,
          a: bytes, b: bytes, similarity: int | None) -> None:
     out += b"diff --git " + quote_path(old_path, b"a/") + b" " + quote_path(new_path, b"b/") + b"\n"
-    om, nm = git_mode(old), git_mode(new)
+    # b"" for the absent side: the caller passes only files and symlinks, which have a mode.
+    om, nm = (git_mode(old) or "").encode(), (git_mode(new) or "").encode()
     if old is None:
-        out += b"new file mode %s\n" % nm.encode()  # type: ignore[union-attr]
+        out += b"new file mode %s\n" % nm
     elif new is None:
-        out += b"deleted file mode %s\n" % om.encode()  # type: ignore[union-attr]
+        out += b"deleted file mode %s\n" % om
     else:
         if om != nm:
-            out += b"old mode %s\nnew mode %s\n" % (om.encode(), nm.encode())  # type: ignore[union-attr]
+            out += b"old mode %s\nnew mode %s\n" % (om, nm)
         if old_path != new_path:
             out += b"similarity index %d%%\n" % (similarity if similarity is not None else 100)
             out += b"rename from " + quote_path(old_path) + b"\n"
@@ -266,7 +267,7 @@ def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, ne
     abbrev = 40 if binary else _ABBREV
     out += b"index %s..%s" % (sha_a[:abbrev].encode(), sha_b[:abbrev].encode())
     if om == nm:
-        out += b" %s" % om.encode()  # type: ignore[union-attr]
+        out += b" %s" % om
     out += b"\n"
     if binary:
         out += _binary_body(b, a)
@@ -392,7 +393,7 @@ def format_stat(stats: list[FileStat], *, width: int = 80) -> str:
             graph_width = width - number_width - 6 - name_width
     lines = []
     adds = dels = 0
-    for s, name in zip(stats, names):
+    for s, name in zip(stats, names, strict=True):
         prefix = ""
         ln = name_width
         if name_width < len(name):

@@ -33,7 +33,7 @@ import functools
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from .limits import Limits
 from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileWritten, Forked, InitResult, Lineage,
@@ -49,13 +49,18 @@ __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd",
 VIAS = ("api", "cli", "mcp", "tui")
 
 
-def _audited(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+_R = TypeVar("_R")
+
+
+# The wrapper keeps the method's return type; its parameters are typed ``...`` because it adds
+# the keyword ``reason``, which a ParamSpec cannot express (Concatenate adds positionals only).
+def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """A mutating ``Workspace`` method: one row of the audit trail (orchestrator.audit) per
     call, with ``reason=`` (a keyword every such method takes) and the workspace's ``via``
     and ``client``. Calls made inside another audited one add no row of their own."""
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def deco(fn: Callable[..., _R]) -> Callable[..., _R]:
         @functools.wraps(fn)
-        def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> Any:
+        def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> _R:
             from . import audit
             from .units import MAX_NOTE, check_text
 
@@ -76,7 +81,7 @@ class Patch:
 
     kind = "patch"
 
-    def __init__(self, path: str | os.PathLike | None = None, *, text: str | bytes | None = None,
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, text: str | bytes | None = None,
                  name: str | None = None) -> None:
         if (path is None) == (text is None):
             from .errors import UsageError
@@ -105,7 +110,7 @@ class Cmd:
 # ---------------------------------------------------------------------------- opening
 
 
-def init(path: str | os.PathLike = ".", *, backend: str = "auto", convert: bool = False,
+def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: bool = False,
          progress: Any = None, say: Callable[[str], None] | None = None, via: str = "api",
          reason: str | None = None) -> "Workspace":
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
@@ -122,7 +127,7 @@ def init(path: str | os.PathLike = ".", *, backend: str = "auto", convert: bool 
     return ws
 
 
-def open(path: str | os.PathLike | None = None, *, via: str = "api",  # noqa: A001 - petri.open
+def open(path: str | os.PathLike[str] | None = None, *, via: str = "api",  # noqa: A001 - petri.open
          override: str | None = None) -> "Workspace":
     """The workspace that holds ``path`` (default: the current directory, or
     ``PETRI_WORKSPACE``), found by walking up as git does. ``override``: a workspace named
@@ -142,7 +147,7 @@ class Workspace:
     trail (``log()``) naming ``via`` and, when a front end set it, ``client`` (the MCP
     server sets the client's name there)."""
 
-    def __init__(self, root: str | os.PathLike, *, via: str = "api", client: str | None = None,
+    def __init__(self, root: str | os.PathLike[str], *, via: str = "api", client: str | None = None,
                  _engine: "Engine | None" = None) -> None:
         if via not in VIAS:
             from .errors import UsageError
@@ -283,7 +288,7 @@ class Workspace:
     # -- runs -----------------------------------------------------------------------------
     @_audited("run")
     def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
-            env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
+            env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
             on_output: Callable[[str, bytes], None] | None = None,
             on_start: Callable[[int], None] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
@@ -301,7 +306,8 @@ class Workspace:
 
         doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
                                          timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
-                                         cwd=cwd, on_event=on_event, on_started=on_start))
+                                         cwd=None if cwd is None else os.fspath(cwd), on_event=on_event,
+                                         on_started=on_start))
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
 
@@ -517,7 +523,7 @@ class Workspace:
         if check and doc["breaches"]:
             from .errors import KpiBreach
             err = KpiBreach(what="; ".join(b["message"] for b in doc["breaches"]))
-            err.result = result  # type: ignore[attr-defined]
+            err.result = result
             raise err
         return result
 
@@ -662,7 +668,7 @@ class Sandbox:
         return self
 
 
-class SandboxSet(list):
+class SandboxSet(list["Sandbox"]):
     """The sandboxes one ``fork`` made: a list, and a context manager that destroys them on
     exit (every one not ``keep()``-ed), also when the block raised."""
 
@@ -708,7 +714,7 @@ def race_rank_key(c: dict[str, Any]) -> tuple[Any, ...]:
     fastest), then the ones still running (command-line order: any may still win), then
     those whose check failed, then those that did not apply. Once the race is over its own
     ranks (``orchestrator.race.rank``) replace these."""
-    st = c.get("state")
+    st = c.get("state", "")  # "" like None: in no group
     dur = c.get("duration_s")
     lines = (c.get("lines_added") or 0) + (c.get("lines_removed") or 0)
     group = {"passed": 0, "waiting": 1, "applying": 1, "checking": 1, "failed": 2}.get(st, 3)
@@ -734,7 +740,7 @@ class RaceTracker:
         """Take one event; return the id of the race it changed, if any."""
         name = ev.get("event")
         if name == "race.started":
-            rid = ev["race"]
+            rid: str = ev["race"]
             cands = []
             for i, c in enumerate(ev.get("candidates") or []):
                 cands.append({"candidate": c.get("candidate"), "kind": c.get("kind"), "sandbox": c.get("sandbox"),
@@ -777,7 +783,9 @@ class RaceTracker:
             self._rerank(rid)
             return rid
         if name == "race.finished":
-            rid = ev.get("race")
+            if ev.get("race") is None:
+                return None
+            rid = ev["race"]
             r = self.races.get(rid)
             if r is None:
                 return None
@@ -848,13 +856,13 @@ def _undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _with_ws(rec: Any, ws: Workspace) -> Any:
+def _with_ws(rec: _R, ws: Workspace) -> _R:
     object.__setattr__(rec, "_ws", ws)
     return rec
 
 
 def _rollback_of(rec: Any) -> Rollback:
-    ws = getattr(rec, "_ws", None)
+    ws: Workspace | None = getattr(rec, "_ws", None)
     ident = rec.promotion if isinstance(rec, PromoteResult) else rec.id
     if ws is None or not ident:
         from .errors import UsageError

@@ -81,11 +81,11 @@ async def _trio_call(make: Callable[[], Awaitable[T]]) -> T:
         raise
 
 
-async def init(path: str | os.PathLike = ".", **kw: Any) -> "Workspace":
+async def init(path: str | os.PathLike[str] = ".", **kw: Any) -> "Workspace":
     return Workspace(await _thread(_api.init, path, **kw))
 
 
-async def open(path: str | os.PathLike | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001
+async def open(path: str | os.PathLike[str] | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001
     return Workspace(await _thread(_api.open, path, via=via))
 
 
@@ -141,7 +141,7 @@ class Workspace:
 
     async def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
                   timeout: float | str | None = None, env: dict[str, str] | None = None,
-                  cwd: str | os.PathLike | None = None, stdin: bytes | None = None,
+                  cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
                   on_output: Callable[[str, bytes], None] | None = None,
                   on_start: Callable[[int], None] | None = None, reason: str | None = None) -> RunResult:
         """Run and wait; cancelling this kills the run (every process of it is gone when
@@ -157,7 +157,8 @@ class Workspace:
 
         async def go() -> dict[str, Any]:
             return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
-                                        echo=False, cwd=cwd, on_event=on_event, on_started=on_start)
+                                        echo=False, cwd=None if cwd is None else os.fspath(cwd),
+                                        on_event=on_event, on_started=on_start)
 
         with audit.operation("run", audit.api_argv("run", [sb, argv], {"timeout": timeout}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -240,7 +241,8 @@ class Workspace:
         or cancelling the task, stops it)."""
         it = self.sync.events(follow=False) if not follow else None
         if it is not None:
-            for ev in await _thread(list, it):
+            got: list[Event] = await _thread(list, it)
+            for ev in got:
                 yield ev
             return
         from orchestrator import events as ev_mod
@@ -321,7 +323,7 @@ class Sandbox:
         return self
 
 
-class SandboxSet(list):
+class SandboxSet(list["Sandbox"]):
     """``petri.SandboxSet``, with ``async with`` destroying what was not kept."""
 
     def __init__(self, ws: Workspace, sync: _api.SandboxSet) -> None:

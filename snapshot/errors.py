@@ -5,6 +5,16 @@ given at raise time) and each carries the exit code the CLI turns it into (SPEC 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class ConflictRecord(Protocol):
+    """One thing that stopped an operation, as ``Conflict.conflicts`` lists it (the merge
+    layer's ``merge.promote.Conflict``; this layer cannot import it)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
 
 class PetriError(Exception):
     """petri failed: {detail}"""
@@ -44,7 +54,7 @@ class Conflict(PetriError):
     """{detail}"""
 
     exit_code = 3
-    conflicts: tuple = ()  # what stopped it; the raiser sets it where it knows
+    conflicts: Sequence[ConflictRecord] = ()  # what stopped it; the raiser sets it where it knows
 
 
 class Unsupported(PetriError):
@@ -54,7 +64,7 @@ class Unsupported(PetriError):
 
 
 class MarkersWritten(PetriError):
-    """promotion {promotion} wrote conflict markers into {paths}; resolve them, or undo it with `petri rollback {promotion}`"""
+    """promotion {promotion} wrote conflict markers into {paths}; resolve them, or undo it with `petri rollback {promotion}`"""  # noqa: E501 (a message template is one line)
 
     exit_code = 5
     result: object = None  # the promotion's result (petri.PromoteResult), set by the API

@@ -237,7 +237,8 @@ def as_fs_user(uid: int, gid: int, fn: Callable[[], T]) -> T:
     """``fn()`` in a fresh thread whose filesystem uid/gid are ``uid``/``gid`` and whose
     effective capabilities are its permitted ones again (setfsuid drops the file ones).
     Credentials are per thread on Linux, so nothing else of this process changes."""
-    box: dict[str, object] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def body() -> None:
         try:
@@ -247,13 +248,13 @@ def as_fs_user(uid: int, gid: int, fn: Callable[[], T]) -> T:
             if libc.syscall(ctypes.c_long(SYS_setfsuid), ctypes.c_long(-1)) != uid:
                 raise OSError(errno.EPERM, f"setfsuid({uid}) did not take")
             _raise_effective_caps()
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
+            error.append(e)
 
     t = threading.Thread(target=body, name="petri-fs-user")
     t.start()
     t.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+    if error:
+        raise error[0]
+    return value[0]

@@ -140,7 +140,7 @@ def plan_restore(src: bytes, live: bytes, exclude_top: frozenset[bytes] = NEVER_
     with ThreadPoolExecutor(max_workers=8) as pool:
         digests = pool.map(lambda r: file_digest(os.path.join(src, r)) != file_digest(os.path.join(live, r)),
                            same_size)
-        for rel, differs in zip(same_size, digests):
+        for rel, differs in zip(same_size, digests, strict=True):
             if differs:
                 ops.append(RestoreOp("put", rel))
             elif (m := _meta_op(rel, want[rel], have[rel])) is not None:
@@ -315,7 +315,7 @@ def _phase_file_meta(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _phase_dir_meta(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     dirs = [r for r in ops if r["verb"] in ("meta", "times", "mkdir") and stat.S_ISDIR(r["meta"]["kind"])]
-    return sorted(dirs, key=lambda r: -len(unb64(r["path"]).split(b"/")) if r["path"] else 0)  # type: ignore[union-attr]
+    return sorted(dirs, key=lambda r: -len(unb64(r["path"]).split(b"/")) if r["path"] else 0)
 
 
 class _Blocked(Exception):
@@ -408,7 +408,7 @@ def _discard(td: _RestoreDir, record: dict[str, Any] | None) -> None:
     if td.scratch != td.path:
         rmtree(bytes(td.scratch))
         if record is not None:
-            fd = os.open(unb64(record["live"]), DIR_FLAGS)  # type: ignore[arg-type]
+            fd = os.open(unb64(record["live"]), DIR_FLAGS)
             try:
                 _set_meta(fd, None, record["root"])
             finally:

@@ -1,5 +1,5 @@
 """Journaled transactions on the live tree: the lock, one directory per transaction, atomic
-small files, fault injection. A promotion (``merge/promote.py``, layout in
+small files, fault injection. A promotion (``merge/promote/``, layout in
 ``merge/journal.py``) and a rollback to a snapshot (``snapshot/restore.py``) are both built
 on it; it lives here, at the bottom, so that both layers can use it.
 
@@ -51,7 +51,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from . import osutil
 from .errors import SnapshotError
@@ -119,6 +119,12 @@ def b64(b: bytes | None) -> str | None:
     return None if b is None else base64.b64encode(b).decode("ascii")
 
 
+@overload
+def unb64(s: str) -> bytes: ...
+@overload
+def unb64(s: None) -> None: ...
+@overload
+def unb64(s: str | None) -> bytes | None: ...
 def unb64(s: str | None) -> bytes | None:
     return None if s is None else base64.b64decode(s)
 

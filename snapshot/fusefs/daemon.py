@@ -29,10 +29,11 @@ get errors and never hang.
 
 ``start(spec, server=<store dir>)`` has the store's fork server (:mod:`.server`) fork the
 daemon instead (a few ms instead of ~0.25 s for a fresh interpreter), falling back to a
-fresh process when the server cannot be used.
+fresh process when the server cannot be used. It reaches the server through :mod:`.client`,
+never the server module itself: the server imports this module to run daemons in its children.
 
-Caveats: a fresh process pays the interpreter start and the trio/pyfuse3 imports. A pid file is trusted only if ``/proc/<pid>/cmdline`` names
-this module and the mount point (pid reuse).
+Caveats: a fresh process pays the interpreter start and the trio/pyfuse3 imports. A pid file
+is trusted only if ``/proc/<pid>/cmdline`` names this module and the mount point (pid reuse).
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ from typing import Callable
 
 from ..idmap import IdMap
 from ..osutil import Mount, libc, mounts
+from . import client
+from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
+from .proc import _alive, _kill, _wait_gone, child_env, start_time
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -70,23 +74,6 @@ def is_mounted(mountpoint: str | os.PathLike | bytes) -> bool:
 
 
 # -- processes -----------------------------------------------------------------------------
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22):
-    with the pid, it names one process for the life of the machine."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
 
 
 def _identity_file(pidfile: Path) -> Path:
@@ -202,10 +189,6 @@ class MountSpec:
         return a + self.cache.argv()
 
 
-class DaemonFailed(RuntimeError):
-    pass
-
-
 def _log_tail(log: Path | None, n: int = 2000) -> str:
     if log is None:
         return ""
@@ -213,14 +196,6 @@ def _log_tail(log: Path | None, n: int = 2000) -> str:
         return log.read_bytes()[-n:].decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a daemon or fork server: this checkout importable."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 def start(spec: MountSpec, timeout: float = 15.0, server: Path | None = None,
@@ -237,10 +212,9 @@ def start(spec: MountSpec, timeout: float = 15.0, server: Path | None = None,
     if is_mounted(spec.mountpoint):
         raise DaemonFailed(f"{spec.mountpoint} is already mounted")
     if server is not None:
-        from . import server as S
         try:
-            return S.mount(server, spec.daemon_args(), timeout=timeout, idle=server_idle)
-        except S.ServerUnavailable as e:
+            return client.mount(server, spec.daemon_args(), timeout=timeout, idle=server_idle)
+        except client.ServerUnavailable as e:
             logging.getLogger("petri.fusefs").info("fork server unusable (%s): starting a fresh daemon", e)
             # The request may have got as far as mounting before the reply was lost.
             pid = daemon_pid(spec.pidfile, spec.mountpoint)
@@ -271,22 +245,6 @@ def start(spec: MountSpec, timeout: float = 15.0, server: Path | None = None,
     if pid is not None:
         _kill(pid)
     raise DaemonFailed(f"timed out waiting for {spec.mountpoint} to mount:\n{_log_tail(spec.log)}")
-
-
-def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.01)
-    return not _alive(pid)
 
 
 def abort_connection(mountpoint: str | os.PathLike) -> bool:
