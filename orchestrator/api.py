@@ -729,7 +729,7 @@ class RaceTracker:
     process still there), so a front end can feed it as events arrive."""
 
     def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
-        from .registry import pid_alive
+        from .sandbox.procs import pid_alive
 
         self.alive = alive or pid_alive
         self.races: dict[str, dict[str, Any]] = {}
