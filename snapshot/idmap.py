@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from .errors import PetriError
-from .osutil import libc
+from .osutil import fork, libc
 
 T = TypeVar("T")
 
@@ -139,7 +139,7 @@ def userns_fd(idmap: IdMap) -> int:
     """An fd of a user namespace whose maps are ``idmap``'s (a child makes it, then exits)."""
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
+    pid = fork()
     if pid == 0:  # pragma: no cover - the child: no Python beyond these calls
         try:
             ok = libc.unshare(CLONE_NEWUSER) == 0

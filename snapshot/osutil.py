@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import signal
 import stat
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -214,6 +215,25 @@ def fs_type(path: PathLike) -> str:
 
 
 # --------------------------------------------------------------------------- durable files
+
+
+# Signals a person or a supervisor sends to end petri (Ctrl-C, kill, a closed terminal).
+_ENDING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def fork() -> int:
+    """``os.fork()`` with Ctrl-C and the other ending signals held back until the fork's
+    at-fork hooks have run. ``os.fork`` runs Python callbacks (logging's lock release among
+    them) in the parent; a KeyboardInterrupt raised inside one is printed as "Exception
+    ignored" and lost, and the lock it was releasing stays held: petri then neither stops
+    nor logs. Held back, the signal is delivered right after, where it raises as usual. The
+    child starts with the caller's mask."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS)
+    try:
+        pid = os.fork()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return pid
 
 
 def fsync_dir(path: PathLike) -> None:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..idmap import IdMap
-from ..osutil import Mount, libc, mounts
+from ..osutil import Mount, fork, libc, mounts
 from . import client
 from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
 from .proc import _alive, _kill, _wait_gone, child_env, start_time
@@ -350,10 +350,10 @@ def redirect_output(log: str | None) -> None:
 
 
 def _detach(log: str | None) -> None:
-    if os.fork() > 0:
+    if fork() > 0:
         os._exit(0)
     os.setsid()
-    if os.fork() > 0:
+    if fork() > 0:
         os._exit(0)
     redirect_output(log)
     os.chdir("/")

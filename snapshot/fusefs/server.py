@@ -48,6 +48,7 @@ import struct
 import sys
 from typing import Callable
 
+from ..osutil import fork
 from . import daemon as D
 from .client import LOCK, MAX_REQUEST, PIDFILE, SOCK, code_stamp
 from .client import SERVER_MODULE as MODULE
@@ -147,7 +148,7 @@ def _handle(conn: socket.socket, closing: list[int], retire: Callable[[], None])
             _reply(conn, {"ok": False, "error": "bad mount request"})
             return
         conn.settimeout(None)
-        pid = os.fork()
+        pid = fork()
         if pid == 0:
             _child(conn, closing, argv)
         log.info("forked %d for %s", pid, argv[argv.index("--mountpoint") + 1] if "--mountpoint" in argv else "?")
@@ -253,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         # does once the server's pid file is written (or the server died: EOF), so that
         # server_pid() names the server from the moment the starter returns.
         ready_r, ready_w = os.pipe()
-        if os.fork() > 0:
+        if fork() > 0:
             os.close(ready_w)
             os.read(ready_r, 1)
             os._exit(0)
         os.close(ready_r)
         os.setsid()
-        if os.fork() > 0:
+        if fork() > 0:
             os._exit(0)
         D.redirect_output(os.path.join(args.store, LOG))
         os.chdir("/")
