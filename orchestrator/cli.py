@@ -87,7 +87,7 @@ def out() -> Output:
 
 
 def engine(reap: bool = True):
-    from .engine import Engine
+    from .services import Engine
     return Engine.open(override=G.workspace, reap=reap)
 
 
@@ -121,7 +121,7 @@ def init(
     convert: Annotated[bool, typer.Option("--convert", help="Make a plain directory on btrfs a subvolume first.")] = False,
 ) -> None:
     """Register PATH as a workspace, choose a backend, take the first snapshot."""
-    from .engine import Engine
+    from .services import Engine
     o = out()
     bar = ProgressBar("snapshot", enabled=not G.json)
     try:
