@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from .. import events
 from ..registry import new_id
 from .errors import NoUsableNode, ReplicaFailed
 
@@ -101,7 +102,6 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
                        say: Callable[[str], None] | None, seccomp: str, cluster: Any) -> dict[str, Any]:
     import trio
 
-    from .. import events
     from ..race import Outcome, _shielded
     from .connect import Session, import_ray
 
