@@ -398,7 +398,6 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
 
     from merge.changes import scan_tree
 
-    from . import events
     from .runs import after_fork
 
     t0 = time.monotonic()

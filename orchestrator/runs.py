@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from . import cgroups, events, reaper
+from . import audit, cgroups, events, kpi, reaper
 from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired, SandboxNotRunnable
 from .isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
@@ -253,12 +253,11 @@ async def run_in_sandbox(
         raise SandboxNotRunnable(ident=row.id, state="not runnable")
     log = events.log_for(engine.store.root)
     events.run_started(log, sandbox=row.id, run=n, argv=list(argv), stdout_path=str(out_path),
-             stderr_path=str(err_path))
+                       stderr_path=str(err_path))
     if on_started is not None:
         on_started(n)
     if not quiet_warnings:
         _say_seccomp_off(profile)
-    from . import audit, kpi
     audit.touch(row.id)
     forked_at = (row.meta or {}).get("fork_started_at")
     if n == 1 and forked_at:
@@ -362,7 +361,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     err_path.parent.mkdir(parents=True, exist_ok=True)
     err_path.write_bytes(b"")  # a pty has one stream: everything is in the .out transcript
     events.run_started(engine.store.root, sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
-                stderr_path=str(err_path), shell=True)
+                       stderr_path=str(err_path), shell=True)
     _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
