@@ -28,8 +28,9 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
 - ``race.finished``: ``race``, ``winner``, ``duration_s`` and, when it ran to its end, the
   ranked ``candidates`` and ``conflicts`` of the race document; ``error`` when it was
   interrupted or failed (``orchestrator.api.RaceTracker`` folds these into races)
-- ``promotion.done`` / ``promotion.undone``: ``promotion`` (when its registry row moves to
-  that state: a promotion, a stage, a rollback, a recovery that finished or undid one)
+- ``promotion.done`` / ``promotion.undone``: ``promotion`` (its changes are now in place in
+  the workspace whose stream it is / taken out again: a promotion or stage, a rollback, an
+  undo after a failed check, a recovery that finished or undid one)
 - ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
 
 Rotation: ``petri gc`` renames a stream past ``ROTATE_BYTES`` to ``events.jsonl.1``

@@ -9,17 +9,19 @@ therefore one directory listing when nothing is pending; when something is, it t
 store lock and lets the journals (``merge.promote.recover``, ``snapshot.restore.recover``)
 finish or undo it, then puts the registry rows right.
 
-``set_promotion_state`` is the one place a promotion row moves to ``done`` or ``undone``,
-so it is also the one emitter of ``promotion.done`` / ``promotion.undone``: a promotion, a
-stage, a rollback and a recovery all go through it.
+``set_promotion_state`` is the one place a promotion's changes are recorded as in place
+(``done``) or taken out again (``undone``), so it is also the one caller of the
+``promotion.done`` / ``promotion.undone`` emitters: a promotion (a stage's too), a
+rollback, an undo after a failed ``--verify`` or stage check, and a recovery all go
+through it. A pipeline's own bookkeeping of its stage rows (``orchestrator.stages``) does
+not: a fresh stage puts nothing in place.
 
 This module is part of the core: it knows the engine's store, registry and lock, and the
 journals below it, and no service.
 
 Caveats: a recovery that itself fails (a full disk) leaves the mark for the next command;
-``promotion.done`` / ``promotion.undone`` is written when the row changes state in this
-workspace's registry, so a stage promoted into another workspace writes it to that
-workspace's stream too (each stream once).
+``promotion.done`` / ``promotion.undone`` go to the stream of the workspace the changes
+went into (a stage promoted into another workspace: that one's, not the pipeline's).
 """
 from __future__ import annotations
 

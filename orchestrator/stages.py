@@ -59,7 +59,6 @@ from .errors import OrchestratorError, UsageError
 from .lineage import diff_base, mark_scaffold, reap_scaffolds, snapshot_of_sandbox
 from .promotions import promote
 from .promotions import rollback_promotion as undo
-from .recovery import set_promotion_state
 from .registry import new_id, pid_alive
 
 if TYPE_CHECKING:
@@ -92,7 +91,10 @@ def _row(engine: "Engine", promo_id: str) -> dict[str, Any] | None:
 
 
 def _save(engine: "Engine", promo_id: str, state: str, doc: dict[str, Any]) -> None:
-    set_promotion_state(engine, promo_id, state, doc)
+    # A plain update: promotion.done / undone belong to the promotion that puts the stage's
+    # changes in place or takes them out (orchestrator.promotions), not to the pipeline's
+    # bookkeeping (a stage row goes running -> done -> running -> done while it is checked).
+    engine.registry.update_promotion(promo_id, state, doc)
 
 
 def _is_stage(row: dict[str, Any] | None) -> bool:
@@ -219,7 +221,6 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
 def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
                    say: Say, *, checks_only: bool) -> str:
     from snapshot.transaction import fault_point
-
 
     target = _target_engine(engine, stage, doc.get("target_path"))
     where = "this workspace" if target is engine else str(target.root)
