@@ -41,8 +41,8 @@ from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, Fi
                       SandboxList, Snapshot, SnapshotList, Stats)
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .registry import SandboxRow
+    from .services import Engine
 
 __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
 
@@ -116,7 +116,7 @@ def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: 
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
     ``ws.init_result`` is the ``init`` document."""
     from . import audit
-    from .engine import Engine
+    from .services import Engine
 
     with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
                          reason=reason):
@@ -169,7 +169,7 @@ class Workspace:
         """This thread's engine (registry connection), opened on first use."""
         e = getattr(self._local, "engine", None)
         if e is None:
-            from .engine import Engine
+            from .services import Engine
 
             e = Engine.open(self.root, str(self.root))
             self._local.engine = e
@@ -279,7 +279,8 @@ class Workspace:
         if keep_generations is not None:
             from .lineage import prune_generations
             pruned = prune_generations(self.engine, keep_generations)
-        doc = self.engine.gc()
+        from .gc import collect
+        doc = collect(self.engine)
         if keep_generations is not None:
             doc["removed"] = [p["id"] for p in pruned] + doc["removed"]
             doc["pruned_sandboxes"] = pruned

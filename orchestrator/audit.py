@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from . import events
+
 # CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
 # promotions, lineage, log, stats, tui are not recorded).
 MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "shell", "race", "promote", "rollback",
@@ -51,6 +53,7 @@ class Scope:
     sudo_uid: int | None = field(default_factory=lambda: _int(os.environ.get("SUDO_UID")))
     ids: list[str] = field(default_factory=list)
     record: bool = True
+    via_token: contextvars.Token | None = None  # the event stream's ``via`` while the scope is open
 
 
 def _int(text: str | None) -> int | None:
@@ -76,6 +79,7 @@ def begin(op: str, argv: Sequence[str], via: str, *, reason: str | None = None, 
         return outer, None
     scope = Scope(op=op, argv=[str(a) for a in argv], via=via, reason=reason, client=client, root=root,
                   record=record)
+    scope.via_token = events.set_via(via)  # every event the operation writes says how it came
     return scope, _current.set(scope)
 
 
@@ -84,6 +88,9 @@ def finish(scope: Scope, token: contextvars.Token | None, exit_code: int, result
     if token is None:
         return
     _current.reset(token)
+    if scope.via_token is not None:
+        events.reset_via(scope.via_token)
+        scope.via_token = None
     if scope.record and scope.root is not None:
         append(scope.root, scope, exit_code, result)
 

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from snapshot.backend import FULL, Candidates
 
+from .lineage import diff_base
+from .registry import pid_alive
+
 if TYPE_CHECKING:
     from merge.changes import Change
 
@@ -45,7 +48,6 @@ def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path | None, t
     """Where the sandbox may differ from the snapshot its changes are counted against (its
     lineage's origin), from the backend's own record; ``base`` and ``tree`` are the views the
     caller reads (None: nothing is read through the sandbox's mount)."""
-    from .lineage import diff_base
     return engine.backend.change_candidates(engine.store, row.id, row.base, diff_base(engine, row), base, tree)
 
 
@@ -104,7 +106,6 @@ def changes(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, incl
 
 def is_running(engine: "Engine", row: "SandboxRow") -> bool:
     """A command runs in the sandbox now: state ``running`` or an unfinished run whose petri lives."""
-    from .registry import pid_alive
     if row.state == "running":
         # A petri killed mid-run leaves the state behind: trust only a live owner.
         rows = engine.registry.db.execute(
@@ -120,7 +121,6 @@ def sandbox_views(engine: "Engine", row: "SandboxRow", *, frozen: bool | None = 
     """(base view, sandbox tree) for the ``with`` block. The sandbox is read through a
     point-in-time view when a command runs in it (``frozen`` None: decide), and always on
     backends whose view is O(1) and is what their change record needs anyway (btrfs)."""
-    from .lineage import diff_base
     store = engine.store
     with ExitStack() as stack:
         base = stack.enter_context(engine.backend.snapshot_view(store, diff_base(engine, row)))

@@ -1,8 +1,12 @@
-"""The workspace engine: the Python API the CLI, the TUI and the MCP server call.
+"""The workspace engine, the core: registry + store + backend + lock.
 
 It owns the registry and the lifecycle of snapshots and sandboxes; the backends only build
 trees. Everything here is synchronous and cheap to import (no trio, no pydantic): running
-commands lives in ``orchestrator.runs`` on trio.
+commands lives in ``orchestrator.runs`` on trio. The engine imports no service (runs,
+race, promotions, staleness, lineage, stages, audit, kpi...): ``orchestrator.services``
+composes them around its operations (``tests/test_import_graph.py`` holds it to that).
+Recovery at open is ``orchestrator.recovery``; killing a sandbox's processes is
+``orchestrator.reaper``; ``petri gc`` is ``orchestrator.gc``.
 
 Crash safety of the lifecycle: a sandbox row is written (state ``creating``, with the
 creator's pid) before its tree is made, and a snapshot row after its tree is complete, so
@@ -14,7 +18,7 @@ import base64
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Self
 
 from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
@@ -23,14 +27,19 @@ from snapshot.choose import convert as convert_workspace
 from snapshot.store import Store
 from snapshot.osutil import rmtree
 
+from . import events, recovery
+from .sandbox import reaper
 from .limits import Limits
 from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
+from .sandbox.run_view import reap_dead_views, remove_sandbox_views
+from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
 
 Say = Callable[[str], None]
+NO_LIMITS = Limits()
 _SANDBOX_ID = re.compile(r"sb-[0-9a-f]{8}")
 
 
@@ -50,22 +59,19 @@ def path_fields(p: bytes) -> dict[str, str]:
 
 class Engine:
     def __init__(self, root: Path) -> None:
-        from . import audit
         self.root = root
         self.store = Store(root)
         self.registry = Registry(self.store.registry)
         self._backend: Backend | None = None
-        audit.bind(root)
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
-    def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
+    def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> Self:
         root = find_workspace(start, override)
         act_as_store_owner(root)  # root in a user's store becomes that user before touching it
         engine = cls(root)
         engine.store.close_to_others()  # stores made before it was 0700
         if reap:
-            from .sandbox.run_view import reap_dead_views
             reap_dead_views()  # per-run mounts of a petri killed mid-run
             engine.recover_promotions()
             engine.reap_expired()
@@ -76,11 +82,7 @@ class Engine:
     def recover_promotions(self, *, locked: bool = False) -> tuple[list[str], list[str]]:
         """Finish or undo a promotion a killed petri left half-done (guarantee 2): every
         command starts with this; it is one directory listing when there is nothing to do."""
-        try:
-            from .promotions import recover_interrupted
-        except ImportError:
-            return [], []
-        return recover_interrupted(self, locked=locked)
+        return recovery.recover_interrupted(self, locked=locked)
 
     def close(self) -> None:
         self.registry.close()
@@ -107,7 +109,7 @@ class Engine:
     # -- init / deinit ------------------------------------------------------------------
     @classmethod
     def init(cls, path: Path, backend: str = "auto", *, convert: bool = False,
-             progress: Progress | None = None, say: Say = lambda s: None) -> tuple["Engine", dict[str, Any]]:
+             progress: Progress | None = None, say: Say = lambda s: None) -> tuple[Self, dict[str, Any]]:
         root = check_can_init(path)
         if convert:
             backend = convert_workspace(root, progress, say) or backend
@@ -147,7 +149,8 @@ class Engine:
         removed = []
         with self.lock():
             for sb in live:
-                self._stop_sandbox_processes(sb)
+                self._stop_sandbox_processes(sb, "destroyed")
+                events.sandbox_destroyed(self.store.root, sb.id)
             self.reap_dead_tmp()
             for sb in self.registry.sandboxes():
                 self._destroy_tree(sb)
@@ -183,14 +186,15 @@ class Engine:
 
     def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
         """The registry row of a snapshot the backend just made (the commit point); if it
-        cannot be written, the snapshot goes."""
+        cannot be written, the snapshot goes. Every snapshot passes here (user, implicit,
+        safety, of a sandbox): the one emitter of ``snapshot.created``."""
         try:
             self.registry.add_snapshot(row)
         except BaseException:
             self.backend.delete_snapshot(self.store, row.id)
             raise
-        from . import audit
-        audit.touch(row.id)
+        events.snapshot_created(self.store.root, snapshot=row.id, kind=row.kind, parent=row.parent,
+                                sandbox=row.sandbox)
         return row
 
     def snapshot_doc(self, row: SnapshotRow, *, with_bytes: bool = True) -> dict[str, Any]:
@@ -214,7 +218,7 @@ class Engine:
         return row
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
-             limits: Limits = Limits(), keep_expired: bool = False,
+             limits: Limits = NO_LIMITS, keep_expired: bool = False,
              ids: "list[str] | None" = None) -> list[SandboxRow]:
         """``ids``: the new sandboxes' ids, made by the caller (a cluster race names a
         candidate's sandbox before any machine makes it, and keeps the name when the
@@ -229,7 +233,6 @@ class Engine:
             raise UsageError(detail=f"-n {n} is more than 1000 sandboxes in one call")
         labels: list[str | None] = [None] * n
         if label is not None:
-            from .units import check_label
             labels = [label] if n == 1 else [f"{label}-{i + 1}" for i in range(n)]
             for lb in labels:
                 check_label(lb)
@@ -240,9 +243,8 @@ class Engine:
         lineage: dict[str, Any] = {}
         if source == "live":
             base = self.take_snapshot("fork from live", kind="implicit")
-        else:  # a snapshot, or a sandbox: a fork of a fork (orchestrator.lineage)
-            from .lineage import fork_source
-            base, lineage = fork_source(self, source)
+        else:
+            base, lineage = self.fork_source(source)
         created = now()
         expires = created + limits.ttl_s if limits.ttl_s else None
         rows = []
@@ -293,17 +295,15 @@ class Engine:
             for row in rows:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
         made = [self.registry.sandbox(r.id) for r in rows]
-        if limits.disk_bytes:
-            from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
-            after_fork(self, made)  # type: ignore[arg-type]
-        from . import audit, kpi
-        from .events import emit
-        for row in made:
-            emit(self.store.root, "sandbox.created", id=row.id, label=row.label, base=row.base,  # type: ignore[union-attr]
-                 path=row.path)  # type: ignore[union-attr]
-        audit.touch(*(r.id for r in rows))
-        kpi.record(self.registry, "fork", now() - started, subject=rows[0].id, detail={"n": n, "base": base.id})
+        for row in rows:
+            events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made  # type: ignore[return-value]
+
+    def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
+        """The snapshot a fork from ``source`` (not ``live``) clones, and the lineage its
+        children record. Here: a snapshot, no lineage; ``orchestrator.services`` adds forks of
+        sandboxes (``orchestrator.lineage``)."""
+        return self.resolve_snapshot(source), {}
 
     def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
                     fresh_usage: bool = True) -> dict[str, Any]:
@@ -373,39 +373,37 @@ class Engine:
         return removed
 
     def destroy_sandbox(self, sb_id: str, *, state: str = "destroyed") -> None:
+        """Kill its processes, remove its tree, and mark it ``destroyed`` (or ``expired``):
+        the one place a sandbox is destroyed, so ``sandbox.destroyed`` is written once."""
+        if state not in ("destroyed", "expired"):
+            raise ValueError(f"destroy_sandbox: state {state!r}")
         row = self.registry.sandbox(sb_id)
         if row is None:
             raise UnknownId(what="sandbox", ident=sb_id, listing="`petri ls`")
-        self._stop_sandbox_processes(row)
+        self._stop_sandbox_processes(row, "ttl" if state == "expired" else "destroyed")
         self._destroy_tree(row)
-        from . import audit
-        audit.touch(sb_id)
         if state == "expired":
             self.registry.update_sandbox(sb_id, state="expired", keep_expired=False)
+            events.sandbox_expired(self.store.root, sb_id)
         else:
             self.registry.set_state(sb_id, state)
-        from .events import emit
-        emit(self.store.root, f"sandbox.{state}", id=sb_id)
+            events.sandbox_destroyed(self.store.root, sb_id)
 
-    def _stop_sandbox_processes(self, row: SandboxRow) -> int:
-        """Kill what runs in the sandbox; the runs module (issue 3) knows how."""
+    def _stop_sandbox_processes(self, row: SandboxRow, why: str) -> int:
+        """Kill every process of the sandbox's runs (in any petri process), remove their
+        cgroups and the per-run views of its tree; its live runs' records end ``killed_by:
+        why``. How many processes were killed."""
+        self.registry.mark_live_runs(row.id, why)
         try:
-            from .runs import stop_sandbox_processes
-        except ImportError:
-            return 0
-        return stop_sandbox_processes(self, row)
+            return reaper.kill_sandbox(row.id)
+        finally:
+            remove_sandbox_views(self.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
 
     def check_limits(self, limits: Limits) -> dict[str, Any]:
-        """Refuse limits this machine cannot enforce (exit 4) rather than pretend. Returns
-        ``{"warnings": [...], "quotas_enabled": bool}``: what making them possible did (the
-        first --disk on btrfs switches quotas on for the whole filesystem)."""
-        from .units import validate_limits
+        """Refuse limits that are malformed (exit 2). Whether this machine can enforce them
+        (exit 4) is ``orchestrator.services``' (it knows the runner and the disk caps)."""
         validate_limits(limits)
-        if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
-            # nothing to enforce: keep the plain `petri fork` from importing the runner
-            return {"warnings": [], "quotas_enabled": False}
-        from .runs import check_limits
-        return check_limits(self, limits)
+        return {"warnings": [], "quotas_enabled": False}
 
     def clone_options(self, limits: Limits) -> dict[str, Any]:
         """Clone arguments: a backend that caps writes itself (fuse) gets the --disk budget; one
@@ -414,34 +412,11 @@ class Engine:
         if limits.disk_bytes and self.backend.enforces_disk_budget():
             opts["disk_budget"] = limits.disk_bytes
         if self.backend.mounts_map_owners():
-            from .run_as import owner_idmap
+            from .run_as import owner_idmap  # reads the config: only for backends that map owners
             idmap = owner_idmap(self)
             if idmap is not None:
                 opts["idmap"] = idmap
         return opts
-
-    def staleness(self, row: SandboxRow) -> dict[str, Any] | None:
-        """Live files changed since the sandbox's base, and which of them it changed too."""
-        try:
-            from .staleness import staleness
-        except ImportError:
-            return None
-        from . import kpi
-        started = now()
-        got = staleness(self, row)
-        kpi.record(self.registry, "staleness", now() - started, subject=row.id)
-        return got
-
-    def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
-        """Undo a promotion; a stage of a graduated promotion undoes the later stages of its
-        pipeline first (orchestrator.stages)."""
-        from . import audit, kpi
-        from .stages import rollback_promotion
-        started = now()
-        doc = rollback_promotion(self, promo_id)
-        audit.touch(promo_id)
-        kpi.record(self.registry, "rollback", now() - started, subject=promo_id, detail={"kind": "promotion"})
-        return doc
 
     def delete_snapshot(self, snap_id: str) -> None:
         with self.lock():
@@ -458,72 +433,15 @@ class Engine:
         for row in self.registry.overdue(now()):
             if not self.registry.set_state(row.id, "expired", only_from=LIVE_STATES):
                 continue  # another petri got there first
-            self._stop_sandbox_processes(row)
+            self._stop_sandbox_processes(row, "ttl")
             if not row.keep_expired:
                 try:
                     self._destroy_tree(row)
                 except Exception:
                     pass  # gc retries leaked trees
+            events.sandbox_expired(self.store.root, row.id)
             reaped.append(row.id)
         return reaped
-
-    def gc(self, *, dry_run: bool = False) -> dict[str, Any]:
-        removed: list[str] = []
-        reaped = {"mounts": 0, "processes": 0, "cgroups": 0, "trees": 0,
-                  "promotions_finished": 0, "promotions_undone": 0, "expired": 0, "events_rotated": 0}
-        reaped["expired"] = len(self.reap_expired())
-        from .events import rotate_if_big
-
-        with self.lock():
-            # Under the store lock: two gc's at once must not rotate twice (the second would
-            # put a fresh, small stream over the generation the first kept).
-            reaped["events_rotated"] = int(rotate_if_big(self.store.root))
-            # Half-made sandboxes whose creator died.
-            for row in self.registry.sandboxes():
-                if row.state == "creating" and not pid_alive(row.owner_pid):
-                    self._destroy_tree(row)
-                    self.registry.set_state(row.id, "failed")
-                    reaped["trees"] += 1
-                elif row.state in ("destroyed", "failed") or (row.state == "expired" and not row.keep_expired):
-                    if self.store.sandbox_dir(row.id).exists():
-                        self._destroy_tree(row)
-                        reaped["trees"] += 1
-            # Snapshot rows without a tree on disk are stale.
-            for snap in self.registry.snapshots():
-                if not self.store.snapshot_dir(snap.id).exists():
-                    self.registry.delete_snapshot_row(snap.id)
-                    removed.append(snap.id)
-            # Things on disk that no row accounts for.
-            known_snaps = {s.id for s in self.registry.snapshots()}
-            known_sbs = {s.id for s in self.registry.sandboxes()
-                         if s.state in LIVE_STATES or (s.state == "expired" and s.keep_expired)}
-            for left in self.backend.leftovers(self.store, known_snaps, known_sbs):
-                if _in_use_tmp(self.store.tmp, left.path):
-                    continue  # a view or staging area of a petri that is still running
-                self._remove_leftover(left)
-                reaped["mounts" if left.kind == "mount" else "trees"] += 1
-            # e.g. the fuse fork server, when it serves no known sandbox
-            reaped["processes"] += self.backend.reap_processes(self.store, known_sbs)
-            from .sandbox.run_view import reap_dead_views
-            reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
-            # Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live
-            # is the next one's delta parent; a snapshot of a sandbox is nobody's).
-            snaps = self.registry.snapshots()
-            for i, snap in enumerate(snaps):
-                if snap.implicit and (i < len(snaps) - 1 or snap.kind == "sandbox") and \
-                        not self.registry.snapshot_users(snap.id):
-                    self.registry.delete_snapshot_row(snap.id)
-                    self.backend.delete_snapshot(self.store, snap.id)
-                    removed.append(snap.id)
-        try:
-            from .runs import gc_processes
-        except ImportError:
-            pass
-        else:
-            gc_processes(self, reaped)  # fills reaped["processes"] and ["cgroups"]
-        from .promotions import gc_promotions
-        pruned = gc_promotions(self, reaped)  # fills reaped["promotions_*"]
-        return {"removed": removed, "reaped": reaped, "pruned_promotions": pruned}
 
     # -- rollback -----------------------------------------------------------------------
     def rollback_snapshot(self, ident: str) -> dict[str, Any]:
@@ -531,17 +449,14 @@ class Engine:
         after a safety snapshot of live as it is, so the rollback can itself be undone."""
         from snapshot.restore import execute_restore, plan_restore
 
-        from .promotions import pending
         target = self.resolve_snapshot(ident)
         with self.lock():
             safety = self._take_snapshot_locked(f"safety before rollback to {target.id}", "safety", None)
             # pending before the view is mounted: a kill anywhere is settled by the next command
-            with pending(self, new_id("r")) as txn_id:
+            with recovery.pending(self, new_id("r")) as txn_id:
                 with self.backend.snapshot_view(self.store, target.id) as src:
                     ops = plan_restore(bytes(src), bytes(self.root))
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
-        from . import audit
-        audit.touch(target.id)
         doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
                "changed_b64": [base64.b64encode(p).decode() for p in changed],
                "safety_snapshot": safety.id}
@@ -570,7 +485,7 @@ class Engine:
         return n
 
 
-def _in_use_tmp(tmp: Path, path: Path) -> bool:
+def in_use_tmp(tmp: Path, path: Path) -> bool:
     """Is ``path`` (or the tmp/ entry it lies in) named for a process that is still alive?"""
     try:
         first = path.relative_to(tmp).parts[0]
@@ -588,7 +503,6 @@ def _tmp_owner_alive(name: str) -> bool:
 
 
 def _human(n: int) -> str:
-    from .units import human_bytes
     return human_bytes(n)
 
 

@@ -149,10 +149,6 @@ class ConfigError(UsageError):
     """{path}: {detail}"""
 
 
-class PromoteUnavailable(OrchestratorError):
-    """promote is not available in this petri (the merge engine's promote is missing); the winner {ident} is kept"""
-
-
 # -- diff, promote, rollback of a promotion (issue 4) -----------------------------------
 
 
@@ -162,10 +158,6 @@ class SandboxBusy(OrchestratorError):
 
 class PromotionPruned(OrchestratorError):
     """promotion {ident} can no longer be undone: `petri gc` pruned its pre-images ({when})"""
-
-
-class VerifyUnavailable(OrchestratorError):
-    """--verify needs the runner (orchestrator.runs.run_sync), which this petri lacks: {why}"""
 
 
 class OwnerCannotRunPetri(OrchestratorError, Unsupported):

@@ -8,11 +8,15 @@ processes never interleave (the kernel appends each write whole at the current e
 regular file) and a reader never sees half a line that will later be completed, except the
 last one while it is being written.
 
-Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind) and ``pid``
-(of the petri process that wrote it), plus the kind's own fields:
+Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind), ``pid`` (of
+the petri process that wrote it) and ``via`` (``cli`` | ``api`` | ``mcp`` | ``tui``: how the
+operation that wrote it was invoked; the audit scope sets it, see ``set_via``), plus the
+kind's own fields. The names are a closed set (``NAMES``); each has one emitter function
+here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any other name:
 
-- ``sandbox.created``: ``sandbox``, ``base``, ``path``
-- ``sandbox.destroyed`` / ``sandbox.expired``: ``sandbox``
+- ``sandbox.created``: ``sandbox``, ``base``, ``path``, ``label``
+- ``sandbox.destroyed`` / ``sandbox.expired``: ``sandbox`` (once per sandbox: ``rm``, a
+  race's losers, ``gc``, ``deinit --force`` destroy; the end of its lifetime expires)
 - ``run.started``: ``sandbox``, ``run``, ``argv``, ``stdout_path``, ``stderr_path``
 - ``run.output``: ``sandbox``, ``run``, ``stream`` (stdout|stderr), ``line`` (text, invalid
   UTF-8 as U+FFFD; at most ``MAX_LINE`` bytes, ``truncated: true`` beyond)
@@ -24,6 +28,10 @@ Every event has ``schema`` (1), ``ts`` (RFC 3339 UTC), ``event`` (the kind) and 
 - ``race.finished``: ``race``, ``winner``, ``duration_s`` and, when it ran to its end, the
   ranked ``candidates`` and ``conflicts`` of the race document; ``error`` when it was
   interrupted or failed (``orchestrator.api.RaceTracker`` folds these into races)
+- ``promotion.done`` / ``promotion.undone``: ``promotion`` (its changes are now in place in
+  the workspace whose stream it is / taken out again: a promotion or stage, a rollback, an
+  undo after a failed check, a recovery that finished or undid one)
+- ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
 
 Rotation: ``petri gc`` renames a stream past ``ROTATE_BYTES`` to ``events.jsonl.1``
 (replacing the previous one) and a new stream starts. A writer notices the new file by its
@@ -33,10 +41,14 @@ draining the old file, so a follower misses nothing written before the switch.
 Caveats: a busy run's output is written twice (its log file and here); a writer that has
 not yet noticed a rotation (up to a second) appends to ``events.jsonl.1``, and a follower
 that already moved on does not see those lines. Writing an event never fails a command: an
-error writing the stream is ignored (the registry and logs are the record; this is a feed).
+error writing the stream is ignored (the registry and logs are the record; this is a feed);
+a name outside ``NAMES`` or a missing key is a programming error and raises. ``via`` is
+``api`` where no audited operation is open (a read-only CLI command that expires a sandbox
+on its way says ``api``).
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import time
@@ -51,6 +63,32 @@ FILE_NAME = "events.jsonl"
 ROTATED_NAME = "events.jsonl.1"
 ROTATE_BYTES = 32 << 20
 MAX_LINE = 8192
+
+# The closed set of event names, with the keys each must carry (SPEC "Events").
+KEYS: dict[str, tuple[str, ...]] = {
+    "sandbox.created": ("sandbox",), "sandbox.destroyed": ("sandbox",), "sandbox.expired": ("sandbox",),
+    "run.started": ("sandbox", "run"), "run.output": ("sandbox", "run"), "run.finished": ("sandbox", "run"),
+    "race.started": ("race",), "race.candidate_finished": ("race",), "race.finished": ("race",),
+    "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
+    "snapshot.created": ("snapshot",),
+}
+NAMES = frozenset(KEYS)
+VIAS = frozenset({"cli", "api", "mcp", "tui"})
+COMMON = ("schema", "ts", "event", "pid", "via")
+
+_via: contextvars.ContextVar[str] = contextvars.ContextVar("petri_event_via", default="api")
+
+
+def set_via(via: str) -> contextvars.Token:
+    """How the operation now starting was invoked (``audit.begin`` calls this; the caller
+    resets the token when the operation ends)."""
+    if via not in VIAS:
+        raise ValueError(f"event via {via!r} is not one of {sorted(VIAS)}")
+    return _via.set(via)
+
+
+def reset_via(token: contextvars.Token) -> None:
+    _via.reset(token)
 
 
 def _ts() -> str:
@@ -85,7 +123,13 @@ class EventLog:
         return self._fd
 
     def emit(self, event: str, **fields: Any) -> None:
-        doc = {"schema": SCHEMA, "ts": _ts(), "event": event, "pid": os.getpid(), **fields}
+        keys = KEYS.get(event)
+        if keys is None:
+            raise ValueError(f"{event!r} is not an event name (events.NAMES)")
+        missing = [k for k in keys if fields.get(k) is None]
+        if missing:
+            raise ValueError(f"event {event} without {', '.join(missing)}")
+        doc = {"schema": SCHEMA, "ts": _ts(), "event": event, "pid": os.getpid(), "via": _via.get(), **fields}
         line = json_line(doc).encode()  # argv and env may hold bytes that are not UTF-8
         fd = self._open()
         if fd is None:
@@ -121,8 +165,60 @@ def log_for(store_root: Path) -> EventLog:
 
 
 def emit(store_root: Path, event: str, **fields: Any) -> None:
-    """Append one event to ``<store_root>/events.jsonl`` (never raises)."""
+    """Append one event to ``<store_root>/events.jsonl`` (an error writing it is ignored; a
+    name outside ``NAMES`` raises). Callers use the emitter functions below."""
     log_for(store_root).emit(event, **fields)
+
+
+# One emitter per name: the only places a name is written (tests/test_events.py checks that
+# no other module passes a literal name to ``emit``). ``to``: the store's root, or the
+# ``EventLog`` a long-lived writer (a run, a race) keeps.
+def _to(to: Any) -> EventLog:
+    return to if isinstance(to, EventLog) else log_for(to)
+
+
+def sandbox_created(to: Any, **fields: Any) -> None:
+    _to(to).emit("sandbox.created", **fields)
+
+
+def sandbox_destroyed(to: Any, sandbox: str) -> None:
+    _to(to).emit("sandbox.destroyed", sandbox=sandbox)
+
+
+def sandbox_expired(to: Any, sandbox: str) -> None:
+    _to(to).emit("sandbox.expired", sandbox=sandbox)
+
+
+def run_started(to: Any, **fields: Any) -> None:
+    _to(to).emit("run.started", **fields)
+
+
+def run_finished(to: Any, **fields: Any) -> None:
+    _to(to).emit("run.finished", **fields)
+
+
+def race_started(to: Any, **fields: Any) -> None:
+    _to(to).emit("race.started", **fields)
+
+
+def race_candidate_finished(to: Any, **fields: Any) -> None:
+    _to(to).emit("race.candidate_finished", **fields)
+
+
+def race_finished(to: Any, **fields: Any) -> None:
+    _to(to).emit("race.finished", **fields)
+
+
+def promotion_done(to: Any, promotion: str) -> None:
+    _to(to).emit("promotion.done", promotion=promotion)
+
+
+def promotion_undone(to: Any, promotion: str) -> None:
+    _to(to).emit("promotion.undone", promotion=promotion)
+
+
+def snapshot_created(to: Any, **fields: Any) -> None:
+    _to(to).emit("snapshot.created", **fields)
 
 
 def rotate_if_big(store_root: Path, limit: int = ROTATE_BYTES) -> bool:

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import UsageError
+from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
+
 if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow, SnapshotRow
@@ -47,7 +50,6 @@ def generation_of(row: "SandboxRow") -> int:
 def snapshot_of_sandbox(engine: "Engine", row: "SandboxRow") -> "SnapshotRow":
     """A point-in-time snapshot of the sandbox (implicit, kind ``sandbox``), under the store
     lock (layered backends count a layer as used by what the snapshot dirs list)."""
-    from .registry import SnapshotRow, new_id, now
 
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     base = engine.registry.snapshot(row.base)
@@ -106,7 +108,6 @@ def mark_scaffold(engine: "Engine", row: "SandboxRow", kind: str, **extra: Any) 
 def reap_scaffolds(engine: "Engine", keep: "set[str] | frozenset[str]" = frozenset()) -> list[str]:
     """Destroy the scaffold sandboxes whose maker died (SIGKILL mid-operation), but those in
     ``keep`` (a pinned state a waiting pipeline still needs)."""
-    from .registry import LIVE_STATES, pid_alive
 
     gone = []
     for r in engine.registry.sandboxes():
@@ -133,7 +134,6 @@ def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
     """SPEC's ``lineage`` document: snapshots of live and the sandboxes forked from them,
     forks of forks under their parents. ``ident`` (a snapshot or sandbox): only the tree
     it belongs to (a sandbox's ancestors and descendants; a snapshot's descendants)."""
-    from .registry import rfc3339
 
     reg = engine.registry
     snaps = {s.id: s for s in reg.snapshots()}
@@ -243,8 +243,6 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
     "why"}`` per sandbox destroyed (``why``: the tree's newest generation)."""
     from snapshot.errors import PetriError
 
-    from .errors import UsageError
-    from .registry import LIVE_STATES
 
     if keep < 1:
         raise UsageError(detail=f"--keep-generations must be at least 1, not {keep}")

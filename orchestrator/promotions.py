@@ -5,9 +5,8 @@ backend's candidate paths by ``changesets``) and executes the sandbox's promotio
 workspace as one journaled transaction (``merge.promote.execute_promotion``), under the
 store lock (so no snapshot is taken of a half-promoted workspace) and with a *pending*
 mark ``.petri/journal/.pending/<id>`` that exists from just before the journal is touched
-until the promotion is settled. ``recover_interrupted`` (every command starts with it) is
-therefore one directory listing when nothing is pending; when something is, it takes the
-store lock and lets ``merge.promote.recover`` finish or undo it (guarantee 2).
+until the promotion is settled (``orchestrator.recovery``, which every command's start
+runs: it finishes or undoes what a killed petri left, guarantee 2).
 
 ``--verify CMD``: a fresh sandbox is forked from the promoted workspace, CMD runs in it
 through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), the sandbox
@@ -31,11 +30,17 @@ Caveats:
 from __future__ import annotations
 
 import base64
-import contextlib
-import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from . import audit, kpi
+from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
+from .config import load_config
+from .errors import PromotionPruned, SandboxBusy, UsageError
+from .lineage import diff_base
+from .recovery import pending, recover_interrupted, set_promotion_state
+from .registry import new_id, now, pid_alive, rfc3339
 
 if TYPE_CHECKING:
     from merge.promote import Plan
@@ -43,7 +48,6 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow
 
-PENDING = ".pending"
 KEEP_LAST = 20
 KEEP_DAYS = 14.0
 PREIMAGE_BUDGET = 1 << 30  # bytes all kept pre-images may take; config [promotions] preimage_budget
@@ -57,123 +61,6 @@ def _b64(p: bytes) -> str:
     return base64.b64encode(p).decode()
 
 
-def _pending_dir(engine: "Engine") -> Path:
-    return engine.store.journal / PENDING
-
-
-def _mark_pending(engine: "Engine", txn_id: str) -> Path:
-    from snapshot.transaction import fsync_dir
-    d = _pending_dir(engine)
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / txn_id
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(d)
-    return p
-
-
-def _clear_pending(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-_ACTIVE: set[str] = set()  # marks this process set and is still working under
-
-
-@contextlib.contextmanager
-def pending(engine: "Engine", txn_id: str, *,
-            nothing_written: tuple[type[BaseException], ...] = ()) -> Iterator[str]:
-    """Mark ``txn_id`` (a promotion or a rollback to a snapshot) pending for the ``with``
-    block: set before any view is mounted or the journal is touched, so a petri killed
-    anywhere inside leaves a mark the next command settles (journal, views, registry).
-    Any other exception than ``nothing_written`` settles it at once (ENOSPC, a bug,
-    Ctrl-C: a row that never reached its journal ends "failed", not "running"); if even
-    that fails the mark stays for the next command."""
-    mark = _mark_pending(engine, txn_id)
-    _ACTIVE.add(txn_id)
-    try:
-        yield txn_id
-    except nothing_written:
-        _clear_pending(mark)
-        raise
-    except BaseException:
-        _ACTIVE.discard(txn_id)
-        try:
-            _settle(engine, [txn_id])
-        except Exception:
-            pass  # the mark stays: the next command settles it
-        else:
-            _clear_pending(mark)
-        raise
-    else:
-        _clear_pending(mark)
-    finally:
-        _ACTIVE.discard(txn_id)
-
-
-def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
-    for pid in finished:
-        engine.registry.update_promotion(pid, "done")
-    for pid in undone:
-        engine.registry.update_promotion(pid, "undone")
-    acc = engine.__dict__.setdefault("_promotions_recovered", ([], []))
-    acc[0].extend(finished)
-    acc[1].extend(undone)
-
-
-def _settle(engine: "Engine", names: list[str]) -> tuple[list[str], list[str]]:
-    """Finish or undo the journals of ``names`` (caller holds the store lock), put their
-    registry rows right, and unmount the views their dead petris left under tmp/."""
-    from merge.promote import promotion_state, recover
-    from snapshot import restore
-
-    finished, undone = recover(engine.root, engine.store.journal)
-    restore.recover(engine.root, engine.store.journal)
-    rows = {r["id"]: r for r in engine.registry.promotions()}
-    for n in names:
-        if n not in rows:
-            continue  # a rollback to a snapshot, or a promotion killed before its row
-        # A kill after the done mark settles nothing in ``recover``: the journal decides.
-        state = promotion_state(engine.store.journal, n)
-        if state == "done" and n not in finished:
-            finished.append(n)
-        elif state == "undone" and n not in undone:
-            undone.append(n)
-        elif state == "unknown" and rows[n]["state"] == "running" and n not in undone:
-            engine.registry.update_promotion(n, "failed")  # never got to its journal
-    _record_recovery(engine, [n for n in finished if n in rows], [n for n in undone if n in rows])
-    engine.reap_dead_tmp()
-    return finished, undone
-
-
-def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list[str], list[str]]:
-    """Finish or undo what a killed petri left half-done: (finished ids, undone ids).
-
-    ``locked``: the caller already holds the store lock (a live promoter holds it for its
-    whole run, so anything pending then is a dead one's, or this process's own)."""
-    pend = _pending_dir(engine)
-    try:
-        if not os.listdir(pend):
-            return [], []
-    except FileNotFoundError:
-        return [], []
-    with contextlib.nullcontext() if locked else engine.lock():
-        # the promoter may have finished while we waited; our own marks are in progress
-        names = [n for n in os.listdir(pend) if n not in _ACTIVE]
-        if not names:
-            return [], []
-        finished, undone = _settle(engine, names)
-        for n in names:
-            _clear_pending(pend / n)
-    return finished, undone
-
-
 # --------------------------------------------------------------------------- promote
 
 
@@ -182,7 +69,6 @@ def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_
     """The promotion plan of the sandbox into ``live`` (default: its own workspace)."""
     from merge.promote import Plan, plan_promotion
 
-    from .changesets import narrow, sandbox_candidates
     live = engine.root if live is None else live
     narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
     if narrowed is not None and not narrowed:
@@ -216,22 +102,16 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
 
-    from .changesets import is_running
-    from .errors import SandboxBusy
-    from .registry import new_id
 
     if on_conflict not in ("fail", "markers", "theirs", "ours"):
-        from .errors import UsageError
         raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {on_conflict!r}")
     user = [normalize_path(p) for p in paths]
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    from .lineage import diff_base
     # the merge base: a fork of a fork merges against the snapshot of live its lineage began at
     doc: dict[str, Any] = {"promotion": None, "sandbox": row.id, "base": diff_base(engine, row), "applied": [],
                            "conflicts": [], "verified": None, "rolled_back": False}
-    from . import audit, kpi
     target = engine if into is None else into
     promo_id = promo_id or new_id("p")
     started = time.monotonic()
@@ -262,7 +142,6 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
     from merge.errors import PromotionConflict
     from merge.promote import _conflict_error, execute_promotion
 
-    from .changesets import sandbox_views
     with sandbox_views(engine, row) as (base, tree):
         plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
                         include_ignored=include_ignored, paths=paths, live=target.root)
@@ -291,16 +170,12 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
         js = result.to_json()
         doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],
                     "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
-        target.registry.update_promotion(promo_id, "done", extra | {k: doc[k] for k in (
+        set_promotion_state(target, promo_id, "done", extra | {k: doc[k] for k in (
             "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
-    try:
-        from .runs import run_sync
-    except ImportError as e:
-        from .errors import VerifyUnavailable
-        raise VerifyUnavailable(why=str(e)) from e
+    from .runs import run_sync  # trio and the runner: only for --verify
     res = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
     return int(res["exit_code"])
 
@@ -336,7 +211,6 @@ def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str |
     now, as the next command would (the journal makes it all or nothing), and say how it
     ended: the id of the sandbox's promotion begun since ``since`` if it is in place, else
     None (nothing of it reached the workspace)."""
-    from .registry import now
     engine.recover_promotions()
     with engine.lock():  # a promoter of another petri holds it until its promotion is settled
         for p in reversed(engine.registry.promotions()):
@@ -356,7 +230,6 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
     from merge.promote import undo_promotion
 
-    from .errors import PromotionPruned
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
         raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
@@ -364,7 +237,7 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         # A refusal writes nothing; a path that moved mid-undo leaves the journal undone,
         # and settling the pending mark (on any exception) makes the row say so too.
         paths = undo_promotion(engine.root, engine.store.journal, promo_id)
-        engine.registry.update_promotion(promo_id, "undone")
+        set_promotion_state(engine, promo_id, "undone")
     paths = sorted(set(paths))
     return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
             "changed_b64": [_b64(p) for p in paths], "safety_snapshot": None}
@@ -411,8 +284,6 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
     from merge.journal import PRE, _rmtree_counting
 
-    from .config import load_config
-    from .registry import now, rfc3339
     recover_interrupted(engine)
     from .stages import recover as recover_stages
     recover_stages(engine)
@@ -457,7 +328,6 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
-    from .registry import pid_alive, rfc3339
     from .stages import recover
     recover(e)  # a stage whose petri died shows as pending, not running
     pending = e.store.journal / ".pending"

@@ -77,7 +77,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .errors import OrchestratorError, PatchUnreadable, PromoteUnavailable
+from . import events
+from .errors import OrchestratorError, PatchUnreadable
 from .registry import new_id
 
 if TYPE_CHECKING:
@@ -397,7 +398,6 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
 
     from merge.changes import scan_tree
 
-    from . import events
     from .runs import after_fork
 
     t0 = time.monotonic()
@@ -419,9 +419,8 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
             role = {"role": "candidate"} if i < n else {"role": "check", "check_of": rows[i - n].id}
             engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
                 "id": race.id, "pid": os.getpid(), "done": False, "candidate": i % n, **role}})
-            log.emit("sandbox.created", sandbox=r.id, base=r.base, path=r.path, race=race.id)
         after_fork(engine, [engine.registry.sandbox(r.id) for r in rows])  # type: ignore[misc]
-        log.emit("race.started", race=race.id, base=race.base, check=check, jobs=jobs,
+        events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,
                               "check_sandbox": o.check_sandbox} for o in outcomes])
         if say:
@@ -445,7 +444,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         with _shielded():
             _destroy_all(engine, race, [r.id for r in rows])
         # Followers (TUI, MCP) learn that the race is over, not only that it went quiet.
-        log.emit("race.finished", race=race.id, winner=None, error=str(exc) or type(exc).__name__,
+        events.race_finished(log, race=race.id, winner=None, error=str(exc) or type(exc).__name__,
                  duration_s=time.monotonic() - t0)
         raise
     ordered = rank(outcomes)
@@ -481,7 +480,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
             doc["stale"] = None
     # The whole result rides on the event, so a front end can show a finished race (ranks,
     # overlaps) from the stream alone: races have no registry table.
-    log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"],
+    events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"],
              base=race.base, check=check, candidates=doc["candidates"], conflicts=doc["conflicts"])
     from . import audit, kpi
     audit.touch(race.id, *(o.sandbox for o in outcomes))
@@ -503,7 +502,7 @@ def report_candidate(log: Any, race_id: str, o: Outcome, say: Callable[[str], No
             say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s{at}")
     counts = dict(files_changed=o.files_changed, lines_added=o.lines_added,
                   lines_removed=o.lines_removed) if o.applied else {}
-    log.emit("race.candidate_finished", race=race_id, sandbox=o.sandbox, candidate=o.candidate.text,
+    events.race_candidate_finished(log, race=race_id, sandbox=o.sandbox, candidate=o.candidate.text,
              applied=o.applied, exit_code=o.exit_code if o.applied else None,
              duration_s=o.duration_s if o.applied else None, killed_by=o.killed_by, error=o.error,
              **counts, **({"node": node} if node else {}))
@@ -612,14 +611,8 @@ def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str]
 def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[str], None] | None = None) -> None:
     from snapshot.errors import PetriError
 
-    try:
-        from .promotions import promote as do_promote
-    except ImportError:
-        err = PromoteUnavailable(ident=sb_id)
-        doc["promotion"] = None
-        doc["promotion_error"] = str(err)
-        doc["promotion_exit_code"] = err.exit_code
-        return
+    from .promotions import promote as do_promote
+
     row = engine.registry.sandbox(sb_id)
     try:
         doc["promotion"] = do_promote(engine, row, echo=False, say=say or (lambda s: None))

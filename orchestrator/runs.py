@@ -20,9 +20,10 @@ the MCP server call (async, trio). Around the runner (``orchestrator.sandbox.run
   memory), the sandbox gets ``last_exit_code``, ``running -> exited``; a run ended by the
   lifetime expires the sandbox at once (its tree destroyed unless ``keep_expired``).
 
-Hooks the engine calls (``engine.py``): ``stop_sandbox_processes`` (expiry, rm),
-``check_limits`` (fork, race: refuse what cannot be enforced, exit 4), ``gc_processes``
-(``petri gc``: leaked cgroups and processes, runs and races whose petri died).
+For the services around the engine: ``check_limits`` (fork, race: refuse what cannot be
+enforced, exit 4), ``after_fork`` (disk caps), ``gc_processes`` (``petri gc``: leaked
+cgroups and processes, runs and races whose petri died). Killing a sandbox's processes at
+``rm`` and expiry is ``orchestrator.reaper`` (no registry), called by the engine.
 
 Disk caps (``--disk``): the backend's ``disk_cap`` (``snapshot.backend.DiskCap``: btrfs
 qgroups, the fuse daemon's own budget, an XFS project quota where the filesystem is mounted
@@ -32,8 +33,8 @@ asks for one (what it did, such as switching btrfs quotas on, is said once per w
 around each run.
 
 Caveats:
-- Without cgroups (rootless on cgroup v1) ``stop_sandbox_processes`` cannot find the runs
-  of another petri process: only their own deadline ends them.
+- Without cgroups (rootless on cgroup v1) ``reaper.kill_sandbox`` cannot find the runs of
+  another petri process: only their own deadline ends them.
 - A cap that is not the clone's own (btrfs, XFS) is applied after the clone
   (``after_fork``); the engine must call it, or it is applied at the sandbox's first run.
   Writes through the host path before that are not capped.
@@ -48,8 +49,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from . import events
-from .sandbox import cgroups
+from . import audit, events, kpi
+from .sandbox import cgroups, reaper
 from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired, SandboxNotRunnable
 from .sandbox.isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
@@ -61,7 +62,8 @@ if TYPE_CHECKING:
     from .engine import Engine, Limits
     from .sandbox.runner import RunEvent
 
-CGROUP_ROOT = "petri"
+CGROUP_ROOT = reaper.CGROUP_ROOT
+cgroup_name = reaper.cgroup_name
 RUNNABLE = ("ready", "exited", "running")
 _warned: set[str] = set()
 
@@ -82,19 +84,6 @@ def run_tree(engine: "Engine", row: SandboxRow, tree: Path, who: "RunAs"):
 
 
 # ---------------------------------------------------------------------------- records
-
-
-def cgroup_name(sb_id: str, kind: str, n: int, pid: int | None = None) -> str:
-    return f"{CGROUP_ROOT}/{sb_id}/{kind}-{n}-{pid or os.getpid()}"
-
-
-def _parse_leaf(name: str) -> tuple[str, int | None] | None:
-    """``petri/<sb>/<kind>-<n>-<pid>`` -> (sb, pid); None for anything else."""
-    parts = name.split("/")
-    if len(parts) != 3 or parts[0] != CGROUP_ROOT:
-        return None
-    pid = parts[2].rsplit("-", 1)[-1]
-    return parts[1], int(pid) if pid.isdigit() else None
 
 
 def log_paths(engine: "Engine", sb_id: str, n: int) -> tuple[Path, Path]:
@@ -249,7 +238,7 @@ async def run_in_sandbox(
     Every process of the run is gone when this returns; cancelling it kills the run.
     ``on_started(n)`` is told the run's number as soon as its record exists (front ends
     that follow a run, e.g. MCP's ``sandbox_run_start``, need it before the run ends)."""
-    from .sandbox.runner import KILL_GRACE_S, RunEvent, RunSpec, run_isolated
+    from .sandbox.runner import KILL_GRACE_S, RunSpec, run_isolated
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
@@ -265,13 +254,12 @@ async def run_in_sandbox(
         runnable_row(engine, row.id)  # raises with the reason
         raise SandboxNotRunnable(ident=row.id, state="not runnable")
     log = events.log_for(engine.store.root)
-    log.emit("run.started", sandbox=row.id, run=n, argv=list(argv), stdout_path=str(out_path),
-             stderr_path=str(err_path))
+    events.run_started(log, sandbox=row.id, run=n, argv=list(argv), stdout_path=str(out_path),
+                       stderr_path=str(err_path))
     if on_started is not None:
         on_started(n)
     if not quiet_warnings:
         _say_seccomp_off(profile)
-    from . import audit, kpi
     audit.touch(row.id)
     forked_at = (row.meta or {}).get("fork_started_at")
     if n == 1 and forked_at:
@@ -319,7 +307,7 @@ async def run_in_sandbox(
         doc["setup_error"] = res.setup_error
     if res.warnings:
         doc["warnings"] = list(res.warnings)
-    log.emit("run.finished", **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
+    events.run_finished(log, **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
     kpi.record(engine.registry, "run", res.duration_s, subject=row.id, ok=not res.setup_error,
                detail={"exit_code": exit_code})
     if killed_by == "ttl":
@@ -374,8 +362,8 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     engine.registry.set_state(row.id, "running", only_from=RUNNABLE)
     err_path.parent.mkdir(parents=True, exist_ok=True)
     err_path.write_bytes(b"")  # a pty has one stream: everything is in the .out transcript
-    events.emit(engine.store.root, "run.started", sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
-                stderr_path=str(err_path), shell=True)
+    events.run_started(engine.store.root, sandbox=row.id, run=n, argv=argv, stdout_path=str(out_path),
+                       stderr_path=str(err_path), shell=True)
     _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
@@ -395,57 +383,13 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
         code, killed = _what_ended(engine, row, n, code, killed)
         engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0, killed_by=killed)
         _settle_state(engine, row.id, n)
-        events.emit(engine.store.root, "run.finished", sandbox=row.id, run=n, exit_code=code, killed_by=killed)
+        events.run_finished(engine.store.root, sandbox=row.id, run=n, exit_code=code, killed_by=killed)
     if code == 124 and row.expires_at and now() >= row.expires_at:
         engine.reap_expired()
     return code
 
 
 # ---------------------------------------------------------------------------- engine hooks
-
-
-def stop_sandbox_processes(engine: "Engine", row: SandboxRow) -> int:
-    """Kill every process of the sandbox's runs (in any petri process) and remove their
-    cgroups and per-run views of its tree; how many processes were killed. Called at
-    expiry and by ``rm``."""
-    from .sandbox.run_view import remove_sandbox_views
-
-    try:
-        return _kill_runs(engine, row)
-    finally:
-        remove_sandbox_views(engine.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
-
-
-def _kill_runs(engine: "Engine", row: SandboxRow) -> int:
-    cur = engine.registry.sandbox(row.id)
-    if cur is not None and cur.state == "expired":
-        engine.registry.mark_live_runs(row.id, "ttl")
-        events.emit(engine.store.root, "sandbox.expired", sandbox=row.id)
-    elif cur is not None:
-        engine.registry.mark_live_runs(row.id, "destroyed")
-        events.emit(engine.store.root, "sandbox.destroyed", sandbox=row.id)
-    sup = cgroups.support()
-    if sup.mode == "none":
-        return 0
-    prefix = f"{CGROUP_ROOT}/{row.id}"
-    victims: set[int] = set()
-    for _, d in cgroups.list_cgroups(prefix, sup):
-        try:
-            victims |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
-        except (OSError, ValueError):
-            pass
-    cgroups.sweep_cgroups(prefix, sup=sup)
-    _drop_empty_parent(sup)
-    return len(victims)
-
-
-def _drop_empty_parent(sup: cgroups.Support) -> None:
-    for r, d in cgroups.list_cgroups(CGROUP_ROOT, sup):
-        if d == r / CGROUP_ROOT:
-            try:
-                os.rmdir(d)  # fails while any sandbox has a cgroup: that is the point
-            except OSError:
-                pass
 
 
 def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
@@ -462,13 +406,10 @@ def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
             engine.destroy_sandbox(row.id)
             reaped["trees"] = reaped.get("trees", 0) + 1
     # 3. Cgroups.
-    sup = cgroups.support()
-    if sup.mode == "none":
-        return
     states = {s.id: s.state for s in engine.registry.sandboxes()}
 
     def keep(name: str) -> bool:
-        parsed = _parse_leaf(name)
+        parsed = reaper.parse_leaf(name)
         if parsed is None:
             return False
         sb, pid = parsed
@@ -477,21 +418,9 @@ def gc_processes(engine: "Engine", reaped: dict[str, int]) -> None:
             return False  # its lifetime is over: nothing of it may run
         return pid is not None and pid != os.getpid() and pid_alive(pid)
 
-    leaked: set[int] = set()
-    runs_removed: set[str] = set()
-    for r, d in cgroups.list_cgroups(CGROUP_ROOT, sup):
-        name = str(d.relative_to(r))
-        if keep(name):
-            continue
-        if _parse_leaf(name) is not None:
-            runs_removed.add(name)  # once per run, not once per hierarchy
-        try:
-            leaked |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
-        except (OSError, ValueError):
-            pass
-    cgroups.sweep_cgroups(CGROUP_ROOT, keep=keep, sup=sup)
-    reaped["cgroups"] = reaped.get("cgroups", 0) + len(runs_removed)
-    reaped["processes"] = reaped.get("processes", 0) + len(leaked)
+    runs_removed, killed = reaper.sweep_leaked(keep)
+    reaped["cgroups"] = reaped.get("cgroups", 0) + runs_removed
+    reaped["processes"] = reaped.get("processes", 0) + killed
 
 
 # ---------------------------------------------------------------------------- limits

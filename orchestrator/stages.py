@@ -53,10 +53,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import audit, promotions
+from .config import Stage, load_config
 from .errors import OrchestratorError, UsageError
+from .lineage import diff_base, mark_scaffold, reap_scaffolds, snapshot_of_sandbox
+from .promotions import promote
+from .promotions import rollback_promotion as undo
+from .registry import new_id, pid_alive
 
 if TYPE_CHECKING:
-    from .config import Stage
     from .engine import Engine
     from .registry import SandboxRow
 
@@ -86,6 +91,9 @@ def _row(engine: "Engine", promo_id: str) -> dict[str, Any] | None:
 
 
 def _save(engine: "Engine", promo_id: str, state: str, doc: dict[str, Any]) -> None:
+    # A plain update: promotion.done / undone belong to the promotion that puts the stage's
+    # changes in place or takes them out (orchestrator.promotions), not to the pipeline's
+    # bookkeeping (a stage row goes running -> done -> running -> done while it is checked).
     engine.registry.update_promotion(promo_id, state, doc)
 
 
@@ -101,7 +109,7 @@ def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
 
 def _target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
     """This workspace's engine, or the other workspace's a path stage names."""
-    from .engine import Engine
+    from .services import Engine
     from .workspace import is_workspace
 
     target = path or stage.target
@@ -145,7 +153,6 @@ def _checks_in_fork(target: "Engine", snap_id: str, stage: "Stage", say: Say) ->
     """The stage's checks in a throwaway sandbox forked from ``snap_id`` of ``target``."""
     if not stage.checks:
         return "passed", []
-    from .lineage import mark_scaffold
 
     sb = target.fork(snap_id, 1)[0]
     mark_scaffold(target, sb, "stage-check")
@@ -175,7 +182,6 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
     from .api import diff_parts
-    from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
     from .race import Candidate, _apply_argv_env
     from .runs import run_sync
 
@@ -183,7 +189,8 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
     _row_, stats, patch = diff_parts(engine, pinned.id)
     doc["applied"] = [s.path.decode("utf-8", "backslashreplace") for s in stats]
     doc["snapshot_before"] = base
-    say(f"stage {stage.name} ({promo_id}): the patch of {doc['sandbox']} ({len(stats)} file(s)) on a fresh fork of {base}")
+    say(f"stage {stage.name} ({promo_id}): the patch of {doc['sandbox']} ({len(stats)} file(s)) "
+        f"on a fresh fork of {base}")
     sb = engine.fork(base, 1)[0]
     mark_scaffold(engine, sb, "stage-fresh", promotion=promo_id)
     doc["fresh_sandbox"] = sb.id
@@ -214,8 +221,6 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
 def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
                    say: Say, *, checks_only: bool) -> str:
     from snapshot.transaction import fault_point
-
-    from .promotions import promote, rollback_promotion as undo
 
     target = _target_engine(engine, stage, doc.get("target_path"))
     where = "this workspace" if target is engine else str(target.root)
@@ -274,7 +279,6 @@ def _finish(engine: "Engine", promo_id: str, doc: dict[str, Any], state: str, ou
 
 def _mirror_audit(target: "Engine", promo_id: str) -> None:
     """The promotion into another workspace goes into that workspace's audit trail too."""
-    from . import audit
 
     scope = audit.current()
     if scope is not None:
@@ -285,7 +289,6 @@ def _mirror_audit(target: "Engine", promo_id: str) -> None:
 
 
 def _stages(engine: "Engine") -> tuple["Stage", ...]:
-    from .config import load_config
 
     return load_config(engine.root).stages
 
@@ -300,8 +303,6 @@ def _index(stages: tuple["Stage", ...], name: str) -> int:
 
 def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None) -> dict[str, Any]:
     """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``)."""
-    from .lineage import mark_scaffold, snapshot_of_sandbox
-    from .registry import new_id
 
     stages = _stages(engine)
     last = _index(stages, to)
@@ -323,8 +324,6 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
     promotion is in place: only its checks run again)."""
     from snapshot.errors import PetriError
 
-    from . import audit
-    from .registry import new_id
 
     for i in range(start, last + 1):
         st = stages[i]
@@ -422,8 +421,6 @@ def recover(engine: "Engine") -> list[str]:
     ``in_place`` as their promotion's journal says; their fresh forks go. Returns their ids."""
     from merge.promote import promotion_state
 
-    from .lineage import reap_scaffolds
-    from .registry import pid_alive
 
     settled = []
     for p in engine.registry.promotions():
@@ -459,7 +456,6 @@ def recover(engine: "Engine") -> list[str]:
 
 
 def _stage_like(doc: dict[str, Any]) -> "Stage":
-    from .config import Stage
 
     return Stage(name=doc["stage"], target=doc.get("target_path") or doc["target"])
 
@@ -467,7 +463,6 @@ def _stage_like(doc: dict[str, Any]) -> "Stage":
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     """``petri rollback p-…``: a plain promotion is undone as before; a stage undoes the
     later stages of its pipeline first, newest first, each in its own workspace."""
-    from . import promotions
 
     row = _row(engine, promo_id)
     if not _is_stage(row):

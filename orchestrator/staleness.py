@@ -55,6 +55,10 @@ import xxhash
 from merge.changes import content_id_fd, kind_of
 from merge.ignore import IgnoreRules
 
+from .changesets import sandbox_candidates
+from .lineage import diff_base
+from .registry import LIVE_STATES
+
 if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow
@@ -418,8 +422,6 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
     from merge.safefs import SafeTree
     from snapshot.layers import layer_lookup
 
-    from .changesets import sandbox_candidates
-    from .lineage import diff_base
     tree = engine.sandbox_tree(row)
     with ExitStack() as stack:
         base = BaseSide(engine, diff_base(engine, row), stack)
@@ -458,12 +460,10 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
 
 
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
-    from .registry import LIVE_STATES
     if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
         return None
     if row.state == "creating":
         return None
-    from .lineage import diff_base
     live = live_changes(engine, diff_base(engine, row))
     if live is None:
         return None

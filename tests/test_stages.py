@@ -232,6 +232,17 @@ def test_rollback_of_an_earlier_stage_undoes_the_later_ones_first(project):
     assert rows[ids[0]]["state"] == "done"  # earlier than the one rolled back: untouched
     assert rows[ids[1]]["state"] == rows[ids[2]]["state"] == "undone"
     assert {p["id"]: p for p in stage_rows(staging)}[ids[2]]["state"] == "undone"
+    # promotion.done / promotion.undone: once per promotion put in place / taken out, in the
+    # stream of the workspace it went into (the fresh stage puts nothing anywhere)
+    from collections import Counter
+
+    from orchestrator import events
+
+    def said(ws: Path) -> Counter:
+        return Counter((e["event"], e["promotion"]) for e in events.read_all(ws / ".petri")
+                       if e["event"].startswith("promotion."))
+    assert said(dev) == Counter({("promotion.done", ids[1]): 1, ("promotion.undone", ids[1]): 1})
+    assert said(staging) == Counter({("promotion.done", ids[2]): 1, ("promotion.undone", ids[2]): 1})
 
 
 def test_conflict_stops_the_pipeline_and_writes_nothing_there(project):

@@ -24,7 +24,10 @@ _LS = {("ls",): False, ("ls", "--all"): True, ("ls", "-a"): True}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .. import events
     from .common import G, at_the_edge, print_version, take_global
+
+    events.set_via("cli")  # read-only commands open no audit scope, yet may write events (an expiry)
 
     raw = list(sys.argv[1:] if argv is None else argv)
     before = dict(vars(G))

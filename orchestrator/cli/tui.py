@@ -38,6 +38,9 @@ def tui(
     if race:
         ws.race_status(race)  # an unknown race is a usage error before the screen opens
     from tui.app import main
+
+    from .. import events
+    events.set_via("tui")  # what the TUI's own events (an expiry it notices) say they came from
     from tui.source import Source
 
     raise typer.Exit(main(Source(ws), read_only=read_only, race=race))

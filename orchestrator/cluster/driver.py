@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from .. import events
 from ..registry import new_id
 from .errors import NoUsableNode, ReplicaFailed
 
@@ -101,7 +102,6 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
                        say: Callable[[str], None] | None, seccomp: str, cluster: Any) -> dict[str, Any]:
     import trio
 
-    from .. import events
     from ..race import Outcome, _shielded
     from .connect import Session, import_ray
 
@@ -118,7 +118,7 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
     node_logs: dict[int, Any] = {}
     from .export import BaseExport
     export = BaseExport(engine, base)
-    log.emit("race.started", race=race.id, base=base, check=check, cluster=session.address or str(cluster),
+    events.race_started(log, race=race.id, base=base, check=check, cluster=session.address or str(cluster),
              candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox}
                          for o in race.outcomes])
     try:
@@ -415,7 +415,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
             doc["stale"] = engine.staleness(row) if row else None
         except Exception:  # noqa: BLE001 - as a local race: staleness is a report, not the result
             doc["stale"] = None
-    log.emit("race.finished", race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
+    events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
     return doc
 
 

@@ -276,7 +276,7 @@ def sweep_dir(d: Path) -> None:
         time.sleep(0.5)
     # Runs of a node that died were never finished: their cgroups (v1 keeps empty ones) go.
     from ..sandbox.cgroups import sweep_cgroups
-    from ..runs import CGROUP_ROOT
+    from ..sandbox.reaper import CGROUP_ROOT
     for sb in _node_sandbox_ids(d):
         with contextlib.suppress(Exception):
             sweep_cgroups(f"{CGROUP_ROOT}/{sb}")

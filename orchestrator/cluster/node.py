@@ -56,7 +56,7 @@ from typing import Any
 
 from snapshot.store import Store
 
-from ..engine import Engine
+from ..services import Engine
 from ..errors import OrchestratorError
 from ..registry import Registry, SnapshotRow, now, pid_alive
 from .archive import extract_archive

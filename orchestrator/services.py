@@ -1,0 +1,91 @@
+"""The engine with its services composed around it: what the CLI, the API and the MCP
+server open (``Engine.open``, ``Engine.init``).
+
+``orchestrator.engine.Engine`` is the core (registry + store + backend + lock) and imports
+no service. This subclass adds, around the core's operations, what the services know:
+the audit trail (``audit.bind`` / ``touch``), KPI timings (``kpi.record``), forks of a
+sandbox (``lineage.fork_source``), limits this machine can enforce and disk caps
+(``runs.check_limits`` / ``after_fork``), staleness, and undoing a promotion (a stage
+undoes the later stages of its pipeline first: ``stages.rollback_promotion``).
+
+Why a subclass and not hooks inside the engine: none of these calls has to happen inside
+an engine transaction (each runs before or after the core operation, outside its lock),
+so the core needs no hook object; and every caller that already holds an ``Engine`` keeps
+calling the same methods.
+
+Caveats: code that builds a core ``orchestrator.engine.Engine`` directly gets no audit
+entry ids, no KPI rows, no ``--from <sandbox>`` and only the syntax check of limits.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import audit, kpi
+from . import engine as core
+from .limits import Limits
+from .registry import SandboxRow, SnapshotRow, now
+
+
+class Engine(core.Engine):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        audit.bind(root)  # the open audit scope learns which workspace it is about
+
+    def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
+        row = super().record_snapshot(row)
+        audit.touch(row.id)
+        return row
+
+    def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
+        from .lineage import fork_source  # a fork of a fork
+        return fork_source(self, source)
+
+    def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
+             limits: Limits = core.NO_LIMITS, keep_expired: bool = False,
+             ids: "list[str] | None" = None) -> list[SandboxRow]:
+        started = now()
+        made = super().fork(source, n, label=label, limits=limits, keep_expired=keep_expired, ids=ids)
+        if limits.disk_bytes:
+            from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
+            after_fork(self, made)
+        audit.touch(*(r.id for r in made))
+        kpi.record(self.registry, "fork", now() - started, subject=made[0].id, detail={"n": n, "base": made[0].base})
+        return made
+
+    def destroy_sandbox(self, sb_id: str, *, state: str = "destroyed") -> None:
+        super().destroy_sandbox(sb_id, state=state)
+        audit.touch(sb_id)
+
+    def check_limits(self, limits: Limits) -> dict[str, Any]:
+        """Refuse limits this machine cannot enforce (exit 4) rather than pretend. Returns
+        ``{"warnings": [...], "quotas_enabled": bool}``: what making them possible did (the
+        first --disk on btrfs switches quotas on for the whole filesystem)."""
+        got = super().check_limits(limits)
+        if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
+            return got  # nothing to enforce: keep the plain `petri fork` from importing the runner
+        from .runs import check_limits
+        return check_limits(self, limits)
+
+    def staleness(self, row: SandboxRow) -> dict[str, Any] | None:
+        """Live files changed since the sandbox's base, and which of them it changed too."""
+        from .staleness import staleness  # xxhash and the merge walkers: only for ls/status/race
+        started = now()
+        got = staleness(self, row)
+        kpi.record(self.registry, "staleness", now() - started, subject=row.id)
+        return got
+
+    def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
+        """Undo a promotion; a stage of a graduated promotion undoes the later stages of its
+        pipeline first (orchestrator.stages)."""
+        from .stages import rollback_promotion
+        started = now()
+        doc = rollback_promotion(self, promo_id)
+        audit.touch(promo_id)
+        kpi.record(self.registry, "rollback", now() - started, subject=promo_id, detail={"kind": "promotion"})
+        return doc
+
+    def rollback_snapshot(self, ident: str) -> dict[str, Any]:
+        doc = super().rollback_snapshot(ident)
+        audit.touch(doc["restored"])
+        return doc
