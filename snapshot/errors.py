@@ -1,8 +1,9 @@
 """Errors of the snapshot layer.
 
 Each class's docstring is its message template (``str.format`` over the keyword arguments
-given at raise time; its first paragraph, wrapped lines joined by one space, so a long
-message still fits the 120 columns of the source) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+given at raise time) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+The template is the docstring's first paragraph, its lines joined by one space, so that a
+long message can wrap in the source and still be one line.
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ WRAPPED = [
     (E.StoreFull(store="/s", doing="d"),
      "the filesystem of /s is full (d); free space (`petri rm`, `petri gc`, or outside petri) and try again"),
     (E.SandboxUserUnavailable(why="w"),
-     "cannot run commands of the root-owned workspace as an unprivileged user: w; petri does not run them as host root"),
+     "cannot run commands of the root-owned workspace as an unprivileged user: w;"
+     " petri does not run them as host root"),
     (E.OwnersCannotBeMapped(workspace="/w", why="y"),
      "cannot run commands of the root-owned workspace /w: y; petri does not run them as host root"
      " (README: who runs the command)"),
