@@ -26,7 +26,6 @@ winner) and how the transfer scales with the base, not the speed-up of real mach
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -103,7 +102,7 @@ def races(report: Report, scratch: Path, sizes: list[int], runs: int, nodes: int
             log(f"local cluster of {nodes} up in {started:.1f}s")
             for n in sizes:
                 cands = candidates(n)
-                for r in range(runs + (1 if n == sizes[0] else 0)):
+                for _ in range(runs + (1 if n == sizes[0] else 0)):
                     wall, doc = timed_race(ws, cands, source=base, jobs=slots, cluster=lc)
                     assert doc["winner_candidate"] == "right+0", doc["winner_candidate"]
                     fetched = sum(x["layers_fetched"] for x in doc["cluster"]["nodes"])

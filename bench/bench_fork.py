@@ -36,9 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import (CACHE, PETRI, PYCACHE, cli_env, warm_cli, LoopFs, Report, Samples, TreeInfo, copy_tree_into, ensure_git_repo,
-                     ensure_tree, fmt_ratio, fmt_s, kill_fuse_daemons_under, loadavg, log, make_loopfs,
-                     measure, remove_path, run, sigterm_as_interrupt, sweep_stale_images, sweep_stale_work_dirs, verdict)
+from .common import (CACHE, PETRI, PYCACHE, LoopFs, Report, Samples, TreeInfo, cli_env, copy_tree_into,
+                     ensure_git_repo, ensure_tree, fmt_ratio, fmt_s, kill_fuse_daemons_under, loadavg, log,
+                     make_loopfs, measure, remove_path, run, sigterm_as_interrupt, sweep_stale_images,
+                     sweep_stale_work_dirs, verdict, warm_cli)
 
 ALL_BACKENDS = ("btrfs", "overlay", "reflink", "copy", "fuse")
 FS_OF = {"btrfs": "btrfs", "reflink": "xfs", "overlay": "ext4", "copy": "ext4", "fuse": "ext4"}
@@ -309,7 +310,8 @@ class Bench:
         report.table(["tree", "backend", "fs", "via", "from", "n", "p50", "p99",
                       "/ cp -a", "/ cp --reflink", "/ git worktree", "note"], rows)
 
-        report.section("100 forks in one call", "`engine.fork(S, n=100)` and `petri fork --from S -n 100`, wall time, one run each.")
+        report.section("100 forks in one call",
+                       "`engine.fork(S, n=100)` and `petri fork --from S -n 100`, wall time, one run each.")
         rows = []
         for res in self.results:
             if not res.hundred:
@@ -339,18 +341,21 @@ class Bench:
         for r in self.results:
             c = r.cells.get(("api", "snap"))
             if r.backend == "btrfs" and c and c.n:
-                rows.append(("API fork p50 <= 15 ms (btrfs, from snapshot)", r.tree, fmt_s(c.p50), verdict(c.p50, 0.015)))
+                rows.append(("API fork p50 <= 15 ms (btrfs, from snapshot)", r.tree, fmt_s(c.p50),
+                             verdict(c.p50, 0.015)))
         for r in self.results:
             c = r.cells.get(("cli", "snap"))
             if r.backend == "btrfs" and c and c.n:
-                rows.append(("CLI fork p50 <= 150 ms (btrfs, from snapshot)", r.tree, fmt_s(c.p50), verdict(c.p50, 0.150)))
+                rows.append(("CLI fork p50 <= 150 ms (btrfs, from snapshot)", r.tree, fmt_s(c.p50),
+                             verdict(c.p50, 0.150)))
         for r in self.results:
             c = r.cells.get(("cli", "live"))
             if r.backend == "btrfs" and c and c.n:
                 rows.append(("CLI fork p50 <= 150 ms (btrfs, from live)", r.tree, fmt_s(c.p50), verdict(c.p50, 0.150)))
         for r in self.results:
             if r.fs == "ext4" and r.backend in ("overlay", "copy") and r.tree == "py60k":
-                rows.append((f"first fork after init <= 2 s (ext4, {r.backend}{', the auto choice as root' if r.backend == 'overlay' else ''})",
+                auto = ", the auto choice as root" if r.backend == "overlay" else ""
+                rows.append((f"first fork after init <= 2 s (ext4, {r.backend}{auto})",
                              r.tree, fmt_s(r.first_fork_s), verdict(r.first_fork_s, 2.0)))
         for r in self.results:
             if r.backend == "btrfs":

@@ -30,7 +30,8 @@ fuse-overlayfs; cold walk <= 2x fuse-overlayfs.
 
 Run as root from the repository root: ``.venv/bin/python -m bench.bench_fuse`` (about ten
 minutes) or ``--quick`` (about a minute: walks and reads only the tree's venv part, one
-run each, 64 MiB sequential I/O, the CLI fork on the 1k tree). Prints one markdown section on stdout (progress on stderr).
+run each, 64 MiB sequential I/O, the CLI fork on the 1k tree). Prints one markdown section
+on stdout (progress on stderr).
 
 Caveats: the machine may be shared (load average printed); dropping caches also drops
 every other process's page cache. Kernel overlay reads the lower through the page cache
@@ -210,14 +211,16 @@ class Bench:
                 b.snapshot(store, "s1", None)
             i = [0]
 
-            def one() -> str:
+            # The loop's variables are bound as defaults (B023); measure() calls these within
+            # this iteration anyway.
+            def one(i: list[int] = i, kw: dict = kw, b: FuseBackend = b) -> str:
                 i[0] += 1
                 sb = f"{'srv' if kw == {} else 'fresh'}{i[0]}"
                 b.clone(store, "s1", sb)
                 return sb
             b.clone(store, "s1", "warmup")  # starts the server: the first clone pays its imports
             b.destroy_clone(store, "warmup")
-            out[label] = measure(one, runs=n, after=lambda sb: b.destroy_clone(store, sb))
+            out[label] = measure(one, runs=n, after=lambda sb, b=b: b.destroy_clone(store, sb))
         FuseBackend().destroy_store(store)
         S.stop_server(store.root)
 
@@ -249,7 +252,7 @@ class Bench:
         for kind in FS_NAMES:
             m = self.mount(kind, lower, "-mnt")
             label = "petri-fuse (a fresh daemon process)" if kind == "petri-fuse" else kind
-            out[f"bare mount: {label}"] = measure(m.up, runs=n, after=lambda _: m.down())
+            out[f"bare mount: {label}"] = measure(m.up, runs=n, after=lambda _, m=m: m.down())
             m.remove()
         return out
 
@@ -258,23 +261,26 @@ class Bench:
         res: dict[str, dict[str, Samples]] = {}
         for kind in FS_NAMES:
             log(f"workloads on {kind}")
-            r: dict[str, Samples] = {}
             m = self.mount(kind, lower)
-            r["cold walk"] = measure(lambda: walk(m.mnt / sub), runs=self.runs,
-                                     before=lambda: (m.up(), drop_caches()))
-            r["warm walk"] = measure(lambda: walk(m.mnt / sub), runs=self.runs)
-            m.up()
-            r["read every file"] = measure(lambda: read_all(m.mnt / sub), runs=1)
-            m.up()
-            import_workload(m.mnt)
-            r["import workload (warm)"] = measure(lambda: import_workload(m.mnt), runs=max(3, self.runs * 2))
-            r["write 1,000 small files"] = measure(write_small(m.mnt), runs=self.runs)
-            big = m.mnt / "seq.bin"
-            r[f"sequential write {io_mib} MiB"] = measure(lambda: seq_write(big, io_mib), runs=1)
-            r[f"sequential read {io_mib} MiB (cold)"] = measure(lambda: seq_read(big), runs=1, before=drop_caches)
+            res[kind] = self.workloads_on(m, sub, io_mib)
             m.remove()
-            res[kind] = r
         return res
+
+    def workloads_on(self, m: Mount, sub: str, io_mib: int) -> dict[str, Samples]:
+        r: dict[str, Samples] = {}
+        r["cold walk"] = measure(lambda: walk(m.mnt / sub), runs=self.runs,
+                                 before=lambda: (m.up(), drop_caches()))
+        r["warm walk"] = measure(lambda: walk(m.mnt / sub), runs=self.runs)
+        m.up()
+        r["read every file"] = measure(lambda: read_all(m.mnt / sub), runs=1)
+        m.up()
+        import_workload(m.mnt)
+        r["import workload (warm)"] = measure(lambda: import_workload(m.mnt), runs=max(3, self.runs * 2))
+        r["write 1,000 small files"] = measure(write_small(m.mnt), runs=self.runs)
+        big = m.mnt / "seq.bin"
+        r[f"sequential write {io_mib} MiB"] = measure(lambda: seq_write(big, io_mib), runs=1)
+        r[f"sequential read {io_mib} MiB (cold)"] = measure(lambda: seq_read(big), runs=1, before=drop_caches)
+        return r
 
     def knobs(self, lower: Path, sub: str) -> list[tuple[str, Samples, Samples]]:
         variants = [
@@ -290,9 +296,9 @@ class Bench:
             m = self.mount("petri-fuse", lower, f"-knob{i}", cache)
             m.up()
             walk(m.mnt / sub)
-            w = measure(lambda: walk(m.mnt / sub), runs=self.runs)
+            w = measure(lambda m=m: walk(m.mnt / sub), runs=self.runs)
             import_workload(m.mnt)
-            im = measure(lambda: import_workload(m.mnt), runs=max(3, self.runs * 2))
+            im = measure(lambda m=m: import_workload(m.mnt), runs=max(3, self.runs * 2))
             m.remove()
             out.append((label, w, im))
         return out
@@ -313,7 +319,7 @@ class Bench:
         for label, fs in (("fsync_copyup=True (default)", True), ("fsync_copyup=False", False)):
             m = self.mount("petri-fuse", lower, f"-cu{int(fs)}", D.CacheOptions(fsync_copyup=fs))
 
-            def go() -> None:
+            def go(m: Mount = m) -> None:
                 for rel in files:
                     os.close(os.open(m.mnt / rel, os.O_WRONLY | os.O_APPEND))
             out.append((label, measure(go, runs=self.runs, before=m.up)))

@@ -94,7 +94,7 @@ def bench_backend(backend: str, tree, counts: list[int], runs: int, work: Path, 
         log(f"{backend}: copying {tree.name} into {ws}")
         copy_tree_into(tree.path, ws, subvolume=(backend == "btrfs"))
         old = time.time() - 7200  # files older than the snapshot's trust window, as in a real project
-        for dp, dn, fn in os.walk(ws):
+        for dp, _dn, fn in os.walk(ws):
             for f in fn:
                 os.utime(os.path.join(dp, f), (old, old), follow_symlinks=False)
         repo = ensure_git_repo(tree)
@@ -114,7 +114,9 @@ def bench_backend(backend: str, tree, counts: list[int], runs: int, work: Path, 
             sb_files = _pick(ws, n, seed=n, exclude=set())
             _edit(Path(sb.path), sb_files, "sandbox")
             with CS.sandbox_views(e, sb) as (base, tr):
-                fast = measure(lambda: CS.changes(e, sb, base, tr), runs=runs)
+                # measure() calls its closures within this iteration; the loop's sb and proms
+                # are bound as defaults all the same (B023)
+                fast = measure(lambda sb=sb: CS.changes(e, sb, base, tr), runs=runs)
                 got = CS.changes(e, sb, base, tr)
                 slow_t0 = time.perf_counter()
                 slow = CS.changes(e, sb, base, tr, fast=False)
@@ -123,16 +125,16 @@ def bench_backend(backend: str, tree, counts: list[int], runs: int, work: Path, 
                 src = CS.sandbox_candidates(e, sb, base, tr).source
                 gd = measure(lambda: _proc(["git", "diff", "--no-index", "--binary", str(base), str(tr)], ws,
                                            os.environ, ok=(0, 1)), runs=max(1, runs // 2))
-            pd = measure(lambda: _proc([PETRI, "diff", sb.id], ws, env), runs=runs)
-            rows.setdefault("changes", []).append((backend, n, src, fmt_s(fast.p50), fmt_s(slow_t),
-                                                    verdict(fast.p50, 0.050) if backend == "btrfs" and n == 10 else "-"))
+            pd = measure(lambda sb=sb: _proc([PETRI, "diff", sb.id], ws, env), runs=runs)
+            target = verdict(fast.p50, 0.050) if backend == "btrfs" and n == 10 else "-"
+            rows.setdefault("changes", []).append((backend, n, src, fmt_s(fast.p50), fmt_s(slow_t), target))
             rows.setdefault("diff", []).append((backend, n, fmt_s(pd.p50), fmt_s(gd.p50), fmt_ratio(pd.p50, gd.p50)))
             # staleness: live moves in n other files
             live_files = _pick(ws, n, seed=n + 1, exclude=set(sb_files))
             saved = _edit(ws, live_files, "live")
             time.sleep(0.1)  # out of the racy window
 
-            def one_look():
+            def one_look(sb=sb):
                 e2 = Engine(ws)
                 try:
                     return ST.live_changes(e2, sb.base)
@@ -153,14 +155,14 @@ def bench_backend(backend: str, tree, counts: list[int], runs: int, work: Path, 
             # promote (rolled back untimed)
             proms = []
 
-            def promote_once():
+            def promote_once(sb=sb, proms=proms):
                 r = subprocess.run([PETRI, "promote", "--json", sb.id], cwd=ws, env=env, capture_output=True, text=True)
                 if r.returncode != 0:
                     raise RuntimeError(r.stderr)
                 import json
                 proms.append(json.loads(r.stdout)["promotion"])
 
-            def undo(_):
+            def undo(_, proms=proms):
                 _proc([PETRI, "rollback", proms[-1]], ws, env)
             pr = measure(promote_once, runs=max(1, runs // 2), after=undo)
             rows.setdefault("promote", []).append((backend, n, fmt_s(pr.p50)))
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     tree = ensure_tree(args.files)
     work = CACHE / f"work-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
-    rep = Report("Merge engine: change sets, diff, staleness, promote (issue 4)", sys.argv if argv is None else ["bench_merge", *argv])
+    rep = Report("Merge engine: change sets, diff, staleness, promote (issue 4)",
+                 sys.argv if argv is None else ["bench_merge", *argv])
     rows: dict = {}
     try:
         for b in args.backends.split(","):

@@ -12,8 +12,9 @@ one core). In one run, repetitions interleaved (even ones petri first, odd ones 
    ``git apply PATCH && CHECK`` (or ``BREAKING && CHECK``) in its copy, the three started
    together, timed until the last one exits. Lanes get the environment a sandbox gets
    (``isolation.base_env``) and, like petri's runs, a cpu cgroup each under one parent
-   (``CpuGroups``: so other people's work on the machine weighs on both sides alike). Both sides: the right lane passes, the wrong one fails its
-   tests, the breaking one fails at collection (checked every repetition).
+   (``CpuGroups``: so other people's work on the machine weighs on both sides alike). Both
+   sides: the right lane passes, the wrong one fails its tests, the breaking one fails at
+   collection (checked every repetition).
 2. **promote --verify**: ``petri promote --json WINNER --verify CHECK`` of the race's winner
    (a 3-way promote, then the check in a fresh sandbox forked from the promoted workspace),
    against CHECK alone in a plain copy of the fixed tree. Outside the timed part the
@@ -22,7 +23,9 @@ one core). In one run, repetitions interleaved (even ones petri first, odd ones 
 
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md: p50 (and
 min/max) of each side's wall time, petri's overhead as the ratio of the p50s (target <= 1.10
-for the race), and the CPU time of petri's own processes against that of the direct side. Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_race``
+for the race), and the CPU time of petri's own processes against that of the direct side.
+
+Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_race``
 (``--reps 5`` by default; ``--backend overlay`` puts the workspace on the host filesystem,
 ``/var/tmp/petri-bench/work-<pid>``, where ``auto`` picks overlay; the default is btrfs on a
 loop image it makes; ``--no-direct-cgroups`` runs the direct lanes as plain processes).
@@ -371,8 +374,9 @@ def render(report: Report, args, fig: Figures) -> None:
         _p50_row("`petri promote --verify` (whole process)", fig.verify_petri, fig.verify_petri_cpu),
         _p50_row("direct: the check in a plain copy of the fixed tree", fig.verify_direct, fig.verify_direct_cpu),
     ])
-    paired = Samples([a / b for a, b in zip(fig.race_petri.values, fig.race_direct.values)])
-    v_paired = Samples([a / b for a, b in zip(fig.verify_petri.values, fig.verify_direct.values)])
+    # one sample per side per repetition: the pairs must line up
+    paired = Samples([a / b for a, b in zip(fig.race_petri.values, fig.race_direct.values, strict=True)])
+    v_paired = Samples([a / b for a, b in zip(fig.verify_petri.values, fig.verify_direct.values, strict=True)])
     report.section("Targets",
                    "The ratio of the wall-time p50s, and the p50 of the ratios within each repetition (the two "
                    "sides of a repetition run back to back, so a slow drift in other load cancels out). petri's "

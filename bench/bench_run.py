@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         report.section(f"{args.idle} idle sandboxes held at once")
         report.table(["what", "value"], [
             ["fork of all of them in one call (API)", fmt_s(t_fork)],
-            ["API process RSS growth while holding them", f"{(after - before) / 1024:.1f} MiB (now {after / 1024:.1f} MiB)"],
+            ["API process RSS growth while holding them",
+             f"{(after - before) / 1024:.1f} MiB (now {after / 1024:.1f} MiB)"],
             ["peak RSS of `petri ls --json` listing them", f"{ls_rss / 1024:.1f} MiB"],
             ["cgroups / processes of the idle sandboxes", f"{held} / 0 (a sandbox is a subvolume; nothing runs)"],
         ])

@@ -68,7 +68,7 @@ def signed(seconds: float) -> str:
 def delta_row(what: str, base: Samples, other: Samples, *, target: bool = True) -> list:
     """``other`` minus ``base``: at p50, at p99, and the median of the round-by-round
     differences (the verdict, where the target applies)."""
-    paired = percentile([o - b for o, b in zip(other.values, base.values)], 50)
+    paired = percentile([o - b for o, b in zip(other.values, base.values, strict=True)], 50)
     return [what, signed(other.p50 - base.p50), signed(other.p99 - base.p99), signed(paired),
             f"<= 2 ms: {verdict(paired, TARGET_S)}" if target else "-"]
 
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         report.section("Time to first command with and without the filter",
                        f"btrfs backend on a loop image, sample project; {args.runs} rounds (CLI: {args.cli_runs}) of "
                        "one sample per profile, the profiles in turns. API: one kept-open Engine.")
-        rows = [["`bwrap true`, no filter (floor)", floors["off"].n, fmt_s(floors["off"].p50), fmt_s(floors["off"].p99)],
+        off = floors["off"]
+        rows = [["`bwrap true`, no filter (floor)", off.n, fmt_s(off.p50), fmt_s(off.p99)],
                 ["`bwrap true --seccomp FD` (default)", floors["default"].n, fmt_s(floors["default"].p50),
                  fmt_s(floors["default"].p99)]]
         for name in ("off", "default", "strict"):
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         ])
         report.section("Building the filter in a process that has pyseccomp loaded (`compile_bpf`)")
         report.table(["profile", "rules", "BPF bytes", "n", "p50", "p99"],
-                     [[name, rules, size, s.n, fmt_s(s.p50), fmt_s(s.p99)] for name, (s, size, rules) in builds.items()])
+                     [[name, rules, size, s.n, fmt_s(s.p50), fmt_s(s.p99)]
+                      for name, (s, size, rules) in builds.items()])
         report.text(f"Load average at the end: {loadavg()}.")
     except KeyboardInterrupt:
         code = 130  # print what finished

@@ -28,7 +28,7 @@ from snapshot.tree import IS_ROOT, copy_file_at
 
 from .changes import KIND_DIR, Change
 from .errors import PathThroughSymlink
-from .safefs import DIR_FLAGS, SafeTree
+from .safefs import SafeTree
 
 _TMP = b".petri-replay-"
 

@@ -54,7 +54,8 @@ class WorkspaceIsSymlink(OrchestratorError, Unsupported):
 
 
 class StoreFull(OrchestratorError):
-    """the filesystem of {store} is full ({doing}); free space (`petri rm`, `petri gc`, or outside petri) and try again"""
+    """the filesystem of {store} is full ({doing}); free space (`petri rm`, `petri gc`, or outside petri)
+    and try again"""
 
 
 class SandboxesExist(OrchestratorError):
@@ -97,13 +98,15 @@ class RunUserInvalid(OrchestratorError, Unsupported):
 
 
 class SandboxUserUnavailable(OrchestratorError, Unsupported):
-    """cannot run commands of the root-owned workspace as an unprivileged user: {why}; petri does not run them as host root"""
+    """cannot run commands of the root-owned workspace as an unprivileged user: {why};
+    petri does not run them as host root"""
 
     exit_code = 4
 
 
 class OwnersCannotBeMapped(OrchestratorError, Unsupported):
-    """cannot run commands of the root-owned workspace {workspace}: {why}; petri does not run them as host root (README: who runs the command)"""
+    """cannot run commands of the root-owned workspace {workspace}: {why}; petri does not run them as host root
+    (README: who runs the command)"""
 
     exit_code = 4
 
@@ -161,7 +164,8 @@ class PromotionPruned(OrchestratorError):
 
 
 class OwnerCannotRunPetri(OrchestratorError, Unsupported):
-    """this workspace's store belongs to {owner}: petri run as root acts as that user there (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
+    """this workspace's store belongs to {owner}: petri run as root acts as that user there
+    (so nothing it makes is root's), but {path} is not readable by {owner}; run petri as {owner}"""
 
     exit_code = 4
 
@@ -174,7 +178,8 @@ class BadSeccompProfile(UsageError):
 
 
 class SeccompUnavailable(OrchestratorError):
-    """cannot build the {profile} syscall filter: {why}; install Debian's libseccomp2 and the Python package pyseccomp, or run with `--seccomp off`"""
+    """cannot build the {profile} syscall filter: {why}; install Debian's libseccomp2 and the Python package
+    pyseccomp, or run with `--seccomp off`"""
 
     exit_code = 125
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .api import Sandbox, Workspace
+    from .api import Workspace
 
 METRICS_FILE = ".petri-metrics.json"  # merge.promote.METRICS_FILE: never in a diff or a promotion
 MAX_METRICS = 64 << 10

@@ -48,7 +48,8 @@ class Limits:
         set_(self, "pids", pids)
         set_(self, "disk_bytes", parse_size(disk_v) if isinstance(disk_v, str) else _int_or_none("disk", disk_v))
         set_(self, "net", bool(net))
-        set_(self, "ttl_s", parse_duration(ttl_v) if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
+        set_(self, "ttl_s",
+             parse_duration(ttl_v) if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Limits":

@@ -412,7 +412,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     race.base_implicit = base_row is not None and base_row.implicit and made_here
     log = events.log_for(engine.store.root)
     race.outcomes = [Outcome(i, c, r.id, check_sandbox=rc.id)
-                     for i, (c, r, rc) in enumerate(zip(candidates, rows[:n], rows[n:]))]
+                     for i, (c, r, rc) in enumerate(zip(candidates, rows[:n], rows[n:], strict=True))]
     outcomes = race.outcomes
     try:
         for i, r in enumerate(rows):
@@ -660,8 +660,9 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         lines = f"+{c['lines_added']} -{c['lines_removed']}" if c["applied"] else "-"
         took = f"{c['duration_s']:.2f}s" if c["duration_s"] is not None else "-"
         mark = "*" if c["sandbox"] == doc["winner"] else ""
+        where = c["sandbox"] + ("" if c["kept"] else " (removed)")
         rows.append([f"{c['rank']}{mark}", c["candidate"], c["kind"], check, lines,
-                     c["files_changed"] if c["applied"] else "-", took, c["sandbox"] + ("" if c["kept"] else " (removed)")])
+                     c["files_changed"] if c["applied"] else "-", took, where])
     o.table(["rank", "candidate", "kind", "check", "lines", "files", "time", "sandbox"], rows)
     if doc["winner"]:
         o.say(f"winner: {o.paint(doc['winner'], 'bold')} ({doc['winner_candidate']}) at {doc.get('winner_path')}")
@@ -681,8 +682,9 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
     for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
         if c.get("error"):
             step = "check failed" if c["applied"] else "did not apply"
-            o.say(f"{c['candidate']}: {step}: {c['error']}" + (f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""))
+            log = f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""
+            o.say(f"{c['candidate']}: {step}: {c['error']}{log}")
     if doc.get("promotion"):
         p = doc["promotion"]
-        o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: {len(p.get('applied') or [])} path(s)"
-              f"; undo with `petri rollback {p.get('promotion')}`")
+        o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: "
+              f"{len(p.get('applied') or [])} path(s); undo with `petri rollback {p.get('promotion')}`")

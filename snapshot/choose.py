@@ -71,7 +71,8 @@ def choose_layered(workspace: Path, requested: str = "auto") -> tuple[str, str]:
     from elsewhere (a cluster node): overlay as root, else fuse; or BackendUnavailable."""
     if requested != "auto":
         if requested not in LAYERED:
-            raise BackendUnavailable(backend=requested, why=f"not a layered backend; choose one of {', '.join(LAYERED)}")
+            raise BackendUnavailable(backend=requested,
+                                     why=f"not a layered backend; choose one of {', '.join(LAYERED)}")
         return choose(workspace, requested)
     notes = []
     for name in LAYERED if os.geteuid() == 0 else ("fuse",):

@@ -61,4 +61,5 @@ def filesystem_disk_cap(backend: str, store: Store) -> DiskCap:
                                    why="the filesystem is not mounted with prjquota",
                                    alternatives="remount it with -o prjquota (XFS project quotas), or " + ALTERNATIVES)
     raise DiskLimitUnavailable(where=f"{store.workspace} ({backend} backend on {fs})",
-                               why="this backend and filesystem have no per-sandbox disk cap", alternatives=ALTERNATIVES)
+                               why="this backend and filesystem have no per-sandbox disk cap",
+                               alternatives=ALTERNATIVES)

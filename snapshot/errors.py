@@ -2,6 +2,8 @@
 
 Each class's docstring is its message template (``str.format`` over the keyword arguments
 given at raise time) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+The template is the docstring's first paragraph, its lines joined by one space, so that a
+long message can wrap in the source and still be one line.
 """
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ class ConflictRecord(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+def _first_paragraph(doc: str) -> str:
+    """The lines of ``doc`` up to its first blank line, as one line."""
+    lines: list[str] = []
+    for line in doc.strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
+
+
 class PetriError(Exception):
     """petri failed: {detail}"""
 
@@ -24,7 +36,7 @@ class PetriError(Exception):
     def __init__(self, message: str | None = None, /, **fields: object) -> None:
         self.fields = fields
         if message is None:
-            template = (self.__class__.__doc__ or "{detail}").strip().splitlines()[0]
+            template = _first_paragraph(self.__class__.__doc__ or "{detail}")
             try:
                 message = template.format(**fields)
             except (KeyError, IndexError):

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import marshal
 import os
@@ -509,7 +510,7 @@ def build_layer(src_root: bytes, layer: bytes, plan: DeltaPlan, scan: Scan, *, r
                                 futures.append((op, pool.submit(_copy_regular, src, dst, st, reflink, count,
                                                                 True)))
                             else:  # inline: see TreeCopier for why threads lose on small files
-                                settle(op, lambda: _copy_regular(src, dst, st, reflink, count, True))
+                                settle(op, functools.partial(_copy_regular, src, dst, st, reflink, count, True))
                         elif stat.S_ISLNK(mode):
                             copied[op.rel] = _copy_symlink(src, dst)
                         elif stat.S_ISFIFO(mode):

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +54,7 @@ def test_init_open_snapshot_and_records_match_the_cli(ws):
     cli = petri_cli("snapshots", "--json", cwd=ws.root).json
     assert [s["id"] for s in cli["snapshots"]] == ids
     api_doc = ws.snapshot_list().to_json()
-    for a, b in zip(api_doc["snapshots"], cli["snapshots"]):
+    for a, b in zip(api_doc["snapshots"], cli["snapshots"], strict=True):
         assert {k: v for k, v in a.items()} == b
 
 

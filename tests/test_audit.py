@@ -102,7 +102,8 @@ def test_aio_entries(ws):
 
     anyio.run(main)
     rows = ws.log().entries[-2:]
-    assert [(e.op, e.via, e.extra["client"]) for e in rows] == [("fork", "mcp", "inspector"), ("rm", "mcp", "inspector")]
+    got = [(e.op, e.via, e.extra["client"]) for e in rows]
+    assert got == [("fork", "mcp", "inspector"), ("rm", "mcp", "inspector")]
     assert rows[0].reason == "async fork"
 
 

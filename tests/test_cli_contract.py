@@ -103,7 +103,8 @@ def test_a_run_whose_petri_was_killed_is_settled_by_the_next_command(ws):
     assert petri("gc", cwd=ws).rc == 0
     st = status(ws, "k")
     assert st["last_exit_code"] == 125 and st["state"] == "exited", st
-    assert st["runs"][-1]["exit_code"] == 125 and st["runs"][-1]["ended_by"] == "petri_died" and st["runs"][-1]["killed_by"] is None
+    last = st["runs"][-1]
+    assert last["exit_code"] == 125 and last["ended_by"] == "petri_died" and last["killed_by"] is None
     # Killed again, and `ls` looks first: not "running" until a gc, but ended, 125.
     assert petri("run", "k", "--", "true", cwd=ws).rc == 0
     assert status(ws, "k")["last_exit_code"] == 0

@@ -94,7 +94,8 @@ def test_archive_is_deterministic_named_by_content_and_round_trips(tmp_path):
     assert os.getxattr(f, "user.note") == b"kept" and os.getxattr(dst / "a", "user.overlay.opaque") == b"y"
     assert os.stat(dst / "a" / "hard").st_ino == os.stat(f).st_ino
     assert os.readlink(dst / "a" / "sym") == "../nowhere" and not (dst / ".petri").exists()
-    assert os.stat(dst / "gone").st_rdev == 0 and (dst / os.fsdecode(b"\xff-not-utf8")).read_bytes() == b"\x00\x01 binary"
+    assert os.stat(dst / "gone").st_rdev == 0
+    assert (dst / os.fsdecode(b"\xff-not-utf8")).read_bytes() == b"\x00\x01 binary"
     # one changed byte is another name
     f.write_text("hellO\n")
     assert write_archive(src).digest == w.digest and write_archive(dst).digest != w.digest
@@ -190,7 +191,8 @@ def test_without_ray_the_cluster_option_says_what_to_install(tmp_path):
     _project(w)
     assert petri("init", "--backend", "copy", cwd=w).rc == 0
     code = ("import sys; sys.modules['ray'] = None; from orchestrator.cli import main; "
-            "sys.argv = ['petri', 'race', '--cluster', 'local:2', '--check', 'true', '--cmd', 'true']; sys.exit(main())")
+            "sys.argv = ['petri', 'race', '--cluster', 'local:2', '--check', 'true', '--cmd', 'true']; "
+            "sys.exit(main())")
     cp = subprocess.run([sys.executable, "-c", code], cwd=w, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 4, cp
     assert "pip install 'petridish[cluster]'" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
@@ -495,7 +497,7 @@ def test_cluster_race_gives_what_the_local_race_gives(demo_ws):
         {c["candidate"]: ranks[i] for i, c in enumerate(here["candidates"])}
     assert here["winner_candidate"] == there["winner_candidate"] == str(FIXES / "right.patch")
     assert [sorted(cf["paths"]) for cf in there["conflicts"]] == [sorted(cf["paths"]) for cf in here["conflicts"]]
-    for a, b in zip(here["candidates"], there["candidates"]):
+    for a, b in zip(here["candidates"], there["candidates"], strict=True):
         assert ws.diff(a["sandbox"]).patch == ws.diff(b["sandbox"]).patch, a["candidate"]
         assert ws.diff(a["sandbox"], include_ignored=True).patch == ws.diff(b["sandbox"], include_ignored=True).patch
 
@@ -569,7 +571,8 @@ def test_cli_local_cluster_with_fuse_nodes_and_promote(demo_ws):
     assert r.rc == 0, r
     assert watch.wide == set() and watch.loopback, (watch.wide, watch.loopback)
     doc = r.json
-    assert doc["winner_candidate"] == str(FIXES / "right.patch") and doc["promotion"]["applied"] == ["stats/__init__.py"]
+    assert doc["winner_candidate"] == str(FIXES / "right.patch")
+    assert doc["promotion"]["applied"] == ["stats/__init__.py"]
     assert {n["backend"] for n in doc["cluster"]["nodes"]} == {"fuse"}
     assert "(s[n // 2 - 1] + s[n // 2]) / 2" in (w / "stats" / "__init__.py").read_text()
     store = doc["cluster"]["nodes"][0]["store"]
@@ -588,10 +591,11 @@ def test_a_workspace_without_layers_ships_its_base_as_one_layer(tmp_path):
     ws = petri.init(w, backend="copy")
     try:
         with local_cluster(2) as lc:
-            doc = ws.race("/usr/bin/python3 -m unittest -q tests.test_stats",
-                          [petri.Patch(FIXES / "right.patch"), petri.Patch(FIXES / "wrong.patch")], cluster=lc).to_json()
+            candidates = [petri.Patch(FIXES / "right.patch"), petri.Patch(FIXES / "wrong.patch")]
+            doc = ws.race("/usr/bin/python3 -m unittest -q tests.test_stats", candidates, cluster=lc).to_json()
         assert doc["winner_candidate"] == str(FIXES / "right.patch")
-        assert doc["cluster"]["base"]["layers"] == 1 and [n["layers_fetched"] for n in doc["cluster"]["nodes"]] == [1, 1]
+        fetched = [n["layers_fetched"] for n in doc["cluster"]["nodes"]]
+        assert doc["cluster"]["base"]["layers"] == 1 and fetched == [1, 1]
         assert "(s[n // 2 - 1] + s[n // 2]) / 2" in ws.diff(doc["winner"]).patch
     finally:
         ws.deinit(force=True)

@@ -141,7 +141,7 @@ def test_fuse_disk_hit_comes_from_the_budget(plain_ws):
     assert usage(ws, sb)["disk_bytes"] <= MiB
 
 
-def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):
+def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     ws = btrfs_ws  # a btrfs of its own: quotas get switched on there
     mount = ws.parent
     # Quotas off: usage is the file data written since the clone.

@@ -511,7 +511,8 @@ def _view(root: Path) -> dict:
     for dirpath, dirs, files in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         for n in dirs:
-            out[os.path.normpath(os.path.join(rel, n))] = ("d", stat.S_IMODE(os.lstat(os.path.join(dirpath, n)).st_mode))
+            mode = stat.S_IMODE(os.lstat(os.path.join(dirpath, n)).st_mode)
+            out[os.path.normpath(os.path.join(rel, n))] = ("d", mode)
         for n in files:
             p = os.path.join(dirpath, n)
             st_ = os.lstat(p)

@@ -194,7 +194,7 @@ def test_a_store_inside_the_tree_is_masked(box):
 def test_only_loopback_without_net(box):
     res, out, _ = box.sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
     assert out.split() == ["lo"]
-    host = [l.split(":")[0].strip() for l in Path("/proc/net/dev").read_text().splitlines()[2:]]
+    host = [line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]]
     if host != ["lo"]:
         res, out, _ = box.sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
                              limits=Limits(net=True))
@@ -230,7 +230,7 @@ def test_credentials_and_host_secrets_are_masked(box, fake_home):
 def test_environment_is_clean(box, monkeypatch):
     monkeypatch.setenv("PETRI_HOST_ONLY", "leak")
     res, out, _ = box.run(["env"], env={"EXTRA": "yes"})
-    names = {l.split("=", 1)[0] for l in out.splitlines() if "=" in l}
+    names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
     assert "PETRI_HOST_ONLY" not in names
     assert {"PATH", "HOME", "LANG", "TERM", "EXTRA"} <= names
     # Only what we set, plus what a shell exports by itself.
@@ -265,7 +265,7 @@ def test_host_processes_are_invisible(box):
 def test_no_capabilities_no_new_privs_no_nested_userns(box):
     res, out, _ = box.sh("grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; "
                          "unshare -U true && echo NESTED-USERNS")
-    fields = dict(l.split(":\t") for l in out.splitlines() if ":\t" in l)
+    fields = dict(line.split(":\t") for line in out.splitlines() if ":\t" in line)
     assert fields["CapEff"] == fields["CapPrm"] == fields["CapBnd"] == "0000000000000000"
     assert fields["NoNewPrivs"] == "1"
     assert "NESTED-USERNS" not in out
@@ -281,7 +281,7 @@ def test_no_inherited_file_descriptors(box, tmp_path):
         res, out, _ = box.run([PY, "-c",
                                "import os\nfor f in sorted(os.listdir('/proc/self/fd')):\n"
                                "    print(f, os.readlink('/proc/self/fd/'+f))"])
-        fds = {int(l.split()[0]): l.split(" ", 1)[1] for l in out.splitlines()}
+        fds = {int(line.split()[0]): line.split(" ", 1)[1] for line in out.splitlines()}
         assert {0, 1, 2} <= set(fds), out
         assert "inherited-secret" not in out and fd not in fds
         assert set(fds) - {0, 1, 2} <= {3}  # 3: listdir's own directory fd

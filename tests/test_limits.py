@@ -27,7 +27,8 @@ SUP = cgroups.detect() if os.geteuid() == 0 else None
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root (cgroups)"
 )
-needs_v1 = pytest.mark.skipif(SUP is None or SUP.mode != "v1", reason=f"needs cgroup v1 controllers; here: {SUP and SUP.reason}")
+needs_v1 = pytest.mark.skipif(SUP is None or SUP.mode != "v1",
+                              reason=f"needs cgroup v1 controllers; here: {SUP and SUP.reason}")
 UNIFIED = Path("/sys/fs/cgroup/unified")
 
 
@@ -240,10 +241,10 @@ def test_cgexec_module_joins_the_cgroup_before_exec():
     cg = cgroups.open_cgroup(f"{PREFIX}/cli/run-1", Limits(pids=10))
     try:
         args = [a for f in cg.procs_files() for a in ("--procs", str(f))]
-        cp = subprocess.run([os.sys.executable, "-m", "orchestrator.sandbox.cgexec", *args, "--", "cat", "/proc/self/cgroup"],
-                            cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=30)
+        cmd = [os.sys.executable, "-m", "orchestrator.sandbox.cgexec", *args, "--", "cat", "/proc/self/cgroup"]
+        cp = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=30)
         assert cp.returncode == 0, cp.stderr
-        lines = dict(l.split(":", 2)[1:] for l in cp.stdout.splitlines())
+        lines = dict(line.split(":", 2)[1:] for line in cp.stdout.splitlines())
         assert lines["memory"] == lines["pids"] == f"/{PREFIX}/cli/run-1"
     finally:
         cg.kill_all()

@@ -283,8 +283,8 @@ def test_long_command_through_start_and_poll_with_progress(btrfs_ws):
             assert short["stdout_tail"] == "slept\n"
             assert len(progress) >= 1 and all(sb in m for _, m in progress)
             progress.clear()
-            started = await c.call("sandbox_run_start", {"sandbox": sb, "command":
-                                                         "sleep 12; echo a; sleep 14; echo b >&2; sleep 14; echo done; exit 7"})
+            slow = "sleep 12; echo a; sleep 14; echo b >&2; sleep 14; echo done; exit 7"
+            started = await c.call("sandbox_run_start", {"sandbox": sb, "command": slow})
             assert started == {"schema": 1, "sandbox": sb, "run": 2}
             cursor, lines, polls = 0, [], 0
             while True:

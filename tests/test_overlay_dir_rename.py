@@ -61,7 +61,8 @@ def test_git_mv_of_a_directory_diff_and_promote(tmp_path):
         r = petri("diff", sb["id"], "--json", cwd=ws)
         assert r.rc == 0, r
         files = sorted((f["status"], f["old_path"], f["path"]) for f in r.json["files"])
-        assert files == [("renamed", f"src/{p}", f"pkg/{p}") for p in ("__init__.py", "app.py", "sub/util.py", "tool.sh")]
+        moved = ("__init__.py", "app.py", "sub/util.py", "tool.sh")
+        assert files == [("renamed", f"src/{p}", f"pkg/{p}") for p in moved]
         r = petri("promote", sb["id"], "--json", cwd=ws)
         assert r.rc == 0, r
         skip = frozenset({b".git", b".petri"})

@@ -61,7 +61,8 @@ def test_run_exit_codes_env_and_json_shape(ws):
     r = petri("run", "t", "--timeout", "1", "--", "sh", "-c", "trap '' TERM; sleep 30", cwd=ws)
     assert r.rc == 124 and "timeout" in r.err, r
     assert time.monotonic() - t0 < 10
-    r = petri("run", "t", "--env", "GREETING=hello world", "-e", "X=1", "--", "sh", "-c", 'echo "$GREETING/$X/$HOME"', cwd=ws)
+    r = petri("run", "t", "--env", "GREETING=hello world", "-e", "X=1", "--",
+              "sh", "-c", 'echo "$GREETING/$X/$HOME"', cwd=ws)
     assert r.rc == 0 and r.out.startswith("hello world/1/"), r
     # --json: the output goes to the files it names, the doc to stdout
     r = petri("run", "t", "--json", "--", "sh", "-c", "echo to-$1; exit 5", "sh", "file", cwd=ws)
@@ -80,7 +81,8 @@ def test_run_exit_codes_env_and_json_shape(ws):
 def test_run_usage_errors_are_one_line(ws):
     fork(ws, "--label", "u")
     for args, code in ((["run", "u"], 2), (["run", "u", "--"], 2), (["run", "sb-nope", "--", "true"], 2),
-                       (["run", "u", "--timeout", "soon", "--", "true"], 2), (["run", "u", "--env", "NOEQ", "--", "true"], 2),
+                       (["run", "u", "--timeout", "soon", "--", "true"], 2),
+                       (["run", "u", "--env", "NOEQ", "--", "true"], 2),
                        (["logs", "u", "--run", "9"], 2), (["logs", "sb-nope"], 2)):
         r = petri(*args, cwd=ws)
         assert r.rc == code, (args, r)

@@ -23,7 +23,8 @@ from tests.conftest import REPO, petri
 from tests.test_run_cli import fork, ws  # noqa: F401 (ws: a fixture; copy backend, no cgroup left behind)
 
 HAVE_SANDBOX = os.geteuid() == 0 and shutil.which("bwrap") is not None
-needs_sandbox = pytest.mark.skipif(not HAVE_SANDBOX, reason="needs root (cgroups) and bwrap (Debian package bubblewrap)")
+needs_sandbox = pytest.mark.skipif(not HAVE_SANDBOX,
+                                   reason="needs root (cgroups) and bwrap (Debian package bubblewrap)")
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the probe")
 PY = "/usr/bin/python3"  # inside, /root (and a pyenv under it) is masked
 SECCOMP_2 = "grep -q '^Seccomp:[[:space:]]*2$' /proc/self/status"
@@ -195,9 +196,9 @@ def probe_bin(tmp_path_factory):
     return out
 
 
-def run_probe(ws: Path, sb: dict, probe: Path, *flags: str) -> tuple[dict[str, str], dict]:
+def run_probe(root: Path, sb: dict, probe: Path, *flags: str) -> tuple[dict[str, str], dict]:
     shutil.copy(probe, Path(sb["path"]) / "probe")
-    r = petri("run", sb["id"], "--json", *flags, "--", "./probe", cwd=ws)
+    r = petri("run", sb["id"], "--json", *flags, "--", "./probe", cwd=root)
     assert r.rc == 0, r
     doc = r.json
     lines = Path(doc["stdout_path"]).read_text().splitlines()
@@ -205,7 +206,7 @@ def run_probe(ws: Path, sb: dict, probe: Path, *flags: str) -> tuple[dict[str, s
 
 
 @needs_sandbox
-def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin):
+def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     got, doc = run_probe(ws, sb, probe_bin)
     assert doc["seccomp"] == "default"
@@ -227,7 +228,7 @@ def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin)
 
 
 @needs_sandbox
-def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):
+def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.test_run_cli
     got, doc = run_probe(ws, fork(ws), probe_bin, "--seccomp", "strict")
     assert doc["seccomp"] == "strict"
     assert got["socket_inet"] == "EPERM" and got["socket_unix"] == "OK" and got["socketpair_unix"] == "OK"
@@ -238,7 +239,7 @@ def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):
 
 
 @needs_sandbox
-def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):
+def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     r = petri("run", sb["id"], "--json", "--seccomp", "off", "--", "true", cwd=ws)
     assert r.rc == 0, r
@@ -250,7 +251,7 @@ def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):
 
 
 @needs_sandbox
-def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):
+def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     cfg = ws / ".petri" / "config.toml"
     cfg.write_text('seccomp = "off"\n')
@@ -264,7 +265,7 @@ def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):
 
 
 @needs_sandbox
-def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):
+def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     r = petri("run", sb["id"], "--seccomp", "loose", "--", "touch", "ran", cwd=ws)
     assert r.rc == 2 and r.err.strip() == "petri: bad --seccomp 'loose': use one of default, strict, off", r
@@ -278,7 +279,7 @@ def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):
 
 
 @needs_sandbox
-def test_shell_runs_under_the_filter(ws):
+def test_shell_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     from tests.test_shell_cli import drive
 
     sb = fork(ws, "--label", "sh")
@@ -293,7 +294,7 @@ def test_shell_runs_under_the_filter(ws):
 
 
 @needs_sandbox
-def test_race_checks_run_under_the_filter(ws):
+def test_race_checks_run_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     r = petri("race", "--json", "--cmd", "echo a > a.txt", "--check", SECCOMP_2, cwd=ws)
     assert r.rc == 0 and r.json["winner"] and r.json["seccomp"] == "default", r
     # The control: the same check fails when the race turns the filter off.
@@ -302,7 +303,7 @@ def test_race_checks_run_under_the_filter(ws):
 
 
 @needs_sandbox
-def test_promote_verify_runs_under_the_filter(ws):
+def test_promote_verify_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     (Path(sb["path"]) / "new.txt").write_text("promoted\n")
     r = petri("promote", sb["id"], "--json", "--verify", SECCOMP_2, cwd=ws)
@@ -322,7 +323,7 @@ def test_promote_verify_runs_under_the_filter(ws):
 
 @needs_sandbox
 @needs_gcc
-def test_compilers_git_threads_and_subprocesses_work_under_default(ws):
+def test_compilers_git_threads_and_subprocesses_work_under_default(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     tree = Path(sb["path"])
     (tree / "hello.c").write_text('#include <stdio.h>\n#include <pthread.h>\n'
@@ -379,7 +380,7 @@ test('asynchronous file I/O', async () => {
 
 @needs_sandbox
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs node and npm")
-def test_npm_test_works_under_default(ws):
+def test_npm_test_works_under_default(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     sb = fork(ws)
     pkg = Path(sb["path"]) / "pkg"
     (pkg / "test").mkdir(parents=True)
@@ -404,7 +405,7 @@ def pypi_reachable() -> str | None:
 
 
 @needs_sandbox
-def test_venv_and_pip_install_from_pypi_with_net_under_default(ws):
+def test_venv_and_pip_install_from_pypi_with_net_under_default(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     why = pypi_reachable()
     if why:
         pytest.skip(why)
@@ -416,7 +417,8 @@ def test_venv_and_pip_install_from_pypi_with_net_under_default(ws):
     r = petri("run", sb["id"], "--json", "--env", "PIP_CONFIG_FILE=/dev/null", "--", "sh", "-c", cmd, cwd=ws,
               timeout=300)
     out = Path(r.json["stdout_path"]).read_text()
-    assert r.rc == 0 and r.json["seccomp"] == "default" and "PIP-OK" in out, (r, Path(r.json["stderr_path"]).read_text())
+    err = Path(r.json["stderr_path"]).read_text()
+    assert r.rc == 0 and r.json["seccomp"] == "default" and "PIP-OK" in out, (r, err)
 
 
 # A real project nobody here wrote, and pytest to run its suite: downloaded once from PyPI,
@@ -439,7 +441,7 @@ def real_project_files() -> Path:
 
 
 @needs_sandbox
-def test_a_real_projects_suite_passes_under_default(ws):
+def test_a_real_projects_suite_passes_under_default(ws):  # noqa: F811 - the fixture imported from tests.test_run_cli
     cache = real_project_files()
     sb = fork(ws)
     tree = Path(sb["path"])

@@ -43,7 +43,7 @@ def fresh(e: Engine, sb) -> dict:
 def age_files(ws: Path) -> None:
     """Make the base's files older than the racy windows (the snapshot was just taken)."""
     old = time.time() - 3600
-    for dp, dn, fn in os.walk(ws):
+    for dp, _dn, fn in os.walk(ws):
         if ".petri" in dp.split(os.sep):
             continue
         for n in fn:

@@ -18,7 +18,7 @@ from tests.test_api_frontends import ALSO_NOTES as BIG
 
 pytest.importorskip("textual")
 
-from textual.widgets import Input, RichLog, TextArea  # noqa: E402
+from textual.widgets import RichLog, TextArea  # noqa: E402
 
 from tui.app import PetriApp  # noqa: E402
 from tui.screens.compare import CompareScreen  # noqa: E402
@@ -50,7 +50,8 @@ async def loaded(pilot: Any) -> None:
 async def confirm(pilot: Any, plan_has: str | None = None) -> ConfirmScreen:
     screen = await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen) and pilot.app.screen, "the dialog")
     if plan_has is not None:
-        await until(pilot, lambda: plan_has in str(screen.query_one("#plan-body").render()), f"a plan naming {plan_has}")
+        await until(pilot, lambda: plan_has in str(screen.query_one("#plan-body").render()),
+                    f"a plan naming {plan_has}")
     return screen
 
 
@@ -61,12 +62,12 @@ def btrfs_ws(btrfs_dir, tmp_path):
     w = btrfs_dir / "proj"
     btrfsutil.create_subvolume(str(w))
     make_project(btrfs_dir)  # writes btrfs_dir/proj/...
-    ws = petri.init(w, backend="btrfs")
+    workspace = petri.init(w, backend="btrfs")
     try:
-        yield ws
+        yield workspace
     finally:
         try:
-            ws.deinit(force=True)
+            workspace.deinit(force=True)
         except petri.PetriError:
             pass
 
@@ -94,8 +95,8 @@ def test_race_compare_promote_undo_all_from_the_tui(btrfs_ws, tmp_path):
             # the race screen opens by itself on race.started, and shows the race to its end
             race = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race screen")
             doc = await until(pilot, lambda: (d := race.doc()) and d["state"] == "done" and d, "the race's end")
-            assert [Path(c["candidate"]).name if c["kind"] == "patch" else c["candidate"] for c in doc["candidates"]] == [
-                "fix.patch", "big.patch", "echo broken > pkg/calc.py"]
+            names = [Path(c["candidate"]).name if c["kind"] == "patch" else c["candidate"] for c in doc["candidates"]]
+            assert names == ["fix.patch", "big.patch", "echo broken > pkg/calc.py"]
             assert doc["winner"] == doc["candidates"][0]["sandbox"]
             assert race.table.row_count == 3 and "★1" in race.table.cell_text(0, "rank")
             assert doc["conflicts"] and doc["conflicts"][0]["paths"] == ["pkg/calc.py"]
@@ -138,7 +139,7 @@ def test_race_compare_promote_undo_all_from_the_tui(btrfs_ws, tmp_path):
 
 
 @needs_sandbox
-def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):
+def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):  # noqa: F811 - the fixture imported from tests.test_api
     first = ws.fork(label="first").keep()[0]
 
     async def main() -> None:
@@ -171,7 +172,7 @@ def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):
     asyncio.run(main())
 
 
-def test_read_only_offers_no_action(ws):
+def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported from tests.test_api
     sb = ws.fork().keep()[0]
     Path(sb.path, "notes.txt").write_text("changed\n")
 
@@ -191,7 +192,7 @@ def test_read_only_offers_no_action(ws):
     asyncio.run(main())
 
 
-def test_filter_and_marks_and_help(ws):
+def test_filter_and_marks_and_help(ws):  # noqa: F811 - the fixture imported from tests.test_api
     a = ws.fork(label="alpha").keep()[0]
     b = ws.fork(label="beta").keep()[0]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import petri
 from tests.test_api import make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (scripts/setup.sh installs it)")
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
+                                reason="tmux not installed (scripts/setup.sh installs it)")
 
 
 class Tmux:

@@ -25,7 +25,7 @@ def _promote_new_dir(t) -> None:
     t.promote()
 
 
-def test_refused_undo_changes_nothing(trees):
+def test_refused_undo_changes_nothing(trees):  # noqa: F811 - the fixture imported from tests.test_promote
     t = trees
     _promote_new_dir(t)
     w(t.live / "newdir" / "deeper" / "mine.txt", b"the user's own file\n")
@@ -44,7 +44,7 @@ def test_refused_undo_changes_nothing(trees):
     assert not (t.live / "newdir").exists()
 
 
-def test_refusal_names_every_blocked_path(trees):
+def test_refusal_names_every_blocked_path(trees):  # noqa: F811 - the fixture imported from tests.test_promote
     t = trees
     _promote_new_dir(t)
     w(t.live / "a.txt", b"edited since\n")

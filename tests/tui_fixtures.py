@@ -18,7 +18,8 @@ T0 = "2025-01-01T11:20:00Z"
 BASE = "s-5eed0001"
 ROOT = "/work/demo/proj"
 
-FIX = "--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,4 +1,4 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n \n def sub(a, b):\n"
+FIX = ("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,4 +1,4 @@\n def add(a, b):\n-    return a - b\n"
+       "+    return a + b\n \n def sub(a, b):\n")
 REWRITE = ("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,4 +1,5 @@\n def add(a, b):\n-    return a - b\n"
            "+    # addition, commutative\n+    return b + a\n \n def sub(a, b):\n"
            "--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,2 @@\n # calc\n-Adds numbers.\n+Adds and subtracts numbers.\n")
@@ -66,7 +67,8 @@ DIFFS = {
 }
 FILES = {
     "sb-0001c0de": {**BASE_FILES, "pkg/calc.py": BASE_FILES["pkg/calc.py"].replace("a - b", "a + b", 1)},
-    "sb-0002c0de": {"pkg/calc.py": BASE_FILES["pkg/calc.py"].replace("    return a - b", "    # addition, commutative\n    return b + a", 1),
+    "sb-0002c0de": {"pkg/calc.py": BASE_FILES["pkg/calc.py"].replace(
+                        "    return a - b", "    # addition, commutative\n    return b + a", 1),
                     "README.md": "# calc\nAdds and subtracts numbers.\n"},
 }
 RACE = "r-00be7a01"
@@ -99,7 +101,8 @@ def race_events() -> list[dict[str, Any]]:
     ]
     out.append(ev("race.finished", "2025-01-01T11:20:04Z", race=RACE, winner="sb-0001c0de", duration_s=3.9,
                   base=BASE, check=CHECK, candidates=final,
-                  conflicts=[{"candidates": ["fix-add.patch", "rewrite.patch"], "sandboxes": ["sb-0001c0de", "sb-0002c0de"],
+                  conflicts=[{"candidates": ["fix-add.patch", "rewrite.patch"],
+                              "sandboxes": ["sb-0001c0de", "sb-0002c0de"],
                               "paths": ["pkg/calc.py"]},
                              {"candidates": ["fix-add.patch", "sed -i s/-/+/ pkg/calc.py"],
                               "sandboxes": ["sb-0001c0de", "sb-0003c0de"], "paths": ["pkg/calc.py"]}]))
@@ -119,7 +122,8 @@ RUNS = {
     "sb-0003c0de": [_run("sb-0003c0de", 1, ["/bin/sh", "-c", CHECK], 1, 1.51)],
 }
 TEXTS = {
-    "out:sb-0001c0de:2": "============ test session starts ============\ncollected 4 items\n\ntest_calc.py ....   [100%]\n\n4 passed in 0.03s\n",
+    "out:sb-0001c0de:2": ("============ test session starts ============\ncollected 4 items\n\n"
+                          "test_calc.py ....   [100%]\n\n4 passed in 0.03s\n"),
     "err:sb-0001c0de:2": "warning: cache dir not writable, using /tmp\n",
 }
 PROMOTIONS = [

@@ -143,7 +143,8 @@ def plan_text(action: str, plan: Any) -> str:
     else:
         changed = doc.get("changed", [])
         kind = doc.get("kind")
-        lines.append(f"would restore {len(changed)} path(s)" + (" (after a safety snapshot)" if kind == "snapshot" else "") + ":")
+        safety = " (after a safety snapshot)" if kind == "snapshot" else ""
+        lines.append(f"would restore {len(changed)} path(s){safety}:")
         lines += [f"  {p}" for p in changed[:12]] + ([f"  … {len(changed) - 12} more"] if len(changed) > 12 else [])
         blocked = doc.get("blocked") or []
         if blocked:

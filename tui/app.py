@@ -330,10 +330,12 @@ class PetriApp(App):
                 ("Fork a sandbox", "From the selected sandbox, or from live", self.action_fork),
                 ("Run a command in the sandbox", "petri run", self.action_run),
                 ("Promote the sandbox", "Into the workspace (dry-run plan first)", self.action_promote),
-                ("Promote the sandbox with --verify", "Roll back if the check fails", lambda: self.action_promote(True)),
+                ("Promote the sandbox with --verify", "Roll back if the check fails",
+                 lambda: self.action_promote(True)),
                 ("Destroy sandboxes", "petri rm (the marked ones, or the selected)", self.action_destroy),
                 ("Roll back a promotion", "Undo (plan first)", self.action_rollback),
-                ("Roll back the workspace to a snapshot", "petri rollback s-… (plan first)", self.action_rollback_snapshot),
+                ("Roll back the workspace to a snapshot", "petri rollback s-… (plan first)",
+                 self.action_rollback_snapshot),
                 ("Garbage-collect (gc)", "petri gc", self.action_gc),
                 ("Open the sandbox in $EDITOR", "Its tree on the host", self.action_editor),
                 ("Shell in the sandbox", "petri shell", self.action_shell),
@@ -454,9 +456,10 @@ class PetriApp(App):
         self.run_worker(go)
 
     def _ask_rollback(self, target: str, editable: bool = False) -> None:
-        fields = [act.Field("target", "roll back to (s-…: a snapshot, p-…: undo a promotion)", target)] if editable else []
-        req = act.Request("rollback", f"Roll back {target}" + (": undo that promotion" if target.startswith("p-") else ""),
-                          (target,), fields=fields, danger=True, plan_of=self.source.rollback_plan)
+        hint = "roll back to (s-…: a snapshot, p-…: undo a promotion)"
+        fields = [act.Field("target", hint, target)] if editable else []
+        title = f"Roll back {target}" + (": undo that promotion" if target.startswith("p-") else "")
+        req = act.Request("rollback", title, (target,), fields=fields, danger=True, plan_of=self.source.rollback_plan)
         self.ask(req, lambda v: self.do_action("rollback", lambda: self.source.rollback(v.get("target") or target)),
                  plan=lambda: self.source.rollback_plan(target))
 

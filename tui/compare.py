@@ -248,6 +248,10 @@ def split_rows(left: Sequence[str], right: Sequence[str], context: int = 3) -> l
     """Rows of a side-by-side diff of two lists of lines (no line endings). Unchanged
     stretches longer than ``2 * context`` lines fold to a ``fold`` row."""
     rows: list[SplitRow] = []
+
+    def same(i: int, j: int) -> SplitRow:
+        return SplitRow(Side(i + 1, left[i], "equal"), Side(j + 1, right[j], "equal"))
+
     sm = difflib.SequenceMatcher(None, left, right, autojunk=False)
     opcodes = sm.get_opcodes()
     for n, (tag, i1, i2, j1, j2) in enumerate(opcodes):
@@ -259,13 +263,13 @@ def split_rows(left: Sequence[str], right: Sequence[str], context: int = 3) -> l
                 head = length  # identical texts: show them whole
             if length > head + tail + 1:
                 for k in range(head):
-                    rows.append(SplitRow(Side(i1 + k + 1, left[i1 + k], "equal"), Side(j1 + k + 1, right[j1 + k], "equal")))
+                    rows.append(same(i1 + k, j1 + k))
                 rows.append(SplitRow(None, None, fold=length - head - tail))
                 for k in range(length - tail, length):
-                    rows.append(SplitRow(Side(i1 + k + 1, left[i1 + k], "equal"), Side(j1 + k + 1, right[j1 + k], "equal")))
+                    rows.append(same(i1 + k, j1 + k))
             else:
                 for k in range(length):
-                    rows.append(SplitRow(Side(i1 + k + 1, left[i1 + k], "equal"), Side(j1 + k + 1, right[j1 + k], "equal")))
+                    rows.append(same(i1 + k, j1 + k))
         elif tag == "delete":
             for i in range(i1, i2):
                 rows.append(SplitRow(Side(i + 1, left[i], "delete"), Side(None, "", "empty")))

@@ -133,7 +133,8 @@ class Model:
             ch.runs.add(key)
             info = self.sandboxes.get(sb)
             if info is not None:
-                self.sandboxes[sb] = dataclasses.replace(info, state="exited" if info.state == "running" else info.state,
+                state = "exited" if info.state == "running" else info.state
+                self.sandboxes[sb] = dataclasses.replace(info, state=state,
                                                          last_exit_code=ev.get("exit_code", info.last_exit_code))
                 ch.sandboxes.add(sb)
             ch.fetch.add(sb)

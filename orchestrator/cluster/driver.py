@@ -369,7 +369,8 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
 
 
 async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: dict[int, tuple[bytes, Node]],
-                  where: dict[int, Node], node_logs: dict[int, Any], session: "Session", export: Any, *, limits: "Limits", keep: bool, jobs: int, seccomp: str,
+                  where: dict[int, Node], node_logs: dict[int, Any], session: "Session", export: Any, *,
+                  limits: "Limits", keep: bool, jobs: int, seccomp: str,
                   say: Callable[[str], None] | None, log: Any, t0: float) -> dict[str, Any]:
     from ..race import _drop_base_if_unused, _shielded, conflicts, rank
 
@@ -402,7 +403,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
         "cluster": {"address": session.address, "local": session.loopback, "nodes": [n.doc() for n in nodes],
                     "base": export.stats.doc()},
     }
-    for c, o in zip(doc["candidates"], race.outcomes):
+    for c, o in zip(doc["candidates"], race.outcomes, strict=True):  # race.doc lists the outcomes in order
         out, err = node_logs.get(o.index, (None, None))
         node = where.get(o.index)
         c.update({"node": node.id if node else None, "node_stdout_path": out, "node_stderr_path": err})

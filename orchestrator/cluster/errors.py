@@ -5,7 +5,8 @@ from snapshot.errors import PetriError, Unsupported, UsageError
 
 
 class BadClusterAddress(UsageError):
-    """bad --cluster '{text}': give a Ray address (HOST:PORT, ray://HOST:PORT or auto) or local:N with N from 1 to {most}"""
+    """bad --cluster '{text}': give a Ray address (HOST:PORT, ray://HOST:PORT or auto)
+    or local:N with N from 1 to {most}"""
 
 
 class RayMissing(Unsupported):

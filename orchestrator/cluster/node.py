@@ -234,7 +234,8 @@ class NodeAgent:
             try:
                 got = extract_archive(next_chunk, tmp, expect_digest=digest)
                 if got.size != size:
-                    raise NodeRefused(node=os.uname().nodename, why=f"layer {digest[:12]}: {got.size} bytes, not {size}")
+                    raise NodeRefused(node=os.uname().nodename,
+                                      why=f"layer {digest[:12]}: {got.size} bytes, not {size}")
                 from snapshot.osutil import syncfs
                 syncfs(tmp)
                 os.rename(tmp, final)

@@ -49,8 +49,10 @@ async def keep_outcome(job: Any, go: Callable[[Any], Awaitable[Any]]) -> None:
         job.result = await go(job)
     except BaseException as e:  # noqa: BLE001 - split below
         job.error, rest = split_failure(e)
+        if rest is e:
+            raise  # a cancellation or an interrupt, as it came
         if rest is not None:
-            raise rest
+            raise rest from None  # the cancellation left of a group; its failure is in job.error
 
 
 class Changed:
@@ -187,7 +189,8 @@ class RaceJob:
         kind = ev.get("event")
         if kind == "race.started":
             self.base = ev.get("base")
-            for row, c in zip(self.rows, ev.get("candidates") or []):
+            # strict=False: the event is input read back from the log; a short list must not kill the follower
+            for row, c in zip(self.rows, ev.get("candidates") or [], strict=False):
                 row["sandbox"] = c.get("sandbox")
         elif kind == "race.candidate_finished":
             for row in self.rows:

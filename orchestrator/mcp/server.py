@@ -367,8 +367,11 @@ def build_server(st: State) -> Any:
             return _result(doc)
         except BaseException as e:  # noqa: BLE001 - the edge: a tool error, never a traceback
             failure, rest = split_failure(e)
+            # cancelled (the client, or shutdown): no answer is due
+            if rest is e:
+                raise
             if rest is not None:
-                raise rest  # cancelled (the client, or shutdown): no answer is due
+                raise rest from None  # the cancellation left of a group (its failure goes unanswered too)
             return _result(error_doc(failure, st.debug), is_error=True)
         finally:
             st.active -= 1

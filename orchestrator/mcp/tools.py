@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..results import (Cleanup, Diff, FileContent, FileWritten, Forked, PromoteResult, Race, Rollback, RunResult,
-                       SandboxInfo, SandboxList, Snapshot)
+                       SandboxList, Snapshot)
 from .schema import extend, obj, record_schema
 
 if TYPE_CHECKING:

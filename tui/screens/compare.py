@@ -81,7 +81,8 @@ class CompareScreen(PetriScreen):
         files = cmp.file_union(da.files if da else (), db.files if db else (), da.patch if da else "",
                                db.patch if db else "", same_base=a_info.base == b_info.base)
         self.data = {"a": a_info, "b": b_info, "files": files}
-        rows = cmp.summary_rows(a_info, b_info, runs_a, runs_b, da, db, fmt, self.race_row(self.a), self.race_row(self.b))
+        rows = cmp.summary_rows(a_info, b_info, runs_a, runs_b, da, db, fmt,
+                                self.race_row(self.a), self.race_row(self.b))
         self.data["rows"] = rows
         self.data["counts"] = cmp.counts(files)
         self.show_summary()
@@ -102,7 +103,8 @@ class CompareScreen(PetriScreen):
     def show_summary(self) -> None:
         if self.data.get("rows"):
             compact = self.size.height < 40 and not self.all_fields
-            self.query_one(CompareSummary).show(_name(self.data["a"]), _name(self.data["b"]), self.data["rows"], compact)
+            a, b = _name(self.data["a"]), _name(self.data["b"])
+            self.query_one(CompareSummary).show(a, b, self.data["rows"], compact)
 
     def on_resize(self, _: Any) -> None:
         self.show_summary()
@@ -114,8 +116,8 @@ class CompareScreen(PetriScreen):
     def show_mode(self) -> None:
         t = Text()
         for key, m in (("1", "ab"), ("2", "base-a"), ("3", "base-b")):
-            l, r = MODES[m]
-            t.append(f" {key} {l} ↔ {r} ", style="bold reverse" if m == self.mode else "dim")
+            left, right = MODES[m]
+            t.append(f" {key} {left} ↔ {right} ", style="bold reverse" if m == self.mode else "dim")
             t.append(" ")
         if self.data.get("counts"):
             t.append("  ")

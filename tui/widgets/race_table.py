@@ -108,7 +108,7 @@ class RaceTable(VerticalScroll, can_focus=True):
         if not self.is_mounted:
             return
         header = Text(no_wrap=True)
-        for key, title, w in COLUMNS:
+        for _key, title, w in COLUMNS:
             header.append(title.ljust((w or self.out_width) + 1))
         self.query_one("#race-header", Static).update(header)
         self._header_shown = True
