@@ -469,7 +469,8 @@ class Workspace:
         found = got.content.count(old)
         if found == 0 or (count is not None and found != count):
             want = "at least one" if count is None else str(count)
-            raise UsageError(detail=f"{got.path}: the text to replace occurs {found} time(s), not {want}; nothing written")
+            raise UsageError(
+                detail=f"{got.path}: the text to replace occurs {found} time(s), not {want}; nothing written")
         text = got.content.replace(old, new) if count is None else got.content.replace(old, new, count)
         rel = _path_bytes(path)
         _write_in(self.engine, _sandbox_id(sandbox), rel, text.encode("utf-8"), None)
@@ -845,7 +846,8 @@ def _undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
 
     pd = _open_pd(e.root, e.store.journal, promo_id)
     if not pd.path.is_dir() or pd.state != "done":
-        raise UsageError(detail=f"promotion {promo_id} cannot be undone (it is {pd.state if pd.path.is_dir() else 'gone'})")
+        state = pd.state if pd.path.is_dir() else "gone"
+        raise UsageError(detail=f"promotion {promo_id} cannot be undone (it is {state})")
     ops = pd.read_journal()["ops"]
     pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
     with SafeTree(e.root) as lt:
@@ -932,7 +934,8 @@ def _since(t: "float | str | None") -> float | None:
         try:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise UsageError(detail=f"bad --since {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
+            raise UsageError(
+                detail=f"bad --since {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
         if when.tzinfo is None:
             raise UsageError(detail=f"bad --since {t!r}: give a time zone (Z or +HH:MM)")
         return when.timestamp()

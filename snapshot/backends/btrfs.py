@@ -552,7 +552,7 @@ class BtrfsBackend(Backend):
             except OSError:
                 raise SnapshotError(detail=(
                     f"{root} exists and is a plain directory; the btrfs store must be a "
-                    "nested subvolume so snapshots skip it: remove it (or `petri deinit`) first"))
+                    "nested subvolume so snapshots skip it: remove it (or `petri deinit`) first")) from None
         if not os.path.lexists(root):
             try:
                 btrfsutil.create_subvolume(root)
