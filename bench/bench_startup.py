@@ -1,5 +1,6 @@
-"""Start-up of the ``petri`` command: ``petri --version`` and ``petri ls --json`` as whole
-processes (fork + exec + interpreter + imports + work + exit), beside a bare interpreter.
+"""Start-up of the ``petri`` command: ``petri --version``, ``petri ls --json`` and ``petri fork
+--json`` as whole processes (fork + exec + interpreter + imports + work + exit), beside a bare
+interpreter.
 
 The workspace is the py60k tree (``bench/common.py``: ~60k files, >= 1 GiB) on a fresh btrfs
 loop image with the btrfs backend and three sandboxes forked from it, so ``ls --json`` reads
@@ -7,7 +8,12 @@ real rows and computes each sandbox's staleness as a user's would.
 
 Each round runs every command once, in an order rotated per round (interleaved, so load that
 comes and goes hits all of them alike): ``python -c pass`` and ``python -S -c pass`` with the
-venv's interpreter (what ``petri``'s script runs), ``petri --version``, ``petri ls --json``.
+venv's interpreter (what ``petri``'s script runs), ``petri --version``, ``petri ls --json``,
+``petri fork --json`` (from live: a snapshot of live, then its clone) and ``petri fork --from
+S --json`` (S a user snapshot: the clone alone). Fork goes through the typer app (the user
+chose typer; only ``--version`` and ``ls`` have fast paths). Each fork's sandbox is removed
+(``petri rm``, and ``petri gc`` for the implicit snapshot of live; untimed) right after it is
+timed, so every ``ls`` and fork sees the same three rows and snapshots.
 Processes are started with ``posix_spawn`` and reaped with ``waitpid``; stdout goes to a pipe
 drained after exit (ls's output is ~2 KiB, under a pipe's buffer). Bytecode is cached as on
 a user's machine (``cli_env``: PYTHONDONTWRITEBYTECODE unset, PYTHONPYCACHEPREFIX set) and
@@ -22,6 +28,7 @@ is printed). The ratio to ``python -c pass`` is the figure that travels between 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -77,15 +84,30 @@ def main() -> int:
         copy_tree_into(tree.path, ws, subvolume=True)
         run([PETRI, "init", "--backend", "btrfs", "--json", ws], env=env)
         run([PETRI, "fork", "-n", "3", "--json"], env=env, cwd=ws)
+        snap = json.loads(run([PETRI, "snapshot", "-m", "bench", "--json"], env=env, cwd=ws).stdout)["id"]
         cmds = {
             "python -c pass": [str(PY), "-c", "pass"],
             "python -S -c pass": [str(PY), "-S", "-c", "pass"],
             "petri --version": [str(PETRI), "--version"],
             "petri ls --json": [str(PETRI), "ls", "--json"],
+            "petri fork --json": [str(PETRI), "fork", "--json"],
+            "petri fork --from S --json": [str(PETRI), "fork", "--from", snap, "--json"],
         }
-        for argv in cmds.values():  # warm the bytecode cache and the page cache
+
+        def timed(name: str) -> float:
+            dt, stdout, rc = spawn_time(cmds[name], env, ws)
+            if rc != 0:
+                raise RuntimeError(f"{name} exited {rc}")
+            if name.startswith("petri fork"):  # untimed: keep the workspace at three sandboxes
+                ids = [sb["id"] for sb in json.loads(stdout)["sandboxes"]]
+                run([PETRI, "rm", *ids, "--json"], env=env, cwd=ws)
+                if name == "petri fork --json":  # and the implicit snapshot of live it took
+                    run([PETRI, "gc", "--json"], env=env, cwd=ws)
+            return dt
+
+        for name in cmds:  # warm the bytecode cache and the page cache
             for _ in range(3):
-                spawn_time(argv, env, ws)
+                timed(name)
         _, fast, code = spawn_time(cmds["petri ls --json"], env, ws)
         slow = run([PY, "-c", "import sys; from orchestrator.cli.app import main; sys.exit(main(['ls', '--json']))"],
                    env=env, cwd=ws).stdout.encode()
@@ -97,10 +119,7 @@ def main() -> int:
         for i in range(args.runs):
             for k in range(len(names)):
                 name = names[(i + k) % len(names)]
-                dt, _, rc = spawn_time(cmds[name], env, ws)
-                if rc != 0:
-                    raise RuntimeError(f"{name} exited {rc}")
-                samples[name].values.append(dt)
+                samples[name].values.append(timed(name))
         load_end = loadavg()
         base, bare = samples["python -c pass"], samples["python -S -c pass"]
         rep.section("Results", f"{args.runs} interleaved rounds; workspace: {tree.name} ({tree.files:,} files, "

@@ -7,17 +7,53 @@ attributes and everything else the engine reported in ``extra`` (SPEC: "more fie
 welcome"), in the order the engine wrote it.
 
 Records are plain frozen dataclasses, not pydantic models: the CLI builds one on every
-command and start-up time matters. The MCP server derives JSON schemas from them.
+command and start-up time matters. The MCP server derives JSON schemas from them. For the
+same reason each record class becomes a dataclass on first use, not at import: generating
+the methods of all of them (an ``exec`` per method, ~160 here) cost 12-13 ms of every
+``petri`` process, which uses one or two (``_deferred``). Until then a class holds a stand-in
+for ``__dataclass_fields__`` that does the work when anything asks: ``dataclasses.fields``,
+``is_dataclass`` and the first instance all see a finished dataclass.
 
 Caveat: a record is a picture taken when it was made. ``Sandbox.refresh()`` (in the API)
 takes a new one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping, TypeVar
+import dataclasses
+from _thread import RLock
+from dataclasses import field, fields
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, TypeVar
 
 SCHEMA = 1
+
+_MAKING = RLock()  # a base is made while its subclass is being made: reentrant
+
+
+class _Deferred:
+    """``__dataclass_fields__`` of a record class not made yet: reading it makes the class
+    (bases first, as dataclasses reads theirs) and gives the real one."""
+
+    def __get__(self, obj: object, cls: type) -> Any:
+        with _MAKING:
+            if isinstance(cls.__dict__.get("__dataclass_fields__"), _Deferred):
+                dataclasses.dataclass(frozen=True)(cls)  # in place: the same class object
+        return cls.__dict__["__dataclass_fields__"]
+
+
+def _deferred(*, frozen: bool) -> Callable[[type], type]:
+    """``@dataclass(frozen=True)``, done when the class is first used (see the docstring)."""
+    assert frozen
+
+    def mark(cls: type) -> type:
+        cls.__dataclass_fields__ = _Deferred()  # type: ignore[attr-defined]
+        return cls
+    return mark
+
+
+if TYPE_CHECKING:  # type checkers see the plain dataclasses the records are
+    from dataclasses import dataclass
+else:
+    dataclass = _deferred
 
 R = TypeVar("R", bound="Record")
 
@@ -31,6 +67,11 @@ class Record:
     nested: ClassVar[Mapping[str, type["Record"]]] = {}
     # Keys of the document whose place in the output matters to people (kept in doc order).
     _order: tuple[str, ...] = field(default=(), repr=False, compare=False, kw_only=True)
+
+    if not TYPE_CHECKING:
+        def __new__(cls, *args, **kw):
+            cls.__dataclass_fields__  # noqa: B018 - makes the class (its __init__) on first use
+            return object.__new__(cls)
 
     @classmethod
     def from_doc(cls: type[R], doc: Mapping[str, Any]) -> R:

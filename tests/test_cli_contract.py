@@ -484,6 +484,18 @@ def test_version_help_and_ls_import_no_other_command(ws, argv):
     assert "orchestrator.cli.run" not in mods and "orchestrator.cli.workspace" not in mods
 
 
+def test_fork_imports_only_what_it_uses(ws):
+    """fork goes through typer (the user chose it) but loads no other command, no heavy
+    library (issue 10, start-up)."""
+    cp, mods = _modules_after(["fork", "--json"], ws)
+    assert cp.returncode == 0, cp.stderr
+    loaded = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in (*_HEAVY, "rich", "merge")))
+    assert not loaded, loaded
+    assert "typer" in mods
+    others = {f"orchestrator.cli.{m}" for m in ("run", "workspace", "race", "merge", "lineage", "mcp", "tui")}
+    assert not others & mods, sorted(others & mods)
+
+
 def test_ls_fast_path_prints_what_typer_prints(ws):
     """The same bytes with and without the fast path (`--reason` is a global flag the fast
     path also takes; `ls --all --all` goes through typer)."""

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 VERSION = "0.1.0"
 
+# Commands that run with the cyclic garbage collector off from start to exit (see
+# ``orchestrator.cli.main``): what scripts call in loops, each a short process that ends
+# before cyclic garbage would matter. Every other command gets it back once parsed.
+SHORT = frozenset({"fork", "ls", "status", "rm"})
+
 
 class Globals:
     json = False
@@ -110,6 +115,9 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
     message = "ok"
     try:
         op = parse()
+        if op not in SHORT:
+            import gc
+            gc.enable()
         # read_only: a command SPEC says changes nothing (the fast paths), so not even
         # orchestrator.audit is imported to ask.
         if not read_only and op in _mutating():

@@ -126,8 +126,11 @@ def _mount_options(path: str) -> frozenset[str]:
 
 
 def _fsid(path: Path) -> str:
+    """The filesystem's UUID as sysfs names it (8-4-4-4-12 lowercase hex). Formatted here,
+    not with ``uuid``: importing it cost ~1.7 ms of each ``petri ls``, and a call is ~20 us,
+    so the repeated calls of one command are not worth a cache (a stale one after a remount
+    would point at another filesystem's qgroups)."""
     import fcntl
-    import uuid
 
     buf = bytearray(1024)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -135,7 +138,8 @@ def _fsid(path: Path) -> str:
         fcntl.ioctl(fd, BTRFS_IOC_FS_INFO, buf)
     finally:
         os.close(fd)
-    return str(uuid.UUID(bytes=bytes(buf[16:32])))
+    h = bytes(buf[16:32]).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 # -- removal ----------------------------------------------------------------------------
