@@ -65,7 +65,7 @@ from typing import Literal
 from ..errors import BadSeccompProfile, SeccompUnavailable
 
 Profile = Literal["default", "strict", "off"]
-PROFILES: tuple[str, ...] = ("default", "strict", "off")
+PROFILES: tuple[Profile, ...] = ("default", "strict", "off")
 DEFAULT_PROFILE: Profile = "default"
 
 EPERM = _errno.EPERM
@@ -212,9 +212,10 @@ def no_net_groups() -> tuple[Group, ...]:
 
 def parse_profile(text: str | None, *, where: str = "--seccomp") -> Profile:
     """``text`` as a profile name, or a usage error (exit 2) naming the choices."""
-    if text not in PROFILES:
-        raise BadSeccompProfile(where=where, text=text, choices=", ".join(PROFILES))
-    return text  # type: ignore[return-value]
+    for name in PROFILES:
+        if text == name:
+            return name
+    raise BadSeccompProfile(where=where, text=text, choices=", ".join(PROFILES))
 
 
 def plan_filter(profile: str, *, net: bool, machine: str | None = None) -> FilterPlan | None:
