@@ -122,7 +122,7 @@ class LimitsUnavailable(OrchestratorError, Unsupported):
     exit_code = 4
 
 
-# -- runs, races, config (issue 3) ------------------------------------------------------
+# -- runs, races, config ----------------------------------------------------------------
 
 
 class SandboxExpired(OrchestratorError):
@@ -157,7 +157,7 @@ class ConfigError(UsageError):
     """{path}: {detail}"""
 
 
-# -- diff, promote, rollback of a promotion (issue 4) -----------------------------------
+# -- diff, promote, rollback of a promotion ---------------------------------------------
 
 
 class SandboxBusy(OrchestratorError):
@@ -175,7 +175,7 @@ class OwnerCannotRunPetri(OrchestratorError, Unsupported):
     exit_code = 4
 
 
-# -- the syscall filter (issue 9) -------------------------------------------------------
+# -- the syscall filter -----------------------------------------------------------------
 
 
 class BadSeccompProfile(UsageError):

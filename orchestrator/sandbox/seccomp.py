@@ -182,7 +182,7 @@ def default_groups(clone_flags_arg: int = 0) -> tuple[Group, ...]:
         Group("syslog, acct, quotactl, uselib", _deny("syslog acct quotactl uselib")),
         # No setuid or setgid file is made inside (as Flatpak): a sandbox tree is a host
         # directory, and a setuid plant there is a privilege escalation for whoever reaches
-        # it (issue 9). mode_t is 32 bits to the kernel: masked on the bit itself.
+        # it. mode_t is 32 bits to the kernel: masked on the bit itself.
         Group("setting the setuid or setgid bit (chmod, fchmod, fchmodat, open/creat with it)", _suid_rules()),
     )
 
