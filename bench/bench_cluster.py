@@ -1,4 +1,4 @@
-"""Issue 14's benchmark: races on a local Ray cluster against the same races here, and what it
+"""Races on a local Ray cluster against the same races here, and what it
 costs to ship a base to each node.
 
 1. **Race wall time**: the demo's sample project (overlay backend, on the host's ext4 under
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-races", action="store_true")
     a = p.parse_args(argv)
     sigterm_as_interrupt()
-    report = Report("Issue 14: races on a Ray cluster", sys.argv)
+    report = Report("Races on a Ray cluster", sys.argv)
     scratch = Path(tempfile.mkdtemp(prefix="petri-bench-cluster-", dir="/var/tmp"))
     try:
         if not a.no_races:

@@ -1,4 +1,4 @@
-"""Issue 11's benchmark: time to first command through MCP.
+"""Time to first command through MCP.
 
 On a btrfs image this bench makes and loop-mounts itself (released at the end, also on
 Ctrl-C), with the demo's sample project as the workspace (btrfs backend), it times, 50 runs
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sigterm_as_interrupt()
     sweep_stale_images()
-    report = Report("MCP: time to first command (issue 11)", [sys.argv[0], *(argv or sys.argv[1:])])
+    report = Report("MCP: time to first command", [sys.argv[0], *(argv or sys.argv[1:])])
     fs = make_loopfs("btrfs", 2 << 30)
     pws = None
     try:

@@ -1,4 +1,4 @@
-"""Issue 4 benchmarks: change sets, `petri diff`, staleness and promote on a big tree.
+"""The merge engine's benchmarks: change sets, `petri diff`, staleness and promote on a big tree.
 
 For each backend (btrfs on a loop image this bench makes and removes,
 ``/var/tmp/petri-bench-btrfs-<pid>.img``; overlay/copy/fuse on the host filesystem) and each
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = ensure_tree(args.files)
     work = CACHE / f"work-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
-    rep = Report("Merge engine: change sets, diff, staleness, promote (issue 4)",
+    rep = Report("Merge engine: change sets, diff, staleness, promote",
                  sys.argv if argv is None else ["bench_merge", *argv])
     rows: dict = {}
     try:

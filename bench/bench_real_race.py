@@ -1,4 +1,4 @@
-"""Issue 8's benchmarks: a real project's race and ``promote --verify``, against the same checks run directly.
+"""A real project's race and ``promote --verify``, against the same checks run directly.
 
 The project is chardet 5.2.0 from its PyPI sdist, with its ``.gitignore`` and a ``.venv``
 (``tests/realproj.py``: the same tree, injected bug, candidates and check as
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except R.RegistryUnreachable as e:
         print(f"bench_real_race: {e}", file=sys.stderr)
         return 1
-    report = Report("A real project's race and promote --verify (issue 8)", [sys.argv[0], *(argv or sys.argv[1:])])
+    report = Report("A real project's race and promote --verify", [sys.argv[0], *(argv or sys.argv[1:])])
     fs = None
     ws: Path | None = None
     host_work = CACHE / f"work-{os.getpid()}"

@@ -1,4 +1,4 @@
-"""Issue 3's benchmarks: time to first command, race overhead, idle sandboxes, quota cost.
+"""Benchmarks of runs: time to first command, race overhead, idle sandboxes, quota cost.
 
 On a btrfs image this bench makes and loop-mounts itself (``/var/tmp/petri-bench-btrfs-<pid>.img``,
 released at the end, also on Ctrl-C), with the demo's sample project as the workspace
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sigterm_as_interrupt()
     sweep_stale_images()
-    report = Report("Runs, races, idle sandboxes and quotas (issue 3)", [sys.argv[0], *(argv or sys.argv[1:])])
+    report = Report("Runs, races, idle sandboxes and quotas", [sys.argv[0], *(argv or sys.argv[1:])])
     stack = contextlib.ExitStack()
     try:
         import trio  # noqa: F401  (imported before timing: the API keeps it loaded)

@@ -1,4 +1,4 @@
-"""Issue 9's benchmark: what the syscall filter adds to time to first command.
+"""What the syscall filter adds to time to first command.
 
 On a btrfs image this bench makes and loop-mounts itself (released at the end, also on
 Ctrl-C), with the demo's sample project as the workspace (btrfs backend), as
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sigterm_as_interrupt()
     sweep_stale_images()
-    report = Report("The syscall filter: time to first command with and without it (issue 9)",
+    report = Report("The syscall filter: time to first command with and without it",
                     [sys.argv[0], *(argv or sys.argv[1:])])
     code = 0
     stack = contextlib.ExitStack()

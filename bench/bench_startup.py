@@ -74,7 +74,7 @@ def main() -> int:
     sigterm_as_interrupt()
     env = cli_env()
     tree = ensure_tree(args.files)
-    rep = Report("issue 10: start-up (bench_startup)", sys.argv)
+    rep = Report("Start-up (bench_startup)", sys.argv)
     fs = make_loopfs("btrfs", max(3 << 30, tree.bytes * 2 + (1 << 30)))
     ws = None
     try:

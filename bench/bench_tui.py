@@ -1,4 +1,4 @@
-"""Issue 12's benchmark: the TUI with 100 sandboxes and a race of 20 candidates streaming
+"""The TUI with 100 sandboxes and a race of 20 candidates streaming
 output.
 
 On a copy-backend workspace it makes (a tiny project under

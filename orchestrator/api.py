@@ -873,7 +873,9 @@ def _rollback_of(rec: Any) -> Rollback:
     return ws.rollback(ident)
 
 
-PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]  # records stay data; the API adds the verb
+# The verb is added here, not declared in results.py: the records stay data that import
+# nothing of the API. mypy does not follow attributes set on a class after its definition.
+PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]
 Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
 
 

@@ -181,7 +181,7 @@ def _model():
 
     from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-    from .sandbox.seccomp import PROFILES
+    from .sandbox.seccomp import Profile
     from .units import parse_duration, parse_size
 
     def size_value(v: Any) -> Any:
@@ -238,6 +238,7 @@ def _model():
     kpi_fields: dict[str, Any] = {k: (float | None, None) for k in K.threshold_keys()}
     KpiBase = create_model("KpiModel", __config__=ConfigDict(extra="forbid"), **kpi_fields)
 
+    # KpiBase is made at run time (create_model): mypy cannot use it as a base class
     class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
         @field_validator(*[k for k in K.threshold_keys() if k not in K.RATES], mode="before")
         @classmethod
@@ -290,7 +291,7 @@ def _model():
         stages: list[StageModel] = Field(default_factory=list)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
-        seccomp: Literal[PROFILES] | None = None  # type: ignore[valid-type]
+        seccomp: Profile | None = None
         sandbox_user: str | None = None
         allow_sockets: list[str] = Field(default_factory=list)
 

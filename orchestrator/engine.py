@@ -217,6 +217,14 @@ class Engine:
         assert row is not None
         return row
 
+    def sandbox_by_id(self, sb_id: str) -> SandboxRow:
+        """The registry's row of the sandbox with exactly this id (no label or prefix, unlike
+        ``resolve_sandbox``); ``UnknownId`` if there is none, destroyed ones included."""
+        row = self.registry.sandbox(sb_id)
+        if row is None:
+            raise UnknownId(what="sandbox", ident=sb_id, listing="`petri ls`")
+        return row
+
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = NO_LIMITS, keep_expired: bool = False,
              ids: "list[str] | None" = None) -> list[SandboxRow]:
@@ -294,10 +302,10 @@ class Engine:
         with self.registry.write() as db:
             for row in rows:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
-        made = [self.registry.sandbox(r.id) for r in rows]
+        made = [self.sandbox_by_id(r.id) for r in rows]
         for row in rows:
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
-        return made  # type: ignore[return-value]
+        return made
 
     def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
         """The snapshot a fork from ``source`` (not ``live``) clones, and the lineage its
@@ -377,9 +385,7 @@ class Engine:
         the one place a sandbox is destroyed, so ``sandbox.destroyed`` is written once."""
         if state not in ("destroyed", "expired"):
             raise ValueError(f"destroy_sandbox: state {state!r}")
-        row = self.registry.sandbox(sb_id)
-        if row is None:
-            raise UnknownId(what="sandbox", ident=sb_id, listing="`petri ls`")
+        row = self.sandbox_by_id(sb_id)
         self._stop_sandbox_processes(row, "ttl" if state == "expired" else "destroyed")
         self._destroy_tree(row)
         if state == "expired":

@@ -5,10 +5,15 @@ Domain errors are caught at the CLI edge and turned into one line on stderr (and
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from snapshot.errors import Conflict, DiskLimitUnavailable, NotFound, PetriError, Unsupported, UsageError
 
 __all__ = ["PetriError", "UsageError", "NotFound", "Conflict", "Unsupported",  # the categories, for callers here
            "DiskLimitUnavailable"]  # raised by the backends' disk caps (snapshot.backend.DiskCap)
+
+if TYPE_CHECKING:
+    from .results import Stats
 
 
 class OrchestratorError(PetriError):
@@ -117,7 +122,7 @@ class LimitsUnavailable(OrchestratorError, Unsupported):
     exit_code = 4
 
 
-# -- runs, races, config (issue 3) ------------------------------------------------------
+# -- runs, races, config ----------------------------------------------------------------
 
 
 class SandboxExpired(OrchestratorError):
@@ -152,7 +157,7 @@ class ConfigError(UsageError):
     """{path}: {detail}"""
 
 
-# -- diff, promote, rollback of a promotion (issue 4) -----------------------------------
+# -- diff, promote, rollback of a promotion ---------------------------------------------
 
 
 class SandboxBusy(OrchestratorError):
@@ -170,7 +175,7 @@ class OwnerCannotRunPetri(OrchestratorError, Unsupported):
     exit_code = 4
 
 
-# -- the syscall filter (issue 9) -------------------------------------------------------
+# -- the syscall filter -----------------------------------------------------------------
 
 
 class BadSeccompProfile(UsageError):
@@ -187,4 +192,4 @@ class SeccompUnavailable(OrchestratorError):
 class KpiBreach(OrchestratorError):
     """KPI breach: {what}"""
 
-    result: object = None  # the Stats record (the API sets it)
+    result: Stats  # the stats record: the API sets it on every one it raises

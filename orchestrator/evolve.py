@@ -189,7 +189,7 @@ def _measure(ws: "Workspace", sb_id: str, check: str, timeout_s: float | None,
         from .runs import run_sync
 
         doc = run_sync(e, fork.id, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=False)
-        metrics = read_metrics(e.sandbox_tree(e.registry.sandbox(fork.id)))  # type: ignore[arg-type]
+        metrics = read_metrics(e.sandbox_tree(e.sandbox_by_id(fork.id)))
     finally:
         e.destroy_sandbox(fork.id)
     rec = {"passed": doc["exit_code"] == 0, "metrics": metrics, "lines_added": 0, "lines_removed": 0,

@@ -251,9 +251,9 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
 
     def root_of(r: "SandboxRow") -> str:
         seen = set()
-        while parent_of(r) in by_id and r.id not in seen:
+        while (parent := parent_of(r)) is not None and parent in by_id and r.id not in seen:
             seen.add(r.id)
-            r = by_id[parent_of(r)]  # type: ignore[index]
+            r = by_id[parent]
         return r.id
 
     living = [r for r in rows if r.state in LIVE_STATES]

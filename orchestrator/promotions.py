@@ -43,7 +43,7 @@ from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 
 if TYPE_CHECKING:
-    from merge.promote import Plan
+    from merge.promote import OnConflict, Plan
 
     from .engine import Engine
     from .registry import SandboxRow
@@ -63,8 +63,18 @@ def _b64(p: bytes) -> str:
 
 # --------------------------------------------------------------------------- promote
 
+_ON_CONFLICT: tuple[OnConflict, ...] = ("fail", "markers", "theirs", "ours")
 
-def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: str,
+
+def _on_conflict_mode(text: str) -> OnConflict:
+    """``--on-conflict``'s value as the merge layer's mode, or a usage error (exit 2)."""
+    for mode in _ON_CONFLICT:
+        if text == mode:
+            return mode
+    raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {text!r}")
+
+
+def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: OnConflict,
              include_ignored: bool, paths: Sequence[bytes], live: Path | None = None) -> "Plan":
     """The promotion plan of the sandbox into ``live`` (default: its own workspace)."""
     from merge.promote import Plan, plan_promotion
@@ -73,7 +83,7 @@ def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_
     narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
     if narrowed is not None and not narrowed:
         return Plan(base, live, tree, on_conflict, (), ())
-    return plan_promotion(base, live, tree, on_conflict=on_conflict,  # type: ignore[arg-type]
+    return plan_promotion(base, live, tree, on_conflict=on_conflict,
                           include_ignored=include_ignored, paths=narrowed or (),
                           labels=("workspace", f"base {row.base}", f"sandbox {row.id}"))
 
@@ -103,8 +113,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     from merge.errors import PromotionConflict
 
 
-    if on_conflict not in ("fail", "markers", "theirs", "ours"):
-        raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {on_conflict!r}")
+    mode = _on_conflict_mode(on_conflict)
     user = [normalize_path(p) for p in paths]
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
@@ -120,7 +129,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     # nothing (its row, if any, says "conflict").
     try:
         with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict,)):
-            _promote_locked(engine, row, promo_id, doc, on_conflict=on_conflict, include_ignored=include_ignored,
+            _promote_locked(engine, row, promo_id, doc, on_conflict=mode, include_ignored=include_ignored,
                             paths=user, dry_run=dry_run, target=target, extra=extra or {})
     except PromotionConflict:
         kpi.record(target.registry, "promote", time.monotonic() - started, subject=row.id,
@@ -137,7 +146,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
 
 
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
-                    on_conflict: str, include_ignored: bool, paths: list[bytes], dry_run: bool,
+                    on_conflict: OnConflict, include_ignored: bool, paths: list[bytes], dry_run: bool,
                     target: "Engine", extra: dict[str, Any]) -> None:
     from merge.errors import PromotionConflict
     from merge.promote import _conflict_error, execute_promotion
@@ -150,7 +159,7 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
             doc["dry_run"] = True
         if plan.blocking:
             err = _conflict_error(plan.blocking)
-            err.doc = doc  # type: ignore[attr-defined]
+            err.doc = doc
             raise err
         if dry_run:
             return
@@ -165,7 +174,7 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
             target.registry.update_promotion(promo_id, "conflict")
             doc["conflicts"] = [c.to_json() for c in getattr(e, "conflicts", [])]
             doc["applied"], doc["applied_b64"] = [], []
-            e.doc = doc  # type: ignore[attr-defined]
+            e.doc = doc
             raise
         js = result.to_json()
         doc.update({"promotion": promo_id, "applied": js["applied"], "applied_b64": js["applied_b64"],

@@ -386,7 +386,7 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
 
 def _interrupted(race: _Race) -> RaceInterrupted:
     err = RaceInterrupted(what=f"race {race.id}")
-    err.doc = {**race.doc({o.sandbox for o in race.outcomes}),  # type: ignore[attr-defined]
+    err.doc = {**race.doc({o.sandbox for o in race.outcomes}),
                "winner": None, "error": str(err), "exit_code": err.exit_code}
     return err
 
@@ -419,7 +419,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
             role = {"role": "candidate"} if i < n else {"role": "check", "check_of": rows[i - n].id}
             engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
                 "id": race.id, "pid": os.getpid(), "done": False, "candidate": i % n, **role}})
-        after_fork(engine, [engine.registry.sandbox(r.id) for r in rows])  # type: ignore[misc]
+        after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,
                               "check_sandbox": o.check_sandbox} for o in outcomes])
@@ -533,9 +533,11 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
         o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
         return
     o.applied = True
-    row = engine.registry.sandbox(o.sandbox)
-    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
-    check_tree = engine.sandbox_tree(engine.registry.sandbox(o.check_sandbox))  # type: ignore[arg-type]
+    # every caller (the local race, a cluster node) forks the check sandbox with the candidate's
+    assert o.check_sandbox is not None, "run_candidate: an outcome without a check sandbox"
+    row = engine.sandbox_by_id(o.sandbox)
+    tree = engine.sandbox_tree(row)
+    check_tree = engine.sandbox_tree(engine.sandbox_by_id(o.check_sandbox))
     o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
         _count, ignore_root, base_view, tree, manifest)
     await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)

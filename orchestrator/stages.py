@@ -204,7 +204,7 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
                                   "stderr_path": applied["stderr_path"], "killed_by": applied["killed_by"]}]
                 say(f"  the patch does not apply to {base} (exit {applied['exit_code']})")
                 return _finish(engine, promo_id, doc, "failed", "failed")
-        doc["snapshot_after"] = snapshot_of_sandbox(engine, engine.registry.sandbox(sb.id)).id  # type: ignore[arg-type]
+        doc["snapshot_after"] = snapshot_of_sandbox(engine, engine.sandbox_by_id(sb.id)).id
         doc["step"] = "checking"
         _save(engine, promo_id, "running", doc)
         outcome, doc["checks"] = (_run_checks(engine, sb.id, stage.checks, stage.timeout_s, say)
@@ -407,13 +407,13 @@ def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dic
     walk = dict(sandbox=row["sandbox"], pinned_id=doc["pinned"], stages=stages, start=start, last=last,
                 pipeline=doc["pipeline"], parent=doc.get("parent"), approve=start, say=say)
     if doc.get("step") == "gate" or doc.get("in_place"):
-        return _walk(engine, resumed=row, **walk)  # type: ignore[arg-type]
+        return _walk(engine, resumed=row, **walk)
     # Nothing of it is in place (a fresh stage, or a promotion undone by recovery): this
     # row ends as it is and the stage runs again under a new id (its journal is spent).
     doc.update(step="final", outcome=doc.get("outcome") or "interrupted")
     doc.pop("pending_reason", None)
     _save(engine, full, "failed", doc)
-    return _walk(engine, **walk)  # type: ignore[arg-type]
+    return _walk(engine, **walk)
 
 
 def recover(engine: "Engine") -> list[str]:
@@ -465,10 +465,10 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     later stages of its pipeline first, newest first, each in its own workspace."""
 
     row = _row(engine, promo_id)
-    if not _is_stage(row):
+    if row is None or not _is_stage(row):
         return promotions.rollback_promotion(engine, promo_id)
     recover(engine)
-    doc = row["doc"]  # type: ignore[index]
+    doc = row["doc"]
     later = [r for r in pipeline_rows(engine, doc["pipeline"]) if r["doc"].get("index", 0) >= doc.get("index", 0)]
     changed: list[str] = []
     undone: list[str] = []

@@ -32,6 +32,9 @@ class PetriError(Exception):
     """petri failed: {detail}"""
 
     exit_code: int = 1
+    # The --json document a failure still has (a race's candidates so far, a refused
+    # promotion's plan): set by the raiser where it knows one; the CLI and MCP print it.
+    doc: dict[str, Any] | None = None
 
     def __init__(self, message: str | None = None, /, **fields: object) -> None:
         self.fields = fields

@@ -5,7 +5,7 @@ Load it as a pytest plugin (``pytest_plugins = ["tests.loopfs"]`` in conftest, o
 
 - ``btrfs_mount`` / ``xfs_mount`` (session): the mount point of a fresh filesystem on a
   sparse image (btrfs 2 GiB; XFS 1 GiB with ``reflink=1``, mounted ``prjquota`` for the
-  disk caps of #3 where the kernel has XFS quota: ``has_prjquota(xfs_mount)`` says).
+  ``--disk`` caps where the kernel has XFS quota: ``has_prjquota(xfs_mount)`` says).
   Made on first use only.
 - ``btrfs_dir`` / ``xfs_dir`` (function): a fresh, world-traversable directory inside the
   shared mount, removed afterwards together with any subvolume or mount inside it.

@@ -31,7 +31,7 @@ def protocol_members() -> dict[str, object]:
 
 
 def test_the_protocol_is_what_callers_need():
-    # The capabilities issue 10 moved behind the protocol: they must stay there.
+    # What callers once reached through getattr or backend-name switches: it stays behind the protocol.
     assert {"change_candidates", "prefers_frozen_view", "live_record", "live_candidates", "snapshot_layers",
             "quiet_layers", "read_set", "disk_cap", "clone_usage", "remove_leftover", "reap_processes",
             "destroy_store", "convert", "available"} <= set(protocol_members())

@@ -1,9 +1,8 @@
-"""The CLI's contract where a real trial found it broken (issue 8, items 8-10, 12, 14, 16, 18,
-19): one shape for a run, what ended it, exit codes and messages, `petri promotions`,
-`deinit` on a terminal, `petri run SB ls -la`, help for newcomers, bad input refused before
-anything exists, `petri shell` without a terminal, and the README's first two commands.
-Every test drives real `petri` processes (the copy backend in a tmp dir; bwrap and cgroups
-where a command runs)."""
+"""The CLI's contract where a real trial found it broken: one shape for a run, what ended
+it, exit codes and messages, `petri promotions`, `deinit` on a terminal, `petri run SB ls
+-la`, help for newcomers, bad input refused before anything exists, `petri shell` without a
+terminal, and the README's first two commands. Every test drives real `petri` processes (the
+copy backend in a tmp dir; bwrap and cgroups where a command runs)."""
 from __future__ import annotations
 
 import json
@@ -70,7 +69,7 @@ def start_run(ws: Path, *argv: str) -> subprocess.Popen:
     raise AssertionError(f"the run never started: {p.communicate()}")
 
 
-# --------------------------------------------------------------------------- item 8
+# --------------------------------------------------- a run's shape, what ended it
 
 
 @needs_runner
@@ -134,7 +133,7 @@ def test_rm_of_a_running_sandbox_says_what_ended_the_run(ws):
     assert run["ended_by"] == "destroyed" and run["killed_by"] is None and run["exit_code"] == 137
 
 
-# --------------------------------------------------------------------------- item 9
+# --------------------------------------------------------- exit codes and messages
 
 
 def test_exit_codes_and_messages(ws, tmp_path):
@@ -194,7 +193,7 @@ def test_the_cgroup_fallback_warning_is_said_once_per_workspace(unprivileged_use
         petri_as(unprivileged_user, "deinit", "--force", cwd=w)
 
 
-# --------------------------------------------------------------------------- item 10
+# ------------------------------------------ petri promotions, deinit on a terminal
 
 
 def test_promotions_are_listed(ws):
@@ -267,7 +266,7 @@ def test_deinit_asks_on_a_terminal(ws):
     assert petri("init", "--backend", "copy", cwd=ws).rc == 0  # for the fixture's teardown
 
 
-# --------------------------------------------------------------------------- item 12
+# ------------------------------------------------------------- petri run SB ls -la
 
 
 @needs_runner
@@ -286,7 +285,7 @@ def test_run_takes_everything_after_the_sandbox_as_the_command(ws):
     assert r.rc == 2 and "put `--` before the command" in r.err and len(r.err.strip().splitlines()) == 1, r
 
 
-# --------------------------------------------------------------------------- item 14
+# -------------------------------------------------------------- help for newcomers
 
 
 def test_help_for_newcomers():
@@ -324,7 +323,7 @@ def test_bad_choices_are_usage_errors(ws):
         assert r.rc == 2 and "is not one of" in r.err, (args, r)
 
 
-# --------------------------------------------------------------------------- item 16
+# ---------------------------------------- bad input refused before anything exists
 
 BAD_FORKS = [
     ["fork", "--ttl", "99999999999999d"], ["fork", "--ttl", "1" * 400 + "s"],
@@ -401,7 +400,7 @@ def test_argv_and_env_bytes_reach_the_command_exactly(ws):
         json.loads(line.decode("utf-8"))  # the event stream stays valid UTF-8 JSON
 
 
-# --------------------------------------------------------------------------- item 18
+# -------------------------------------------------- petri shell without a terminal
 
 
 @needs_runner
@@ -417,7 +416,7 @@ def test_shell_ends_when_its_input_ends(ws):
     assert r.returncode == 0, r  # the end of input reaches a program reading the terminal too
 
 
-# --------------------------------------------------------------------------- item 19
+# ----------------------------------------------------- the README's first commands
 
 
 def readme_first_commands() -> list[str]:
@@ -455,7 +454,7 @@ def test_the_scripts_need_root_and_say_so(unprivileged_user, user_tmp, script):
     assert log.read_text().split() == ["--", "bash", str(REPO / "scripts" / script), "-k", "x"]
 
 
-# --------------------------------------------------------------------------- start-up (issue 10)
+# ------------------------------------------------------------------------ start-up
 
 _HEAVY = ("textual", "mcp", "ray", "trio", "pydantic", "orchestrator.cli.race", "orchestrator.cli.merge",
           "orchestrator.cli.mcp", "orchestrator.cli.tui", "orchestrator.cli.lineage", "orchestrator.cluster",

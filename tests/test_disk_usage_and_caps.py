@@ -1,4 +1,4 @@
-"""Issue 8 #4, #5, #6 through the real CLI: ``usage.disk_bytes`` on every backend that can
+"""Disk usage and caps through the real CLI: ``usage.disk_bytes`` on every backend that can
 tell; ``limits_hit: ["disk"]`` from the cap itself (a faked message does not count, a
 silenced real overflow does); the first ``--disk`` on btrfs says it switched quotas on."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8 #15: on fuse a file whose metadata a run read counts as read, so a module Python
+"""On fuse a file whose metadata a run read counts as read, so a module Python
 loaded from ``__pycache__`` (a stat of the source, a read of the .pyc) shows up in
 ``read_changed`` when live edits its source. Real Python, real FUSE, the real CLI."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8 #13: renaming a directory that came from a snapshot works in an overlay sandbox
+"""Renaming a directory that came from a snapshot works in an overlay sandbox
 (``redirect_dir=on``): ``git mv`` of a directory, then ``petri diff`` shows the renames and
 ``petri promote`` leaves live exactly as the same ``git mv`` leaves a plain copy. The
 change-set fast path reads the redirect from the upper dir, frozen views and remounts keep

@@ -1,4 +1,4 @@
-"""Issue 9, "the holes": attacks on the sandbox, run for real (the CLI, bwrap, btrfs on a
+"""The holes: attacks on the sandbox, run for real (the CLI, bwrap, btrfs on a
 loop image, kernel overlayfs, FUSE, a real ssh-agent, a normal user through setpriv).
 
 1. A setuid plant: a root-owned workspace's command copies python3 and makes it setuid;

@@ -1,4 +1,4 @@
-"""Issue 8 #2: ``sudo petri ...`` (and plain root) in a normal user's fuse workspace acts as
+"""``sudo petri ...`` (and plain root) in a normal user's fuse workspace acts as
 that user, so it leaves nothing the owner cannot use: afterwards the owner's own ``run``,
 ``rm``, ``gc`` and ``deinit`` work, and nothing in the store, no daemon and no file a run
 made belongs to root. A real unprivileged user (setpriv), real FUSE, the real CLI."""

@@ -228,7 +228,8 @@ class PetriApp(App):
         run = next((r for r in runs if r.run == n), None)
         header = f"run {n}" + (f": exit {run.exit_code}" if run is not None and run.exit_code is not None else "")
         tail = self.model.tails.get((sid, n))
-        if tail is not None and len(tail) < tail.maxlen:  # type: ignore[operator]
+        # a tail that never filled up holds the whole output (the model bounds every one)
+        if tail is not None and (tail.maxlen is None or len(tail) < tail.maxlen):
             return list(tail), header
         lines: list[tuple[str, str]] = []
         if run is not None:

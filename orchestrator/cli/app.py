@@ -125,7 +125,7 @@ def load_command(name: str) -> click.Command:
     group = typer.main.get_group(module.app)
     cmd = group.commands[name]
     if name in TRAILING:
-        cmd.trailing_command = True  # type: ignore[attr-defined]
+        cmd.trailing_command = True  # type: ignore[attr-defined]  # our mark, unknown to click; unread since TRAILING
     return cmd
 
 

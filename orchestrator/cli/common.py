@@ -178,10 +178,10 @@ def _from_click(e: Exception) -> int | None:
     if "NoArgsIsHelpError" in kinds:
         if G.json:  # a script asked for one JSON document, not a help page
             return fail("no command given; `petri --help` lists them", 2)
-        print(e.format_message())  # type: ignore[attr-defined]
+        print(e.format_message())  # type: ignore[attr-defined]  # a click error, known by name: no click here
         return 0
     if "ClickException" in kinds:
         if G.debug:
             _print_traceback()
-        return fail(" ".join(e.format_message().split()), 2)  # type: ignore[attr-defined]
+        return fail(" ".join(e.format_message().split()), 2)  # type: ignore[attr-defined]  # click's (by name)
     return None

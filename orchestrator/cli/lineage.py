@@ -78,8 +78,8 @@ def stats(
         rec = ws.stats(since=since, check=check)
         err = None
     except KpiBreach as e:
-        rec, err = e.result, e  # type: ignore[assignment]
-    doc = rec.to_json()  # type: ignore[union-attr]
+        rec, err = e.result, e
+    doc = rec.to_json()
     doc.pop("schema", None)
     if G.json:
         if err is not None:
@@ -131,7 +131,7 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
     ws = workspace()
     o = out()
     say = None if G.json else o.note
-    rec = ws.promote(sandbox, to=to, say=say) if to is not None else ws.resume(resume, say=say)  # type: ignore[arg-type]
+    rec = ws.promote(sandbox, to=to, say=say) if to is not None else ws.resume(resume, say=say)
     doc = rec.to_json()
     doc.pop("schema", None)
     code = int(doc["exit_code"])

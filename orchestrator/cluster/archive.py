@@ -325,9 +325,10 @@ def extract_archive(read_chunk: Callable[[], bytes], dest: bytes | str | os.Path
                                  dir_fd=pfd)
                     try:
                         src = tf.extractfile(m)
+                        assert src is not None  # None only for a member that is not a regular file
                         left = m.size
                         while left:
-                            data = src.read(min(left, 1 << 20))  # type: ignore[union-attr]
+                            data = src.read(min(left, 1 << 20))
                             if not data:
                                 raise ArchiveError(f"{m.name}: archive ends inside the file")
                             view = memoryview(data)

@@ -448,11 +448,11 @@ async def _rebuild(engine: "Engine", race: "_Race", o: "Outcome", patch: tuple[b
         return {"patch_bytes": len(data)}
     from ..changesets import narrow, sandbox_candidates
 
-    row = engine.registry.sandbox(row.id)
-    tree = engine.sandbox_tree(row)  # type: ignore[arg-type]
+    row = engine.sandbox_by_id(row.id)
+    tree = engine.sandbox_tree(row)
     with engine.backend.snapshot_view(engine.store, race.base) as base_view:
         # Only where the backend says the rebuilt sandbox changed: not a walk of the whole tree.
-        within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])  # type: ignore[arg-type]
+        within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])
         files, added, removed, _ = await trio.to_thread.run_sync(_count, engine.root, Path(base_view), tree, None,
                                                                  within)
     same = (files, added, removed) == (o.files_changed, o.lines_added, o.lines_removed)

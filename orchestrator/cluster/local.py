@@ -160,7 +160,8 @@ class LocalCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             with contextlib.suppress(OSError):
-                proc.stdout.close()  # type: ignore[union-attr]
+                assert proc.stdout is not None  # started with stdout=PIPE
+                proc.stdout.close()
         if self.dir is not None and self.dir.exists():
             sweep_dir(self.dir)
             self.dir = None

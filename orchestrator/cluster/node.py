@@ -284,12 +284,12 @@ class NodeAgent:
         from ..limits import Limits
         from ..race import Candidate, Outcome, run_candidate
 
-        if self.closed or self.base_view is None:
+        if self.closed or self.base_view is None or self.base is None:
             raise NodeRefused(node=os.uname().nodename, why="the race on this node is over or was never prepared")
         e = self.engine()
         t0 = time.monotonic()
         ids = [spec["sandbox"], spec["check_sandbox"]]
-        rows = e.fork(self.base, 2, limits=Limits.from_dict(spec["limits"]), ids=ids)  # type: ignore[arg-type]
+        rows = e.fork(self.base, 2, limits=Limits.from_dict(spec["limits"]), ids=ids)
         try:
             for i, r in enumerate(rows):
                 e.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
@@ -318,11 +318,11 @@ class NodeAgent:
 
         from ..changesets import exclude_top, narrow, sandbox_candidates
 
-        row = e.registry.sandbox(sb)
-        tree = e.sandbox_tree(row)  # type: ignore[arg-type]
+        row = e.sandbox_by_id(sb)
+        tree = e.sandbox_tree(row)
         base = self.base_view
         assert base is not None
-        paths = narrow(sandbox_candidates(e, row, base, tree), [])  # type: ignore[arg-type]
+        paths = narrow(sandbox_candidates(e, row, base, tree), [])
         if paths is not None and not paths:
             return b""
         changes = tree_changes(base, tree, include_ignored=True, paths=paths or (),

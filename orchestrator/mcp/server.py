@@ -275,12 +275,15 @@ def error_doc(e: BaseException, debug: bool) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if isinstance(e, PetriError):
         msg, code = str(e), e.exit_code
-        if getattr(e, "result", None) is not None:            # MarkersWritten: the promotion happened
-            extra = e.result.to_json()                          # type: ignore[attr-defined]
-        if isinstance(getattr(e, "doc", None), dict):
-            extra = dict(e.doc)                                 # type: ignore[attr-defined]
-        if getattr(e, "conflicts", None):
-            extra["conflicts"] = [c.to_json() if hasattr(c, "to_json") else c for c in e.conflicts]  # type: ignore
+        # a record set on some subclasses only (MarkersWritten: the promotion happened; KpiBreach)
+        result = getattr(e, "result", None)
+        if result is not None:
+            extra = result.to_json()
+        if isinstance(e.doc, dict):
+            extra = dict(e.doc)
+        conflicts = getattr(e, "conflicts", None)  # a Conflict's; its raiser may not have set it
+        if conflicts:
+            extra["conflicts"] = [c.to_json() if hasattr(c, "to_json") else c for c in conflicts]
     elif isinstance(e, OSError):
         where = f": {os.fsdecode(e.filename)}" if e.filename else ""
         msg, code = f"{e.strerror or e}{where}", 1

@@ -238,7 +238,7 @@ async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
         msg = "--verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
                                    else "; the rollback failed: " + str(doc.get("rollback_error", "")))
         err = OrchestratorError(detail=msg)
-        err.doc = doc  # type: ignore[attr-defined]
+        err.doc = doc
         raise err
     return doc
 

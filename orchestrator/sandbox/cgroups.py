@@ -291,6 +291,10 @@ class Cgroup:
     mode: Mode
     name: str
 
+    def create(self, limits: Limits) -> "Cgroup":
+        """Make its directories and write ``limits`` into them; itself."""
+        raise NotImplementedError
+
     def procs_files(self) -> list[Path]:
         raise NotImplementedError
 
@@ -525,7 +529,7 @@ def open_cgroup(name: str, limits: Limits, sup: Support | None = None) -> Cgroup
     else:
         return None
     try:
-        cg.create(limits)  # type: ignore[attr-defined]
+        cg.create(limits)
     except BaseException:
         cg.kill_all(1.0)
         cg.remove()

@@ -65,7 +65,7 @@ from typing import Literal
 from ..errors import BadSeccompProfile, SeccompUnavailable
 
 Profile = Literal["default", "strict", "off"]
-PROFILES: tuple[str, ...] = ("default", "strict", "off")
+PROFILES: tuple[Profile, ...] = ("default", "strict", "off")
 DEFAULT_PROFILE: Profile = "default"
 
 EPERM = _errno.EPERM
@@ -182,7 +182,7 @@ def default_groups(clone_flags_arg: int = 0) -> tuple[Group, ...]:
         Group("syslog, acct, quotactl, uselib", _deny("syslog acct quotactl uselib")),
         # No setuid or setgid file is made inside (as Flatpak): a sandbox tree is a host
         # directory, and a setuid plant there is a privilege escalation for whoever reaches
-        # it (issue 9). mode_t is 32 bits to the kernel: masked on the bit itself.
+        # it. mode_t is 32 bits to the kernel: masked on the bit itself.
         Group("setting the setuid or setgid bit (chmod, fchmod, fchmodat, open/creat with it)", _suid_rules()),
     )
 
@@ -212,9 +212,10 @@ def no_net_groups() -> tuple[Group, ...]:
 
 def parse_profile(text: str | None, *, where: str = "--seccomp") -> Profile:
     """``text`` as a profile name, or a usage error (exit 2) naming the choices."""
-    if text not in PROFILES:
-        raise BadSeccompProfile(where=where, text=text, choices=", ".join(PROFILES))
-    return text  # type: ignore[return-value]
+    for name in PROFILES:
+        if text == name:
+            return name
+    raise BadSeccompProfile(where=where, text=text, choices=", ".join(PROFILES))
 
 
 def plan_filter(profile: str, *, net: bool, machine: str | None = None) -> FilterPlan | None:

@@ -80,7 +80,8 @@ class ConfirmScreen(ModalScreen[dict[str, str] | None]):
             elif isinstance(w, TextArea):
                 out[f.name] = w.text
             else:
-                out[f.name] = w.value  # type: ignore[attr-defined]
+                assert isinstance(w, Input)  # compose makes a Checkbox, a TextArea or an Input
+                out[f.name] = w.value
         return out
 
     def _command_text(self, values: dict[str, str] | None = None) -> Text:
