@@ -123,10 +123,7 @@ class LazyGroup(typer.core.TyperGroup):
 def load_command(name: str) -> click.Command:
     module = importlib.import_module(f"orchestrator.cli.{COMMANDS[name][0]}")
     group = typer.main.get_group(module.app)
-    cmd = group.commands[name]
-    if name in TRAILING:
-        cmd.trailing_command = True  # type: ignore[attr-defined]  # our mark, unknown to click; unread since TRAILING
-    return cmd
+    return group.commands[name]
 
 
 app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
