@@ -273,8 +273,8 @@ class TreeReader:
                 if comp in (b"", b".", b".."):
                     raise UnsafePath(path=os.fsdecode(d))
                 nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
+                fd, old = nfd, fd  # swap, then close: an interrupt between never closes one twice
+                os.close(old)
         except OSError as e:
             os.close(fd)
             raise TreeChangedDuringScan(path=os.fsdecode(d)) from e

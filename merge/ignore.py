@@ -293,8 +293,8 @@ def _open_parent(root: bytes, rel: bytes) -> tuple[int, bytes]:
     try:
         for comp in parts[:-1]:
             nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+            fd, old = nfd, fd  # swap, then close: an interrupt between never closes one twice
+            os.close(old)
     except BaseException:
         os.close(fd)
         raise

@@ -132,8 +132,10 @@ class SafeTree:
                         raise PathThroughSymlink(path=os.fsdecode(full or b"/".join(walked)),
                                                  via=os.fsdecode(b"/".join(walked))) from e
                     raise
-                os.close(fd)
-                fd = nfd
+                # Swap first, close after: an interrupt between the two then leaks an fd instead of
+                # the handler below closing one that is already closed (or reused by then).
+                fd, old = nfd, fd
+                os.close(old)
             return fd
         except BaseException:
             os.close(fd)

@@ -329,8 +329,8 @@ def _open_parent(root_fd: int, rel: bytes) -> tuple[int, bytes]:
     try:
         for comp in dirs:
             nfd = os.open(comp, DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+            fd, old = nfd, fd  # swap, then close: an interrupt between never closes one twice
+            os.close(old)
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
