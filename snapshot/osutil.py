@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import select
 import signal
 import stat
 from typing import TYPE_CHECKING, Callable, NoReturn
@@ -269,9 +270,7 @@ def atomic_write(path: PathLike, data: bytes, *, mode: int = 0o644,
     tmp = os.path.join(d, b"." + os.path.basename(p) + b".tmp." + os.urandom(4).hex().encode())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -284,8 +283,23 @@ def atomic_write(path: PathLike, data: bytes, *, mode: int = 0o644,
         except BaseException:
             os.unlink(tmp)
             raise
-    os.rename(tmp, p)
+    try:
+        os.rename(tmp, p)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     fsync_dir(d)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``; on a non-blocking fd that is full, wait until it can
+    take more (a terminal or pipe being read slowly)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
 
 
 # --------------------------------------------------------------------------- rm -rf

@@ -36,6 +36,7 @@ import tty
 from typing import TYPE_CHECKING, BinaryIO
 
 from orchestrator.sandbox import cgroups
+from snapshot.osutil import write_all
 from orchestrator.sandbox.prepare import EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec, prepare
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: BinaryIO, proc
             # forever: a pty cannot be half-closed, so type the terminal's EOF key, as a
             # person would, again until it exits (a command reading the terminal gets it
             # first; a shell that just started or ignores one EOF gets the next).
-            _write_all(master, _eof_char(master))
+            write_all(master, _eof_char(master))
             eof_sent_at = time.monotonic()
         fds = [master] + ([stdin_fd] if stdin_open else [])
         try:
@@ -150,13 +151,13 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: BinaryIO, proc
                 return False
             if data:
                 transcript.write(data)
-                _write_all(stdout_fd, data)
+                write_all(stdout_fd, data)
         if stdin_fd in ready:
             data = os.read(stdin_fd, 65536)
             if not data:
                 stdin_open = False
                 continue
-            _write_all(master, data)
+            write_all(master, data)
         if proc.poll() is not None and master not in ready:
             return False
 
@@ -172,12 +173,3 @@ def _eof_char(master: int) -> bytes:
     return c if isinstance(c, bytes) and c not in (b"", b"\0") else b"\x04"
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
-            select.select([], [fd], [], 1.0)
-            continue
-        view = view[n:]

@@ -54,6 +54,7 @@ from orchestrator.sandbox.cgexec import ignored_signals
 from orchestrator.sandbox.prepare import (EXIT_MEMORY, EXIT_PETRI, EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec,
                                           prepare)
 from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
+from snapshot.osutil import write_all
 
 __all__ = ["RunSpec", "RunResult", "RunEvent", "run_isolated", "detect_cgroup_mode", "sweep_cgroups",
            "EXIT_TIMEOUT", "EXIT_PETRI", "EXIT_MEMORY", "KILL_GRACE_S"]
@@ -333,7 +334,10 @@ class _Run:
                     f.write(data)
                     f.flush()
                     if self.spec.echo:
-                        _write_all(echo_fd, data)
+                        try:
+                            write_all(echo_fd, data)
+                        except OSError:
+                            pass  # our own stdout went away; the saved file still has everything
                     lines.feed(data)
                 if not chunk:
                     break
@@ -391,14 +395,3 @@ def _stdin_arg(data: bytes | None) -> int:
     return PIPE if data is not None else DEVNULL
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
-            time.sleep(0.001)
-            continue
-        except OSError:
-            return  # our own stdout went away; the saved file still has everything
-        view = view[n:]

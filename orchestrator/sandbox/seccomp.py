@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from snapshot.osutil import atomic_write
+
 from ..errors import BadSeccompProfile, SeccompUnavailable
 
 Profile = Literal["default", "strict", "off"]
@@ -372,17 +374,8 @@ def _read_cached(path: Path) -> bytes | None:
 
 def _write_cached(path: Path, data: bytes) -> None:
     """Best effort: a cache that cannot be written only costs the next process a build."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, CACHE_FORMAT + hashlib.sha256(data).digest() + data)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        atomic_write(path, CACHE_FORMAT + hashlib.sha256(data).digest() + data, mode=0o600)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
