@@ -195,7 +195,7 @@ _MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply m
 
 
 def _mount_table_moved(res: RunResult) -> bool:
-    return res.exit_code == EXIT_PETRI and bool(res.setup_error) and bool(_MOVED.search(res.setup_error or ""))
+    return res.exit_code == EXIT_PETRI and _MOVED.search(res.setup_error or "") is not None
 
 
 def _no_warnings(on_event: Callable[[RunEvent], None] | None) -> Callable[[RunEvent], None] | None:
