@@ -26,7 +26,7 @@ HAVE_SANDBOX = os.geteuid() == 0 and shutil.which("bwrap") is not None
 needs_sandbox = pytest.mark.skipif(not HAVE_SANDBOX,
                                    reason="needs root (cgroups) and bwrap (Debian package bubblewrap)")
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the probe")
-PY = "/usr/bin/python3"  # inside, /root (and a pyenv under it) is masked
+PY = "/usr/bin/python3"  # every sandbox sees it (this checkout's venv may sit under the host's /tmp)
 SECCOMP_2 = "grep -q '^Seccomp:[[:space:]]*2$' /proc/self/status"
 
 # What each probe line must say under `default` (tests/seccomp_probe.c).

@@ -16,12 +16,22 @@ workspace, id-mapped (the tree's root-owned files show as the sandbox account:
 idmapped layers, the fuse daemon) get a plain ``nosuid,nodev`` copy. bwrap binds that path
 at the workspace's path and the command never sees ``/run`` (a tmpfs hides it: ``isolation``).
 
+A root-owned workspace's command also gets root's toolchains (``run_as.RunAs.toolchains``:
+pyenv, uv, nvm, rustup... under ``/root``, which is 0700 and closed to the sandbox account):
+each is mounted read-only, ``nosuid,nodev`` and *not* id-mapped at
+``<view>.tc/<hex of its path>`` (a symlink is copied there as a symlink), and ``isolation``
+binds them back at their own paths over an emptied ``/root`` (``toolchain_binds``). Not
+id-mapped on purpose: the account reads what every user may read there (a 0644 file, a
+0755 directory) and nothing more; a mapping would hand it root's 0600 files.
+
 The mount goes when the run ends. A petri killed meanwhile leaves it: the next petri
 command (``reap_dead_views``, one listing of ``/run/petri``) and ``petri gc`` remove every
 view whose petri is gone, and destroying a sandbox removes its views whoever made them.
 
 Caveats: a view is found again by its name only (a pid reused by another process keeps a
-dead petri's view until that process ends); views exist only where petri runs as root.
+dead petri's view until that process ends); views exist only where petri runs as root. A
+toolchain installed with a umask of 077 stays unreadable to the sandbox account (its
+command exits 126/127 and ``exec_failure`` says which directory is closed).
 """
 from __future__ import annotations
 
@@ -42,6 +52,7 @@ class RunAs(Protocol):
     host_gid: int
     idmap: object | None  # snapshot.idmap.IdMap: how the tree's owners must look inside
     user: str
+    toolchains: tuple[bytes, ...]  # root's toolchain directories its command may read
 
 # Every petri command reaps dead views: the mount plumbing (snapshot.idmap) is imported only
 # when there is a view to make or remove.
@@ -107,9 +118,60 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
             raise OwnersCannotBeMapped(workspace=str(workspace), why=str(e)) from None
         except OSError as e:
             raise SandboxSetupFailed(detail=f"cannot mount the sandbox tree for {who.user}: {e.strerror}") from None
+        toolchains = getattr(who, "toolchains", ())
+        if toolchains:
+            _mount_toolchains(Path(f"{mnt}{TOOLCHAINS}"), toolchains)
         yield mnt
     finally:
         _remove(mnt)
+
+
+TOOLCHAINS = ".tc"  # <view>.tc/<hex of the host path>: the run's toolchain mounts
+
+
+def _mount_toolchains(tc: Path, dirs: tuple[bytes, ...]) -> None:
+    """Mount each of ``dirs`` read-only at ``tc/<hex of its path>`` (a symlink among them
+    is copied as a symlink). ``tc`` is root's and 0755: the account may pass, not change."""
+    from snapshot import idmap as I
+
+    os.mkdir(tc, 0o755)
+    for d in dirs:
+        dst = tc / d.hex()
+        try:
+            if os.path.islink(d):
+                os.symlink(os.readlink(d), dst)
+                continue
+            os.mkdir(dst, 0o755)
+            I.clone_tree(d, dst, None, read_only=True)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)  # gone since run_as looked: nothing to show
+        except OSError as e:
+            raise SandboxSetupFailed(detail=f"cannot mount the toolchain {os.fsdecode(d)}: {e.strerror}") from None
+
+
+def toolchain_binds(view: bytes) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The toolchains ``open_view`` mounted for the run whose tree is ``view``: (source,
+    destination) read-only binds and (target, destination) symlinks; none for a tree that
+    is not a view with toolchains."""
+    tc = view + TOOLCHAINS.encode()
+    try:
+        names = os.listdir(tc)
+    except OSError:
+        return [], []
+    binds: list[tuple[bytes, bytes]] = []
+    links: list[tuple[bytes, bytes]] = []
+    for name in sorted(names):
+        try:
+            dest = bytes.fromhex(name.decode() if isinstance(name, bytes) else name)
+        except ValueError:
+            continue
+        src = os.path.join(tc, os.fsencode(name))
+        if os.path.islink(src):
+            links.append((os.readlink(src), dest))
+        else:
+            binds.append((src, dest))
+    return binds, links
 
 
 def _remove(mnt: Path) -> None:
@@ -117,6 +179,17 @@ def _remove(mnt: Path) -> None:
     # is gone, and the next command reaps it.
     from snapshot import idmap as I
 
+    tc = Path(f"{mnt}{TOOLCHAINS}")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tc):
+            entry = tc / name
+            with contextlib.suppress(OSError):
+                if entry.is_symlink():
+                    entry.unlink()
+                else:
+                    I.detach(entry)
+                    os.rmdir(entry)
+        os.rmdir(tc)
     with contextlib.suppress(OSError):
         I.detach(mnt)
     with contextlib.suppress(OSError):
@@ -134,7 +207,11 @@ def _entries() -> list[tuple[Path, list[str]]]:
             names = os.listdir(VIEWS / u)
         except OSError:
             continue
-        out += [(VIEWS / u / n, n.split(".")) for n in names]
+        # A run's toolchains (<view>.tc) go with its view (``_remove``), also when the view
+        # itself went first.
+        views = [n for n in names if not n.endswith(TOOLCHAINS)]
+        views += [n[:-len(TOOLCHAINS)] for n in names if n.endswith(TOOLCHAINS) and n[:-len(TOOLCHAINS)] not in names]
+        out += [(VIEWS / u / n, n.split(".")) for n in views]
     return out
 
 
