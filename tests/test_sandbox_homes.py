@@ -138,6 +138,9 @@ def test_an_interpreter_under_root_runs_once_the_config_names_its_directory(root
     sb = fork(root_ws)
     r, doc, out, err = run(root_ws, sb, ".venv/bin/python -m unittest tests.test_venv")
     assert r.rc == 127, (r, err)
+    # petri says which path and why, and what to do.
+    assert f"{exe} (the target of the symlink {root_ws}/.venv/bin/python3)" in doc["exec_error"], doc
+    assert "root's toolchain directories" in doc["exec_error"] and "`toolchains`" in doc["exec_error"], doc
     (root_ws / ".petri" / "config.toml").write_text(f'toolchains = ["~/{in_root_home.name}"]\n')
     r, doc, out, err = run(root_ws, sb, ".venv/bin/python -m unittest -v tests.test_venv")
     assert r.rc == 0, (r, err)
