@@ -34,9 +34,22 @@ is remounted read-only). So every mount is sorted by the depth of its destinatio
 ``/root`` is masked before a workspace at ``/root/proj`` is bound, and the store inside the
 workspace is masked after that.
 
+Host mounts and unmounts reach a running sandbox: bwrap makes its copies of the host's
+mounts slaves (``MS_SLAVE | MS_REC``), which hear from a shared master only, so
+``plan_for_run`` first makes ``/`` shared where it is not (``share_host_mounts``: what
+systemd does at boot; root only). A host ``umount`` then removes the sandbox's copy too,
+and the filesystem (a loop device) is released instead of staying pinned until the run ends.
+
 Caveats:
 - The plan is built against the host as seen now; a credential folder created after the
   run started is not masked for that run.
+- A filesystem the host mounts while a run goes on appears inside with the host's own mount
+  flags: bwrap made read-only only the mounts that existed when it started, and the kernel
+  copies a propagated mount's flags from the host's (a recursive read-only bind cannot also
+  be a slave: the same reason Docker's recursive read-only mounts require rprivate). The
+  command may write there what its host account may write on the host (the sandbox
+  account of a root-owned workspace: what every user may). Where ``/`` is private and
+  petri is not root, nothing propagates: a run's copy pins what the host unmounts.
 - Masks follow symlinks the way mount(2) does: a ``~/.ssh`` that is a symlink masks its
   target. A mask path below ``/tmp``, ``/dev`` or ``/proc`` is dropped: those are fresh
   inside anyway.
@@ -473,6 +486,7 @@ def plan_for_run(
     directory for it, with the toolchains ``run_view`` mounted for the run bound back."""
     from . import host_sockets, run_view
 
+    share_host_mounts()
     ws = _b(workspace)
     masks = discover_masks_cached(extra=[_b(p) for p in extra_masks])
     private = host_sockets.private_dirs()
@@ -558,3 +572,45 @@ def root_home() -> bytes:
         return _b(pwd.getpwuid(0).pw_dir or "/root")
     except KeyError:
         return b"/root"
+
+
+# ------------------------------------------------------------------------------ propagation
+
+MS_REC, MS_SHARED = 0x4000, 1 << 20
+_shared: bool | None = None  # per process: what share_host_mounts found or made
+
+
+def root_is_shared(mountinfo: bytes) -> bool:
+    """Pure: whether ``/`` (the topmost mount there) is in a peer group in this mountinfo."""
+    shared = False
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 6 and fields[4] == b"/":
+            optional = fields[6:fields.index(b"-")] if b"-" in fields else []
+            shared = any(f.startswith(b"shared:") for f in optional)
+    return shared
+
+
+def share_host_mounts() -> bool:
+    """Make the mount tree petri runs in shared (``mount --make-rshared /``) when ``/`` is
+    not, once per process; whether ``/`` is shared now.
+
+    bwrap makes every mount of a sandbox a slave of the host's (``MS_SLAVE | MS_REC``), but
+    a slave only hears from a shared master: under a private ``/`` (hosts without systemd,
+    which makes it shared at boot; containers) a host ``umount`` never reached a running
+    sandbox, whose copy kept the filesystem mounted and its loop device attached until the
+    sandbox ended. Only root can change it; a rootless petri lives with what it finds."""
+    global _shared
+    if _shared is not None:
+        return _shared
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            info = f.read()
+    except OSError:
+        return False
+    _shared = root_is_shared(info)
+    if not _shared and os.geteuid() == 0:
+        from snapshot.osutil import libc
+
+        _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
+    return _shared
