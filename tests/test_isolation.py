@@ -143,12 +143,16 @@ def test_a_toolchain_bound_back_under_a_masked_home_keeps_its_credentials_masked
     credential paths inside a toolchain masked after the bind (the ones elsewhere in /root
     need no mount: the emptied /root hides them)."""
     masks = [Mask(b"/root", "dir", "root home"), Mask(b"/root/.ssh", "dir", "credentials"),
-             Mask(b"/root/.cargo/credentials.toml", "file", "credentials"), Mask(b"/home/u/.ssh", "dir", "credentials")]
+             Mask(b"/root/.cargo/credentials.toml", "file", "credentials"), Mask(b"/home/u/.ssh", "dir", "credentials"),
+             Mask(b"/root/.gnupg", "dir", "credentials")]
     plan = build_plan(workspace="/root/proj", tree="/t", argv=["true"], cwd="/root/proj", env={}, uid=0, gid=0,
                       masks=masks, binds=[(b"/run/petri/9/v.tc/a", b"/root/.cargo"),
-                                          (b"/run/petri/9/v.tc/b", b"/root/.local/share/uv")],
+                                          (b"/run/petri/9/v.tc/b", b"/root/.local/share/uv"),
+                                          (b"/run/petri/9/v.tc/c", b"/root/.gnupg")],  # a config naming a secret
                       symlinks=[(b"/opt/pyenv", b"/root/.pyenv")])
     ops = [(op.verb, op.dest) for op in plan.mounts]
+    # A credential path named as a toolchain is still masked: over the bind, not under it.
+    assert ops.index(("ro-bind", b"/root/.gnupg")) < ops.index(("mask-dir", b"/root/.gnupg"))
     assert ops.index(("mask-dir", b"/root")) < ops.index(("ro-bind", b"/root/.cargo")) \
         < ops.index(("mask-file", b"/root/.cargo/credentials.toml"))
     assert ("ro-bind", b"/root/.local/share/uv") in ops and ("symlink", b"/root/.pyenv") in ops
@@ -161,6 +165,18 @@ def test_a_toolchain_bound_back_under_a_masked_home_keeps_its_credentials_masked
     assert argv[i - 2:i] == [b"--ro-bind", b"/run/petri/9/v.tc/a"]
     # /root goes read-only only after the binds below it made their mount points.
     assert max(j for j, a in enumerate(argv) if a == b"--remount-ro") > i
+
+
+def test_a_mask_on_a_bound_back_toolchain_is_reachable_through_the_bind():
+    """/root is closed to the sandbox account on the host, but a toolchain bound back at
+    its own path is reached through the bind: a mask there (or on the bind itself) stays."""
+    account = (4242, frozenset({4242}))
+    assert isolation._reachable(b"/root/.gnupg", account, [b"/root/.gnupg"])
+    if os.stat("/root").st_mode & 0o001 == 0:  # Debian's 0700 /root
+        assert not isolation._reachable(b"/root/.cargo/credentials.toml", account, [])
+        if os.path.isdir("/root/.cargo"):
+            assert isolation._reachable(b"/root/.cargo/credentials.toml", account, [b"/root/.cargo"]) == bool(
+                os.stat("/root/.cargo").st_mode & 0o001)
 
 
 def test_root_home_is_emptied_only_for_a_root_owned_workspaces_command(tmp_path):

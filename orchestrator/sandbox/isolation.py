@@ -552,7 +552,9 @@ def _reachable(path: bytes, who: tuple[int, frozenset[int]], starts: Sequence[by
     ``starts`` (binds that bring a directory back: their own path; else ``/``) down to
     ``path``'s parent, by the mode bits."""
     uid, gids = who
-    top = max((s for s in starts if _is_under(path, s) and s != path), key=len, default=b"/")
+    top = max((s for s in starts if _is_under(path, s)), key=len, default=b"/")
+    if top == path:
+        return True  # a bind's own mount point: bwrap made it
     cur = top
     parts = [p for p in path[len(top.rstrip(b"/")):].split(b"/") if p][:-1]
     for part in [b""] + parts:
