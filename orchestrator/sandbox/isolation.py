@@ -614,5 +614,9 @@ def share_host_mounts() -> bool:
     if not _shared and os.geteuid() == 0:
         from snapshot.osutil import libc
 
+        from . import run_view
+
         _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
+        if _shared:
+            run_view.refence()  # the recursive change made the views' mount shared too
     return _shared

@@ -24,6 +24,13 @@ binds them back at their own paths over an emptied ``/root`` (``toolchain_binds`
 id-mapped on purpose: the account reads what every user may read there (a 0644 file, a
 0755 directory) and nothing more; a mapping would hand it root's 0600 files.
 
+``/run/petri`` is a *private* mount of its own (``fence_views``, made once per boot by the
+first run that needs a view): with the host's ``/`` shared (``isolation.share_host_mounts``)
+every view mounted or removed there would propagate into every running sandbox, and land
+in the middle of other bwraps' setup, whose read-only remount of what they copied then
+fails (exit 125). A private parent propagates nothing. (Unbindable would keep views out of
+sandboxes altogether, but bwrap's own ``MS_SLAVE | MS_REC`` on its copy turns it private.)
+
 The mount goes when the run ends. A petri killed meanwhile leaves it: the next petri
 command (``reap_dead_views``, one listing of ``/run/petri``) and ``petri gc`` remove every
 view whose petri is gone, and destroying a sandbox removes its views whoever made them.
@@ -106,6 +113,7 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
         yield tree
         return
     _owned_dir(VIEWS, 0, 0, 0o711)
+    fence_views()
     mine = _owned_dir(VIEWS / str(who.host_uid), who.host_uid, who.host_gid, 0o700)
     mnt = mine / f"{store_key(store_root)}.{sb_id}.{os.getpid()}.{os.urandom(4).hex()}"
     os.mkdir(mnt, 0o700)
@@ -124,6 +132,73 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
         yield mnt
     finally:
         _remove(mnt)
+
+
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 0x1000, 0x4000, 1 << 18, 2
+_fenced = False
+
+
+def views_mount(mountinfo: bytes) -> tuple[bytes, ...] | None:
+    """Pure: the optional fields (propagation) of the topmost mount at ``VIEWS`` in a
+    mountinfo text, or None when ``VIEWS`` is no mount point."""
+    where = os.fsencode(VIEWS)
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 6 and fields[4] == where:
+            found = tuple(fields[6:fields.index(b"-")] if b"-" in fields else ())
+    return found
+
+
+def fence_views() -> bool:
+    """Make ``VIEWS`` a private mount of its own (see the module docstring), once per
+    boot; checked once per process. Views already mounted in the plain directory are
+    carried into the new mount by the recursive bind, and their originals, which it
+    shadows, are detached (their runs hold their own binds; their petris remove the
+    copies). Best effort: False when the kernel refused (a run then works as before)."""
+    global _fenced
+    if _fenced:
+        return True
+    from . import isolation
+
+    isolation.share_host_mounts()  # first: sharing / recursively would undo the fence
+    with open("/proc/self/mountinfo", "rb") as f:
+        info = f.read()
+    fields = views_mount(info)
+    if fields == ():  # a mount point in no peer group, not a slave: private
+        _fenced = True
+        return True
+    from snapshot.osutil import libc, parse_mountinfo
+
+    where = os.fsencode(VIEWS)
+    old = os.open(VIEWS, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory as it is now
+    try:
+        below: list[bytes] = []
+        if fields is None:
+            below = [m.mountpoint for m in parse_mountinfo(info) if m.mountpoint.startswith(where + b"/")]
+            if libc.mount(where, where, None, MS_BIND | MS_REC, None) != 0:
+                return False
+        # Private before the originals go: as a peer of / the new mount would lose its copies
+        # with them (an unmount propagates to the peers of the parent).
+        if libc.mount(None, where, None, MS_PRIVATE, None) != 0:
+            return False
+        for point in sorted(below, key=len, reverse=True):
+            # Through the old directory (a magic link lands below the new mount).
+            libc.umount2(b"/proc/self/fd/%d/%s" % (old, point[len(where) + 1:]), MNT_DETACH)
+    finally:
+        os.close(old)
+    _fenced = True
+    return True
+
+
+def refence() -> None:
+    """``VIEWS`` private again if it is a mount (``isolation.share_host_mounts`` just made
+    every mount shared, this one too)."""
+    from snapshot.osutil import libc
+
+    with open("/proc/self/mountinfo", "rb") as f:
+        if views_mount(f.read()) is not None:
+            libc.mount(None, os.fsencode(VIEWS), None, MS_PRIVATE, None)
 
 
 TOOLCHAINS = ".tc"  # <view>.tc/<hex of the host path>: the run's toolchain mounts
