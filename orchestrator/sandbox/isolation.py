@@ -16,10 +16,17 @@ What a plan always contains:
   (``host_sockets``; with net, the config's ``allow_sockets`` are bound back);
 - the sandbox tree bound read-write at the workspace's own absolute path;
 - masks: the store (``<workspace>/.petri``, only where the tree has one: a mount point that
-  does not exist would be created *in the tree*), every user's credential folders and
-  files, and the host secrets (``/etc/shadow``, ``/etc/gshadow``, ssh host keys, ``/root``
-  outside the workspace). Host secrets are masked for every uid, not only root: for a
-  non-root uid they are unreadable anyway, so it costs a few mounts and removes a branch;
+  does not exist would be created *in the tree*), the credential folders and files of every
+  home, root's included (``CREDENTIAL_PATHS``; homes themselves stay readable, so toolchains
+  under them work), and the host secrets (``/etc/shadow``, ``/etc/gshadow``, ssh host keys).
+  Host secrets are masked for every uid, not only root: for a non-root uid they are
+  unreadable anyway, so it costs a few mounts and removes a branch. A mask the command's
+  host account cannot reach on the host is left out (bwrap, running as that account, could
+  not mount over it; the host's permissions hide it already);
+- for a root-owned workspace's command (uid 0 inside, the sandbox account outside): root's
+  home as an empty read-only directory, with root's toolchains bound back read-only
+  (``TOOLCHAIN_DIRS``, mounted for the run by ``run_view``) and ``/root/proj``-style
+  workspaces bound below it;
 - every namespace (``--unshare-all``; ``--share-net`` only with net), a user namespace with
   ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
   ALL``, ``--clearenv`` and an explicit environment, ``--new-session`` unless the caller
