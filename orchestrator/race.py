@@ -270,6 +270,8 @@ def failure_reason(doc: dict[str, Any], command: str) -> str:
         return "killed: the sandbox's lifetime ended (--ttl)"
     if killed == "memory":
         return "killed: over the memory limit (--mem)"
+    if code in (126, 127) and doc.get("exec_error"):
+        return doc["exec_error"]  # the path the sandbox hides, and why (sandbox.exec_failure)
     lines = [ln.strip() for ln in _tail(doc["stderr_path"], 2000).splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
     if code == 127:

@@ -238,6 +238,7 @@ async def run_in_sandbox(
     Every process of the run is gone when this returns; cancelling it kills the run.
     ``on_started(n)`` is told the run's number as soon as its record exists (front ends
     that follow a run, e.g. MCP's ``sandbox_run_start``, need it before the run ends)."""
+    from .sandbox.exec_failure import note_for_run
     from .sandbox.runner import KILL_GRACE_S, RunSpec, run_isolated
 
     if not argv or not any(a for a in argv):
@@ -285,6 +286,9 @@ async def run_in_sandbox(
                            allow_sockets=_allowed_sockets(engine), seccomp=profile)
             res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
                                      kill_grace_s=KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
+            # 126/127: which path the command needed that the sandbox hides, and why (the
+            # run's views must still be mounted: its plan is rebuilt from them).
+            exec_error = note_for_run(spec, tree, res.exit_code)
     finally:
         if res is None:  # petri failed or the run was cancelled: the record says so
             engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
@@ -305,6 +309,10 @@ async def run_in_sandbox(
     doc.update(seccomp_fields(profile))
     if res.setup_error:
         doc["setup_error"] = res.setup_error
+    if exec_error:
+        doc["exec_error"] = exec_error
+        if echo:
+            print(f"petri: {exec_error}", file=sys.stderr, flush=True)
     if res.warnings:
         doc["warnings"] = list(res.warnings)
     events.run_finished(log, **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
