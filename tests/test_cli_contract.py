@@ -484,13 +484,13 @@ def test_version_help_and_ls_import_no_other_command(ws, argv):
 
 
 def test_fork_imports_only_what_it_uses(ws):
-    """fork goes through typer (the user chose it) but loads no other command, no heavy
-    library (issue 10, start-up)."""
+    """fork loads no other command, no heavy library (issue 10, start-up), and since the
+    hot commands' fast path (issue 18), no typer or click either."""
     cp, mods = _modules_after(["fork", "--json"], ws)
     assert cp.returncode == 0, cp.stderr
     loaded = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in (*_HEAVY, "rich", "merge")))
     assert not loaded, loaded
-    assert "typer" in mods
+    assert "typer" not in mods and "click" not in mods
     others = {f"orchestrator.cli.{m}" for m in ("run", "workspace", "race", "merge", "lineage", "mcp", "tui")}
     assert not others & mods, sorted(others & mods)
 

@@ -84,6 +84,46 @@ def take_global(argv: list[str], i: int) -> int:
     return 0
 
 
+def split_trailing(args: list[str], arity: dict[str, bool], name: str) -> list[str]:
+    """``args`` of a command whose last argument is a command (``petri run SB ls -la``): its
+    options and the sandbox, then ``--``, then the command exactly as given (its own flags
+    included), as ``docker run`` reads it. ``arity``: each option name of the command ->
+    whether it takes a value. The typer app and the fast path both read argv with this."""
+    out: list[str] = []
+    seen_sandbox = False
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        used = take_global(args, i)
+        if used:
+            i += used
+            continue
+        if a.startswith("-") and a != "-":
+            opt = a.split("=", 1)[0] if a.startswith("--") else a[:2]
+            if opt not in arity:
+                if seen_sandbox:
+                    from ..errors import UsageError
+                    raise UsageError(detail=f"no such option {a.split('=', 1)[0]!r} for `petri {name}`; if it"
+                                            f" belongs to the command, put `--` before the command:"
+                                            f" petri {name} SANDBOX -- CMD [ARGS...]")
+                out.append(a)  # click names the unknown option
+                i += 1
+                continue
+            attached = "=" in a if a.startswith("--") else len(a) > 2
+            n = 2 if arity[opt] and not attached else 1
+            out.extend(args[i:i + n])
+            i += n
+            continue
+        if seen_sandbox:
+            return out + ["--"] + args[i:]
+        seen_sandbox = True
+        out.append(a)
+        i += 1
+    return out
+
+
 def shown_argv(argv: list[str]) -> str:
     """A command line for people: bytes that were not UTF-8 and control characters escaped."""
     from ..units import shown
