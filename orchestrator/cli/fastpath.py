@@ -23,19 +23,23 @@ count) makes the generator refuse the command until this module learns it.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from ._fastpath_table import COMMANDS
 from .common import print_version, split_trailing, take_global
 
 
-class Call(NamedTuple):
-    """A parsed hot command: its name, the function typer would call, the arguments."""
+class Call:
+    """A parsed hot command: its name, the function typer would call, the arguments.
+    (Not a NamedTuple: making one costs ~0.3 ms, a tenth of this module's budget.)"""
 
-    name: str
-    function: Callable[..., Any]
-    kwargs: dict[str, Any]
-    mutating: bool
+    __slots__ = ("name", "function", "kwargs", "mutating")
+
+    def __init__(self, name: str, function: Callable[..., Any], kwargs: dict[str, Any], mutating: bool) -> None:
+        self.name, self.function, self.kwargs, self.mutating = name, function, kwargs, mutating
+
+    def __repr__(self) -> str:
+        return f"Call({self.name!r}, {self.function.__qualname__}, {self.kwargs!r})"
 
 
 def parse(raw: list[str]) -> Call | None:
