@@ -86,8 +86,10 @@ def begin(op: str, argv: Sequence[str], via: str, *, reason: str | None = None, 
     return scope, _current.set(scope)
 
 
-def finish(scope: Scope, token: contextvars.Token | None, exit_code: int, result: str = "ok") -> None:
-    """Close the scope ``begin`` opened and append its row (nothing for a nested scope)."""
+def finish(scope: Scope, token: contextvars.Token | None, exit_code: int, result: str = "ok", *,
+           durable: bool = False) -> None:
+    """Close the scope ``begin`` opened and append its row (nothing for a nested scope).
+    ``durable``: the row's commit syncs the registry's WAL (``Registry.write``)."""
     if token is None:
         return
     _current.reset(token)
@@ -95,7 +97,7 @@ def finish(scope: Scope, token: contextvars.Token | None, exit_code: int, result
         events.reset_via(scope.via_token)
         scope.via_token = None
     if scope.record and scope.root is not None:
-        append(scope.root, scope, exit_code, result)
+        append(scope.root, scope, exit_code, result, durable=durable)
 
 
 @contextlib.contextmanager
@@ -148,7 +150,7 @@ def set_exit_code(code: int) -> None:
         scope.__dict__["reported_code"] = code
 
 
-def append(root: Path, scope: Scope, exit_code: int, result: str) -> None:
+def append(root: Path, scope: Scope, exit_code: int, result: str, *, durable: bool = False) -> None:
     from snapshot.store import Store
 
     from .registry import Registry
@@ -162,7 +164,7 @@ def append(root: Path, scope: Scope, exit_code: int, result: str) -> None:
         except Exception:  # noqa: BLE001 - no registry (deinit, a failed init): nothing to append to
             return
     try:
-        with reg.write() as db:
+        with reg.write(durable=durable) as db:
             db.execute("INSERT INTO audit(ts, op, argv, uid, sudo_uid, via, client, reason, result, exit_code, ids,"
                        " duration_s, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (scope.ts, scope.op, json.dumps(scope.argv), scope.uid, scope.sudo_uid, scope.via,

@@ -224,11 +224,32 @@ class Registry:
         self.db.close()
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction; taken immediately so concurrent writers queue, not deadlock.
+
+        ``durable``: the commit syncs the WAL (``synchronous = FULL`` for it), so it and
+        every commit before it survive a power loss. Other commits are synced when SQLite
+        checkpoints (``NORMAL``), which a process that ends without closing its connection
+        (the CLI's hot commands: ``orchestrator.cli``) never does at its end.
 
         On a nearly full filesystem the reserve is released first: a write transaction
         cannot be retried from here once its statements ran."""
+        if not durable:
+            with self._transaction() as db:
+                yield db
+            return
+        self.db.execute("PRAGMA synchronous = FULL")
+        try:
+            with self._transaction() as db:
+                yield db
+        finally:
+            try:
+                self.db.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error:
+                pass  # closed meanwhile: nothing more to write through it
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         try:
             if _free_bytes(self.path.parent) < RESERVE_BYTES:
                 release_reserve(self.path.parent)

@@ -463,8 +463,12 @@ _HEAVY = ("textual", "mcp", "ray", "trio", "pydantic", "orchestrator.cli.race", 
 
 def _modules_after(argv, cwd):
     """The modules a real `python -m orchestrator.cli ARGV` process has loaded when it exits."""
+    # the hot commands end with os._exit (no atexit): the dump runs on either way out
     code = ("import atexit, json, os, runpy, sys\n"
-            "atexit.register(lambda: os.write(2, ('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n').encode()))\n"
+            "dump = lambda: os.write(2, ('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n').encode())\n"
+            "atexit.register(dump)\n"
+            "_exit = os._exit\n"
+            "os._exit = lambda code: (dump(), _exit(code))\n"
             f"sys.argv = ['petri', *{list(argv)!r}]\n"
             "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)\n")
     cp = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)

@@ -147,10 +147,11 @@ def fail(message: str, code: int) -> int:
 
 
 def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[[], Any], *,
-                read_only: bool = False) -> int:
+                read_only: bool = False, durable: bool = False) -> int:
     """Run one command: ``parse()`` (argv; returns the command's name), its audit row
     (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
-    exit code (``{"error", "exit_code"}`` under ``--json``)."""
+    exit code (``{"error", "exit_code"}`` under ``--json``). ``durable``: the audit row's
+    commit syncs the registry (for a process that will not close it: ``orchestrator.cli``)."""
     scope = token = None
     message = "ok"
     try:
@@ -189,7 +190,8 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
                 code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
     if scope is not None:
         from .. import audit
-        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}")
+        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
+                     durable=durable)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

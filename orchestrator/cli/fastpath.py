@@ -154,12 +154,14 @@ def _convert(kind: str, value: str) -> Any:
         return None
 
 
-def run(call: Call, raw: list[str]) -> int:
-    """Run a parsed hot command at the CLI's edge (errors -> one line and an exit code)."""
+def run(call: Call, raw: list[str], *, durable: bool = False) -> int:
+    """Run a parsed hot command at the CLI's edge (errors -> one line and an exit code);
+    ``durable``: see ``common.at_the_edge``."""
     from .common import at_the_edge
 
     if call.name == "--version":
         call.function()
         return 0
-    return at_the_edge(raw, lambda: call.name, lambda: call.function(**call.kwargs), read_only=not call.mutating)
+    return at_the_edge(raw, lambda: call.name, lambda: call.function(**call.kwargs), read_only=not call.mutating,
+                       durable=durable)
 
