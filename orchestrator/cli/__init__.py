@@ -54,15 +54,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .. import events
     from .common import G
     from .fastpath import parse, run
-
-    events.set_via("cli")  # read-only commands open no audit scope, yet may write events (an expiry)
 
     raw = list(sys.argv[1:] if argv is None else argv)
     before = dict(vars(G))
     call = parse(raw)
+    if call is None or call.name != "--version":
+        from .. import events
+
+        events.set_via("cli")  # read-only commands open no audit scope, yet may write events (an expiry)
     if call is not None:
         ends = argv is None  # the process's own entry point (in-process callers get the code back)
         code = run(call, raw, durable=ends)

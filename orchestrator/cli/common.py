@@ -1,21 +1,21 @@
 """What every ``petri`` command shares, with no typer in it: the global flags, the API
 workspace a command works on, output, and the edge where errors become exit codes.
 
-Kept free of typer and click on purpose: ``petri --version`` and ``petri ls`` run from here
-and ``listing.py`` alone (see ``orchestrator/cli/__init__.py``), without the typer app.
+Kept free of typer and click on purpose: the hot commands run from here without the typer
+app (``orchestrator.cli.fastpath``). And of typing, json and the error classes at import:
+``petri --version`` needs none of them (they cost ~3 ms; every other command loads them
+anyway).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
-
-from snapshot.errors import PetriError
-
-from ..output import Output
-
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from ..api import Workspace
+    from ..output import Output
 
 VERSION = "0.1.0"
 
@@ -36,6 +36,8 @@ G = Globals()
 
 
 def out() -> Output:
+    from ..output import Output
+
     return Output(G.json)
 
 
@@ -60,6 +62,8 @@ def parse_timeout(text: str | None) -> float | None:
 
 def print_version() -> None:
     if G.json:
+        from ..output import Output
+
         Output(True).doc({"version": VERSION})
     else:
         print(f"petri {VERSION}")
@@ -142,6 +146,8 @@ def fail(message: str, code: int) -> int:
     line = shown(message, limit=2000)  # one line, whatever the input held
     print(f"petri: {line}", file=sys.stderr, flush=True)
     if G.json:
+        from ..output import Output
+
         Output(True).doc({"error": line, "exit_code": code})
     return code
 
@@ -152,6 +158,8 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
     (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
     exit code (``{"error", "exit_code"}`` under ``--json``). ``durable``: the audit row's
     commit syncs the registry (for a process that will not close it: ``orchestrator.cli``)."""
+    from snapshot.errors import PetriError
+
     scope = token = None
     message = "ok"
     try:

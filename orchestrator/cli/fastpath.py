@@ -23,10 +23,13 @@ count) makes the generator refuse the command until this module learns it.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
 
 from ._fastpath_table import COMMANDS
 from .common import print_version, split_trailing, take_global
+
+TYPE_CHECKING = False  # without importing typing: `petri --version` needs it not
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 class Call:
