@@ -4,8 +4,10 @@ lazily from its own module, as click's "lazy loading of subcommands" pattern doe
 ``COMMANDS`` names each command's module and one-line help (SPEC's command table), so
 ``petri --help`` lists every command without importing one, and ``petri ls`` imports only
 the module of ``ls``: the MCP SDK, Textual, Ray, trio and the merge engine load only with
-the commands that use them. Each command module has a typer app of its own
-(``command_app()``); the lazy group turns a command of it into a click command on first use.
+the commands that use them. Each command module declares its commands on a ``command_app()``
+(``orchestrator.cli.declare``: typer's own registration, replayed into a typer app only when
+a command goes through typer); the lazy group turns a command of it into a click command on
+first use. The hot commands usually skip all this: ``orchestrator.cli.fastpath``.
 
 Global flags (``--json``, ``--debug``, ``--workspace``, ``--reason``) are accepted anywhere
 before ``--``: ``_normalise`` takes them out of argv before click sees it.
