@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
     from typing import Any, Callable
