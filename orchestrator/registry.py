@@ -15,7 +15,11 @@ and the open or the write tried again, and a write that still cannot be done is 
 error (``StoreFull``, exit 1). The reserve comes back once there is room again.
 
 Caveats: space freed on btrfs by deleting a subvolume comes back only as the cleaner works;
-the reserve is allocated with ``fallocate`` and skipped where that is not supported.
+the reserve is allocated with ``fallocate`` and skipped where that is not supported. Commits
+are ``synchronous = NORMAL``: one survives a power loss once the WAL is synced, by SQLite's
+checkpoint (automatic every ~1000 pages, and when the last connection closes) or by a later
+``write(durable=True)``; the CLI's hot commands never close theirs and end with such a write
+(``orchestrator.cli``).
 """
 from __future__ import annotations
 
