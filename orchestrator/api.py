@@ -28,7 +28,6 @@ takes a new one); a sync call made from inside a running trio loop blocks that l
 """
 from __future__ import annotations
 
-import base64
 import functools
 import os
 import threading
@@ -1000,6 +999,8 @@ def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
 
 
 def _b64(p: bytes) -> str:
+    import base64  # not at import: every command would pay for what file reads use
+
     return base64.b64encode(p).decode()
 
 

@@ -14,7 +14,6 @@ creator's pid) before its tree is made, and a snapshot row after its tree is com
 """
 from __future__ import annotations
 
-import base64
 import os
 import re
 from pathlib import Path
@@ -28,7 +27,6 @@ from snapshot.store import Store
 from snapshot.osutil import rmtree
 
 from . import events, recovery
-from .sandbox import reaper
 from .limits import Limits
 from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
@@ -53,6 +51,8 @@ def path_fields(p: bytes) -> dict[str, str]:
     try:
         p.decode("utf-8")
     except UnicodeDecodeError:
+        import base64  # rare (a path that is not UTF-8): not an import of every command
+
         d["path_b64"] = base64.b64encode(p).decode()
     return d
 
@@ -399,6 +399,8 @@ class Engine:
         """Kill every process of the sandbox's runs (in any petri process), remove their
         cgroups and the per-run views of its tree; its live runs' records end ``killed_by:
         why``. How many processes were killed."""
+        from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
+
         self.registry.mark_live_runs(row.id, why)
         try:
             return reaper.kill_sandbox(row.id)
@@ -463,6 +465,8 @@ class Engine:
                 with self.backend.snapshot_view(self.store, target.id) as src:
                     ops = plan_restore(bytes(src), bytes(self.root))
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
+        import base64
+
         doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
                "changed_b64": [base64.b64encode(p).decode() for p in changed],
                "safety_snapshot": safety.id}

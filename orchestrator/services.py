@@ -30,7 +30,7 @@ from .registry import SandboxRow, SnapshotRow, now
 class Engine(core.Engine):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        audit.bind(root)  # the open audit scope learns which workspace it is about
+        audit.bind(root, self.registry)  # the open audit scope learns which workspace it is about
 
     def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
         row = super().record_snapshot(row)

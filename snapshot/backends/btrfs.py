@@ -59,7 +59,6 @@ import errno
 import os
 import stat
 import struct
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
@@ -76,7 +75,8 @@ from ..store import Store
 if TYPE_CHECKING:
     from ..idmap import IdMap
     from ..osutil import PathLike
-from ..tree import StatKey, TreeCopier, copy_xattrs, walk
+# subprocess (btrfs send, qgroups) and ..tree (convert's copy) are imported where used: ~3 ms
+# that every fork, ls and status of a btrfs workspace would pay for nothing.
 
 SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
@@ -322,6 +322,8 @@ def convert_to_subvolume(path: PathLike, progress: Progress | None = None) -> No
     if os.path.ismount(src):
         raise SnapshotError(detail=f"{shown} is a mount point; convert the filesystem it mounts instead")
 
+    from ..tree import StatKey, TreeCopier, copy_xattrs, walk
+
     total = 0
     for rel, est in walk(src):
         if est.st_dev != st.st_dev:
@@ -428,6 +430,8 @@ def parse_send_stream(data: bytes) -> set[bytes]:
 
 def send_paths(parent: Path, snap: Path) -> set[bytes]:
     """Candidate paths between two read-only subvolumes of one filesystem (root only)."""
+    import subprocess
+
     r = subprocess.run(["btrfs", "send", "-q", "--no-data", "-p", os.fspath(parent), os.fspath(snap),
                         "-f", "/dev/stdout"], capture_output=True)
     if r.returncode != 0:
@@ -466,6 +470,8 @@ class BtrfsQgroups(DiskCap):
         # Quotas cost every snapshot on this filesystem (bench/RESULTS.md: forks 2.5-4x
         # slower): they are turned on only now that a --disk cap is asked for, they stay on,
         # and the user is told so, with the way back.
+        import subprocess
+
         for argv in (["btrfs", "quota", "enable", str(self.store.root)],
                      ["btrfs", "quota", "rescan", "-w", str(self.store.root)]):
             cp = subprocess.run(argv, capture_output=True, text=True)
@@ -478,6 +484,8 @@ class BtrfsQgroups(DiskCap):
                 f"them off again and lifts every --disk cap on that filesystem"]
 
     def apply(self, store: Store, sb_id: str, limit: int) -> None:
+        import subprocess
+
         tree = store.sandbox_tree(sb_id)
         cp = subprocess.run(["btrfs", "qgroup", "limit", "-e", str(limit), str(tree)], capture_output=True, text=True)
         if cp.returncode != 0:
