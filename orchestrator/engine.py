@@ -304,6 +304,7 @@ class Engine:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
         made = [self.sandbox_by_id(r.id) for r in rows]
         for row in rows:
+            self.backend.note_usage(self.store, row.id)
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made
 

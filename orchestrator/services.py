@@ -18,6 +18,7 @@ entry ids, no KPI rows, no ``--from <sandbox>`` and only the syntax check of lim
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,11 @@ class Engine(core.Engine):
         got = staleness(self, row)
         kpi.record(self.registry, "staleness", now() - started, subject=row.id)
         return got
+
+    def one_look(self) -> AbstractContextManager[None]:
+        """For a listing: every ``staleness`` inside looks at live once per base."""
+        from .staleness import one_look
+        return one_look(self)
 
     def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
         """Undo a promotion; a stage of a graduated promotion undoes the later stages of its

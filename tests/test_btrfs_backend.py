@@ -317,6 +317,14 @@ def test_unprivileged_lifecycle(btrfs_dir, unprivileged_user):
         res["link"] = os.lstat(t / "f").st_ino == os.lstat(t / "f2").st_ino
         with b.frozen_view(s, "sb-1") as v:
             res["frozen"] = (v / "f").read_text()
+        # No tree search without root: the lstat walk, which makes nothing either.
+        tmp_before = os.listdir(s.tmp)
+        c = b.change_candidates(s, "sb-1", "s-1", "s-1")
+        res["cands"] = [c.source, sorted(p.decode() for p in c.paths)]
+        (ws / "g").write_text("live")
+        with b.live_candidates(s, "s-1", lambda top: False) as got:
+            res["live_cands"] = [got[2].source, sorted(p.decode() for p in got[2].paths)]
+        res["made"] = sorted(set(os.listdir(s.tmp)) - set(tmp_before))
         b.destroy_clone(s, "sb-1")
         b.delete_snapshot(s, "s-1")
         res["left"] = os.listdir(s.tmp) + os.listdir(s.snapshots) + os.listdir(s.sandboxes)
@@ -326,6 +334,8 @@ def test_unprivileged_lifecycle(btrfs_dir, unprivileged_user):
     res = json.loads(out)
     assert res["check"][0] is True and "user_subvol_rm_allowed" in res["check"][1]
     assert res["live"] == "base" and res["link"] is True and res["frozen"] == "sandbox"
+    assert res["cands"] == ["inode-keys", ["f", "f2"]]  # both names of the hard link
+    assert res["live_cands"] == ["inode-keys", ["g"]] and res["made"] == []
     assert res["left"] == [] and res["subvols"] == []
     # Only the workspace and its store remain as subvolumes: every delete really deleted.
     assert sorted(subvolumes_under(btrfs_dir)) == [btrfs_dir / "ws", btrfs_dir / "ws" / ".petri"]
@@ -534,3 +544,4 @@ def test_convert_as_the_owner(btrfs_dir, unprivileged_user):
     assert is_subvolume(d) and state(d) == before
     assert os.lstat(d).st_uid == u.uid
     assert sorted(os.listdir(btrfs_dir)) == ["proj"]
+
