@@ -299,6 +299,12 @@ class Backend(Protocol):
         file is made for it."""
         return contextlib.nullcontext(None)
 
+    def live_unchanged_since(self, store: Store, snap_id: str) -> bool:
+        """Is live provably what snapshot ``snap_id`` (a snapshot of live) holds, cheaply
+        enough that a fork from live may clone that snapshot instead of taking a new one?
+        False where the backend cannot tell (a new snapshot is then always taken)."""
+        return False
+
     # -- reading without making anything ----------------------------------------------------------
 
     def read_view(self, store: Store, snap_id: str) -> AbstractContextManager[Path]:

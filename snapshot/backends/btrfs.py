@@ -22,7 +22,10 @@ found by generation, O(changes), with the tree search (``btrfs_generations``) wh
 everything the subvolume holds (root, nothing of it waiting for a commit or a write-back),
 and otherwise by an ``lstat`` walk that compares each inode's key with the snapshot's
 (``snapshot.candidates.inode_key_candidates``: O(files) stats, no reads), which sees writes
-still in the page cache. Either only narrows a compare by content.
+still in the page cache. Either only narrows a compare by content. A fork from live clones
+the newest implicit snapshot again when live is provably unchanged since it
+(``live_unchanged_since``: its ``ctransid`` and no write waiting, else a short walk), so
+forks stop committing the filesystem's transaction and piling up snapshots.
 
 ``--disk``: a qgroup limit on the sandbox's subvolume (exclusive bytes). Quotas are
 switched on for the whole filesystem by the first ``--disk`` (they make every snapshot
@@ -53,6 +56,9 @@ Caveats:
   filesystem has no data waiting to be written back (its qgroup's, with quotas): most of
   the time change sets and staleness take the ``lstat`` walk, O(files) stats. A diff of a
   sandbox a command runs in reads a frozen view (a read-only snapshot, removed after).
+- Reading live can update atimes (relatime), which moves its ``ctransid``: a fork right
+  after such a read takes a new snapshot. (The walk compares keys for equality only, so no
+  clock is trusted.)
 - ``--disk`` needs root (qgroup commands), and its limit goes on after the clone: writes
   through the host path before ``after_fork`` (or the first run) are not capped.
 """
@@ -71,7 +77,7 @@ import btrfsutil
 
 from ..backend import (FULL, Backend, Candidates, DiskCap, DiskUsage, Leftover, LiveCandidates, Progress, Say,
                        SnapshotResult, refuse_clone_options)
-from ..candidates import inode_key_candidates, prune_dirs
+from ..candidates import WalkBudget, inode_key_candidates, prune_dirs
 from ..errors import (BackendUnavailable, DiskFull, DiskLimitUnavailable, PetriError, SnapshotError,
                       TreeChangedDuringCopy)
 from ..osutil import BTRFS_SUPER_MAGIC, FS_NAMES, fs_magic, fsync_dir, mount_of, rename_exchange
@@ -85,6 +91,9 @@ from ..tree import StatKey, TreeCopier, copy_xattrs, walk
 
 SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
 _STORE = STORE_NAME.encode()
+# How long a fork from live may spend proving live unchanged (an lstat walk, when writes wait
+# in the page cache somewhere on the filesystem) before it takes a new snapshot instead.
+LIVE_CHECK_BUDGET_S = 0.25
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
 BTRFS_IOC_FS_INFO = 0x8400941F
 
@@ -693,6 +702,24 @@ class BtrfsBackend(Backend):
             yield None
             return
         yield base, store.workspace, cands
+
+    def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
+        """By generation, O(1): live's ``ctransid`` (in memory) is still the snapshot's (no
+        transaction touched it since) and no write waits in the page cache
+        (``btrfs_generations.data_quiet``). Otherwise an ``lstat`` walk decides (it sees
+        writes in the page cache; a moved ``ctransid`` may be only an atime update), stopping
+        at the first difference, or at ``budget_s``: then a new snapshot is taken."""
+        import time
+
+        tree = self._tree(store, snap_id)
+        try:
+            live, snap = G.subvol_info(store.workspace), G.subvol_info(tree)
+            if live.ctransid == snap.ctransid and G.data_quiet(store.workspace, live.id):
+                return True
+            return not inode_key_candidates(tree, store.workspace, _store_or_staging, first=True,
+                                            deadline=time.monotonic() + budget_s)
+        except (OSError, WalkBudget):
+            return False
 
 
 def _store_or_staging(name: bytes) -> bool:
