@@ -53,11 +53,14 @@ __all__ = ["FULL", "Candidates", "changes", "exclude_top", "is_running", "narrow
 STAGING_PREFIX = b".petri-staging-"
 
 
-def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path | None, tree: Path | None) -> Candidates:
+def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path | None, tree: Path | None, *,
+                       since: str | None = None) -> Candidates:
     """Where the sandbox may differ from the snapshot its changes are counted against (its
-    lineage's origin), from the backend's own record; ``base`` and ``tree`` are the views the
-    caller reads (None: nothing is read through the sandbox's mount)."""
-    return engine.backend.change_candidates(engine.store, row.id, row.base, diff_base(engine, row), base, tree)
+    lineage's origin, or ``since`` when the caller knows it), from the backend's own record;
+    ``base`` and ``tree`` are the views the caller reads (None: nothing is read through the
+    sandbox's mount)."""
+    return engine.backend.change_candidates(engine.store, row.id, row.base,
+                                            diff_base(engine, row) if since is None else since, base, tree)
 
 
 def narrow(cands: Candidates, user_paths: Sequence[bytes]) -> list[bytes] | None:

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 import stat
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -150,6 +150,9 @@ class BaseSide:
     def __init__(self, engine: "Engine", base_id: str, stack: ExitStack):
         self.engine, self.base_id, self.stack = engine, base_id, stack
         self._root: bytes | None = None
+        # A snapshot never changes: what was read of it holds for the look.
+        self._entries: dict[bytes, Ent | None] = {}
+        self._keys: dict[bytes, tuple[int, ...] | None] = {}
         self.layers = engine.backend.snapshot_layers(engine.store, base_id)
         if self.layers is not None:
             from snapshot.layers import layer_lookup
@@ -162,10 +165,30 @@ class BaseSide:
         return self._root
 
     def entry(self, rel: bytes) -> Ent | None:
-        if self.layers is not None:
-            p = self._lookup(self.layers, rel)
-            return None if p is None else entry_of(p)
-        return _entry_beneath(self.root(), rel)
+        if rel not in self._entries:
+            if self.layers is not None:
+                p = self._lookup(self.layers, rel)
+                self._entries[rel] = None if p is None else entry_of(p)
+            else:
+                self._entries[rel] = _entry_beneath(self.root(), rel)
+        return self._entries[rel]
+
+    def key(self, rel: bytes) -> tuple[int, ...] | None:
+        """The stat key of ``rel`` in the snapshot (its tree, not its layers)."""
+        if rel not in self._keys:
+            self._keys[rel] = _key_beneath(self.root(), rel)
+        return self._keys[rel]
+
+
+def _base_side(engine: "Engine", base_id: str, stack: ExitStack) -> BaseSide:
+    """The base's reader: shared by the rows of one look (``one_look``), else for ``stack``."""
+    look = engine.__dict__.get("_base_sides")
+    if look is None:
+        return BaseSide(engine, base_id, stack)
+    sides, look_stack = look
+    if base_id not in sides:
+        sides[base_id] = BaseSide(engine, base_id, look_stack)
+    return sides[base_id]
 
 
 def _entry_beneath(root: bytes, rel: bytes) -> Ent | None:
@@ -481,18 +504,23 @@ def one_look(engine: "Engine") -> Iterator[None]:
         yield  # an outer look is already open
         return
     engine.__dict__["_live_changes_memo"] = {}
-    try:
-        yield
-    finally:
-        del engine.__dict__["_live_changes_memo"]
+    with ExitStack() as stack:
+        engine.__dict__["_base_sides"] = ({}, stack)
+        try:
+            yield
+        finally:
+            del engine.__dict__["_live_changes_memo"]
+            del engine.__dict__["_base_sides"]
 
 
 def _display(p: bytes) -> str:
     return p.decode("utf-8", "backslashreplace")
 
 
-def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes]) -> list[bytes]:
-    """Which of ``live_paths`` the sandbox changed too (content-compared)."""
+def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes],
+                base_id: str | None = None) -> list[bytes]:
+    """Which of ``live_paths`` the sandbox changed too (content-compared) against
+    ``base_id`` (default: its ``diff_base``)."""
     if not live_paths:
         return []
     from merge.safefs import SafeTree
@@ -500,13 +528,14 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
 
     tree = engine.sandbox_tree(row)
     shared = engine.backend.shares_inodes()
+    since = diff_base(engine, row) if base_id is None else base_id
     with ExitStack() as stack:
-        base = BaseSide(engine, diff_base(engine, row), stack)
+        base = _base_side(engine, since, stack)
         # Sharing inodes with its base, the sandbox is compared path by path by stat (O(live
         # changes), no record needed); else the backend's record over-approximates and the
         # compare below decides. No trees are handed over: nothing is read through the
         # sandbox's mount for the candidates.
-        cands = FULL if shared else sandbox_candidates(engine, row, None, None)
+        cands = FULL if shared else sandbox_candidates(engine, row, None, None, since=since)
         # Where reading through the mount would count as the sandbox's own reads (fuse),
         # the sandbox side is read from its layers.
         sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
@@ -516,7 +545,7 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
                 if not cands.covers(p):
                     continue
                 if shared and base.layers is None:
-                    bkey = _key_beneath(base.root(), p)
+                    bkey = base.key(p)
                     if bkey is not None and bkey == _safe_key(st, p):
                         continue  # the very inode the base holds, untouched
                 sb_ent: Ent | None = None
@@ -562,7 +591,8 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
         return None
     if row.state == "creating":
         return None
-    live = live_changes(engine, diff_base(engine, row))
+    base_id = diff_base(engine, row)
+    live = live_changes(engine, base_id)
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
@@ -573,7 +603,7 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no read set: results_may_not_hold from live alone
         read_set = None
     try:
-        over = overlapping(engine, row, live.paths)
+        over = overlapping(engine, row, live.paths, base_id)
     except Exception as e:  # a sandbox tree that cannot be read now: say so, do not fail `ls`
         doc["overlapping"] = None
         doc["error"] = f"{type(e).__name__}: {e}"

@@ -110,7 +110,7 @@ from ..candidates import prune_dirs
 from ..errors import OverlayMountFailed, SnapshotError
 from ..idmap import IdMap
 from ..idmap import syscall as _syscall
-from ..osutil import atomic_write, libc, mounts, mounts_under, rmtree, syncfs
+from ..osutil import atomic_write, fs_magic, libc, mounts_under, rmtree, syncfs
 from ..store import STORE_NAME, Store
 from ..tree import FICLONE, apply_meta
 
@@ -305,9 +305,19 @@ def overlay_mounts_under(root: bytes) -> list[bytes]:
     return [m.mountpoint for m in mounts_under(root, lambda t: t == "overlay")]
 
 
+OVERLAYFS_SUPER_MAGIC = 0x794C7630
+
+
 def is_overlay_mounted(path: bytes) -> bool:
-    path = os.path.realpath(path)
-    return any(m.mountpoint == path and m.fstype == "overlay" for m in mounts())
+    """Is an overlay mounted at ``path``? Its filesystem's magic and a device other than its
+    parent's: O(1), where reading the mount table was O(mounts) for every sandbox of a
+    listing (``ensure_clone``), so O(sandboxes^2) for ``petri ls``."""
+    try:
+        here = os.stat(path)
+        parent = os.stat(os.path.join(path, b".."))
+        return here.st_dev != parent.st_dev and fs_magic(path) == OVERLAYFS_SUPER_MAGIC
+    except OSError:
+        return False
 
 
 # -- the backend --------------------------------------------------------------------------------
