@@ -845,7 +845,11 @@ class OverlayBackend(Backend):
         return upper if upper.is_dir() else None
 
     def _recorded_candidates(self, store: Store, sb_id: str, base: Path | None, tree: Path | None) -> Candidates:
-        return upper_candidates(store.sandbox_dir(sb_id) / self._record(store, sb_id)["upper"], base, tree)
+        rec = self._record(store, sb_id)
+        # Without trees to read (staleness), copied-up directories are pruned against the
+        # layers the sandbox is mounted on, read straight from them.
+        lowers = self._layer_paths(store, rec["layers"]) if base is None or tree is None else None
+        return upper_candidates(store.sandbox_dir(sb_id) / rec["upper"], base, tree, lowers)
 
     def _widen(self, store: Store, cands: Candidates, cloned_from: str, since: str) -> Candidates:
         """``cands`` plus what the layers between ``since`` and ``cloned_from`` hold (what the
@@ -950,18 +954,31 @@ class OverlayBackend(Backend):
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def upper_candidates(upper: Path, base: Path | None, tree: Path | None) -> Candidates:
+def upper_candidates(upper: Path, base: Path | None, tree: Path | None,
+                     lowers: list[bytes] | None = None) -> Candidates:
     """What an upper dir (or a layer) says may differ: its entries, whiteouts, opaque and
     renamed directories as whole subtrees; directories only copied up dropped where both
-    trees are given (``snapshot.candidates.prune_dirs``)."""
+    trees are given (``snapshot.candidates.prune_dirs``), or else where ``lowers`` (the
+    layers beneath the upper, top first) hold a directory with the same bits there."""
     plain: set[bytes] = set()
     whole: set[bytes] = set()
-    for rel, kind, _st in L.layer_entries(os.fsencode(upper)):
+    for rel, kind, st in L.layer_entries(os.fsencode(upper)):
         if kind in ("opaque_dir", "redirect_dir", "whiteout"):
             whole.add(rel)
+        elif lowers is not None and stat.S_ISDIR(st.st_mode) and _lower_dir_bits(lowers, rel) == \
+                stat.S_IMODE(st.st_mode):
+            continue  # copied up: its changed children are entries of their own
         else:
             plain.add(rel)
     return Candidates(frozenset(prune_dirs(base, tree, plain) | whole), "upper")
+
+
+def _lower_dir_bits(lowers: list[bytes], rel: bytes) -> int | None:
+    found = L.layer_lookup(lowers, rel)
+    if found is None:
+        return None
+    st = os.lstat(found)
+    return stat.S_IMODE(st.st_mode) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _idmap_json(idmap: IdMap | None) -> list[int] | None:
