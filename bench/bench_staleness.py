@@ -51,8 +51,8 @@ MiB = 1 << 20
 GROWTH_TARGET = {20: 1.5, 200: 3.0}
 
 
-def petri(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run([PETRI, *args], cwd=ws, env=cli_env())
+def petri(ws: Path, *args: str, cmd: Path | str = PETRI) -> subprocess.CompletedProcess[str]:
+    return run([cmd, *args], cwd=ws, env=cli_env())
 
 
 def timed(argv: list, cwd: Path | None = None) -> float:
@@ -68,12 +68,12 @@ def p50(xs: list[float]) -> float:
 class Session:
     """One workspace with N sandboxes, changed as the module doc says."""
 
-    def __init__(self, root: Path, backend: str, n: int, tree: Path) -> None:
-        self.ws = root / f"ws-{backend}-{n}"
-        self.backend, self.n = backend, n
+    def __init__(self, root: Path, backend: str, n: int, tree: Path, cmd: Path | str = PETRI, tag: str = "") -> None:
+        self.ws = root / f"ws-{backend}-{n}{tag}"
+        self.backend, self.n, self.cmd = backend, n, cmd
         copy_tree_into(tree, self.ws, subvolume=backend == "btrfs")
-        petri(self.ws, "init", "--backend", backend, "--json")
-        forked = json.loads(petri(self.ws, "fork", "-n", str(n), "--json").stdout)["sandboxes"]
+        petri(self.ws, "init", "--backend", backend, "--json", cmd=cmd)
+        forked = json.loads(petri(self.ws, "fork", "-n", str(n), "--json", cmd=cmd).stdout)["sandboxes"]
         self.first = forked[0]["id"]
         files = sorted(p for p in self.ws.rglob("*.py") if p.is_file() and not p.is_symlink()
                        and ".petri" not in p.parts)
@@ -89,7 +89,7 @@ class Session:
                 f.write("# live moved\n")
 
     def method(self) -> str:
-        doc = json.loads(petri(self.ws, "--json", "status", self.first).stdout)["sandboxes"][0]["stale"]
+        doc = json.loads(petri(self.ws, "--json", "status", self.first, cmd=self.cmd).stdout)["sandboxes"][0]["stale"]
         return f"{doc['method']}, {doc['live_changed']} changed, {len(doc['overlapping'])} overlapping"
 
     def store_state(self) -> tuple[int, int]:
@@ -99,8 +99,8 @@ class Session:
 
     def remove(self) -> None:
         try:
-            petri(self.ws, "rm", "--all", "--json")
-            petri(self.ws, "deinit", "--force", "--json")
+            petri(self.ws, "rm", "--all", "--json", cmd=self.cmd)
+            petri(self.ws, "deinit", "--force", "--json", cmd=self.cmd)
         except RuntimeError as e:
             log(f"cleanup of {self.ws}: {e}")
         remove_path(self.ws)
@@ -118,25 +118,28 @@ def mounts_under(root: Path) -> int:
 
 def part1(report: Report, args: argparse.Namespace, tree, work: Path, btrfs_mount: Path) -> None:
     counts = args.counts
-    sessions: dict[tuple[str, int], Session] = {}
+    codes = [("this branch", PETRI, "")] + ([("before", Path(args.before), "-before")] if args.before else [])
+    sessions: dict[tuple[str, str, int], Session] = {}
     try:
-        for backend, root in (("btrfs", btrfs_mount), ("overlay", work)):
-            for n in counts:
-                log(f"{backend}: a workspace with {n} sandboxes")
-                sessions[backend, n] = Session(root, backend, n, tree.path)
+        for code, cmd, tag in codes:
+            for backend, root in (("btrfs", btrfs_mount), ("overlay", work)):
+                for n in counts:
+                    log(f"{backend}: a workspace with {n} sandboxes ({code})")
+                    sessions[code, backend, n] = Session(root, backend, n, tree.path, cmd, tag)
         before = {k: s.store_state() for k, s in sessions.items()}
         subvols_before, mounts_before = subvolume_count(btrfs_mount), mounts_under(work) + mounts_under(btrfs_mount)
         methods = {k: s.method() for k, s in sessions.items()}
         version: list[float] = []
-        cells: dict[tuple[str, int, str], list[float]] = {}
+        cells: dict[tuple[str, str, int, str], list[float]] = {}
         load_start = loadavg()
         for r in range(args.runs):
             version.append(timed([PETRI, "--version"]))
             order = list(sessions.items())
             order = order[r % len(order):] + order[:r % len(order)]  # no cell always first
-            for (backend, n), s in order:
-                cells.setdefault((backend, n, "ls"), []).append(timed([PETRI, "ls"], cwd=s.ws))
-                cells.setdefault((backend, n, "status"), []).append(timed([PETRI, "status", s.first], cwd=s.ws))
+            for (code, backend, n), s in order:
+                cells.setdefault((code, backend, n, "ls"), []).append(timed([s.cmd, "ls"], cwd=s.ws))
+                cells.setdefault((code, backend, n, "status"), []).append(
+                    timed([s.cmd, "status", s.first], cwd=s.ws))
             log(f"round {r + 1}/{args.runs}")
         load_end = loadavg()
         after = {k: s.store_state() for k, s in sessions.items()}
@@ -145,25 +148,29 @@ def part1(report: Report, args: argparse.Namespace, tree, work: Path, btrfs_moun
         report.section("`petri ls` and `petri status` as sandboxes grow",
                        f"Tree {tree.name} ({tree.files:,} files); {args.runs} interleaved rounds; load average "
                        f"{load_start} at the first round, {load_end} after the last. `petri --version` p50 "
-                       f"{fmt_s(v)} in the same rounds.")
+                       f"{fmt_s(v)} in the same rounds."
+                       + (f" \"before\": the same commands run by `{args.before}` (the code to compare with), "
+                          "on workspaces it made, in the same rounds." if args.before else ""))
         rows = []
-        for backend in ("btrfs", "overlay"):
-            for cmd in ("ls", "status"):
-                base = p50(cells[backend, counts[0], cmd])
-                for n in counts:
-                    x = p50(cells[backend, n, cmd])
-                    growth = x / base
-                    target = GROWTH_TARGET.get(n) if not args.quick else None
-                    rows.append([backend, cmd, n, fmt_s(x), fmt_s(max(cells[backend, n, cmd])),
-                                 f"{growth:.2f}x", fmt_ratio(x, v),
-                                 f"<= {target}x" if target else "-",
-                                 verdict(growth, target) if target else "-"])
-        report.table(["backend", "command", "sandboxes", "p50", "max", f"/ same at {counts[0]}",
+        for code, _cmd, _tag in codes:
+            for backend in ("btrfs", "overlay"):
+                for cmd in ("ls", "status"):
+                    base = p50(cells[code, backend, counts[0], cmd])
+                    for n in counts:
+                        x = p50(cells[code, backend, n, cmd])
+                        growth = x / base
+                        target = GROWTH_TARGET.get(n) if not args.quick else None
+                        rows.append([code, backend, cmd, n, fmt_s(x), fmt_s(max(cells[code, backend, n, cmd])),
+                                     f"{growth:.2f}x", fmt_ratio(x, v),
+                                     f"<= {target}x" if target else "-",
+                                     verdict(growth, target) if target else "-"])
+        report.table(["code", "backend", "command", "sandboxes", "p50", "max", f"/ same at {counts[0]}",
                       "/ petri --version", "target", "verdict"], rows)
-        made = [f"{k[0]}/{k[1]}: tmp/ {before[k][0]} -> {after[k][0]} entries"
-                + ("" if before[k][1] == after[k][1] else " (tmp/ touched)") for k in sessions]
+        made = [f"{k[1]}/{k[2]}{' (before)' if k[0] == 'before' else ''}: tmp/ {before[k][0]} -> {after[k][0]} "
+                "entries" + ("" if before[k][1] == after[k][1] else " (tmp/ touched)") for k in sessions]
         report.text("Staleness method and verdict seen (`petri status --json`, first sandbox): "
-                    + "; ".join(f"{b} {n}: {m}" for (b, n), m in methods.items()) + ".")
+                    + "; ".join(f"{b} {n}{' (before)' if c == 'before' else ''}: {m}"
+                                for (c, b, n), m in methods.items()) + ".")
         report.text(f"Made by all the rounds: btrfs subvolumes {subvols_before} -> {subvols_after}, mounts under "
                     f"the work trees {mounts_before} -> {mounts_after}, " + "; ".join(made) + ".")
     finally:
@@ -284,6 +291,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--usage-runs", type=int, default=3, help="8 MiB writes per quota setting")
     ap.add_argument("--counts", default="1,20,200", help="sandbox counts of part 1, the first is the reference")
     ap.add_argument("--parts", default="1,2", help="which parts to run")
+    ap.add_argument("--before", help="a petri command running other code, measured beside this one in part 1")
     args = ap.parse_args(argv[1:])
     args.counts = [int(c) for c in ("1,3,6" if args.quick else args.counts).split(",")]
     parts = {int(x) for x in args.parts.split(",")}
