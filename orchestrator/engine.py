@@ -250,7 +250,7 @@ class Engine:
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
         lineage: dict[str, Any] = {}
         if source == "live":
-            base = self.take_snapshot("fork from live", kind="implicit")
+            base = self.snapshot_for_fork()
         else:
             base, lineage = self.fork_source(source)
         created = now()
@@ -304,8 +304,22 @@ class Engine:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
         made = [self.sandbox_by_id(r.id) for r in rows]
         for row in rows:
+            self.backend.note_usage(self.store, row.id)
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made
+
+    def snapshot_for_fork(self) -> SnapshotRow:
+        """The snapshot a fork from live clones: the newest snapshot of live again when it is
+        an implicit one and the backend proves live unchanged since (``live_unchanged_since``:
+        btrfs, by generation), else a new implicit one. Each fork used to take its own, which
+        on btrfs commits the filesystem's transaction and leaves a subvolume behind."""
+        with self.lock():
+            self.recover_promotions(locked=True)
+            latest = self.registry.latest_snapshot()
+            if latest is not None and latest.kind == "implicit" and \
+                    self.backend.live_unchanged_since(self.store, latest.id):
+                return latest
+            return self._take_snapshot_locked("fork from live", "implicit", None)
 
     def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
         """The snapshot a fork from ``source`` (not ``live``) clones, and the lineage its

@@ -302,6 +302,7 @@ async def run_in_sandbox(
     peak = max([p for p in (res.peak_memory_bytes, row.peak_memory_bytes) if p is not None], default=None)
     engine.registry.update_sandbox(row.id, peak_memory_bytes=peak)
     _settle_state(engine, row.id, n)
+    engine.backend.note_usage(engine.store, row.id)  # listings only read: a walked figure is kept now
     doc = run_doc(engine, row.id, n)
     doc["cgroup_mode"] = res.cgroup_mode
     doc["run_as"] = who.to_json()
