@@ -314,8 +314,10 @@ def copy_xattrs(src_fd: int, dst_fd: int, allow: frozenset[bytes]) -> None:
 
 
 def write_new_file(dir_fd: int, name: bytes, chunks: Iterable[bytes], mode: int, *,
-                   owner: tuple[int, int] | None = None) -> str:
-    """Create a regular file (must not exist), write, set bits, fsync; return its content id."""
+                   owner: tuple[int, int] | None = None, durable: bool = True) -> str:
+    """Create a regular file (must not exist), write, set bits, fsync; return its content id.
+    ``durable=False`` leaves out the fsync: for a caller that makes many files durable at once
+    (one ``syncfs``) before anything relies on them."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
@@ -330,7 +332,8 @@ def write_new_file(dir_fd: int, name: bytes, chunks: Iterable[bytes], mode: int,
             os.fchown(fd, *owner)
         # after chown: chown clears setuid bits anyway, but we never set them
         os.chmod(fd, safe_mode(mode))
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         return h.hexdigest()
     finally:
         os.close(fd)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import PromotionNotUndoable, UndoConflict, UnknownPromotion
-from ..journal import PRE, PromotionDir, WorkspaceLock, fault_point, list_promotions, unb64
+from ..journal import PRE, PromotionDir, WorkspaceLock, fault_point, list_promotions, syncfs_fd, unb64
 from ..safefs import SafeTree
 from .model import display
 from .scratch import cleanup, is_parked, open_or_make, open_pd, unpark_preimages, park_preimages
@@ -44,6 +44,7 @@ def recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]]
         record = pd.read_journal()
         with SafeTree(live) as lt:
             if state == "interrupted" and all_new(lt, record["ops"]):
+                syncfs_fd(lt.fd, live)  # the renames a kill may have left unflushed, before done
                 fault_point("fsync")
                 pd.mark("done")
                 pd.drop_staging()

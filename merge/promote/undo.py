@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import PathThroughSymlink, UnsafePath
-from ..journal import fault_point, unb64
+from ..journal import fault_point, syncfs_fd, unb64
 from ..safefs import SafeTree
-from .model import State, ancestors, depth, matches, same, state_of_node
+from .model import State, ancestors, matches, same, state_of_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +180,8 @@ def undo_records(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]],
         if not _run_undo_step(lt, pre_fd, s):
             left.append(s.path)
         fault_point("undo")
-    for d in sorted({b"/".join(unb64(r["path"]).split(b"/")[:-1]) for r in records},
-                    key=depth, reverse=True):
-        try:
-            lt.fsync_dir(d)
-        except (OSError, PathThroughSymlink, UnsafePath):
-            pass
+    # One flush for every rename and removal above, before the caller's undone mark.
+    syncfs_fd(lt.fd, lt.root)
     return list(dict.fromkeys(left))
 
 
