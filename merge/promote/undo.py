@@ -51,6 +51,7 @@ class _UndoPlanner:
     def __init__(self, lt: SafeTree, has_pre: Callable[[bytes], bool]):
         self.lt, self.has_pre = lt, has_pre
         self.sim: dict[bytes, State | None] = {}
+        self.sim_children: dict[bytes, set[bytes]] = {}  # directory -> names of its paths in sim
         self.fresh: set[bytes] = set()  # paths whose live object a step replaces or removes
         self.steps: list[UndoStep] = []
         self.blocked: list[bytes] = []
@@ -66,6 +67,8 @@ class _UndoPlanner:
              **kw: Any) -> None:
         self.steps.append(UndoStep(verb, path, expect, **kw))
         self.sim[path] = after
+        parent, _, name = path.rpartition(b"/")
+        self.sim_children.setdefault(parent, set()).add(name)
         if verb != "chmod":
             self.fresh.add(path)
 
@@ -77,8 +80,10 @@ class _UndoPlanner:
                 names = set(self.lt.listdir(path))
             except (OSError, PathThroughSymlink, UnsafePath):
                 return False
+        # An index, not a scan of sim: a scan per directory was quadratic in a promotion
+        # that made thousands of directories.
+        names |= self.sim_children.get(path, set())
         prefix = path + b"/"
-        names |= {p[len(prefix):] for p in self.sim if p.startswith(prefix) and b"/" not in p[len(prefix):]}
         return all(self.cur(prefix + n) is None for n in names)
 
     def record(self, rec: dict[str, Any]) -> None:
