@@ -419,3 +419,20 @@ def test_span_counts_match_the_byte_by_byte_port(parts):
     other = _span_counts_reference(data[::-1])
     assert copied_bytes(span_counts(data), span_counts(data[::-1])) == \
         sum(min(v, other[h]) for h, v in want.items() if h in other)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=4),
+                                st.booleans()), min_size=1, max_size=12),
+       rel=st.lists(st.sampled_from([b"a", b"b.txt", b"d", b"ab.txt", b"*", b"x"]), min_size=1, max_size=4),
+       is_dir=st.booleans())
+def test_rules_verdict_is_the_last_matching_pattern(lines, rel, is_dir):
+    """Rules answers with one combined regex for the unanchored patterns; the answer is still
+    git's: the last pattern of the file that matches decides, ! re-includes."""
+    from merge.ignore import Rules
+    text = b"".join((b"!" if neg else b"") + b"".join(parts) + (b"/" if d else b"") + b"\n"
+                    for neg, parts, d in lines)
+    pats = parse_patterns(text)
+    path = b"/".join(rel)
+    want = next((not p.negated for p in reversed(pats) if p.matches(path, is_dir)), None)
+    assert Rules(pats).verdict(path, is_dir) == want, (text, path, is_dir)
