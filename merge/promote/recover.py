@@ -20,7 +20,7 @@ from ..journal import PRE, PromotionDir, WorkspaceLock, fault_point, list_promot
 from ..safefs import SafeTree
 from .model import display
 from .scratch import cleanup, is_parked, open_or_make, open_pd, unpark_preimages, park_preimages
-from .undo import all_new, changed_since, undo_records, plan_undo
+from .undo import LiveStates, all_new, changed_since, plan_undo, undo_records
 
 
 def recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]]:
@@ -102,8 +102,9 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
         ops = record["ops"]
         pre_dir = pd.path / PRE if is_parked(pd) else pd.pre
         with SafeTree(live) as lt:
-            plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
-            blocked = [*changed_since(lt, ops), *plan.blocked]
+            states = LiveStates(lt)  # each touched path read and hashed once for both checks
+            plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)), states)
+            blocked = [*changed_since(lt, ops, states), *plan.blocked]
             if blocked:
                 raise UndoConflict(promotion=promotion_id,
                                    paths=", ".join(display(p) for p in sorted(set(blocked))))
