@@ -23,7 +23,10 @@ renames, some binary): ``petri diff``, ``petri diff --stat``, ``petri promote`` 
 rollback p-…`` as whole processes, interleaved round by round with the baseline ``petri
 rollback s-…`` of the same change (promoted again, untimed, then undone by restoring the
 sandbox's base snapshot). Target: each <= 3x the baseline. The first round also checks by
-content that live equals the sandbox after the promotion and the base after each undo.
+content that live equals the sandbox after the promotion and the base after each undo. Then a
+rename-heavy change set (``--renames ADDED,DELETED``, default 10,000 added and 100 deleted:
+inside git's rename limit, so every added file is span-hashed) times ``tree_changes`` beside
+``git diff --no-index -M`` on the same two plain trees.
 
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as root
 from the repository root: ``.venv/bin/python -m bench.bench_merge --quick`` (a 10k tree, a
@@ -45,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import (CACHE, PETRI, Report, cli_env, copy_tree_into, ensure_git_repo, ensure_tree, fmt_ratio,
+from .common import (CACHE, PETRI, REPO, Report, cli_env, copy_tree_into, ensure_git_repo, ensure_tree, fmt_ratio,
                      fmt_s, kill_fuse_daemons_under, loadavg, log, make_loopfs, measure, percentile, remove_path,
                      run, sigterm_as_interrupt, sweep_stale_images, sweep_stale_work_dirs, verdict)
 
@@ -328,17 +331,66 @@ def bench_big(backend: str, tree, counts: list[int], runs: int, work: Path, rows
             kill_fuse_daemons_under(work)
 
 
+RENAME_CODE = ("import sys, time\nfrom merge.changes import tree_changes\nt = time.perf_counter()\n"
+               "ch = tree_changes(sys.argv[1], sys.argv[2])\n"
+               "print(time.perf_counter() - t, sum(c.status == 'renamed' for c in ch))")
+
+
+def bench_renames(tree, added: int, deleted: int, runs: int, work: Path, rows: dict) -> None:
+    """A rename-heavy change inside git's rename limit: ``added`` files of the tree copied to
+    new names and ``deleted`` others on the old side only, so every added file is span-hashed
+    for inexact renames. ``tree_changes`` in a fresh process, interleaved with ``git diff
+    --no-index -M`` on the same two trees."""
+    files = []
+    for dp, _dn, fn in os.walk(tree.path):
+        files += [os.path.join(dp, f) for f in fn if not os.path.islink(os.path.join(dp, f))]
+    files.sort()
+    pick = random.Random(0).sample(files, added + deleted)
+    old, new = work / "renames-old", work / "renames-new"
+    for i, f in enumerate(pick[:deleted]):
+        (old / "old").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, old / "old" / f"o{i}")
+    for i, f in enumerate(pick[deleted:]):
+        d = new / f"new{i // 100}"
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, d / f"n{i}")
+    size = sum(os.path.getsize(f) for f in pick[deleted:])
+    py = REPO / ".venv" / "bin" / "python"
+    ours, theirs, found = [], [], set()
+    loads = [loadavg()]
+    for _ in range(runs):
+        r = run([py, "-c", RENAME_CODE, old, new], cwd=REPO)
+        t, n = r.stdout.split()
+        ours.append(float(t))
+        found.add(f"petri {n}")
+        t0 = time.perf_counter()
+        g = subprocess.run(["git", "-c", "diff.renameLimit=1000", "diff", "--no-index", "-M", "--name-status",
+                            old, new], capture_output=True)
+        theirs.append(time.perf_counter() - t0)
+        found.add(f"git {sum(1 for ln in g.stdout.splitlines() if ln.startswith(b'R'))}")
+    loads.append(loadavg())
+    po, pg = percentile(ours, 50), percentile(theirs, 50)
+    rows.setdefault("renames", []).append((f"{added:,} added ({size / 1e6:.0f} MB), {deleted} deleted", fmt_s(po),
+                                           fmt_s(pg), fmt_ratio(po, pg), ", ".join(sorted(found)),
+                                           " / ".join(loads)))
+    remove_path(old)
+    remove_path(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=None,
                     help=f"tree size (default 60000 = the py60k tree; {BIG_TREE} with --big)")
     ap.add_argument("--changes", default=None, help="changed files per cell (default 10,100,1000; "
                                                     "10,1000,10000 with --big)")
-    ap.add_argument("--backends", default=None, help="default btrfs,overlay,copy; btrfs,overlay with --big")
+    ap.add_argument("--backends", default=None, help="default btrfs,overlay,copy; btrfs,overlay with --big; "
+                                                      "none: only --big's rename-heavy case")
     ap.add_argument("--runs", type=int, default=None, help="default 7; 3 with --big")
     ap.add_argument("--quick", action="store_true", help="10k tree, 10 and 100 changes, 3 runs")
     ap.add_argument("--big", action="store_true",
                     help="issue 18.3: diff, promote and its undo against rollback s-… of the same change")
+    ap.add_argument("--renames", default="10000,100", metavar="ADDED,DELETED",
+                    help="with --big: the rename-heavy change set beside git diff -M (empty: skip it)")
     args = ap.parse_args(argv)
     big = args.big
     files = args.files or (BIG_TREE if big else 10000 if args.quick else 60000)
@@ -360,11 +412,15 @@ def main(argv: list[str] | None = None) -> int:
                  sys.argv if argv is None else ["bench_merge", *argv])
     rows: dict = {}
     try:
-        for b in backends.split(","):
+        for b in [x for x in backends.split(",") if x and x != "none"]:
             if big:
                 bench_big(b, tree, counts, runs, work, rows)
             else:
                 bench_backend(b, tree, counts, runs, work, rows)
+        if big and args.renames:
+            added, deleted = (int(x) for x in args.renames.split(","))
+            log(f"renames: {added} added, {deleted} deleted")
+            bench_renames(tree, added, deleted, runs, work, rows)
     except KeyboardInterrupt:
         log("interrupted: printing what was measured")
     finally:
@@ -403,6 +459,13 @@ def _report_big(rep: Report, tree, runs: int, rows: dict) -> None:
              "base (a full compare by content).")
     rep.table(["backend", "changed", "rollback s-… (baseline)", "diff", "ratio", "diff --stat", "ratio", "promote",
                "ratio", "rollback p-…", "ratio", "<= 3x", "check", "load (start / end)"], rows.get("big", []))
+    if rows.get("renames"):
+        rep.section("A rename-heavy change set beside `git diff --no-index -M` (same two trees)")
+        rep.text("Inside git's rename limit (added x deleted <= 1000 x 1000), so every added file is span-hashed "
+                 "for inexact renames. `merge.changes.tree_changes` timed inside a fresh process (its start-up "
+                 "left out), `git diff --no-index -M --name-status` as a whole process, interleaved; p50.")
+        rep.table(["change", "tree_changes", "git diff -M", "ratio", "renames found", "load (start / end)"],
+                  rows["renames"])
     if rows.get("big_errors"):
         rep.section("Errors")
         rep.table(["backend", "changed", "error"], rows["big_errors"])
