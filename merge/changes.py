@@ -506,26 +506,31 @@ def find_renames(deleted: Mapping[bytes, Entry], added: Mapping[bytes, Entry],
     if not ((len(left) <= rename_limit or len(srcs) <= rename_limit)
             and len(left) * len(srcs) <= rename_limit * rename_limit):
         return out
-    counter = diffalgo.SpanCounter()
-    old_data: dict[bytes, bytes] = {}
+    # Span counts, not blobs, are kept: a source's once for the whole matrix, a destination's
+    # for its own row. Pairs scoring under the minimum never take one of a row's 4 slots
+    # (git's NUM_CANDIDATE_PER_DST): they would sort after every pair that can be used.
+    src_counts: dict[int, dict[int, int]] = {}
     scored: list[tuple[int, int, int, int]] = []
+    max_score = diffalgo.MAX_SCORE
     for di, d in enumerate(left):
         dsize = added[d].size
-        new_data = None
+        dst_counts = None
         best4: list[tuple[int, int, int, int]] = []
         for si, s in enumerate(cands):
             ssize = deleted[s].size
-            mx, mn = max(ssize, dsize), min(ssize, dsize)
-            # git's size pre-check, done before reading either blob.
-            if mx * (diffalgo.MAX_SCORE - minimum_score) < (mx - mn) * diffalgo.MAX_SCORE:
+            mx, mn = (ssize, dsize) if ssize > dsize else (dsize, ssize)
+            # git's size pre-check, done before reading either blob; an empty file scores 0.
+            if mx * (max_score - minimum_score) < (mx - mn) * max_score or not dsize:
                 score = 0
             else:
-                if new_data is None:
-                    new_data = read_new(d)
-                if s not in old_data:
-                    old_data[s] = read_old(s)
-                score = diffalgo.similarity(old_data[s], new_data, minimum_score=minimum_score,
-                                            counter=counter, src_key=s, dst_key=d)
+                if dst_counts is None:
+                    dst_counts = diffalgo.span_counts(read_new(d))
+                sc = src_counts.get(si)
+                if sc is None:
+                    sc = src_counts[si] = diffalgo.span_counts(read_old(s))
+                score = diffalgo.copied_bytes(sc, dst_counts) * max_score // mx
+            if score < minimum_score:
+                continue
             best4.append((-score, -int(_basename_same(s, d)), di, si))
             best4.sort()
             del best4[4:]

@@ -11,7 +11,10 @@ two unrelated 5k-line files (9.7 ms against 699 ms). Its cost: ``import pygit2``
 ~47 ms, paid only by commands that diff lines (diff, promote, race).
 
 ``similarity`` is git's rename score (diffcore-delta span hashing), ported: libgit2's own
-similarity (hashsig) scores differently from git's.
+similarity (hashsig) scores differently from git's. ``span_counts`` is git's hash_chars with
+the per-byte state update as one 64-bit rotate-and-add, and each distinct chunk (a line, at
+most 64 bytes) hashed once per process: source trees repeat many lines. A rename matrix at
+git's limit over 10,000 added files (93 MB) spent 42 s in the byte-by-byte port.
 
 Caveats: pygit2's ``merge_file_from_index`` cannot replace ``merge.merge3`` (it needs a
 repository and decodes the merged result as UTF-8: a file with other bytes raises), so the
@@ -31,70 +34,72 @@ def is_binary(data: bytes) -> bool:
     return b"\0" in data[:_FIRST_FEW_BYTES]
 
 
-def _span_counts(data: bytes) -> dict[int, int]:
-    # Chunks end at LF or after 64 bytes; a trailing chunk without either is not counted,
-    # exactly as git's hash_chars does.
-    text = not is_binary(data)
+_M64 = (1 << 64) - 1
+_ADD_HIGH = tuple(c << 32 for c in range(256))
+_SPAN_MEMO_MAX = 1 << 17
+_span_memo: dict[bytes, int] = {}  # chunk -> its bucket: source files repeat many lines
+
+
+def _chunk_hash(chunk: bytes) -> int:
+    # git's hash_chars state (a1, a2) is the 64-bit word a1:a2 rotated left by 7 per byte
+    # (a1 << 7 ^ a2 >> 25 and a2 << 7 ^ a1 >> 25 share no bits), then the byte added to the
+    # high half mod 2^32, which is adding c << 32 mod 2^64: one rotate and one add per byte.
+    x = 0
+    for c in chunk:
+        x = (((x << 7) | (x >> 57)) + _ADD_HIGH[c]) & _M64
+    return (((x >> 32) + (x & _M32) * 0x61) & _M32) % _HASHBASE
+
+
+def span_counts(data: bytes) -> dict[int, int]:
+    """git's hash_chars: {bucket: bytes}. Chunks end at LF or after 64 bytes; a trailing
+    chunk without either is not counted; in text, a CR before an LF is skipped (not hashed,
+    not counted), which is removing every CRLF's CR first."""
+    if not is_binary(data):
+        data = data.replace(b"\r\n", b"\n")
     counts: dict[int, int] = {}
-    n = 0
-    a1 = a2 = 0
-    size = len(data)
-    i = 0
-    while i < size:
-        c = data[i]
-        i += 1
-        if text and c == 13 and i < size and data[i] == 10:
-            continue
-        old1 = a1
-        a1 = (((a1 << 7) & _M32) ^ (a2 >> 25))
-        a2 = (((a2 << 7) & _M32) ^ (old1 >> 25))
-        a1 = (a1 + c) & _M32
-        n += 1
-        if n < 64 and c != 10:
-            continue
-        h = ((a1 + a2 * 0x61) & _M32) % _HASHBASE
-        counts[h] = counts.get(h, 0) + n
-        n = 0
-        a1 = a2 = 0
+    get = counts.get
+    memo = _span_memo
+    if len(memo) > _SPAN_MEMO_MAX:
+        memo.clear()
+    lines = data.split(b"\n")
+    last = lines.pop()  # no LF after it: only its whole 64-byte chunks count
+    for line in lines:
+        line += b"\n"
+        n = len(line)
+        for i in range(0, n, 64):
+            chunk = line[i:i + 64] if n > 64 else line
+            h = memo.get(chunk)
+            if h is None:
+                h = memo[chunk] = _chunk_hash(chunk)
+            counts[h] = get(h, 0) + len(chunk)
+    for i in range(0, len(last) - 63, 64):
+        chunk = last[i:i + 64]
+        h = memo.get(chunk)
+        if h is None:
+            h = memo[chunk] = _chunk_hash(chunk)
+        counts[h] = get(h, 0) + 64
     return counts
 
 
-class SpanCounter:
-    """Caches span counts per blob so an n x m rename matrix hashes each blob once."""
-
-    def __init__(self) -> None:
-        self._cache: dict[object, dict[int, int]] = {}
-
-    def counts(self, key: object, data: bytes) -> dict[int, int]:
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = _span_counts(data)
-        return got
+def copied_bytes(src_counts: dict[int, int], dst_counts: dict[int, int]) -> int:
+    """git's diffcore_count_changes' src_copied: per bucket, the bytes both sides have."""
+    if len(src_counts) > len(dst_counts):
+        src_counts, dst_counts = dst_counts, src_counts
+    copied = 0
+    for h in src_counts.keys() & dst_counts.keys():  # the intersection in C: few in unrelated files
+        sc, dc = src_counts[h], dst_counts[h]
+        copied += sc if sc < dc else dc
+    return copied
 
 
-def similarity(src: bytes, dst: bytes, *, minimum_score: int = DEFAULT_RENAME_SCORE,
-               counter: SpanCounter | None = None, src_key: object = None,
-               dst_key: object = None) -> int:
+def similarity(src: bytes, dst: bytes, *, minimum_score: int = DEFAULT_RENAME_SCORE) -> int:
     """git's estimate_similarity for two regular files: 0..MAX_SCORE (60000 = identical)."""
     max_size = max(len(src), len(dst))
     base_size = min(len(src), len(dst))
     delta = max_size - base_size
-    if max_size * (MAX_SCORE - minimum_score) < delta * MAX_SCORE:
+    if max_size * (MAX_SCORE - minimum_score) < delta * MAX_SCORE or not dst:
         return 0
-    if counter is not None:
-        sc_counts = counter.counts(("s", src_key), src)
-        dc_counts = counter.counts(("d", dst_key), dst)
-    else:
-        sc_counts = _span_counts(src)
-        dc_counts = _span_counts(dst)
-    copied = 0
-    for h, sc in sc_counts.items():
-        dc = dc_counts.get(h)
-        if dc:
-            copied += sc if sc < dc else dc
-    if not len(dst):
-        return 0
-    return copied * MAX_SCORE // max_size
+    return copied_bytes(span_counts(src), span_counts(dst)) * MAX_SCORE // max_size
 
 
 def similarity_percent(score: int) -> int:

@@ -196,6 +196,53 @@ class Pattern:
         return self.rx.fullmatch(rel, len(self.prefix)) is not None
 
 
+class Rules:
+    """One ignore file's patterns, asked "which pattern has the last word on this path?" with
+    the unanchored ones (most of a .gitignore: ``*.pyc``, ``__pycache__/``) as one regex over
+    the basename instead of one match call each (a 60-line .gitignore made every path of a
+    10,000-file change set cost 60 Python calls per directory level that has rules)."""
+
+    __slots__ = ("patterns", "_files", "_dirs", "_anchored")
+
+    def __init__(self, patterns: list[Pattern]):
+        self.patterns = patterns
+        numbered = list(enumerate(patterns))
+        self._files = self._combine([(i, p) for i, p in numbered if not p.anchored and not p.dir_only])
+        self._dirs = self._combine([(i, p) for i, p in numbered if not p.anchored])
+        self._anchored = [(i, p) for i, p in reversed(numbered) if p.anchored]
+
+    @staticmethod
+    def _combine(pats: list[tuple[int, Pattern]]) -> tuple[re.Pattern[bytes], list[int]] | None:
+        if not pats:
+            return None
+        # The last pattern in the file first: fullmatch takes the first alternative that
+        # matches, and a wildmatch regex has no capturing group of its own, so the group
+        # that matched names the pattern.
+        order = [i for i, _ in reversed(pats)]
+        rx = re.compile(b"|".join(b"(" + p.rx.pattern + b")" for _, p in reversed(pats)), re.DOTALL)
+        return rx, order
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def verdict(self, rel: bytes, is_dir: bool) -> bool | None:
+        """True (ignored) or False (re-included) by the last pattern matching ``rel`` (relative
+        to the file's directory), None when none does."""
+        best = -1
+        combined = self._dirs if is_dir else self._files
+        if combined is not None:
+            m = combined[0].fullmatch(rel.rpartition(b"/")[2])
+            if m is not None:
+                best = combined[1][m.lastindex - 1]  # type: ignore[operator]
+        for i, p in self._anchored:
+            if i < best:
+                break
+            if p.matches(rel, is_dir):
+                best = i
+                break
+        return None if best < 0 else not self.patterns[best].negated
+
+
 def _trim_trailing_spaces(line: bytes) -> bytes:
     # git removes trailing spaces unless the last one is escaped with a backslash.
     end = len(line)
@@ -420,9 +467,11 @@ class IgnoreRules:
         self.sandbox = None if sandbox is None else os.fsencode(sandbox)
         self.base = None if base is None else os.fsencode(base)
         self._per_dir: dict[bytes, list[Pattern]] = {}
+        self._rules: dict[bytes, Rules] = {}
         self._from_sandbox: set[bytes] = set()  # directories whose patterns are the sandbox's
         self._exclude = parse_patterns(_read_beneath(self.root, b".git/info/exclude") or b"")
         self._global = parse_patterns(_read_outside(excludes_file) or b"") if excludes_file else []
+        self._outer = (Rules(self._exclude), Rules(self._global))
         self._honour_index = honour_index
         # Ignored directories entered only because they hold tracked files: everything
         # untracked beneath them is ignored.
@@ -478,26 +527,33 @@ class IgnoreRules:
             return False
         return True
 
+    def rules_of(self, d: bytes) -> Rules:
+        got = self._rules.get(d)
+        if got is None:
+            got = self._rules[d] = Rules(self.patterns_of(d))
+        return got
+
     def _rules_say(self, path: bytes, is_dir: bool) -> bool:
         parts = path.split(b"/")
         in_base: bool | None = None
         # Deepest .gitignore first: it has the last word.
         for depth in range(len(parts) - 1, -1, -1):
             d = b"/".join(parts[:depth])
-            rel = b"/".join(parts[depth:])
-            pats = self.patterns_of(d)
-            if pats and d in self._from_sandbox and self.base is not None:
+            rules = self.rules_of(d)
+            if not rules:
+                continue
+            if d in self._from_sandbox and self.base is not None:
                 if in_base is None:
                     in_base = _exists_beneath(self.base, path)
                 if in_base:
                     continue
-            for pat in reversed(pats):
-                if pat.matches(rel, is_dir):
-                    return not pat.negated
-        for pats in (self._exclude, self._global):
-            for pat in reversed(pats):
-                if pat.matches(path, is_dir):
-                    return not pat.negated
+            said = rules.verdict(b"/".join(parts[depth:]), is_dir)
+            if said is not None:
+                return said
+        for rules in self._outer:
+            said = rules.verdict(path, is_dir)
+            if said is not None:
+                return said
         return False
 
     def path_ignored(self, path: bytes, is_dir: bool) -> bool:

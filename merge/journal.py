@@ -8,7 +8,8 @@ Layout, one directory per promotion under ``journal_dir`` (which lives in the wo
 store, so on the workspace's filesystem and renames into the workspace are atomic)::
 
     journal_dir/lock                 flock(2) held by whoever promotes, undoes or recovers
-    journal_dir/<id>/staging/s<n>    new content for op n (fsynced before the journal)
+    journal_dir/<id>/staging/s<n>    new content for op n (durable before the journal: one
+                                     syncfs of the workspace's filesystem, see execute.py)
     journal_dir/<id>/pre/p<n>        pre-image of op n: a hard link to the replaced inode
                                      (a copy where hard links are refused)
     journal_dir/<id>/journal.json    every op with the old and new state of its path; written
@@ -39,7 +40,7 @@ from pathlib import Path
 from snapshot.transaction import (DONE, FAULT_ENV, JOURNAL, LOCK, PRE, SCHEMA, STAGING, STEPS,
                                   UNDOING, UNDONE, TxnDir, TxnLock, atomic_write, b64, fault_point,
                                   list_txns, on_step, reset_faults, scratch_dirs, unb64)
-from snapshot.osutil import fsync_dir
+from snapshot.osutil import fsync_dir, syncfs_fd
 from snapshot.transaction import rmtree_counting as _rmtree_counting
 
 from .errors import JournalCorrupt, PromotionLocked
@@ -49,7 +50,7 @@ from .errors import JournalCorrupt, PromotionLocked
 __all__ = ["DONE", "FAULT_ENV", "JOURNAL", "LOCK", "PARKED", "PRE", "SCHEMA", "STAGING", "STEPS", "UNDOING",
            "UNDONE", "PromotionDir", "TxnDir", "TxnLock", "WorkspaceLock", "_rmtree_counting", "atomic_write",
            "b64", "fault_point", "fsync_dir", "list_promotions", "list_txns", "on_step", "reset_faults",
-           "scratch_dirs", "unb64"]
+           "scratch_dirs", "syncfs_fd", "unb64"]
 
 PARKED = "parked"  # pre-images were moved from the workspace's scratch dir into the journal
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import xxhash
 
@@ -80,10 +80,14 @@ def _needs_quote(c: int) -> bool:
     return c < 0x20 or c == 34 or c == 92 or c >= 0x7F
 
 
+# The same bytes as _needs_quote, for one scan in C over a whole name.
+_QUOTE_RE = re.compile(rb'[\x00-\x1f"\\\x7f-\xff]')
+
+
 def quote_path(name: bytes, prefix: bytes = b"") -> bytes:
     """``prefix + name`` quoted exactly as git quotes it (quote_c_style / quote_two)."""
     full = prefix + name
-    if not any(_needs_quote(c) for c in full):
+    if _QUOTE_RE.search(full) is None:
         return full
     out = bytearray(b'"')
     for c in full:
@@ -176,12 +180,15 @@ def _hunks(a: list[bytes], b: list[bytes], script: list[tuple[int, int, int, int
 
 
 def _b85_block(data: bytes) -> bytes:
+    # One encode for the whole buffer: a line's 52 bytes are 13 whole 4-byte groups, so
+    # slicing the encoding every 65 characters gives each line's own (padded) encoding.
+    enc = base64.b85encode(data, pad=True)
     out = bytearray()
-    for i in range(0, len(data), _B85_LINE):
-        chunk = data[i:i + _B85_LINE]
-        n = len(chunk)
+    per_line = _B85_LINE // 4 * 5
+    for k, i in enumerate(range(0, len(data), _B85_LINE)):
+        n = min(_B85_LINE, len(data) - i)
         out.append(ord("A") + n - 1 if n <= 26 else ord("a") + n - 27)
-        out += base64.b85encode(chunk, pad=True)
+        out += enc[k * per_line:k * per_line + (n + 3) // 4 * 5]
         out += b"\n"
     return bytes(out)
 
@@ -228,23 +235,11 @@ def _representable(e: Entry | None) -> Entry | None:
     return e if e is not None and e.kind in (KIND_FILE, KIND_SYMLINK) else None
 
 
-def _pairs(changes: Iterable[Change]) -> Iterable[tuple[Change, bytes, Entry | None, bytes, Entry | None]]:
-    """(change, old path, old entry, new path, new entry) as git would pair them; a type
-    change is split into a deletion and an addition, unrepresentable sides dropped."""
-    for c in changes:
-        old, new = _representable(c.old), _representable(c.new)
-        old_path = c.old_path if c.old_path is not None else c.path
-        if old is None and new is None:
-            continue
-        if c.status == "type_changed" and old is not None and new is not None:
-            yield c, old_path, old, c.path, None
-            yield c, c.path, None, c.path, new
-            continue
-        yield c, old_path, old, c.path, new
+_Lines = tuple[list[bytes], list[bytes], list[tuple[int, int, int, int]]]
 
 
 def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, new: Entry | None,
-         a: bytes, b: bytes, similarity: int | None) -> None:
+         a: bytes, b: bytes, similarity: int | None, lines: _Lines | None = None) -> None:
     out += b"diff --git " + quote_path(old_path, b"a/") + b" " + quote_path(new_path, b"b/") + b"\n"
     # b"" for the absent side: the caller passes only files and symlinks, which have a mode.
     om, nm = (git_mode(old) or "").encode(), (git_mode(new) or "").encode()
@@ -279,30 +274,17 @@ def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, ne
     # git adds a TAB after a name holding a space so GNU patch reads the whole name.
     out += b"--- " + la + (b"\t" if b" " in la else b"") + b"\n"
     out += b"+++ " + lb + (b"\t" if b" " in lb else b"") + b"\n"
-    ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
-    out += _hunks(ra, rb, diffalgo.diff_lines(ra, rb))
+    if lines is None:
+        ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
+        lines = ra, rb, diffalgo.diff_lines(ra, rb)
+    out += _hunks(*lines)
 
 
-def format_patch(changes: list[Change], base: Path, new: Path) -> bytes:
-    """The change set as a git-format patch (what `git diff --binary` prints)."""
+def patch_and_stats(changes: list[Change], base: Path, new: Path, *,
+                    with_patch: bool = True) -> tuple[bytes, list[FileStat]]:
+    """``format_patch`` and ``patch_stats`` in one pass: each blob read once and each pair
+    diffed once (``with_patch=False``: the stats alone, the patch ``b""``)."""
     out = bytearray()
-    blobs = _Blobs(base, new)
-    try:
-        for c, old_path, old, new_path, newe in _pairs(changes):
-            a = blobs.read("old", old_path, old)
-            b = blobs.read("new", new_path, newe)
-            _one(out, old_path, old, new_path, newe, a, b, c.similarity)
-    finally:
-        blobs.close()
-    return bytes(out)
-
-
-def patch_stats(changes: list[Change], base: Path, new: Path) -> list[FileStat]:
-    """Per changed path: status, modes and line counts as `git diff --numstat` counts them.
-
-    One entry per change that git can represent (a type change is one entry, counted as
-    the diff between the two contents, as git's numstat does); directories and ``other``
-    entries are left out."""
     stats: list[FileStat] = []
     blobs = _Blobs(base, new)
     try:
@@ -315,9 +297,11 @@ def patch_stats(changes: list[Change], base: Path, new: Path) -> list[FileStat]:
             b = blobs.read("new", c.path, newe)
             binary = diffalgo.is_binary(a) or diffalgo.is_binary(b)
             added = removed = 0
+            lines: _Lines | None = None
             if not binary and a != b:
                 ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
-                for _, n1, _, n2 in diffalgo.diff_lines(ra, rb):
+                lines = ra, rb, diffalgo.diff_lines(ra, rb)
+                for _, n1, _, n2 in lines[2]:
                     removed += n1
                     added += n2
             status = c.status
@@ -325,9 +309,31 @@ def patch_stats(changes: list[Change], base: Path, new: Path) -> list[FileStat]:
                 status = "added" if old is None else "deleted"
             stats.append(FileStat(c.path, status, c.old_path, binary, added, removed,
                                   git_mode(old), git_mode(newe), len(a), len(b)))
+            if not with_patch:
+                continue
+            if c.status == "type_changed" and old is not None and newe is not None:
+                # git shows a type change as a deletion followed by an addition
+                _one(out, old_path, old, c.path, None, a, b"", None)
+                _one(out, c.path, None, c.path, newe, b"", b, None)
+            else:
+                _one(out, old_path, old, c.path, newe, a, b, c.similarity, lines)
     finally:
         blobs.close()
-    return stats
+    return bytes(out), stats
+
+
+def format_patch(changes: list[Change], base: Path, new: Path) -> bytes:
+    """The change set as a git-format patch (what `git diff --binary` prints)."""
+    return patch_and_stats(changes, base, new)[0]
+
+
+def patch_stats(changes: list[Change], base: Path, new: Path) -> list[FileStat]:
+    """Per changed path: status, modes and line counts as `git diff --numstat` counts them.
+
+    One entry per change that git can represent (a type change is one entry, counted as
+    the diff between the two contents, as git's numstat does); directories and ``other``
+    entries are left out."""
+    return patch_and_stats(changes, base, new, with_patch=False)[1]
 
 
 def _stat_name(s: FileStat) -> str:

@@ -1086,7 +1086,7 @@ def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = ()
                with_patch: bool = True) -> tuple["SandboxRow", list[Any], bytes]:
     """The sandbox's row, its per-file stats (``merge.patch.FileStat``) and its patch bytes
     (empty unless ``with_patch``), read from a point-in-time view."""
-    from merge.patch import format_patch, patch_stats
+    from merge.patch import patch_and_stats
 
     from .changesets import changes, sandbox_views
 
@@ -1094,8 +1094,7 @@ def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = ()
     wanted = [_path_bytes(p) for p in paths]
     with sandbox_views(engine, row) as (base, tree):
         ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=wanted)
-        stats = patch_stats(ch, base, tree)
-        patch = format_patch(ch, base, tree) if with_patch else b""
+        patch, stats = patch_and_stats(ch, base, tree, with_patch=with_patch)
     return row, stats, patch
 
 

@@ -254,10 +254,16 @@ def syncfs(path: PathLike) -> None:
     files (fsync per file would cost one flush each)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if libc.syncfs(fd) != 0:
-            raise_errno(path)
+        syncfs_fd(fd, path)
     finally:
         os.close(fd)
+
+
+def syncfs_fd(fd: int, name: PathLike = "<fd>") -> None:
+    """syncfs(2) on the filesystem holding the open file ``fd`` (``name`` for the error).
+    Since Linux 5.8 it reports a writeback error of any file of that filesystem."""
+    if libc.syncfs(fd) != 0:
+        raise_errno(name)
 
 
 def atomic_write(path: PathLike, data: bytes, *, mode: int = 0o644,

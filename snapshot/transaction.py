@@ -240,7 +240,9 @@ class TxnDir:
         fsync_dir(self.path.parent)
 
     def write_journal(self, record: dict[str, Any]) -> None:
-        data = json.dumps(record, sort_keys=True, indent=1).encode()
+        # Compact: with ``indent`` json uses its pure-Python encoder, ~10x slower (0.5 s for
+        # a 10,000-op promotion).
+        data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
         fsync_dir(self.staging)
         fsync_dir(self.pre)
         atomic_write(self.path, JOURNAL, data, step="journal")

@@ -377,3 +377,62 @@ def test_tracked_files_are_never_ignored(tmp_path, index_version):
     got = {c.path for c in tree_changes(base, repo, ignore_root=repo)}
     assert {b"important.log", b"vendor/lib.c", b"vendor/deep/er/x.c"} <= got
     assert not got & {b"other.log", b"vendor/new.c", b"vendor/deep/new.c"}
+
+
+def _span_counts_reference(data: bytes) -> dict[int, int]:
+    """git's hash_chars (diffcore-delta.c) byte by byte, as it was first ported."""
+    from merge.diffalgo import is_binary
+    m32 = 0xFFFFFFFF
+    text = not is_binary(data)
+    counts: dict[int, int] = {}
+    n = a1 = a2 = 0
+    i = 0
+    while i < len(data):
+        c = data[i]
+        i += 1
+        if text and c == 13 and i < len(data) and data[i] == 10:
+            continue
+        old1 = a1
+        a1 = ((a1 << 7) & m32) ^ (a2 >> 25)
+        a2 = ((a2 << 7) & m32) ^ (old1 >> 25)
+        a1 = (a1 + c) & m32
+        n += 1
+        if n < 64 and c != 10:
+            continue
+        h = ((a1 + a2 * 0x61) & m32) % 107927
+        counts[h] = counts.get(h, 0) + n
+        n = a1 = a2 = 0
+    return counts
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n", b"\0", b"\xff", b"x" * 63, b"y" * 64,
+                                 b"z" * 65, b"word ", b"\n\n"]), max_size=60))
+@example([b"x" * 63, b"\r\n"])  # a CR skipped right at the 64-byte boundary
+@example([b"y" * 64, b"y" * 64])  # whole chunks only, no LF at all
+def test_span_counts_match_the_byte_by_byte_port(parts):
+    from merge.diffalgo import copied_bytes, span_counts
+    data = b"".join(parts)
+    want = _span_counts_reference(data)
+    assert span_counts(data) == want
+    assert span_counts(data) == want  # again, through the chunk memo
+    other = _span_counts_reference(data[::-1])
+    assert copied_bytes(span_counts(data), span_counts(data[::-1])) == \
+        sum(min(v, other[h]) for h, v in want.items() if h in other)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=4),
+                                st.booleans()), min_size=1, max_size=12),
+       rel=st.lists(st.sampled_from([b"a", b"b.txt", b"d", b"ab.txt", b"*", b"x"]), min_size=1, max_size=4),
+       is_dir=st.booleans())
+def test_rules_verdict_is_the_last_matching_pattern(lines, rel, is_dir):
+    """Rules answers with one combined regex for the unanchored patterns; the answer is still
+    git's: the last pattern of the file that matches decides, ! re-includes."""
+    from merge.ignore import Rules
+    text = b"".join((b"!" if neg else b"") + b"".join(parts) + (b"/" if d else b"") + b"\n"
+                    for neg, parts, d in lines)
+    pats = parse_patterns(text)
+    path = b"/".join(rel)
+    want = next((not p.negated for p in reversed(pats) if p.matches(path, is_dir)), None)
+    assert Rules(pats).verdict(path, is_dir) == want, (text, path, is_dir)

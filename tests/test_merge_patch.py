@@ -350,6 +350,31 @@ def test_similarity_matches_git_scores(git_home, trees):
         assert {c.status for c in changes} == {"added", "deleted"}
 
 
+def test_many_inexact_renames_match_git(git_home, trees):
+    """A 30 x 30 rename matrix (CRLF lines, lines past 64 bytes, repeated lines, files without
+    a final newline, near and far copies): pairs and similarity scores as git's, byte for byte."""
+    import random
+    base, new, work = trees
+    rng = random.Random(5)
+    pool = [b"line %d of the shared corpus\n" % i for i in range(60)] + [b"\n", b"    }\n", b"{\r\n"] + \
+        [b"long " * rng.randrange(14, 40) + b"%d\n" % i for i in range(20)] + [b"crlf %d\r\n" % i for i in range(10)]
+    src_spec, dst_spec = {}, {}
+    for i in range(30):
+        lines = [rng.choice(pool) for _ in range(rng.randrange(5, 60))]
+        data = b"".join(lines)
+        if i % 7 == 3:
+            data = data.rstrip(b"\n") + b" and no newline" + b"x" * rng.randrange(0, 130)
+        src_spec[b"src/f%02d.txt" % i] = data
+        keep = rng.choice([0.3, 0.5, 0.7, 0.9, 1.0])
+        edited = [ln for ln in lines if rng.random() < keep] + [rng.choice(pool) for _ in range(rng.randrange(0, 8))]
+        dst_spec[b"dst/g%02d.txt" % ((i * 7) % 30)] = b"".join(edited)
+    build(base, src_spec)
+    build(new, dst_spec)
+    changes = tree_changes(base, new)
+    assert sum(c.status == "renamed" for c in changes) >= 5  # the matrix did pair files
+    check_roundtrip(git_home, base, new, work, use_gnu_patch=False)
+
+
 # ---------------------------------------------------------------------------------------
 # Random trees and random edits.
 

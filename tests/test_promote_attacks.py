@@ -181,3 +181,40 @@ def test_git_and_store_never_promoted(trees):
     assert not (t.live / ".git").exists()
     assert not (t.live / ".petri" / "registry.db").exists()
     assert not Path("/tmp/petri-pwned").exists()
+
+
+@pytest.mark.parametrize("resolver", ["openat2", "walk"])
+def test_resolution_refuses_symlinks_either_way(tmp_path, outside, monkeypatch, resolver):
+    """SafeTree resolves a directory in one openat2 where the kernel has it, else component by
+    component: both refuse a symlink (or a file) anywhere on the way, and name it."""
+    from merge import safefs
+    from merge.errors import PathThroughSymlink
+
+    live = mktree(tmp_path / "live", {"d/sub/y": b"y\n", "f": b"file\n", "ln": ("link", str(outside)),
+                                      "d/ln2": ("link", str(outside / "sub"))})
+    used = []
+    real = safefs._open_dir_beneath
+
+    def counting(fd: int, path: bytes) -> int | None:
+        got = real(fd, path)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(safefs, "_open_dir_beneath", counting)
+    if resolver == "walk":
+        monkeypatch.setattr(safefs, "_openat2_ok", False)
+    with SafeTree(live) as lt:
+        for path, via in ((b"ln/x", "ln"), (b"d/ln2/y", "d/ln2"), (b"f/x", "f"), (b"ln/sub/y", "ln")):
+            with pytest.raises(PathThroughSymlink) as ei:
+                lt.node(path)
+            assert ei.value.fields["via"] == via, (path, str(ei.value))
+        assert lt.node(b"d/missing/x") is None
+        assert lt.node(b"d/sub/y").kind == "file"
+        with pytest.raises(PathThroughSymlink):
+            lt.open_dir([b"d", b"ln2"])
+    if resolver == "openat2":
+        if not safefs._openat2_ok:
+            pytest.skip("this kernel has no openat2")
+        assert any(used)  # the good paths went through openat2
+    else:
+        assert not any(used)

@@ -248,6 +248,7 @@ class _Planner:
         # a directory can only go if everything the workspace has in it goes too
         removed = {o.path for o in self.removes}
         keep_rmdirs: dict[bytes, Op] = {}
+        kept_dirs: set[bytes] = set()  # rmdirs dropped: no put may replace them (one filter below)
         for op in sorted(self.rmdirs, key=lambda o: -depth(o.path)):
             try:
                 children = self.lt.listdir(op.path)
@@ -259,9 +260,11 @@ class _Planner:
                 self.conflict(op.path, "deleted in the sandbox, but the workspace has new "
                                        f"entries in it: {display(extra[0])}",
                               resolution="failed" if self.on_conflict == "fail" else "kept")
-                self.puts = [p for p in self.puts if p.path != op.path]
+                kept_dirs.add(op.path)
                 continue
             keep_rmdirs[op.path] = op
+        if kept_dirs:
+            self.puts = [p for p in self.puts if p.path not in kept_dirs]
         ops: list[Op] = []
         ops += sorted(self.removes, key=lambda o: (-depth(o.path), o.path))
         ops += sorted(keep_rmdirs.values(), key=lambda o: (-depth(o.path), o.path))

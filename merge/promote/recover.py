@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 
 from ..errors import PromotionNotUndoable, UndoConflict, UnknownPromotion
-from ..journal import PRE, PromotionDir, WorkspaceLock, fault_point, list_promotions, unb64
+from ..journal import PRE, PromotionDir, WorkspaceLock, fault_point, list_promotions, syncfs_fd, unb64
 from ..safefs import SafeTree
 from .model import display
 from .scratch import cleanup, is_parked, open_or_make, open_pd, unpark_preimages, park_preimages
-from .undo import all_new, changed_since, undo_records, plan_undo
+from .undo import LiveStates, all_new, changed_since, plan_undo, undo_records
 
 
 def recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]]:
@@ -44,6 +44,7 @@ def recover_locked(live: Path, journal_dir: Path) -> tuple[list[str], list[str]]
         record = pd.read_journal()
         with SafeTree(live) as lt:
             if state == "interrupted" and all_new(lt, record["ops"]):
+                syncfs_fd(lt.fd, live)  # the renames a kill may have left unflushed, before done
                 fault_point("fsync")
                 pd.mark("done")
                 pd.drop_staging()
@@ -101,8 +102,9 @@ def undo_promotion(live: Path, journal_dir: Path, promotion_id: str) -> list[byt
         ops = record["ops"]
         pre_dir = pd.path / PRE if is_parked(pd) else pd.pre
         with SafeTree(live) as lt:
-            plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
-            blocked = [*changed_since(lt, ops), *plan.blocked]
+            states = LiveStates(lt)  # each touched path read and hashed once for both checks
+            plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)), states)
+            blocked = [*changed_since(lt, ops, states), *plan.blocked]
             if blocked:
                 raise UndoConflict(promotion=promotion_id,
                                    paths=", ".join(display(p) for p in sorted(set(blocked))))

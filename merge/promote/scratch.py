@@ -7,6 +7,10 @@ once done, the pre-images are copied (reflinked: FICLONE works across subvolumes
 btrfs) into the journal and the directory is removed (``park_preimages``); an undo copies
 them back first. Callers should hold their store lock so no snapshot sees the directory.
 
+The copies are made durable together, with one ``syncfs`` of the destination's filesystem,
+before the mark that makes them count (``parked``; for an undo, its ``undoing`` mark): an
+fsync per copied file cost a flush each.
+
 Caveats: parking copies every pre-image once more (a reflink where the filesystem can), so
 a promotion that replaces large files on a filesystem without reflinks pays that copy.
 """
@@ -19,7 +23,8 @@ from pathlib import Path
 
 from snapshot.tree import FICLONE
 
-from ..journal import PARKED, PRE, PromotionDir, _rmtree_counting, atomic_write, fault_point, fsync_dir, scratch_dirs
+from ..journal import (PARKED, PRE, PromotionDir, _rmtree_counting, atomic_write, fault_point, fsync_dir, scratch_dirs,
+                       syncfs_fd)
 from ..safefs import read_chunks
 
 
@@ -46,7 +51,8 @@ def is_parked(pd: PromotionDir) -> bool:
 
 def _copy_entry(src_dir: int, dst_dir: int, name: str) -> None:
     """A reflink copy (FICLONE works across subvolumes of one btrfs), else a plain copy,
-    keeping mode, owner and times: undo renames it back into place."""
+    keeping mode, owner and times: undo renames it back into place. Not yet durable: the
+    caller syncs the filesystem once for all of them."""
     st = os.lstat(name, dir_fd=src_dir)
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
@@ -69,7 +75,6 @@ def _copy_entry(src_dir: int, dst_dir: int, name: str) -> None:
                 os.fchown(dst, st.st_uid, st.st_gid)
             os.fchmod(dst, stat.S_IMODE(st.st_mode))
             os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            os.fsync(dst)
         finally:
             os.close(dst)
     finally:
@@ -77,7 +82,8 @@ def _copy_entry(src_dir: int, dst_dir: int, name: str) -> None:
 
 
 def _copy_dir(src: Path, dst: Path) -> None:
-    """Copy every entry of ``src`` into a fresh ``dst`` (a leftover half copy is redone)."""
+    """Copy every entry of ``src`` into a fresh ``dst`` (a leftover half copy is redone),
+    durable (contents and names) when it returns."""
     _rmtree_counting(dst)
     dst.mkdir(mode=0o700, parents=True)
     sfd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -85,7 +91,7 @@ def _copy_dir(src: Path, dst: Path) -> None:
     try:
         for name in sorted(os.listdir(sfd)):
             _copy_entry(sfd, dfd, name)
-        os.fsync(dfd)
+        syncfs_fd(dfd, dst)
     finally:
         os.close(sfd)
         os.close(dfd)

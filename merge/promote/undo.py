@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import PathThroughSymlink, UnsafePath
-from ..journal import fault_point, unb64
+from ..journal import fault_point, syncfs_fd, unb64
 from ..safefs import SafeTree
-from .model import State, ancestors, depth, matches, same, state_of_node
+from .model import State, ancestors, matches, same, state_of_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +44,37 @@ class UndoPlan:
     blocked: tuple[bytes, ...]
 
 
+class LiveStates:
+    """What live holds at each path, read (and hashed) once: an undo's refusal check and its
+    plan look at the same paths back to back, under the workspace lock and writing nothing.
+    Each step still reads its path again right before it writes (``_run_undo_step``)."""
+
+    def __init__(self, lt: SafeTree):
+        self.lt = lt
+        self._got: dict[bytes, State | None | PathThroughSymlink | UnsafePath] = {}
+
+    def state(self, path: bytes) -> State | None:
+        if path in self._got:
+            got = self._got[path]
+        else:
+            try:
+                got = state_of_node(self.lt.node(path, with_content_id=True))
+            except (PathThroughSymlink, UnsafePath) as e:
+                got = e
+            self._got[path] = got
+        if isinstance(got, (PathThroughSymlink, UnsafePath)):
+            raise got
+        return got
+
+
 class _UndoPlanner:
     """Walks the ops newest first against a simulated workspace: live as it is now, plus
     what the steps planned so far will have done (a path can be touched by two ops)."""
 
-    def __init__(self, lt: SafeTree, has_pre: Callable[[bytes], bool]):
-        self.lt, self.has_pre = lt, has_pre
+    def __init__(self, lt: SafeTree, has_pre: Callable[[bytes], bool], states: LiveStates):
+        self.lt, self.has_pre, self.states = lt, has_pre, states
         self.sim: dict[bytes, State | None] = {}
+        self.sim_children: dict[bytes, set[bytes]] = {}  # directory -> names of its paths in sim
         self.fresh: set[bytes] = set()  # paths whose live object a step replaces or removes
         self.steps: list[UndoStep] = []
         self.blocked: list[bytes] = []
@@ -60,12 +84,14 @@ class _UndoPlanner:
             return self.sim[path]
         if any(a in self.fresh for a in ancestors(path)):
             return None  # below something the undo removed or made anew: nothing yet
-        return state_of_node(self.lt.node(path, with_content_id=True))
+        return self.states.state(path)
 
     def step(self, verb: str, path: bytes, expect: State | None, after: State | None,
              **kw: Any) -> None:
         self.steps.append(UndoStep(verb, path, expect, **kw))
         self.sim[path] = after
+        parent, _, name = path.rpartition(b"/")
+        self.sim_children.setdefault(parent, set()).add(name)
         if verb != "chmod":
             self.fresh.add(path)
 
@@ -77,8 +103,10 @@ class _UndoPlanner:
                 names = set(self.lt.listdir(path))
             except (OSError, PathThroughSymlink, UnsafePath):
                 return False
+        # An index, not a scan of sim: a scan per directory was quadratic in a promotion
+        # that made thousands of directories.
+        names |= self.sim_children.get(path, set())
         prefix = path + b"/"
-        names |= {p[len(prefix):] for p in self.sim if p.startswith(prefix) and b"/" not in p[len(prefix):]}
         return all(self.cur(prefix + n) is None for n in names)
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -128,10 +156,11 @@ class _UndoPlanner:
 
 
 def plan_undo(lt: SafeTree, records: list[dict[str, Any]],
-              has_pre: Callable[[bytes], bool]) -> UndoPlan:
+              has_pre: Callable[[bytes], bool], states: LiveStates | None = None) -> UndoPlan:
     """What undoing ``records`` (a journal's ops, oldest first) would do to the workspace now.
-    ``has_pre(name)``: is that pre-image still there. Writes nothing."""
-    planner = _UndoPlanner(lt, has_pre)
+    ``has_pre(name)``: is that pre-image still there; ``states``: live as already read (by
+    ``changed_since``). Writes nothing."""
+    planner = _UndoPlanner(lt, has_pre, states or LiveStates(lt))
     for rec in reversed(records):
         planner.record(rec)
     return UndoPlan(tuple(planner.steps), tuple(dict.fromkeys(planner.blocked)))
@@ -180,12 +209,8 @@ def undo_records(lt: SafeTree, pre_fd: int, records: list[dict[str, Any]],
         if not _run_undo_step(lt, pre_fd, s):
             left.append(s.path)
         fault_point("undo")
-    for d in sorted({b"/".join(unb64(r["path"]).split(b"/")[:-1]) for r in records},
-                    key=depth, reverse=True):
-        try:
-            lt.fsync_dir(d)
-        except (OSError, PathThroughSymlink, UnsafePath):
-            pass
+    # One flush for every rename and removal above, before the caller's undone mark.
+    syncfs_fd(lt.fd, lt.root)
     return list(dict.fromkeys(left))
 
 
@@ -220,15 +245,17 @@ def _gone_or_not_dir(final: dict[bytes, tuple[str, State | None]], path: bytes) 
     return what == "absent" or (st is not None and st.kind != "dir")
 
 
-def changed_since(lt: SafeTree, records: list[dict[str, Any]]) -> list[bytes]:
+def changed_since(lt: SafeTree, records: list[dict[str, Any]],
+                  states: LiveStates | None = None) -> list[bytes]:
     """Touched paths that no longer hold what the promotion left there."""
     out = []
     final = _final_states(records)
+    states = states or LiveStates(lt)
     for path, (what, st) in sorted(final.items()):
         if what == "absent" and any(_gone_or_not_dir(final, a) for a in ancestors(path)):
             continue  # its directory is gone or became a file: checked at that path
         try:
-            cur = lt.node(path, with_content_id=True)
+            cur = states.state(path)
         except (PathThroughSymlink, UnsafePath):
             out.append(path)
             continue
@@ -237,7 +264,7 @@ def changed_since(lt: SafeTree, records: list[dict[str, Any]]) -> list[bytes]:
         elif what == "dir":
             ok = cur is not None and cur.kind == "dir"
         else:
-            ok = matches(cur, st)
+            ok = same(cur, st)
         if not ok:
             out.append(path)
     return out
