@@ -63,6 +63,9 @@ class Engine:
         self.store = Store(root)
         self.registry = Registry(self.store.registry)
         self._backend: Backend | None = None
+        # Sandboxes this engine expired and not yet reported by a gc (``take_expired``):
+        # (id, bytes its tree held beyond its base or None, whether the tree went).
+        self._expired: list[tuple[str, int | None, bool]] = []
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
@@ -450,20 +453,40 @@ class Engine:
 
     # -- expiry and gc ------------------------------------------------------------------
     def reap_expired(self) -> list[str]:
-        """Expire every sandbox whose lifetime has passed (any petri command calls this)."""
+        """Expire every sandbox whose lifetime has passed (any petri command calls this,
+        ``Engine.open`` first of all: ``take_expired`` is how ``gc`` reports them)."""
         reaped = []
         for row in self.registry.overdue(now()):
             if not self.registry.set_state(row.id, "expired", only_from=LIVE_STATES):
                 continue  # another petri got there first
             self._stop_sandbox_processes(row, "ttl")
+            held, gone = None, False
             if not row.keep_expired:
+                held = self.held_bytes(row)
                 try:
                     self._destroy_tree(row)
+                    gone = True
                 except Exception:
                     pass  # gc retries leaked trees
             events.sandbox_expired(self.store.root, row.id)
             reaped.append(row.id)
+            self._expired.append((row.id, held, gone))
         return reaped
+
+    def take_expired(self) -> list[tuple[str, int | None, bool]]:
+        """The sandboxes this engine expired since the last call: (id, bytes its tree held
+        beyond its base, or None where the backend cannot tell, whether the tree went)."""
+        out, self._expired = self._expired, []
+        return out
+
+    def held_bytes(self, row: SandboxRow) -> int | None:
+        """What the sandbox's tree holds beyond its base (what removing it gives back), as
+        ``ls`` counts it; None where the backend cannot tell."""
+        try:
+            usage = self.backend.clone_usage(self.store, row.id, self._last_activity(row))
+        except (OSError, PetriError):
+            return None  # a tree that cannot be read: it goes all the same
+        return None if usage is None else usage.bytes
 
     # -- rollback -----------------------------------------------------------------------
     def rollback_snapshot(self, ident: str) -> dict[str, Any]:

@@ -10,13 +10,24 @@ and implicit snapshots nobody uses; then runs and races whose petri died and lea
 cgroups (``runs.gc_processes``), and promotions (``promotions.gc_promotions``: what
 recovery settled, old pre-images pruned).
 
+The report, as ``docker container prune`` gives one: ``removed`` names every sandbox whose
+tree this gc took away (expired ones, also those the command's own start expired just
+before: ``Engine.open`` reaps first, so ``take_expired`` hands them over) and every snapshot
+it deleted; ``reaped`` counts (``expired``: sandboxes expired, kept trees included);
+``reclaimed_bytes``: what those sandboxes and snapshots held beyond their bases, as ``ls``
+and ``snapshots`` count it (where the backend can tell).
+
 Caveats: a petri that is alive keeps what it owns (its tmp/ entries, its cgroups), so gc
 never races a running command; an implicit snapshot is dropped only once a newer snapshot
-exists (the newest is the next snapshot's delta parent).
+exists (the newest is the next snapshot's delta parent). A sandbox another command expired
+earlier is that command's doing, not this gc's: it is not reported again. A long-lived
+engine (the API, MCP) reports at its next gc what it expired since its last one.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from snapshot.errors import PetriError
 
 from .engine import in_use_tmp
 from .events import rotate_if_big
@@ -29,42 +40,66 @@ if TYPE_CHECKING:
 
 
 def collect(engine: "Engine") -> dict[str, Any]:
-    """The SPEC's ``gc`` document: ``removed`` (snapshot ids), ``reaped`` (counts),
-    ``pruned_promotions``."""
+    """The SPEC's ``gc`` document: ``removed`` (sandbox and snapshot ids), ``reaped``
+    (counts), ``reclaimed_bytes``, ``pruned_promotions``."""
     from .runs import gc_processes  # the runner's module: only when gc runs
 
-    removed: list[str] = []
     reaped = {"mounts": 0, "processes": 0, "cgroups": 0, "trees": 0,
               "promotions_finished": 0, "promotions_undone": 0, "expired": 0, "events_rotated": 0}
-    reaped["expired"] = len(engine.reap_expired())
+    gone = _Gone()
+    engine.reap_expired()
+    expired = engine.take_expired()  # also those Engine.open expired before gc began
+    reaped["expired"] = len(expired)
+    for sb, held, went in expired:
+        if went:
+            gone.sandbox(sb, held)
     with engine.lock():
         # Under the store lock: two gc's at once must not rotate twice (the second would
         # put a fresh, small stream over the generation the first kept).
         reaped["events_rotated"] = int(rotate_if_big(engine.store.root))
-        _trees(engine, reaped)
+        _trees(engine, reaped, gone)
         # Snapshot rows without a tree on disk are stale.
         for snap in engine.registry.snapshots():
             if not engine.store.snapshot_dir(snap.id).exists():
                 engine.registry.delete_snapshot_row(snap.id)
-                removed.append(snap.id)
+                gone.snapshots.append(snap.id)
         _leftovers(engine, reaped)
-        removed += _unused_implicit_snapshots(engine)
+        _unused_implicit_snapshots(engine, gone)
     gc_processes(engine, reaped)  # fills reaped["processes"] and ["cgroups"]
     pruned = gc_promotions(engine, reaped)  # fills reaped["promotions_*"]
-    return {"removed": removed, "reaped": reaped, "pruned_promotions": pruned}
+    return {"removed": gone.sandboxes + gone.snapshots, "reaped": reaped, "reclaimed_bytes": gone.bytes,
+            "pruned_promotions": pruned}
 
 
-def _trees(engine: "Engine", reaped: dict[str, int]) -> None:
+class _Gone:
+    """What this gc removed, and the bytes it held."""
+
+    def __init__(self) -> None:
+        self.sandboxes: list[str] = []
+        self.snapshots: list[str] = []
+        self.bytes = 0
+
+    def sandbox(self, sb: str, held: int | None) -> None:
+        if sb not in self.sandboxes:
+            self.sandboxes.append(sb)
+        self.bytes += held or 0
+
+
+def _trees(engine: "Engine", reaped: dict[str, int], gone: _Gone) -> None:
     """Half-made sandboxes whose creator died, and trees of sandboxes that are gone."""
     for row in engine.registry.sandboxes():
         if row.state == "creating" and not pid_alive(row.owner_pid):
+            held = engine.held_bytes(row) if engine.store.sandbox_dir(row.id).exists() else None
             engine._destroy_tree(row)
             engine.registry.set_state(row.id, "failed")
             reaped["trees"] += 1
+            gone.sandbox(row.id, held)
         elif row.state in ("destroyed", "failed") or (row.state == "expired" and not row.keep_expired):
             if engine.store.sandbox_dir(row.id).exists():
+                held = engine.held_bytes(row)
                 engine._destroy_tree(row)
                 reaped["trees"] += 1
+                gone.sandbox(row.id, held)
 
 
 def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
@@ -82,15 +117,18 @@ def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
     reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
 
 
-def _unused_implicit_snapshots(engine: "Engine") -> list[str]:
+def _unused_implicit_snapshots(engine: "Engine", gone: _Gone) -> None:
     """Implicit snapshots nobody uses, once a newer snapshot exists (the newest of live is
     the next one's delta parent; a snapshot of a sandbox is nobody's)."""
-    removed = []
     snaps = engine.registry.snapshots()
     for i, snap in enumerate(snaps):
         if snap.implicit and (i < len(snaps) - 1 or snap.kind == "sandbox") and \
                 not engine.registry.snapshot_users(snap.id):
+            try:
+                held = engine.backend.snapshot_bytes(engine.store, snap.id)
+            except (OSError, PetriError):
+                held = None  # it goes all the same
             engine.registry.delete_snapshot_row(snap.id)
             engine.backend.delete_snapshot(engine.store, snap.id)
-            removed.append(snap.id)
-    return removed
+            gone.snapshots.append(snap.id)
+            gone.bytes += held or 0

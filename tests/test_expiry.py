@@ -189,3 +189,71 @@ def test_gc_leaves_a_live_run_of_another_petri_alone(ws):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def expire_now(ws: Path, ids: list[str]) -> None:
+    """Their lifetimes end now (as a long --ttl would, later): no race with a slow fork."""
+    db = sqlite3.connect(ws / ".petri" / "registry.db", timeout=30)
+    with db:
+        db.executemany("UPDATE sandboxes SET expires_at = ? WHERE id = ?", [(time.time() - 1, i) for i in ids])
+    db.close()
+
+
+def test_gc_reports_every_expired_sandbox_it_reaped_and_the_space(ws):
+    """`gc` opens the engine, which expires overdue sandboxes before gc's own pass: the
+    report must still name every one whose tree went (it said `removed: []` before)."""
+    n = 300
+    made = petri("fork", "-n", str(n), "--ttl", "1h", "--json", cwd=ws, timeout=300).json["sandboxes"]
+    kept = petri("fork", "--ttl", "1h", "--keep-expired", "--json", cwd=ws).json["sandboxes"][0]
+    live = petri("fork", "--json", cwd=ws).json["sandboxes"][0]
+    for sb in made[:10]:  # 1000 bytes of its own in each of ten: what removing them gives back
+        Path(sb["path"], "written.bin").write_bytes(b"x" * 1000)
+    expire_now(ws, [s["id"] for s in made] + [kept["id"]])
+    g = petri("gc", "--json", cwd=ws, timeout=300)
+    assert g.rc == 0, g
+    removed = [r for r in g.json["removed"] if r.startswith("sb-")]
+    assert sorted(removed) == sorted(s["id"] for s in made) and len(removed) == n
+    assert g.json["reaped"]["expired"] == n + 1  # the one with --keep-expired expired too...
+    assert kept["id"] not in removed and Path(kept["path"]).is_dir()  # ...but its tree stays
+    assert live["id"] not in removed and Path(live["path"]).is_dir()
+    assert not any(Path(s["path"]).exists() for s in made)
+    assert g.json["reclaimed_bytes"] == 10 * 1000
+    states = {s["id"]: s["state"] for s in petri("ls", "--json", cwd=ws).json["sandboxes"]}
+    assert all(states.get(s["id"], "expired") == "expired" for s in made)
+    # reported once: the next gc has nothing more to say about them
+    again = petri("gc", "--json", cwd=ws)
+    assert [r for r in again.json["removed"] if r.startswith("sb-")] == [] and again.json["reaped"]["expired"] == 0
+
+
+def test_gc_of_many_expired_fuse_sandboxes_leaves_no_mount_and_no_process(tmp_path):
+    from snapshot.backends.fuse import FuseBackend
+    from snapshot.fusefs import daemon as D
+    from snapshot.fusefs import server as S
+    from snapshot.osutil import mounts
+    from tests.conftest import stop_fuse_under
+
+    ok, why = FuseBackend.available(tmp_path)
+    if not ok:
+        pytest.skip(f"fuse: {why}")
+    w = tmp_path / "proj"
+    w.mkdir()
+    subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(w)], check=True)
+    assert petri("init", "--backend", "fuse", cwd=w).rc == 0
+    try:
+        n = 100
+        made = petri("fork", "-n", str(n), "--ttl", "1h", "--json", cwd=w, timeout=300).json["sandboxes"]
+        store = w / ".petri"
+        hosts = {int((store / "sandboxes" / s["id"] / "daemon.pid").read_text()) for s in made}
+        assert len(hosts) < n  # mounts share hosts
+        expire_now(w, [s["id"] for s in made])
+        g = petri("gc", "--json", cwd=w, timeout=300)
+        assert g.rc == 0, g
+        assert sorted(r for r in g.json["removed"] if r.startswith("sb-")) == sorted(s["id"] for s in made)
+        assert g.json["reaped"]["expired"] == n
+        assert g.json["reaped"]["processes"] == 1  # the fork server: no sandbox is left for it
+        assert not [m for m in mounts() if m.mountpoint.startswith(bytes(store))]
+        wait_for(lambda: not any(D._alive(p) for p in hosts), what="every host to end with its mounts")
+        assert S.server_pid(store) is None
+    finally:
+        petri("deinit", "--force", cwd=w)
+        stop_fuse_under(tmp_path, [w / ".petri"])
