@@ -481,9 +481,12 @@ class Engine:
 
     def held_bytes(self, row: SandboxRow) -> int | None:
         """What the sandbox's tree holds beyond its base (what removing it gives back), as
-        ``ls`` counts it; None where the backend cannot tell."""
+        ``ls`` counts it but measured now: a figure kept at its last run misses what was
+        written through the host path since. Where that is a walk of the tree (copy), it
+        costs less than the removal that follows, which visits every file too. None where
+        the backend cannot tell."""
         try:
-            usage = self.backend.clone_usage(self.store, row.id, self._last_activity(row))
+            usage = self.backend.clone_usage(self.store, row.id)
         except (OSError, PetriError):
             return None  # a tree that cannot be read: it goes all the same
         return None if usage is None else usage.bytes

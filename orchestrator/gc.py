@@ -15,7 +15,7 @@ tree this gc took away (expired ones, also those the command's own start expired
 before: ``Engine.open`` reaps first, so ``take_expired`` hands them over) and every snapshot
 it deleted; ``reaped`` counts (``expired``: sandboxes expired, kept trees included);
 ``reclaimed_bytes``: what those sandboxes and snapshots held beyond their bases, as ``ls``
-and ``snapshots`` count it (where the backend can tell).
+and ``snapshots`` count it, measured as each goes (where the backend can tell).
 
 Caveats: a petri that is alive keeps what it owns (its tmp/ entries, its cgroups), so gc
 never races a running command; an implicit snapshot is dropped only once a newer snapshot
