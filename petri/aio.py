@@ -241,10 +241,14 @@ class Workspace:
         or cancelling the task, stops it)."""
         it = self.sync.events(follow=False) if not follow else None
         if it is not None:
-            got: list[Event] = await _thread(list, it)
-            for ev in got:
-                yield ev
-            return
+            import itertools
+
+            while True:  # a batch at a time: the stream is never held whole
+                got: list[Event] = await _thread(lambda: list(itertools.islice(it, 1000)))
+                for ev in got:
+                    yield ev
+                if not got:
+                    return
         from orchestrator import events as ev_mod
 
         store = (await _thread(lambda: self.sync.engine.store.root))
