@@ -1,8 +1,8 @@
 """The event stream: one JSON document per line in ``<store>/events.jsonl``.
 
-Front ends (the coming TUI, ``tail -f``, an agent) follow this file to see what every
-``petri`` process on the workspace does: sandboxes created, destroyed and expired, runs
-started, their output line by line, and runs finished. Each event is one ``write(2)`` of
+Front ends (the TUI, ``tail -f``, an agent) follow this file to see what every ``petri``
+process on the workspace does: sandboxes created, destroyed and expired, runs started, how
+far their output has got, and runs finished. Each event is one ``write(2)`` of
 one complete line on a descriptor opened with ``O_APPEND``, so lines from concurrent petri
 processes never interleave (the kernel appends each write whole at the current end of a
 regular file) and a reader never sees half a line that will later be completed, except the
@@ -18,8 +18,12 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
 - ``sandbox.destroyed`` / ``sandbox.expired``: ``sandbox`` (once per sandbox: ``rm``, a
   race's losers, ``gc``, ``deinit --force`` destroy; the end of its lifetime expires)
 - ``run.started``: ``sandbox``, ``run``, ``argv``, ``stdout_path``, ``stderr_path``
-- ``run.output``: ``sandbox``, ``run``, ``stream`` (stdout|stderr), ``line`` (text, invalid
-  UTF-8 as U+FFFD; at most ``MAX_LINE`` bytes, ``truncated: true`` beyond)
+- ``run.output``: ``sandbox``, ``run``, ``stdout_bytes``, ``stdout_lines``, ``stderr_bytes``,
+  ``stderr_lines`` (so far), ``stream`` (the one that wrote last) and ``line`` (its last
+  line, invalid UTF-8 as U+FFFD, cut to 200 characters; null when there is none). Coalesced:
+  at most about ten a second per run (``runner.PROGRESS_S``), one more at its end; the
+  output itself is in the run's log files, which followers read by offset
+  (``orchestrator.runlog``)
 - ``run.finished``: ``sandbox``, ``run`` and the run document (``exit_code``, ...)
 - ``race.started``: ``race``, ``base``, ``check``, ``jobs``, ``candidates`` (each with its
   ``sandbox`` and ``check_sandbox``, so a follower can attribute the runs' output)
@@ -42,13 +46,12 @@ the same after draining the old file, so a follower misses nothing written befor
 switch. No reader loads the stream whole: ``read_all`` goes line by line, ``follow`` a
 mebibyte at a time.
 
-Caveats: a busy run's output is written twice (its log file and here); a writer that has not
-yet noticed a rotation (up to a second) appends to ``events.jsonl.1``, and a follower that
-already moved on does not see those lines. Writing an event never fails a command: an error
-writing the stream is ignored (the registry and logs are the record; this is a feed); a name
-outside ``NAMES`` or a missing key is a programming error and raises. ``via`` is ``api``
-where no audited operation is open (a read-only CLI command that expires a sandbox on its
-way says ``api``).
+Caveats: a writer that has not yet noticed a rotation (up to a second) appends to
+``events.jsonl.1``, and a follower that already moved on does not see those lines. Writing
+an event never fails a command: an error writing the stream is ignored (the registry and
+logs are the record; this is a feed); a name outside ``NAMES`` or a missing key is a
+programming error and raises. ``via`` is ``api`` where no audited operation is open (a
+read-only CLI command that expires a sandbox on its way says ``api``).
 """
 from __future__ import annotations
 
@@ -67,7 +70,6 @@ SCHEMA = 1
 FILE_NAME = "events.jsonl"
 ROTATED_NAME = "events.jsonl.1"
 ROTATE_BYTES = 32 << 20
-MAX_LINE = 8192
 READ_BYTES = 1 << 20
 
 # The closed set of event names, with the keys each must carry (SPEC "Events").
@@ -152,14 +154,6 @@ class EventLog:
             except OSError:
                 pass
 
-    def output(self, sandbox: str, run: int, stream: str, data: bytes) -> None:
-        truncated = len(data) > MAX_LINE
-        text = data[:MAX_LINE].decode("utf-8", "replace").rstrip("\n")
-        fields: dict[str, Any] = {"sandbox": sandbox, "run": run, "stream": stream, "line": text}
-        if truncated:
-            fields["truncated"] = True
-        self.emit("run.output", **fields)
-
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -204,6 +198,13 @@ def sandbox_expired(to: Any, sandbox: str) -> None:
 
 def run_started(to: Any, **fields: Any) -> None:
     _to(to).emit("run.started", **fields)
+
+
+def run_output(to: Any, *, sandbox: str, run: int, progress: Any) -> None:
+    """How far a run's output has got (``runner.OutputProgress``): coalesced by the runner."""
+    _to(to).emit("run.output", sandbox=sandbox, run=run, stream=progress.stream, line=progress.line,
+                 stdout_bytes=progress.stdout_bytes, stdout_lines=progress.stdout_lines,
+                 stderr_bytes=progress.stderr_bytes, stderr_lines=progress.stderr_lines)
 
 
 def run_finished(to: Any, **fields: Any) -> None:

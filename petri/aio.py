@@ -169,6 +169,22 @@ class Workspace:
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))
 
+    async def output(self, sandbox: "str | Sandbox", run: int | None = None, **kw: Any
+                     ) -> AsyncIterator[tuple[str, int, bytes]]:
+        """``petri.Workspace.output``: a run's output as ``(stream, offset, data)``, read by
+        offset from its log files; with ``follow=True`` until the run ends (closing the
+        iterator, or cancelling the task, stops it)."""
+        stop = threading.Event()
+        gen = await _thread(self.sync.output, _sid(sandbox), run, stop=stop.is_set, **kw)
+        try:
+            while True:
+                got = await anyio.to_thread.run_sync(next, gen, None, abandon_on_cancel=True)
+                if got is None:
+                    return
+                yield got
+        finally:
+            stop.set()
+
     async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
                    **kw: Any) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
