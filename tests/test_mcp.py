@@ -338,6 +338,34 @@ def test_a_poll_of_a_slow_command_waits_for_many_lines(overlay_ws):
     run(main)
 
 
+def test_polls_read_every_byte_of_a_big_output_in_order_while_it_runs(overlay_ws):
+    """200k lines (1.3 MB) with pauses: the polls, each at most 64 KiB, read every byte of
+    both streams once and in order while the run goes, then its end."""
+    async def main():
+        async with client(overlay_ws) as c:
+            sb = (await c.call("sandbox_fork"))["sandboxes"][0]["id"]
+            cmd = "seq 1 100000; sleep 1; echo err >&2; seq 100001 200000; sleep 1; echo done"
+            st = await c.call("sandbox_run_start", {"sandbox": sb, "command": cmd})
+            cursor, text, live = 0, {"stdout": "", "stderr": ""}, 0
+            for _ in range(200):
+                got = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "cursor": cursor,
+                                                        "wait_s": 5})
+                assert got["dropped"] == 0
+                for e in got["events"]:
+                    assert e["cursor"] == cursor  # contiguous: every byte once, in order
+                    text[e["stream"]] += e["text"]
+                    cursor += len(e["text"].encode())
+                assert got["next_cursor"] == cursor
+                live += bool(got["events"]) and not got["done"]
+                if got["done"]:
+                    break
+            assert got["done"] and got["exit_code"] == 0 and live >= 2, (got, live)
+            seq = subprocess.run(["seq", "1", "200000"], capture_output=True, text=True).stdout
+            assert text == {"stdout": seq + "done\n", "stderr": "err\n"}
+
+    run(main)
+
+
 def test_cancelled_call_and_killed_run_leave_no_process_or_cgroup(btrfs_ws):
     async def main():
         async with client(btrfs_ws) as c:
