@@ -136,23 +136,27 @@ class Canceller:
     def __init__(self) -> None:
         self.cancelled = False
         self._fd: int | None = None
+        # The run closes its wakeup pipe when it ends: a poke racing that must not write into
+        # whatever file reuses the number next.
+        self._lock = threading.Lock()
 
     def attach(self, fd: int | None) -> None:
-        self._fd = fd
-        if fd is not None and self.cancelled:
-            self._poke()
+        with self._lock:
+            self._fd = fd
+            if fd is not None and self.cancelled:
+                self._poke()
 
     def cancel(self) -> None:
-        self.cancelled = True
-        self._poke()
+        with self._lock:
+            self.cancelled = True
+            self._poke()
 
     def _poke(self) -> None:
-        fd = self._fd
-        if fd is not None:
+        if self._fd is not None:
             try:
-                os.write(fd, b"\0")
+                os.write(self._fd, b"\0")
             except OSError:
-                pass  # full (already poked) or closed (the run is over)
+                pass  # full: it was poked already
 
 
 class RunCancelled(Exception):
