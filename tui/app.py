@@ -94,6 +94,7 @@ class PetriApp(App):
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
         self._spare_race: Any = None  # a Race screen composed ahead (preload_race_screen)
         self._following: tuple[str, int] | None = None  # the run whose log files a worker follows
+        self._follow_pos: dict[tuple[str, int], dict[str, int]] = {}  # where following a run got to
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -254,12 +255,15 @@ class PetriApp(App):
         me = get_current_worker()
         key = (sid, n)
         partial_line = {"stdout": b"", "stderr": b""}
-        fresh = {"stdout": True, "stderr": True}  # from the tail: the first, cut, line is not shown
+        pos = self._follow_pos.get(key)  # followed before: on from there, not again from the tail
+        fresh = {"stdout": pos is None, "stderr": pos is None}  # from the tail: its first, cut, line goes
+        pos = self._follow_pos.setdefault(key, {"stdout": 0, "stderr": 0})
         try:
             chunks = self.source.output(sid, n, stop=lambda: self._stop.is_set() or me.is_cancelled,
-                                        tail=FOLLOW_TAIL)
+                                        tail=FOLLOW_TAIL, start=dict(pos))
             for stream, at, data in chunks:
                 *whole, partial_line[stream] = (partial_line[stream] + data).split(b"\n")
+                pos[stream] = at + len(data) - len(partial_line[stream])  # on from the unfinished line
                 if fresh[stream] and (at == 0 or whole):
                     fresh[stream] = False
                     whole = whole[1:] if at > 0 else whole
