@@ -144,9 +144,10 @@ class RunJob:
         return self.total
 
     def events_from(self, cursor: int, limit: int = POLL_BYTES) -> tuple[list[dict[str, Any]], int, int]:
-        """Output after ``cursor`` (at most ``limit`` bytes), one event per stretch of one
-        stream, the next cursor, and how many bytes before and among them are gone (too old
-        to be placed, or dropped by the log cap)."""
+        """Output after ``cursor`` (``limit`` bytes, less to end on a whole character, three
+        more at most to hold one), one event per stretch of one stream, the next cursor, and
+        how many bytes before and among them are gone (too old to be placed, or dropped by
+        the log cap)."""
         from orchestrator import runlog
 
         cursor = max(0, min(cursor, self.total))
@@ -161,7 +162,8 @@ class RunJob:
             if cursor >= c0 + length:
                 i += 1
                 continue
-            want = min(budget, c0 + length - cursor)
+            # at least a whole character's worth, so the cut below always leaves one
+            want = min(max(budget, 4), c0 + length - cursor)
             at, data = runlog.read_at(self.paths[stream], off0 + (cursor - c0), want)
             gone = at - (off0 + (cursor - c0))
             if gone:  # the log cap dropped these
