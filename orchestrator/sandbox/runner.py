@@ -88,6 +88,7 @@ _TAIL_KEEP = 4096  # bytes of each stream kept to find its last line
 # CPython 3.11) on long lines, as fast on short ones (bench_output's 50 MiB: ~23 vs ~34 ms).
 _NOT_NEWLINE = bytes(c for c in range(256) if c != 0x0A)
 _F_SETPIPE_SZ = 1031
+SETTLE_S = 0.01  # how long a finished run's cgroup may take to empty by itself before the kill loop
 
 
 @dataclass(frozen=True)
@@ -521,7 +522,7 @@ class _Run:
                 exited = True
                 # The namespace is gone with bwrap; anything left in the cgroup goes now, so
                 # the pipes reach EOF.
-                if not self.nothing_to_kill():
+                if not self.nothing_to_kill() and not self.settled():
                     self.kill_everything()
             now = time.monotonic()
             if not exited and now >= end_at:
@@ -586,6 +587,17 @@ class _Run:
         if self.proc is not None and self.proc.returncode is None:
             return False
         return self.cg is None or not self.cg.pids()
+
+    def settled(self, wait_s: float = SETTLE_S) -> bool:
+        """After bwrap exited: does the cgroup empty by itself within ``wait_s``? The pid
+        namespace's processes are dead already but can stay listed for a few milliseconds;
+        the kill loop (a freeze, a kill, a thaw, a sleep) costs more than waiting for them."""
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            time.sleep(0.0005)
+            if self.nothing_to_kill():
+                return True
+        return False
 
     def kill_everything(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
