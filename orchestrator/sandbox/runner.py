@@ -216,6 +216,7 @@ class _Stream:
         changed = self._out(data)
         if self.tail and not self.tail.endswith(b"\n"):
             self.lines += 1  # the last line, without its newline
+            changed = True
         self.log.close()
         return changed
 
