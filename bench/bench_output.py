@@ -106,10 +106,14 @@ class Pty:
         return self.got
 
 
+class SetupFailed(Exception):
+    """A petri run that exited 125: the sandbox did not start (its words are the message)."""
+
+
 def spawn_time(argv: list[str], env: dict[str, str], cwd: Path, *, out: Path | None = None,
-               tty: bool = False, shell: bool = False) -> tuple[float, int, int]:
+               tty: bool = False, shell: bool = False, err: Path | None = None) -> tuple[float, int, int]:
     """Wall time of one process from spawn to reaped, its exit code, and the bytes its stdout
-    got (a file's size, or what the pty carried)."""
+    got (a file's size, or what the pty carried); stderr to ``err`` (else nowhere) off a pty."""
     term = Pty() if tty else None
     if term is not None:
         fd_out = os.dup(term.slave)
@@ -117,7 +121,8 @@ def spawn_time(argv: list[str], env: dict[str, str], cwd: Path, *, out: Path | N
     else:
         assert out is not None
         fd_out = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    devnull = os.open(err if err is not None else os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                      0o644)
     actions = [(os.POSIX_SPAWN_DUP2, fd_out, 1), (os.POSIX_SPAWN_DUP2, fd_out if tty else devnull, 2)]
     if shell:
         argv = ["/bin/sh", "-c", argv[0]]
@@ -250,13 +255,18 @@ def output_part(rep: Report, rounds: int) -> None:
                 else:
                     remove_path(p)
 
+        err_file = work / "stderr"
+
         def floor(cmd: str, mode: str) -> float:
             inside, bare, size = cmds[cmd]
             if mode == "tee":
                 line = " ".join(floor_argv(bare)) + f" | tee {tee_log}"
-                dt, rc, got = spawn_time([line], env, work, out=out_file, shell=True)
+                dt, rc, got = spawn_time([line], env, work, out=out_file, shell=True, err=err_file)
             else:
-                dt, rc, got = spawn_time(floor_argv(bare), env, work, out=out_file, tty=mode == "tty")
+                dt, rc, got = spawn_time(floor_argv(bare), env, work, out=out_file, tty=mode == "tty", err=err_file)
+            said = err_file.read_text(errors="replace").strip() if mode != "tty" else ""
+            if rc != 0 and said.startswith("bwrap:"):
+                raise SetupFailed(said)
             if rc != 0 or (mode != "tty" and got != size) or (mode == "tty" and got < size):
                 raise RuntimeError(f"floor {cmd} {mode}: exit {rc}, {got} bytes, expected {size}")
             return dt
@@ -264,7 +274,9 @@ def output_part(rep: Report, rounds: int) -> None:
         def cli(cmd: str, mode: str) -> float:
             inside, _, size = cmds[cmd]
             dt, rc, got = spawn_time([str(PETRI), "run", sb["id"], "--", *inside], env, ws, out=out_file,
-                                     tty=mode == "tty")
+                                     tty=mode == "tty", err=err_file)
+            if rc == 125:
+                raise SetupFailed(err_file.read_text(errors="replace").strip() or "(said nothing: on the pty)")
             if rc != 0 or (mode != "tty" and got != size) or (mode == "tty" and got < size):
                 raise RuntimeError(f"petri run {cmd} {mode}: exit {rc}, {got} bytes, expected {size}")
             drop_logs()
@@ -276,6 +288,8 @@ def output_part(rep: Report, rounds: int) -> None:
             r = pws.run(sb["id"], inside)
             dt = time.perf_counter() - t0
             got = (r.extra.get("output") or {}).get("stdout", {}).get("bytes")
+            if r.exit_code == 125:
+                raise SetupFailed(str(r.extra.get("setup_error")))
             if r.exit_code != 0 or got != size or os.path.getsize(r.stdout_path) != size:
                 raise RuntimeError(f"API run {cmd}: exit {r.exit_code}, {got} bytes, expected {size}")
             drop_logs()
@@ -285,6 +299,8 @@ def output_part(rep: Report, rounds: int) -> None:
             def via_mcp(cmd: str) -> float:
                 inside, _, size = cmds[cmd]
                 dt, doc = mcp.call("sandbox_run", {"sandbox": sb["id"], "argv": inside})
+                if doc["exit_code"] == 125:
+                    raise SetupFailed(str(doc.get("setup_error")))
                 if doc["exit_code"] != 0 or doc["output"]["stdout"]["bytes"] != size:
                     raise RuntimeError(f"MCP run {cmd}: {doc}")
                 drop_logs()
@@ -301,16 +317,30 @@ def output_part(rep: Report, rounds: int) -> None:
             }
             cells = [(p, c) for c in cmds for p in paths]
             samples = {cell: Samples() for cell in cells}
+            failed: list[str] = []
+
+            def sample(p: str, c: str) -> float:
+                # On a machine shared with other work, a sandbox can fail to start (bwrap
+                # losing a race with someone's mounts; petri's runner retries that twice
+                # itself): count it, say why, and take the sample again.
+                for _ in range(3):
+                    try:
+                        return paths[p](c)
+                    except SetupFailed as e:
+                        failed.append(f"{p}, {c}: {e}")
+                        log(f"setup failed ({p}, {c}): {e}")
+                raise RuntimeError(f"{p}, {c}: the sandbox did not start three times: {failed[-1]}")
+
             log("warming every path")
             for p, c in cells:
-                paths[p](c)
+                sample(p, c)
             events_before = sum(1 for _ in pws.events())
             load_start = loadavg()
             log(f"{rounds} rounds of {len(cells)} cells")
             for i in range(rounds):
                 for k in range(len(cells)):
                     cell = cells[(i * 5 + k) % len(cells)]
-                    samples[cell].values.append(paths[cell[0]](cell[1]))
+                    samples[cell].values.append(sample(*cell))
                 log(f"round {i + 1}/{rounds} done (load {loadavg()})")
             load_end = loadavg()
         outs = [e.to_json() for e in pws.events() if e.event == "run.output"]
@@ -346,6 +376,10 @@ def output_part(rep: Report, rounds: int) -> None:
             per_run[(e["sandbox"], e["run"])] = per_run.get((e["sandbox"], e["run"]), 0) + 1
         slowest = max((s.p50 for (p, c), s in samples.items() if "petri" in p or "API" in p or "MCP" in p),
                        default=0.0)
+        if failed:
+            rep.text(f"{len(failed)} samples did not start their sandbox (petri: exit 125; bare bwrap: its own "
+                     "error) and were taken again: "
+                     + "; ".join(f"`{f[:300]}`" for f in failed[:5]))
         rep.text(f"`run.output` events: {len(outs)} for the {len(per_run)} petri runs (warm-up included), at most "
                  f"{max(per_run.values(), default=0)} for one run (the slowest petri cell's p50 was "
                  f"{fmt_s(slowest)}: ten a second allows {int(slowest * 10) + 2}); the stream held {events_before} "

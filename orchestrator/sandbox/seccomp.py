@@ -53,7 +53,6 @@ Caveats:
 from __future__ import annotations
 
 import errno as _errno
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -61,6 +60,13 @@ from pathlib import Path
 from typing import Literal
 
 from snapshot.osutil import atomic_write
+
+# Every run hashes its filter's rules (the cache key); hashlib's import loads OpenSSL (3-7 ms
+# of each `petri run` under -X importtime), CPython's own SHA-256 module costs nothing.
+try:
+    from _sha256 import sha256
+except ImportError:  # another CPython than 3.11's layout (3.12 calls it _sha2)
+    from hashlib import sha256
 
 from ..errors import BadSeccompProfile, SeccompUnavailable
 
@@ -142,7 +148,7 @@ class FilterPlan:
     def key(self) -> str:
         """Names the compiled filter: the same rules on the same machine, the same BPF."""
         text = repr((os.uname().machine, self.foreign_abi_errno, self.rules))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        return sha256(text.encode()).hexdigest()[:32]
 
 
 def _deny(names: str, errno: int = EPERM) -> tuple[Deny, ...]:
@@ -368,7 +374,7 @@ def _read_cached(path: Path) -> bytes | None:
         os.close(fd)
     n = len(CACHE_FORMAT)
     head, digest, body = raw[:n], raw[n: n + 32], raw[n + 32:]
-    if head != CACHE_FORMAT or hashlib.sha256(body).digest() != digest or not body or len(body) % 8:
+    if head != CACHE_FORMAT or sha256(body).digest() != digest or not body or len(body) % 8:
         return None
     return body
 
@@ -377,6 +383,6 @@ def _write_cached(path: Path, data: bytes) -> None:
     """Best effort: a cache that cannot be written only costs the next process a build."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, CACHE_FORMAT + hashlib.sha256(data).digest() + data, mode=0o600)
+        atomic_write(path, CACHE_FORMAT + sha256(data).digest() + data, mode=0o600)
     except OSError:
         pass
