@@ -22,7 +22,8 @@ loop does, in order:
    only signals it handles reach a namespace's init), a grace period, then SIGKILL through
    the kill loop;
 5. at the end, always: the kill loop over the cgroup (the pid namespace died with its init
-   already; this catches anything that did not), read the cgroup's counters, remove it.
+   already; this catches anything that did not, after giving the dying a few milliseconds,
+   ``SETTLE_S``, to leave the cgroup by themselves), read its counters, remove it.
 
 Exit code: the command's own; 124 killed by timeout/lifetime; 137 killed by the memory limit
 (an OOM kill in the cgroup and a non-zero exit); 125 the sandbox never started (bwrap's
