@@ -394,6 +394,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
+    from .config import load_config
     from .sandbox.pty_shell import run_shell
     from .sandbox.runner import RunSpec
 
@@ -420,7 +421,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile)
+                           seccomp=profile, log_cap=load_config(engine.root).log_cap)
             code = run_shell(spec)
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
