@@ -16,6 +16,13 @@ each by default:
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as root
 from the repository root: ``.venv/bin/python -m bench.bench_mcp`` (``--runs N``).
 
+``--startup`` measures instead how long a new session takes (no loop image: the sample
+project on the copy backend in a temporary directory): the SDK's client launching ``petri
+mcp`` over stdio until ``initialize`` returns, and until ``tools/list`` returns (the SDK
+loaded), beside the same client spawning and reaping ``python -c pass``, interleaved;
+``--before DIR`` adds the same for the code in DIR (an earlier checkout, run by the same
+interpreter with ``PYTHONPATH=DIR``).
+
 Caveats: warm caches; the client and the server share the machine's two cores (as they do
 on a developer's machine); p99 over 50 samples is close to the maximum.
 """
@@ -26,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench.bench_run import BWRAP_FLOOR
 from bench.common import (REPO, Report, Samples, cli_env, fmt_s, log, loadavg, make_loopfs, measure, run,
@@ -76,10 +84,95 @@ async def mcp_samples(ws: os.PathLike, snap: str, runs: int) -> dict[str, Sample
     return out
 
 
+# What the `petri` script runs, so --before code is started the same way.
+ENTRY = "import sys; from orchestrator.cli import main; sys.exit(main())"
+
+
+async def startup_samples(ws: os.PathLike, runs: int, before: Path | None) -> dict[str, Samples]:
+    """Spawn-to-initialized and spawn-to-tools/list of ``petri mcp`` (a new session each
+    time), beside spawning and reaping ``python -c pass``, interleaved."""
+    import anyio
+    import mcp_types as types
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    out: dict[str, Samples] = {}
+
+    async def floor() -> None:
+        t0 = time.perf_counter()
+        p = await anyio.open_process([sys.executable, "-c", "pass"])
+        await p.wait()
+        await p.aclose()
+        out.setdefault("python -c pass", Samples()).values.append(time.perf_counter() - t0)
+
+    async def session(label: str, env: dict[str, str]) -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-c", ENTRY, "mcp"], cwd=str(ws), env=env)
+        t0 = time.perf_counter()
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w, client_info=types.Implementation(name="bench", version="1")) as s:
+                await s.initialize()
+                t1 = time.perf_counter()
+                assert (await s.list_tools()).tools
+                t2 = time.perf_counter()
+        out.setdefault(f"{label}initialize", Samples()).values.append(t1 - t0)
+        out.setdefault(f"{label}tools/list", Samples()).values.append(t2 - t0)
+
+    units = [floor, lambda: session("", cli_env())]
+    if before is not None:
+        units.append(lambda: session("before: ", dict(cli_env(), PYTHONPATH=str(before.resolve()))))
+    for unit in units:  # warm: bytecode, page cache
+        await unit()
+    out.clear()
+    for i in range(runs):
+        for k in range(len(units)):
+            await units[(i + k) % len(units)]()
+    return out
+
+
+def startup(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import anyio
+
+    report = Report("MCP: a new session's start-up", [sys.argv[0], *sys.argv[1:]])
+    with tempfile.TemporaryDirectory(prefix="petri-bench-mcp-") as tmp:
+        ws = Path(tmp) / "mcp"
+        ws.mkdir()
+        run(["bash", REPO / "demo" / "sample_project.sh", ws])
+        run([REPO / ".venv" / "bin" / "petri", "init", "--backend", "copy", "--json"], cwd=ws, env=cli_env())
+        load_start = loadavg()
+        got = anyio.run(startup_samples, ws, args.runs, args.before, backend="trio")
+        load_end = loadavg()
+        run([REPO / ".venv" / "bin" / "petri", "deinit", "--force", "--json"], cwd=ws, env=cli_env())
+    base = got["python -c pass"]
+
+    def row(what: str, s: Samples, target: str = "") -> list:
+        return [what, s.n, fmt_s(s.p50), fmt_s(s.p99), fmt_s(min(s.values)), f"{s.p50 / base.p50:.1f}", target]
+
+    rows = [row("spawn and reap `python -c pass` (floor)", base),
+            row("`petri mcp`: spawn to `initialize` answered", got["initialize"],
+                f"p50 <= 300 ms: {verdict(got['initialize'].p50, 0.300)}"),
+            row("`petri mcp`: spawn to `tools/list` answered", got["tools/list"])]
+    if args.before is not None:
+        rows += [row(f"before ({args.before}): spawn to `initialize`", got["before: initialize"]),
+                 row(f"before ({args.before}): spawn to `tools/list`", got["before: tools/list"])]
+    report.section("Spawn to initialized",
+                   f"The SDK's client (stdio_client + ClientSession) launching the server, {args.runs} sessions each, "
+                   f"interleaved with the floor; the sample project on the copy backend. Load average {load_start} at "
+                   f"the start, {load_end} at the end.")
+    report.table(["what", "n", "p50", "p99", "min", "p50 / floor", "target"], rows)
+    print(report.render())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--startup", action="store_true", help="time a new session's start-up only")
+    ap.add_argument("--before", type=Path, help="with --startup: also the code in this earlier checkout")
     args = ap.parse_args(argv)
+    if args.startup:
+        return startup(args)
     if os.geteuid() != 0:
         print("bench_mcp: run as root (loop mounts, cgroups)", file=sys.stderr)
         return 1

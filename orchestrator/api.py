@@ -29,7 +29,6 @@ takes a new one); a sync call made from inside a running trio loop blocks that l
 """
 from __future__ import annotations
 
-import base64
 import functools
 import os
 import threading
@@ -248,7 +247,9 @@ class Workspace:
         """``ls`` as one document."""
         e = self.engine
         rows = [r for r in e.registry.sandboxes() if all or r.state not in ("destroyed", "failed")]
-        docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False) for r in rows]
+        with e.one_look():  # the rows share one look at live per base
+            docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
+                    for r in rows]
         return SandboxList.from_doc({"sandboxes": docs})
 
     def status(self, sandbox: "str | Sandbox") -> SandboxList:
@@ -463,10 +464,14 @@ class Workspace:
             raise UsageError(detail=f"max_bytes must be 0 or more, not {limit}")
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
+        # Views that make nothing (no mount, no file), and that a fuse sandbox does not
+        # count as its own reads.
         if base:
-            with e.backend.snapshot_view(e.store, row.base) as view:
+            with e.backend.read_view(e.store, row.base) as view:
                 return _read_in(SafeTree(view), rel, limit)
-        return _read_in(SafeTree(e.sandbox_tree(row)), rel, limit)
+        e.sandbox_tree(row)  # a sandbox that is gone says so
+        with e.backend.quiet_view(e.store, row.id) as tree:
+            return _read_in(SafeTree(tree), rel, limit)
 
     @_audited("write_file")
     def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
@@ -1038,6 +1043,8 @@ def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
 
 
 def _b64(p: bytes) -> str:
+    import base64  # not at import: every command would pay for what file reads use
+
     return base64.b64encode(p).decode()
 
 

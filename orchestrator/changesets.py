@@ -2,8 +2,8 @@
 
 Every backend can be answered by the manifest compare (``merge.changes.tree_changes`` over
 both whole trees). Where the backend keeps a cheaper record of what moved
-(``Backend.change_candidates``: btrfs send streams, the overlay upper dir, the fuse
-daemon's journal, ``zfs diff``; each backend's module says how it reads its own), that
+(``Backend.change_candidates``: btrfs generations or inode keys, the overlay upper dir, the
+fuse daemon's journal, ``zfs diff``; each backend's module says how it reads its own), that
 record only narrows the compare to *candidate* paths; ``tree_changes(paths=candidates)``
 then decides, by content, exactly as the full compare would. Copy and reflink keep none
 (the full compare).
@@ -14,11 +14,20 @@ the backend widens its record to cover what the ancestors changed too, or says i
 The test ``tests/test_changesets.py`` checks on each backend that the fast path gives
 exactly the change set of the full compare.
 
+Reading makes nothing: the base is read through ``Backend.read_view`` (overlay and fuse: a
+detached mount, or the single layer itself; btrfs, copy: the snapshot's own tree) and the
+sandbox through ``Backend.quiet_view`` (fuse: its layers, so petri's reads are not recorded
+as the sandbox's), neither of which leaves anything in the store or the mount table.
+
 Caveats:
 - A backend's record over-approximates at most; one that could miss a change would make
   a diff miss it too (the conformance of each record is what the test above checks).
-- A running sandbox is read through a frozen view (``Backend.frozen_view``), which costs
-  what the backend's view costs (a copy of the upper on overlay and fuse).
+- The one exception: a sandbox a command runs in is read through a frozen view
+  (``Backend.frozen_view``: a read-only snapshot on btrfs, a copy of the upper on overlay
+  and fuse, made in the store's tmp/ and removed after), so that a diff is one point in
+  time; it costs what the backend's view costs.
+- Otherwise the sandbox is read as it is: an edit made through its path while a diff
+  reads it may show half-way (a command petri runs is "running", so not this case).
 """
 from __future__ import annotations
 
@@ -44,11 +53,14 @@ __all__ = ["FULL", "Candidates", "changes", "exclude_top", "is_running", "narrow
 STAGING_PREFIX = b".petri-staging-"
 
 
-def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path | None, tree: Path | None) -> Candidates:
+def sandbox_candidates(engine: "Engine", row: "SandboxRow", base: Path | None, tree: Path | None, *,
+                       since: str | None = None) -> Candidates:
     """Where the sandbox may differ from the snapshot its changes are counted against (its
-    lineage's origin), from the backend's own record; ``base`` and ``tree`` are the views the
-    caller reads (None: nothing is read through the sandbox's mount)."""
-    return engine.backend.change_candidates(engine.store, row.id, row.base, diff_base(engine, row), base, tree)
+    lineage's origin, or ``since`` when the caller knows it), from the backend's own record;
+    ``base`` and ``tree`` are the views the caller reads (None: nothing is read through the
+    sandbox's mount)."""
+    return engine.backend.change_candidates(engine.store, row.id, row.base,
+                                            diff_base(engine, row) if since is None else since, base, tree)
 
 
 def narrow(cands: Candidates, user_paths: Sequence[bytes]) -> list[bytes] | None:
@@ -118,15 +130,17 @@ def is_running(engine: "Engine", row: "SandboxRow") -> bool:
 
 @contextmanager
 def sandbox_views(engine: "Engine", row: "SandboxRow", *, frozen: bool | None = None) -> Iterator[tuple[Path, Path]]:
-    """(base view, sandbox tree) for the ``with`` block. The sandbox is read through a
-    point-in-time view when a command runs in it (``frozen`` None: decide), and always on
-    backends whose view is O(1) and is what their change record needs anyway (btrfs)."""
+    """(base view, sandbox tree) for the ``with`` block, for this process's own reads (the
+    paths may be ``/proc/self/fd/N``). The sandbox is read through a point-in-time view
+    when a command runs in it (``frozen`` None: decide), else as it is, quietly."""
     store = engine.store
     with ExitStack() as stack:
-        base = stack.enter_context(engine.backend.snapshot_view(store, diff_base(engine, row)))
-        tree = engine.sandbox_tree(row)
+        engine.sandbox_tree(row)  # a sandbox that is gone says so here
+        base = stack.enter_context(engine.backend.read_view(store, diff_base(engine, row)))
         if frozen is None:
-            frozen = engine.backend.prefers_frozen_view() or is_running(engine, row)
+            frozen = is_running(engine, row)
         if frozen:
             tree = stack.enter_context(engine.backend.frozen_view(store, row.id))
+        else:
+            tree = stack.enter_context(engine.backend.quiet_view(store, row.id))
         yield base, tree

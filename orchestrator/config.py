@@ -10,8 +10,9 @@ Where it is read from (the first that exists wins; files are not merged):
 The format (every key optional; top-level keys before the first ``[table]``)::
 
     seccomp = "default"  # the syscall filter: "default", "strict" or "off"; --seccomp overrides
-    masks = ["/srv/secrets", "~/.config/some-tool"]   # hidden inside every sandbox
+    masks = ["/srv/secrets", "~/.config/some-tool"]   # hidden inside every sandbox ("~/x": in every home)
     sandbox_user = "petri-sandbox"   # host account of a root-owned workspace's commands
+    toolchains = ["~/.local/share/my-sdk"]   # more of root's home its commands may read
     allow_sockets = ["/run/docker.sock"]   # host sockets a --net sandbox may reach
     log_cap = "64M"      # what a run's saved log keeps per stream: the first and the last half
                          # of it past this size (the default); "none" keeps everything
@@ -47,7 +48,14 @@ Validation is pydantic's (strict: an unknown key is an error), but pydantic is i
 only when a file exists, so commands stay cheap to start without one. A bad file is one
 error naming the file and the key, exit 2.
 
-Caveats: ``~`` in ``masks`` is the home of whoever runs petri (root under sudo).
+``masks``: an absolute path is hidden as it is; ``~/x`` is hidden in every home (``/root``,
+``/home/*``: ``isolation.home_dirs``) and in the home of whoever runs petri, like the
+credential folders. ``toolchains``: ``~/x`` entries only, directories of root's home that a
+root-owned workspace's commands may read (``run_as``; the built-in list is
+``isolation.TOOLCHAIN_DIRS``).
+
+Caveats: ``~user/x`` in ``masks`` is that user's ``x`` only; a home made after the config
+was read (per process) gets the ``~/x`` masks from the next petri process on.
 """
 from __future__ import annotations
 
@@ -77,6 +85,7 @@ class Config:
     stages: tuple["Stage", ...] = ()
     sandbox_user: str | None = None
     allow_sockets: tuple[Path, ...] = ()
+    toolchains: tuple[str, ...] = ()  # relative to root's home (the config wrote "~/x")
     log_cap: int | None = DEFAULT_CAP  # bytes per stream of a run's saved log (None: no cap)
 
     def apply_defaults(self, limits: Any) -> Any:
@@ -158,7 +167,7 @@ def parse_config(data: bytes, path: Path) -> Config:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
-                   " promotions.preimage_budget, sandbox_user, allow_sockets, log_cap, kpi.*,"
+                   " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
                    " stages[].{name,target,checks,gate,timeout})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
@@ -166,12 +175,26 @@ def parse_config(data: bytes, path: Path) -> Config:
                          timeout_s=st.timeout) for st in m.stages)
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
-                  masks=tuple(Path(os.path.expanduser(p)) for p in m.masks), env=dict(m.env),
+                  masks=expand_masks(m.masks), env=dict(m.env), toolchains=tuple(p[2:] for p in m.toolchains),
                   preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp,
                   sandbox_user=m.sandbox_user,
                   allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
                   kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages,
                   log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None))
+
+
+def expand_masks(entries: list[str]) -> tuple[Path, ...]:
+    """The config's ``masks`` as absolute paths: ``~/x`` is ``x`` in every home (and in the
+    home of whoever runs petri), anything else ``expanduser``'d."""
+    from .sandbox.isolation import home_dirs
+
+    out: list[Path] = []
+    for p in entries:
+        paths = [Path(os.path.expanduser(p))]
+        if p.startswith("~/"):
+            paths += [Path(os.fsdecode(h)) / p[2:] for h in home_dirs()]
+        out += [q for q in paths if q not in out]
+    return tuple(out)
 
 
 _MODEL = None
@@ -299,6 +322,7 @@ def _model():
         seccomp: Profile | None = None
         sandbox_user: str | None = None
         allow_sockets: list[str] = Field(default_factory=list)
+        toolchains: list[str] = Field(default_factory=list)
         log_cap: int | None = None  # 0: "none" (no cap)
 
         @field_validator("log_cap", mode="before")
@@ -323,6 +347,15 @@ def _model():
             for p in v:
                 if not os.path.isabs(os.path.expanduser(p)):
                     raise ValueError(f"path {p!r} must be absolute (or start with ~)")
+            return v
+
+        @field_validator("toolchains")
+        @classmethod
+        def _in_root_home(cls, v: list[str]) -> list[str]:
+            for p in v:
+                rel = p[2:]
+                if not p.startswith("~/") or not rel.strip("/") or ".." in rel.split("/") or "\0" in p:
+                    raise ValueError(f"path {p!r} must be a directory of root's home, written ~/...")
             return v
 
         @field_validator("sandbox_user")

@@ -14,7 +14,6 @@ creator's pid) before its tree is made, and a snapshot row after its tree is com
 """
 from __future__ import annotations
 
-import base64
 import os
 import re
 from pathlib import Path
@@ -28,7 +27,6 @@ from snapshot.store import Store
 from snapshot.osutil import rmtree
 
 from . import events, recovery
-from .sandbox import reaper
 from .limits import Limits
 from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
@@ -53,6 +51,8 @@ def path_fields(p: bytes) -> dict[str, str]:
     try:
         p.decode("utf-8")
     except UnicodeDecodeError:
+        import base64  # rare (a path that is not UTF-8): not an import of every command
+
         d["path_b64"] = base64.b64encode(p).decode()
     return d
 
@@ -250,7 +250,7 @@ class Engine:
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
         lineage: dict[str, Any] = {}
         if source == "live":
-            base = self.take_snapshot("fork from live", kind="implicit")
+            base = self.snapshot_for_fork()
         else:
             base, lineage = self.fork_source(source)
         created = now()
@@ -304,8 +304,22 @@ class Engine:
                 db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
         made = [self.sandbox_by_id(r.id) for r in rows]
         for row in rows:
+            self.backend.note_usage(self.store, row.id)
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made
+
+    def snapshot_for_fork(self) -> SnapshotRow:
+        """The snapshot a fork from live clones: the newest snapshot of live again when it is
+        an implicit one and the backend proves live unchanged since (``live_unchanged_since``:
+        btrfs, by generation), else a new implicit one. Each fork used to take its own, which
+        on btrfs commits the filesystem's transaction and leaves a subvolume behind."""
+        with self.lock():
+            self.recover_promotions(locked=True)
+            latest = self.registry.latest_snapshot()
+            if latest is not None and latest.kind == "implicit" and \
+                    self.backend.live_unchanged_since(self.store, latest.id):
+                return latest
+            return self._take_snapshot_locked("fork from live", "implicit", None)
 
     def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
         """The snapshot a fork from ``source`` (not ``live``) clones, and the lineage its
@@ -399,6 +413,8 @@ class Engine:
         """Kill every process of the sandbox's runs (in any petri process), remove their
         cgroups and the per-run views of its tree; its live runs' records end ``killed_by:
         why``. How many processes were killed."""
+        from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
+
         self.registry.mark_live_runs(row.id, why)
         try:
             return reaper.kill_sandbox(row.id)
@@ -463,6 +479,8 @@ class Engine:
                 with self.backend.snapshot_view(self.store, target.id) as src:
                     ops = plan_restore(bytes(src), bytes(self.root))
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
+        import base64
+
         doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
                "changed_b64": [base64.b64encode(p).decode() for p in changed],
                "safety_snapshot": safety.id}

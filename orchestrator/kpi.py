@@ -49,6 +49,19 @@ def record(registry: Any, op: str, duration_s: float, *, ok: bool = True, subjec
         pass
 
 
+def record_many(registry: Any, rows: Sequence[tuple[str, float, str | None, float]]) -> None:
+    """Append (op, duration_s, subject, at) rows in one transaction (a listing's staleness
+    timings: one write for the listing, not one per sandbox)."""
+    if not rows:
+        return
+    try:
+        with registry.write() as db:
+            db.executemany("INSERT INTO timings(ts, op, duration_s, ok, subject, detail) VALUES (?, ?, ?, 1, ?, '{}')",
+                           [(at, op, float(d), subject) for op, d, subject, at in rows])
+    except Exception:  # noqa: BLE001 - a measurement, not the record of what happened
+        pass
+
+
 def percentile(sorted_values: Sequence[float], p: float) -> float:
     """Nearest rank: the smallest value with at least p% of the values at or below it."""
     if not sorted_values:

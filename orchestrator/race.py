@@ -32,8 +32,8 @@ in reverse. The fork is a clone of the same base with the candidate's change set
 files and ``.git`` included, since the check may need them) copied in
 (``merge.replay``), rather than a snapshot of the candidate's sandbox
 (``Backend.snapshot_sandbox``, a full copy on copy/reflink): the replay is
-O(what the candidate changed) on every backend, where the backend's own record (btrfs send,
-the overlay upper, the fuse journal) says what changed. The forks are made up front in the
+O(what the candidate changed) on every backend, where the backend's own record (btrfs
+generations, the overlay upper, the fuse journal) says what changed. The forks are made up front in the
 race's one fork call, so making them never blocks the checks that already run (the fork
 runs on the loop's thread), and destroyed when the race ends.
 
@@ -270,6 +270,8 @@ def failure_reason(doc: dict[str, Any], command: str) -> str:
         return "killed: the sandbox's lifetime ended (--ttl)"
     if killed == "memory":
         return "killed: over the memory limit (--mem)"
+    if code in (126, 127) and doc.get("exec_error"):
+        return doc["exec_error"]  # the path the sandbox hides, and why (sandbox.exec_failure)
     lines = [ln.strip() for ln in _tail(doc["stderr_path"], 2000).splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
     if code == 127:

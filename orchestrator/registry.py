@@ -15,7 +15,11 @@ and the open or the write tried again, and a write that still cannot be done is 
 error (``StoreFull``, exit 1). The reserve comes back once there is room again.
 
 Caveats: space freed on btrfs by deleting a subvolume comes back only as the cleaner works;
-the reserve is allocated with ``fallocate`` and skipped where that is not supported.
+the reserve is allocated with ``fallocate`` and skipped where that is not supported. Commits
+are ``synchronous = NORMAL``: one survives a power loss once the WAL is synced, by SQLite's
+checkpoint (automatic every ~1000 pages, and when the last connection closes) or by a later
+``write(durable=True)``; the CLI's hot commands never close theirs and end with such a write
+(``orchestrator.cli``).
 """
 from __future__ import annotations
 
@@ -224,11 +228,32 @@ class Registry:
         self.db.close()
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction; taken immediately so concurrent writers queue, not deadlock.
+
+        ``durable``: the commit syncs the WAL (``synchronous = FULL`` for it), so it and
+        every commit before it survive a power loss. Other commits are synced when SQLite
+        checkpoints (``NORMAL``), which a process that ends without closing its connection
+        (the CLI's hot commands: ``orchestrator.cli``) never does at its end.
 
         On a nearly full filesystem the reserve is released first: a write transaction
         cannot be retried from here once its statements ran."""
+        if not durable:
+            with self._transaction() as db:
+                yield db
+            return
+        self.db.execute("PRAGMA synchronous = FULL")
+        try:
+            with self._transaction() as db:
+                yield db
+        finally:
+            try:
+                self.db.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error:
+                pass  # closed meanwhile: nothing more to write through it
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         try:
             if _free_bytes(self.path.parent) < RESERVE_BYTES:
                 release_reserve(self.path.parent)

@@ -16,9 +16,22 @@
 ``petri run SB -- id`` prints ``uid=0(root) gid=0(root) groups=0(root)`` in that last case,
 the workspace owner's ids otherwise; ``run --json`` has ``run_as`` with the host side.
 
+Homes: every command reads the homes its host user may read, minus what holds credentials
+(``isolation.CREDENTIAL_PATHS``, masked in every home). The sandbox account of a root-owned
+workspace cannot enter ``/root`` (0700), where root's toolchains live (a ``.venv`` made from
+root's pyenv or uv Python points there): its command sees ``/root`` as an empty directory
+with root's toolchain directories bound back read-only (``RunAs.toolchains``:
+``isolation.TOOLCHAIN_DIRS`` that exist, and the config's ``toolchains``; ``run_view``
+mounts them). What that grants the account: read access to the files of those
+directories that every user could read if ``/root`` were open (not id-mapped: a 0600 file
+there stays closed), minus the credential paths; no write, no setuid (``nosuid``), nothing
+else of ``/root``.
+
 Caveats: the sandbox account is shared by every root-owned workspace on the machine; its
 runs are kept apart by their namespaces (pid, mount, ipc, net), not by the uid. Files in a
 root-owned tree that belong to neither root nor the account show as ``nobody`` inside.
+Root's toolchains are given to the sandbox account only: under ``sudo`` the command is the
+caller, whose own home (and toolchains) it reads, and ``/root`` is closed to it as on the host.
 """
 from __future__ import annotations
 
@@ -26,7 +39,7 @@ import os
 import pwd
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from snapshot.idmap import IdMap
 
@@ -46,6 +59,7 @@ class RunAs:
     host_gid: int
     idmap: IdMap | None  # how the tree's owners must look to the command (root-owned workspace)
     user: str  # the host account's name, for people
+    toolchains: tuple[bytes, ...] = ()  # root's toolchain directories the command may read
 
     def to_json(self) -> dict[str, Any]:
         return {"uid": self.uid, "gid": self.gid, "host_uid": self.host_uid, "host_gid": self.host_gid,
@@ -82,8 +96,26 @@ def run_as(engine: "Engine") -> RunAs:
         uid = int(os.environ["SUDO_UID"])
         gid = int(os.environ["SUDO_GID"]) if os.environ.get("SUDO_GID", "").isdigit() else uid
         return _plain(uid, gid)
-    pw = _sandbox_account_of(engine)
-    return RunAs(0, 0, pw.pw_uid, pw.pw_gid, IdMap(pw.pw_uid, pw.pw_gid), pw.pw_name)
+    from .config import load_config
+
+    cfg = load_config(engine.root)
+    pw = sandbox_account(cfg.sandbox_user)
+    return RunAs(0, 0, pw.pw_uid, pw.pw_gid, IdMap(pw.pw_uid, pw.pw_gid), pw.pw_name,
+                 toolchains=root_toolchains(cfg.toolchains))
+
+
+def root_toolchains(extra: Sequence[str] = ()) -> tuple[bytes, ...]:
+    """Root's toolchain directories that exist: ``isolation.TOOLCHAIN_DIRS`` and ``extra``
+    (the config's ``toolchains``), relative to root's home."""
+    from .sandbox.isolation import TOOLCHAIN_DIRS, root_home
+
+    home = root_home()
+    out: list[bytes] = []
+    for rel in (*TOOLCHAIN_DIRS, *extra):
+        path = os.path.normpath(os.path.join(home, os.fsencode(rel)))
+        if path not in out and path != home and os.path.lexists(path):
+            out.append(path)
+    return tuple(out)
 
 
 def owner_idmap(engine: "Engine") -> IdMap | None:

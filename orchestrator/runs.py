@@ -244,6 +244,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     yields the run to execute, is sent its result (or thrown its failure), returns the run
     document."""
     from .config import load_config
+    from .sandbox.exec_failure import note_for_run
     from .sandbox.runner import KILL_GRACE_S, RunSpec
 
     if not argv or not any(a for a in argv):
@@ -292,6 +293,9 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                            log_cap=load_config(engine.root).log_cap)
             res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
                               output_events=on_event is not None)
+            # 126/127: which path the command needed that the sandbox hides, and why (the
+            # run's views must still be mounted: its plan is rebuilt from them).
+            exec_error = note_for_run(spec, tree, res.exit_code)
     finally:
         if res is None:  # petri failed or the run was cancelled: the record says so
             engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
@@ -305,6 +309,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     peak = max([p for p in (res.peak_memory_bytes, row.peak_memory_bytes) if p is not None], default=None)
     engine.registry.update_sandbox(row.id, peak_memory_bytes=peak)
     _settle_state(engine, row.id, n)
+    engine.backend.note_usage(engine.store, row.id)  # listings only read: a walked figure is kept now
     doc = run_doc(engine, row.id, n)
     doc["cgroup_mode"] = res.cgroup_mode
     doc["run_as"] = who.to_json()
@@ -312,6 +317,10 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     doc.update(seccomp_fields(profile))
     if res.setup_error:
         doc["setup_error"] = res.setup_error
+    if exec_error:
+        doc["exec_error"] = exec_error
+        if echo:
+            print(f"petri: {exec_error}", file=sys.stderr, flush=True)
     if res.warnings:
         doc["warnings"] = list(res.warnings)
     events.run_finished(log, **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)

@@ -18,8 +18,9 @@ entry ids, no KPI rows, no ``--from <sandbox>`` and only the syntax check of lim
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import audit, kpi
 from . import engine as core
@@ -30,7 +31,7 @@ from .registry import SandboxRow, SnapshotRow, now
 class Engine(core.Engine):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        audit.bind(root)  # the open audit scope learns which workspace it is about
+        audit.bind(root, self.registry)  # the open audit scope learns which workspace it is about
 
     def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
         row = super().record_snapshot(row)
@@ -72,8 +73,28 @@ class Engine(core.Engine):
         from .staleness import staleness  # xxhash and the merge walkers: only for ls/status/race
         started = now()
         got = staleness(self, row)
-        kpi.record(self.registry, "staleness", now() - started, subject=row.id)
+        pending = self.__dict__.get("_staleness_timings")
+        if pending is not None:
+            pending.append(("staleness", now() - started, row.id, started))
+        else:
+            kpi.record(self.registry, "staleness", now() - started, subject=row.id)
         return got
+
+    @contextmanager
+    def one_look(self) -> Iterator[None]:
+        """For a listing: every ``staleness`` inside looks at live once per base, and their
+        timings are written in one transaction at the end."""
+        from .staleness import one_look
+        if "_staleness_timings" in self.__dict__:
+            yield
+            return
+        self.__dict__["_staleness_timings"] = pending = []
+        try:
+            with one_look(self):
+                yield
+        finally:
+            del self.__dict__["_staleness_timings"]
+            kpi.record_many(self.registry, pending)
 
     def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
         """Undo a promotion; a stage of a graduated promotion undoes the later stages of its

@@ -8,46 +8,50 @@ sandbox changed too (a certain conflict risk) and, where the backend records wha
 sandbox read (``Backend.read_set``: fuse), which of them its runs read (their results may
 not hold).
 
-Content-based, never by timestamps alone, and fast:
+Reading staleness never writes: no snapshot, mount or file is made (``ls``, ``status``, the
+TUI and the MCP listing call it all the time). Content-based, never by timestamps alone:
 
-- where the backend can name the candidates itself (``Backend.live_candidates``: btrfs
-  send, as root) only those are compared by content (O(changes)).
-- elsewhere: a stat walk of live against two stat caches. The snapshot's own record of
-  live when it was taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink
-  ``manifest``) says which files did not move since; petri's own cache in
-  ``.petri/statcache/<base>`` keyed on (inode, size, mtime_ns, ctime_ns, mode) remembers the
-  verdict for files that moved, so only what moved since the last look is hashed again
-  (xxh3-128) and compared with the base's content (read from the snapshot; where it is a
-  stack of layers, ``Backend.snapshot_layers``, straight from them, without mounting
-  anything).
+- where the backend can name the candidates itself (``Backend.live_candidates``: btrfs, by
+  generation or by comparing inode keys with the snapshot, which shares live's inodes)
+  only those are compared by content.
+- elsewhere: a stat walk of live against the snapshot's own record of live when it was
+  taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink ``manifest``),
+  which says which files did not move since; what moved is hashed (xxh3-128) and compared
+  with the base's content (read from the snapshot; where it is a stack of layers,
+  ``Backend.snapshot_layers``, straight from them, without mounting anything).
 
-So an editor's tmp+rename save (a new inode), a same-size edit with the mtime put back (the
-ctime moves) and a ``touch`` (content equal) are all told apart by content.
+Caches, in memory only: a file's content id by its stat key (device, inode, size, mtime_ns,
+ctime_ns, mode), and per base the verdicts of the stat walk, so a long-lived process (the
+TUI, the MCP server) hashes only what moved since its last look; a one-shot command hashes
+what moved since the base. Within ``one_look(engine)`` (one listing) live is looked at
+once per base; outside it every call looks afresh.
 
-Live-vs-base is computed once per base per process (``petri ls`` with many sandboxes on
-one base walks live once); the sandbox side only checks the live-changed paths it covers.
+The sandbox side checks only the live-changed paths: by stat against the base where the
+backend shares inodes (``Backend.shares_inodes``: btrfs; content only where the keys
+differ), else within what the backend's change record covers, by content. So an editor's
+tmp+rename save (a new inode), a same-size edit with the mtime put back (the ctime moves)
+and a ``touch`` (content equal) are all told apart by content.
 
 Caveats:
-- Entries whose mtime/ctime fall within 50 ms of the walk are not cached (git's racily
+- Entries whose mtime/ctime fall within 50 ms of the look are not cached (git's racily
   clean rule); the snapshots' records carry the same marks (a racy entry never matches).
   An old (version 1) copy/reflink manifest has none: its entries are trusted only for
   files whose ctime is over a minute older than the snapshot.
-- Where the snapshot keeps no record (zfs, btrfs without root) or only an old copy/reflink
-  manifest, the first look hashes every file that moved, both sides; later looks hash only
-  what moved.
+- Where the snapshot keeps no record (zfs) or only an old copy/reflink manifest, a one-shot
+  command hashes every file that moved since the base, both sides, on every look (the
+  record of earlier looks is no longer written to the store).
 - Ignored files (the workspace's ``.gitignore``) are left out, as in ``diff``; ``.git/``
   and the store always are.
 """
 from __future__ import annotations
 
 import gc
-import marshal
 import os
 import stat
+import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import xxhash
@@ -55,7 +59,7 @@ import xxhash
 from merge.changes import content_id_fd, kind_of
 from merge.ignore import IgnoreRules
 
-from .changesets import sandbox_candidates
+from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
 from .registry import LIVE_STATES
 
@@ -63,7 +67,6 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow
 
-CACHE_VERSION = 1
 RACY_NS = 50_000_000
 _RFLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
@@ -77,6 +80,12 @@ class LiveChanges:
     seconds: float
 
 
+# Content ids by stat key, for the life of the process (see the module doc). A key moves
+# with every write, so a hit is the content; entries within the racy window are not kept.
+_CIDS: dict[tuple[int, ...], Ent] = {}
+_CIDS_MAX = 200_000
+
+
 def entry_of(path: bytes) -> Ent | None:
     """(kind, mode, content id) of the entry at an absolute path, never following it."""
     try:
@@ -88,14 +97,21 @@ def entry_of(path: bytes) -> Ent | None:
     if k == "symlink":
         return (k, 0, xxhash.xxh3_128_hexdigest(os.fsencode(os.readlink(path))))
     if k == "file":
-        try:
-            fd = os.open(path, _RFLAGS)
-        except (FileNotFoundError, OSError):
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        got = _CIDS.get(key)
+        if got is not None:
+            return got
+        got_cid = read_content_id(path, st)
+        if got_cid is None:
             return None
-        try:
-            return (k, mode, content_id_fd(fd))
-        finally:
-            os.close(fd)
+        cid, steady = got_cid
+        ent = (k, mode, cid)
+        recent = time.time_ns() - RACY_NS
+        if steady and st.st_mtime_ns < recent and st.st_ctime_ns < recent:
+            if len(_CIDS) >= _CIDS_MAX:
+                _CIDS.clear()
+            _CIDS[key] = ent
+        return ent
     if k == "dir":
         return (k, mode, None)
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
@@ -103,13 +119,40 @@ def entry_of(path: bytes) -> Ent | None:
     return (k, mode, None)
 
 
+def read_content_id(path: bytes, st: os.stat_result) -> tuple[str, bool] | None:
+    """The content id of the regular file at ``path``, and whether it is the content of the
+    file as ``st`` saw it (the same inode, unmoved before and after the read); None: gone."""
+    try:
+        try:
+            # No atime update: on btrfs one would move live's generation (a fork could not
+            # clone the snapshot it has again).
+            fd = os.open(path, _RFLAGS | os.O_NOATIME)
+        except PermissionError:
+            fd = os.open(path, _RFLAGS)
+    except OSError:
+        return None
+    try:
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        before = os.fstat(fd)
+        cid = content_id_fd(fd)
+        after = os.fstat(fd)
+        steady = (before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns) == key and \
+            (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key[1:]
+        return cid, steady
+    finally:
+        os.close(fd)
+
+
 class BaseSide:
     """Reads a base snapshot's entries: from its layers where it is a stack of them (no
-    mount), else from ``snapshot_view`` opened on first use."""
+    mount), else from ``read_view`` opened on first use."""
 
     def __init__(self, engine: "Engine", base_id: str, stack: ExitStack):
         self.engine, self.base_id, self.stack = engine, base_id, stack
         self._root: bytes | None = None
+        # A snapshot never changes: what was read of it holds for the look.
+        self._entries: dict[bytes, Ent | None] = {}
+        self._keys: dict[bytes, tuple[int, ...] | None] = {}
         self.layers = engine.backend.snapshot_layers(engine.store, base_id)
         if self.layers is not None:
             from snapshot.layers import layer_lookup
@@ -118,28 +161,65 @@ class BaseSide:
     def root(self) -> bytes:
         if self._root is None:
             self._root = os.fsencode(self.stack.enter_context(
-                self.engine.backend.snapshot_view(self.engine.store, self.base_id)))
+                self.engine.backend.read_view(self.engine.store, self.base_id)))
         return self._root
 
     def entry(self, rel: bytes) -> Ent | None:
-        if self.layers is not None:
-            p = self._lookup(self.layers, rel)
-            return None if p is None else entry_of(p)
-        return _entry_beneath(self.root(), rel)
+        if rel not in self._entries:
+            if self.layers is not None:
+                p = self._lookup(self.layers, rel)
+                self._entries[rel] = None if p is None else entry_of(p)
+            else:
+                self._entries[rel] = _entry_beneath(self.root(), rel)
+        return self._entries[rel]
+
+    def key(self, rel: bytes) -> tuple[int, ...] | None:
+        """The stat key of ``rel`` in the snapshot (its tree, not its layers)."""
+        if rel not in self._keys:
+            self._keys[rel] = _key_beneath(self.root(), rel)
+        return self._keys[rel]
+
+
+def _base_side(engine: "Engine", base_id: str, stack: ExitStack) -> BaseSide:
+    """The base's reader: shared by the rows of one look (``one_look``), else for ``stack``."""
+    look = engine.__dict__.get("_base_sides")
+    if look is None:
+        return BaseSide(engine, base_id, stack)
+    sides, look_stack = look
+    if base_id not in sides:
+        sides[base_id] = BaseSide(engine, base_id, look_stack)
+    return sides[base_id]
 
 
 def _entry_beneath(root: bytes, rel: bytes) -> Ent | None:
     """entry_of(root/rel), or None when a parent on the way is not a real directory."""
-    parts = rel.split(b"/")
+    if not _parents_are_dirs(root, rel):
+        return None
+    return entry_of(os.path.join(root, rel))
+
+
+def _parents_are_dirs(root: bytes, rel: bytes) -> bool:
     cur = root
-    for comp in parts[:-1]:
+    for comp in rel.split(b"/")[:-1]:
         cur = os.path.join(cur, comp)
         try:
             if not stat.S_ISDIR(os.lstat(cur).st_mode):
-                return None
+                return False
         except (FileNotFoundError, NotADirectoryError):
-            return None
-    return entry_of(os.path.join(root, rel))
+            return False
+    return True
+
+
+def _key_beneath(root: bytes, rel: bytes) -> tuple[int, ...] | None:
+    """The stat key of root/rel (inode, size, mtime_ns, ctime_ns, mode), never through a
+    symlink on the way; None if nothing is there."""
+    if not _parents_are_dirs(root, rel):
+        return None
+    try:
+        st = os.lstat(os.path.join(root, rel))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
 def _same(a: Ent | None, b: Ent | None) -> bool:
@@ -163,27 +243,29 @@ def _snapshot_keys(engine: "Engine", base_id: str) -> tuple[Mapping[bytes, tuple
     return (None, {}) if got is None else got
 
 
-def _cache_path(engine: "Engine", base_id: str) -> Path:
-    return engine.store.root / "statcache" / base_id
+# Per (store, base): the stat walk's verdicts on what moved ({rel: (key, differs)}), the
+# base's entries read so far ({rel: entry}), and the base's listing where the snapshot keeps
+# no record. Memory only (reading never writes in the store), so one process's later looks
+# hash only what moved since its earlier ones.
+_LOOKS: dict[tuple[str, str], tuple[dict[bytes, tuple], dict[bytes, Any], dict[bytes, int] | None]] = {}
+_LOOKS_MAX = 32
+_looks_lock = threading.Lock()
 
 
-def _load_cache(path: Path) -> tuple[dict[bytes, tuple], dict[bytes, Any], dict[bytes, int] | None]:
-    try:
-        with open(path, "rb") as f:
-            version, live, base, listing = marshal.loads(f.read())
-        if version == CACHE_VERSION:
-            return live, base, listing
-    except (OSError, EOFError, ValueError, TypeError):
-        pass
-    return {}, {}, None
+def _load_cache(engine: "Engine", base_id: str) -> tuple[dict[bytes, tuple], dict[bytes, Any], dict[bytes, int] | None]:
+    with _looks_lock:
+        got = _LOOKS.get((str(engine.store.root), base_id))
+    if got is None:
+        return {}, {}, None
+    # Copies: another thread may look at the same base meanwhile.
+    return dict(got[0]), dict(got[1]), got[2]
 
 
-def _save_cache(path: Path, live: dict, base: dict, listing: dict | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        marshal.dump((CACHE_VERSION, live, base, listing), f)
-    os.replace(tmp, path)  # a cache: losing it to a crash costs only time, so no fsync
+def _save_cache(engine: "Engine", base_id: str, live: dict, base: dict, listing: dict | None) -> None:
+    with _looks_lock:
+        if len(_LOOKS) >= _LOOKS_MAX:
+            _LOOKS.pop(next(iter(_LOOKS)))
+        _LOOKS[(str(engine.store.root), base_id)] = (live, base, listing)
 
 
 class _WalkRules(IgnoreRules):
@@ -277,8 +359,7 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
     if not include_ignored and os.path.lexists(os.path.join(root, b".git", b"info", b"exclude")):
         rules = _WalkRules(root, set())
     snap_keys, remaining = _snapshot_keys(engine, base_id)
-    cpath = _cache_path(engine, base_id)
-    cache, base_cache, listing = _load_cache(cpath)
+    cache, base_cache, listing = _load_cache(engine, base_id)
     dirty = False
     exclude = frozenset({b".git", b".petri"})
     with ExitStack() as stack:
@@ -329,10 +410,7 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
             continue
         changed.add(rel)
     if dirty:
-        try:
-            _save_cache(cpath, cache, base_cache, listing)
-        except OSError:
-            pass
+        _save_cache(engine, base_id, cache, base_cache, listing)
     return LiveChanges(frozenset(changed), "statcache", time.monotonic() - started)
 
 
@@ -345,9 +423,11 @@ def _subtree(root: bytes, rel: bytes) -> Iterator[bytes]:
             yield rel + b"/" + sub
 
 
-def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any) -> frozenset[bytes]:
+def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any,
+                        shared_inodes: bool = False) -> frozenset[bytes]:
     """Non-directory paths at or beneath ``cands`` whose entries differ (O(candidates),
-    plus the subtrees of candidates that are directories: renamed or new ones)."""
+    plus the subtrees of candidates that are directories: renamed or new ones). With
+    ``shared_inodes`` (``Backend.shares_inodes``), equal stat keys are equal entries."""
     todo: set[bytes] = set()
     for c in cands:
         for root in (base, new):
@@ -361,6 +441,10 @@ def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any) 
                 todo.add(c)
     out = set()
     for p in todo:
+        if shared_inodes:
+            ka = _key_beneath(base, p)
+            if ka is not None and ka == _key_beneath(new, p):
+                continue
         a, b = _entry_beneath(base, p), _entry_beneath(new, p)
         a = None if a is not None and a[0] == "dir" else a
         b = None if b is not None and b[0] == "dir" else b
@@ -379,55 +463,79 @@ def _not_compared(top: bytes) -> bool:
 
 def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool = False) -> LiveChanges | None:
     """From the backend's own candidates (``Backend.live_candidates``); None when it has none
-    here (the caller falls back to the stat cache)."""
+    here (the caller falls back to the stat walk)."""
     started = time.monotonic()
     try:
         with engine.backend.live_candidates(engine.store, base_id, _not_compared) as got:
             if got is None:
                 return None
-            base, ro, cands = got
+            base, live, cands = got
             if not cands.paths:
                 return LiveChanges(frozenset(), cands.source, time.monotonic() - started)
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
-            paths = _compare_candidates(os.fsencode(base), os.fsencode(ro), set(cands.paths),
-                                        None if include_ignored else IgnoreRules(ro))
+            paths = _compare_candidates(os.fsencode(base), os.fsencode(live), set(cands.paths),
+                                        None if include_ignored else IgnoreRules(live),
+                                        engine.backend.shares_inodes())
     except OSError:
         return None
     return LiveChanges(paths, cands.source, time.monotonic() - started)
 
 
 def live_changes(engine: "Engine", base_id: str) -> LiveChanges | None:
-    """Live vs the base snapshot, memoised per engine (one walk of live per base)."""
-    memo = engine.__dict__.setdefault("_live_changes_memo", {})
-    if base_id in memo:
+    """Live vs the base snapshot: once per base within ``one_look``, afresh otherwise."""
+    memo = engine.__dict__.get("_live_changes_memo")
+    if memo is not None and base_id in memo:
         return memo[base_id]
-    if engine.registry.snapshot(base_id) is None:
-        memo[base_id] = None
-        return None
-    got = live_changes_fast(engine, base_id)
-    if got is None:
-        got = live_changes_statcache(engine, base_id)
-    memo[base_id] = got
+    got = None
+    if engine.registry.snapshot(base_id) is not None:
+        got = live_changes_fast(engine, base_id)
+        if got is None:
+            got = live_changes_statcache(engine, base_id)
+    if memo is not None:
+        memo[base_id] = got
     return got
+
+
+@contextmanager
+def one_look(engine: "Engine") -> Iterator[None]:
+    """Within the block, live is looked at once per base (a listing's rows share it); the
+    look is forgotten after, so a long-lived process (TUI, MCP) sees live move."""
+    if "_live_changes_memo" in engine.__dict__:
+        yield  # an outer look is already open
+        return
+    engine.__dict__["_live_changes_memo"] = {}
+    with ExitStack() as stack:
+        engine.__dict__["_base_sides"] = ({}, stack)
+        try:
+            yield
+        finally:
+            del engine.__dict__["_live_changes_memo"]
+            del engine.__dict__["_base_sides"]
 
 
 def _display(p: bytes) -> str:
     return p.decode("utf-8", "backslashreplace")
 
 
-def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes]) -> list[bytes]:
-    """Which of ``live_paths`` the sandbox changed too (content-compared)."""
+def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes],
+                base_id: str | None = None) -> list[bytes]:
+    """Which of ``live_paths`` the sandbox changed too (content-compared) against
+    ``base_id`` (default: its ``diff_base``)."""
     if not live_paths:
         return []
     from merge.safefs import SafeTree
     from snapshot.layers import layer_lookup
 
     tree = engine.sandbox_tree(row)
+    shared = engine.backend.shares_inodes()
+    since = diff_base(engine, row) if base_id is None else base_id
     with ExitStack() as stack:
-        base = BaseSide(engine, diff_base(engine, row), stack)
-        # The backend's record over-approximates; the compare below decides. No trees are
-        # handed over: nothing is read through the sandbox's mount for the candidates.
-        cands = sandbox_candidates(engine, row, None, None)
+        base = _base_side(engine, since, stack)
+        # Sharing inodes with its base, the sandbox is compared path by path by stat (O(live
+        # changes), no record needed); else the backend's record over-approximates and the
+        # compare below decides. No trees are handed over: nothing is read through the
+        # sandbox's mount for the candidates.
+        cands = FULL if shared else sandbox_candidates(engine, row, None, None, since=since)
         # Where reading through the mount would count as the sandbox's own reads (fuse),
         # the sandbox side is read from its layers.
         sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
@@ -436,6 +544,10 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
             for p in sorted(live_paths):
                 if not cands.covers(p):
                     continue
+                if shared and base.layers is None:
+                    bkey = base.key(p)
+                    if bkey is not None and bkey == _safe_key(st, p):
+                        continue  # the very inode the base holds, untouched
                 sb_ent: Ent | None = None
                 if sandbox_layers is not None:
                     found = layer_lookup(sandbox_layers, p)
@@ -459,12 +571,28 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
         return out
 
 
+def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
+    """The stat key of ``rel`` in a ``SafeTree`` (no symlink followed on the way), or None."""
+    try:
+        pfd, name = tree.parent(rel)
+    except Exception:  # noqa: BLE001 - missing, or through a symlink: the full compare says which
+        return None
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(pfd)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
         return None
     if row.state == "creating":
         return None
-    live = live_changes(engine, diff_base(engine, row))
+    base_id = diff_base(engine, row)
+    live = live_changes(engine, base_id)
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
@@ -475,7 +603,7 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no read set: results_may_not_hold from live alone
         read_set = None
     try:
-        over = overlapping(engine, row, live.paths)
+        over = overlapping(engine, row, live.paths, base_id)
     except Exception as e:  # a sandbox tree that cannot be read now: say so, do not fail `ls`
         doc["overlapping"] = None
         doc["error"] = f"{type(e).__name__}: {e}"

@@ -218,8 +218,9 @@ class Backend(Protocol):
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """Disk space the sandbox holds beyond its base, or None where the backend cannot
         tell. ``since`` (epoch seconds): a figure measured at or after then will do, so a
-        backend whose measure is O(files) may answer from its last one (``petri ls``: the
-        sandbox's last run ended then); None: measure now."""
+        backend whose measure is O(files) may answer from the last one ``note_usage`` kept
+        (``petri ls``: the sandbox's last run ended then); None: measure now. It only reads:
+        a listing never writes in the store."""
         return None
 
     def enforces_disk_budget(self) -> bool:
@@ -274,9 +275,13 @@ class Backend(Protocol):
         through the sandbox's mount. Default: ``FULL`` (compare everything)."""
         return FULL
 
-    def prefers_frozen_view(self) -> bool:
-        """Should a diff read the sandbox through ``frozen_view`` even when nothing runs in
-        it (the view is O(1) and is what ``change_candidates`` needs anyway)?"""
+    def shares_inodes(self) -> bool:
+        """Does a sandbox (or live) keep the very inodes of the snapshots it comes from (btrfs
+        snapshots share inode items), so that an entry whose stat key (inode, size,
+        mtime_ns, ctime_ns, mode) equals the same path's in such a snapshot holds what the
+        snapshot holds? (Any write moves the ctime of the inode it writes.) Where True,
+        staleness compares a sandbox with its base by stat first and reads content only
+        where the keys differ."""
         return False
 
     def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
@@ -287,10 +292,41 @@ class Backend(Protocol):
 
     def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
                         ) -> AbstractContextManager[LiveCandidates | None]:
-        """For the ``with`` block: a point-in-time view of live with where it may differ from
-        ``snap_id`` (top-level names ``exclude_top`` accepts left out), or None where the
-        backend cannot tell cheaply (the caller then walks live against ``live_record``)."""
+        """For the ``with`` block: a view of live (live itself where the backend reads it in
+        place) with where it may differ from ``snap_id`` (top-level names ``exclude_top``
+        accepts left out), or None where the backend cannot tell cheaply (the caller then
+        walks live against ``live_record``). Reading, never writing: no snapshot, mount or
+        file is made for it."""
         return contextlib.nullcontext(None)
+
+    def live_unchanged_since(self, store: Store, snap_id: str) -> bool:
+        """Is live provably what snapshot ``snap_id`` (a snapshot of live) holds, cheaply
+        enough that a fork from live may clone that snapshot instead of taking a new one?
+        False where the backend cannot tell (a new snapshot is then always taken)."""
+        return False
+
+    # -- reading without making anything ----------------------------------------------------------
+
+    def read_view(self, store: Store, snap_id: str) -> AbstractContextManager[Path]:
+        """``snapshot_view`` for this process's own reads (diff, staleness, ``read_file``):
+        the path may be one only this process can open (``/proc/self/fd/N`` of a detached
+        mount), and where the backend can, nothing is made in the store or the mount table
+        for it. Never hand it to another process. Default: ``snapshot_view``."""
+        return self.snapshot_view(store, snap_id)
+
+    def quiet_view(self, store: Store, sb_id: str) -> AbstractContextManager[Path]:
+        """The sandbox's tree for petri's own reads (diff, ``read_file``): where reading its
+        mount would be recorded as the sandbox's own reads (fuse), a view of its layers that
+        is not, made (where the backend can) without anything in the store or the mount
+        table; like ``read_view``, possibly a path only this process can open. Default: the
+        tree itself (``ensure_clone``)."""
+        return contextlib.nullcontext(self.ensure_clone(store, sb_id))
+
+    def note_usage(self, store: Store, sb_id: str) -> None:
+        """A command that changes sandbox ``sb_id`` (a fork, a run) has just finished: a
+        backend whose ``clone_usage`` is a walk of the tree may measure now and keep the
+        figure, so that listings (which never write) need not walk. Default: nothing."""
+        return None
 
     def snapshot_layers(self, store: Store, snap_id: str) -> list[bytes] | None:
         """The snapshot as a stack of layers, top first, to be read with overlay's lookup

@@ -227,6 +227,35 @@ def check_snapshot_chain(case: Case) -> None:
         assert not problems, f"clone of {sid} wrong:\n" + "\n".join(problems[:20])
 
 
+def check_read_views(case: Case) -> None:
+    """``read_view`` shows what ``snapshot_view`` shows, ``quiet_view`` what the sandbox's tree
+    does (one snapshot of one layer, one of several; a sandbox with edits), and neither
+    leaves anything in the store's tmp/."""
+    s1 = case.snapshot()
+    (case.workspace / "src" / "app.py").write_bytes(b"def add(a, b):\n    return b + a\n")
+    os.unlink(case.workspace / "dangling")
+    s2 = case.snapshot()
+    tree = case.clone(s2)
+    (tree / "README.md").write_bytes(b"in the sandbox\n")
+    os.unlink(tree / "src" / "run.sh")
+    (tree / "added").write_bytes(b"added\n")
+    tmp = case.store.tmp
+    before = sorted(os.listdir(tmp)) if tmp.is_dir() else []
+    for sid in (s1, s2):
+        with case.backend.snapshot_view(case.store, sid) as view:
+            want = manifest(view)
+        with case.backend.read_view(case.store, sid) as view:
+            problems = diff_manifests(want, manifest(view))
+            assert not problems, f"read_view of {sid} wrong:\n" + "\n".join(problems[:20])
+    sb = tree.parent.name
+    with case.backend.quiet_view(case.store, sb) as view:
+        problems = diff_manifests(manifest(tree), manifest(view))
+        assert not problems, "quiet_view wrong:\n" + "\n".join(problems[:20])
+    after = sorted(os.listdir(tmp)) if tmp.is_dir() else []
+    if os.geteuid() == 0:  # as a normal user, overlay-based views fall back to mounts in tmp/
+        assert after == before, (before, after)
+
+
 def _mutate(tree: Path, tag: bytes) -> None:
     """Every kind of change a generation can make: edit, add, delete, mode, a symlink, a
     directory renamed (overlay writes a redirect for it), a directory replaced by a file."""
@@ -324,4 +353,5 @@ def mounted_under(path: Path) -> list[str]:
 
 
 CHECKS: list[Callable[..., None]] = [check_clone_is_exact, check_point_in_time, check_isolation,
-                                     check_snapshot_chain, check_fork_of_fork, check_destroy_leaves_nothing]
+                                     check_snapshot_chain, check_read_views, check_fork_of_fork,
+                                     check_destroy_leaves_nothing]

@@ -46,7 +46,7 @@ SYS_setfsuid, SYS_setfsgid, SYS_capget, SYS_capset = 122, 123, 125, 126
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
 AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE, AT_SYMLINK_NOFOLLOW = -100, 0x1000, 0x8000, 0x100
 MOVE_MOUNT_F_EMPTY_PATH = 4
-MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x2, 0x4, 0x100000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
 CLONE_NEWUSER = 0x10000000
 MNT_DETACH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -169,14 +169,14 @@ def userns_fd(idmap: IdMap) -> int:
             os.waitpid(pid, 0)
 
 
-def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None) -> int:
-    """A detached ``nosuid,nodev`` (and id-mapped) copy of the mount tree at ``src``: an fd
-    for ``move_mount`` (``attach``) or for ``/proc/self/fd/N`` paths. Raises
+def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None, *, read_only: bool = False) -> int:
+    """A detached ``nosuid,nodev`` (and id-mapped, and read-only) copy of the mount tree at
+    ``src``: an fd for ``move_mount`` (``attach``) or for ``/proc/self/fd/N`` paths. Raises
     ``IdmapUnsupported`` when the filesystem refuses the mapping."""
     path = os.fsencode(src)
     fd = syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
     try:
-        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0)
         ns = 0
         if idmap is not None:
             ns = cached_userns_fd(idmap)
@@ -205,9 +205,10 @@ def attach(fd: int, dst: bytes | str | os.PathLike) -> None:
     syscall(SYS_move_mount, fd, b"", AT_FDCWD, os.fsencode(dst), MOVE_MOUNT_F_EMPTY_PATH)
 
 
-def clone_tree(src: bytes | str | os.PathLike, dst: bytes | str | os.PathLike, idmap: IdMap | None = None) -> None:
+def clone_tree(src: bytes | str | os.PathLike, dst: bytes | str | os.PathLike, idmap: IdMap | None = None, *,
+               read_only: bool = False) -> None:
     """Mount a ``nosuid,nodev`` copy of the tree at ``src`` on ``dst``, id-mapped by ``idmap``."""
-    fd = open_clone(src, idmap)
+    fd = open_clone(src, idmap, read_only=read_only)
     try:
         attach(fd, dst)
     finally:

@@ -43,6 +43,44 @@ def petri(*args: str, cwd: Path | str | None = None, env: dict | None = None, in
     return Result(cp)
 
 
+def project_venv(project: Path) -> str:
+    """A ``.venv`` in ``project`` that can run pytest, as a developer's checkout has one, and
+    the command that runs its python from the project's root (``.venv/bin/python``).
+
+    Checks in sandboxes use it instead of this checkout's own interpreter (``sys.executable``):
+    a checkout under the host's /tmp is not visible in a sandbox, whose /tmp is its own, and
+    the project's venv is, wherever the checkout lives. Made from the base interpreter of the
+    checkout's venv, with pytest and what it requires (on this Python) copied from the
+    running interpreter's site-packages: no network, about 7 MB."""
+    import shutil
+    import sysconfig
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    venv = project / ".venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / sysconfig.get_path("purelib", vars={"base": ".", "platbase": "."})
+    todo, seen = ["pytest"], set()
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        name = dist.metadata["Name"].lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        for req in map(Requirement, dist.requires or ()):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+        for f in dist.files or ():
+            if f.parts[0] == ".." or "__pycache__" in f.parts:
+                continue  # scripts outside site-packages, bytecode
+            dst = site / f
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(dist.locate_file(f), dst)  # not a hard link: nothing here may touch the checkout
+    return ".venv/bin/python"
+
+
 def stop_fuse_under(root: Path, stores: list[Path]) -> None:
     """Teardown for FUSE tests: stop the fork servers of ``stores``, then every FUSE daemon
     mounted below ``root`` (each by the pid file beside its mount: only the daemon it names)."""

@@ -15,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -165,6 +166,19 @@ int main(int argc, char **argv) {
   PROBE("open_creat_setuid", ({ unlink("suid-new"); int f = syscall(SYS_openat, AT_FDCWD, "suid-new",
                                   O_CREAT | O_WRONLY, 04755); if (f >= 0) close(f); f; }));
   PROBE("chmod_plain", chmod("suid-probe", 0755));  /* allowed: not EPERM */
+  /* mknod makes a regular file without CAP_MKNOD, with the mode's bits (only the umask applies). */
+  PROBE("mknod_setuid", ({ unlink("suid-new"); syscall(SYS_mknod, "suid-new", S_IFREG | 04755, 0); }));
+  PROBE("mknod_setgid", ({ unlink("suid-new"); syscall(SYS_mknod, "suid-new", S_IFREG | 02755, 0); }));
+  PROBE("mknodat_setuid", ({ unlink("suid-new"); syscall(SYS_mknodat, AT_FDCWD, "suid-new", S_IFREG | 06755, 0); }));
+  PROBE("mknodat_setuid_high_bits", ({ unlink("suid-new");
+                                       syscall(SYS_mknodat, AT_FDCWD, "suid-new", HIGH | S_IFREG | 04755, 0); }));
+  PROBE("mknod_plain", ({ unlink("suid-new"); syscall(SYS_mknodat, AT_FDCWD, "suid-new", S_IFREG | 0755, 0); }));
+  PROBE("mknod_fifo", ({ unlink("suid-new"); syscall(SYS_mknod, "suid-new", S_IFIFO | 0644, 0); }));
+  /* openat2 carries its mode in memory: the filter refuses the call (ENOSYS, callers fall back). */
+  PROBE("openat2_setuid", ({ unlink("suid-new"); struct { unsigned long long flags, mode, resolve; } how =
+                             {O_CREAT | O_WRONLY, 04755, 0};
+                             long f = syscall(SYS_openat2, AT_FDCWD, "suid-new", &how, sizeof how);
+                             if (f >= 0) close((int)f); f; }));
   unlink("suid-probe");
   unlink("suid-new");
 

@@ -79,6 +79,10 @@ def test_snapshot_chain(case):
     C.check_snapshot_chain(case)
 
 
+def test_read_views(case):
+    C.check_read_views(case)
+
+
 def test_destroy_leaves_nothing(case):
     C.check_destroy_leaves_nothing(case)
 

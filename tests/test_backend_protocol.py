@@ -32,9 +32,10 @@ def protocol_members() -> dict[str, object]:
 
 def test_the_protocol_is_what_callers_need():
     # What callers once reached through getattr or backend-name switches: it stays behind the protocol.
-    assert {"change_candidates", "prefers_frozen_view", "live_record", "live_candidates", "snapshot_layers",
-            "quiet_layers", "read_set", "disk_cap", "clone_usage", "remove_leftover", "reap_processes",
-            "destroy_store", "convert", "available"} <= set(protocol_members())
+    assert {"change_candidates", "shares_inodes", "live_record", "live_candidates", "live_unchanged_since",
+            "snapshot_layers", "quiet_layers", "read_view", "quiet_view", "read_set", "disk_cap", "clone_usage",
+            "note_usage", "remove_leftover", "reap_processes", "destroy_store", "convert",
+            "available"} <= set(protocol_members())
 
 
 def _compatible(proto: inspect.Signature, impl: inspect.Signature) -> list[str]:
@@ -174,7 +175,12 @@ def test_defaults_say_cannot_tell(copy_store):
     be, store = copy_store
     assert be.change_candidates(store, "sb-1", "s-1", "s-1") is FULL
     assert be.read_set(store, "sb-1") is None and be.quiet_layers(store, "sb-1") is None
-    assert be.snapshot_layers(store, "s-1") is None and not be.prefers_frozen_view()
+    assert be.snapshot_layers(store, "s-1") is None and not be.shares_inodes()
+    assert not be.live_unchanged_since(store, "s-1")
+    with be.read_view(store, "s-1") as view, be.snapshot_view(store, "s-1") as same:
+        assert view == same
+    with be.quiet_view(store, "sb-1") as tree:
+        assert tree == be.ensure_clone(store, "sb-1")
     with be.live_candidates(store, "s-1", lambda top: False) as got:
         assert got is None
     assert be.reap_processes(store, set()) == 0

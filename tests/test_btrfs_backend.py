@@ -317,6 +317,14 @@ def test_unprivileged_lifecycle(btrfs_dir, unprivileged_user):
         res["link"] = os.lstat(t / "f").st_ino == os.lstat(t / "f2").st_ino
         with b.frozen_view(s, "sb-1") as v:
             res["frozen"] = (v / "f").read_text()
+        # No tree search without root: the lstat walk, which makes nothing either.
+        tmp_before = os.listdir(s.tmp)
+        c = b.change_candidates(s, "sb-1", "s-1", "s-1")
+        res["cands"] = [c.source, sorted(p.decode() for p in c.paths)]
+        (ws / "g").write_text("live")
+        with b.live_candidates(s, "s-1", lambda top: False) as got:
+            res["live_cands"] = [got[2].source, sorted(p.decode() for p in got[2].paths)]
+        res["made"] = sorted(set(os.listdir(s.tmp)) - set(tmp_before))
         b.destroy_clone(s, "sb-1")
         b.delete_snapshot(s, "s-1")
         res["left"] = os.listdir(s.tmp) + os.listdir(s.snapshots) + os.listdir(s.sandboxes)
@@ -326,6 +334,8 @@ def test_unprivileged_lifecycle(btrfs_dir, unprivileged_user):
     res = json.loads(out)
     assert res["check"][0] is True and "user_subvol_rm_allowed" in res["check"][1]
     assert res["live"] == "base" and res["link"] is True and res["frozen"] == "sandbox"
+    assert res["cands"] == ["inode-keys", ["f", "f2"]]  # both names of the hard link
+    assert res["live_cands"] == ["inode-keys", ["g"]] and res["made"] == []
     assert res["left"] == [] and res["subvols"] == []
     # Only the workspace and its store remain as subvolumes: every delete really deleted.
     assert sorted(subvolumes_under(btrfs_dir)) == [btrfs_dir / "ws", btrfs_dir / "ws" / ".petri"]
@@ -534,3 +544,40 @@ def test_convert_as_the_owner(btrfs_dir, unprivileged_user):
     assert is_subvolume(d) and state(d) == before
     assert os.lstat(d).st_uid == u.uid
     assert sorted(os.listdir(btrfs_dir)) == ["proj"]
+
+
+def test_fork_from_live_clones_the_same_snapshot_while_live_is_unchanged(btrfs_dir):
+    """One implicit snapshot for many forks of an unchanged live; a new one as soon as live
+    moved, by a transaction or only in the page cache (a write in place, not yet written
+    back, moves no generation: the check must still see it)."""
+    from orchestrator.engine import Engine
+    ws = btrfs_dir / "ws"
+    btrfsutil.create_subvolume(ws)
+    populate(ws)
+    e, _ = Engine.init(ws, "btrfs")
+    try:
+        first = e.fork("live")[0]
+        for _ in range(8):
+            assert e.fork("live")[0].base == first.base
+        os.sync()  # nothing waits anywhere: proved by generation alone, no walk
+        assert e.backend.live_unchanged_since(e.store, first.base, budget_s=0)
+        assert e.fork("live")[0].base == first.base
+        assert [s.kind for s in e.registry.snapshots()] == ["user", "implicit"]
+        from snapshot.backends.btrfs_generations import subvol_info
+        before = subvol_info(ws).ctransid
+        with open(ws / "a.txt", "r+b") as f:
+            f.write(b"A")  # in place: same inode, and no transaction until it is written back
+        assert subvol_info(ws).ctransid == before  # the generation cannot tell; the walk does
+        row = e.fork("live")[0]
+        assert row.base != first.base and (Path(row.path) / "a.txt").read_text() == "Alpha\n"
+        # A new file moves the generation at once.
+        (ws / "new.txt").write_text("n\n")
+        row2 = e.fork("live")[0]
+        assert row2.base != row.base and (Path(row2.path) / "new.txt").exists()
+        # With writes waiting and no time to walk, a new snapshot rather than a guess.
+        assert e.fork("live")[0].base == row2.base
+        (ws / ".petri" / "scratch").write_bytes(b"x" * 65536)  # dirty data on the same filesystem
+        assert not e.backend.live_unchanged_since(e.store, row2.base, budget_s=0)
+        assert e.backend.live_unchanged_since(e.store, row2.base)
+    finally:
+        e.deinit(force=True)

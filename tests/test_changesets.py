@@ -1,18 +1,17 @@
-"""The O(changes) fast paths give exactly the change set of the full manifest compare, on
-every backend that has one (btrfs send streams, the overlay upper dir, the fuse journal),
-for a sandbox edited in every way a change set can tell."""
+"""The fast paths give exactly the change set of the full manifest compare, on every backend
+that has one (btrfs generations and inode keys, the overlay upper dir, the fuse journal),
+for a sandbox edited in every way a change set can tell; on btrfs also with writes still in
+the page cache or not yet committed, hard links, renames and a fork of a fork."""
 from __future__ import annotations
 
 import os
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
 
 from orchestrator import changesets as CS
 from orchestrator.engine import Engine
-from snapshot.backends.btrfs import SendStreamError, parse_send_stream
 
 
 def w(p: Path, data: bytes | str, mode: int | None = None) -> None:
@@ -118,23 +117,86 @@ def test_copy_has_no_fast_path(tmp_path):
         _teardown(e)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="btrfs send and loop mounts need root")
-def test_btrfs_send_stream_equals_full_compare(btrfs_dir):
+def _settle(tree: Path) -> None:
+    """Commit everything and write every page back, so the tree search sees it all."""
+    from snapshot.backends import btrfs_generations as G
+    os.sync()
+    assert G.settled(tree, False), "nothing else writes on the test's filesystem"
+
+
+def _source(e: Engine, row) -> str:
+    with CS.sandbox_views(e, row) as (base, tree):
+        return CS.sandbox_candidates(e, row, base, tree).source
+
+
+def check_same(e: Engine, row, expect_source: str) -> None:
+    with CS.sandbox_views(e, row) as (base, tree):
+        assert CS.sandbox_candidates(e, row, base, tree).source == expect_source
+        for ign in (False, True):
+            slow = CS.changes(e, row, base, tree, include_ignored=ign, fast=False)
+            assert slow, "the edits must show"
+            assert sig(CS.changes(e, row, base, tree, include_ignored=ign, fast=True)) == sig(slow)
+
+
+def check_both_btrfs_paths(e: Engine, row, check=check_same) -> None:
+    """Right after the edits (writes in the page cache, inodes not committed) the lstat walk
+    answers; once all is committed and written back, the tree search; both as the full
+    compare. The source is asked before anything reads the sandbox (a read can update an
+    atime, which is a change the next commit carries)."""
+    check(e, row, "inode-keys")
+    _settle(Path(row.path))
+    check(e, row, "btrfs-generation")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
+def test_btrfs_generations_and_inode_keys_equal_full_compare(btrfs_dir):
     import btrfsutil
     ws = btrfs_dir / "ws"
     btrfsutil.create_subvolume(ws)
     e = _engine(ws, "btrfs")
     try:
         row = e.fork("live")[0]
-        edit_sandbox(Path(row.path))
-        check_fast_equals_slow(e, row, "btrfs-send")
-        # A hard link with content changed through one name: send names one path only,
-        # so the full compare is used (and gives both names).
+        t = Path(row.path)
+        edit_sandbox(t)
+        check_both_btrfs_paths(e, row, check_fast_equals_slow)
+        # After the commit: a write in place (no new inode, nothing in the tree until it is
+        # written back), a chmod (the inode item waits for the commit), a rename and a
+        # delete: none is seen by the tree search yet, so the walk answers, exactly.
+        with open(t / "src" / "m7.py", "r+b") as f:
+            f.write(b"#")
+        os.chmod(t / "src" / "m8.py", 0o600)
+        os.rename(t / "src" / "m9.py", t / "src" / "m9_moved.py")
+        (t / "src" / "m10.py").unlink()
+        with CS.sandbox_views(e, row) as (base, tree):
+            got = {p for c in CS.changes(e, row, base, tree) for p in (c.path, c.old_path)}
+        assert {b"src/m7.py", b"src/m8.py", b"src/m9.py", b"src/m9_moved.py", b"src/m10.py"} <= got
+        check_both_btrfs_paths(e, row)
+        # A hard link, its content changed through one name: both names change.
         row2 = e.fork("live")[0]
-        t = Path(row2.path)
-        os.link(t / "same.txt", t / "same-link.txt")
+        t2 = Path(row2.path)
+        os.link(t2 / "same.txt", t2 / "same-link.txt")
+        with open(t2 / "same-link.txt", "ab") as f:
+            f.write(b"more\n")
+        check_both_btrfs_paths(e, row2)
         with CS.sandbox_views(e, row2) as (base, tree):
-            assert CS.sandbox_candidates(e, row2, base, tree).source == "manifest"
+            got = {c.path: c.status for c in CS.changes(e, row2, base, tree)}
+        assert got.get(b"same.txt") == "modified" and b"same-link.txt" in got
+        # A fork of a fork: compared with the lineage's origin, its parent's edits included.
+        from orchestrator.services import Engine as Services
+        with Services.open(ws) as se:
+            child = se.fork(row.id)[0]
+        tc = Path(child.path)
+        w(tc / "src" / "m11.py", "child\n")
+        (tc / "src" / "new.py").unlink()
+        check_both_btrfs_paths(e, child)
+        with CS.sandbox_views(e, child) as (base, tree):
+            got = {c.path for c in CS.changes(e, child, base, tree)}
+        assert {b"src/m11.py", b"src/m3.py", b"src/m7.py"} <= got and b"src/new.py" not in got
+        # A frozen view (a command runs in the sandbox) is read-only: the tree search reads it.
+        with CS.sandbox_views(e, row, frozen=True) as (base, tree):
+            assert CS.sandbox_candidates(e, row, base, tree).source == "btrfs-generation"
+            assert sig(CS.changes(e, row, base, tree)) == sig(CS.changes(e, row, base, tree, fast=False))
+        assert not list(e.store.tmp.iterdir())
     finally:
         _teardown(e)
 
@@ -174,37 +236,6 @@ def test_fuse_journal_equals_full_compare(tmp_path):
         check_fast_equals_slow(e, row, "fuse-journal")
     finally:
         _teardown(e)
-
-
-def _stream(version: int, cmds: list[tuple[int, list[tuple[int, bytes]]]]) -> bytes:
-    out = bytearray(b"btrfs-stream\0" + struct.pack("<I", version))
-    for cmd, attrs in cmds:
-        body = b"".join(struct.pack("<HH", t, len(v)) + v for t, v in attrs)
-        out += struct.pack("<IHI", len(body), cmd, 0) + body
-    return bytes(out)
-
-
-def test_parse_send_stream_keeps_content_commands_only():
-    data = _stream(1, [
-        (2, [(15, b"snap")]),                 # snapshot: the subvolume's own name
-        (9, [(15, b"a"), (16, b"z")]),        # rename
-        (22, [(15, b"z/b/c"), (18, b"\0" * 8)]),  # update_extent
-        (20, [(15, b"")]),                    # utimes of the root: times are not content
-        (19, [(15, b"owner-only")]),          # chown
-        (13, [(15, b"xattr-only")]),          # set_xattr
-        (18, [(15, b"f")]),                   # chmod
-        (3, [(15, b"o261-8-0")]),             # mkfile under a temporary name
-        (11, [(15, b"weird\nname \xff")]),    # unlink
-        (21, []),                             # end
-    ])
-    assert parse_send_stream(data) == {b"a", b"z", b"z/b/c", b"f", b"o261-8-0", b"weird\nname \xff"}
-    # v2: a data attribute runs to the end of its command
-    v2 = _stream(2, [(15, [(15, b"w"), (19, b"payload-without-length")])])
-    assert parse_send_stream(v2) == {b"w"}
-    with pytest.raises(SendStreamError):
-        parse_send_stream(b"not a stream")
-    with pytest.raises(SendStreamError):
-        parse_send_stream(data[:-3])
 
 
 def test_narrow_intersects_prefixes():

@@ -463,8 +463,12 @@ _HEAVY = ("textual", "mcp", "ray", "trio", "pydantic", "orchestrator.cli.race", 
 
 def _modules_after(argv, cwd):
     """The modules a real `python -m orchestrator.cli ARGV` process has loaded when it exits."""
+    # the hot commands end with os._exit (no atexit): the dump runs on either way out
     code = ("import atexit, json, os, runpy, sys\n"
-            "atexit.register(lambda: os.write(2, ('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n').encode()))\n"
+            "dump = lambda: os.write(2, ('MODULES ' + json.dumps(sorted(sys.modules)) + '\\n').encode())\n"
+            "atexit.register(dump)\n"
+            "_exit = os._exit\n"
+            "os._exit = lambda code: (dump(), _exit(code))\n"
             f"sys.argv = ['petri', *{list(argv)!r}]\n"
             "runpy.run_module('orchestrator.cli', run_name='__main__', alter_sys=True)\n")
     cp = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
@@ -484,13 +488,13 @@ def test_version_help_and_ls_import_no_other_command(ws, argv):
 
 
 def test_fork_imports_only_what_it_uses(ws):
-    """fork goes through typer (the user chose it) but loads no other command, no heavy
-    library (issue 10, start-up)."""
+    """fork loads no other command, no heavy library (issue 10, start-up), and since the
+    hot commands' fast path (issue 18), no typer or click either."""
     cp, mods = _modules_after(["fork", "--json"], ws)
     assert cp.returncode == 0, cp.stderr
     loaded = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in (*_HEAVY, "rich", "merge")))
     assert not loaded, loaded
-    assert "typer" in mods
+    assert "typer" not in mods and "click" not in mods
     others = {f"orchestrator.cli.{m}" for m in ("run", "workspace", "race", "merge", "lineage", "mcp", "tui")}
     assert not others & mods, sorted(others & mods)
 

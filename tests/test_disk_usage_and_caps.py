@@ -40,6 +40,12 @@ def usage(ws: Path, sb: str) -> dict:
     return r.json["sandboxes"][0]["usage"]
 
 
+def doc_path(ws: Path, sb: str) -> str:
+    r = petri("status", sb, "--json", cwd=ws)
+    assert r.rc == 0, r
+    return r.json["sandboxes"][0]["path"]
+
+
 def run_json(ws: Path, sb: str, script: str) -> dict:
     r = petri("run", sb, "--json", "--", "sh", "-c", script, cwd=ws)
     assert r.rc in (0, 1), r
@@ -73,13 +79,15 @@ def test_usage_is_what_the_sandbox_wrote(plain_ws, backend, measure):
     os.unlink(tree / "src/app.py")  # a deletion frees nothing of the sandbox's own
     want = 300 * KiB + (tree / "README.md").stat().st_size
     assert usage(ws, sb["id"])["disk_bytes"] == want
+    if backend == "copy":  # ls never walks (nor writes): it gives the figure the last run kept
+        assert run_json(ws, sb["id"], "true")["exit_code"] == 0
     r = petri("ls", cwd=ws)
     assert r.rc == 0, r
     row = next(line for line in r.out.splitlines() if line.startswith(sb["id"]))
     assert "300.0K" in row or "300K" in row or "301" in row, row
 
 
-def test_copy_ls_measures_again_after_a_run_status_always(plain_ws):
+def test_copy_ls_gives_the_last_runs_figure_status_measures(plain_ws):
     ws = plain_ws
     init(ws, "copy")
     sb = fork(ws)["sandboxes"][0]
@@ -90,12 +98,15 @@ def test_copy_ls_measures_again_after_a_run_status_always(plain_ws):
         assert r.rc == 0, r
         return r.json["sandboxes"][0]["usage"]
 
+    # ls only reads: it gives the figure the fork kept (nothing written through the host
+    # path since counts until a run ends, or in status, which always measures)
     (tree / "a.bin").write_bytes(b"a" * 1000)
-    assert ls_usage()["disk_bytes"] == 1000  # nothing measured yet: measured now
-    (tree / "b.bin").write_bytes(b"b" * 500)  # through the host path: ls keeps its figure
     u = ls_usage()
-    assert u["disk_bytes"] == 1000 and u["disk_measured_at"] is not None, u
-    assert usage(ws, sb["id"])["disk_bytes"] == 1500  # status measures
+    assert u["disk_bytes"] == 0 and u["disk_measured_at"] is not None, u
+    assert usage(ws, sb["id"])["disk_bytes"] == 1000  # status measures
+    (tree / "b.bin").write_bytes(b"b" * 500)
+    assert ls_usage()["disk_bytes"] == 0  # and keeps nothing: ls still has the fork's figure
+    assert usage(ws, sb["id"])["disk_bytes"] == 1500
     doc = run_json(ws, sb["id"], "head -c 2000 /dev/zero > c.bin")
     assert doc["exit_code"] == 0, doc
     assert ls_usage()["disk_bytes"] == 3500  # a run ended since the last figure: measured again
@@ -167,6 +178,13 @@ def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):  # noqa: F811 - the fixture
     assert "disk" not in doc["limits_hit"], doc
     u = usage(ws, capped)
     assert u["disk_measure"] == "qgroup-exclusive" and 4 * MiB <= u["disk_bytes"] < 8 * MiB, u
+    # Right after a write, before the commit moves the exclusive count: the qgroup's data
+    # reservation is counted too (it used to read the same for up to 30 s).
+    tree = Path(doc_path(ws, capped))
+    (tree / "fresh.bin").write_bytes(os.urandom(8 * MiB))  # no fsync: it waits in the page cache
+    u2 = usage(ws, capped)
+    assert u2["disk_bytes"] >= u["disk_bytes"] + 8 * MiB, (u, u2)
+    os.unlink(tree / "fresh.bin")
     # A message is not a limit; the qgroup at its cap is, however quiet the command was.
     doc = run_json(ws, capped, FAKE_FULL)
     assert "disk" not in doc["limits_hit"], doc

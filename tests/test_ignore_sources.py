@@ -177,17 +177,19 @@ def test_symlinked_sandbox_gitignore_is_not_read(tmp_path, home):
 def test_cli_diff_and_promote_agree_with_git_after_real_tools_ran(tmp_path, home):
     """pytest and python run in a sandbox; `petri diff`, `promote --dry-run` and `promote`
     carry what `git status` in the sandbox shows, and nothing else."""
-    import sys
-
-    from tests.conftest import petri
+    from tests.conftest import petri, project_venv
 
     live = _workspace(tmp_path / "live", home)
     write(tmp_path, "global-ignore", b"*.swp\n")
     git(live, "config", "core.excludesFile", str(tmp_path / "global-ignore"), home=home)
+    # The project's own venv runs pytest (this checkout's may sit under the host's /tmp,
+    # which no sandbox sees); git ignores it through the workspace's exclude file.
+    py = project_venv(live)
+    write(live, ".git/info/exclude", b"local.env\n.venv/\n")
     assert petri("init", "--backend", "copy", cwd=live).rc == 0
     try:
         sb = petri("fork", "--json", cwd=live).json["sandboxes"][0]
-        cmd = (f"{sys.executable} -m pytest -q tests && /usr/bin/python3 -c 'import pkg.mod' "
+        cmd = (f"{py} -m pytest -q tests && /usr/bin/python3 -c 'import pkg.mod' "
                "&& echo 'x = 2' > pkg/mod.py && echo TOKEN=1 > local.env && echo swap > pkg/.mod.py.swp")
         r = petri("run", sb["id"], "--", "/bin/sh", "-c", cmd, cwd=live)
         assert r.rc == 0, r
@@ -202,7 +204,8 @@ def test_cli_diff_and_promote_agree_with_git_after_real_tools_ran(tmp_path, home
         r = petri("promote", "--json", sb["id"], cwd=live)
         assert r.rc == 0 and r.json["applied"] == ["pkg/mod.py"], r
         status = git(live, "status", "--porcelain=v1", "--ignored", "--untracked-files=all", home=home)
-        assert [ln for ln in status.splitlines() if not ln.startswith("!! .petri/")] == [" M pkg/mod.py"], status
+        changed = [ln for ln in status.splitlines() if not ln.startswith(("!! .petri/", "!! .venv/"))]
+        assert changed == [" M pkg/mod.py"], status
         assert not (live / "pkg" / "__pycache__").exists() and not (live / ".pytest_cache").exists()
     finally:
         petri("deinit", "--force", cwd=live)

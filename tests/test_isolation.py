@@ -29,7 +29,8 @@ needs_sandbox = pytest.mark.skipif(
     not HAVE_BWRAP or os.geteuid() != 0, reason="needs bwrap (Debian package bubblewrap) and root (cgroups)"
 )
 TEST_USER = "petritest"
-# Inside, /root is masked: the venv interpreter (under /root/.pyenv here) is not reachable.
+# Box runs commands as uid 0 (no sandbox account), for which /root is masked: a venv
+# interpreter under /root/.pyenv is not reachable there (real runs get root's toolchains).
 PY = "/usr/bin/python3"
 
 
@@ -109,9 +110,114 @@ def test_discover_masks_finds_credentials_of_every_home(tmp_path):
     (home / ".ssh").mkdir(parents=True)
     (home / ".netrc").write_text("machine x password y")
     (home / ".config" / "gcloud").mkdir(parents=True)
-    masks = {m.path: m.kind for m in isolation.discover_masks(homes=[os.fsencode(home)], host_secrets=False)}
-    assert masks == {os.fsencode(home / ".ssh"): "dir", os.fsencode(home / ".netrc"): "file",
-                     os.fsencode(home / ".config" / "gcloud"): "dir"}
+    (home / ".docker" / "cli-plugins").mkdir(parents=True)  # a toolchain: stays
+    (home / ".docker" / "config.json").write_text("{}")
+    (home / ".bash_history").write_text("export TOKEN=x")
+    masks = {m.path: (m.kind, m.why) for m in isolation.discover_masks(homes=[os.fsencode(home)], host_secrets=False)}
+    assert masks == {os.fsencode(home / ".ssh"): ("dir", "credentials"),
+                     os.fsencode(home / ".netrc"): ("file", "credentials"),
+                     os.fsencode(home / ".config" / "gcloud"): ("dir", "credentials"),
+                     os.fsencode(home / ".docker" / "config.json"): ("file", "credentials"),
+                     os.fsencode(home / ".bash_history"): ("file", "credentials")}
+
+
+# The credentials SPEC names, which the list must keep (more is allowed, and documented).
+SPEC_CREDENTIALS = (".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker/config.json", ".netrc",
+                    ".git-credentials", ".pypirc", ".npmrc", ".bash_history", ".zsh_history",
+                    ".local/share/fish/fish_history", ".python_history", ".local/share/keyrings")
+
+
+def test_the_credential_list_holds_specs_and_the_readme_documents_it():
+    assert set(SPEC_CREDENTIALS) <= set(isolation.CREDENTIAL_PATHS)
+    assert len(set(isolation.CREDENTIAL_PATHS)) == len(isolation.CREDENTIAL_PATHS)
+    # No toolchain is masked whole (a credential file inside one is).
+    for tc in isolation.TOOLCHAIN_DIRS:
+        assert tc not in isolation.CREDENTIAL_PATHS, tc
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for rel in isolation.CREDENTIAL_PATHS + isolation.TOOLCHAIN_DIRS:
+        assert f"`{rel}`" in readme, rel
+
+
+def test_a_toolchain_bound_back_under_a_masked_home_keeps_its_credentials_masked():
+    """A root-owned workspace's command: /root emptied, toolchains bound back, and the
+    credential paths inside a toolchain masked after the bind (the ones elsewhere in /root
+    need no mount: the emptied /root hides them)."""
+    masks = [Mask(b"/root", "dir", "root home"), Mask(b"/root/.ssh", "dir", "credentials"),
+             Mask(b"/root/.cargo/credentials.toml", "file", "credentials"), Mask(b"/home/u/.ssh", "dir", "credentials"),
+             Mask(b"/root/.gnupg", "dir", "credentials")]
+    plan = build_plan(workspace="/root/proj", tree="/t", argv=["true"], cwd="/root/proj", env={}, uid=0, gid=0,
+                      masks=masks, binds=[(b"/run/petri/9/v.tc/a", b"/root/.cargo"),
+                                          (b"/run/petri/9/v.tc/b", b"/root/.local/share/uv"),
+                                          (b"/run/petri/9/v.tc/c", b"/root/.gnupg")],  # a config naming a secret
+                      symlinks=[(b"/opt/pyenv", b"/root/.pyenv")])
+    ops = [(op.verb, op.dest) for op in plan.mounts]
+    # A credential path named as a toolchain is still masked: over the bind, not under it.
+    assert ops.index(("ro-bind", b"/root/.gnupg")) < ops.index(("mask-dir", b"/root/.gnupg"))
+    assert ops.index(("mask-dir", b"/root")) < ops.index(("ro-bind", b"/root/.cargo")) \
+        < ops.index(("mask-file", b"/root/.cargo/credentials.toml"))
+    assert ("ro-bind", b"/root/.local/share/uv") in ops and ("symlink", b"/root/.pyenv") in ops
+    assert ("mask-dir", b"/root/.ssh") not in ops and ("mask-dir", b"/home/u/.ssh") in ops
+    assert ops.index(("mask-dir", b"/root")) < ops.index(("bind", b"/root/proj"))
+    argv = bwrap_argv(plan, seccomp_fd=FILTER_FD)
+    i = argv.index(b"/root/.pyenv")
+    assert argv[i - 2:i] == [b"--symlink", b"/opt/pyenv"]
+    i = argv.index(b"/root/.cargo")
+    assert argv[i - 2:i] == [b"--ro-bind", b"/run/petri/9/v.tc/a"]
+    # /root goes read-only only after the binds below it made their mount points.
+    assert max(j for j, a in enumerate(argv) if a == b"--remount-ro") > i
+
+
+def test_a_mask_on_a_bound_back_toolchain_is_reachable_through_the_bind():
+    """/root is closed to the sandbox account on the host, but a toolchain bound back at
+    its own path is reached through the bind: a mask there (or on the bind itself) stays."""
+    account = (4242, frozenset({4242}))
+    assert isolation._reachable(b"/root/.gnupg", account, [b"/root/.gnupg"])
+    if os.stat("/root").st_mode & 0o001 == 0:  # Debian's 0700 /root
+        assert not isolation._reachable(b"/root/.cargo/credentials.toml", account, [])
+        if os.path.isdir("/root/.cargo"):
+            assert isolation._reachable(b"/root/.cargo/credentials.toml", account, [b"/root/.cargo"]) == bool(
+                os.stat("/root/.cargo").st_mode & 0o001)
+
+
+def test_root_home_is_emptied_only_for_a_root_owned_workspaces_command(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    kw = dict(workspace=tmp_path / "ws", tree=tree, store=tmp_path / "ws" / ".petri", argv=["true"],
+              cwd=tmp_path / "ws", env={}, gid=0, net=False, tmp_bytes=1 << 20)
+    for_root_ws = isolation.plan_for_run(uid=0, **kw)
+    assert any(op.dest == b"/root" and op.verb == "mask-dir" and op.why == "root home" for op in for_root_ws.mounts)
+    # Anyone else sees /root as the host shows it to them (root's 0700 home closes it).
+    for_user = isolation.plan_for_run(uid=4242, **kw)
+    assert not any(op.dest == b"/root" for op in for_user.mounts)
+
+
+def test_masks_the_command_could_not_reach_are_left_out(tmp_path):
+    """bwrap runs as the command's host user and must reach a path to mount over it: a
+    credential folder in a home closed to that user needs no mask (and would fail the run:
+    "bwrap: Can't mkdir /home/alice/.ssh"); the plan itself (pure) keeps both."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (petri decides for another uid only as root)")
+    top = Path(f"/home/petri-reach-{secrets.token_hex(4)}")
+    closed, opened = top / "closed", top / "open"
+    try:
+        for h in (closed, opened):
+            (h / ".ssh").mkdir(parents=True)
+        os.chmod(top, 0o755)
+        os.chmod(closed, 0o700)
+        os.chmod(opened, 0o755)
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        kw = dict(workspace=tmp_path / "ws", tree=tree, store=tmp_path / "ws" / ".petri", argv=["true"],
+                  cwd=tmp_path / "ws", env={}, gid=4242, net=False, tmp_bytes=1 << 20,
+                  extra_masks=[closed / ".ssh", opened / ".ssh"])
+        for uid in (4242, 0):  # a user, and a root-owned workspace's sandbox account
+            dests = {op.dest for op in isolation.plan_for_run(uid=uid, **kw).mounts}
+            assert os.fsencode(closed / ".ssh") not in dests and os.fsencode(opened / ".ssh") in dests, uid
+        pure = build_plan(workspace=b"/w", tree=b"/t", argv=["true"], cwd=b"/w", env={}, uid=1, gid=1,
+                          masks=[Mask(os.fsencode(closed / ".ssh"), "dir"), Mask(os.fsencode(opened / ".ssh"), "dir")])
+        assert {os.fsencode(closed / ".ssh"), os.fsencode(opened / ".ssh")} <= {op.dest for op in pure.mounts}
+    finally:
+        shutil.rmtree(top)
 
 
 # ----------------------------------------------------------------------------- real runs

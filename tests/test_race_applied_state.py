@@ -7,22 +7,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import petri
+from tests.conftest import petri, project_venv
 from tests.test_promote_interrupt import start_petri
 from tests.test_race import FIXES, make_project, race_workspace
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                    reason="needs root (cgroups) and bwrap")
 GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-c", "safe.directory=*"]
-# The check leaves what real checks leave: bytecode, pytest's cache, a build output.
-CHECK = (f"{sys.executable} -m pytest -q -p no:cacheprovider tests >/dev/null 2>&1; "
-         f"{sys.executable} -m pytest -q tests && /usr/bin/python3 -m unittest -q tests.test_stats "
+# The check leaves what real checks leave: bytecode, pytest's cache, a build output. It runs
+# the project's own .venv (``project_venv``), as a developer's check would: this checkout's
+# interpreter may sit under the host's /tmp, which no sandbox sees.
+PY = ".venv/bin/python"
+CHECK = (f"{PY} -m pytest -q -p no:cacheprovider tests >/dev/null 2>&1; "
+         f"{PY} -m pytest -q tests && /usr/bin/python3 -m unittest -q tests.test_stats "
          "&& mkdir -p build && echo artifact > build/out.txt && echo junk > check-was-here.txt")
 
 
@@ -38,6 +40,7 @@ def git_status(tree: Path) -> set[str]:
 def ws(tmp_path, request):
     # The .gitignore of many real projects: no __pycache__/ and no .pytest_cache/ in it.
     w = make_project(tmp_path / "proj", git=True, gitignore=".env\n.venv/\nnode_modules/\n")
+    assert project_venv(w) == PY
     r = petri("init", "--backend", request.param, cwd=w)
     assert r.rc == 0, r
     with race_workspace(w):
@@ -195,6 +198,7 @@ def test_race_applied_state_on_btrfs(btrfs_dir, tmp_path):
     w = btrfs_dir / "proj"
     btrfsutil.create_subvolume(w)
     make_project(w, git=True, gitignore=".env\n.venv/\nnode_modules/\n")
+    assert project_venv(w) == PY
     assert petri("init", "--backend", "btrfs", cwd=w).rc == 0
     with race_workspace(w):
         r = petri("race", "--json", "--check", CHECK, "--patch", str(FIXES / "right.patch"), cwd=w, timeout=300)

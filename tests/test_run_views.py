@@ -8,6 +8,7 @@ import ctypes
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,75 @@ def test_views_coming_and_going_never_fail_a_run(tmp_path):
             assert len(results) == 3 * N_RUNS
             bad = [(r.exit_code, r.to_json().get("setup_error")) for r in results if r.exit_code != 0]
             assert bad == [], bad[:2]
+
+
+
+def test_a_view_made_during_a_run_never_reaches_its_sandbox(tmp_path):
+    """/run/petri is a private mount: another run's view, mounted and removed while a
+    sandbox runs, never propagates into it (it would land in the middle of a setup too)."""
+    from orchestrator.sandbox.run_view import views_mount
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "a.txt").write_text("a\n")
+    with api_workspace(proj) as ws:
+        with ws.fork(n=2) as (a, b):
+            watch = (f"for i in $(seq 40); do grep -c '[.]{a.id}[.]' /proc/self/mountinfo; sleep 0.1; done; true")
+            box: list = []
+            watcher = threading.Thread(target=lambda: box.append(b.run(["sh", "-c", watch])))
+            watcher.start()
+            try:
+                deadline = time.monotonic() + 20
+                while not any(f".{b.id}." in p.name for p in VIEWS.glob("*/*")):
+                    assert time.monotonic() < deadline, "the watcher's view never appeared"
+                    time.sleep(0.05)
+                time.sleep(0.5)
+                runs = [a.run(["true"]) for _ in range(3)]  # views of a come and go meanwhile
+                assert all(r.exit_code == 0 for r in runs)
+            finally:
+                watcher.join()
+            (res,) = box
+            counts = Path(res.to_json()["stdout_path"]).read_text().split()
+            assert res.exit_code == 0 and len(counts) == 40 and set(counts) == {"0"}, counts
+            with open("/proc/self/mountinfo", "rb") as f:
+                assert views_mount(f.read()) == ()  # a mount of its own, in no peer group
+
+
+FENCE = r"""
+import os, subprocess, sys
+sys.path.insert(0, REPO)
+from orchestrator.sandbox import run_view
+view = run_view.VIEWS / "0" / NAME
+while os.path.ismount(run_view.VIEWS):  # this namespace's copy of the host's state: start plain
+    subprocess.run(["umount", "-l", str(run_view.VIEWS)], check=True)
+view.mkdir(parents=True)
+subprocess.run(["mount", "-t", "tmpfs", "petri-test-view", str(view)], check=True)
+(view / "inside").write_text("x")
+fenced = run_view.fence_views()
+with open("/proc/self/mountinfo", "rb") as f:
+    info = f.read()
+at_view = [ln for ln in info.splitlines() if ln.split()[4] == bytes(view)]
+print(fenced, run_view.views_mount(info) == (), len(at_view), (view / "inside").exists())
+subprocess.run(["umount", str(view)], check=True)
+with open("/proc/self/mountinfo", "rb") as f:
+    print(sum(1 for ln in f.read().splitlines() if ln.split()[4] == bytes(view)))
+view.rmdir()
+"""
+
+
+def test_fencing_carries_the_views_already_there_and_leaves_no_shadowed_copy(tmp_path):
+    """The first fence of a boot may find views already mounted in the plain directory
+    (petris of an older version): they stay usable at their paths, and the originals the
+    new mount shadows are gone (else they would pin their trees, unreachable). Done in a
+    mount namespace of the test's own."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = tmp_path / "fence.py"
+    script.write_text(FENCE.replace("REPO)", repr(str(REPO)) + ")", 1).replace("NAME", repr(f"fence-{os.getpid()}")))
+    cp = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, str(script)],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.split() == ["True", "True", "1", "True", "0"], cp.stdout

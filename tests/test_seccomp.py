@@ -26,7 +26,7 @@ HAVE_SANDBOX = os.geteuid() == 0 and shutil.which("bwrap") is not None
 needs_sandbox = pytest.mark.skipif(not HAVE_SANDBOX,
                                    reason="needs root (cgroups) and bwrap (Debian package bubblewrap)")
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the probe")
-PY = "/usr/bin/python3"  # inside, /root (and a pyenv under it) is masked
+PY = "/usr/bin/python3"  # every sandbox sees it (this checkout's venv may sit under the host's /tmp)
 SECCOMP_2 = "grep -q '^Seccomp:[[:space:]]*2$' /proc/self/status"
 
 # What each probe line must say under `default` (tests/seccomp_probe.c).
@@ -44,8 +44,10 @@ DEFAULT_EXPECTED = {
     "x32": "EPERM", "i386": "EPERM",
     "chmod_setuid": "EPERM", "chmod_setgid": "EPERM", "chmod_setuid_high_bits": "EPERM",
     "fchmodat_setuid": "EPERM", "fchmod_setuid": "EPERM", "open_creat_setuid": "EPERM",
+    "mknod_setuid": "EPERM", "mknod_setgid": "EPERM", "mknodat_setuid": "EPERM", "mknodat_setuid_high_bits": "EPERM",
+    "openat2_setuid": "ENOSYS",
     # Allowed: a harmless unshare, a plain clone (fork), other ioctls, sockets, plain modes.
-    "chmod_plain": "OK",
+    "chmod_plain": "OK", "mknod_plain": "OK", "mknod_fifo": "OK",
     "unshare_files": "OK", "clone_plain": "OK", "ioctl_fionread": "ENOTTY",
     "socket_inet": "OK", "socket_unix": "OK", "socketpair_unix": "OK",
 }
@@ -71,7 +73,13 @@ def test_profiles_as_data():
     # ENOSYS exactly for clone3 and the new mount API (so libraries fall back), EPERM elsewhere.
     enosys = {r.syscall for r in default.rules if r.errno == seccomp.ENOSYS}
     assert enosys == {"clone3", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "open_tree_attr",
-                      "mount_setattr"}
+                      "mount_setattr", "openat2"}
+    # Every call that takes a mode refuses the setuid and setgid bits, masked on the bit
+    # itself (mode_t is 32 bits to the kernel: high bits must not hide it).
+    for name, arg in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2), ("creat", 1), ("open", 2),
+                      ("openat", 3), ("mknod", 1), ("mknodat", 2)):
+        got = {(r.arg.index, r.arg.value, r.arg.mask) for r in default.rules if r.syscall == name}
+        assert got == {(arg, seccomp.S_ISUID, seccomp.S_ISUID), (arg, seccomp.S_ISGID, seccomp.S_ISGID)}, name
     assert {r.errno for r in default.rules} == {seccomp.EPERM, seccomp.ENOSYS}
     # The 64-bit pitfall: ioctl and clone compare only the low 32 bits the kernel reads.
     for r in default.rules:

@@ -1,6 +1,7 @@
 """Staleness is content-based: an editor's tmp+rename save, a same-size edit with the mtime
 put back, and a touch with no content change are told apart, on the stat-cache path (copy,
-overlay, fuse) and the btrfs send path; overlapping and read_changed; one walk per base."""
+overlay, fuse) and both btrfs paths (generations, inode keys); overlapping and read_changed;
+one walk per base within a listing, a fresh look outside one; nothing written."""
 from __future__ import annotations
 
 import os
@@ -32,7 +33,8 @@ def make_tree(ws: Path) -> None:
 
 
 def fresh(e: Engine, sb) -> dict:
-    """A new engine each time: the memo is per process, as for a new `petri ls`."""
+    """A new engine each time, as for a new `petri ls` (the caches of content ids and of the
+    stat walk's verdicts are the process's, as in the TUI or the MCP server)."""
     e2 = Engine.open(e.root)
     try:
         return S.staleness(e2, e2.registry.sandbox(sb.id))
@@ -105,7 +107,7 @@ def test_statcache_copy_backend(copy_ws):
     sb = e.fork("live")[0]
     scenario(e, ws, Path(sb.path), sb)
     assert fresh(e, sb)["method"] == "statcache"
-    assert (e.store.root / "statcache" / sb.base).exists()
+    assert not (e.store.root / "statcache").exists()  # a look writes nothing in the store
 
 
 def test_statcache_rehashes_only_what_moved(copy_ws, monkeypatch):
@@ -139,11 +141,18 @@ def test_ls_walks_live_once_per_base(copy_ws, monkeypatch):
     monkeypatch.setattr(S, "live_changes_statcache", lambda eng, b, **k: calls.append(b) or real(eng, b, **k))
     e2 = Engine.open(ws)
     try:
-        docs = [S.staleness(e2, r) for r in e2.registry.sandboxes()]
+        with S.one_look(e2):
+            docs = [S.staleness(e2, r) for r in e2.registry.sandboxes()]
+        assert len(docs) == 3 and all(d["live_changed"] == 0 for d in docs)
+        assert len(calls) == 1
+        # A long-lived engine (the TUI's, the MCP server's) sees live move: each listing
+        # looks afresh.
+        w(ws / "editor.txt", "moved\n")
+        with S.one_look(e2):
+            assert [S.staleness(e2, r)["live_changed"] for r in e2.registry.sandboxes()] == [1, 1, 1]
+        assert len(calls) == 2
     finally:
         e2.close()
-    assert len(docs) == 3 and all(d["live_changed"] == 0 for d in docs)
-    assert len(calls) == 1
 
 
 def test_ls_and_status_show_staleness(copy_ws):
@@ -159,8 +168,8 @@ def test_ls_and_status_show_staleness(copy_ws):
     assert r.rc == 0 and "1 live file(s) changed" in r.out and "also changed here: editor.txt" in r.out
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="btrfs send and loop mounts need root")
-def test_btrfs_send_path(btrfs_dir):
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
+def test_btrfs_paths(btrfs_dir):
     import btrfsutil
     ws = btrfs_dir / "ws"
     btrfsutil.create_subvolume(ws)
@@ -168,9 +177,18 @@ def test_btrfs_send_path(btrfs_dir):
     e, _ = Engine.init(ws, "btrfs")
     try:
         sb = e.fork("live")[0]
+        subvolumes = sorted(btrfsutil.SubvolumeIterator(str(ws)))
         scenario(e, ws, Path(sb.path), sb)
-        assert fresh(e, sb)["method"] == "btrfs-send"
-        # no read-only snapshot of live is left behind
+        assert fresh(e, sb)["method"] == "inode-keys"  # the scenario's writes wait in the page cache
+        # once committed and written back, the tree search answers, with the same verdicts
+        w(ws / "editor.txt", "after\n")
+        (ws / "deleted.txt").unlink()
+        os.sync()
+        st = fresh(e, sb)
+        assert st["method"] == "btrfs-generation", st
+        assert st["live_changed"] == 2 and st["overlapping"] == ["editor.txt"], st  # the sandbox kept its edit
+        # no snapshot of live, no view, nothing in tmp/
+        assert sorted(btrfsutil.SubvolumeIterator(str(ws))) == subvolumes
         assert not list(e.store.tmp.iterdir())
     finally:
         e.deinit(force=True)

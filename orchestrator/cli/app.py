@@ -4,8 +4,10 @@ lazily from its own module, as click's "lazy loading of subcommands" pattern doe
 ``COMMANDS`` names each command's module and one-line help (SPEC's command table), so
 ``petri --help`` lists every command without importing one, and ``petri ls`` imports only
 the module of ``ls``: the MCP SDK, Textual, Ray, trio and the merge engine load only with
-the commands that use them. Each command module has a typer app of its own
-(``command_app()``); the lazy group turns a command of it into a click command on first use.
+the commands that use them. Each command module declares its commands on a ``command_app()``
+(``orchestrator.cli.declare``: typer's own registration, replayed into a typer app only when
+a command goes through typer); the lazy group turns a command of it into a click command on
+first use. The hot commands usually skip all this: ``orchestrator.cli.fastpath``.
 
 Global flags (``--json``, ``--debug``, ``--workspace``, ``--reason``) are accepted anywhere
 before ``--``: ``_normalise`` takes them out of argv before click sees it.
@@ -21,7 +23,10 @@ import click
 import typer
 import typer.core
 
-from .common import at_the_edge, print_version, take_global
+from .common import at_the_edge, print_version, split_trailing, take_global
+from .declare import CONTEXT, command_app
+
+__all__ = ["COMMANDS", "TRAILING", "command_app", "load_command", "main", "root_group"]
 
 
 def _fit_typer_to_click() -> None:
@@ -75,17 +80,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tui": ("tui", "The terminal UI: sandboxes side by side, races ranked, two candidates compared."),
 }
 
-# Commands whose last argument is a command to run (`petri run SB ls -la`): see _split_trailing.
+# Commands whose last argument is a command to run (`petri run SB ls -la`): see common.split_trailing.
 TRAILING = frozenset({"run"})
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def command_app() -> typer.Typer:
-    """The typer app a command module registers its commands on."""
-    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
-                       context_settings=CONTEXT)
-
 
 class LazyGroup(typer.core.TyperGroup):
     """The root group: commands from ``COMMANDS`` are imported when first asked for."""
@@ -122,7 +118,7 @@ class LazyGroup(typer.core.TyperGroup):
 
 def load_command(name: str) -> click.Command:
     module = importlib.import_module(f"orchestrator.cli.{COMMANDS[name][0]}")
-    group = typer.main.get_group(module.app)
+    group = typer.main.get_group(module.app.typer_app())
     return group.commands[name]
 
 
@@ -212,48 +208,9 @@ def _normalise(argv: list[str], group: click.Group) -> list[str]:
             if a in TRAILING:
                 cmd = group.get_command(click.Context(group), a)
                 assert cmd is not None
-                rest.extend(_split_trailing(argv[i:], cmd))
+                rest.extend(split_trailing(argv[i:], _option_arity(cmd), a))
                 break
     return rest
-
-
-def _split_trailing(args: list[str], cmd: click.Command) -> list[str]:
-    """``args`` of a command whose last argument is a command: its options and the sandbox,
-    then ``--``, then the command exactly as given (its own flags included)."""
-    from ..errors import UsageError
-    arity = _option_arity(cmd)
-    out: list[str] = []
-    seen_sandbox = False
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            return out + args[i:]
-        used = take_global(args, i)
-        if used:
-            i += used
-            continue
-        if a.startswith("-") and a != "-":
-            name = a.split("=", 1)[0] if a.startswith("--") else a[:2]
-            if name not in arity:
-                if seen_sandbox:
-                    raise UsageError(detail=f"no such option {a.split('=', 1)[0]!r} for `petri {cmd.name}`; if it"
-                                            f" belongs to the command, put `--` before the command:"
-                                            f" petri {cmd.name} SANDBOX -- CMD [ARGS...]")
-                out.append(a)  # click names the unknown option
-                i += 1
-                continue
-            attached = "=" in a if a.startswith("--") else len(a) > 2
-            n = 2 if arity[name] and not attached else 1
-            out.extend(args[i:i + n])
-            i += n
-            continue
-        if seen_sandbox:
-            return out + ["--"] + args[i:]
-        seen_sandbox = True
-        out.append(a)
-        i += 1
-    return out
 
 
 def main(raw: list[str]) -> int:

@@ -1,21 +1,22 @@
 """What every ``petri`` command shares, with no typer in it: the global flags, the API
 workspace a command works on, output, and the edge where errors become exit codes.
 
-Kept free of typer and click on purpose: ``petri --version`` and ``petri ls`` run from here
-and ``listing.py`` alone (see ``orchestrator/cli/__init__.py``), without the typer app.
+Kept free of typer and click on purpose: the hot commands run from here without the typer
+app (``orchestrator.cli.fastpath``). And of typing, json and the error classes at import:
+``petri --version`` needs none of them (they cost ~3 ms; every other command loads them
+anyway).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
 
-from snapshot.errors import PetriError
-
-from ..output import Output
-
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from ..api import Workspace
+    from ..output import Output
 
 VERSION = "0.1.0"
 
@@ -36,6 +37,8 @@ G = Globals()
 
 
 def out() -> Output:
+    from ..output import Output
+
     return Output(G.json)
 
 
@@ -60,6 +63,8 @@ def parse_timeout(text: str | None) -> float | None:
 
 def print_version() -> None:
     if G.json:
+        from ..output import Output
+
         Output(True).doc({"version": VERSION})
     else:
         print(f"petri {VERSION}")
@@ -84,6 +89,46 @@ def take_global(argv: list[str], i: int) -> int:
     return 0
 
 
+def split_trailing(args: list[str], arity: dict[str, bool], name: str) -> list[str]:
+    """``args`` of a command whose last argument is a command (``petri run SB ls -la``): its
+    options and the sandbox, then ``--``, then the command exactly as given (its own flags
+    included), as ``docker run`` reads it. ``arity``: each option name of the command ->
+    whether it takes a value. The typer app and the fast path both read argv with this."""
+    out: list[str] = []
+    seen_sandbox = False
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        used = take_global(args, i)
+        if used:
+            i += used
+            continue
+        if a.startswith("-") and a != "-":
+            opt = a.split("=", 1)[0] if a.startswith("--") else a[:2]
+            if opt not in arity:
+                if seen_sandbox:
+                    from ..errors import UsageError
+                    raise UsageError(detail=f"no such option {a.split('=', 1)[0]!r} for `petri {name}`; if it"
+                                            f" belongs to the command, put `--` before the command:"
+                                            f" petri {name} SANDBOX -- CMD [ARGS...]")
+                out.append(a)  # click names the unknown option
+                i += 1
+                continue
+            attached = "=" in a if a.startswith("--") else len(a) > 2
+            n = 2 if arity[opt] and not attached else 1
+            out.extend(args[i:i + n])
+            i += n
+            continue
+        if seen_sandbox:
+            return out + ["--"] + args[i:]
+        seen_sandbox = True
+        out.append(a)
+        i += 1
+    return out
+
+
 def shown_argv(argv: list[str]) -> str:
     """A command line for people: bytes that were not UTF-8 and control characters escaped."""
     from ..units import shown
@@ -102,15 +147,20 @@ def fail(message: str, code: int) -> int:
     line = shown(message, limit=2000)  # one line, whatever the input held
     print(f"petri: {line}", file=sys.stderr, flush=True)
     if G.json:
+        from ..output import Output
+
         Output(True).doc({"error": line, "exit_code": code})
     return code
 
 
 def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[[], Any], *,
-                read_only: bool = False) -> int:
+                read_only: bool = False, durable: bool = False) -> int:
     """Run one command: ``parse()`` (argv; returns the command's name), its audit row
     (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
-    exit code (``{"error", "exit_code"}`` under ``--json``)."""
+    exit code (``{"error", "exit_code"}`` under ``--json``). ``durable``: the audit row's
+    commit syncs the registry (for a process that will not close it: ``orchestrator.cli``)."""
+    from snapshot.errors import PetriError
+
     scope = token = None
     message = "ok"
     try:
@@ -149,7 +199,8 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
                 code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
     if scope is not None:
         from .. import audit
-        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}")
+        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
+                     durable=durable)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -1,6 +1,5 @@
-"""``petri ls``: the API's sandbox list, rendered. No typer here: ``petri ls`` (the most
-run command, by scripts in loops) runs this module directly from ``main()``, without
-building the typer app (``sandboxes.py`` has the typer command, for ``--help``)."""
+"""``petri ls``: the API's sandbox list, rendered (``sandboxes.ls_``, the command, calls it;
+``petri ls`` takes the fast path, ``orchestrator.cli.fastpath``)."""
 from __future__ import annotations
 
 from ..output import Output

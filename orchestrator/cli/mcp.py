@@ -4,12 +4,12 @@ The MCP SDK costs about 0.7 s to import, so it is imported only when this comman
 (``orchestrator.mcp.server``); ``import petri`` and every other command never load it.
 """
 
+from __future__ import annotations
+
 from typing import Annotated
 
-import typer
-
-from .app import command_app
 from .common import G
+from .declare import command_app, typer
 
 app = command_app()
 
@@ -18,7 +18,7 @@ app = command_app()
 def mcp(
     allow_live: Annotated[bool, typer.Option("--allow-live", help="Also offer promote and rollback, which change"
                                                                   " the live workspace.")] = False,
-) -> None:
+) -> int:
     """A Model Context Protocol server on stdio for agents (see the README for registering it).
 
     Serves the workspace found from the current directory (or --workspace). Sandboxes,
@@ -32,6 +32,4 @@ def mcp(
     ws.engine  # noqa: B018 - open the registry now: a broken store fails here, not in the first call
     from ..mcp.server import serve
 
-    code = serve(ws, allow_live=allow_live, debug=G.debug)
-    if code:
-        raise typer.Exit(code)
+    return serve(ws, allow_live=allow_live, debug=G.debug)

@@ -4,18 +4,20 @@
 API's ``Workspace.run`` (output saved, not printed) does not do, so they call
 ``orchestrator.runs`` themselves, in this thread and without trio (``runs.run_sync``).
 ``logs`` reads the saved files by offset (``Workspace.output``), ``-f`` until the run ends.
+
+``run`` is a hot command: the fast path (``orchestrator.cli.fastpath``) calls it without
+typer (see ``orchestrator.cli.declare``), so it returns its exit code.
 """
+from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
-import typer
-
 from ..errors import EmptyCommand, NoRunsYet, NoSuchRun, UsageError
-from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, shown_argv, workspace
+from .declare import command_app, typer
 
 app = command_app()
 
@@ -51,7 +53,7 @@ def run(
                                                                      " 30s, 5m.")] = None,
     env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
     seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
-) -> None:
+) -> int:
     """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
 
     Everything after SANDBOX is the command, as with `docker run`: `petri run SB ls -la`.
@@ -89,7 +91,7 @@ def run(
             if hit != "memory":
                 print(f"petri: the {hit} limit was hit", file=sys.stderr)
         _say_dropped(doc)
-    raise typer.Exit(doc["exit_code"])
+    return doc["exit_code"]
 
 
 def _say_dropped(doc: dict) -> None:

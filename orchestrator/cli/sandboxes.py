@@ -1,11 +1,13 @@
-"""``petri fork``, ``ls``, ``status`` and ``rm``: parse, call the API, render its records."""
+"""``petri fork``, ``ls``, ``status`` and ``rm``: parse, call the API, render its records.
+
+Hot commands: the fast path (``orchestrator.cli.fastpath``) calls these functions without
+typer (see ``orchestrator.cli.declare``), so typer is named only in the annotations."""
+from __future__ import annotations
 
 from typing import Annotated, List, Optional
 
-import typer
-
-from .app import command_app
 from .common import G, out, run_outcome, shown_argv, workspace
+from .declare import command_app, typer
 from .listing import show_ls
 
 app = command_app()

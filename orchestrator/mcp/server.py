@@ -11,8 +11,14 @@ then the jobs are cancelled; either way ``petri.aio`` kills the runs' processes 
 for them, so nothing is left running. SIGTERM, SIGHUP and SIGINT do the same, then exit
 without waiting for the client (the stdin reader is a thread blocked in read(2)).
 
-stdout carries MCP messages only: the SDK points fd 1 at stderr while it serves, so a
-stray print (ours or a library's) cannot corrupt the stream; petri's warnings go to stderr.
+Start-up: ``initialize`` is answered before the SDK (~0.4 s of imports) and trio are loaded
+(``orchestrator.mcp.handshake``); the SDK then replays it and its answer, checked against the
+one sent, is dropped. So a client has the server initialized in a tenth of that time, and
+its first tool call waits for the SDK as before.
+
+stdout carries MCP messages only: fd 1 points at stderr while the server runs
+(``handshake.Wire``, as the SDK's own stdio transport does), so a stray print (ours or a
+library's) cannot corrupt the stream; petri's warnings go to stderr.
 Errors become tool errors (``isError``) whose text is the CLI's error line, and whose
 structured content is the CLI's ``{"error", "exit_code"}`` document; a traceback goes to
 stderr only with ``--debug``.
@@ -36,6 +42,7 @@ from typing import Any, Callable
 import anyio
 
 from ..output import json_line
+from .handshake import NAME, TITLE
 from .jobs import Jobs, RaceJob, RunJob, split_failure
 from .tools import BY_NAME, INSTRUCTIONS, TOOLS, Tool
 
@@ -388,7 +395,7 @@ def build_server(st: State) -> Any:
             st.active -= 1
             CURRENT.reset(token)
 
-    server = Server("petri", version=VERSION, title="petri: sandboxes of this project",
+    server = Server(NAME, version=VERSION, title=TITLE,
                     instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool)
     return server
 
@@ -408,8 +415,20 @@ async def _on_signals(st: State) -> None:
             os._exit(st.exit_code)
 
 
-async def _serve(st: State) -> None:
+def _on_difference(sent: dict[str, Any], sdk: dict[str, Any]) -> None:
+    """The SDK answers the replayed ``initialize`` otherwise than petri did (handshake)."""
+    from .handshake import difference
+
+    go_on, line = difference(sent, sdk)
+    print(f"petri mcp: {line}", file=sys.stderr, flush=True)
+    if not go_on:  # the client was told something the SDK does not hold: no session to serve
+        os._exit(1)
+
+
+async def _serve(st: State, wire: Any, early: Any) -> None:
     from mcp.server.stdio import stdio_server
+
+    from .handshake import DropEarlyAnswer, Replay
 
     server = build_server(st)
     async with anyio.create_task_group() as outer:
@@ -417,7 +436,9 @@ async def _serve(st: State) -> None:
         try:
             async with anyio.create_task_group() as jobs:
                 st.tg = jobs
-                async with stdio_server() as (read, write):
+                async with stdio_server(stdin=Replay(early, wire),  # type: ignore[arg-type]  # an async line source
+                                        stdout=DropEarlyAnswer(early, wire,  # type: ignore[arg-type]
+                                                               on_difference=_on_difference)) as (read, write):
                     await server.run(read, write, server.create_initialization_options())
                 jobs.cancel_scope.cancel()  # the client is gone: so are its runs and races
         finally:
@@ -435,12 +456,22 @@ def _disconnected(e: BaseException) -> bool:
 def serve(ws: Any, *, allow_live: bool = False, debug: bool = False) -> int:
     """Serve MCP on stdio for the workspace ``ws`` (a ``petri.Workspace``) until the client
     leaves; the exit code."""
-    import petri.aio as aio
+    from ..cli.common import VERSION
+    from .handshake import Wire, answer_early
 
-    st = State(aio.Workspace(ws), allow_live=allow_live, debug=debug)
+    wire = Wire()
     try:
-        anyio.run(_serve, st, backend="trio")
-    except BaseException as e:  # noqa: BLE001 - sorted below
-        if not _disconnected(e):
-            raise
-    return st.exit_code
+        early = answer_early(wire, instructions=INSTRUCTIONS, version=VERSION)
+        if not early.first:
+            return 0  # the client left before saying anything
+        import petri.aio as aio
+
+        st = State(aio.Workspace(ws), allow_live=allow_live, debug=debug)
+        try:
+            anyio.run(_serve, st, wire, early, backend="trio")
+        except BaseException as e:  # noqa: BLE001 - sorted below
+            if not _disconnected(e):
+                raise
+        return st.exit_code
+    finally:
+        wire.restore()

@@ -11,7 +11,9 @@ services above (``orchestrator.runs``) decide what to run and record what happen
 - ``runner``: ``run_blocking`` (a poll loop in the calling thread; ``run_isolated`` runs it in
   a thread for trio), output, timeouts, signals; ``pty_shell``: ``run_shell`` on a
   pseudo-terminal; ``spawn``: forking from the thread that waits for the child;
-- ``run_view``: the per-run mount of the tree for a host user who cannot enter the store;
+- ``run_view``: the per-run mount of the tree for a host user who cannot enter the store
+  (and of root's toolchains for a root-owned workspace's command);
+- ``exec_failure``: why a command exited 126/127 (the path it needed that the sandbox hides);
 - ``procs``: process facts (``pid_alive``).
 
 Nothing is imported here: ``import orchestrator.sandbox.procs`` (the registry does) must not

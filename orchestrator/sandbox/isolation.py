@@ -16,10 +16,17 @@ What a plan always contains:
   (``host_sockets``; with net, the config's ``allow_sockets`` are bound back);
 - the sandbox tree bound read-write at the workspace's own absolute path;
 - masks: the store (``<workspace>/.petri``, only where the tree has one: a mount point that
-  does not exist would be created *in the tree*), every user's credential folders and
-  files, and the host secrets (``/etc/shadow``, ``/etc/gshadow``, ssh host keys, ``/root``
-  outside the workspace). Host secrets are masked for every uid, not only root: for a
-  non-root uid they are unreadable anyway, so it costs a few mounts and removes a branch;
+  does not exist would be created *in the tree*), the credential folders and files of every
+  home, root's included (``CREDENTIAL_PATHS``; homes themselves stay readable, so toolchains
+  under them work), and the host secrets (``/etc/shadow``, ``/etc/gshadow``, ssh host keys).
+  Host secrets are masked for every uid, not only root: for a non-root uid they are
+  unreadable anyway, so it costs a few mounts and removes a branch. A mask the command's
+  host account cannot reach on the host is left out (bwrap, running as that account, could
+  not mount over it; the host's permissions hide it already);
+- for a root-owned workspace's command (uid 0 inside, the sandbox account outside): root's
+  home as an empty read-only directory, with root's toolchains bound back read-only
+  (``TOOLCHAIN_DIRS``, mounted for the run by ``run_view``) and ``/root/proj``-style
+  workspaces bound below it;
 - every namespace (``--unshare-all``; ``--share-net`` only with net), a user namespace with
   ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
   ALL``, ``--clearenv`` and an explicit environment, ``--new-session`` unless the caller
@@ -34,9 +41,22 @@ is remounted read-only). So every mount is sorted by the depth of its destinatio
 ``/root`` is masked before a workspace at ``/root/proj`` is bound, and the store inside the
 workspace is masked after that.
 
+Host mounts and unmounts reach a running sandbox: bwrap makes its copies of the host's
+mounts slaves (``MS_SLAVE | MS_REC``), which hear from a shared master only, so
+``plan_for_run`` first makes ``/`` shared where it is not (``share_host_mounts``: what
+systemd does at boot; root only). A host ``umount`` then removes the sandbox's copy too,
+and the filesystem (a loop device) is released instead of staying pinned until the run ends.
+
 Caveats:
 - The plan is built against the host as seen now; a credential folder created after the
   run started is not masked for that run.
+- A filesystem the host mounts while a run goes on appears inside with the host's own mount
+  flags: bwrap made read-only only the mounts that existed when it started, and the kernel
+  copies a propagated mount's flags from the host's (a recursive read-only bind cannot also
+  be a slave: the same reason Docker's recursive read-only mounts require rprivate). The
+  command may write there what its host account may write on the host (the sandbox
+  account of a root-owned workspace: what every user may). Where ``/`` is private and
+  petri is not root, nothing propagates: a run's copy pins what the host unmounts.
 - Masks follow symlinks the way mount(2) does: a ``~/.ssh`` that is a symlink masks its
   target. A mask path below ``/tmp``, ``/dev`` or ``/proc`` is dropped: those are fresh
   inside anyway.
@@ -58,38 +78,39 @@ from typing import Iterable, Literal, Sequence
 
 BWRAP = "bwrap"
 
-# Folders and files where tools keep credentials, relative to a home directory.
+# What holds secrets, relative to a home directory: hidden in every home (root's included)
+# inside every sandbox. The README lists them; the config's ``masks`` adds more ("~/x" masks
+# x in every home). Toolchains (pyenv, uv, nvm, rustup, ...) stay readable.
 CREDENTIAL_PATHS: tuple[str, ...] = (
-    ".ssh",
-    ".aws",
-    ".gnupg",
-    ".config/gcloud",
-    ".docker",
-    ".netrc",
-    ".git-credentials",
-    ".kube",
-    ".npmrc",
-    ".pypirc",
-    ".azure",
-    ".config/gh",
-    ".config/hub",
-    ".password-store",
-    ".vault-token",
-    ".pgpass",
-    ".my.cnf",
-    ".boto",
-    ".s3cfg",
-    ".terraform.d",
-    ".local/share/keyrings",
-    ".config/rclone",
-    ".cargo/credentials",
-    ".cargo/credentials.toml",
-    ".gem/credentials",
+    # keys and keyrings
+    ".ssh", ".gnupg", ".pki", ".password-store", ".local/share/keyrings", ".gnome2/keyrings",
+    ".local/share/kwalletd", ".kde/share/apps/kwallet",
+    # clouds and clusters
+    ".aws", ".azure", ".config/gcloud", ".kube", ".oci",
+    # registries, forges, package managers, databases
+    ".docker/config.json", ".docker/contexts", ".config/containers/auth.json",
+    ".netrc", ".git-credentials", ".config/git/credentials", ".pypirc", ".npmrc",
+    ".config/gh", ".config/hub", ".cargo/credentials", ".cargo/credentials.toml", ".gem/credentials",
+    ".terraform.d", ".vault-token", ".pgpass", ".my.cnf", ".boto", ".s3cfg", ".config/rclone",
+    # shell and REPL histories (typed passwords and tokens end up there)
+    ".bash_history", ".zsh_history", ".zhistory", ".histfile", ".sh_history", ".history",
+    ".local/share/fish/fish_history", ".python_history", ".node_repl_history", ".psql_history",
+    ".mysql_history", ".sqlite_history", ".rediscli_history", ".irb_history", ".lesshst", ".viminfo",
+)
+
+# Where toolchain managers install interpreters and compilers, relative to a home. A
+# root-owned workspace's commands run as an unprivileged account that cannot enter /root
+# (0700): for them /root is an empty directory with these (where they exist, plus the
+# config's ``toolchains``) bound back read-only (``run_as``, ``run_view``).
+TOOLCHAIN_DIRS: tuple[str, ...] = (
+    ".pyenv", ".local/share/uv", ".local/bin", ".local/pipx", ".local/share/pipx", ".rye", ".conda",
+    "miniconda3", "miniforge3", "anaconda3", ".pixi", ".local/share/mise", ".asdf", ".nvm", ".volta",
+    ".fnm", ".local/share/fnm", ".nodenv", ".bun", ".deno", ".rustup", ".cargo", "go", ".goenv",
+    ".sdkman", ".jenv", ".rbenv", ".ghcup", ".juliaup", ".elan", ".opam",
 )
 
 HOST_SECRET_FILES: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 HOST_SECRET_GLOBS: tuple[str, ...] = ("/etc/ssh/ssh_host_*key*",)
-HOST_SECRET_DIRS: tuple[str, ...] = ("/root",)
 
 # Mount points that are fresh inside the sandbox: host paths below them need no mask.
 FRESH_MOUNTS: tuple[bytes, ...] = (b"/tmp", b"/dev", b"/proc", b"/dev/shm")
@@ -105,17 +126,22 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXEC_SHIM: tuple[str, ...] = ("/bin/sh", "-c", 'printf %s "$1" >&2; shift; exec "$@"', "petri")
 
 
-MountVerb = Literal["ro-bind", "bind", "tmpfs", "dev", "proc", "mask-dir", "mask-file"]
+MountVerb = Literal["ro-bind", "bind", "tmpfs", "dev", "proc", "mask-dir", "mask-file", "symlink"]
+
+# Why a path is hidden (``Mask.why``): what ``exec_failure`` tells a command that needed it.
+Why = Literal["credentials", "host secret", "store", "socket", "config", "root home", ""]
 
 
 @dataclass(frozen=True)
 class MountOp:
-    """One mount inside the sandbox. ``dest`` is an absolute path as seen inside."""
+    """One mount inside the sandbox. ``dest`` is an absolute path as seen inside; a
+    ``symlink`` is made at ``dest`` pointing at ``src`` (no mount)."""
 
     verb: MountVerb
     dest: bytes
     src: bytes | None = None
     size: int | None = None
+    why: Why = ""  # masks: why the path is hidden
 
     @property
     def depth(self) -> int:
@@ -128,6 +154,7 @@ class Mask:
 
     path: bytes
     kind: Literal["dir", "file"]
+    why: Why = ""
 
 
 @dataclass(frozen=True)
@@ -184,29 +211,30 @@ def discover_masks(
     return _resolve(_candidates(homes=homes, host_secrets=host_secrets, extra=extra))
 
 
-def _candidates(*, homes: Sequence[bytes] | None, host_secrets: bool, extra: Iterable[bytes]) -> list[bytes]:
-    candidates: list[bytes] = []
+def _candidates(*, homes: Sequence[bytes] | None, host_secrets: bool,
+                extra: Iterable[bytes]) -> list[tuple[bytes, Why]]:
+    candidates: list[tuple[bytes, Why]] = []
     for home in homes if homes is not None else home_dirs():
-        candidates.extend(os.path.join(home, _b(rel)) for rel in CREDENTIAL_PATHS)
+        candidates.extend((os.path.join(home, _b(rel)), "credentials") for rel in CREDENTIAL_PATHS)
     if host_secrets:
-        candidates.extend(_b(p) for p in HOST_SECRET_FILES + HOST_SECRET_DIRS)
+        candidates.extend((_b(p), "host secret") for p in HOST_SECRET_FILES)
         for pattern in HOST_SECRET_GLOBS:
-            candidates.extend(_b(p) for p in sorted(glob.glob(pattern)))
-    candidates.extend(_b(p) for p in extra)
+            candidates.extend((_b(p), "host secret") for p in sorted(glob.glob(pattern)))
+    candidates.extend((_b(p), "config") for p in extra)
     return candidates
 
 
-def _resolve(candidates: Iterable[bytes]) -> list[Mask]:
+def _resolve(candidates: Iterable[tuple[bytes, Why]]) -> list[Mask]:
     found: list[Mask] = []
     seen: set[bytes] = set()
-    for c in candidates:
+    for c, why in candidates:
         real = _b(os.path.realpath(c))
         if real in seen:
             continue
         kind = _kind(real)
         if kind is not None:
             seen.add(real)
-            found.append(Mask(real, kind))
+            found.append(Mask(real, kind, why))
     return found
 
 
@@ -220,7 +248,7 @@ def _resolve(candidates: Iterable[bytes]) -> list[Mask]:
 # tick as our look would keep the old mtime. Candidates that go through a symlink are
 # resolved afresh every time (their target's directory is not watched).
 RACY_S = 2.0
-_mask_cache: dict[tuple, tuple[tuple, list[Mask], list[bytes]]] = {}
+_mask_cache: dict[tuple, tuple[tuple, list[Mask], list[tuple[bytes, Why]]]] = {}
 
 
 def _stamp(path: bytes) -> tuple[int, int, int] | None:
@@ -231,9 +259,9 @@ def _stamp(path: bytes) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
-def _watch_list(candidates: Iterable[bytes]) -> list[bytes]:
+def _watch_list(candidates: Iterable[tuple[bytes, Why]]) -> list[bytes]:
     watch = {b"/etc/passwd", b"/home", b"/etc/ssh"}
-    watch.update(os.path.dirname(c) for c in candidates)
+    watch.update(os.path.dirname(c) for c, _ in candidates)
     return sorted(watch)
 
 
@@ -255,16 +283,15 @@ def discover_masks_cached(*, extra: Iterable[bytes] = ()) -> list[Mask]:
             if not volatile:
                 return list(masks)
             # Symlinked candidates: resolve them now, the rest is as cached.
-            fresh = discover_masks(homes=[], host_secrets=False, extra=volatile)
             seen = {m.path for m in masks}
-            return list(masks) + [m for m in fresh if m.path not in seen]
+            return list(masks) + [m for m in _resolve(volatile) if m.path not in seen]
     candidates = _candidates(homes=None, host_secrets=True, extra=key)
     watch = _watch_list(candidates)
     before = _stamps(watch)
-    stable: list[bytes] = []
-    volatile: list[bytes] = []
-    for c in candidates:
-        (stable if _b(os.path.realpath(c)) == os.path.abspath(c) else volatile).append(c)
+    stable: list[tuple[bytes, Why]] = []
+    volatile: list[tuple[bytes, Why]] = []
+    for c, why in candidates:
+        (stable if _b(os.path.realpath(c)) == os.path.abspath(c) else volatile).append((c, why))
     masks = _resolve(stable)
     after = _stamps(watch)
     now_ns = time.time_ns()
@@ -317,12 +344,15 @@ def build_plan(
     seccomp: str = "default",
     private: Sequence[bytes] = (b"/run", b"/var/tmp"),
     binds: Sequence[tuple[bytes, bytes]] = (),
+    symlinks: Sequence[tuple[bytes, bytes]] = (),
 ) -> SandboxPlan:
     """Pure: the plan for one sandboxed command.
 
     ``private``: host directories that are a fresh tmpfs inside (``/run`` small, the others
     like ``/tmp``); ``binds``: (source, destination) read-only binds that bring host paths
-    back over a private directory or a mask (``host_sockets``).
+    back over a private directory or a mask (``host_sockets``, root's toolchains);
+    ``symlinks``: (target, destination) symlinks made inside a mask (a toolchain directory
+    that is a symlink).
 
     ``masks`` are paths as seen inside (from ``discover_masks``); one inside the workspace
     hides the tree's copy, and must exist there (the caller checked: bwrap would create a
@@ -346,16 +376,25 @@ def build_plan(
     fresh = FRESH_MOUNTS + tuple(private)
     layered: list[MountOp] = [MountOp("bind", ws, src=_b(tree))]
     layered += [MountOp("ro-bind", dest, src=src) for src, dest in binds if not _is_under(dest, ws)]
+    layered += [MountOp("symlink", dest, src=target) for target, dest in symlinks if not _is_under(dest, ws)]
+    back = [dest for _, dest in binds] + [dest for _, dest in symlinks]
     dir_masks = [m.path for m in masks if m.kind == "dir"]
+
+    def hidden_by_parent(path: bytes) -> bool:
+        # Under a masked directory, unless a bind brings back a directory on the way.
+        return any(d != path and _is_under(path, d)
+                   and not any(b != d and _is_under(b, d) and _is_under(path, b) for b in back)
+                   for d in dir_masks)
+
     for m in masks:
         in_ws = _is_under(m.path, ws)
         if not in_ws and any(_is_under(m.path, f) for f in fresh):
             continue
         if m.path == ws:
             continue  # the tree is the workspace; hiding it would hide the sandbox itself
-        if not in_ws and any(d != m.path and _is_under(m.path, d) for d in dir_masks):
+        if not in_ws and hidden_by_parent(m.path):
             continue  # already hidden by a masked parent (and no mount point to create there)
-        layered.append(MountOp("mask-dir" if m.kind == "dir" else "mask-file", m.path))
+        layered.append(MountOp("mask-dir" if m.kind == "dir" else "mask-file", m.path, why=m.why))
     # Stable sort by depth: a parent's mount before its children's (see module docstring).
     layered.sort(key=lambda op: op.depth)
     mounts = fixed + layered
@@ -414,6 +453,8 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP, seccomp_fd: int | None 
             remount_ro.append(op.dest)
         elif op.verb == "mask-file":
             a += [b"--ro-bind", b"/dev/null", op.dest]
+        elif op.verb == "symlink":
+            a += [b"--symlink", op.src or b"", op.dest]
         else:  # pragma: no cover - closed vocabulary
             raise ValueError(op.verb)
     for dest in reversed(remount_ro):
@@ -445,15 +486,25 @@ def plan_for_run(
     seccomp: str = "default",
     allow_sockets: Iterable[Path] = (),
 ) -> SandboxPlan:
-    """Discover the masks on this host and build the plan (the IO-doing convenience)."""
-    from . import host_sockets
+    """Discover the masks on this host and build the plan (the IO-doing convenience).
 
+    ``uid`` 0 is a root-owned workspace's command (uid 0 of a user namespace that is an
+    unprivileged account on the host: ``orchestrator.run_as``): root's home is an empty
+    directory for it, with the toolchains ``run_view`` mounted for the run bound back."""
+    from . import host_sockets, run_view
+
+    share_host_mounts()
     ws = _b(workspace)
     masks = discover_masks_cached(extra=[_b(p) for p in extra_masks])
     private = host_sockets.private_dirs()
     sockets, binds = host_sockets.socket_plan(workspace=ws, net=net, allowed=[_b(p) for p in allow_sockets],
                                               private=private)
-    masks = masks + [Mask(s, "file") for s in sockets]
+    masks = masks + [Mask(s, "file", "socket") for s in sockets]
+    toolchains: list[tuple[bytes, bytes]] = []
+    symlinks: list[tuple[bytes, bytes]] = []
+    if uid == 0:
+        masks.append(Mask(root_home(), "dir", "root home"))
+        toolchains, symlinks = run_view.toolchain_binds(_b(tree))
     # Masks inside the workspace exist (if at all) in the tree: check there.
     inside: list[Mask] = []
     outside: list[Mask] = []
@@ -463,12 +514,19 @@ def plan_for_run(
         rel = m.path[len(ws.rstrip(b"/")) + 1 :]
         kind = _kind(os.path.join(_b(tree), rel)) if rel else None
         if kind is not None:
-            outside.append(Mask(m.path, kind))
+            outside.append(Mask(m.path, kind, m.why))
+    if os.geteuid() == 0:
+        # bwrap runs as the command's host user, and must reach a mask's path to mount
+        # over it ("Can't mkdir /home/alice/.ssh"); what that user cannot reach on the host
+        # needs no mask. uid 0 is the sandbox account, which has only the "other" bits.
+        who = (-1, frozenset()) if uid == 0 else (uid, _groups(uid, gid))
+        starts = [dest for _, dest in toolchains]
+        outside = [m for m in outside if _is_under(m.path, ws) or _reachable(m.path, who, starts)]
     # The store: inside, <workspace>/.petri is the tree's own .petri, if the tree has one.
     store_rel = os.path.relpath(_b(store), ws) if _is_under(_b(store), ws) else b".petri"
     store_kind = _kind(os.path.join(_b(tree), store_rel))
     if store_kind is not None:
-        outside.append(Mask(os.path.join(ws, store_rel), store_kind))
+        outside.append(Mask(os.path.join(ws, store_rel), store_kind, "store"))
     return build_plan(
         workspace=workspace,
         tree=tree,
@@ -484,5 +542,88 @@ def plan_for_run(
         marker=marker,
         seccomp=seccomp,
         private=private,
-        binds=host_sockets.kept_files(private) + binds,
+        binds=host_sockets.kept_files(private) + binds + toolchains,
+        symlinks=symlinks,
     )
+
+
+def _groups(uid: int, gid: int) -> frozenset[int]:
+    try:
+        return frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+    except (KeyError, OSError):
+        return frozenset({gid})
+
+
+def _reachable(path: bytes, who: tuple[int, frozenset[int]], starts: Sequence[bytes]) -> bool:
+    """Whether host user ``who`` (uid, gids) can search every directory from the deepest of
+    ``starts`` (binds that bring a directory back: their own path; else ``/``) down to
+    ``path``'s parent, by the mode bits."""
+    uid, gids = who
+    top = max((s for s in starts if _is_under(path, s)), key=len, default=b"/")
+    if top == path:
+        return True  # a bind's own mount point: bwrap made it
+    cur = top
+    parts = [p for p in path[len(top.rstrip(b"/")):].split(b"/") if p][:-1]
+    for part in [b""] + parts:
+        cur = os.path.join(cur, part) if part else cur
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return False
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in gids else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def root_home() -> bytes:
+    try:
+        return _b(pwd.getpwuid(0).pw_dir or "/root")
+    except KeyError:
+        return b"/root"
+
+
+# ------------------------------------------------------------------------------ propagation
+
+MS_REC, MS_SHARED = 0x4000, 1 << 20
+_shared: bool | None = None  # per process: what share_host_mounts found or made
+
+
+def root_is_shared(mountinfo: bytes) -> bool:
+    """Pure: whether ``/`` (the topmost mount there) is in a peer group in this mountinfo."""
+    shared = False
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 6 and fields[4] == b"/":
+            optional = fields[6:fields.index(b"-")] if b"-" in fields else []
+            shared = any(f.startswith(b"shared:") for f in optional)
+    return shared
+
+
+def share_host_mounts() -> bool:
+    """Make the mount tree petri runs in shared (``mount --make-rshared /``) when ``/`` is
+    not, once per process; whether ``/`` is shared now.
+
+    bwrap makes every mount of a sandbox a slave of the host's (``MS_SLAVE | MS_REC``), but
+    a slave only hears from a shared master: under a private ``/`` (hosts without systemd,
+    which makes it shared at boot; containers) a host ``umount`` never reached a running
+    sandbox, whose copy kept the filesystem mounted and its loop device attached until the
+    sandbox ended. Only root can change it; a rootless petri lives with what it finds."""
+    global _shared
+    if _shared is not None:
+        return _shared
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            info = f.read()
+    except OSError:
+        return False
+    _shared = root_is_shared(info)
+    if not _shared and os.geteuid() == 0:
+        from snapshot.osutil import libc
+
+        from . import run_view
+
+        _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
+        if _shared:
+            run_view.refence()  # the recursive change made the views' mount shared too
+    return _shared

@@ -16,12 +16,29 @@ workspace, id-mapped (the tree's root-owned files show as the sandbox account:
 idmapped layers, the fuse daemon) get a plain ``nosuid,nodev`` copy. bwrap binds that path
 at the workspace's path and the command never sees ``/run`` (a tmpfs hides it: ``isolation``).
 
+A root-owned workspace's command also gets root's toolchains (``run_as.RunAs.toolchains``:
+pyenv, uv, nvm, rustup... under ``/root``, which is 0700 and closed to the sandbox account):
+each is mounted read-only, ``nosuid,nodev`` and *not* id-mapped at
+``<view>.tc/<hex of its path>`` (a symlink is copied there as a symlink), and ``isolation``
+binds them back at their own paths over an emptied ``/root`` (``toolchain_binds``). Not
+id-mapped on purpose: the account reads what every user may read there (a 0644 file, a
+0755 directory) and nothing more; a mapping would hand it root's 0600 files.
+
+``/run/petri`` is a *private* mount of its own (``fence_views``, made once per boot by the
+first run that needs a view): with the host's ``/`` shared (``isolation.share_host_mounts``)
+every view mounted or removed there would propagate into every running sandbox, and land
+in the middle of other bwraps' setup, whose read-only remount of what they copied then
+fails (exit 125). A private parent propagates nothing. (Unbindable would keep views out of
+sandboxes altogether, but bwrap's own ``MS_SLAVE | MS_REC`` on its copy turns it private.)
+
 The mount goes when the run ends. A petri killed meanwhile leaves it: the next petri
 command (``reap_dead_views``, one listing of ``/run/petri``) and ``petri gc`` remove every
 view whose petri is gone, and destroying a sandbox removes its views whoever made them.
 
 Caveats: a view is found again by its name only (a pid reused by another process keeps a
-dead petri's view until that process ends); views exist only where petri runs as root.
+dead petri's view until that process ends); views exist only where petri runs as root. A
+toolchain installed with a umask of 077 stays unreadable to the sandbox account (its
+command exits 126/127 and ``exec_failure`` says which directory is closed).
 """
 from __future__ import annotations
 
@@ -42,6 +59,7 @@ class RunAs(Protocol):
     host_gid: int
     idmap: object | None  # snapshot.idmap.IdMap: how the tree's owners must look inside
     user: str
+    toolchains: tuple[bytes, ...]  # root's toolchain directories its command may read
 
 # Every petri command reaps dead views: the mount plumbing (snapshot.idmap) is imported only
 # when there is a view to make or remove.
@@ -95,6 +113,7 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
         yield tree
         return
     _owned_dir(VIEWS, 0, 0, 0o711)
+    fence_views()
     mine = _owned_dir(VIEWS / str(who.host_uid), who.host_uid, who.host_gid, 0o700)
     mnt = mine / f"{store_key(store_root)}.{sb_id}.{os.getpid()}.{os.urandom(4).hex()}"
     os.mkdir(mnt, 0o700)
@@ -107,9 +126,127 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
             raise OwnersCannotBeMapped(workspace=str(workspace), why=str(e)) from None
         except OSError as e:
             raise SandboxSetupFailed(detail=f"cannot mount the sandbox tree for {who.user}: {e.strerror}") from None
+        toolchains = getattr(who, "toolchains", ())
+        if toolchains:
+            _mount_toolchains(Path(f"{mnt}{TOOLCHAINS}"), toolchains)
         yield mnt
     finally:
         _remove(mnt)
+
+
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 0x1000, 0x4000, 1 << 18, 2
+_fenced = False
+
+
+def views_mount(mountinfo: bytes) -> tuple[bytes, ...] | None:
+    """Pure: the optional fields (propagation) of the topmost mount at ``VIEWS`` in a
+    mountinfo text, or None when ``VIEWS`` is no mount point."""
+    where = os.fsencode(VIEWS)
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 6 and fields[4] == where:
+            found = tuple(fields[6:fields.index(b"-")] if b"-" in fields else ())
+    return found
+
+
+def fence_views() -> bool:
+    """Make ``VIEWS`` a private mount of its own (see the module docstring), once per
+    boot; checked once per process. Views already mounted in the plain directory are
+    carried into the new mount by the recursive bind, and their originals, which it
+    shadows, are detached (their runs hold their own binds; their petris remove the
+    copies). Best effort: False when the kernel refused (a run then works as before)."""
+    global _fenced
+    if _fenced:
+        return True
+    from . import isolation
+
+    isolation.share_host_mounts()  # first: sharing / recursively would undo the fence
+    with open("/proc/self/mountinfo", "rb") as f:
+        info = f.read()
+    fields = views_mount(info)
+    if fields == ():  # a mount point in no peer group, not a slave: private
+        _fenced = True
+        return True
+    from snapshot.osutil import libc, parse_mountinfo
+
+    where = os.fsencode(VIEWS)
+    old = os.open(VIEWS, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory as it is now
+    try:
+        below: list[bytes] = []
+        if fields is None:
+            below = [m.mountpoint for m in parse_mountinfo(info) if m.mountpoint.startswith(where + b"/")]
+            if libc.mount(where, where, None, MS_BIND | MS_REC, None) != 0:
+                return False
+        # Private before the originals go: as a peer of / the new mount would lose its copies
+        # with them (an unmount propagates to the peers of the parent).
+        if libc.mount(None, where, None, MS_PRIVATE, None) != 0:
+            return False
+        for point in sorted(below, key=len, reverse=True):
+            # Through the old directory (a magic link lands below the new mount).
+            libc.umount2(b"/proc/self/fd/%d/%s" % (old, point[len(where) + 1:]), MNT_DETACH)
+    finally:
+        os.close(old)
+    _fenced = True
+    return True
+
+
+def refence() -> None:
+    """``VIEWS`` private again if it is a mount (``isolation.share_host_mounts`` just made
+    every mount shared, this one too)."""
+    from snapshot.osutil import libc
+
+    with open("/proc/self/mountinfo", "rb") as f:
+        if views_mount(f.read()) is not None:
+            libc.mount(None, os.fsencode(VIEWS), None, MS_PRIVATE, None)
+
+
+TOOLCHAINS = ".tc"  # <view>.tc/<hex of the host path>: the run's toolchain mounts
+
+
+def _mount_toolchains(tc: Path, dirs: tuple[bytes, ...]) -> None:
+    """Mount each of ``dirs`` read-only at ``tc/<hex of its path>`` (a symlink among them
+    is copied as a symlink). ``tc`` is root's and 0755: the account may pass, not change."""
+    from snapshot import idmap as I
+
+    os.mkdir(tc, 0o755)
+    for d in dirs:
+        dst = tc / d.hex()
+        try:
+            if os.path.islink(d):
+                os.symlink(os.readlink(d), dst)
+                continue
+            os.mkdir(dst, 0o755)
+            I.clone_tree(d, dst, None, read_only=True)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)  # gone since run_as looked: nothing to show
+        except OSError as e:
+            raise SandboxSetupFailed(detail=f"cannot mount the toolchain {os.fsdecode(d)}: {e.strerror}") from None
+
+
+def toolchain_binds(view: bytes) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The toolchains ``open_view`` mounted for the run whose tree is ``view``: (source,
+    destination) read-only binds and (target, destination) symlinks; none for a tree that
+    is not a view with toolchains."""
+    tc = view + TOOLCHAINS.encode()
+    try:
+        names = os.listdir(tc)
+    except OSError:
+        return [], []
+    binds: list[tuple[bytes, bytes]] = []
+    links: list[tuple[bytes, bytes]] = []
+    for name in sorted(names):
+        try:
+            dest = bytes.fromhex(name.decode() if isinstance(name, bytes) else name)
+        except ValueError:
+            continue
+        src = os.path.join(tc, os.fsencode(name))
+        if os.path.islink(src):
+            links.append((os.readlink(src), dest))
+        else:
+            binds.append((src, dest))
+    return binds, links
 
 
 def _remove(mnt: Path) -> None:
@@ -117,6 +254,17 @@ def _remove(mnt: Path) -> None:
     # is gone, and the next command reaps it.
     from snapshot import idmap as I
 
+    tc = Path(f"{mnt}{TOOLCHAINS}")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tc):
+            entry = tc / name
+            with contextlib.suppress(OSError):
+                if entry.is_symlink():
+                    entry.unlink()
+                else:
+                    I.detach(entry)
+                    os.rmdir(entry)
+        os.rmdir(tc)
     with contextlib.suppress(OSError):
         I.detach(mnt)
     with contextlib.suppress(OSError):
@@ -134,7 +282,11 @@ def _entries() -> list[tuple[Path, list[str]]]:
             names = os.listdir(VIEWS / u)
         except OSError:
             continue
-        out += [(VIEWS / u / n, n.split(".")) for n in names]
+        # A run's toolchains (<view>.tc) go with its view (``_remove``), also when the view
+        # itself went first.
+        views = [n for n in names if not n.endswith(TOOLCHAINS)]
+        views += [n[:-len(TOOLCHAINS)] for n in names if n.endswith(TOOLCHAINS) and n[:-len(TOOLCHAINS)] not in names]
+        out += [(VIEWS / u / n, n.split(".")) for n in views]
     return out
 
 

@@ -13,8 +13,9 @@ The profiles (SPEC "Syscall filter"), learnt from Flatpak's ``setup_seccomp``
 - ``default``: allow everything except what no build or test needs, what has a long
   history of kernel bugs or sandbox escapes, and making setuid/setgid files (as Flatpak:
   a sandbox tree is a host directory) (``default_groups``). Denied calls fail with
-  EPERM; clone3 and the new mount API fail with ENOSYS, which is what makes glibc (clone3
-  -> clone for threads) and libmount fall back to the calls the filter can inspect.
+  EPERM; clone3, openat2 and the new mount API fail with ENOSYS, which is what makes glibc
+  (clone3 -> clone for threads), libmount and openat2's callers fall back to the calls the
+  filter can inspect.
 - ``strict``: ``default``, and when the sandbox has no ``--net``, no socket of a family
   other than AF_UNIX (``NO_NET_GROUPS``). With ``--net`` it is ``default``.
 - ``off``: no filter; ``OFF_NOTICE`` and ``turned_off()`` say what that allows.
@@ -192,7 +193,8 @@ def default_groups(clone_flags_arg: int = 0) -> tuple[Group, ...]:
         # No setuid or setgid file is made inside (as Flatpak): a sandbox tree is a host
         # directory, and a setuid plant there is a privilege escalation for whoever reaches
         # it. mode_t is 32 bits to the kernel: masked on the bit itself.
-        Group("setting the setuid or setgid bit (chmod, fchmod, fchmodat, open/creat with it)", _suid_rules()),
+        Group("setting the setuid or setgid bit (chmod, fchmod, fchmodat, open/creat/mknod with it; openat2)",
+              _suid_rules()),
     )
 
 
@@ -206,11 +208,15 @@ def _suid_rules() -> tuple[Deny, ...]:
     """chmod(path, mode) and fchmod(fd, mode): mode is argument 1; fchmodat(dfd, path, mode)
     and fchmodat2 (452): argument 2; creat(path, mode): 1; open(path, flags, mode): 2;
     openat(dfd, path, flags, mode): 3 (the mode is only used with O_CREAT or O_TMPFILE, and
-    is denied whenever it asks for the bits: no program passes them by accident)."""
+    is denied whenever it asks for the bits: no program passes them by accident);
+    mknod(path, mode, dev): 1 and mknodat(dfd, path, mode, dev): 2 (``S_IFREG | 04755``
+    makes an empty setuid file, and keeps its bits: mknod applies the umask only).
+    openat2 takes its mode inside a struct the filter cannot read, so it fails with ENOSYS
+    as a whole (as clone3): its callers (systemd, runc, libpathrs) fall back to openat."""
     where = (("chmod", 1, None), ("fchmod", 1, None), ("fchmodat", 2, None), ("fchmodat2", 2, 452),
-             ("creat", 1, None), ("open", 2, None), ("openat", 3, None))
+             ("creat", 1, None), ("open", 2, None), ("openat", 3, None), ("mknod", 1, None), ("mknodat", 2, None))
     return tuple(Deny(name, EPERM, ArgMatch(arg, "masked_eq", bit, mask=bit), number=number)
-                 for name, arg, number in where for bit in (S_ISUID, S_ISGID))
+                 for name, arg, number in where for bit in (S_ISUID, S_ISGID)) + (Deny("openat2", ENOSYS, number=437),)
 
 
 def no_net_groups() -> tuple[Group, ...]:

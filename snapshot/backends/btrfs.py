@@ -16,12 +16,16 @@ the tree, ``rmdir`` it (the kernel deletes an empty subvolume on rmdir since 4.1
 Also here: ``convert_to_subvolume`` for ``petri init --convert`` and ``check_btrfs`` for
 the backend chooser.
 
-Change sets and staleness, O(changes): ``btrfs send --no-data -p <base snapshot> <read-only
-snapshot>`` names every path whose content, kind, mode or existence moved; its binary
-stream is parsed here (``parse_send_stream``; times, owners and xattrs are left out:
-change sets ignore them). For a sandbox the read-only snapshot is its frozen view (which
-is why diff always reads a btrfs sandbox through one); for live it is a snapshot made for
-the look. The paths only narrow a compare by content.
+Change sets and staleness, read without making anything (no snapshot, no file): a sandbox,
+live and every snapshot of them share inode items, so where subvolume and snapshot differ is
+found by generation, O(changes), with the tree search (``btrfs_generations``) when it sees
+everything the subvolume holds (root, nothing of it waiting for a commit or a write-back),
+and otherwise by an ``lstat`` walk that compares each inode's key with the snapshot's
+(``snapshot.candidates.inode_key_candidates``: O(files) stats, no reads), which sees writes
+still in the page cache. Either only narrows a compare by content. A fork from live clones
+the newest implicit snapshot again when live is provably unchanged since it
+(``live_unchanged_since``: its ``ctransid`` and no write waiting, else a short walk), so
+forks stop committing the filesystem's transaction and piling up snapshots.
 
 ``--disk``: a qgroup limit on the sandbox's subvolume (exclusive bytes). Quotas are
 switched on for the whole filesystem by the first ``--disk`` (they make every snapshot
@@ -41,14 +45,20 @@ Caveats:
   filesystem (this backend never enables them: they slow every snapshot).
 - ``clone_usage`` without quotas counts file data written since the clone (the tree search
   ``btrfs subvolume find-new`` does):
-  new data only (not old extents a partial overwrite still pins, not metadata); rootless
-  it is None (the tree search needs root).
+  new data only (not old extents a partial overwrite still pins, not metadata), and only
+  once written back (a write still in the page cache counts from then on, up to ~30 s
+  later); rootless it is None (the tree search needs root). With quotas it is the qgroup's
+  exclusive bytes plus its data reservation (``qgroup_usage``): right at once.
 - ``convert_to_subvolume`` copies (reflinks) the tree: edits made while it runs abort it
   (nothing changes), but a process that has a file open, or its cwd, inside the old
   directory keeps the old (deleted) copy: shells inside must ``cd "$PWD"`` afterwards.
-- ``btrfs send`` needs CAP_SYS_ADMIN: rootless, change sets and staleness use the full
-  compare and the stat walk. It names a hard-linked inode by one of its paths only: when a
-  candidate has more than one link the full compare is used instead.
+- The tree search needs CAP_SYS_ADMIN, and sees a writable subvolume whole only when the
+  filesystem has no data waiting to be written back (its qgroup's, with quotas): most of
+  the time change sets and staleness take the ``lstat`` walk, O(files) stats. A diff of a
+  sandbox a command runs in reads a frozen view (a read-only snapshot, removed after).
+- Reading live can update atimes (relatime), which moves its ``ctransid``: a fork right
+  after such a read takes a new snapshot. (The walk compares keys for equality only, so no
+  clock is trusted.)
 - ``--disk`` needs root (qgroup commands), and its limit goes on after the clone: writes
   through the host path before ``after_fork`` (or the first run) are not capped.
 """
@@ -59,7 +69,6 @@ import errno
 import os
 import stat
 import struct
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
@@ -67,18 +76,24 @@ import btrfsutil
 
 from ..backend import (FULL, Backend, Candidates, DiskCap, DiskUsage, Leftover, LiveCandidates, Progress, Say,
                        SnapshotResult, refuse_clone_options)
-from ..candidates import clean, multi_linked, prune_dirs
+from ..candidates import WalkBudget, inode_key_candidates, prune_dirs
 from ..errors import (BackendUnavailable, DiskFull, DiskLimitUnavailable, PetriError, SnapshotError,
                       TreeChangedDuringCopy)
 from ..osutil import BTRFS_SUPER_MAGIC, FS_NAMES, fs_magic, fsync_dir, mount_of, rename_exchange
-from ..store import Store
+from ..store import STORE_NAME, Store
+from . import btrfs_generations as G
 
 if TYPE_CHECKING:
     from ..idmap import IdMap
     from ..osutil import PathLike
-from ..tree import StatKey, TreeCopier, copy_xattrs, walk
+# subprocess (qgroups) and ..tree (convert's copy) are imported where used: ~3 ms
+# that every fork, ls and status of a btrfs workspace would pay for nothing.
 
 SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
+_STORE = STORE_NAME.encode()
+# How long a fork from live may spend proving live unchanged (an lstat walk, when writes wait
+# in the page cache somewhere on the filesystem) before it takes a new snapshot instead.
+LIVE_CHECK_BUDGET_S = 0.25
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
 BTRFS_IOC_FS_INFO = 0x8400941F
 
@@ -160,13 +175,22 @@ def quotas_enabled(path: PathLike) -> bool:
 
 def qgroup_usage(subvolume: PathLike) -> tuple[int, int] | None:
     """(exclusive bytes, exclusive limit or 0) of the subvolume's own qgroup, or None when
-    quotas are off or their numbers are not consistent yet (a rescan is running)."""
+    quotas are off or their numbers are not consistent yet (a rescan is running).
+
+    The exclusive count moves only when a transaction commits (up to 30 s after a write);
+    until then what was written is the qgroup's data reservation (``rsv_data``, kept from
+    the write until the commit accounts the extent), so the two are added: a figure that is
+    right just after a write, and steady across the commit."""
     try:
         qgroups = _qgroups_dir(subvolume)
         if (qgroups / "inconsistent").read_text().strip() != "0":
             return None
         d = qgroups / f"0_{btrfsutil.subvolume_id(subvolume)}"
         exclusive = int((d / "exclusive").read_text())
+        try:
+            exclusive += int((d / "rsv_data").read_text())
+        except FileNotFoundError:
+            pass  # a kernel without per-qgroup reservations in sysfs: committed bytes only
         try:
             cap = int((d / "max_exclusive").read_text())
         except ValueError:  # "none"
@@ -322,6 +346,8 @@ def convert_to_subvolume(path: PathLike, progress: Progress | None = None) -> No
     if os.path.ismount(src):
         raise SnapshotError(detail=f"{shown} is a mount point; convert the filesystem it mounts instead")
 
+    from ..tree import StatKey, TreeCopier, copy_xattrs, walk
+
     total = 0
     for rel, est in walk(src):
         if est.st_dev != st.st_dev:
@@ -379,61 +405,7 @@ def convert_to_subvolume(path: PathLike, progress: Progress | None = None) -> No
             f"removed ({e.strerror}); remove it by hand")) from e
 
 
-# -- send streams: what moved between two read-only subvolumes ---------------------------
-
-# btrfs send stream (fs/btrfs/send.h): commands that can change what a path holds.
-_SEND_MAGIC = b"btrfs-stream\0"
-_CMD_NAMES = {1: "subvol", 2: "snapshot", 3: "mkfile", 4: "mkdir", 5: "mknod", 6: "mkfifo", 7: "mksock",
-              8: "symlink", 9: "rename", 10: "link", 11: "unlink", 12: "rmdir", 13: "set_xattr",
-              14: "remove_xattr", 15: "write", 16: "clone", 17: "truncate", 18: "chmod", 19: "chown",
-              20: "utimes", 21: "end", 22: "update_extent", 23: "fallocate", 24: "fileattr",
-              25: "encoded_write", 26: "enable_verity"}
-_CONTENT_CMDS = frozenset({3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16, 17, 18, 22, 23, 25})
-_A_PATH, _A_PATH_TO, _A_DATA = 15, 16, 19
-
-
-class SendStreamError(ValueError):
-    pass
-
-
-def parse_send_stream(data: bytes) -> set[bytes]:
-    """The paths a ``btrfs send`` stream touches in ways a change set cares about."""
-    if not data.startswith(_SEND_MAGIC) or len(data) < 17:
-        raise SendStreamError("not a btrfs send stream")
-    (version,) = struct.unpack_from("<I", data, 13)
-    pos = 17
-    out: set[bytes] = set()
-    n = len(data)
-    while pos < n:
-        if pos + 10 > n:
-            raise SendStreamError("truncated command header")
-        length, cmd, _crc = struct.unpack_from("<IHI", data, pos)
-        pos += 10
-        end = pos + length
-        if end > n:
-            raise SendStreamError("truncated command")
-        if cmd in _CONTENT_CMDS:
-            p = pos
-            while p + 4 <= end:
-                typ, alen = struct.unpack_from("<HH", data, p)
-                p += 4
-                if typ == _A_DATA and version >= 2:
-                    break  # v2: the data attribute has no length and runs to the end
-                if typ in (_A_PATH, _A_PATH_TO):
-                    out.add(data[p:p + alen])
-                p += alen
-        pos = end
-    return out
-
-
-def send_paths(parent: Path, snap: Path) -> set[bytes]:
-    """Candidate paths between two read-only subvolumes of one filesystem (root only)."""
-    r = subprocess.run(["btrfs", "send", "-q", "--no-data", "-p", os.fspath(parent), os.fspath(snap),
-                        "-f", "/dev/stdout"], capture_output=True)
-    if r.returncode != 0:
-        raise SendStreamError(r.stderr.decode(errors="replace").strip() or f"btrfs send exited {r.returncode}")
-    return parse_send_stream(r.stdout)
-
+# -- reading what moved ---------------------------------------------------------------
 
 def _is_ro_subvolume(path: Path) -> bool:
     try:
@@ -466,6 +438,8 @@ class BtrfsQgroups(DiskCap):
         # Quotas cost every snapshot on this filesystem (bench/RESULTS.md: forks 2.5-4x
         # slower): they are turned on only now that a --disk cap is asked for, they stay on,
         # and the user is told so, with the way back.
+        import subprocess
+
         for argv in (["btrfs", "quota", "enable", str(self.store.root)],
                      ["btrfs", "quota", "rescan", "-w", str(self.store.root)]):
             cp = subprocess.run(argv, capture_output=True, text=True)
@@ -478,6 +452,8 @@ class BtrfsQgroups(DiskCap):
                 f"them off again and lifts every --disk cap on that filesystem"]
 
     def apply(self, store: Store, sb_id: str, limit: int) -> None:
+        import subprocess
+
         tree = store.sandbox_tree(sb_id)
         cp = subprocess.run(["btrfs", "qgroup", "limit", "-e", str(limit), str(tree)], capture_output=True, text=True)
         if cp.returncode != 0:
@@ -689,58 +665,74 @@ class BtrfsBackend(Backend):
     def disk_cap(self, store: Store) -> DiskCap:
         return BtrfsQgroups(store)
 
-    @contextlib.contextmanager
-    def _readonly(self, store: Store, tree: Path, what: str) -> Iterator[Path]:
-        """``tree`` itself when it is a read-only subvolume, else a read-only snapshot of it."""
-        if _is_ro_subvolume(tree):
-            yield tree
-            return
-        view = store.tmp_path(what)
-        view.parent.mkdir(parents=True, exist_ok=True)
-        btrfsutil.create_snapshot(tree, view, read_only=True)
-        try:
-            yield view
-        finally:
-            delete_tree(view)
+    def shares_inodes(self) -> bool:
+        return True  # a snapshot shares its inode items with what it was taken of or cloned into
 
-    def prefers_frozen_view(self) -> bool:
-        return True  # one O(1) snapshot, and the read-only subvolume btrfs send needs anyway
+    def _candidates(self, base: Path, tree: Path, skip_top: Callable[[bytes], bool]) -> Candidates:
+        """Where subvolume ``tree`` may differ from snapshot ``base`` (one of its lineage):
+        by generation where the tree search sees all of ``tree`` (root, nothing of it waiting
+        for a commit or a write-back: ``btrfs_generations.settled``), else by the ``lstat``
+        walk that reads the inodes in memory. Either only narrows; nothing is made."""
+        if os.geteuid() == 0:
+            try:
+                if G.settled(tree, _is_ro_subvolume(tree)):
+                    since = G.subvol_info(base).otransid
+                    paths, whole = G.changed_paths(tree, base, since)
+                    kept = {p for p in paths | whole if not skip_top(p.split(b"/", 1)[0])}
+                    return Candidates(frozenset(prune_dirs(base, tree, kept, whole)), "btrfs-generation")
+            except OSError:
+                pass  # the walk below needs no ioctl
+        return Candidates(frozenset(inode_key_candidates(base, tree, skip_top)), "inode-keys")
 
     def change_candidates(self, store: Store, sb_id: str, cloned_from: str, since: str,
                           base: Path | None = None, tree: Path | None = None) -> Candidates:
-        """``btrfs send`` between ``since`` and a read-only snapshot of the sandbox (``tree``
-        when it already is one: a frozen view). It compares with whichever snapshot it is
-        given, so a fork of a fork needs nothing added for its lineage."""
+        """By generation or by inode keys (``_candidates``) between ``since`` and the sandbox
+        (``tree`` when given: its frozen view while a command runs in it). Both compare with
+        whichever snapshot they are given, so a fork of a fork needs nothing added for its
+        lineage, and both name every link of a hard-linked file."""
         base_tree = base if base is not None else self._tree(store, since)
         try:
-            with self._readonly(store, tree if tree is not None else store.sandbox_tree(sb_id), "changes-ro") as ro:
-                raw = clean(send_paths(base_tree, ro))
-                if multi_linked(ro, raw):
-                    return FULL
-                return Candidates(frozenset(prune_dirs(base_tree, ro, raw)), "btrfs-send")
-        except (SendStreamError, OSError):  # rootless: send needs CAP_SYS_ADMIN
+            return self._candidates(base_tree, tree if tree is not None else self.ensure_clone(store, sb_id),
+                                    _store_or_staging)
+        except OSError:
             return FULL
 
     @contextlib.contextmanager
     def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
                         ) -> Iterator[LiveCandidates | None]:
-        """A read-only snapshot of live and ``btrfs send``'s paths against ``snap_id``; None
-        rootless, or where send fails or names a hard-linked file (by one of its names only)."""
-        if os.geteuid() != 0:
+        """Live itself (no snapshot of it) with ``_candidates`` against ``snap_id``."""
+        base = self._tree(store, snap_id)
+        try:
+            cands = self._candidates(base, store.workspace, lambda n: exclude_top(n) or _store_or_staging(n))
+        except OSError:
             yield None
             return
-        base = self._tree(store, snap_id)
-        with self._readonly(store, store.workspace, "live-ro") as ro:
-            got: LiveCandidates | None = None
-            try:
-                cands = {c for c in clean(send_paths(base, ro)) if not exclude_top(c.split(b"/", 1)[0])}
-                if not multi_linked(ro, cands):
-                    got = (base, ro, Candidates(frozenset(cands), "btrfs-send"))
-            except (SendStreamError, OSError):
-                got = None
-            yield got
+        yield base, store.workspace, cands
+
+    def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
+        """By generation, O(1): live's ``ctransid`` (in memory) is still the snapshot's (no
+        transaction touched it since) and no write waits in the page cache
+        (``btrfs_generations.data_quiet``). Otherwise an ``lstat`` walk decides (it sees
+        writes in the page cache; a moved ``ctransid`` may be only an atime update), stopping
+        at the first difference, or at ``budget_s``: then a new snapshot is taken."""
+        import time
+
+        tree = self._tree(store, snap_id)
+        try:
+            live, snap = G.subvol_info(store.workspace), G.subvol_info(tree)
+            if live.ctransid == snap.ctransid and G.data_quiet(store.workspace, live.id):
+                return True
+            return not inode_key_candidates(tree, store.workspace, _store_or_staging, first=True,
+                                            deadline=time.monotonic() + budget_s)
+        except (OSError, WalkBudget):
+            return False
 
 
-__all__ = ["BtrfsBackend", "BtrfsQgroups", "SendStreamError", "changed_extent_bytes", "check_btrfs",
-           "convert_to_subvolume", "delete_tree", "fs_name", "is_subvolume", "parse_send_stream", "qgroup_usage",
-           "quotas_enabled", "send_paths"]
+def _store_or_staging(name: bytes) -> bool:
+    """Top-level names no snapshot holds content of: the store (an empty directory there) and
+    a promotion's staging."""
+    return name == _STORE or name.startswith(b".petri-staging-")
+
+
+__all__ = ["BtrfsBackend", "BtrfsQgroups", "changed_extent_bytes", "check_btrfs", "convert_to_subvolume",
+           "delete_tree", "fs_name", "is_subvolume", "qgroup_usage", "quotas_enabled"]

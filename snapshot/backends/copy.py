@@ -24,7 +24,8 @@ a snapshot is copied again by the next one (its racy mark). ``clone_usage`` is a
 of the whole sandbox (O(files)) counting the files whose size or mtime moved since the
 clone: an edit that keeps both is missed, the clone's own full copy of the base is not
 counted, and a figure kept from an earlier walk misses edits made since through the host
-path (``petri ls`` re-measures after each run, ``petri status`` always).
+path (the figure is kept by ``note_usage`` after a fork and after each run, never by a
+listing; ``petri ls`` gives it, ``petri status`` always measures).
 """
 from __future__ import annotations
 
@@ -248,25 +249,33 @@ class CopyBackend(Backend):
 
     def clone_usage(self, store: Store, sb_id: str, since: float | None = None) -> DiskUsage | None:
         """Bytes of the files the sandbox changed or added since its clone: a stat walk of
-        the sandbox against its base's manifest, O(files), so the last figure (kept in
-        ``usage.json`` beside the tree) is given when it was measured at or after ``since``.
-        None for a sandbox cloned before its base was recorded."""
-        cache = store.sandbox_dir(sb_id) / USAGE_CACHE
+        the sandbox against its base's manifest, O(files), so the last figure ``note_usage``
+        kept (``usage.json`` beside the tree) is given when it was measured at or after
+        ``since``. Only reads. None for a sandbox cloned before its base was recorded."""
         if since is not None:
             try:
-                got = json.loads(cache.read_text())
+                got = json.loads((store.sandbox_dir(sb_id) / USAGE_CACHE).read_text())
                 if got["at"] >= since:
                     return DiskUsage(got["bytes"], got["measure"], got["at"])
             except (OSError, ValueError, KeyError, TypeError):
                 pass
+        return self._measure_usage(store, sb_id)
+
+    def note_usage(self, store: Store, sb_id: str) -> None:
+        """Measure now and keep the figure (a fork or a run just changed the sandbox), for the
+        listings that only read."""
+        cache = store.sandbox_dir(sb_id) / USAGE_CACHE
         started = time.time()  # before the walk: an edit during it is newer than the figure
-        usage = self._measure_usage(store, sb_id)
-        if usage is not None:
-            tmp = cache.with_name(f".{USAGE_CACHE}.{os.getpid()}")
-            with contextlib.suppress(OSError):  # a cache: no fsync, and losing it costs one walk
-                tmp.write_text(json.dumps({"bytes": usage.bytes, "measure": usage.measure, "at": started}))
-                os.replace(tmp, cache)
-        return usage
+        try:
+            usage = self._measure_usage(store, sb_id)
+        except OSError:
+            return  # a tree that cannot be walked now: the next listing measures itself
+        if usage is None:
+            return
+        tmp = cache.with_name(f".{USAGE_CACHE}.{os.getpid()}")
+        with contextlib.suppress(OSError):  # a cache: no fsync, and losing it costs one walk
+            tmp.write_text(json.dumps({"bytes": usage.bytes, "measure": usage.measure, "at": started}))
+            os.replace(tmp, cache)
 
     def _measure_usage(self, store: Store, sb_id: str) -> DiskUsage | None:
         try:
