@@ -18,9 +18,10 @@ CLI's ``--json`` document; every failure is a ``petri.PetriError`` carrying the 
 code. A command's non-zero exit is a result, never an exception.
 
 Threads: a ``Workspace`` may be used from several threads at once (each thread gets its own
-registry connection). Runs started from a thread fork their sandbox from that thread,
-which waits for it (see ``orchestrator/spawn.py``), so a run is never cut short by a
-thread ending.
+registry connection). A run started from a thread forks its sandbox from that thread,
+which waits for it (see ``orchestrator/sandbox/spawn.py``), so a run is never cut short by
+a thread ending. ``run`` needs no event loop (no trio); ``output`` reads a run's saved
+output by offset, live or finished.
 
 Caveats: ``Sandbox`` and the other records are pictures taken when made (``refresh()``
 takes a new one); a sync call made from inside a running trio loop blocks that loop (use
@@ -295,21 +296,16 @@ class Workspace:
             on_start: Callable[[int], None] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
         wait for it; its output is saved (``stdout()``/``stderr()``), not printed.
-        ``on_start(n)`` (front-end hook) gets the run's number as soon as it has one."""
-        import functools
-
-        import trio
-
-        from .runs import run_in_sandbox
-
-        argv_l = _argv(argv)
-        on_event = None if on_output is None else _output_callback(on_output)
+        ``on_output(stream, line)`` gets each line as it comes (bytes, newline kept; the last
+        one may have none); ``on_start(n)`` (front-end hook) gets the run's number as soon as
+        it has one. Runs in this thread (no event loop)."""
         from . import audit
+        from .runs import run_sync
 
-        doc = trio.run(functools.partial(run_in_sandbox, self.engine, _sandbox_id(sandbox), argv_l,
-                                         timeout_s=_seconds(timeout), env=env, stdin_data=stdin, echo=False,
-                                         cwd=None if cwd is None else os.fspath(cwd), on_event=on_event,
-                                         on_started=on_start))
+        on_event = None if on_output is None else _output_callback(on_output)
+        doc = run_sync(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
+                       stdin_data=stdin, echo=False, cwd=None if cwd is None else os.fspath(cwd), on_event=on_event,
+                       on_started=on_start)
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
 
@@ -318,6 +314,38 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         return [RunResult.from_doc(d) for d in e.registry.runs(row.id)]
+
+    def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
+               start: dict[str, int] | None = None, tail: int | None = None, stop: Callable[[], bool] | None = None,
+               poll_s: float = 0.1) -> Iterator[tuple[str, int, bytes]]:
+        """A run's saved output (default: the newest run) as ``(stream, offset, data)``
+        chunks, read by offset from its log files: ``offset`` is where ``data`` begins in its
+        stream (past the previous chunk's end when the log cap dropped the bytes between).
+        With ``follow``, also what the run writes until it ends (or ``stop()``); without, what
+        is there now. ``start``: stream offsets to begin at (``{"stdout": n}``); ``tail``:
+        begin each stream that many bytes before its end (as it is now)."""
+        from . import runlog
+        from .sandbox.procs import pid_alive
+
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        doc = e.registry.run(row.id, run) if run is not None else (e.registry.runs(row.id) or [None])[-1]
+        if doc is None:
+            from .errors import NoRunsYet, NoSuchRun
+
+            raise NoSuchRun(ident=row.id, n=run) if run is not None else NoRunsYet(ident=row.id)
+        n = doc["run"]
+
+        def finished() -> bool:
+            if not follow:
+                return True
+            cur = e.registry.run(row.id, n)
+            return cur is None or cur["finished_at"] is not None or not pid_alive(cur["pid"])
+
+        paths = {"stdout": doc["stdout_path"], "stderr": doc["stderr_path"]}
+        if tail is not None:
+            start = {k: max(0, runlog.stream_size(p) - tail, (start or {}).get(k, 0)) for k, p in paths.items()}
+        return runlog.follow(paths, finished, stop=stop, poll_s=poll_s, start=start)
 
     # -- race -----------------------------------------------------------------------------
     @_audited("race")
@@ -885,10 +913,20 @@ Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
 
 
 def _output_callback(on_output: Callable[[str, bytes], None]) -> Callable[[Any], None]:
-    """A runner event callback that hands each output line to ``on_output(stream, line)``."""
+    """A runner event callback that hands each output line to ``on_output(stream, line)``
+    (the runner gives chunks; lines cut by a chunk boundary are joined here)."""
+    partial: dict[str, bytes] = {}
+
     def on_event(ev: Any) -> None:
         if ev.kind == "output" and ev.stream:
-            on_output(ev.stream, ev.data)
+            *lines, partial[ev.stream] = (partial.get(ev.stream, b"") + ev.data).split(b"\n")
+            for line in lines:
+                on_output(ev.stream, line + b"\n")
+        elif ev.kind == "finished":
+            for stream, rest in partial.items():
+                if rest:
+                    on_output(stream, rest)
+            partial.clear()
     return on_event
 
 

@@ -14,6 +14,8 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     sandbox_user = "petri-sandbox"   # host account of a root-owned workspace's commands
     toolchains = ["~/.local/share/my-sdk"]   # more of root's home its commands may read
     allow_sockets = ["/run/docker.sock"]   # host sockets a --net sandbox may reach
+    log_cap = "64M"      # what a run's saved log keeps per stream: the first and the last half
+                         # of it past this size (the default); "none" keeps everything
 
     [limits]             # defaults for `petri fork` and `petri race`; flags override
     mem = "2G"           # size: bytes or K/M/G/T
@@ -63,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .runlog import DEFAULT_CAP
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Config:
     sandbox_user: str | None = None
     allow_sockets: tuple[Path, ...] = ()
     toolchains: tuple[str, ...] = ()  # relative to root's home (the config wrote "~/x")
+    log_cap: int | None = DEFAULT_CAP  # bytes per stream of a run's saved log (None: no cap)
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -163,7 +167,7 @@ def parse_config(data: bytes, path: Path) -> Config:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
-                   " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, kpi.*,"
+                   " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
                    " stages[].{name,target,checks,gate,timeout})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     lim = m.limits
@@ -175,7 +179,8 @@ def parse_config(data: bytes, path: Path) -> Config:
                   preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp,
                   sandbox_user=m.sandbox_user,
                   allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
-                  kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages)
+                  kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages,
+                  log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None))
 
 
 def expand_masks(entries: list[str]) -> tuple[Path, ...]:
@@ -318,6 +323,14 @@ def _model():
         sandbox_user: str | None = None
         allow_sockets: list[str] = Field(default_factory=list)
         toolchains: list[str] = Field(default_factory=list)
+        log_cap: int | None = None  # 0: "none" (no cap)
+
+        @field_validator("log_cap", mode="before")
+        @classmethod
+        def _cap(cls, v: Any) -> Any:
+            if v is False or (isinstance(v, str) and v.strip().lower() == "none"):
+                return 0
+            return size_value(v)
 
         @field_validator("stages")
         @classmethod

@@ -1,8 +1,8 @@
 """The event stream: one JSON document per line in ``<store>/events.jsonl``.
 
-Front ends (the coming TUI, ``tail -f``, an agent) follow this file to see what every
-``petri`` process on the workspace does: sandboxes created, destroyed and expired, runs
-started, their output line by line, and runs finished. Each event is one ``write(2)`` of
+Front ends (the TUI, ``tail -f``, an agent) follow this file to see what every ``petri``
+process on the workspace does: sandboxes created, destroyed and expired, runs started, how
+far their output has got, and runs finished. Each event is one ``write(2)`` of
 one complete line on a descriptor opened with ``O_APPEND``, so lines from concurrent petri
 processes never interleave (the kernel appends each write whole at the current end of a
 regular file) and a reader never sees half a line that will later be completed, except the
@@ -18,8 +18,12 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
 - ``sandbox.destroyed`` / ``sandbox.expired``: ``sandbox`` (once per sandbox: ``rm``, a
   race's losers, ``gc``, ``deinit --force`` destroy; the end of its lifetime expires)
 - ``run.started``: ``sandbox``, ``run``, ``argv``, ``stdout_path``, ``stderr_path``
-- ``run.output``: ``sandbox``, ``run``, ``stream`` (stdout|stderr), ``line`` (text, invalid
-  UTF-8 as U+FFFD; at most ``MAX_LINE`` bytes, ``truncated: true`` beyond)
+- ``run.output``: ``sandbox``, ``run``, ``stdout_bytes``, ``stdout_lines``, ``stderr_bytes``,
+  ``stderr_lines`` (so far), ``stream`` (the one that wrote last) and ``line`` (its last
+  line, invalid UTF-8 as U+FFFD, cut to 200 characters; null when there is none). Coalesced:
+  at most about ten a second per run (``runner.PROGRESS_S``), one more at its end; the
+  output itself is in the run's log files, which followers read by offset
+  (``orchestrator.runlog``)
 - ``run.finished``: ``sandbox``, ``run`` and the run document (``exit_code``, ...)
 - ``race.started``: ``race``, ``base``, ``check``, ``jobs``, ``candidates`` (each with its
   ``sandbox`` and ``check_sandbox``, so a follower can attribute the runs' output)
@@ -33,24 +37,28 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
   undo after a failed check, a recovery that finished or undid one)
 - ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
 
-Rotation: ``petri gc`` renames a stream past ``ROTATE_BYTES`` to ``events.jsonl.1``
-(replacing the previous one) and a new stream starts. A writer notices the new file by its
-inode (checked at most once a second) and moves to it; ``follow`` does the same after
-draining the old file, so a follower misses nothing written before the switch.
+Rotation: the writer whose event takes the stream past ``ROTATE_BYTES`` renames it to
+``events.jsonl.1`` (replacing the previous one) and a new stream starts; ``petri gc`` does
+the same for a stream already past it. Both take an exclusive ``flock`` on the file and
+rename only while the name still points at it, so two never rotate twice. A writer notices
+the new file by its inode (checked at most once a second) and moves to it; ``follow`` does
+the same after draining the old file, so a follower misses nothing written before the
+switch. No reader loads the stream whole: ``read_all`` goes line by line, ``follow`` a
+mebibyte at a time.
 
-Caveats: a busy run's output is written twice (its log file and here); a writer that has
-not yet noticed a rotation (up to a second) appends to ``events.jsonl.1``, and a follower
-that already moved on does not see those lines. Writing an event never fails a command: an
-error writing the stream is ignored (the registry and logs are the record; this is a feed);
-a name outside ``NAMES`` or a missing key is a programming error and raises. ``via`` is
-``api`` where no audited operation is open (a read-only CLI command that expires a sandbox
-on its way says ``api``).
+Caveats: a writer that has not yet noticed a rotation (up to a second) appends to
+``events.jsonl.1``, and a follower that already moved on does not see those lines. Writing
+an event never fails a command: an error writing the stream is ignored (the registry and
+logs are the record; this is a feed); a name outside ``NAMES`` or a missing key is a
+programming error and raises. ``via`` is ``api`` where no audited operation is open (a
+read-only CLI command that expires a sandbox on its way says ``api``).
 """
 from __future__ import annotations
 
 import contextvars
 import json
 import os
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,7 +70,7 @@ SCHEMA = 1
 FILE_NAME = "events.jsonl"
 ROTATED_NAME = "events.jsonl.1"
 ROTATE_BYTES = 32 << 20
-MAX_LINE = 8192
+READ_BYTES = 1 << 20
 
 # The closed set of event names, with the keys each must carry (SPEC "Events").
 KEYS: dict[str, tuple[str, ...]] = {
@@ -104,6 +112,9 @@ class EventLog:
         self.path = Path(store_root) / FILE_NAME
         self._fd: int | None = None
         self._checked = 0.0
+        # One writer per store and process, shared by runs in several threads (an asyncio
+        # caller's trio loops, a race's checks): opening, rotating and closing are one at a time.
+        self._lock = threading.Lock()
 
     def _open(self) -> int | None:
         if self._fd is not None and time.monotonic() - self._checked >= self.RECHECK_S:
@@ -131,21 +142,17 @@ class EventLog:
             raise ValueError(f"event {event} without {', '.join(missing)}")
         doc = {"schema": SCHEMA, "ts": _ts(), "event": event, "pid": os.getpid(), "via": _via.get(), **fields}
         line = json_line(doc).encode()  # argv and env may hold bytes that are not UTF-8
-        fd = self._open()
-        if fd is None:
-            return
-        try:
-            os.write(fd, line)
-        except OSError:
-            pass
-
-    def output(self, sandbox: str, run: int, stream: str, data: bytes) -> None:
-        truncated = len(data) > MAX_LINE
-        text = data[:MAX_LINE].decode("utf-8", "replace").rstrip("\n")
-        fields: dict[str, Any] = {"sandbox": sandbox, "run": run, "stream": stream, "line": text}
-        if truncated:
-            fields["truncated"] = True
-        self.emit("run.output", **fields)
+        with self._lock:
+            fd = self._open()
+            if fd is None:
+                return
+            try:
+                os.write(fd, line)
+                if os.fstat(fd).st_size >= ROTATE_BYTES:
+                    _rotate(self.path, fd, ROTATE_BYTES)
+                    self.close()  # the next event starts the new stream
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._fd is not None:
@@ -193,6 +200,13 @@ def run_started(to: Any, **fields: Any) -> None:
     _to(to).emit("run.started", **fields)
 
 
+def run_output(to: Any, *, sandbox: str, run: int, progress: Any) -> None:
+    """How far a run's output has got (``runner.OutputProgress``): coalesced by the runner."""
+    _to(to).emit("run.output", sandbox=sandbox, run=run, stream=progress.stream, line=progress.line,
+                 stdout_bytes=progress.stdout_bytes, stdout_lines=progress.stdout_lines,
+                 stderr_bytes=progress.stderr_bytes, stderr_lines=progress.stderr_lines)
+
+
 def run_finished(to: Any, **fields: Any) -> None:
     _to(to).emit("run.finished", **fields)
 
@@ -221,32 +235,53 @@ def snapshot_created(to: Any, **fields: Any) -> None:
     _to(to).emit("snapshot.created", **fields)
 
 
-def rotate_if_big(store_root: Path, limit: int = ROTATE_BYTES) -> bool:
-    """For ``gc``: a stream of ``limit`` bytes or more becomes ``events.jsonl.1``."""
-    path = Path(store_root) / FILE_NAME
+def _rotate(path: Path, fd: int, limit: int) -> bool:
+    """Rename the stream open at ``fd`` to ``events.jsonl.1`` if ``path`` still names it and
+    it holds ``limit`` bytes or more (under an exclusive flock: one rotation per file)."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        if os.stat(path).st_size < limit:
-            return False
+        st = os.stat(path)
+        if st.st_ino != os.fstat(fd).st_ino or st.st_size < limit:
+            return False  # someone rotated it already
         os.replace(path, path.with_name(ROTATED_NAME))
+        return True
     except FileNotFoundError:
         return False
-    return True
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def rotate_if_big(store_root: Path, limit: int | None = None) -> bool:
+    """For ``gc``: a stream of ``limit`` (default ``ROTATE_BYTES``) bytes or more becomes
+    ``events.jsonl.1``."""
+    path = Path(store_root) / FILE_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        return _rotate(path, fd, ROTATE_BYTES if limit is None else limit)
+    finally:
+        os.close(fd)
 
 
 def read_all(store_root: Path) -> Iterator[dict[str, Any]]:
-    """Every event in the stream now (the rotated generation first), without waiting."""
+    """Every event in the stream now (the rotated generation first), without waiting; read
+    line by line, so memory does not grow with the stream."""
     for name in (ROTATED_NAME, FILE_NAME):
         try:
-            with open(Path(store_root) / name, "rb") as f:
-                data = f.read()
+            f = open(Path(store_root) / name, "rb")
         except FileNotFoundError:
             continue
-        for ln in data.split(b"\n"):
-            if ln.strip():
-                try:
-                    yield json.loads(ln)
-                except ValueError:
-                    continue  # the line being written right now
+        with f:
+            for ln in f:
+                if ln.strip():
+                    try:
+                        yield json.loads(ln)
+                    except ValueError:
+                        continue  # the line being written right now
 
 
 def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,
@@ -275,7 +310,7 @@ def _follow(path: Path, f: Any, poll_s: float, stop: Any) -> Iterator[dict[str, 
                 except FileNotFoundError:
                     time.sleep(poll_s)
                     continue
-            chunk = f.read()
+            chunk = f.read(READ_BYTES)
             if chunk:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")

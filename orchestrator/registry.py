@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 from .sandbox.procs import pid_alive  # noqa: F401 (its callers import it from here)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RESERVE_NAME = "reserve"
 RESERVE_BYTES = 8 << 20
 ROOM_FOR_RESERVE = 64 << 20  # (re)made only when this much is free besides it
@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS runs (
     sandbox TEXT NOT NULL, n INTEGER NOT NULL, argv TEXT NOT NULL, started_at REAL NOT NULL,
     finished_at REAL, exit_code INTEGER, duration_s REAL, killed_by TEXT, limits_hit TEXT NOT NULL DEFAULT '[]',
     stdout_path TEXT NOT NULL, stderr_path TEXT NOT NULL, peak_memory_bytes INTEGER, pid INTEGER,
-    PRIMARY KEY (sandbox, n));
+    output TEXT, PRIMARY KEY (sandbox, n));
 CREATE TABLE IF NOT EXISTS promotions (
     id TEXT PRIMARY KEY, sandbox TEXT NOT NULL, created_at REAL NOT NULL, state TEXT NOT NULL,
     doc TEXT NOT NULL DEFAULT '{}');
@@ -410,8 +410,9 @@ class Registry:
             return n, out, err
 
     def finish_run(self, sandbox: str, n: int, **values: Any) -> None:
-        if "limits_hit" in values:
-            values["limits_hit"] = json.dumps(values["limits_hit"])
+        for key in ("limits_hit", "output"):
+            if key in values:
+                values[key] = json.dumps(values[key])
         cols = ", ".join(f"{k} = ?" for k in values)
         with self.write() as db:
             db.execute(f"UPDATE runs SET finished_at = ?, {cols} WHERE sandbox = ? AND n = ?",
@@ -550,12 +551,16 @@ _V2 = [
         subject TEXT, detail TEXT NOT NULL DEFAULT '{}')"""),
     (None, None, "CREATE INDEX IF NOT EXISTS timings_op_ts ON timings(op, ts)"),
 ]
+# Schema 3: what a run's output came to (per stream: bytes, lines, bytes the log cap dropped).
+_V3 = [
+    ("runs", "output", "ALTER TABLE runs ADD COLUMN output TEXT"),
+]
 
 
 def migrate(db: sqlite3.Connection) -> None:
     """Upgrade the registry in place to ``SCHEMA_VERSION`` (the caller holds a write
     transaction and sets ``user_version`` after)."""
-    for table, column, stmt in _V2:
+    for table, column, stmt in _V2 + _V3:
         if column is not None:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             if column in have:
@@ -598,4 +603,4 @@ def _run_doc(r: sqlite3.Row) -> dict[str, Any]:
             "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],
             "stderr_path": r["stderr_path"], "peak_memory_bytes": r["peak_memory_bytes"],
             "started_at": rfc3339(r["started_at"]), "finished_at": rfc3339(r["finished_at"]),
-            "pid": r["pid"]}
+            "pid": r["pid"], "output": json.loads(r["output"]) if r["output"] else None}

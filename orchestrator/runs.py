@@ -1,13 +1,16 @@
 """Runs at the engine level: a command in a sandbox, with its record, logs, limits, lifetime.
 
-``run_in_sandbox(engine, sandbox, argv)`` is what ``petri run``, ``petri race``, the TUI and
-the MCP server call (async, trio). Around the runner (``orchestrator.sandbox.runner``) it:
+One set of steps (``_run_steps``) with two drivers: ``run_sync(engine, sandbox, argv)`` runs
+in the calling thread without trio (``petri run``, the sync API, ``--verify``, stages), and
+``run_in_sandbox`` is the same for trio (``petri race``, the MCP server, ``petri.aio``, the
+TUI): the runner's one loop (``orchestrator.sandbox.runner``) in a thread of its own.
+Around the runner they:
 
-- refuses a sandbox whose lifetime is over (exit 1; an overdue one is expired right then),
+- refuse a sandbox whose lifetime is over (exit 1; an overdue one is expired right then),
   or that is destroyed/failed/being created;
-- writes the run's row first (``runs``: number, argv, log paths, the petri pid that owns
-  it) and moves the sandbox ``ready|exited -> running`` (compare-and-set);
-- runs as ``run_as`` says (the workspace's owner; for a root-owned workspace the ``sudo``
+- write the run's row first (``runs``: number, argv, log paths, the petri pid that owns
+  it) and move the sandbox ``ready|exited -> running`` (compare-and-set);
+- run as ``run_as`` says (the workspace's owner; for a root-owned workspace the ``sudo``
   caller, or uid 0 of a user namespace that is ``petri-sandbox`` on the host, through a
   per-run idmapped view of the tree: ``run_view``), under the syscall filter asked for (else
   the config's ``seccomp``, else ``default``; ``off`` says on stderr what it allows), with a
@@ -15,10 +18,13 @@ the MCP server call (async, trio). Around the runner (``orchestrator.sandbox.run
   named ``petri/<sb-id>/run-<n>-<pid>`` (the pid of the petri that owns it, so ``gc`` of
   another petri can tell a live run from a leaked one without a registry), and the sandbox's
   ``expires_at`` as a deadline (``killed_by: "ttl"``, 124);
-- saves output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` and emits events;
+- save output to ``<store>/logs/<sb-id>/run-<n>.out`` / ``.err`` (capped at the config's
+  ``log_cap`` per stream: ``orchestrator.runlog``) and emit events: ``run.output`` at most
+  ten times a second with the counts so far and the last line, never one per line;
 - at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
-  memory), the sandbox gets ``last_exit_code``, ``running -> exited``; a run ended by the
-  lifetime expires the sandbox at once (its tree destroyed unless ``keep_expired``).
+  memory, ``output``: bytes, lines and bytes dropped by the cap per stream), the sandbox
+  gets ``last_exit_code``, ``running -> exited``; a run ended by the lifetime expires the
+  sandbox at once (its tree destroyed unless ``keep_expired``).
 
 For the services around the engine: ``check_limits`` (fork, race: refuse what cannot be
 enforced, exit 4), ``after_fork`` (disk caps), ``gc_processes`` (``petri gc``: leaked
@@ -47,7 +53,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 from . import audit, events, kpi
 from .sandbox import cgroups, reaper
@@ -60,7 +67,7 @@ if TYPE_CHECKING:
     from snapshot.backend import DiskCap
 
     from .engine import Engine, Limits
-    from .sandbox.runner import RunEvent
+    from .sandbox.runner import RunEvent, RunResult, RunSpec
 
 CGROUP_ROOT = reaper.CGROUP_ROOT
 cgroup_name = reaper.cgroup_name
@@ -217,29 +224,28 @@ def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
 KILLED_EXIT = {"ttl": 124, "timeout": 124, "destroyed": 137}
 
 
-async def run_in_sandbox(
-    engine: "Engine",
-    sandbox: "str | SandboxRow",
-    argv: Sequence[str],
-    *,
-    timeout_s: float | None = None,
-    env: dict[str, str] | None = None,
-    stdin_data: bytes | None = None,
-    echo: bool = True,
-    cwd: Path | str | None = None,
-    on_event: "Callable[[RunEvent], None] | None" = None,
-    forward_signals: bool = False,
-    kill_grace_s: float | None = None,
-    quiet_warnings: bool = False,
-    on_started: "Callable[[int], None] | None" = None,
-    seccomp: str | None = None,
-) -> dict[str, Any]:
-    """Run ``argv`` isolated in the sandbox; return the run document (SPEC ``run``).
-    Every process of the run is gone when this returns; cancelling it kills the run.
-    ``on_started(n)`` is told the run's number as soon as its record exists (front ends
-    that follow a run, e.g. MCP's ``sandbox_run_start``, need it before the run ends)."""
+@dataclass
+class _Step:
+    """What ``_run_steps`` hands its driver: the run to execute, and how."""
+
+    spec: "RunSpec"
+    on_event: "Callable[[RunEvent], None]"
+    kill_grace_s: float
+    output_events: bool
+
+
+def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], *,
+               timeout_s: float | None = None, env: dict[str, str] | None = None, stdin_data: bytes | None = None,
+               echo: bool = True, cwd: Path | str | None = None, on_event: "Callable[[RunEvent], None] | None" = None,
+               kill_grace_s: float | None = None, quiet_warnings: bool = False,
+               on_started: "Callable[[int], None] | None" = None,
+               seccomp: str | None = None) -> Generator[_Step, "RunResult", dict[str, Any]]:
+    """Everything around the runner, once for both drivers (``run_sync``, ``run_in_sandbox``):
+    yields the run to execute, is sent its result (or thrown its failure), returns the run
+    document."""
+    from .config import load_config
     from .sandbox.exec_failure import note_for_run
-    from .sandbox.runner import KILL_GRACE_S, RunSpec, run_isolated
+    from .sandbox.runner import KILL_GRACE_S, RunSpec
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
@@ -267,8 +273,8 @@ async def run_in_sandbox(
         kpi.record(engine.registry, "first_command", now() - forked_at, subject=row.id)
 
     def on_ev(ev: "RunEvent") -> None:
-        if ev.kind == "output" and ev.stream:
-            log.output(row.id, n, ev.stream, ev.data)
+        if ev.kind == "progress" and ev.progress is not None:
+            events.run_output(log, sandbox=row.id, run=n, progress=ev.progress)
         elif ev.kind == "warning" and not quiet_warnings:
             warn_once(engine, ev.data.decode("utf-8", "replace"))
         if on_event is not None:
@@ -283,9 +289,10 @@ async def run_in_sandbox(
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
-                           allow_sockets=_allowed_sockets(engine), seccomp=profile)
-            res = await run_isolated(spec, on_event=on_ev, forward_signals=forward_signals,
-                                     kill_grace_s=KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
+                           allow_sockets=_allowed_sockets(engine), seccomp=profile,
+                           log_cap=load_config(engine.root).log_cap)
+            res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
+                              output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
             # run's views must still be mounted: its plan is rebuilt from them).
             exec_error = note_for_run(spec, tree, res.exit_code)
@@ -298,7 +305,7 @@ async def run_in_sandbox(
     if disk_limit_hit(engine, row, disk_mark) and "disk" not in limits_hit:
         limits_hit.append("disk")
     engine.registry.finish_run(row.id, n, exit_code=exit_code, duration_s=res.duration_s, killed_by=killed_by,
-                               limits_hit=limits_hit, peak_memory_bytes=res.peak_memory_bytes)
+                               limits_hit=limits_hit, peak_memory_bytes=res.peak_memory_bytes, output=res.output)
     peak = max([p for p in (res.peak_memory_bytes, row.peak_memory_bytes) if p is not None], default=None)
     engine.registry.update_sandbox(row.id, peak_memory_bytes=peak)
     _settle_state(engine, row.id, n)
@@ -324,6 +331,53 @@ async def run_in_sandbox(
     return doc
 
 
+def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], *, forward_signals: bool = False,
+             **kw: Any) -> dict[str, Any]:
+    """Run ``argv`` isolated in the sandbox, in this thread; return the run document (SPEC
+    ``run``). Every process of the run is gone when this returns; a KeyboardInterrupt kills
+    the run. ``forward_signals`` (the main thread; ``petri run``): SIGINT, SIGTERM and
+    SIGHUP go to the command (see ``runner``). ``on_started(n)`` is told the run's number as
+    soon as its record exists. No trio: this is what ``petri run`` and the sync API use."""
+    from .sandbox.runner import run_blocking
+
+    steps = _run_steps(engine, sandbox, argv, **kw)
+    step = next(steps)
+    try:
+        res = run_blocking(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
+                           forward_signals=forward_signals, output_events=step.output_events)
+    except BaseException as e:
+        steps.throw(e)
+        raise
+    return _finish(steps, res)
+
+
+async def run_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
+                         **kw: Any) -> dict[str, Any]:
+    """``run_sync`` for trio (races, MCP, ``petri.aio``): the same steps, the run's loop in
+    a thread of its own; cancelling this kills the run (its processes are gone when the
+    cancellation propagates). Its events are delivered in this loop's thread."""
+    from .sandbox.runner import run_isolated
+
+    kw.pop("forward_signals", None)  # a thread of the loop cannot take the process's signals
+    steps = _run_steps(engine, sandbox, argv, **kw)
+    step = next(steps)
+    try:
+        res = await run_isolated(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
+                                 output_events=step.output_events)
+    except BaseException as e:
+        steps.throw(e)
+        raise
+    return _finish(steps, res)
+
+
+def _finish(steps: Generator[_Step, "RunResult", dict[str, Any]], res: "RunResult") -> dict[str, Any]:
+    try:
+        steps.send(res)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("the run's steps did not end")  # pragma: no cover - _run_steps yields once
+
+
 def _what_ended(engine: "Engine", row: SandboxRow, n: int, exit_code: int,
                 killed_by: str | None) -> tuple[int, str | None]:
     """The run's exit code and ``killed_by``, counting kills by other petri processes: an
@@ -345,19 +399,11 @@ def _settle_state(engine: "Engine", sb_id: str, n: int) -> None:
     engine.registry.settle_state(sb_id)
 
 
-def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], **kw: Any) -> dict[str, Any]:
-    """``run_in_sandbox`` for callers without a trio loop (a thread of its own is fine)."""
-    import functools
-
-    import trio
-
-    return trio.run(functools.partial(run_in_sandbox, engine, sandbox, argv, **kw))
-
-
 def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str] | None = None, *,
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
+    from .config import load_config
     from .sandbox.pty_shell import run_shell
     from .sandbox.runner import RunSpec
 
@@ -384,7 +430,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile)
+                           seccomp=profile, log_cap=load_config(engine.root).log_cap)
             code = run_shell(spec)
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (

@@ -169,6 +169,22 @@ class Workspace:
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))
 
+    async def output(self, sandbox: "str | Sandbox", run: int | None = None, **kw: Any
+                     ) -> AsyncIterator[tuple[str, int, bytes]]:
+        """``petri.Workspace.output``: a run's output as ``(stream, offset, data)``, read by
+        offset from its log files; with ``follow=True`` until the run ends (closing the
+        iterator, or cancelling the task, stops it)."""
+        stop = threading.Event()
+        gen = await _thread(self.sync.output, _sid(sandbox), run, stop=stop.is_set, **kw)
+        try:
+            while True:
+                got = await anyio.to_thread.run_sync(next, gen, None, abandon_on_cancel=True)
+                if got is None:
+                    return
+                yield got
+        finally:
+            stop.set()
+
     async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
                    **kw: Any) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
@@ -241,10 +257,14 @@ class Workspace:
         or cancelling the task, stops it)."""
         it = self.sync.events(follow=False) if not follow else None
         if it is not None:
-            got: list[Event] = await _thread(list, it)
-            for ev in got:
-                yield ev
-            return
+            import itertools
+
+            while True:  # a batch at a time: the stream is never held whole
+                got: list[Event] = await _thread(lambda: list(itertools.islice(it, 1000)))
+                for ev in got:
+                    yield ev
+                if not got:
+                    return
         from orchestrator import events as ev_mod
 
         store = (await _thread(lambda: self.sync.engine.store.root))

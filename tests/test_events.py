@@ -106,6 +106,73 @@ def test_a_writer_that_has_not_looked_yet_keeps_its_lines_in_the_rotated_file(tm
     log.close()
 
 
+def test_writers_rotate_the_stream_by_size_as_they_write(tmp_path, monkeypatch):
+    """No gc needed: the write that takes the stream past ROTATE_BYTES rotates it; two
+    writers at once (two processes' worth: two EventLogs) rotate each file once, and every
+    line of both generations is whole."""
+    monkeypatch.setattr(events, "ROTATE_BYTES", 20_000)
+    logs = [events.EventLog(tmp_path), events.EventLog(tmp_path)]
+    for log in logs:
+        log.RECHECK_S = 0.0
+    line_max = 0
+
+    def write(log: events.EventLog, who: str) -> None:
+        for i in range(400):
+            log.emit("race.started", race=f"{who}-{i}", pad="x" * (i % 50))
+
+    threads = [threading.Thread(target=write, args=(log, f"w{k}")) for k, log in enumerate(logs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for log in logs:
+        log.close()
+    cur, old = tmp_path / events.FILE_NAME, tmp_path / events.ROTATED_NAME
+    for p in (cur, old):
+        lines = p.read_bytes().splitlines()
+        assert all(json.loads(x)["event"] == "race.started" for x in lines)  # none torn
+        line_max = max([line_max, *map(len, lines)])
+    # 800 lines of ~150 bytes went by: rotated several times, never left past the limit
+    assert old.stat().st_size >= 20_000 and cur.stat().st_size < 20_000 + 2 * line_max
+    got = [e["race"] for e in events.read_all(tmp_path)]
+    assert got[-1] in ("w0-399", "w1-399") and len(got) < 800
+
+
+def test_reading_a_big_stream_keeps_memory_bounded(tmp_path):
+    """``ws.events()`` and ``follow`` over a 24 MB stream (both generations) never hold it
+    whole: their peak allocation stays a small fraction of the file."""
+    import tracemalloc
+
+    import petri as P
+
+    w = _ws(tmp_path)
+    store = w / ".petri"
+    line = (json.dumps({"schema": 1, "ts": "2025-01-01T00:00:00.000Z", "event": "run.output", "pid": 1,
+                        "via": "cli", "sandbox": "sb-00000000", "run": 1, "line": "y" * 900}) + "\n").encode()
+    for name in (events.ROTATED_NAME, events.FILE_NAME):
+        with open(store / name, "ab") as f:
+            f.write(line * (12_000_000 // len(line)))
+    size = sum((store / n).stat().st_size for n in (events.ROTATED_NAME, events.FILE_NAME))
+    assert size > 20_000_000
+    ws = P.open(w)
+    try:
+        tracemalloc.start()
+        n = sum(1 for _ in ws.events())
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert n >= size // len(line) - 2 and peak < size // 4, (n, peak)
+        tracemalloc.start()
+        seen = [0]
+        for _ in events.follow(store, from_start=True, poll_s=0.01, stop=lambda: seen[0] >= n // 2):
+            seen[0] += 1
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < size // 4, peak  # a mebibyte read at a time, and its lines
+    finally:
+        ws.close()
+        petri("deinit", "--force", cwd=w)
+
+
 def test_gc_rotates_a_big_stream(ws):
     stream = ws / ".petri" / events.FILE_NAME
     line = json.dumps({"schema": 1, "event": "filler", "pad": "x" * 1000}) + "\n"

@@ -268,8 +268,9 @@ def test_a_session_fork_write_run_diff_race_promote_rollback(any_ws):
 
 def test_long_command_through_start_and_poll_with_progress(btrfs_ws):
     """A 40 s command: started, polled (each poll waits up to 25 s for output and sends
-    progress while it waits), its output read exactly once by cursor, its exit code seen.
-    Also a short blocking sandbox_run reports progress while it runs."""
+    progress while it waits), its output read exactly once by cursor and in the order it was
+    written, its exit code seen. Also a short blocking sandbox_run reports progress while it
+    runs."""
     async def main():
         async with client(btrfs_ws) as c:
             sb = (await c.call("sandbox_fork"))["sandboxes"][0]["id"]
@@ -296,11 +297,71 @@ def test_long_command_through_start_and_poll_with_progress(btrfs_ws):
                 if got["done"]:
                     break
             assert lines == [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "done\n")]
-            assert got["exit_code"] == 7 and got["killed_by"] is None and polls >= 3
+            # a poll returns at wait_s, at min_bytes (16 KiB by default) or at the end: not on the
+            # first line (issue 20 #16), so two polls: at 25 s ("a") and at the end
+            assert got["exit_code"] == 7 and got["killed_by"] is None and polls == 2
             # the polls waited 40 s in all: the heartbeat spoke during each wait
             assert len(progress) >= 6 and all("run 2" in m for _, m in progress)
             again = await c.call("sandbox_run_poll", {"sandbox": sb, "run": 2, "cursor": 0, "wait_s": 0})
             assert [e["text"] for e in again["events"]] == ["a\n", "b\n", "done\n"] and again["done"]
+
+    run(main)
+
+
+def test_a_poll_of_a_slow_command_waits_for_many_lines(overlay_ws):
+    """A command printing a line a second: one poll with wait_s returns many lines, not the
+    first one (issue 20 #16); min_bytes returns as soon as that much is there; a re-poll
+    from an old cursor reads the same bytes again, from the log files."""
+    async def main():
+        async with client(overlay_ws) as c:
+            sb = (await c.call("sandbox_fork"))["sandboxes"][0]["id"]
+            cmd = "for i in 1 2 3 4 5 6; do echo line-$i; sleep 1; done; echo oops >&2"
+            st = await c.call("sandbox_run_start", {"sandbox": sb, "command": cmd})
+            t0 = time.monotonic()
+            first = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 4})
+            took = time.monotonic() - t0
+            text = "".join(e["text"] for e in first["events"])
+            assert 3.5 < took < 8 and not first["done"], (took, first)
+            assert text.startswith("line-1\nline-2\nline-3\n") and text.count("\n") >= 3, text
+            quick = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 25, "min_bytes": 1,
+                                                      "cursor": first["next_cursor"]})
+            assert quick["events"] and not quick["done"] and time.monotonic() - t0 < 8, quick
+            rest = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 25,
+                                                     "cursor": quick["next_cursor"]})
+            assert rest["done"] and rest["exit_code"] == 0, rest
+            everything = "".join(e["text"] for e in first["events"] + quick["events"] + rest["events"])
+            assert everything == "".join(f"line-{i}\n" for i in range(1, 7)) + "oops\n"
+            assert rest["events"][-1] == {"cursor": len(everything) - 5, "stream": "stderr", "text": "oops\n"}
+            again = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "cursor": 7, "wait_s": 0})
+            assert "".join(e["text"] for e in again["events"]) == everything[7:] and again["done"]
+
+    run(main)
+
+
+def test_polls_read_every_byte_of_a_big_output_in_order_while_it_runs(overlay_ws):
+    """200k lines (1.3 MB) with pauses: the polls, each at most 64 KiB, read every byte of
+    both streams once and in order while the run goes, then its end."""
+    async def main():
+        async with client(overlay_ws) as c:
+            sb = (await c.call("sandbox_fork"))["sandboxes"][0]["id"]
+            cmd = "seq 1 100000; sleep 1; echo err >&2; seq 100001 200000; sleep 1; echo done"
+            st = await c.call("sandbox_run_start", {"sandbox": sb, "command": cmd})
+            cursor, text, live = 0, {"stdout": "", "stderr": ""}, 0
+            for _ in range(200):
+                got = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "cursor": cursor,
+                                                        "wait_s": 5})
+                assert got["dropped"] == 0
+                for e in got["events"]:
+                    assert e["cursor"] == cursor  # contiguous: every byte once, in order
+                    text[e["stream"]] += e["text"]
+                    cursor += len(e["text"].encode())
+                assert got["next_cursor"] == cursor
+                live += bool(got["events"]) and not got["done"]
+                if got["done"]:
+                    break
+            assert got["done"] and got["exit_code"] == 0 and live >= 2, (got, live)
+            seq = subprocess.run(["seq", "1", "200000"], capture_output=True, text=True).stdout
+            assert text == {"stdout": seq + "done\n", "stderr": "err\n"}
 
     run(main)
 

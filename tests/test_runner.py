@@ -67,7 +67,9 @@ def _procs_with(marker: str) -> list[int]:
     return found
 
 
-def test_output_is_saved_complete_and_streamed_as_lines(tmp_path):
+def test_output_is_saved_complete_streamed_as_chunks_and_counted(tmp_path):
+    """The files are complete on return; the chunks (asked for) add up to them; progress is
+    coalesced (not one event per line) and its last one has the exact counts."""
     events: list[RunEvent] = []
     # 4 MiB on stdout interleaved with stderr: the files must be complete on return.
     spec = make_spec(tmp_path, [PY, "-c", textwrap.dedent("""
@@ -78,14 +80,27 @@ def test_output_is_saved_complete_and_streamed_as_lines(tmp_path):
                 sys.stderr.write('progress %d\\n' % i); sys.stderr.flush()
         sys.stdout.write('no newline at end')
     """)])
-    res = run(spec, on_event=events.append)
+    t0 = time.monotonic()
+    res = run(spec, on_event=events.append, output_events=True)
+    took = time.monotonic() - t0
     assert res.exit_code == 0
     out = spec.stdout_path.read_bytes()
     assert len(out) == 65536 * 64 + len("no newline at end")
     assert out.endswith(b"%063d\nno newline at end" % 65535)
     assert spec.stderr_path.read_bytes().count(b"progress") == 8  # and no shim marker
-    lines = [e.data for e in events if e.kind == "output" and e.stream == "stdout"]
-    assert len(lines) == 65537 and lines[-1] == b"no newline at end"
+    assert b"".join(e.data for e in events if e.kind == "output" and e.stream == "stdout") == out
+    assert b"".join(e.data for e in events if e.kind == "output" and e.stream == "stderr") == \
+        spec.stderr_path.read_bytes()
+    assert len([e for e in events if e.kind == "output"]) < 65536 // 8  # chunks, not lines
+    progress = [e.progress for e in events if e.kind == "progress"]
+    assert 1 <= len(progress) <= took / 0.1 + 2, (len(progress), took)
+    last = progress[-1]
+    assert (last.stdout_bytes, last.stdout_lines, last.stderr_bytes, last.stderr_lines) == (
+        len(out), 65537, len(spec.stderr_path.read_bytes()), 8)
+    # the newest line of the stream read last (the two pipes are read in whatever order they fill)
+    assert (last.stream, last.line) in (("stdout", "no newline at end"), ("stderr", "progress 57344"))
+    assert res.output == {"stdout": {"bytes": len(out), "lines": 65537, "dropped": 0},
+                          "stderr": {"bytes": len(spec.stderr_path.read_bytes()), "lines": 8, "dropped": 0}}
     kinds = [e.kind for e in events]
     assert kinds[0] == "started" and kinds[-1] == "finished" and events[-1].result == res
 
@@ -169,11 +184,11 @@ def test_ctrl_c_reaches_the_command_and_petri_cleans_up(tmp_path):
     script = f"trap 'echo got-INT; exit 7' INT; {PY} -c 'import time; time.sleep(60)' {mark} & echo ready; wait"
     spec = make_spec(tmp_path, ["/bin/sh", "-c", script], timeout_s=None)
     code = """
-import functools, pickle, sys, trio
-from orchestrator.sandbox.runner import run_isolated
+import pickle, sys
+from orchestrator.sandbox.runner import run_blocking
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
-r = trio.run(functools.partial(run_isolated, spec, forward_signals=True))
-print('RESULT', r.exit_code, r.killed_by)
+r = run_blocking(spec, forward_signals=True)
+print('RESULT', r.exit_code, r.killed_by, 'trio' in sys.modules)
 """
     import pickle
     # Like a terminal: petri is in the foreground process group, Ctrl-C hits the group.
@@ -191,7 +206,7 @@ print('RESULT', r.exit_code, r.killed_by)
         p.kill()
         p.wait()
     assert p.returncode == 0, err
-    assert b"RESULT 7 None" in out
+    assert b"RESULT 7 None False" in out  # and petri run's path never imported trio
     assert spec.stdout_path.read_text() == "ready\ngot-INT\n"
     assert _procs_with(mark) == []
     assert cgroups.list_cgroups(spec.cgroup_name) == []

@@ -97,8 +97,13 @@ def test_model_folds_events_into_changes():
     m.put_sandboxes([info])
     ch = m.feed({"event": "run.started", "sandbox": "sb-1", "run": 1})
     assert ch.sandboxes == {"sb-1"} and m.sandboxes["sb-1"].state == "running" and m.running == {"sb-1": 1}
-    ch = m.feed({"event": "run.output", "sandbox": "sb-1", "run": 1, "stream": "stderr", "line": "boom"})
+    # run.output says how far a run got (coalesced): the lines come from its log files, followed
+    ch = m.feed({"event": "run.output", "sandbox": "sb-1", "run": 1, "stream": "stderr", "line": "boom",
+                 "stdout_bytes": 0, "stdout_lines": 0, "stderr_bytes": 5, "stderr_lines": 1})
+    assert not ch
+    ch = m.put_output(("sb-1", 1), [("stderr", "boom")])
     assert ch.output == {("sb-1", 1): [("stderr", "boom")]} and not ch.sandboxes
+    assert list(m.tails[("sb-1", 1)]) == [("stderr", "boom")]
     ch = m.feed({"event": "run.finished", "sandbox": "sb-1", "run": 1, "exit_code": 3})
     assert m.sandboxes["sb-1"].last_exit_code == 3 and "sb-1" in ch.fetch and m.running == {}
     ch = m.feed({"event": "sandbox.created", "sandbox": "sb-2"})

@@ -186,6 +186,10 @@ class FixedSource(Source):
     def read_text(self, path: str | None) -> str:
         return TEXTS.get(path or "", "")
 
+    def output(self, ident: str, n: int, *, stop: Callable[[], bool], tail: int,
+               start: dict[str, int] | None = None) -> Iterator[tuple[str, int, bytes]]:
+        return iter(())  # the fixture's runs that never finished have written nothing more
+
     def promote_plan(self, ident: str) -> Any:
         return petri.PromoteResult.from_doc({"promotion": None, "applied": [f for f, *_ in DIFFS[ident][1]],
                                              "conflicts": [], "dry_run": True})

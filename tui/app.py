@@ -44,6 +44,7 @@ from .source import Source
 
 SPARE_ROWS = 24  # candidate rows mounted ahead in the spare Race screen (more are mounted when needed)
 REFRESH_S = 5.0  # usage, staleness and time left from the registry (events do not carry them)
+FOLLOW_TAIL = 256 << 10  # a running run's output is followed from this far before its end
 
 
 class EventsReady(Message):
@@ -92,6 +93,8 @@ class PetriApp(App):
         self.trace: Callable[[list[dict[str, Any]]], None] | None = None
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
         self._spare_race: Any = None  # a Race screen composed ahead (preload_race_screen)
+        self._following: tuple[str, int] | None = None  # the run whose log files a worker follows
+        self._follow_pos: dict[tuple[str, int], dict[str, int]] = {}  # where following a run got to
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -227,16 +230,54 @@ class PetriApp(App):
             return [], "no runs yet"
         run = next((r for r in runs if r.run == n), None)
         header = f"run {n}" + (f": exit {run.exit_code}" if run is not None and run.exit_code is not None else "")
-        tail = self.model.tails.get((sid, n))
-        # a tail that never filled up holds the whole output (the model bounds every one)
-        if tail is not None and (tail.maxlen is None or len(tail) < tail.maxlen):
-            return list(tail), header
+        if self.model.running.get(sid) == n:  # live: its files are followed from here on
+            self.follow_output(sid, n)
+            return list(self.model.tails.get((sid, n)) or ()), header
         lines: list[tuple[str, str]] = []
         if run is not None:
             out = await self.call(self.source.read_text, run.stdout_path)
             err = await self.call(self.source.read_text, run.stderr_path)
             lines = [("stdout", ln) for ln in out.splitlines()] + [("stderr", ln) for ln in err.splitlines()]
         return lines, header
+
+    def follow_output(self, sid: str, n: int) -> None:
+        """Follow one running run's log files (the one a screen shows; the last asked wins):
+        its new lines reach the model and the screens as ``Changes.output``."""
+        if self._following == (sid, n):
+            return
+        self._following = (sid, n)
+        self._follow_worker(sid, n)
+
+    @work(thread=True, exclusive=True, group="output")
+    def _follow_worker(self, sid: str, n: int) -> None:
+        from textual.worker import get_current_worker
+
+        me = get_current_worker()
+        key = (sid, n)
+        partial_line = {"stdout": b"", "stderr": b""}
+        pos = self._follow_pos.get(key)  # followed before: on from there, not again from the tail
+        fresh = {"stdout": pos is None, "stderr": pos is None}  # from the tail: its first, cut, line goes
+        pos = self._follow_pos.setdefault(key, {"stdout": 0, "stderr": 0})
+        try:
+            chunks = self.source.output(sid, n, stop=lambda: self._stop.is_set() or me.is_cancelled,
+                                        tail=FOLLOW_TAIL, start=dict(pos))
+            for stream, at, data in chunks:
+                *whole, partial_line[stream] = (partial_line[stream] + data).split(b"\n")
+                pos[stream] = at + len(data) - len(partial_line[stream])  # on from the unfinished line
+                if fresh[stream] and (at == 0 or whole):
+                    fresh[stream] = False
+                    whole = whole[1:] if at > 0 else whole
+                lines = [(stream, ln.decode("utf-8", "replace")) for ln in whole]
+                if lines:
+                    self.call_from_thread(lambda lines=lines: self.apply(self.model.put_output(key, lines)))
+            rest = [(k, v.decode("utf-8", "replace")) for k, v in partial_line.items() if v]
+            if rest:
+                self.call_from_thread(lambda: self.apply(self.model.put_output(key, rest)))
+        except Exception:  # noqa: BLE001 - the app is closing, or the sandbox went away: nothing to show
+            pass
+        finally:
+            if self._following == key:
+                self._following = None
 
     # -- navigation ------------------------------------------------------------------------------
     def preload_race_screen(self) -> None:

@@ -5,8 +5,12 @@
 per event. What an event does not carry (a new sandbox's limits, usage after a run) the app
 fetches through the API and hands back with ``put_sandbox``.
 
-Caveat: output lines are kept per run only for runs seen while the TUI was open (the last
-``TAIL`` lines); older output is read from the run's saved files.
+Output is not in the events (``run.output`` only says how far a run has got): the app
+follows the log files of the one run a screen shows (``PetriApp.follow_output``) and hands
+its new lines to ``put_output``.
+
+Caveat: output lines are kept per run only for a run followed while the TUI was open (the
+last ``TAIL`` lines); other output is read from the run's saved files.
 """
 from __future__ import annotations
 
@@ -121,11 +125,6 @@ class Model:
             if info is not None and info.state != "running":
                 self.sandboxes[sb] = dataclasses.replace(info, state="running")
                 ch.sandboxes.add(sb)
-        elif name == "run.output":
-            key = (sb, int(ev.get("run") or 0))
-            line = (ev.get("stream") or "stdout", ev.get("line") or "")
-            self.tails.setdefault(key, deque(maxlen=TAIL)).append(line)
-            ch.output.setdefault(key, []).append(line)
         elif name == "run.finished":
             key = (sb, int(ev.get("run") or 0))
             if self.running.get(sb) == key[1]:
@@ -141,6 +140,11 @@ class Model:
         elif name in ("promotion.done", "promotion.undone"):
             ch.promotions = True
         return ch
+
+    def put_output(self, key: tuple[str, int], lines: list[tuple[str, str]]) -> Changes:
+        """New lines of a followed run's output, as (stream, line)."""
+        self.tails.setdefault(key, deque(maxlen=TAIL)).extend(lines)
+        return Changes(output={key: list(lines)})
 
     # -- reading ------------------------------------------------------------------------------
     def race_rank(self, sandbox: str) -> tuple[tuple[str, int] | None, bool]:

@@ -84,6 +84,12 @@ class Source:
         for ev in self.ws.events(follow=True, from_start=True, stop=stop, poll_s=poll_s):
             yield ev.to_json()
 
+    def output(self, ident: str, n: int, *, stop: Callable[[], bool], tail: int,
+               start: dict[str, int] | None = None) -> Iterator[tuple[str, int, bytes]]:
+        """A running run's output from its last ``tail`` bytes on (or from ``start``, when that
+        is later), as it is written, until it ends (``Workspace.output``: by offset)."""
+        return self.ws.output(ident, n, follow=True, tail=tail, start=start, stop=stop)
+
     def read_text(self, path: str | None) -> str:
         """A run's saved output file (the API names it in ``stdout_path``/``stderr_path``)."""
         if not path:

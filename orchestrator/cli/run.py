@@ -2,7 +2,8 @@
 
 ``run`` and ``shell`` stream a live process (echo, signals forwarded, a terminal), which the
 API's ``Workspace.run`` (output saved, not printed) does not do, so they call
-``orchestrator.runs`` themselves. trio is imported inside the commands.
+``orchestrator.runs`` themselves, in this thread and without trio (``runs.run_sync``).
+``logs`` reads the saved files by offset (``Workspace.output``), ``-f`` until the run ends.
 
 ``run`` is a hot command: the fast path (``orchestrator.cli.fastpath``) calls it without
 typer (see ``orchestrator.cli.declare``), so it returns its exit code.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -70,17 +70,15 @@ def run(
            was destroyed by `petri rm` while it ran (ended_by "destroyed")
     --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
     the files it names."""
-    import trio
-
-    from ..runs import run_in_sandbox
+    from ..runs import run_sync
     argv = list(cmd or [])
     if not argv or not argv[0]:
         raise EmptyCommand(what="the command", hint=": petri run SANDBOX -- CMD [ARGS...]")
     timeout_s = parse_timeout(timeout)
     extra = _parse_env(env)
     e = workspace().engine
-    doc = trio.run(lambda: run_in_sandbox(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json,
-                                          cwd=os.getcwd(), forward_signals=True, seccomp=seccomp))
+    doc = run_sync(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json, cwd=os.getcwd(),
+                   forward_signals=True, seccomp=seccomp)
     o = out()
     if G.json:
         o.doc(doc)
@@ -92,7 +90,19 @@ def run(
         for hit in doc["limits_hit"]:
             if hit != "memory":
                 print(f"petri: the {hit} limit was hit", file=sys.stderr)
+        _say_dropped(doc)
     return doc["exit_code"]
+
+
+def _say_dropped(doc: dict) -> None:
+    """Where the log cap dropped part of a run's output, say so (the saved file says it too)."""
+    from ..units import human_bytes
+
+    for stream, o in (doc.get("output") or {}).items():
+        if o.get("dropped"):
+            print(f"petri: run {doc['run']}'s saved {stream} keeps its first and last "
+                  f"{human_bytes((o['bytes'] - o['dropped']) // 2)}: {human_bytes(o['dropped'])} in between were "
+                  "dropped (log_cap in the config)", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- shell
@@ -123,7 +133,8 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
-    e = workspace().engine
+    ws = workspace()
+    e = ws.engine
     row = e.resolve_sandbox(sandbox)
     runs = e.registry.runs(row.id)
     if run_n is not None:
@@ -150,24 +161,22 @@ def logs(
     for r in runs:
         if many:
             print(f"==> run {r['run']}: {shown_argv(r['argv'])} ({run_outcome(r)}) <==", flush=True)
+        _print_output(ws.output(row.id, r["run"], follow=follow and r["finished_at"] is None))
         if follow and r["finished_at"] is None:
-            _follow(e, row.id, r)
-        else:
-            for k, fd in (("stdout", 1), ("stderr", 2)):
-                try:
-                    _copy_file(Path(r[f"{k}_path"]), fd)
-                except FileNotFoundError:
-                    pass
+            r = e.registry.run(row.id, r["run"]) or r
+        _say_dropped(r)
 
 
-def _copy_file(path: Path, fd: int, offset: int = 0) -> int:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while True:
-            chunk = f.read(1 << 16)
-            if not chunk:
-                return f.tell()
-            _write(fd, chunk)
+def _print_output(chunks) -> None:
+    """Each chunk to stdout or stderr as it comes; where the log cap dropped bytes, a line
+    says how many, in their place (as the saved file itself does)."""
+    ends = {"stdout": 0, "stderr": 0}
+    for stream, at, data in chunks:
+        fd = 1 if stream == "stdout" else 2
+        if at > ends[stream]:
+            _write(fd, f"\n[petri: {at - ends[stream]} bytes dropped here (log_cap)]\n".encode())
+        _write(fd, data)
+        ends[stream] = at + len(data)
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -176,24 +185,3 @@ def _write(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
-
-
-def _follow(e, sb_id: str, r: dict) -> None:
-    """Tail both files until the run's row is finished (or its petri died), then drain."""
-    from ..registry import pid_alive
-    pos = {"stdout": 0, "stderr": 0}
-    while True:
-        for k, fd in (("stdout", 1), ("stderr", 2)):
-            try:
-                pos[k] = _copy_file(Path(r[f"{k}_path"]), fd, pos[k])
-            except FileNotFoundError:
-                pass
-        cur = e.registry.run(sb_id, r["run"])
-        if cur is None or cur["finished_at"] is not None or not pid_alive(cur["pid"]):
-            for k, fd in (("stdout", 1), ("stderr", 2)):
-                try:
-                    pos[k] = _copy_file(Path(r[f"{k}_path"]), fd, pos[k])
-                except FileNotFoundError:
-                    pass
-            return
-        time.sleep(0.1)

@@ -2,32 +2,38 @@
 that outlive the ``race`` call that started them.
 
 A job is a task in the server's one task group (so every job ends when the server does:
-cancelled, which kills its run's processes through ``petri.aio``). A run job keeps its
-output as a list of events (one per line, as the runner splits them) that
-``sandbox_run_poll`` reads with a cursor; a race job follows the event stream
+cancelled, which kills its run's processes through ``petri.aio``). A run job holds no
+output: it tails the run's log files by offset (``orchestrator.runlog``), looking at how
+far each stream has got every ``SAMPLE_S`` while the run lives, and keeps only the order in
+which the two streams grew (``_order``: a cursor range, a stream, a stream offset). The
+cursor of ``sandbox_run_poll`` counts bytes of both streams in that order; a poll reads the
+bytes after its cursor from the files. A race job follows the event stream
 (``.petri/events.jsonl``) for its race id to say what is known before it ends.
 
 Runs here, under trio, in the server's own thread: ``petri.aio`` then runs the command on
-this loop, and its callbacks (``on_output``, ``on_start``) are called from it, so the job
-state needs no lock.
+this loop, and its callbacks (``on_start``) are called from it, so the job state needs no
+lock.
 
-Caveats: a job's events are bounded (``KEEP_BYTES``; older ones are dropped and counted,
-the whole output stays in the run's log files); finished jobs are forgotten after
-``KEEP_FINISHED`` newer ones finished; a server that exits forgets them all (the registry
-and the logs still hold every run).
+Caveats: the order of stdout against stderr is kept to within ``SAMPLE_S`` (within one
+sample, stdout comes first); a job remembers the order of its last ``KEEP_ORDER`` stretches
+(a cursor older than that is reported ``dropped``), and bytes the log cap dropped are
+``dropped`` too; finished jobs are forgotten after ``KEEP_FINISHED`` newer ones finished; a
+server that exits forgets them all (the registry and the logs still hold every run).
 """
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import anyio
 
-KEEP_BYTES = 4 << 20      # output kept per run job for polling
-EVENT_BYTES = 16384       # one event's text at most (a line longer than that is cut)
-POLL_BYTES = 65536        # text one poll returns at most (the rest on the next poll)
+SAMPLE_S = 0.05           # how often a live run job looks at how far its streams have got
+KEEP_ORDER = 10000        # stretches of output whose order a run job remembers
+POLL_BYTES = 65536        # output one poll returns at most (the rest on the next poll)
 KEEP_FINISHED = 100
 
 
@@ -71,11 +77,14 @@ class Changed:
 
 
 class RunJob:
-    """One run started by ``sandbox_run_start`` (or the run inside a ``sandbox_run`` call)."""
+    """One run started by ``sandbox_run_start`` (or the run inside a ``sandbox_run`` call).
+    ``paths(n)`` gives run ``n``'s (stdout, stderr) log files."""
 
-    def __init__(self, sandbox: str) -> None:
+    def __init__(self, sandbox: str, paths: Callable[[int], tuple[Path, Path]]) -> None:
         self.sandbox = sandbox
+        self.paths_of = paths
         self.run: int | None = None
+        self.paths: dict[str, Path] = {}
         self.started = anyio.Event()       # the run has its number (or it failed first)
         self.done = anyio.Event()
         self.result: Any = None            # petri.RunResult
@@ -83,71 +92,132 @@ class RunJob:
         self.killed = False
         self.scope: anyio.CancelScope | None = None
         self.t0 = time.monotonic()
-        self.lines = {"stdout": 0, "stderr": 0}
-        self.last_line = ""
-        self._events: deque[dict[str, Any]] = deque()
-        self._first = 0                    # cursor of the oldest event kept
-        self._kept = 0
+        self.sizes = {"stdout": 0, "stderr": 0}  # how far each stream has got
+        # [cursor, stream, stream offset, length]: the streams' stretches in the order they grew
+        self._order: list[list[Any]] = []
+        self._first = 0                    # cursor of the oldest stretch remembered
+        self.total = 0                     # the cursor after everything so far
         self.changed = Changed()
 
     # -- callbacks from petri.aio (on this loop) -------------------------------------------
     def on_start(self, n: int) -> None:
         self.run = n
+        out, err = self.paths_of(n)
+        self.paths = {"stdout": Path(out), "stderr": Path(err)}
         self.started.set()
 
-    def on_output(self, stream: str, line: bytes) -> None:
-        self.lines[stream] = self.lines.get(stream, 0) + 1
-        cut = len(line) > EVENT_BYTES
-        text = line[:EVENT_BYTES].decode("utf-8", "replace")
-        ev: dict[str, Any] = {"cursor": self._first + len(self._events), "stream": stream, "text": text}
-        if cut:
-            ev["truncated_bytes"] = len(line) - EVENT_BYTES
-        self._events.append(ev)
-        self._kept += len(text)
-        while self._kept > KEEP_BYTES and len(self._events) > 1:
-            old = self._events.popleft()
-            self._kept -= len(old["text"])
-            self._first += 1
-        if text.strip():
-            self.last_line = text.strip()[:200]
-        self.changed.fire()
+    # -- following the log files ---------------------------------------------------------------
+    def sample(self) -> None:
+        """Note how far each stream has got since the last look."""
+        from orchestrator import runlog
+
+        grew = False
+        for stream, path in self.paths.items():
+            size = runlog.stream_size(path)
+            if size <= self.sizes[stream]:
+                continue
+            n = size - self.sizes[stream]
+            last = self._order[-1] if self._order else None
+            if last is not None and last[1] == stream and last[2] + last[3] == self.sizes[stream]:
+                last[3] += n
+            else:
+                self._order.append([self.total, stream, self.sizes[stream], n])
+            self.sizes[stream] = size
+            self.total += n
+            grew = True
+        while len(self._order) > KEEP_ORDER:
+            old = self._order.pop(0)
+            self._first = old[0] + old[3]
+        if grew:
+            self.changed.fire()
+
+    async def follow(self) -> None:
+        """While the run lives: sample its streams every ``SAMPLE_S``."""
+        await self.started.wait()
+        while True:
+            self.sample()
+            await anyio.sleep(SAMPLE_S)
 
     # -- reading ---------------------------------------------------------------------------
     @property
     def next_cursor(self) -> int:
-        return self._first + len(self._events)
+        return self.total
 
-    def events_from(self, cursor: int) -> tuple[list[dict[str, Any]], int, int]:
-        """Events at ``cursor`` and after (at most ``POLL_BYTES`` of text), the next cursor,
-        and how many events before them were dropped (no longer kept)."""
-        cursor = max(0, cursor)
-        dropped = max(0, self._first - cursor)
-        i = max(cursor, self._first) - self._first
-        out, size = [], 0
-        while i < len(self._events):
-            ev = self._events[i]
-            if out and size + len(ev["text"]) > POLL_BYTES:
-                break
-            out.append(ev)
-            size += len(ev["text"])
-            i += 1
-        return out, self._first + i, dropped
+    def events_from(self, cursor: int, limit: int = POLL_BYTES) -> tuple[list[dict[str, Any]], int, int]:
+        """Output after ``cursor`` (``limit`` bytes, less to end on a whole character, three
+        more at most to hold one), one event per stretch of one stream, the next cursor, and
+        how many bytes before and among them are gone (too old to be placed, or dropped by
+        the log cap)."""
+        from orchestrator import runlog
+
+        cursor = max(0, min(cursor, self.total))
+        dropped = 0
+        if cursor < self._first:
+            dropped, cursor = self._first - cursor, self._first
+        out: list[dict[str, Any]] = []
+        budget = limit
+        i = max(0, bisect.bisect_right([o[0] for o in self._order], cursor) - 1)
+        while i < len(self._order) and budget > 0:
+            c0, stream, off0, length = self._order[i]
+            if cursor >= c0 + length:
+                i += 1
+                continue
+            # at least a whole character's worth, so the cut below always leaves one
+            want = min(max(budget, 4), c0 + length - cursor)
+            at, data = runlog.read_at(self.paths[stream], off0 + (cursor - c0), want)
+            gone = at - (off0 + (cursor - c0))
+            if gone:  # the log cap dropped these
+                gone = min(gone, c0 + length - cursor)
+                dropped += gone
+                cursor += gone
+                continue
+            if not data:
+                break  # not in the file yet (cannot be: the sample saw it): try again later
+            data = data[:want]
+            if len(data) == want and cursor + len(data) < c0 + length:
+                data = _whole_utf8(data)
+            out.append({"cursor": cursor, "stream": stream, "text": data.decode("utf-8", "replace")})
+            cursor += len(data)
+            budget -= len(data)
+        return out, cursor, dropped
+
+    def last_line(self) -> str:
+        from orchestrator import runlog
+
+        if not self._order:
+            return ""
+        _, stream, off, length = self._order[-1]
+        end = off + length
+        _, data = runlog.read_at(self.paths[stream], max(0, end - 512), 512)
+        lines = [ln.strip() for ln in data.decode("utf-8", "replace").replace("\r", "\n").split("\n")]
+        return next((ln for ln in reversed(lines) if ln), "")[:200]
 
     def progress_message(self) -> str:
+        from ..units import human_bytes
+
         took = time.monotonic() - self.t0
         where = f"run {self.run}" if self.run is not None else "starting"
-        tail = f"; last: {self.last_line}" if self.last_line else ""
-        return (f"{self.sandbox} {where}: {took:.0f}s, {self.lines.get('stdout', 0)} stdout / "
-                f"{self.lines.get('stderr', 0)} stderr lines{tail}")
+        last = self.last_line()
+        tail = f"; last: {last}" if last else ""
+        return (f"{self.sandbox} {where}: {took:.0f}s, {human_bytes(self.sizes['stdout'])} stdout / "
+                f"{human_bytes(self.sizes['stderr'])} stderr{tail}")
 
     async def execute(self, go: Callable[["RunJob"], Awaitable[Any]]) -> None:
         """Run ``go(self)`` (which awaits the run) in this job's cancel scope, keeping its
-        outcome; ``kill()`` cancels it (petri.aio kills the run's processes then)."""
+        outcome, and follow its log files meanwhile; ``kill()`` cancels it (petri.aio kills
+        the run's processes then)."""
         with anyio.CancelScope() as scope:
             self.scope = scope
             try:
-                await keep_outcome(self, go)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.follow)
+                    try:
+                        await keep_outcome(self, go)
+                    finally:
+                        tg.cancel_scope.cancel()
             finally:
+                if self.paths:
+                    self.sample()  # the files are complete now
                 self.started.set()
                 self.done.set()
                 self.changed.fire()
@@ -161,6 +231,18 @@ class RunJob:
             self.scope.cancel()
         await self.done.wait()
         return True
+
+
+def _whole_utf8(data: bytes) -> bytes:
+    """``data`` without a UTF-8 sequence cut at its end (the rest comes with the next read)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for its lead
+        if b & 0x80 and back < (2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4):
+            return data[:-back] if back < len(data) else data
+        return data
+    return data
 
 
 class RaceJob:

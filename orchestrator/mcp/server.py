@@ -105,13 +105,18 @@ class State:
     # -- runs ----------------------------------------------------------------------------------
     def _runner(self, sandbox: str, command: Any, timeout: float, env: dict[str, str] | None) -> Any:
         async def go(job: RunJob) -> Any:
-            return await self.ws.run(sandbox, command, timeout=timeout, env=env, on_output=job.on_output,
-                                     on_start=job.on_start)
+            return await self.ws.run(sandbox, command, timeout=timeout, env=env, on_start=job.on_start)
         return go
+
+    def _job(self, sandbox: str) -> RunJob:
+        from ..runs import log_paths
+
+        engine = self.ws.sync.engine
+        return RunJob(sandbox, lambda n: log_paths(engine, sandbox, n))
 
     async def run_now(self, sandbox: str, command: Any, timeout: float, env: dict[str, str] | None) -> RunJob:
         """Run and wait, in this call (cancelling the call kills the run)."""
-        job = RunJob(sandbox)
+        job = self._job(await self.sandbox_id(sandbox))
         call = CURRENT.get()
         call.describe, call.total = job.progress_message, None
         await job.execute(self._runner(sandbox, command, timeout, env))
@@ -122,7 +127,7 @@ class State:
     async def start_run(self, ident: str, command: Any, timeout: float, env: dict[str, str] | None) -> RunJob:
         """Start a run as a job of the server; return once it has its number."""
         sb = await self.sandbox_id(ident)
-        job = RunJob(sb)
+        job = self._job(sb)
         self.spawn(job.execute, self._runner(sb, command, timeout, env), done=job)
         try:
             await job.started.wait()
@@ -135,14 +140,17 @@ class State:
         self.jobs.add_run(job)
         return job
 
-    async def poll_run(self, ident: str, run: int, cursor: int, wait_s: float) -> dict[str, Any]:
+    async def poll_run(self, ident: str, run: int, cursor: int, wait_s: float, min_bytes: int = 1) -> dict[str, Any]:
+        """The output after ``cursor``, once there are ``min_bytes`` of it, the run has ended
+        or ``wait_s`` has passed, whichever comes first."""
         sb = await self.sandbox_id(ident)
         job = self.jobs.runs.get((sb, run))
         if job is None:
             return await self._run_from_registry(sb, run)
         CURRENT.get().describe = job.progress_message
         deadline = time.monotonic() + wait_s
-        while not job.done.is_set() and job.next_cursor <= cursor and time.monotonic() < deadline:
+        while not job.done.is_set() and job.next_cursor - cursor < max(1, min_bytes) \
+                and time.monotonic() < deadline:
             await job.changed.wait(deadline - time.monotonic())
         events, nxt, dropped = job.events_from(cursor)
         doc: dict[str, Any] = {"schema": 1, "sandbox": sb, "run": run, "events": events, "next_cursor": nxt,

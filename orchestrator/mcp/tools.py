@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..results import (Cleanup, Diff, FileContent, FileWritten, Forked, PromoteResult, Race, Rollback, RunResult,
                        SandboxList, Snapshot)
+from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ DEFAULT_READ_BYTES = 65536
 MAX_WAIT_S = 25.0
 DEFAULT_WAIT_S = 20.0
 DEFAULT_POLL_WAIT_S = 10.0
+DEFAULT_POLL_MIN_BYTES = 16384
 DEFAULT_PATCH_BYTES = 256 << 10
 
 
@@ -162,7 +164,7 @@ async def sandbox_run_start(st: "State", args: dict[str, Any]) -> dict[str, Any]
 
 async def sandbox_run_poll(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return await st.poll_run(args["sandbox"], args["run"], args.get("cursor", 0),
-                             args.get("wait_s", DEFAULT_POLL_WAIT_S))
+                             args.get("wait_s", DEFAULT_POLL_WAIT_S), args.get("min_bytes", DEFAULT_POLL_MIN_BYTES))
 
 
 async def sandbox_run_kill(st: "State", args: dict[str, Any]) -> dict[str, Any]:
@@ -302,11 +304,16 @@ TOOLS: list[Tool] = [
          RUN_ARGS, ("sandbox",), obj({"schema": {"type": "integer"}, "sandbox": S, "run": {"type": "integer"}},
                                      ("sandbox", "run")),
          sandbox_run_start, destructive=True, open_world=True),
-    Tool("sandbox_run_poll", "New output of a started run after cursor (waits up to wait_s for some), and "
-         "whether it is done and its exit code. Pass next_cursor back.",
+    Tool("sandbox_run_poll", "New output of a started run after cursor, and whether it is done and its exit "
+         "code. Returns when the run ends, min_bytes of new output are there, or wait_s has passed, whichever "
+         "comes first (so one poll of a slow command returns many lines). Pass next_cursor back.",
          {"sandbox": SANDBOX, "run": {"type": "integer", "minimum": 1},
-          "cursor": {"type": "integer", "minimum": 0, "default": 0},
-          "wait_s": {**WAIT, "default": DEFAULT_POLL_WAIT_S}},
+          "cursor": {"type": "integer", "minimum": 0, "default": 0,
+                     "description": "bytes of output (both streams) already read: next_cursor of the last poll"},
+          "wait_s": {**WAIT, "default": DEFAULT_POLL_WAIT_S,
+                     "description": "the longest this poll waits for min_bytes of new output"},
+          "min_bytes": {"type": "integer", "minimum": 1, "maximum": POLL_BYTES, "default": DEFAULT_POLL_MIN_BYTES,
+                        "description": "return as soon as this much new output is there (1: on the first byte)"}},
          ("sandbox", "run"), POLL_DOC, sandbox_run_poll, **_RO),
     Tool("sandbox_run_kill", "Stop a started run (all its processes).",
          {"sandbox": SANDBOX, "run": {"type": "integer", "minimum": 1}}, ("sandbox", "run"),

@@ -8,8 +8,9 @@ services above (``orchestrator.runs``) decide what to run and record what happen
 - ``cgroups``: a run's cgroup (v2, v1, or rlimits) with its limits, kill loop and counters;
   ``cgexec``: the wrapper that joins the cgroup and drops privileges before bwrap;
 - ``prepare``: the setup a run and a shell share (plan, filter fd, cgroup, wrapper argv);
-- ``runner``: ``run_isolated`` (trio), output, timeouts, signals; ``pty_shell``: ``run_shell``
-  on a pseudo-terminal; ``spawn``: forking from the event loop's thread;
+- ``runner``: ``run_blocking`` (a poll loop in the calling thread; ``run_isolated`` runs it in
+  a thread for trio), output, timeouts, signals; ``pty_shell``: ``run_shell`` on a
+  pseudo-terminal; ``spawn``: forking from the thread that waits for the child;
 - ``run_view``: the per-run mount of the tree for a host user who cannot enter the store
   (and of root's toolchains for a root-owned workspace's command);
 - ``exec_failure``: why a command exited 126/127 (the path it needed that the sandbox hides);
@@ -19,7 +20,7 @@ Nothing is imported here: ``import orchestrator.sandbox.procs`` (the registry do
 pull in trio or the seccomp compiler. Import the submodule you need.
 
 Caveat: the names below are resolved on first use (PEP 562), so ``from orchestrator.sandbox
-import run_isolated`` costs the runner's imports (trio) at that moment.
+import run_isolated`` costs the runner's imports at that moment (trio only when awaited).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ _LAZY = {
     "RunResult": "orchestrator.sandbox.runner",
     "RunEvent": "orchestrator.sandbox.runner",
     "run_isolated": "orchestrator.sandbox.runner",
+    "run_blocking": "orchestrator.sandbox.runner",
     "run_shell": "orchestrator.sandbox.pty_shell",
     "pid_alive": "orchestrator.sandbox.procs",
 }

@@ -21,10 +21,11 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 from orchestrator.limits import Limits
+from orchestrator.runlog import DEFAULT_CAP, ChunkFilter
 from orchestrator.sandbox import cgroups, isolation, seccomp
 from orchestrator.sandbox.cgexec import DropTo, wrapper_argv
 
@@ -59,6 +60,10 @@ class RunSpec:
     host_ids: tuple[int, int] | None = None
     allow_sockets: tuple[Path, ...] = ()  # host sockets a --net run may reach (config)
     tmp_bytes: int = 1 << 30  # the size of the sandbox's /tmp (and /dev/shm) tmpfs
+    log_cap: int | None = DEFAULT_CAP  # bytes of each stream the saved file keeps (runlog); None: all
+    # Transformations of each stream on its way to the saved file and the terminal, made per
+    # stream and per start (given the stream's name): see runlog.ChunkFilter.
+    output_filters: tuple[Callable[[str], ChunkFilter], ...] = ()
 
 
 @dataclass

@@ -8,7 +8,8 @@ see, and an interactive shell fails restoring it at exit. So job control
 (Ctrl-Z, fg, Ctrl-C to the foreground job) works inside, and TIOCSTI from inside could only
 type into the sandbox's own terminal (the syscall filter refuses it anyway, as in every run).
 petri puts the user's terminal in raw mode and copies bytes both ways, passes window size
-changes on (SIGWINCH -> TIOCSWINSZ) and keeps a transcript of the output in ``spec.stdout_path``.
+changes on (SIGWINCH -> TIOCSWINSZ) and keeps a transcript of the output in ``spec.stdout_path``
+(capped at ``spec.log_cap`` as a run's log is: ``orchestrator.runlog``).
 
 This is plain blocking code (select on two fds), not trio: it is one interactive session
 that owns the terminal, and mixing it with an event loop buys nothing.
@@ -33,8 +34,9 @@ import signal
 import termios
 import time
 import tty
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
+from orchestrator.runlog import CappedLog
 from orchestrator.sandbox import cgroups
 from snapshot.osutil import write_all
 from orchestrator.sandbox.prepare import EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec, prepare
@@ -79,7 +81,7 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
         # The slave starts as a copy of the user's terminal settings (erase key, etc.).
         termios.tcsetattr(slave, termios.TCSANOW, saved)
     spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
-    transcript = open(spec.stdout_path, "wb")
+    transcript = CappedLog(spec.stdout_path, spec.log_cap)  # capped like a run's log
     old_winch = None
     proc = None
     try:
@@ -117,7 +119,7 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
     return 128 - rc if rc < 0 else rc
 
 
-def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: BinaryIO, proc: "subprocess.Popen[bytes]",
+def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, proc: "subprocess.Popen[bytes]",
           end: float | None) -> bool:
     """Copy bytes between our terminal and the shell's until it is done; True when the
     timeout or lifetime ended it."""

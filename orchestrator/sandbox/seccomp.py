@@ -54,10 +54,7 @@ Caveats:
 from __future__ import annotations
 
 import errno as _errno
-import hashlib
 import os
-import platform
-import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +62,17 @@ from typing import Literal
 
 from snapshot.osutil import atomic_write
 
+# Every run hashes its filter's rules (the cache key); hashlib's import loads OpenSSL (3-7 ms
+# of each `petri run` under -X importtime), CPython's own SHA-256 module costs nothing.
+try:
+    from _sha256 import sha256
+except ImportError:  # another CPython than 3.11's layout (3.12 calls it _sha2)
+    from hashlib import sha256
+
 from ..errors import BadSeccompProfile, SeccompUnavailable
+
+# socket.AF_UNIX on Linux (the socket module costs a millisecond of every run's start-up)
+AF_UNIX = 1
 
 Profile = Literal["default", "strict", "off"]
 PROFILES: tuple[Profile, ...] = ("default", "strict", "off")
@@ -141,8 +148,8 @@ class FilterPlan:
 
     def key(self) -> str:
         """Names the compiled filter: the same rules on the same machine, the same BPF."""
-        text = repr((platform.machine(), self.foreign_abi_errno, self.rules))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        text = repr((os.uname().machine, self.foreign_abi_errno, self.rules))
+        return sha256(text.encode()).hexdigest()[:32]
 
 
 def _deny(names: str, errno: int = EPERM) -> tuple[Deny, ...]:
@@ -215,7 +222,7 @@ def _suid_rules() -> tuple[Deny, ...]:
 def no_net_groups() -> tuple[Group, ...]:
     """What ``strict`` adds when the sandbox has no ``--net``."""
     return (Group("sockets of any family but AF_UNIX",
-                  tuple(Deny(s, EPERM, ArgMatch(0, "ne", socket.AF_UNIX)) for s in ("socket", "socketpair"))),)
+                  tuple(Deny(s, EPERM, ArgMatch(0, "ne", AF_UNIX)) for s in ("socket", "socketpair"))),)
 
 
 def parse_profile(text: str | None, *, where: str = "--seccomp") -> Profile:
@@ -231,7 +238,7 @@ def plan_filter(profile: str, *, net: bool, machine: str | None = None) -> Filte
     profile = parse_profile(profile)
     if profile == "off":
         return None
-    groups = default_groups(1 if (machine or platform.machine()).startswith("s390") else 0)
+    groups = default_groups(1 if (machine or os.uname().machine).startswith("s390") else 0)
     if profile == "strict" and not net:
         groups += no_net_groups()
     return FilterPlan(profile, net, groups)
@@ -373,7 +380,7 @@ def _read_cached(path: Path) -> bytes | None:
         os.close(fd)
     n = len(CACHE_FORMAT)
     head, digest, body = raw[:n], raw[n: n + 32], raw[n + 32:]
-    if head != CACHE_FORMAT or hashlib.sha256(body).digest() != digest or not body or len(body) % 8:
+    if head != CACHE_FORMAT or sha256(body).digest() != digest or not body or len(body) % 8:
         return None
     return body
 
@@ -382,6 +389,6 @@ def _write_cached(path: Path, data: bytes) -> None:
     """Best effort: a cache that cannot be written only costs the next process a build."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, CACHE_FORMAT + hashlib.sha256(data).digest() + data, mode=0o600)
+        atomic_write(path, CACHE_FORMAT + sha256(data).digest() + data, mode=0o600)
     except OSError:
         pass

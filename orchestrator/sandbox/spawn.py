@@ -1,23 +1,23 @@
-"""Start a child process from the calling thread, and wait for it under trio.
+"""Start a child process from the calling thread, with raw pipe ends and a pidfd to wait on.
 
-Why not ``trio.lowlevel.open_process``: it forks from one of trio's worker threads, and a
-child whose parent-death signal is armed (bwrap ``--die-with-parent`` sets
-PR_SET_PDEATHSIG) gets that signal when the *thread* that forked it exits, not the process
-(prctl(2): "the parent" is the creating thread). trio retires a worker thread after 10 s
-idle, so every sandboxed command was SIGKILLed about 10 s in (DESIGN, "Long runs and the
-spawning thread").
+Why the calling thread, and not a pool's: a child whose parent-death signal is armed (bwrap
+``--die-with-parent`` sets PR_SET_PDEATHSIG) gets that signal when the *thread* that forked
+it exits, not the process (prctl(2): "the parent" is the creating thread). trio's
+``open_process`` forks from a worker thread that is retired after 10 s idle, which killed
+every sandboxed command about 10 s in (DESIGN, "Long runs and the spawning thread").
 
-Here the fork happens in the thread that runs the trio loop, which is the thread awaiting
-the child: it lives at least as long as the run (``runner.run_isolated`` never returns
-before its process is reaped), and it dies with petri, which is exactly when the sandbox
-must die. ``subprocess.Popen`` uses vfork(2) here (no ``preexec_fn``, no uid change in
-Python), so the loop is blocked for about the time of one exec of ``/bin/sh``.
+The runner (``runner.run_blocking``) forks here and then waits for the child in the same
+thread, in its own poll loop: the thread lives at least as long as the run, and it dies
+with petri, which is exactly when the sandbox must die. An async caller runs that loop in a
+thread of its own for the length of the run (``runner.run_isolated``). ``subprocess.Popen``
+uses vfork(2) here (no ``preexec_fn``, no uid change in Python), so the fork costs about one
+exec of the wrapper.
 
-Waiting is a pidfd (Linux >= 5.3) made readable by the kernel when the child exits, as trio
-itself does on Linux; the child is reaped with ``waitpid`` after that.
+The pipe ends are plain fds (ours are close-on-exec); the pidfd (Linux >= 5.3) becomes
+readable when the child exits, and the child is reaped with ``waitpid`` after that.
 
-Caveat: a caller that runs trio in a short-lived thread must not let that thread end while
-a child is alive; ``run_isolated`` guarantees it by always waiting for its child.
+Caveat: the caller must keep the forking thread alive while a child lives; ``run_blocking``
+does by never returning before its child is reaped.
 """
 from __future__ import annotations
 
@@ -26,25 +26,22 @@ import signal
 import subprocess
 from typing import Mapping, Sequence
 
-import trio
-
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 
 
 class ChildProcess:
-    """A started child: ``pid``, ``returncode`` (None while running), ``stdin`` (a trio
-    SendStream or None), ``stdout``/``stderr`` (trio ReceiveStreams or None), ``wait()``."""
+    """A started child: ``pid``, ``returncode`` (None while running), ``stdin``/``stdout``/
+    ``stderr`` (our pipe ends as fds, or None), ``pidfd`` (None on an old kernel)."""
 
-    def __init__(self, popen: subprocess.Popen, stdin: trio.lowlevel.FdStream | None,
-                 stdout: trio.lowlevel.FdStream | None, stderr: trio.lowlevel.FdStream | None) -> None:
+    def __init__(self, popen: subprocess.Popen, stdin: int | None, stdout: int | None, stderr: int | None) -> None:
         self._popen = popen
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-        self._pidfd: int | None = None
+        self.pidfd: int | None
         try:
-            self._pidfd = os.pidfd_open(popen.pid)
+            self.pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):
-            self._pidfd = None  # an old kernel: fall back to polling in wait()
+            self.pidfd = None  # an old kernel: the runner polls instead
 
     @property
     def pid(self) -> int:
@@ -57,6 +54,10 @@ class ChildProcess:
     def poll(self) -> int | None:
         return self._popen.poll()
 
+    def wait(self) -> int:
+        """Wait until the child exits (blocking); reap it; its return code."""
+        return self._popen.wait()
+
     def send_signal(self, sig: int) -> None:
         if self._popen.returncode is None:
             try:
@@ -67,39 +68,35 @@ class ChildProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    async def wait(self) -> int:
-        """Wait until the child exits (cancellable); reap it; its return code."""
-        while self._popen.returncode is None:
-            if self._pidfd is not None:
-                await trio.lowlevel.wait_readable(self._pidfd)
-                self._popen.wait()  # readable: it exited, so this does not block
-            elif self._popen.poll() is None:
-                await trio.sleep(0.05)
-        self._close_pidfd()
-        return self._popen.returncode
+    def close(self) -> None:
+        """Close every fd of ours that is still open (pipe ends, pidfd)."""
+        for name in ("stdin", "stdout", "stderr", "pidfd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
-    def _close_pidfd(self) -> None:
-        if self._pidfd is not None:
-            trio.lowlevel.notify_closing(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
+    def close_fd(self, fd: int) -> None:
+        """Close one of our fds (a pipe at EOF), once."""
+        for name in ("stdin", "stdout", "stderr", "pidfd"):
+            if getattr(self, name) == fd:
+                setattr(self, name, None)
+                os.close(fd)
+                return
 
     def __del__(self) -> None:
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
+        self.close()
 
 
 def open_process_here(argv: Sequence[bytes | str], *, stdin: int | None = DEVNULL, stdout: int | None = PIPE,
                       stderr: int | None = PIPE, env: Mapping[str, str] | None = None,
                       start_new_session: bool = True, pass_fds: Sequence[int] = ()) -> ChildProcess:
-    """Start ``argv`` now, forking from this thread; ``PIPE`` streams become trio streams.
+    """Start ``argv`` now, forking from this thread; ``PIPE`` streams become our fds.
     ``pass_fds`` stay open in the child under the same numbers (e.g. bwrap's ``--seccomp``
-    fd); the caller still owns and closes them.
-    Must be called from the thread that runs trio (it needs no await: nothing blocks)."""
-    trio.lowlevel.current_trio_token()  # only from inside trio: the thread must be the loop's
+    fd); the caller still owns and closes them."""
     ours: list[int] = []  # our ends of the pipes, closed if the spawn fails
     theirs: list[int] = []  # the child's ends, always closed here once it has them
 
@@ -129,9 +126,4 @@ def open_process_here(argv: Sequence[bytes | str], *, stdin: int | None = DEVNUL
     finally:
         for fd in theirs:
             os.close(fd)
-    return ChildProcess(
-        popen,
-        trio.lowlevel.FdStream(in_mine) if in_mine is not None else None,
-        trio.lowlevel.FdStream(out_mine) if out_mine is not None else None,
-        trio.lowlevel.FdStream(err_mine) if err_mine is not None else None,
-    )
+    return ChildProcess(popen, in_mine, out_mine, err_mine)
