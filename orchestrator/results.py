@@ -516,6 +516,12 @@ class PathConflict(Record):
             return base64.b64decode(b64)
         return self.path.encode("utf-8")
 
+    def to_json(self) -> dict[str, Any]:
+        """The row as the ``conflicts`` of an error document list it (a row: no ``schema``)."""
+        d = super().to_json()
+        d.pop("schema", None)
+        return d
+
 
 # ---------------------------------------------------------------------------- lineage, audit, KPIs
 

@@ -145,7 +145,12 @@ def test_a_conflict_lists_text_paths_with_the_exact_bytes_beside(tmp_path):
         assert set(rows) == {"notes.txt", "caf\\xe9.txt"}
         assert all(isinstance(c, petri.PathConflict) and c.reason for c in rows.values())
         assert rows["caf\\xe9.txt"].path_bytes == b"caf\xe9.txt" and rows["notes.txt"].path_bytes == b"notes.txt"
-        assert rows["notes.txt"].to_json()["path"] == "notes.txt"  # what the CLI and MCP print
+        row = rows["notes.txt"].to_json()  # what the CLI and MCP print: the merge layer's row, unchanged
+        assert row["path"] == "notes.txt" and "schema" not in row and row["resolution"] == "failed"
+        assert rows["caf\\xe9.txt"].to_json()["path_b64"] == "Y2Fm6S50eHQ="
+        cli = petri_cli("promote", sb.id, "--json", cwd=proj)
+        assert cli.rc == 3 and {c["path"] for c in cli.json["conflicts"]} == set(rows)
+        assert all("schema" not in c for c in cli.json["conflicts"])
 
 
 # ---------------------------------------------------------------------------- error words
