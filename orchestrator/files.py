@@ -28,7 +28,8 @@ that backtracks catastrophically ends the search with ``stopped: "timeout"`` ins
 holding the process (the matcher also releases the GIL). Binary files (a NUL byte in their
 first 8000 bytes, git's test) and files over ``GREP_MAX_FILE`` are skipped and counted; the
 search stops after ``max_matches`` matches, ``GREP_MAX_BYTES`` read or ``MAX_WALK``
-entries, and says which. Listings and searches leave out what the sandbox's ignore rules
+entries, and says which (also "max_depth" when directories deeper than ``MAX_DEPTH`` were
+not entered). Listings and searches leave out what the sandbox's ignore rules
 ignore (its ``.gitignore`` files, ``.git/info/exclude``; ``include_ignored`` keeps them).
 
 Caveats: a check of a path and the operation on it are separate calls (see safefs), so a
@@ -45,7 +46,7 @@ import errno
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from merge.errors import PathThroughSymlink, UnsafePath
@@ -442,8 +443,7 @@ class _Walk:
     seen: int = 0
     ignored: int = 0
     stopped: str | None = None
-    too_deep: int = 0
-    skipped: list[bytes] = field(default_factory=list)
+    too_deep: int = 0           # directories not entered: MAX_DEPTH reached
 
 
 @dataclass(frozen=True)
@@ -576,7 +576,7 @@ def list_entries(tree: SafeTree, top: bytes, where: Where, *, glob: str | None, 
                 doc["target"] = os.fsdecode(os.readlink(seen.name, dir_fd=seen.dir_fd))
         entries.append(FileEntry.from_doc(doc))
     return FileList(path=os.fsdecode(top) or ".", entries=tuple(entries),
-                    truncated=truncated or state.stopped is not None, ignored=state.ignored)
+                    truncated=truncated or state.stopped is not None or state.too_deep > 0, ignored=state.ignored)
 
 
 # ---------------------------------------------------------------------------- grep
@@ -670,9 +670,11 @@ def grep(tree: SafeTree, top: bytes, where: Where, pattern: str, *, glob: str | 
                 os.close(fd)
             if stopped is not None:
                 break
-        stopped = stopped or state.stopped
+        stopped = stopped or state.stopped or ("max_depth" if state.too_deep else None)
     return GrepResult(pattern=pattern, path=os.fsdecode(top) or ".", matches=tuple(matches),
-                      ignored=state.ignored, truncated=stopped is not None, stopped=stopped, **counts)
+                      files_searched=counts["files_searched"], binary_skipped=counts["binary_skipped"],
+                      large_skipped=counts["large_skipped"], ignored=state.ignored, truncated=stopped is not None,
+                      stopped=stopped)
 
 
 def _matching_lines(rx: Any, text: str, by_text: bool, deadline: float) -> Iterator[tuple[int, str]]:

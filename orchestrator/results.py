@@ -460,7 +460,7 @@ class GrepResult(Record):
     """``grep``: the matching lines in path order. ``files_searched`` counts the files read;
     ``binary_skipped`` and ``large_skipped`` the files left out as binary or too large,
     ``ignored`` those the ``.gitignore`` rules left out. ``stopped`` says why the search ended
-    early ("max_matches", "max_bytes", "max_entries" or "timeout"), None when it saw
+    early ("max_matches", "max_bytes", "max_entries", "max_depth" or "timeout"), None when it saw
     everything; ``truncated`` is ``stopped is not None``."""
 
     pattern: str

@@ -309,3 +309,16 @@ def test_reads_of_the_file_tools_are_not_the_sandboxs_own_reads_on_fuse(tmp_path
             assert b"pkg/calc.py" in e.backend.read_set(e.store, sb.id)
     finally:
         stop_fuse_under(tmp_path, [proj / ".petri"])
+
+
+def test_a_walk_deeper_than_its_fd_budget_says_so(tmp_path):
+    deep = tmp_path.joinpath(*["d"] * (files.MAX_DEPTH + 5))
+    deep.mkdir(parents=True)
+    (deep / "x.txt").write_text("needle\n")
+    (tmp_path / "top.txt").write_text("needle\n")
+    where = files.Where("sb-test", (os.fsencode(tmp_path),))
+    with SafeTree(tmp_path) as tree:
+        got = files.grep(tree, b"", where, "needle", glob=None, ignore_case=False, rules=None, max_matches=10)
+        listed = files.list_entries(tree, b"", where, glob=None, recursive=True, rules=None, max_entries=10_000)
+    assert [m.path for m in got.matches] == ["top.txt"] and got.stopped == "max_depth" and got.truncated
+    assert listed.truncated and len(listed.entries) == files.MAX_DEPTH + 1  # d/... to the limit, and top.txt
