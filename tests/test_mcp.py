@@ -469,6 +469,9 @@ def test_file_tools_run_options_and_error_words(any_ws):
             assert mv["path"] == "lib/calc.py" and (tree / "lib" / "calc.py").is_file()
             rm = await c.call("sandbox_delete_file", {"sandbox": "files", "path": "pkg", "recursive": True})
             assert rm["kind"] == "dir" and not (tree / "pkg").exists()
+            child = (await c.call("sandbox_fork", {"from": "files"}))["sandboxes"][0]  # from: a label works
+            assert child["parent"] == sb["id"]
+            await c.call("sandbox_remove", {"ids": [child["id"]]})
             # run: cwd below the root, and a timeout given as a duration
             (tree / "lib" / "sub").mkdir()
             r = await c.call("sandbox_run", {"sandbox": "files", "command": "pwd; ls", "cwd": "lib",
