@@ -381,7 +381,11 @@ class Workspace:
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        doc = e.registry.run(row.id, run) if run is not None else (e.registry.runs(row.id) or [None])[-1]
+        if run is not None:
+            doc = e.registry.run(row.id, run)
+        else:
+            runs = e.registry.runs(row.id)
+            doc = runs[-1] if runs else None
         if doc is None:
             from .errors import NoRunsYet, NoSuchRun
 
