@@ -477,7 +477,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         row = engine.registry.sandbox(winner.sandbox)
         doc["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row) if row else None
+            doc["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:
             doc["stale"] = None
     # The whole result rides on the event, so a front end can show a finished race (ranks,

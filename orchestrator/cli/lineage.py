@@ -106,6 +106,8 @@ def _print_stats(o: Any, doc: dict[str, Any]) -> None:
     for name, r in doc["rates"].items():
         rate = "-" if r["rate"] is None else f"{r['rate'] * 100:.1f}%"
         o.say(f"{name}: {rate} ({r['count']} of {r['of']})")
+    for name, note in (doc.get("notes") or {}).items():
+        o.say(f"note: {name}: {note}")
     for b in doc.get("breaches", []):
         o.say(o.paint(f"breach: {b['message']}", "red"))
 

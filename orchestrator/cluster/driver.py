@@ -413,7 +413,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
         row = engine.registry.sandbox(winner.sandbox)
         doc["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row) if row else None
+            doc["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:  # noqa: BLE001 - as a local race: staleness is a report, not the result
             doc["stale"] = None
     events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
