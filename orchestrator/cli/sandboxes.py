@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, List, Optional
 
-from .common import G, out, run_outcome, shown_argv, workspace
+from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
 from .listing import show_ls
 
@@ -74,7 +74,7 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
         for p in stale.get("read_changed", []) or []:
             o.say(f"  read here, changed in live (results may not hold): {p}")
     for run in doc["runs"]:
-        o.say(f"run {run['run']}: {shown_argv(run['argv'])} -> {run_outcome(run)}")
+        o.say(f"run {run['run']}: {run_title(run)} -> {run_outcome(run)}")
 
 
 @app.command()

@@ -356,7 +356,9 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
 
     # Every measured field (whatever the race module's Outcome grows), none of the identity.
     for f in dataclasses.fields(theirs):
-        if f.name not in ("index", "candidate", "sandbox", "check_sandbox", "stdout_path", "stderr_path", "rank"):
+        # logs_run: a run of the node's sandbox, not of the one rebuilt here
+        if f.name not in ("index", "candidate", "sandbox", "check_sandbox", "stdout_path", "stderr_path", "rank",
+                          "logs_run"):
             setattr(o, f.name, getattr(theirs, f.name))
     for stream, key in (("out", "stdout"), ("err", "stderr")):
         path = logs / f"{o.index}.{stream}"
