@@ -92,7 +92,8 @@ def _plan_doc(plan: "Plan") -> dict[str, Any]:
     js = plan.to_json()
     paths = [o.path for o in plan.ops]
     return {"plan": js, "applied": [_display(p) for p in paths], "applied_b64": [_b64(p) for p in paths],
-            "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": plan.writes_markers}
+            "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": plan.writes_markers,
+            "already_in_live": plan.already_in_live}
 
 
 def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", include_ignored: bool = False,
@@ -136,6 +137,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                    detail={"outcome": "conflict", "verified": None, "dry_run": dry_run})
         raise
     doc["duration_s"] = time.monotonic() - started
+    if not doc["promotion"] and not doc.get("plan", {}).get("ops") and into is None:
+        doc["already_promoted"] = _already_promoted(engine, row)
     if verify and doc["promotion"]:
         doc.update(_verify(target, promo_id, verify, echo=echo, say=say))
     outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
@@ -143,6 +146,14 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
     audit.touch(doc["promotion"])
     return doc
+
+
+def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
+    """With nothing to write: the sandbox's promotion in place that already carried it (a
+    second ``promote`` of a promoted sandbox says so), or None."""
+    from . import promoted
+
+    return promoted.summary(promoted.in_place(engine.registry, row.id))
 
 
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
