@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from . import audit, kpi
 from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
 from .config import load_config
-from .errors import PromotionPruned, SandboxBusy, UsageError
+from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, UsageError
 from .lineage import diff_base
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
@@ -202,9 +202,11 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
 
 def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
     from snapshot.errors import PetriError
+    from .lineage import mark_scaffold
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:
+        mark_scaffold(engine, sb, "verify", promotion=promo_id)  # petri's own: not in the lineage
         code = _run_verify(engine, sb.id, cmd, echo)
     finally:
         try:
@@ -253,6 +255,8 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
         raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
+    if row is not None and row["state"] == "undone":
+        raise NothingToRollBack(ident=promo_id, why="was already undone")
     with engine.lock(), pending(engine, promo_id):
         # A refusal writes nothing; a path that moved mid-undo leaves the journal undone,
         # and settling the pending mark (on any exception) makes the row say so too.

@@ -144,13 +144,25 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
         o.doc(doc)
     else:
         for st in doc["stages"]:
-            checks = ", ".join(f"{c['command']!r} {_check_outcome(c)}" for c in st["checks"]) or "no checks"
-            o.say(f"{st['promotion']}  {st['stage']:<12} {st['state']:<8} {st['outcome'] or '-':<18} {checks}")
+            o.say(f"{st['promotion']}  {st['stage']:<12} {st['state']:<8} {st['outcome'] or '-':<18} "
+                  f"{_checks_text(st)}")
         if not code:
             o.say(message)
     if code:
         print(f"petri: {message}", file=sys.stderr, flush=True)
         raise typer.Exit(code)
+
+
+def _checks_text(st: dict[str, Any]) -> str:
+    """A stage's checks for people: each with its outcome; none run yet (a stage waiting at
+    its gate, interrupted, stopped on a conflict) is not "no checks"."""
+    if st["checks"]:
+        return ", ".join(f"{c['command']!r} {_check_outcome(c)}" for c in st["checks"])
+    if st["state"] == "pending" or st["state"] == "running":
+        return "checks not run yet"
+    if st["outcome"] in ("conflict", "interrupted", "failed"):
+        return "checks not run"
+    return "no checks"
 
 
 def _check_outcome(c: dict[str, Any]) -> str:
