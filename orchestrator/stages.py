@@ -130,6 +130,7 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
                 say: Say) -> tuple[str, list[dict[str, Any]]]:
     """Run the checks one after another in the sandbox: ("passed" | "failed" |
     "inconclusive", one record per check run). The first that does not pass decides."""
+    from .race import failure_reason
     from .runs import run_sync
 
     results = []
@@ -143,7 +144,8 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
             say(f"  check {cmd!r} timed out after {doc['duration_s']:.1f}s: inconclusive")
             return "inconclusive", results
         if doc["exit_code"] != 0:
-            say(f"  check {cmd!r} failed (exit {doc['exit_code']})")
+            rec["error"] = failure_reason(doc, cmd)  # the line that says what failed, as a race says it
+            say(f"  check {cmd!r} failed ({rec['error']}; `petri logs {sb_id} --run {doc['run']}`)")
             return "failed", results
         say(f"  check {cmd!r} passed")
     return "passed", results

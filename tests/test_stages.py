@@ -159,6 +159,8 @@ def test_failing_check_rolls_that_stage_back_and_stops(project):
     assert r.json["rolled_back"] is True and r.json["verified"] is False
     assert (staging / "calc.py").read_text() == BUGGY, "the failed stage was rolled back"
     assert [c["exit_code"] for c in st["staging"]["checks"]] == [0, 1]
+    # the failed check says what failed: its exception line, not just its exit code
+    assert st["staging"]["checks"][1]["error"] == "exit 1: AssertionError", st["staging"]["checks"]
 
 
 @pytest.fixture

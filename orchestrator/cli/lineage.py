@@ -166,7 +166,7 @@ def _checks_text(st: dict[str, Any]) -> str:
 
 
 def _check_outcome(c: dict[str, Any]) -> str:
-    return "ok" if c.get("exit_code") == 0 else c.get("killed_by") or f"exit {c.get('exit_code')}"
+    return "ok" if c.get("exit_code") == 0 else c.get("killed_by") or c.get("error") or f"exit {c.get('exit_code')}"
 
 
 def _pipeline_message(doc: dict[str, Any]) -> str:
