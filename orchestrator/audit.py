@@ -34,9 +34,12 @@ from typing import Any, Iterator, Sequence
 from . import events
 
 # CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
-# promotions, lineage, log, stats, tui are not recorded).
+# promotions, lineage, log, stats, tui are not recorded). Not `mcp` either: a session is no
+# operation of its own; each tool that changes something is one (through the API, ``via``
+# "mcp" and the client's name), and a session that only reads writes nothing. Were the
+# session a scope, every tool call would nest in it and be folded into its one row.
 MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "shell", "race", "promote", "rollback",
-                               "rm", "gc", "mcp"})
+                               "rm", "gc"})
 
 
 class Scope:

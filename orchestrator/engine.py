@@ -26,7 +26,7 @@ from snapshot.choose import convert as convert_workspace
 from snapshot.store import Store
 from snapshot.osutil import rmtree
 
-from . import events, recovery
+from . import events, promoted, recovery
 from .limits import Limits
 from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
@@ -352,6 +352,7 @@ class Engine:
                           "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
                           "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness,
+                "promoted": promoted.summary(promoted.in_place(self.registry, row.id)),
                 "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0))}
 
     def _last_activity(self, row: SandboxRow) -> float | None:

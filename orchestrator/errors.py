@@ -164,6 +164,10 @@ class SandboxBusy(OrchestratorError):
     """a command is running in sandbox {ident}; promote refuses until it ends (`petri diff {ident}` works meanwhile)"""
 
 
+class NothingToRollBack(OrchestratorError):
+    """promotion {ident} {why}; nothing to roll back (`petri promotions` lists what is in place)"""
+
+
 class PromotionPruned(OrchestratorError):
     """promotion {ident} can no longer be undone: `petri gc` pruned its pre-images ({when})"""
 

@@ -165,7 +165,15 @@ def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
                       "label": r.label, "base": r.base, "created_at": rfc3339(r.created_at),
                       "passed": race.get("passed"), "winner": race.get("winner"),
                       "fitness": (r.meta or {}).get("fitness")})
-    nodes.sort(key=lambda n: (n["created_at"] or "", n["id"]))
+    # Time order. A snapshot that is gone (a race's base, dropped with its losers) has no
+    # time of its own: it takes its first child's, not the head of the list. A race's
+    # candidates, forked in one call (the same millisecond), in command-line order.
+    first_child: dict[str, str] = {}
+    for n in nodes:
+        if n["kind"] == "sandbox" and n["parent"] is not None and n["created_at"]:
+            first_child[n["parent"]] = min(first_child.get(n["parent"], n["created_at"]), n["created_at"])
+    order = {r.id: ((r.meta or {}).get("race") or {}).get("candidate", 0) for r in rows}
+    nodes.sort(key=lambda n: (n["created_at"] or first_child.get(n["id"], ""), order.get(n["id"], 0), n["id"]))
     if ident is not None:
         nodes = _subtree(nodes, _resolve_node(engine, ident, by_id))
     return {"nodes": nodes}
@@ -209,7 +217,8 @@ def render_tree(doc: dict[str, Any], paint: Any = lambda text, style: text) -> l
 
     def label(n: dict[str, Any]) -> str:
         if n["kind"] == "snapshot":
-            return f"{paint(n['id'], 'bold')}  {n.get('message') or ''}".rstrip()
+            what = n.get("message") or ("(deleted)" if n["state"] == "deleted" else "")
+            return f"{paint(n['id'], 'bold')}  {what}".rstrip()
         bits = [paint(n["id"], "bold"), f"gen {n['generation']}"]
         if n.get("label"):
             bits.append(repr(n["label"]))

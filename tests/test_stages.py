@@ -159,6 +159,8 @@ def test_failing_check_rolls_that_stage_back_and_stops(project):
     assert r.json["rolled_back"] is True and r.json["verified"] is False
     assert (staging / "calc.py").read_text() == BUGGY, "the failed stage was rolled back"
     assert [c["exit_code"] for c in st["staging"]["checks"]] == [0, 1]
+    # the failed check says what failed: its exception line, not just its exit code
+    assert st["staging"]["checks"][1]["error"] == "exit 1: AssertionError", st["staging"]["checks"]
 
 
 @pytest.fixture
@@ -218,6 +220,39 @@ def test_manual_gate_waits_then_resume_runs_the_stage(project):
     assert rows[pend["promotion"]]["state"] == "done"
 
 
+def test_a_waiting_stage_and_a_rollback_say_what_they_did(project):
+    """The words: a stage at its manual gate has not run its checks (not "no checks");
+    rolling back names every later stage it closed and what became of it; a second
+    rollback of the same stage says it was already undone (exit 1), as for a plain one."""
+    dev, staging = project
+    configure(dev, three_stages(staging, gate="manual"))
+    sb = fixed_sandbox(dev)
+    r = petri("promote", sb, "--to", "staging", cwd=dev)
+    assert r.rc == 0, r
+    ids = [p["id"] for p in stage_rows(dev)]
+    line = next(ln for ln in r.out.splitlines() if ln.startswith(ids[2]))
+    assert line.split()[1:3] == ["staging", "pending"] and line.endswith("checks not run yet"), r.out
+    assert "no checks" not in r.out
+    r = petri("rollback", ids[0], cwd=dev)
+    assert r.rc == 0, r
+    lines = r.out.splitlines()
+    assert lines[0] == (f"rolled back stage fresh ({ids[0]}) of graduated promotion {ids[0]}, its later stages "
+                        "first (newest first):"), r.out
+    assert lines[1].split()[:2] == [ids[2], "staging"], r.out
+    assert lines[1].endswith("closed (was pending, manual gate; nothing of it was in place)"), r.out
+    assert lines[2].split()[:2] == [ids[1], "dev"] and lines[2].endswith("undone: 1 path(s) put back"), r.out
+    assert lines[3].split()[:2] == [ids[0], "fresh"] and "a fresh stage writes no workspace" in lines[3], r.out
+    assert lines[4:] == [f"restored {ids[0]}: 1 path(s) changed", "  calc.py"], r.out
+    assert (dev / "calc.py").read_text() == BUGGY
+    for i, stage in ((0, "fresh"), (1, "dev")):
+        again = petri("rollback", ids[i], "--json", cwd=dev)
+        assert again.rc == 1 and again.json["exit_code"] == 1, again
+        assert again.err.strip() == (f"petri: promotion {ids[i]} (stage {stage}) was already undone and no later "
+                                     "stage of its pipeline is in place; nothing to roll back (`petri promotions` "
+                                     "lists what is in place)"), again
+    assert (dev / "calc.py").read_text() == BUGGY
+
+
 def test_rollback_of_an_earlier_stage_undoes_the_later_ones_first(project):
     dev, staging = project
     configure(dev, three_stages(staging))
@@ -227,6 +262,8 @@ def test_rollback_of_an_earlier_stage_undoes_the_later_ones_first(project):
     r = petri("rollback", ids[1], "--json", cwd=dev)  # the dev stage: staging's goes first
     assert r.rc == 0, r
     assert r.json["stages_undone"] == [ids[2], ids[1]]
+    assert [(st["promotion"], st["stage"], st["was"], st["undone"]) for st in r.json["stages"]] == [
+        (ids[2], "staging", "done", True), (ids[1], "dev", "done", True)]
     assert (dev / "calc.py").read_text() == BUGGY and (staging / "calc.py").read_text() == BUGGY
     rows = {p["id"]: p for p in stage_rows(dev)}
     assert rows[ids[0]]["state"] == "done"  # earlier than the one rolled back: untouched

@@ -135,6 +135,14 @@ def shown_argv(argv: list[str]) -> str:
     return " ".join(shown(a, limit=200) for a in argv)
 
 
+def run_title(run: dict) -> str:
+    """A run for people: its command line, or what petri ran it for (a race's apply of a
+    candidate, its check in a throwaway fork) before the command."""
+    from ..race import describe_role
+    role = describe_role(run)
+    return f"[{role}] {shown_argv(run['argv'])}" if role else shown_argv(run["argv"])
+
+
 def run_outcome(run: dict) -> str:
     if run["finished_at"] is None:
         return "running"

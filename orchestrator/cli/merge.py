@@ -192,11 +192,26 @@ def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> N
     raise typer.Exit(130) from None
 
 
+def nothing_to_promote(doc: dict[str, Any]) -> str:
+    """Why a promotion wrote nothing, in one line: the paths asked for are unchanged, the
+    sandbox was promoted already, live already holds its changes, or it has none."""
+    sb = doc["sandbox"]
+    if doc.get("unchanged"):
+        return f"nothing to promote: {', '.join(doc['unchanged'])} has no changes in sandbox {sb}"
+    if doc.get("already_promoted"):
+        promo = doc["already_promoted"]["promotion"]
+        return f"nothing to promote: {sb} is already promoted as {promo}; nothing new since"
+    if doc.get("already_in_live"):
+        return (f"nothing to promote: the workspace already holds the changes of {sb} "
+                f"({doc['already_in_live']} path(s))")
+    return f"nothing to promote: {sb} has no changes against its base"
+
+
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
     if dry_run:
         ops = doc.get("plan", {}).get("ops", [])
-        if not ops:
-            o.say("nothing to promote")
+        if not ops and not doc["conflicts"]:
+            o.say(nothing_to_promote(doc))
         for op in ops:
             o.say(f"{op['action']:<6} {op['path']}  ({op['why']})")
         for c in doc["conflicts"]:
@@ -205,10 +220,7 @@ def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
             o.say(f"skip   {s['path']}: {s['reason']}")
         return
     if not doc.get("promotion"):
-        if doc.get("unchanged"):
-            o.say(f"nothing to promote: {', '.join(doc['unchanged'])} has no changes in sandbox {doc['sandbox']}")
-        else:
-            o.say("nothing to promote: the sandbox has no changes against its base")
+        o.say(nothing_to_promote(doc))
         return
     o.say(f"promoted {doc['sandbox']} as {doc['promotion']}: {len(doc['applied'])} path(s)"
           f"; undo with `petri rollback {doc['promotion']}`")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, List, Optional
 
 from ..errors import EmptyCommand, NoRunsYet, NoSuchRun, UsageError
-from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, shown_argv, workspace
+from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, run_title, workspace
 from .declare import command_app, typer
 
 app = command_app()
@@ -133,10 +133,11 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
+    from ..api import sandbox_runs
     ws = workspace()
     e = ws.engine
     row = e.resolve_sandbox(sandbox)
-    runs = e.registry.runs(row.id)
+    runs = sandbox_runs(e, row)
     if run_n is not None:
         runs = [r for r in runs if r["run"] == run_n]
         if not runs:
@@ -160,7 +161,7 @@ def logs(
     many = len(runs) > 1
     for r in runs:
         if many:
-            print(f"==> run {r['run']}: {shown_argv(r['argv'])} ({run_outcome(r)}) <==", flush=True)
+            print(f"==> run {r['run']}: {run_title(r)} ({run_outcome(r)}) <==", flush=True)
         _print_output(ws.output(row.id, r["run"], follow=follow and r["finished_at"] is None))
         if follow and r["finished_at"] is None:
             r = e.registry.run(row.id, r["run"]) or r

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, List, Optional
 
-from .common import G, out, run_outcome, shown_argv, workspace
+from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
 from .listing import show_ls
 
@@ -66,15 +66,20 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     lim = ", ".join(f"{k}={v}" for k, v in doc["limits"].items() if v not in (None, False))
     o.say(f"{'limits:':<12} {lim or 'none'}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
+    if doc.get("promoted"):
+        from ..promoted import describe
+        o.say(f"{'promoted:':<12} {describe(doc['promoted']).removeprefix('promoted ')} at {doc['promoted']['at']}"
+              f"; its changes are in the workspace (`petri diff` still shows them against {doc['base']})")
     stale = doc["stale"]
     if stale is not None:
-        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}")
+        own = f" (besides its own {stale['own_promoted']} promoted)" if stale.get("own_promoted") else ""
+        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}{own}")
         for p in stale["overlapping"]:
             o.say(f"  also changed here: {p}")
         for p in stale.get("read_changed", []) or []:
             o.say(f"  read here, changed in live (results may not hold): {p}")
     for run in doc["runs"]:
-        o.say(f"run {run['run']}: {shown_argv(run['argv'])} -> {run_outcome(run)}")
+        o.say(f"run {run['run']}: {run_title(run)} -> {run_outcome(run)}")
 
 
 @app.command()
