@@ -216,7 +216,9 @@ def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin)
     off, doc = run_probe(ws, sb, probe_bin, "--seccomp", "off")
     assert doc["seccomp"] == "off"
     for name, want in DEFAULT_EXPECTED.items():
-        if want != "OK" and name not in SAME_WITHOUT_FILTER and name != "ioctl_fionread":
+        # A call this kernel does not have is ENOSYS either way (open_tree_attr before 6.15).
+        absent = want == off[name] == "ENOSYS"
+        if want != "OK" and name not in SAME_WITHOUT_FILTER and name != "ioctl_fionread" and not absent:
             assert off[name] != want, (name, off[name])
     assert petri("run", sb["id"], "--", "sh", "-c", SECCOMP_2, cwd=ws).rc == 0
     assert petri("run", sb["id"], "--seccomp", "off", "--", "sh", "-c", SECCOMP_2, cwd=ws).rc == 1
