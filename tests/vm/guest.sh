@@ -105,6 +105,13 @@ if [ -s "$out/user.tests" ]; then
   ) || exit 96
 fi
 
+if [ -s "$out/root.tests" ]; then
+  say "kernel features"
+  quick=--no-backends
+  [ -e "$out/features.full" ] && quick=
+  timeout -s KILL 900 env HOME=/root "$py" -m tests.vm.kernel_features $quick >"$out/features.txt"
+fi
+
 # What the passes left behind: every test removes its cgroups, mounts and loop devices.
 {
   find /sys/fs/cgroup -mindepth 1 -type d -name 'petri*' 2>/dev/null

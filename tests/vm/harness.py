@@ -64,8 +64,10 @@ def _conformance_ids() -> list[str]:
 
 ROOT_TESTS = [
     "tests/test_limits.py",
-    "tests/test_limits_cli.py",
-    "tests/test_runner.py::test_timeout_kills_a_sigterm_ignorer_and_a_setsid_daemon",
+    # pids and --cpus through the CLI run in the user's pass (and in-process here)
+    "tests/test_limits_cli.py::test_memory_limit_kills_with_137",
+    "tests/test_limits_cli.py::test_lifetime_kills_everything_the_run_started",
+    "tests/test_limits_cli.py::test_gc_after_petri_was_killed_leaves_no_cgroup",
     "tests/test_runner.py::test_a_daemon_left_behind_by_a_finished_command_is_gone",
     "tests/test_runner.py::test_lifetime_deadline_kills_with_ttl_and_a_past_one_does_not_start",
     "tests/test_runner.py::test_cancelling_the_run_kills_everything_and_cleans_up",
@@ -101,6 +103,7 @@ class Outcome:
     log: str  # the guest's log (pytest's output of every pass)
     vng_log: str  # vng's and QEMU's own output (the kernel's console is off)
     leftovers: list[str]  # cgroups, mounts, loop devices the passes left in the guest
+    features: str  # tests/vm/kernel_features.py's lines, measured in the guest
     boot_s: float | None  # host time until the guest's script started
     total_s: float
 
@@ -204,7 +207,7 @@ def sweep_stale_work() -> None:
 
 
 def boot(root_tests: list[str], user_tests: list[str], *, timeout_s: float = 1500.0,
-         progress=None, stop: threading.Event | None = None) -> Outcome:
+         progress=None, stop: threading.Event | None = None, full_features: bool = False) -> Outcome:
     """Boot the VM once, run ``root_tests`` as root and ``user_tests`` as a delegated user
     (pytest arguments, relative to the repository), and return what came back. ``stop``
     set ends the VM early (its outcome then has ``rc`` None)."""
@@ -222,6 +225,8 @@ def boot(root_tests: list[str], user_tests: list[str], *, timeout_s: float = 150
         tmp.mkdir()
         (out / "root.tests").write_text("".join(t + "\n" for t in root_tests))
         (out / "user.tests").write_text("".join(t + "\n" for t in user_tests))
+        if full_features:
+            (out / "features.full").write_text("")
         argv = [vng_path() or "vng", "--run", str(image), "--cpus", str(CPUS), "--memory", MEMORY,
                 "--rwdir", str(out), "--overlay-rwdir", "/root",
                 # The host's / again, for guest.sh to mount with caching (virtme-ng's root has none).
@@ -263,7 +268,7 @@ def boot(root_tests: list[str], user_tests: list[str], *, timeout_s: float = 150
                 passes[name] = Pass(name, int(rc_text) if rc_text else None, _junit(out / f"{name}.xml"))
         leftovers = [line for line in _read(out / "leftovers").splitlines() if line.strip()]
         return Outcome(rc, how, release, passes, _read(out / "guest.log"), _read(work / "vng.log"), leftovers,
-                       boot_s, total)
+                       _read(out / "features.txt"), boot_s, total)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -275,6 +280,8 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--user", action="append", default=[],
                    help="pytest argument for the delegated user's pass (default: USER_TESTS)")
     p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--features", action="store_true",
+                   help="also run every backend end to end in tests/vm/kernel_features.py (minutes)")
     ns = p.parse_args(args)
     if not ns.root and not ns.user:
         ns.root, ns.user = ROOT_TESTS, USER_TESTS
@@ -283,8 +290,10 @@ def main(args: list[str] | None = None) -> int:
         print(f"cannot boot the test VM: {why}", file=sys.stderr)
         return 2
     print(f"accel: {accel()[1]}; kernel {_kernels()[0][0]}", file=sys.stderr)
-    o = boot(ns.root, ns.user, timeout_s=ns.timeout, progress=lambda m: print(m, file=sys.stderr))
+    o = boot(ns.root, ns.user, timeout_s=ns.timeout, progress=lambda m: print(m, file=sys.stderr),
+             full_features=ns.features)
     sys.stdout.write(o.log)
+    sys.stdout.write("--- kernel features in the guest:\n" + o.features)
     if o.rc is None:
         print(f"--- killed at the deadline ({ns.timeout:.0f} s); vng's output:\n{o.vng_log[-3000:]}", file=sys.stderr)
     boot_s = f"{o.boot_s:.1f} s" if o.boot_s is not None else "?"

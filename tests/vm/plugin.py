@@ -76,7 +76,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         job()
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001 - pytest's hook
+    """What the VM measured, in CI's log whatever the tests' outcome: its times and the
+    guest kernel's features (docs/kernel-features.md is made from these lines)."""
+    o = _job.outcome if _job is not None else None
+    if o is None:
+        return
+    tr = terminalreporter
+    boot = f"{o.boot_s:.0f} s" if o.boot_s is not None else "?"
+    counts = "; ".join(f"{p.name} pass: " + ", ".join(f"{len(p.by_outcome(k))} {k}" for k in ("passed", "failed",
+                                                                                            "error", "skipped"))
+                       for p in o.passes.values())
+    tr.write_sep("-", f"test VM ({o.accel}, kernel {o.kernel}): booted in {boot}, {o.total_s:.0f} s in all")
+    tr.write_line(counts)
+    for line in o.features.splitlines():
+        tr.write_line("  " + line.replace("\t", ": ", 1))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _job is not None:
+        _job.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
     global _job
     if _job is not None:
         _job.close()
