@@ -5,8 +5,9 @@ delegated cgroup subtree (``tests/vm/guest.sh`` does the guest's side).
 
 ``boot(root_tests, user_tests)`` runs one VM and returns what came back (each pass's exit
 code, its junit results and the guest's log, what the passes left behind, the times);
-``why_not()`` names what this machine lacks to run one. ``python -m tests.vm.harness
-[--root SEL]... [--user SEL]...`` does the same by hand and prints the guest's log.
+``why_not()`` names what this machine lacks to run one (``PETRI_TEST_VM=0`` turns it off).
+``python -m tests.vm.harness [--root SEL]... [--user SEL]... [--features]`` does the same by
+hand and prints the guest's log.
 
 How the VM runs: with KVM where the CPU has hardware virtualization (vmx/svm), else under
 QEMU's emulation (TCG), which boots in ~30 s and runs everything ~10-50x slower: keep the
@@ -19,9 +20,16 @@ session is SIGKILLed when the deadline passes or the caller is interrupted, and 
 temporary directory is removed. The guest's loop devices, mounts and cgroups are the guest
 kernel's own: nothing of the host's is touched.
 
-Caveats: the guest's root is the host's ``/`` over 9p (read-only; ``/etc``, ``/usr``,
-``/var``, ``/tmp``, ``/root`` and the repository get a throwaway overlay), so Python's start
-is slow there (~1-2 s under TCG); the guest has no network.
+Caveats:
+- The guest's root is the host's ``/`` over 9p, read-only: ``/etc``, ``/var`` and ``/root``
+  get virtme-ng's throwaway overlays, the repository one of guest.sh's, ``/usr`` is the
+  host's again with 9p caching, ``/tmp`` and ``/var/tmp`` an ext4 in guest memory. Python
+  still starts in ~1-2 s there under TCG; the guest has no network.
+- Measured here under TCG (2 vCPUs, 2 GiB): boot 11-40 s and the whole run 510-950 s,
+  depending on the host's load. The KVM path (hardware vmx/svm) is virtme-ng's default and
+  has not run on this project's machines.
+- Under emulation, tests that time sub-second windows (a 0.7 s timeout plus a 0.5 s grace)
+  or assume a process started within a second are not in the selections.
 """
 from __future__ import annotations
 
@@ -130,6 +138,8 @@ def vng_path() -> str | None:
 
 def why_not() -> str | None:
     """What this machine lacks to boot the test VM (None: nothing)."""
+    if os.environ.get("PETRI_TEST_VM") == "0":
+        return "turned off with PETRI_TEST_VM=0"
     if os.geteuid() != 0:
         return "the VM's tests need root (the guest runs as the caller; its half is root's)"
     if shutil.which("qemu-system-x86_64") is None:
