@@ -29,14 +29,10 @@ out=$v/out
 
 # The host's files again, with caching: the root virtme-ng mounts has none, and every
 # Python start reads hundreds of files (a cold `import trio` took 18 s, cached 3 s). The
-# host does not change them while the VM runs. /usr read-only; the repository gets an
-# overlay so that nothing the tests write reaches the host.
+# host does not change them while the VM runs. /usr read-only; the repository below.
 mkdir $v/host && mount -t 9p -o trans=virtio,version=9p2000.L,cache=loose,msize=524288,ro petri-hostfs $v/host \
   || exit 91
 mount --bind $v/host/usr /usr || exit 91
-mkdir $v/repo-upper $v/repo-work \
-  && mount -t overlay -o "lowerdir=$v/host$repo,upperdir=$v/repo-upper,workdir=$v/repo-work" overlay "$repo" \
-  || exit 91
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
 export PYTHONDONTWRITEBYTECODE=1 CI=${CI:-}
@@ -58,6 +54,11 @@ done
 
 truncate -s 8G $v/scratch.img && mkfs.ext4 -q $v/scratch.img && mount -o loop $v/scratch.img /tmp || exit 92
 chmod 1777 /tmp && mkdir -m 1777 /tmp/.var-tmp && mount --bind /tmp/.var-tmp /var/tmp || exit 92
+# Now (a clone may live under the /tmp or /var/tmp just covered): the repository at its own
+# path, from the cached host files, with an overlay so nothing the tests write reaches the host.
+mkdir -p "$repo" $v/repo-upper $v/repo-work \
+  && mount -t overlay -o "lowerdir=$v/host$repo,upperdir=$v/repo-upper,workdir=$v/repo-work" overlay "$repo" \
+  || exit 92
 say "set up: /tmp on $(findmnt -n -o SOURCE,FSTYPE /tmp | tail -n 1)"
 
 # Accounts: written directly, as useradd fails on virtme-ng's /etc overlay ("failure while

@@ -238,7 +238,9 @@ def boot(root_tests: list[str], user_tests: list[str], *, timeout_s: float = 150
         if full_features:
             (out / "features.full").write_text("")
         argv = [vng_path() or "vng", "--run", str(image), "--cpus", str(CPUS), "--memory", MEMORY,
-                "--rwdir", str(out), "--overlay-rwdir", "/root",
+                # The repository at its own path even where the guest covers it (a clone under
+                # /tmp or /var/tmp: virtme-ng mounts tmpfs there); guest.sh overlays it.
+                "--rwdir", str(out), "--rodir", str(REPO), "--overlay-rwdir", "/root",
                 # The host's / again, for guest.sh to mount with caching (virtme-ng's root has none).
                 "--qemu-opts=-fsdev local,id=petri-hostfs,path=/,security_model=none,readonly=on,multidevs=remap "
                 "-device virtio-9p-pci,fsdev=petri-hostfs,mount_tag=petri-hostfs",
