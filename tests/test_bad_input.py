@@ -180,6 +180,10 @@ def bad_command(draw, ws: Path, sb: str) -> list[str]:
             ["--timeout", draw(BAD_DURATION), sb, "--", "true"], ["-e", draw(BAD_ENV), sb, "--", "true"],
             ["--seccomp", draw(choice_not("default", "strict", "off")), sb, "--", "true"],
             [draw(bad_id(ws)), "--", "true"]])),
+        "shell": lambda: draw(st.sampled_from([
+            [sb, "--timeout", draw(BAD_DURATION)], ["-e", draw(BAD_ENV), sb],
+            ["--seccomp", draw(choice_not("default", "strict", "off")), sb], [draw(bad_id(ws))]])),
+        "tui": lambda: ["--race", draw(st.one_of(st.just(""), bad_id(ws)))],  # no race exists here
         "logs": lambda: draw(st.sampled_from([[draw(bad_id(ws))], [sb, "--run", draw(BAD_INT)]])),
         "status": lambda: [draw(bad_id(ws))],
         "lineage": lambda: [draw(bad_id(ws))],
@@ -198,14 +202,21 @@ def bad_command(draw, ws: Path, sb: str) -> list[str]:
         "init": lambda: ["--backend", draw(choice_not("auto", "btrfs", "zfs", "reflink", "overlay", "fuse", "copy"))],
         "help": lambda: [draw(WEIRD.filter(lambda t: t.strip() and "\x00" not in t and t[:1] != "-"))],
     }
-    kind = draw(st.sampled_from([*cases, "missing", "unknown option", "reason"]))
+    kind = draw(st.sampled_from([*cases, "missing", "unknown option", "reason", "workspace"]))
     if kind == "missing":
         argv = draw(st.sampled_from([["status"], ["rollback"], ["logs"], ["diff"], ["run"], race[:1] + ["--cmd",
                                      "true"], ["race", "--check", "true"]]))
     elif kind == "unknown option":
-        argv = [draw(st.sampled_from(["fork", "ls", "status", "snapshot", "log", "gc", "promotions"])), "--bogus-x"]
+        argv = [draw(st.sampled_from(["fork", "ls", "status", "snapshot", "snapshots", "log", "gc", "promotions",
+                                      "mcp", "tui", "shell", "deinit", "lineage", "stats", "diff", "logs"])),
+                draw(st.sampled_from(["--bogus-x", "-Z", "--json=1", "--all=yes"]))]
     elif kind == "reason":
         argv = ["--reason", draw(BAD_NOTE), draw(st.sampled_from(["fork", "snapshot", "gc"]))]
+    elif kind == "workspace":  # an empty --workspace is a script's empty variable, not "the one here"
+        argv = [draw(st.sampled_from(["--workspace", "--workspace="])), *draw(st.sampled_from([
+            ["ls"], ["status", sb], ["fork"], ["tui"], ["mcp"], ["snapshot"], ["log"]]))]
+        if argv[0] == "--workspace":
+            argv.insert(1, draw(st.sampled_from(["", " "])))
     else:
         argv = (race[1:] if kind == "race" else []) + cases[kind]()
         argv = [kind, *argv]

@@ -47,12 +47,18 @@ def workspace() -> "Workspace":
     its engine opened (and leftovers reaped) now, so a broken store fails before any work."""
     from ..api import open as open_workspace
 
-    if G.workspace is not None and not G.workspace.strip():  # not "the one here": a script's empty variable
-        from ..errors import UsageError
-        raise UsageError(detail="bad --workspace '': give the workspace's path")
-    ws = open_workspace(override=G.workspace, via="cli")
+    ws = open_workspace(override=workspace_flag(), via="cli")
     ws.engine  # noqa: B018 - open it here: "not a workspace" is this command's error, exit 4
     return ws
+
+
+def workspace_flag() -> str | None:
+    """``--workspace``: None when not given; an empty one is refused (a script's empty
+    variable), not taken for "the one here"."""
+    if G.workspace is not None and not G.workspace.strip():
+        from ..errors import UsageError
+        raise UsageError(detail="bad --workspace '': give the workspace's path")
+    return G.workspace
 
 
 SECCOMP_HELP = ("Syscall filter: default, strict (also no sockets but AF_UNIX without --net) or off;"
