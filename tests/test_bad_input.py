@@ -389,7 +389,8 @@ def test_log_refuses_a_limit_past_sqlite_and_an_unknown_op(ws):
     message = assert_one_line_error(["log"], rc, out, err)
     assert "bad --op 'bogus'" in message and "fork" in message and "promote" in message
     rc, out, _ = run_petri(ws, ["log", "--json", "--op", "fork", "-n", str((1 << 63) - 1)])
-    assert rc == 0 and [e["op"] for e in json.loads(out)["entries"]] == ["fork"]
+    ops = [e["op"] for e in json.loads(out)["entries"]]
+    assert rc == 0 and ops and set(ops) == {"fork"}, ops  # the fixture's fork, and refused ones if any ran
     rc, out, _ = run_petri(ws, ["log", "--json", "--op", "evolve"])  # known, none yet: not a typo
     assert rc == 0 and json.loads(out)["entries"] == []
 
