@@ -29,11 +29,13 @@ class AmbiguousId(UsageError):
 
 
 class BadDuration(UsageError):
-    """bad duration '{text}': use a number of seconds or a number with s, m, h or d (e.g. 90s, 15m, 2h)"""
+    """bad {what} '{text}': use seconds, or a number with ms, s, m, h, d or w, or several together
+    (e.g. 500ms, 90s, 15m, 2h, 1h30m, 2w)"""
 
 
 class BadSize(UsageError):
-    """bad size '{text}': use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
+    """bad {what} '{text}': use bytes, or a number with K, M, G, T or P (also KB or KiB: powers of 1024;
+    e.g. 512M, 1.5G)"""
 
 
 class NotInitialised(Unsupported):

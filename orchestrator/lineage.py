@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
 from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
 
 if TYPE_CHECKING:
@@ -252,9 +251,9 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
     "why"}`` per sandbox destroyed (``why``: the tree's newest generation)."""
     from snapshot.errors import PetriError
 
+    from .units import MAX_SQL_INT, check_count
 
-    if keep < 1:
-        raise UsageError(detail=f"--keep-generations must be at least 1, not {keep}")
+    check_count("--keep-generations", keep, 1, MAX_SQL_INT)
     rows = [r for r in engine.registry.sandboxes() if not _is_throwaway(r)]
     by_id = {r.id: r for r in rows}
 

@@ -42,9 +42,6 @@ def log_(
     op: Annotated[Optional[str], typer.Option("--op", help="Only this operation (fork, run, promote, ...).")] = None,
 ) -> None:
     """The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason, result."""
-    from ..errors import UsageError
-    if limit is not None and limit < 1:
-        raise UsageError(detail=f"bad --limit {limit}: at least 1")
     doc = workspace().log(since=since, limit=limit, op=op).to_json()
     o = out()
     if G.json:

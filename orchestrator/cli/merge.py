@@ -87,6 +87,9 @@ def promote(
 
     from ..promotions import promote as do_promote
     o = out()
+    if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
+        from ..errors import EmptyCommand
+        raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
     if to is not None or resume is not None:
         from .lineage import promote_staged
         promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,

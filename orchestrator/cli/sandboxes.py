@@ -33,10 +33,7 @@ def fork(
     --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
     a fork, whose row records its parent and generation (the parent's + 1)."""
     from ..limits import Limits
-    from ..units import parse_cpus, parse_duration, parse_size
-    limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
-                    pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
-                    ttl_s=parse_duration(ttl) if ttl else None)
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
     made = workspace().fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
     o = out()
     if G.json:

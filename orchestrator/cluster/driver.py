@@ -107,6 +107,7 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
 
     t0 = time.monotonic()
     session = Session(cluster)  # a bad address fails here, before anything is made
+    await trio.to_thread.run_sync(session.probe)  # and one where no Ray head answers, before Ray is imported
     log = events.log_for(engine.store.root)
     await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
