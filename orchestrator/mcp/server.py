@@ -154,7 +154,8 @@ class State:
             await job.changed.wait(deadline - time.monotonic())
         events, nxt, dropped = job.events_from(cursor)
         doc: dict[str, Any] = {"schema": 1, "sandbox": sb, "run": run, "events": events, "next_cursor": nxt,
-                               "dropped": dropped, "done": False, "exit_code": None, "killed_by": None}
+                               "dropped": dropped, "done": False, "exit_code": None, "killed_by": None,
+                               "ended_by": None}
         if job.done.is_set() and nxt >= job.next_cursor:
             doc.update(await self._ended(job))
         return doc
@@ -166,7 +167,8 @@ class State:
             d = job.result.to_json()
         else:
             d = next((r.to_json() for r in await self.ws.logs(job.sandbox) if r.run == job.run), {})
-        out = {"done": True, "exit_code": d.get("exit_code"), "killed_by": d.get("killed_by"), "killed": job.killed,
+        out = {"done": True, "exit_code": d.get("exit_code"), "killed_by": d.get("killed_by"),
+               "ended_by": d.get("ended_by"), "killed": job.killed,
                "duration_s": d.get("duration_s"), "stdout_path": d.get("stdout_path"),
                "stderr_path": d.get("stderr_path")}
         if job.error is not None:
@@ -183,6 +185,7 @@ class State:
         done = d.get("finished_at") is not None
         return {"schema": 1, "sandbox": sb, "run": run, "events": [], "next_cursor": 0, "dropped": 0, "done": done,
                 "exit_code": d.get("exit_code") if done else None, "killed_by": d.get("killed_by"),
+                "ended_by": d.get("ended_by"),
                 "stdout_path": d.get("stdout_path"), "stderr_path": d.get("stderr_path"),
                 "note": "not started by this server: its output is in stdout_path and stderr_path"}
 
