@@ -191,9 +191,12 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
 
 def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
     from snapshot.errors import PetriError
+    from .lineage import mark_scaffold
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:
+        # petri's own: if this petri is killed (SIGKILL), the next stage command or gc reaps it
+        mark_scaffold(engine, sb, "verify", promotion=promo_id)
         code = _run_verify(engine, sb.id, cmd, echo)
     finally:
         try:

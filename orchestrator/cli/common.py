@@ -184,7 +184,11 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
         message = str(e)
         code = fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        code = fail("interrupted", 130)
+        if G.debug:
+            _print_traceback()
+        from .. import interrupts
+        message = interrupts.interrupted_by()
+        code = fail(message, interrupts.exit_code())
     except BrokenPipeError:
         code = 0
     except Exception as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
@@ -199,6 +203,9 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
                 code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
     if scope is not None:
         from .. import audit
+        if code and message == "ok":
+            from .. import interrupts
+            message = interrupts.said() or message  # a command that settled an interrupt itself
         audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
                      durable=durable)
     try:
