@@ -243,3 +243,36 @@ def test_nohup_keeps_sighup_ignored(ws):
     assert proc.returncode == 0 and len(out.splitlines()) == 20, (out, err)
     rows = petri("ls", "--json", cwd=ws).json["sandboxes"]
     assert len(rows) == 20 and {s["state"] for s in rows} == {"ready"}
+
+
+# ---------------------------------------------------------------------------- mcp
+
+
+@needs_sandbox
+@pytest.mark.parametrize("sig,code,how", SIGNALS)
+def test_a_signal_to_the_mcp_server(ws, sig, code, how):
+    """`petri mcp` ends its runs and exits 128 + the signal; its audit row says so (the server
+    ends with os._exit, past the CLI's edge, which wrote none)."""
+    from tests.test_mcp import Raw, alive_with
+
+    sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
+    token = os.urandom(6).hex()
+    raw = Raw(ws)
+    try:
+        raw.handshake()
+        st = raw.call("sandbox_run_start", {"sandbox": sb, "command": f"sleep 300; : {token}"})["structuredContent"]
+        deadline = time.monotonic() + 20
+        while not alive_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raw.p.send_signal(sig)
+        raw.p.wait(timeout=60)
+        assert raw.p.returncode == code
+    finally:
+        if raw.p.poll() is None:
+            raw.p.kill()
+            raw.p.wait()
+    _nothing_left(ws, [sb], token)
+    row = _audit_row(ws, "mcp")
+    assert (row["exit_code"], row["result"]) == (code, how), row
+    run = [r for r in petri("logs", sb, "--json", cwd=ws).json["runs"] if r["run"] == st["run"]][0]
+    assert (run["exit_code"], run["ended_by"]) == (143, "killed"), run
