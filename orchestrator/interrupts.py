@@ -78,6 +78,11 @@ def note(signum: int) -> None:
         _noted = signum
 
 
+def taken() -> bool:
+    """Did a signal interrupt this command?"""
+    return _noted is not None
+
+
 def signal_number() -> int:
     return _noted if _noted is not None else signal.SIGINT
 

@@ -466,6 +466,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
+    stopped: str | None = None
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
@@ -476,9 +477,14 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
                            seccomp=profile, log_cap=load_config(engine.root).log_cap)
             code = run_shell(spec)
+    except BaseException as e:
+        cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing
+        if cut[1] is not None:
+            code, stopped = cut
+        raise
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
-            "timeout" if code == 124 else None)
+            "timeout" if code == 124 else stopped)
         code, killed = _what_ended(engine, row, n, code, killed)
         engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0, killed_by=killed)
         _settle_state(engine, row.id, n)

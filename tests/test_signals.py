@@ -208,6 +208,30 @@ def test_a_signal_to_petri_run_goes_to_the_command(ws, sig, code, how):
     assert _audit_row(ws, "run")["exit_code"] == code
 
 
+@needs_sandbox
+@pytest.mark.parametrize("sig,code,how", SIGNALS)
+def test_a_signal_to_petri_shell(ws, sig, code, how):
+    """`petri shell` (its terminal closed: SIGHUP; or SIGTERM, SIGINT from elsewhere) ends the
+    shell; the run is recorded as stopped with 128 + the signal, not as petri failing."""
+    sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
+    token = os.urandom(6).hex()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "shell", sb], cwd=ws, env=_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.stdin is not None
+    proc.stdin.write(f"echo {token}; exec sleep 300\n")
+    proc.stdin.flush()
+    log = ws / ".petri" / "logs" / sb / "run-1.out"
+    out, err = _signal_when(proc, lambda: log.exists() and log.read_text(errors="replace").count(token) >= 2,
+                            sig, "the shell")
+    assert proc.returncode == code, (out, err)
+    assert err.strip().splitlines()[-1] == f"petri: {how}", err  # not a silent exit (typer's own 130)
+    run = petri("logs", sb, "--json", cwd=ws).json["runs"][-1]
+    assert (run["exit_code"], run["ended_by"]) == (code, "killed") and run["duration_s"], run
+    _nothing_left(ws, [sb], token)
+    assert _audit_row(ws, "shell")["exit_code"] == code
+
+
 # ---------------------------------------------------------------------------- fork -n 20
 
 

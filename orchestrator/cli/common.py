@@ -178,6 +178,10 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
             scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
         rv = body()
         code = rv if isinstance(rv, int) else 0
+        if code:
+            from .. import interrupts
+            if interrupts.taken() and interrupts.said() is None:
+                raise KeyboardInterrupt  # typer turns one into a silent exit 130: say what it was
     except PetriError as e:
         if G.debug:
             _print_traceback()
