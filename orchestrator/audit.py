@@ -123,10 +123,15 @@ def operation(op: str, argv: Sequence[str], via: str, *, reason: str | None = No
         code, result = e.exit_code, str(e)
         raise
     except KeyboardInterrupt:
-        code, result = 130, "interrupted"
+        from . import interrupts
+        code, result = interrupts.exit_code(), interrupts.interrupted_by()
         raise
     except BaseException as e:
-        code, result = 1, f"{type(e).__name__}: {e}"
+        from . import interrupts
+        if interrupts.is_cancellation(e):  # the caller cancelled it (a task, an MCP call): stopped on request
+            code, result = 143, "cancelled"
+        else:
+            code, result = 1, f"{type(e).__name__}: {e}"
         raise
     finally:
         finish(scope, token, code, result)

@@ -20,6 +20,20 @@ class OrchestratorError(PetriError):
     """{detail}"""
 
 
+class Interrupted(OrchestratorError):
+    """{how}: {detail}
+
+    SIGINT, SIGTERM or SIGHUP stopped the command (``orchestrator.interrupts``), which
+    settled first and says how: exit 128 + the signal."""
+
+    exit_code = 130
+
+    def __init__(self, *, detail: str) -> None:
+        from . import interrupts
+        super().__init__(how=interrupts.interrupted_by(), detail=detail)
+        self.exit_code = interrupts.exit_code()
+
+
 class UnknownId(NotFound):
     """no {what} matches '{ident}'; see {listing}"""
 

@@ -206,7 +206,8 @@ def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Calla
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:
-        mark_scaffold(engine, sb, "verify", promotion=promo_id)  # petri's own: not in the lineage
+        # petri's own: if this petri is killed (SIGKILL), the next stage command or gc reaps it
+        mark_scaffold(engine, sb, "verify", promotion=promo_id)
         code = _run_verify(engine, sb.id, cmd, echo)
     finally:
         try:

@@ -50,10 +50,11 @@ says what failed, ``telling_line``: a test runner's verdict, an exception line, 
 line that is not noise) with its log (``stderr_path``, ``stdout_path``: the candidate's
 copy). An applied candidate that changed nothing is flagged (``changed_nothing``).
 
-Ctrl-C (SIGINT): the race takes it through trio's signal receiver, not as a
-KeyboardInterrupt that may land anywhere: the checks are cancelled (their processes
-killed), every sandbox of the race and its implicit base snapshot are removed, and
-``RaceInterrupted`` (exit 130) carries what was known of each candidate.
+Ctrl-C, SIGTERM, SIGHUP (``timeout``, ``kill``, a closed terminal): the race takes them
+through trio's signal receiver, not as a KeyboardInterrupt that may land anywhere: the
+checks are cancelled (their processes stopped, their runs recorded as killed), every
+sandbox of the race and its implicit base snapshot are removed, and ``RaceInterrupted``
+(exit 128 + the signal: 130, 143, 129) carries what was known of each candidate.
 
 ``git apply`` runs hardened: no system or global config (``GIT_CONFIG_NOSYSTEM``,
 ``GIT_CONFIG_GLOBAL=/dev/null``, ``HOME`` in the sandbox's ``/tmp``), no fsmonitor or hooks,
@@ -370,9 +371,14 @@ def failure_reason(doc: dict[str, Any], command: str) -> str:
 
 
 class RaceInterrupted(OrchestratorError):
-    """interrupted: {what} stopped and its sandboxes were removed"""
+    """{how}: {what} stopped and its sandboxes were removed"""
 
     exit_code = 130
+
+    def __init__(self, *, what: str) -> None:
+        from . import interrupts
+        super().__init__(how=interrupts.interrupted_by(), what=what)
+        self.exit_code = interrupts.exit_code()  # 128 + the signal: 130, 143 or 129
 
 
 @dataclass
@@ -405,9 +411,10 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
     its own loop); ``race_sync(..., promote=True)`` does both.
 
-    SIGINT (when run in the main thread) stops the race cleanly: the checks are killed, every
-    sandbox of the race (throwaway forks included) and its implicit base snapshot are
-    removed, and ``RaceInterrupted`` (exit 130) carries what was known (``.doc``)."""
+    SIGINT, SIGTERM or SIGHUP (when run in the main thread) stops the race cleanly: the
+    checks are killed, every sandbox of the race (throwaway forks included) and its implicit
+    base snapshot are removed, and ``RaceInterrupted`` (exit 128 + the signal) carries what
+    was known (``.doc``)."""
     import signal
 
     import trio
@@ -428,33 +435,46 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     if on_start is not None:
         on_start(race.id)
     doc = None
-    with contextlib.ExitStack() as stack:
-        try:
-            receiver = stack.enter_context(trio.open_signal_receiver(signal.SIGINT))
-        except RuntimeError:  # not the main thread: an interrupt arrives as KeyboardInterrupt
-            receiver = None
-        try:
-            async with trio.open_nursery() as guard:
-                if receiver is not None:
-                    async def on_sigint() -> None:
-                        async for _ in receiver:
-                            guard.cancel_scope.cancel()
-                            return
-                    guard.start_soon(on_sigint)
-                if cluster is not None:
-                    from .cluster.driver import cluster_race
-                    doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
-                                             limits=limits, timeout_s=timeout_s, keep=keep, say=say,
-                                             seccomp=seccomp, cluster=cluster)
-                else:
-                    doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
-                                      timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
-                guard.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            leaf = _single(group)
-            if leaf is None:
-                raise
-            raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
+    stack = contextlib.ExitStack()
+    try:
+        with stack:
+            ending = [signal.SIGINT, signal.SIGTERM]
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+                ending.append(signal.SIGHUP)  # ignored: nohup asked for that
+            try:
+                receiver = stack.enter_context(trio.open_signal_receiver(*ending))
+            except RuntimeError:  # not the main thread: an interrupt arrives as KeyboardInterrupt
+                receiver = None
+            try:
+                async with trio.open_nursery() as guard:
+                    if receiver is not None:
+                        async def on_sigint() -> None:
+                            from . import interrupts
+                            async for signum in receiver:
+                                interrupts.note(signum)
+                                guard.cancel_scope.cancel()
+                                return
+                        guard.start_soon(on_sigint)
+                    if cluster is not None:
+                        from .cluster.driver import cluster_race
+                        doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
+                                                 limits=limits, timeout_s=timeout_s, keep=keep, say=say,
+                                                 seccomp=seccomp, cluster=cluster)
+                    else:
+                        doc = await _race(engine, race, candidates, check, source=source, jobs=jobs,
+                                          limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
+                    guard.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                leaf = _single(group)
+                if leaf is None:
+                    raise
+                raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
+    except KeyboardInterrupt:
+        # A signal the receiver still held when it closed is delivered again then (trio does
+        # that): a second one of the same interrupt (``timeout`` signals petri and its process
+        # group), or one after the race ended, which changes nothing.
+        if doc is None:
+            raise _interrupted(race) from None
     if doc is None:  # only an interrupt ends the guard's nursery without a result
         raise _interrupted(race)
     if label is not None:
@@ -827,11 +847,11 @@ def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **k
     handler is in place, or off the main thread) becomes ``RaceInterrupted`` too."""
     import functools
 
-    import trio
+    from . import interrupts
 
     promote = kw.pop("promote", False)
     try:
-        doc = trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+        doc = interrupts.trio_run(functools.partial(run_race, engine, candidates, check, **kw))
     except BaseExceptionGroup as group:
         ki, rest = group.split(KeyboardInterrupt)
         if ki is not None and rest is None:

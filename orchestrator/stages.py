@@ -107,6 +107,15 @@ def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda p: (p["doc"].get("index", 0), p["created_at"]))
 
 
+def _check_target(engine: "Engine", stage: "Stage") -> None:
+    """``StageTargetMissing`` (exit 4) unless the stage's target is this workspace, a fresh
+    fork, or another petri workspace."""
+    from .workspace import is_workspace
+
+    if stage.target not in ("fresh", "workspace") and not is_workspace(Path(os.path.realpath(stage.target))):
+        raise StageTargetMissing(stage=stage.name, path=os.path.realpath(stage.target))
+
+
 def _target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
     """This workspace's engine, or the other workspace's a path stage names."""
     from .services import Engine
@@ -309,6 +318,8 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     stages = _stages(engine)
     last = _index(stages, to)
     row = engine.resolve_sandbox(sandbox)
+    for st in stages[:last + 1]:
+        _check_target(engine, st)  # refused (exit 4) before anything is made: no row, no pinned fork
     recover(engine)
     pipeline = new_id("p")
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
@@ -354,6 +365,13 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
                                            f"with `petri promote {sandbox} --to {stages[last].name}`")
         try:
             outcome = _run_stage(engine, pinned, st, promo_id, doc, say, checks_only=checks_only)
+        except StageTargetMissing:
+            # its target went away since the pipeline began: that stage wrote nothing, and
+            # nothing could --resume it; the pipeline ends (earlier stages stay as they are)
+            doc["error"] = "target missing"
+            _finish(engine, promo_id, doc, "failed", "failed")
+            _end(engine, pinned_id)
+            raise
         except PetriError as e:
             if e.exit_code == 3:  # a conflict: that stage wrote nothing; the pipeline ends
                 _end(engine, pinned_id)

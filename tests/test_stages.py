@@ -401,3 +401,54 @@ def test_sigkill_then_rollback_instead_of_resume(project):
     r = petri("rollback", first["id"], "--json", cwd=dev)
     assert r.rc == 0, r
     assert manifest(dev) == old_dev and manifest(staging) == old_staging
+
+
+def _everything(ws: Path) -> tuple[list, list, list]:
+    """Every promotion row (conflicts too), every sandbox (destroyed ones too), every snapshot."""
+    promos = petri("promotions", "--all", "--json", cwd=ws).json["promotions"]
+    sbs = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
+    snaps = petri("snapshots", "--json", cwd=ws).json["snapshots"]
+    return promos, sbs, snaps
+
+
+def test_a_refused_target_leaves_nothing_and_retries_add_nothing(project, tmp_path):
+    """`--to STAGE` whose target is not a petri workspace (exit 4) is refused before anything
+    is made: no promotion row, no pinned fork, no snapshot; a retry is refused the same way."""
+    dev, _staging = project
+    nowhere = tmp_path / "not-a-workspace"
+    nowhere.mkdir()
+    configure(dev, [{"name": "fresh", "target": "fresh", "checks": ["python3 test_calc.py"]},
+                    {"name": "staging", "target": str(nowhere), "checks": ["true"]}])
+    sb = fixed_sandbox(dev)
+    before = _everything(dev)
+    for _ in range(3):
+        r = petri("promote", sb, "--to", "staging", "--json", cwd=dev)
+        assert r.rc == 4, r
+        assert r.err.strip() == (f"petri: stage 'staging': {nowhere} is not a petri workspace; "
+                                 "run `petri init` there first"), r.err
+        assert r.json["exit_code"] == 4
+        assert _everything(dev) == before
+    assert petri("gc", cwd=dev).rc == 0
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
+    assert (dev / "calc.py").read_text() == BUGGY
+
+
+def test_a_target_gone_mid_pipeline_ends_it(project):
+    """The target of a later stage is no workspace any more when its turn comes (a manual gate
+    waited meanwhile): that stage is refused (exit 4) and fails, having written nothing; the
+    pipeline ends (its pinned fork goes), the earlier stage stays in place, and nothing is
+    left pending for a --resume that could never succeed."""
+    dev, staging = project
+    configure(dev, three_stages(staging, gate="manual"))
+    sb = fixed_sandbox(dev)
+    r = petri("promote", sb, "--to", "staging", "--json", cwd=dev)
+    assert r.rc == 0 and r.json["pending"]["reason"] == "manual gate", r
+    assert petri("deinit", "--force", cwd=staging).rc == 0
+    r2 = petri("promote", "--resume", r.json["pending"]["promotion"], "--json", cwd=dev)
+    assert r2.rc == 4 and "is not a petri workspace" in r2.err, r2
+    rows = {p["stage"]: p for p in stage_rows(dev) if p["stage"]}
+    assert rows["staging"]["state"] == "failed" and rows["dev"]["state"] == "done", rows
+    assert not [p for p in stage_rows(dev) if p["state"] == "pending"]
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
+    assert (dev / "calc.py").read_text() == FIXED
+    assert petri("init", "--backend", "copy", cwd=staging).rc == 0  # for the fixture's deinit

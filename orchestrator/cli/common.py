@@ -193,12 +193,19 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
             scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
         rv = body()
         code = rv if isinstance(rv, int) else 0
+        if code:
+            from .. import interrupts
+            if interrupts.taken() and interrupts.said() is None:
+                raise KeyboardInterrupt  # typer turns one into a silent exit 130: say what it was
     except BaseException as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
         if isinstance(e, (SystemExit, GeneratorExit)):
             raise
         code, message = _settle(e)
     if scope is not None:
         from .. import audit
+        if code and message == "ok":
+            from .. import interrupts
+            message = interrupts.said() or message  # a command that settled an interrupt itself
         audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
                      durable=durable)
     try:
@@ -219,7 +226,11 @@ def _settle(e: BaseException) -> tuple[int, str]:
             _print_traceback()
         return fail(str(e), e.exit_code), str(e)
     if isinstance(e, KeyboardInterrupt):
-        return fail("interrupted", 130), "interrupted"
+        if G.debug:
+            _print_traceback()
+        from .. import interrupts
+        message = interrupts.interrupted_by()
+        return fail(message, interrupts.exit_code()), message
     if isinstance(e, BrokenPipeError):
         return 0, "ok"
     if not isinstance(e, Exception):  # another BaseException: not ours to turn into a line

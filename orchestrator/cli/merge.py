@@ -176,23 +176,26 @@ def _lexists_under(root: bytes, rel: bytes) -> bool:
 
 
 def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> None:
-    """Ctrl-C in promote: say truthfully whether the sandbox was promoted (exit 130)."""
-    import signal
-
+    """Ctrl-C (or SIGTERM, SIGHUP) in promote: say truthfully whether the sandbox was
+    promoted (exit 128 + the signal)."""
+    from .. import interrupts
     from ..promotions import settle_interrupted
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the settling short
+    interrupts.hold()  # a second signal must not cut the settling short
     promo = settle_interrupted(e, sb_id, started)
+    how = interrupts.interrupted_by()
     if promo is None:
-        msg = f"interrupted: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
+        msg = f"{how}: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
     else:
-        msg = (f"interrupted after the promotion was in place: {sb_id} was promoted as {promo}"
+        msg = (f"{how} after the promotion was in place: {sb_id} was promoted as {promo}"
                + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
     print(f"petri: {msg}", file=sys.stderr, flush=True)
+    interrupts.say(msg)
+    code = interrupts.exit_code()
     if G.json:
         rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
         out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
-                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": 130})
-    raise typer.Exit(130) from None
+                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": code})
+    raise typer.Exit(code) from None
 
 
 def nothing_to_promote(doc: dict[str, Any]) -> str:

@@ -26,15 +26,19 @@ def _promote_winner(e, doc: dict, progress) -> None:
     try:
         promote_winner(e, doc, say=progress)
     except KeyboardInterrupt:
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the settling must not be cut short
+        from .. import interrupts
+        interrupts.hold()  # the settling must not be cut short
         promo = settle_interrupted(e, doc["winner"], started)
-        msg = (f"interrupted: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
-               f"interrupted after the promotion was in place: the winner {doc['winner']} was promoted as {promo}")
+        how = interrupts.interrupted_by()
+        msg = (f"{how}: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
+               f"{how} after the promotion was in place: the winner {doc['winner']} was promoted as {promo}"
+               f"; undo with `petri rollback {promo}`")
         print(f"petri: {msg}", file=sys.stderr, flush=True)
+        interrupts.say(msg)
+        code = interrupts.exit_code()
         if G.json:
-            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": 130})
-        raise typer.Exit(130) from None
+            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": code})
+        raise typer.Exit(code) from None
 
 
 def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
@@ -108,6 +112,8 @@ def race(
                         say=progress, seccomp=seccomp, cluster=cluster)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
+        from .. import interrupts
+        interrupts.say(str(err))
         if G.json:
             o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
                                                  "exit_code": err.exit_code})

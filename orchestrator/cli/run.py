@@ -27,6 +27,7 @@ ENDED = {
     "ttl": "killed: sandbox {id} reached the end of its lifetime",
     "memory": "killed: over the memory limit",
     "destroyed": "killed: sandbox {id} was destroyed (`petri rm`) while the command ran",
+    "killed": "stopped: the command was killed after {duration_s:.1f}s (exit {exit_code})",
 }
 
 
@@ -66,8 +67,12 @@ def run(
       125  petri itself failed (could not start the sandbox, or petri was killed)
       126  the command could not be executed
       127  the command was not found
-      137  killed by SIGKILL: the memory limit (killed_by "memory"), or the sandbox
-           was destroyed by `petri rm` while it ran (ended_by "destroyed")
+      137  killed by the memory limit (killed_by "memory")
+      143  stopped by petri on request: the sandbox was destroyed by `petri rm` while
+           it ran (ended_by "destroyed"); a kill or a cancelled call of the API or MCP
+           (ended_by "killed")
+      130, 143, 129  petri was sent SIGINT, SIGTERM or SIGHUP: passed on to the command,
+           which exits as it chooses (a second one stops it: ended_by "killed")
     --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
     the files it names."""
     from ..runs import run_sync

@@ -4,7 +4,7 @@ Hot commands: the fast path (``orchestrator.cli.fastpath``) calls these function
 typer (see ``orchestrator.cli.declare``), so typer is named only in the annotations."""
 from __future__ import annotations
 
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
 from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
@@ -34,13 +34,31 @@ def fork(
     a fork, whose row records its parent and generation (the parent's + 1)."""
     from ..limits import Limits
     limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
-    made = workspace().fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
-    o = out()
-    if G.json:
-        o.doc(made.to_json())
-    else:
-        for s in made:
-            print(f"{s.id}\t{s.path}")
+    ws = workspace()
+    try:
+        made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
+        o = out()
+        if G.json:
+            o.doc(made.to_json())
+        else:
+            for s in made:
+                print(f"{s.id}\t{s.path}")
+    except KeyboardInterrupt:
+        _fork_interrupted(ws.engine)
+
+
+def _fork_interrupted(e: Any) -> None:
+    """Say what an interrupted fork left: the fork is undone unless every sandbox of it was
+    made already (the registry says which)."""
+    from .. import interrupts
+    from ..errors import Interrupted
+    from ..registry import LIVE_STATES
+    interrupts.hold()
+    made = [i for i in e.forking if (r := e.registry.sandbox(i)) is not None and r.state in LIVE_STATES
+            and r.owner_pid is None]
+    if made:
+        raise Interrupted(detail=f"the fork was done: {' '.join(made)}") from None
+    raise Interrupted(detail="the fork was undone: no sandbox was made") from None
 
 
 @app.command("ls")
