@@ -343,6 +343,49 @@ class Workspace:
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
 
+    # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
+    @_audited("run")
+    def start_service(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, name: str | None = None,
+                      restart: str = "no", env: dict[str, str] | None = None,
+                      cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """``run --detach``: start ``argv`` as a service of the sandbox, which outlives this
+        call (and this process) and ends by itself, ``stop_service``, the sandbox's lifetime,
+        ``remove`` or ``deinit``. ``restart``: ``no`` or ``on-failure``. Its ``services`` row."""
+        from .service_runs import start
+
+        start_dir = self._start_dir(sandbox, cwd)
+        return start(self.engine, _sandbox_id(sandbox), [os.fsdecode(a) for a in _argv(argv)], name=name,
+                     restart=restart, env=env, cwd=start_dir)
+
+    def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
+        """``services``: every service of the workspace, or of one sandbox."""
+        from .service_runs import listing
+
+        sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id if sandbox is not None else None
+        return {"services": listing(self.engine, sb)}
+
+    @_audited("stop")
+    def stop_service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
+        """``stop``: SIGTERM to the service's command, SIGKILL after a grace period."""
+        from .service_runs import stop
+
+        return stop(self.engine, _sandbox_id(sandbox), name)
+
+    @_audited("port")
+    def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None) -> dict[str, Any]:
+        """``port``: forward the host's 127.0.0.1:``host_port`` (default ``port`` when free, else
+        any free one) to the sandbox's 127.0.0.1:``port`` while the sandbox lives."""
+        from .runs import publish_port
+
+        return publish_port(self.engine, _sandbox_id(sandbox), port, host_port)
+
+    def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """The sandbox's published ports: ``{"sandbox", "ports": [{"port", "host_port"}]}``."""
+        from .sandbox import environment
+
+        row = self.engine.resolve_sandbox(_sandbox_id(sandbox))
+        return {"sandbox": row.id, "ports": environment.ports(self.engine.store.root, row.id)}
+
     def _start_dir(self, sandbox: "str | Sandbox", cwd: str | os.PathLike[str] | None) -> str | None:
         """``cwd`` of a run, checked: a directory of the sandbox (no symlink on the way), as
         the absolute path the command sees; None for the workspace root."""

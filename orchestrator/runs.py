@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 CGROUP_ROOT = reaper.CGROUP_ROOT
 cgroup_name = reaper.cgroup_name
 RUNNABLE = ("ready", "exited", "running")
+TMP_BYTES = 1 << 30  # the sandbox's /tmp, /var/tmp and /run together (one tmpfs, as root)
 _warned: set[str] = set()
 
 
@@ -163,6 +164,33 @@ def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
     from .config import load_config
 
     return load_config(engine.root).allow_sockets
+
+
+def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
+    """The sandbox's lasting environment (``sandbox.environment``), made at its first use:
+    every run, shell, check and service of the sandbox joins it."""
+    from .sandbox import environment as E
+    from .sandbox.host_sockets import private_dirs
+
+    return E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
+                    tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
+
+
+def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
+    """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
+    making its environment first if no run has yet."""
+    from .errors import BadPort, PortNeedsNoRelay
+    from .sandbox import environment as E
+
+    for what, p in (("port", port), ("host port", host_port)):
+        if p is not None and not (isinstance(p, int) and 0 < p < 65536):
+            raise BadPort(text=str(p), why=f"the {what} must be 1-65535")
+    row = runnable_row(engine, sandbox)
+    if run_limits(row).net:
+        raise PortNeedsNoRelay(sandbox=row.id, port=port)
+    environment(engine, row, run_as(engine))
+    used = E.publish(engine.store.root, row.id, port, host_port)
+    return {"sandbox": row.id, "port": port, "host_port": used}
 
 
 def warn_once(engine: "Engine", text: str) -> None:
@@ -295,7 +323,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
                            allow_sockets=_allowed_sockets(engine), seccomp=profile,
-                           log_cap=load_config(engine.root).log_cap)
+                           log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
             res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
                               output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
@@ -475,7 +503,8 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile, log_cap=load_config(engine.root).log_cap)
+                           seccomp=profile, log_cap=load_config(engine.root).log_cap,
+                           environment=environment(engine, row, who))
             code = run_shell(spec)
     except BaseException as e:
         cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing

@@ -91,10 +91,13 @@ def wrapper_argv(
     rlimits: Rlimits | None = None,
     drop_to: DropTo | None = None,
     reset_signals: bool = True,
+    join: Sequence[bytes] = (),
 ) -> list[bytes]:
     """The command line that joins the cgroups, limits, drops privileges and execs ``argv``.
     ``reset_signals=False`` leaves out ``env --default-signal`` (one exec less per run):
-    only for a caller that starts it through Popen while ``ignored_signals()`` is empty."""
+    only for a caller that starts it through Popen while ``ignored_signals()`` is empty.
+    ``join``: a command prefix (``nsenter ... --``) run before dropping privileges: it puts
+    the rest in the sandbox's lasting network namespace (``environment``)."""
     script = _JOIN
     if rlimits is not None:
         if rlimits.as_bytes is not None:
@@ -103,6 +106,7 @@ def wrapper_argv(
         if rlimits.nproc is not None:
             script += "ulimit -p %d || exit 125; " % max(1, rlimits.nproc)
     prefix: list[bytes] = [_b(ENV), b"--default-signal"] if reset_signals else []
+    prefix += [_b(a) for a in join]
     if drop_to is not None:
         try:
             pwd.getpwuid(drop_to.uid)

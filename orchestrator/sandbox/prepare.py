@@ -21,7 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 from orchestrator.limits import Limits
@@ -64,6 +64,10 @@ class RunSpec:
     # Transformations of each stream on its way to the saved file and the terminal, made per
     # stream and per start (given the stream's name): see runlog.ChunkFilter.
     output_filters: tuple[Callable[[str], ChunkFilter], ...] = ()
+    # The sandbox's lasting environment (``environment.Env``): its network namespace is
+    # joined (unless ``limits.net``), its directories are /tmp, /var/tmp and /run. None:
+    # fresh ones for this run alone.
+    environment: Any = None
 
 
 @dataclass
@@ -101,11 +105,14 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
     if bwrap is None:
         raise BwrapMissing()
     drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
+    env = spec.environment
+    join_net = env is not None and not spec.limits.net
     plan = isolation.plan_for_run(
         workspace=spec.workspace, tree=spec.tree, store=spec.store, argv=argv, cwd=spec.cwd,
         env=isolation.base_env(spec.uid, spec.env), uid=spec.uid, gid=spec.gid, net=spec.limits.net,
         tmp_bytes=spec.tmp_bytes, extra_masks=spec.extra_masks, allow_sockets=spec.allow_sockets,
         new_session=new_session, marker=marker, seccomp=spec.seccomp,
+        shared=env.dirs if env is not None else (), net_joined=join_net,
     )
     filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
     try:
@@ -124,6 +131,7 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
             rlimits=rlimits,
             drop_to=drop_to,
             reset_signals=reset_signals,
+            join=env.join_argv() if join_net else (),
         )
         yield prep
     finally:

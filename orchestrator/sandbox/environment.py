@@ -1,0 +1,391 @@
+"""A sandbox's environment: what lasts between its runs (a network namespace, ``/tmp``,
+``/var/tmp``, ``/run``) and the ports published from it. Knows no registry: the caller says
+which sandboxes live (``sweep``) and when one ends (``destroy``).
+
+Made at a sandbox's first run (``ensure``), by any petri process:
+
+- a *holder* process (``holder.py hold``, detached, in a session of its own) that owns the
+  sandbox's network namespace, loopback up, nothing else in it; when petri is not root it
+  also owns the user namespace the network namespace belongs to. It sleeps until the
+  sandbox's lifetime ends, so a sandbox nobody reaps still loses its network on time;
+- the private directories, bound by every run over ``/tmp``, ``/var/tmp`` and ``/run``
+  (``isolation``'s ``shared``): as root one tmpfs, size-capped and ``nosuid,nodev``, at
+  ``/run/petri/env/<store key>.<sandbox>`` (``env`` is root's and 0711: no listing; the
+  tmpfs is 0700 and belongs to the run's host account, handed over when that changes;
+  ``/run/petri`` is a private mount, so mounting there never reaches a running sandbox,
+  and a run never sees ``/run/petri``: its ``/run`` is its own); rootless, plain
+  directories in the store (``<store>/env/<sandbox>.d``), not size-capped.
+
+Its state is ``<store>/env/<sandbox>.json`` (the holder's pid and start time, where the
+directories are, the published ports), written under ``<sandbox>.lock`` (flock): two petri
+processes starting the first runs of one sandbox at once make one environment.
+
+A run joins it in ``cgexec``'s wrapper, before bwrap: ``nsenter --net=/proc/<holder>/ns/net``
+(as root, before dropping to the command's account; rootless ``--user=... --net=...
+--preserve-credentials``), then bwrap keeps that network namespace (``--share-net``) and
+unshares everything else: each run keeps its own pid namespace and cgroup. A sandbox with
+``--net`` uses the host's network and joins no namespace; it shares the directories.
+
+Ports (``publish``): petri binds the host's 127.0.0.1:N itself and hands the listening socket
+to a relay (``holder.py relay``) started inside the namespace, which connects to the
+sandbox's 127.0.0.1:PORT for each client. Why a relay and not pasta: pasta connects the
+namespace to the host's network (a tap with outbound routing), which a sandbox without
+``--net`` must not have; the relay reaches nothing but the one port, and needs nothing
+installed.
+
+``destroy`` (``rm``, expiry, ``deinit``) kills the relays and the holder and removes the
+directories; ``sweep`` does it for every environment whose sandbox is gone (``gc``, also
+after petri was killed).
+
+Caveats:
+- A process is recognised by pid and start time; between that check and ``nsenter`` a
+  holder that died (only ``kill`` does that before its lifetime) and whose pid was reused
+  at once would be joined instead: the window is a fork and an exec.
+- Rootless, ``/tmp`` & co are directories in the store: they count against the store's
+  filesystem, not a size cap.
+- Killed processes stay zombies on a machine whose pid 1 does not reap orphans; a zombie
+  holds no namespace, port or mount (``_alive`` counts it dead).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from orchestrator.errors import SandboxSetupFailed
+
+HOLDER = Path(__file__).with_name("holder.py")
+NSENTER = "nsenter"
+READY_S = 10.0
+# Private directories, by their path inside, and the name of their host directory.
+SHARED_DIRS: tuple[tuple[bytes, str], ...] = ((b"/tmp", "tmp"), (b"/var/tmp", "var-tmp"), (b"/run", "run"),
+                                               (b"/var/run", "var-run"))
+MS_NOSUID, MS_NODEV = 2, 4
+
+
+@dataclass(frozen=True)
+class Env:
+    """A sandbox's environment, ready to join."""
+
+    sb_id: str
+    holder_pid: int
+    own_userns: bool
+    dirs: tuple[tuple[bytes, bytes], ...]  # (host directory, path inside)
+
+    def join_argv(self) -> list[bytes]:
+        """The ``nsenter`` prefix that puts what follows in the sandbox's network namespace."""
+        ns = b"/proc/%d/ns/" % self.holder_pid
+        if self.own_userns:
+            return [NSENTER.encode(), b"--user=" + ns + b"user", b"--net=" + ns + b"net", b"--preserve-credentials",
+                    b"--"]
+        return [NSENTER.encode(), b"--net=" + ns + b"net", b"--"]
+
+
+def env_dir(store_root: Path) -> Path:
+    return store_root / "env"
+
+
+def _state_path(store_root: Path, sb_id: str) -> Path:
+    return env_dir(store_root) / f"{sb_id}.json"
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: int | None, start: int | None) -> bool:
+    return bool(pid) and start is not None and _start_time(pid) == start  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _locked(store_root: Path, sb_id: str):
+    d = env_dir(store_root)
+    d.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(d / f"{sb_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read(store_root: Path, sb_id: str) -> dict | None:
+    try:
+        return json.loads(_state_path(store_root, sb_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(store_root: Path, sb_id: str, state: dict) -> None:
+    path = _state_path(store_root, sb_id)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def _env_of(sb_id: str, state: dict) -> Env:
+    return Env(sb_id, state["holder_pid"], state["own_userns"],
+               tuple((os.fsencode(src), os.fsencode(dest)) for src, dest in state["dirs"]))
+
+
+def current(store_root: Path, sb_id: str) -> Env | None:
+    """The sandbox's environment if it exists and its holder lives (no lock, no change)."""
+    state = _read(store_root, sb_id)
+    if state is None or not _alive(state.get("holder_pid"), state.get("holder_start")):
+        return None
+    return _env_of(sb_id, state)
+
+
+def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_bytes: int,
+           until: float | None, private: Iterable[bytes]) -> Env:
+    """The sandbox's environment, made now if it does not exist (or its holder died).
+    ``private``: the host directories a run hides behind a private one (``/run``, ``/var/tmp``,
+    ``/var/run`` where it is a directory of its own; ``/tmp`` always)."""
+    with _locked(store_root, sb_id):
+        state = _read(store_root, sb_id)
+        if state is not None and _alive(state.get("holder_pid"), state.get("holder_start")) \
+                and all(os.path.isdir(src) for src, _ in state["dirs"]):
+            if state.get("owner") != [host_uid, host_gid] and os.geteuid() == 0:
+                _reown(state, host_uid, host_gid)
+                _write(store_root, sb_id, state)
+            return _env_of(sb_id, state)
+        if state is not None:
+            _teardown(store_root, sb_id, state)
+        wanted = {b"/tmp", *private}
+        state = {"holder_pid": None, "holder_start": None, "own_userns": os.geteuid() != 0, "dirs": [],
+                 "root": None, "mounted": False, "ports": []}
+        try:
+            _make_dirs(store_root, sb_id, state, host_uid, host_gid, tmp_bytes, wanted)
+            _write(store_root, sb_id, state)  # what to undo, before the holder exists
+            pid = _spawn_holder(until, state["own_userns"])
+            state["holder_pid"], state["holder_start"] = pid, _start_time(pid)
+            _write(store_root, sb_id, state)
+        except BaseException:
+            _teardown(store_root, sb_id, state)
+            raise
+        return _env_of(sb_id, state)
+
+
+def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tmp_bytes: int,
+               wanted: set[bytes]) -> None:
+    if os.geteuid() == 0:
+        from snapshot.osutil import libc
+
+        from . import run_view
+
+        run_view._owned_dir(run_view.VIEWS, 0, 0, 0o711)
+        run_view.fence_views()  # private first: this mount must not propagate into running sandboxes
+        envs = run_view._owned_dir(run_view.VIEWS / "env", 0, 0, 0o711)
+        root = envs / f"{run_view.store_key(store_root)}.{sb_id}"
+        root.mkdir(mode=0o700, exist_ok=True)
+        state["root"] = str(root)
+        opts = b"size=%d,mode=0700,uid=%d,gid=%d" % (tmp_bytes, uid, gid)
+        if libc.mount(b"tmpfs", os.fsencode(root), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+            import ctypes
+
+            raise SandboxSetupFailed(detail=f"cannot mount the sandbox's /tmp at {root}: "
+                                            f"{os.strerror(ctypes.get_errno())}")
+        state["mounted"] = True
+    else:
+        root = env_dir(store_root) / f"{sb_id}.d"
+        root.mkdir(mode=0o700, exist_ok=True)
+        state["root"] = str(root)
+    for dest, name in SHARED_DIRS:
+        if dest not in wanted:
+            continue
+        d = root / name
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o755 if name in ("run", "var-run") else 0o1777)
+        if os.geteuid() == 0:
+            os.chown(d, uid, gid)
+        state["dirs"].append([str(d), os.fsdecode(dest)])
+    state["owner"] = [uid, gid]
+
+
+def _reown(state: dict, uid: int, gid: int) -> None:
+    """The sandbox's runs now run as another host account (a ``sudo`` caller, then not):
+    hand it the directories (``/tmp`` and ``/var/tmp`` are sticky and open to all already)."""
+    if os.geteuid() != 0 or state.get("owner") == [uid, gid] or not state.get("root"):
+        return
+    os.chown(state["root"], uid, gid)
+    for src, dest in state["dirs"]:
+        if dest in ("/run", "/var/run"):
+            os.chown(src, uid, gid)
+    state["owner"] = [uid, gid]
+
+
+def _spawn_holder(until: float | None, own_userns: bool) -> int:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    argv = [sys.executable, "-I", "-S", str(HOLDER), "hold", "--ready-fd", str(w), "--until", str(until or 0),
+            "--own-userns", "1" if own_userns else "0"]
+    return _spawn_detached(argv, r, w, ())
+
+
+def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> int:
+    """Start ``argv`` (one of holder.py's modes), which detaches itself (a double fork: it is
+    no child of ours, so no petri process has to reap it) and says ``ok PID`` on ``w``."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, pass_fds=(w, *pass_fds), close_fds=True,
+                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        raise SandboxSetupFailed(detail=f"cannot start the sandbox's environment: {e.strerror}") from None
+    os.close(w)
+    try:
+        got = b""
+        end = time.monotonic() + READY_S
+        import select
+
+        while time.monotonic() < end:
+            ready, _, _ = select.select([r], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(r, 256)
+            if not chunk:
+                break
+            got += chunk
+        _, err = proc.communicate(timeout=READY_S)
+    finally:
+        os.close(r)
+    words = got.decode(errors="replace").split()
+    if words[:1] != ["ok"] or len(words) < 2:
+        why = got.decode(errors="replace") or err.decode(errors="replace").strip() or "it said nothing"
+        raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")
+    return int(words[1])
+
+
+def _kill(pid: int | None, start: int | None) -> int:
+    if not _alive(pid, start):
+        return 0
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    end = time.monotonic() + 2.0
+    while _alive(pid, start) and time.monotonic() < end:
+        time.sleep(0.002)
+    return 1
+
+
+def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
+    """Relays, holder, directories, state: (processes killed, mounts removed)."""
+    killed = sum(_kill(p.get("pid"), p.get("start")) for p in state.get("ports", []))
+    killed += _kill(state.get("holder_pid"), state.get("holder_start"))
+    mounts = 0
+    root = state.get("root")
+    if root:
+        if state.get("mounted"):
+            from snapshot.osutil import libc
+
+            if libc.umount2(os.fsencode(root), 2) == 0:  # MNT_DETACH: a straggler's open file must not keep it
+                mounts = 1
+        shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        _state_path(store_root, sb_id).unlink()
+    return killed, mounts
+
+
+def destroy(store_root: Path, sb_id: str) -> tuple[int, int]:
+    """End the sandbox's environment (its runs are gone already): (processes, mounts)."""
+    if not _state_path(store_root, sb_id).exists():
+        return 0, 0
+    with _locked(store_root, sb_id):
+        state = _read(store_root, sb_id)
+        out = _teardown(store_root, sb_id, state) if state is not None else (0, 0)
+    with contextlib.suppress(FileNotFoundError):
+        (env_dir(store_root) / f"{sb_id}.lock").unlink()
+    return out
+
+
+def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
+    """``destroy`` every environment whose sandbox is not in ``keep``: (processes, mounts)."""
+    keep = set(keep)
+    killed = mounts = 0
+    try:
+        names = os.listdir(env_dir(store_root))
+    except FileNotFoundError:
+        return 0, 0
+    for name in names:
+        if name.endswith(".json") and name[:-5] not in keep:
+            k, m = destroy(store_root, name[:-5])
+            killed, mounts = killed + k, mounts + m
+    return killed, mounts
+
+
+# ------------------------------------------------------------------------------ ports
+
+def _bind_host(host_port: int | None, port: int) -> socket.socket:
+    """A listening socket on the host's 127.0.0.1: ``host_port``, else ``port`` when free,
+    else any free port."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        try:
+            s.bind(("127.0.0.1", port if host_port is None else host_port))
+        except OSError as e:
+            if host_port is not None:
+                from orchestrator.errors import PortUnavailable
+
+                raise PortUnavailable(port=host_port, why=e.strerror or str(e)) from None
+            s.bind(("127.0.0.1", 0))
+        s.listen(128)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def publish(store_root: Path, sb_id: str, port: int, host_port: int | None = None) -> int:
+    """Forward the host's 127.0.0.1:``host_port`` to the sandbox's 127.0.0.1:``port`` until the
+    sandbox ends (its environment must exist: ``ensure``); the host port used. Publishing a
+    port again returns the relay that serves it."""
+    with _locked(store_root, sb_id):
+        state = _read(store_root, sb_id)
+        if state is None or not _alive(state.get("holder_pid"), state.get("holder_start")):
+            raise SandboxSetupFailed(detail=f"{sb_id} has no environment to publish a port from")
+        ports = [p for p in state["ports"] if _alive(p.get("pid"), p.get("start"))]
+        for p in ports:
+            if p["port"] == port and (host_port is None or p["host_port"] == host_port):
+                return p["host_port"]
+        env = _env_of(sb_id, state)
+        lsock = _bind_host(host_port, port)
+        try:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            fd = lsock.fileno()
+            argv = [*env.join_argv(), os.fsencode(sys.executable), b"-I", b"-S", os.fsencode(HOLDER), b"relay",
+                    b"--listen-fd", b"%d" % fd, b"--port", b"%d" % port, b"--holder-pid", b"%d" % env.holder_pid,
+                    b"--ready-fd", b"%d" % w]
+            pid = _spawn_detached(argv, r, w, (fd,))
+            used = lsock.getsockname()[1]
+        finally:
+            lsock.close()  # the relay has its copy
+        ports.append({"port": port, "host_port": used, "pid": pid, "start": _start_time(pid)})
+        state["ports"] = ports
+        _write(store_root, sb_id, state)
+        return used
+
+
+def ports(store_root: Path, sb_id: str) -> list[dict]:
+    """The sandbox's published ports whose relay lives: ``{"port", "host_port"}``."""
+    state = _read(store_root, sb_id) or {}
+    return [{"port": p["port"], "host_port": p["host_port"]} for p in state.get("ports", [])
+            if _alive(p.get("pid"), p.get("start"))]
