@@ -238,7 +238,8 @@ class Workspace:
     # -- sandboxes ------------------------------------------------------------------------
     @_audited("fork")
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
-             limits: Limits | None = None, keep_expired: bool = False) -> "SandboxSet":
+             limits: Limits | None = None, keep_expired: bool = False,
+             publish: Sequence[str | int] = ()) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -246,9 +247,13 @@ class Workspace:
         Always a ``SandboxSet`` (a list, also for ``n=1``: ``ws.fork()[0]``), which is a
         context manager: leaving a ``with`` block over it destroys the sandboxes unless
         ``keep()`` was called. (``Sandbox.fork()``, a fork of one sandbox, gives the sandbox
-        itself for ``n=1``.) ``.forked`` is the ``fork`` document."""
+        itself for ``n=1``.) ``.forked`` is the ``fork`` document. ``publish``: ports
+        (``PORT`` or ``"PORT:HOSTPORT"``) forwarded from the host's 127.0.0.1 to each sandbox
+        (``publish()``); with ``n`` > 1 only the first gets a HOSTPORT asked for, the others a
+        free port."""
         from .config import load_config
         from .errors import UsageError
+        from .runs import parse_publish
 
         if n < 1:
             raise UsageError(detail=f"{self._name('n')} must be at least 1, not {n}")
@@ -259,7 +264,16 @@ class Workspace:
         e = self.engine
         lim = load_config(e.root).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
+        wanted = [parse_publish(p) for p in publish]
+        if wanted and lim.net:
+            raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
         rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        if wanted:
+            from .runs import publish_port
+
+            for i, r in enumerate(rows):
+                for port, host in wanted:
+                    publish_port(e, r.id, port, host if i == 0 else None)
         forked = Forked.from_doc({"sandboxes": [_fork_row_doc(r) for r in rows],
                                   "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
         return SandboxSet(self, [Sandbox(self, info) for info in forked.sandboxes], forked)
@@ -289,6 +303,11 @@ class Workspace:
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = e.sandbox_doc(row, staleness=e.staleness(row))
         doc["runs"] = sandbox_runs(e, row)
+        from .sandbox import environment
+        from .service_runs import listing
+
+        doc["services"] = listing(e, row.id)
+        doc["ports"] = environment.ports(e.store.root, row.id)
         return SandboxList.from_doc({"sandboxes": [doc]})
 
     @_audited("rm")
@@ -922,19 +941,22 @@ class Sandbox:
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox": ...
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             reason: str | None = None) -> "Sandbox": ...
 
     @overload
     def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             reason: str | None = None) -> "Sandbox | SandboxSet":
         """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
         more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
         ``Workspace.fork`` always returns."""
         got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  reason=reason)
+                                  publish=publish, reason=reason)
         return got[0] if n == 1 else got
 
     def logs(self) -> list[RunResult]:

@@ -176,6 +176,22 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
                     tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
 
 
+def parse_publish(spec: "str | int") -> tuple[int, int | None]:
+    """``PORT`` or ``PORT:HOSTPORT`` (``--publish``) as (port, host port or None)."""
+    from .errors import BadPort
+
+    text = str(spec)
+    port, sep, host = text.partition(":")
+    try:
+        p, h = int(port), int(host) if sep else None
+    except ValueError:
+        raise BadPort(text=text, why="use PORT or PORT:HOSTPORT") from None
+    for v in (p, h):
+        if v is not None and not 0 < v < 65536:
+            raise BadPort(text=text, why="ports are 1-65535")
+    return p, h
+
+
 def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
     """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
     making its environment first if no run has yet."""

@@ -345,6 +345,18 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    import threading
+
+    def watch() -> None:
+        # The record gone without us (the store deleted by hand): nobody can stop us any more.
+        path = _path(store, sb_id, name)
+        while not stopping["yes"]:
+            time.sleep(2.0)
+            if not path.exists():
+                stopping["yes"] = True
+                cancel.cancel()
+
+    threading.Thread(target=watch, daemon=True).start()
     attempt = 0
     said = False
     backoff = 1.0
@@ -398,7 +410,8 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                      and res.killed_by not in ("ttl", "killed"))
             if not again:
                 rec["state"] = "stopped" if stopping["yes"] else "exited"
-                _write(store, sb_id, rec)
+                if _path(store, sb_id, name).exists():
+                    _write(store, sb_id, rec)
                 break
             rec["state"] = "restarting"
             rec["restarts"] += 1
@@ -412,6 +425,8 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                 _write(store, sb_id, rec)
                 break
     except BaseException as e:
+        if not _path(store, sb_id, name).parent.exists():
+            raise  # the store is gone: nowhere to say it
         rec["state"] = "failed"
         rec["error"] = f"{type(e).__name__}: {e}"
         _write(store, sb_id, rec)

@@ -176,7 +176,8 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
         try:
             _make_dirs(store_root, sb_id, state, host_uid, host_gid, tmp_bytes, wanted)
             _write(store_root, sb_id, state)  # what to undo, before the holder exists
-            pid = _spawn_holder(until, state["own_userns"])
+            pid = _spawn_holder(until, state["own_userns"], _state_path(store_root, sb_id),
+                                state["root"] if state["mounted"] else "")
             state["holder_pid"], state["holder_start"] = pid, _start_time(pid)
             _write(store_root, sb_id, state)
         except BaseException:
@@ -215,28 +216,37 @@ def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tm
         d = root / name
         d.mkdir(exist_ok=True)
         os.chmod(d, 0o755 if name in ("run", "var-run") else 0o1777)
-        if os.geteuid() == 0:
-            os.chown(d, uid, gid)
+        if os.geteuid() == 0 and name in ("run", "var-run"):
+            os.chown(d, uid, gid)  # /tmp and /var/tmp: root's and sticky, as on a host
         state["dirs"].append([str(d), os.fsdecode(dest)])
     state["owner"] = [uid, gid]
 
 
 def _reown(state: dict, uid: int, gid: int) -> None:
     """The sandbox's runs now run as another host account (a ``sudo`` caller, then not):
-    hand it the directories (``/tmp`` and ``/var/tmp`` are sticky and open to all already)."""
+    hand it everything in the directories, what the previous account wrote and the mount
+    points bwrap made there for it (a workspace below ``/var/tmp``), or it could not even
+    start. ``/tmp`` and ``/var/tmp`` themselves stay root's and sticky."""
     if os.geteuid() != 0 or state.get("owner") == [uid, gid] or not state.get("root"):
         return
+    old = state.get("owner")
     os.chown(state["root"], uid, gid)
     for src, dest in state["dirs"]:
         if dest in ("/run", "/var/run"):
             os.chown(src, uid, gid)
+        for top, dirs, files in os.walk(src):
+            for name in dirs + files:
+                path = os.path.join(top, name)
+                with contextlib.suppress(OSError):
+                    if old is None or os.lstat(path).st_uid == old[0]:
+                        os.chown(path, uid, gid, follow_symlinks=False)
     state["owner"] = [uid, gid]
 
 
-def _spawn_holder(until: float | None, own_userns: bool) -> int:
+def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str) -> int:
     r, w = os.pipe2(os.O_CLOEXEC)
     argv = [sys.executable, "-I", "-S", str(HOLDER), "hold", "--ready-fd", str(w), "--until", str(until or 0),
-            "--own-userns", "1" if own_userns else "0"]
+            "--own-userns", "1" if own_userns else "0", "--state", str(state), "--mount", mount]
     return _spawn_detached(argv, r, w, ())
 
 

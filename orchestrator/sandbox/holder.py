@@ -3,8 +3,10 @@
 
 ``hold``: the sandbox's *holder*. It unshares a network namespace (and, when petri is not
 root, the user namespace that owns it, mapping petri's uid and gid to themselves), brings
-its loopback up, says ``ok`` on ``--ready-fd`` and then sleeps until ``--until`` (the
-sandbox's lifetime, epoch seconds; 0: until killed). Each run, shell, check and service of
+its loopback up, says ``ok PID`` on ``--ready-fd`` and then sleeps until ``--until`` (the
+sandbox's lifetime, epoch seconds; 0: until killed), or until its record (``--state``)
+is gone without petri having ended it (the store was deleted by hand): then it also
+detaches the sandbox's ``/tmp`` tmpfs (``--mount``), which nothing else would. Each run, shell, check and service of
 the sandbox joins that namespace (``nsenter`` in ``cgexec``'s wrapper, before bwrap: see
 ``environment``), so a server one run started is reached by the next at 127.0.0.1. The
 holder has no other job: a SIGTERM or SIGKILL ends it, and the namespace goes with its last
@@ -71,7 +73,28 @@ def detach() -> None:
     os.close(null)
 
 
-def hold(ready_fd: int, until: float, own_userns: bool) -> None:
+WATCH_S = 2.0
+
+
+def _orphaned(state: str) -> bool:
+    """The sandbox's record is gone without petri ending this holder: its store was deleted
+    (a workspace removed by hand, a test's temporary directory)."""
+    return bool(state) and not os.path.exists(state)
+
+
+def _release(mount: str) -> None:
+    if mount:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.umount2(mount.encode(), 2)  # MNT_DETACH
+        try:
+            for name in os.listdir(mount):
+                os.rmdir(os.path.join(mount, name))
+            os.rmdir(mount)
+        except OSError:
+            pass
+
+
+def hold(ready_fd: int, until: float, own_userns: bool, state: str = "", mount: str = "") -> None:
     uid, gid = os.getuid(), os.getgid()
     detach()
     try:
@@ -90,10 +113,13 @@ def hold(ready_fd: int, until: float, own_userns: bool) -> None:
     os.close(ready_fd)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     while True:
-        left = until - time.time() if until else 3600.0
+        left = until - time.time() if until else WATCH_S
         if left <= 0:
             return
-        time.sleep(min(left, 3600.0))
+        time.sleep(min(left, WATCH_S))
+        if _orphaned(state):
+            _release(mount)  # nobody else knows of it any more
+            return
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -156,7 +182,8 @@ def relay(listen_fd: int, port: int, holder_pid: int, ready_fd: int) -> None:
 def main(argv: list[str]) -> None:
     args = dict(zip(argv[1::2], argv[2::2], strict=False))
     if argv[:1] == ["hold"]:
-        hold(int(args["--ready-fd"]), float(args.get("--until", "0")), args.get("--own-userns") == "1")
+        hold(int(args["--ready-fd"]), float(args.get("--until", "0")), args.get("--own-userns") == "1",
+             args.get("--state", ""), args.get("--mount", ""))
     elif argv[:1] == ["relay"]:
         relay(int(args["--listen-fd"]), int(args["--port"]), int(args["--holder-pid"]), int(args["--ready-fd"]))
     else:
