@@ -4,10 +4,11 @@ which sandboxes live (``sweep``) and when one ends (``destroy``).
 
 Made at a sandbox's first run (``ensure``), by any petri process:
 
-- a *holder* process (``holder.py hold``, detached, in a session of its own) that owns the
-  sandbox's network namespace, loopback up, nothing else in it; when petri is not root it
-  also owns the user namespace the network namespace belongs to. It sleeps until the
-  sandbox's lifetime ends, so a sandbox nobody reaps still loses its network on time;
+- a *holder* process (``HOLDER_SH``: ``setsid -f unshare --net`` a shell, detached, in a
+  session of its own) that owns the sandbox's network namespace, loopback up, nothing else
+  in it; when petri is not root it also owns the user namespace the network namespace
+  belongs to. It naps until the sandbox's lifetime ends, so a sandbox nobody reaps still
+  loses its network then (within a nap), and ends by itself when its store was deleted;
 - the private directories, bound by every run over ``/tmp``, ``/var/tmp`` and ``/run``
   (``isolation``'s ``shared``): as root one tmpfs, size-capped and ``nosuid,nodev``, at
   ``/run/petri/env/<store key>.<sandbox>`` (``env`` is root's and 0711: no listing; the
@@ -27,7 +28,7 @@ unshares everything else: each run keeps its own pid namespace and cgroup. A san
 ``--net`` uses the host's network and joins no namespace; it shares the directories.
 
 Ports (``publish``): petri binds the host's 127.0.0.1:N itself and hands the listening socket
-to a relay (``holder.py relay``) started inside the namespace, which connects to the
+to a relay (``relay.py relay``) started inside the namespace, which connects to the
 sandbox's 127.0.0.1:PORT for each client. Why a relay and not pasta: pasta connects the
 namespace to the host's network (a tap with outbound routing), which a sandbox without
 ``--net`` must not have; the relay reaches nothing but the one port, and needs nothing
@@ -43,6 +44,9 @@ Caveats:
   at once would be joined instead: the window is a fork and an exec.
 - Rootless, ``/tmp`` & co are directories in the store: they count against the store's
   filesystem, not a size cap.
+- Rootless, the holder needs util-linux's ``unshare --keep-caps`` (2.36 and later): without
+  it, bringing ``lo`` up in the namespace fails (capabilities are dropped at exec) and so does
+  the sandbox's first run, saying so.
 - Killed processes stay zombies on a machine whose pid 1 does not reap orphans; a zombie
   holds no namespace, port or mount (``_alive`` counts it dead).
 """
@@ -54,17 +58,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import socket
 
 from orchestrator.errors import SandboxSetupFailed
 
-HOLDER = Path(__file__).with_name("holder.py")
+HOLDER = Path(__file__).with_name("relay.py")  # relays, and lo up without iproute2
 NSENTER = "nsenter"
 READY_S = 10.0
 # Private directories, by their path inside, and the name of their host directory.
@@ -243,20 +249,52 @@ def _reown(state: dict, uid: int, gid: int) -> None:
     state["owner"] = [uid, gid]
 
 
+# The holder: a shell in the new namespace. Its errors and then "ok PID" go to its stdout,
+# the ready pipe (dash redirects only fds 0-9, so the pipe is handed over as stdout). It ends
+# when the lifetime is over ($1 seconds, counted in its naps; 0: never) or when the
+# sandbox's record ($2) is gone without petri having ended it (the store deleted by hand),
+# detaching the /tmp tmpfs ($3) that nothing else would. A shell and util-linux, not Python:
+# the first run of a sandbox waits for it (~3 ms against ~20 ms for an interpreter).
+HOLDER_SH = r"""
+left=$1 state=$2 mount=$3 py=$4 holder=$5
+exec 2>&1
+if command -v ip >/dev/null 2>&1; then ip link set lo up || exit 1
+else "$py" -I -S "$holder" lo-up || exit 1
+fi
+echo "ok $$"
+exec >/dev/null 2>&1
+while :; do
+  sleep $NAP_S
+  if [ ! -e "$state" ]; then
+    [ -z "$mount" ] || { umount -l "$mount" && rm -rf "$mount"; }
+    exit 0
+  fi
+  if [ "$left" != 0 ]; then left=$((left - NAP_S)); [ "$left" -gt 0 ] || exit 0; fi
+done
+"""
+NAP_S = 30
+HOLDER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str) -> int:
     r, w = os.pipe2(os.O_CLOEXEC)
-    argv = [sys.executable, "-I", "-S", str(HOLDER), "hold", "--ready-fd", str(w), "--until", str(until or 0),
-            "--own-userns", "1" if own_userns else "0", "--state", str(state), "--mount", mount]
-    return _spawn_detached(argv, r, w, ())
+    left = 0 if until is None else max(1, int(until - time.time() + 0.999))
+    argv = ["setsid", "-f", "unshare", "--net", *(["--map-current-user", "--keep-caps"] if own_userns else []), "--",
+            "/bin/sh", "-c", HOLDER_SH, "petri-holder", str(left), str(state), mount, sys.executable, str(HOLDER)]
+    return _spawn_detached(argv, r, w, (), env={"PATH": HOLDER_PATH, "NAP_S": str(NAP_S)}, ready_as_stdout=True)
 
 
-def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> int:
-    """Start ``argv`` (one of holder.py's modes), which detaches itself (a double fork: it is
-    no child of ours, so no petri process has to reap it) and says ``ok PID`` on ``w``."""
+def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...], env: dict | None = None,
+                    ready_as_stdout: bool = False) -> int:
+    """Start ``argv`` (the holder, or a relay), which detaches itself (a double fork: it is
+    no child of ours, so no petri process has to reap it) and says ``ok PID`` on ``w``, or
+    why not."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, pass_fds=(w, *pass_fds), close_fds=True,
-                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=w if ready_as_stdout else subprocess.DEVNULL,
+                                stderr=w if ready_as_stdout else subprocess.PIPE,
+                                pass_fds=() if ready_as_stdout else (w, *pass_fds), close_fds=True,
+                                start_new_session=True,
+                                env=env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except OSError as e:
         os.close(r)
         os.close(w)
@@ -275,10 +313,13 @@ def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> in
             if not chunk:
                 break
             got += chunk
-        _, err = proc.communicate(timeout=READY_S)
+        _, err = proc.communicate(timeout=READY_S)  # the detached process holds no end of it
+        err = err or b""
     finally:
         os.close(r)
     words = got.decode(errors="replace").split()
+    if "ok" in words[:-1]:
+        words = words[words.index("ok"):]
     if words[:1] != ["ok"] or len(words) < 2:
         why = got.decode(errors="replace") or err.decode(errors="replace").strip() or "it said nothing"
         raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")
@@ -286,8 +327,13 @@ def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> in
 
 
 def _kill(pid: int | None, start: int | None) -> int:
+    """SIGKILL the process (and, where it leads one, its process group: the holder's nap
+    is a child of its own); wait until it is gone."""
     if not _alive(pid, start):
         return 0
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:  # type: ignore[arg-type]
+            os.killpg(pid, signal.SIGKILL)  # type: ignore[arg-type]
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
     end = time.monotonic() + 2.0
@@ -343,9 +389,11 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------ ports
 
-def _bind_host(host_port: int | None, port: int) -> socket.socket:
+def _bind_host(host_port: int | None, port: int) -> "socket.socket":
     """A listening socket on the host's 127.0.0.1: ``host_port``, else ``port`` when free,
     else any free port."""
+    import socket
+
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
