@@ -470,6 +470,9 @@ class Engine:
         finally:
             remove_sandbox_views(self.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
             environment.destroy(self.store.root, row.id)  # its network, /tmp and published ports
+            from .run_env import remove
+
+            remove(self.store.root, row.id)  # the store's copy of its secrets
 
     def check_limits(self, limits: Limits) -> dict[str, Any]:
         """Refuse limits that are malformed (exit 2). Whether this machine can enforce them

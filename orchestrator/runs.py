@@ -145,13 +145,38 @@ def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
     return real if (tree / rel).is_dir() else root
 
 
-def _env_for(engine: "Engine", extra: dict[str, str] | None) -> dict[str, str]:
+def _env_for(engine: "Engine", extra: dict[str, str] | None, row: SandboxRow | None = None) -> dict[str, str]:
+    """PATH, the host variables ``env_pass`` names (config and the sandbox's own), the
+    config's ``[env]``, then ``extra`` (``--env``), each overriding the one before."""
     from .config import load_config
+    from .run_env import passed
 
+    cfg = load_config(engine.root)
     env = {"PATH": DEFAULT_PATH}
-    env.update(load_config(engine.root).env)
+    env.update(passed([*cfg.env_pass, *((row.meta or {}).get("env_pass") or [] if row else [])]))
+    env.update(cfg.env)
     env.update(extra or {})
     return env
+
+
+def secret_values(engine: "Engine", row: SandboxRow) -> dict[str, bytes]:
+    """The sandbox's secrets (``run_env``), from the store's copy."""
+    names = (row.meta or {}).get("secrets") or []
+    if not names:
+        return {}
+    from .run_env import load
+
+    return load(engine.store.root, row.id, names)
+
+
+def secret_filters(engine: "Engine", row: SandboxRow) -> tuple[Any, ...]:
+    """The output filter that masks the sandbox's secrets, if it has any."""
+    values = secret_values(engine, row)
+    if not values:
+        return ()
+    from .run_env import Redact
+
+    return (lambda stream: Redact(values.values()),)
 
 
 def _masks(engine: "Engine") -> tuple[Path, ...]:
@@ -172,8 +197,15 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     from .sandbox import environment as E
     from .sandbox.host_sockets import private_dirs
 
-    return E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
-                    tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
+    env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
+    secrets = secret_values(engine, row)
+    if secrets:
+        from .run_env import install
+
+        run_dir = next(src for src, dest in env.dirs if dest == b"/run")
+        install(run_dir, secrets, who.host_uid, who.host_gid)
+    return env
 
 
 def parse_publish(spec: "str | int") -> tuple[int, int | None]:
@@ -333,9 +365,9 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
-                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
-                           timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
-                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row),
+                           limits=run_limits(row), timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
+                           stderr_path=err_path, uid=who.uid, gid=who.gid, output_filters=secret_filters(engine, row),
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
                            allow_sockets=_allowed_sockets(engine), seccomp=profile,
@@ -514,7 +546,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
-                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row), limits=run_limits(row),
                            timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),

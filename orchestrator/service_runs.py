@@ -325,7 +325,7 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
     from .registry import now, rfc3339
     from .run_as import run_as
     from .runs import (_allowed_sockets, _env_for, _masks, environment, inside_cwd, run_tree, runnable_row,
-                       seccomp_profile)
+                       seccomp_profile, secret_filters)
     from .sandbox import reaper
     from .sandbox.runner import Canceller, RunSpec, run_blocking
 
@@ -391,7 +391,8 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
 
             with run_tree(engine, row, tree, who) as bound:
                 spec = RunSpec(workspace=engine.root, tree=bound, store=store, argv=list(rec["command"]),
-                               cwd=inside_cwd(engine, tree, rec.get("cwd")), env=_env_for(engine, rec.get("env")),
+                               cwd=inside_cwd(engine, tree, rec.get("cwd")), env=_env_for(engine, rec.get("env"), row),
+                               output_filters=secret_filters(engine, row),
                                limits=Limits.from_dict(row.limits), timeout_s=None, deadline=row.expires_at,
                                stdout_path=out, stderr_path=err, uid=who.uid, gid=who.gid, cgroup_name=cg,
                                echo=False, extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),

@@ -362,3 +362,70 @@ def test_as_a_normal_user_on_fuse(user_tmp, unprivileged_user):
             host_get(host_port)
     finally:
         p("deinit", "--force")
+
+
+# ---------------------------------------------------------------------------- host variables, secrets
+
+
+def test_env_pass_and_secrets_reach_the_command_and_nothing_else(project, tmp_path):
+    ws, seen = project
+    token = "tok-" + os.urandom(12).hex()
+    from_env = "env-" + os.urandom(12).hex()
+    (tmp_path / "token").write_text(token + "\n")
+    (ws / ".petri" / "config.toml").write_text('env_pass = ["CI"]\n')
+    env = {"CI": "1", "PETRI_TEST_PASSED": "yes", "PETRI_TEST_NOT": "no", "MY_TOKEN": from_env}
+    r = petri("fork", "--label", "sec", "--json", "--env-pass", "PETRI_TEST_P*", "--secret",
+              f"TOKEN=@{tmp_path / 'token'}", "--secret", "FROM_ENV=env:MY_TOKEN", cwd=ws, env=env)
+    assert r.rc == 0, r
+    sb = r.json["sandboxes"][0]["id"]
+    script = ("echo CI=$CI P=$PETRI_TEST_PASSED N=${PETRI_TEST_NOT:-unset} M=${MY_TOKEN:-unset}; "
+              "stat -c '%a %U' /run/secrets/TOKEN; cat /run/secrets/TOKEN; cat /run/secrets/FROM_ENV; echo; "
+              "cat /proc/1/cmdline; echo; "
+              "echo written > tree-file")
+    r = petri("run", "sec", "--", "sh", "-c", script, cwd=ws, env=env)
+    assert r.rc == 0, r
+    lines = r.out.splitlines()
+    assert lines[0] == "CI=1 P=yes N=unset M=unset", lines
+    assert lines[1].startswith("400 "), lines  # readable by the command only
+    assert lines[2] == "***" and lines[3] == "***", lines  # the values reached it; the saved output masks them
+    assert token not in r.out and from_env not in r.out
+    # A service sees them too, and its log is masked as well.
+    assert petri("run", "--detach", "--name", "leak", "sec", "--", "sh", "-c",
+                 "cat /run/secrets/TOKEN; sleep 600", cwd=ws).rc == 0
+    time.sleep(1.5)
+    svc = petri("logs", "sec", "--service", "leak", cwd=ws)
+    assert svc.out.strip() == "***", svc
+    # Never stored: not in the registry, the audit trail, the events, the logs, the tree, a diff.
+    store = ws / ".petri"
+    for f in [store / "registry.db", store / "events.jsonl", *store.glob("logs/**/*"), *Path(
+            petri("status", "sec", "--json", cwd=ws).json["sandboxes"][0]["path"]).rglob("*")]:
+        if f.is_file():
+            data = f.read_bytes()
+            assert token.encode() not in data and from_env.encode() not in data, f
+    for cmd in (["log", "--json"], ["diff", "sec"], ["status", "sec", "--json"], ["logs", "sec", "--json"]):
+        r = petri(*cmd, cwd=ws)
+        assert r.rc == 0 and token not in r.out and from_env not in r.out, (cmd, r)
+    # Nor on any command line of the host while a run holds the secret.
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "sec", "--", "sleep", "5"], cwd=ws,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                assert token.encode() not in cmdline and from_env.encode() not in cmdline, pid
+    finally:
+        p.wait()
+    st = env_state(ws, sb)
+    assert petri("rm", "sec", cwd=ws).rc == 0
+    assert not (store / "secrets" / sb).exists()
+    assert_env_gone(st)
+    seen.append(st)
+    # A bad reference is refused whole, and makes nothing.
+    r = petri("fork", "--secret", "X=plain-value", cwd=ws)
+    assert r.rc == 2 and "never the secret itself" in r.err, r
+    r = petri("fork", "--secret", "X=env:PETRI_TEST_UNSET_VAR", cwd=ws)
+    assert r.rc == 2 and "is not set" in r.err, r

@@ -29,6 +29,11 @@ def fork(
     net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
     publish: Annotated[Optional[List[str]], typer.Option("--publish", "-p", help="PORT[:HOSTPORT]: the sandbox's TCP"
                                                          " PORT on the host's 127.0.0.1 (repeatable).")] = None,
+    env_pass: Annotated[Optional[List[str]], typer.Option("--env-pass", help="A host variable (or a glob of names)"
+                                                          " its commands get (repeatable).")] = None,
+    secret: Annotated[Optional[List[str]], typer.Option("--secret", help="NAME=@FILE or NAME=env:VAR: at"
+                                                        " /run/secrets/NAME inside, never stored in the registry,"
+                                                        " *** in saved output (repeatable).")] = None,
 ) -> None:
     """Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths.
 
@@ -39,7 +44,7 @@ def fork(
     ws = workspace()
     try:
         made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired,
-                       publish=publish or ())
+                       publish=publish or (), env_pass=env_pass or (), secrets=secret or ())
         o = out()
         if G.json:
             o.doc(made.to_json())

@@ -72,7 +72,7 @@ from orchestrator.errors import SandboxSetupFailed
 
 HOLDER = Path(__file__).with_name("relay.py")  # relays, and lo up without iproute2
 NSENTER = "nsenter"
-READY_S = 10.0
+READY_S = 30.0  # a loaded machine can take seconds to start a shell
 # Private directories, by their path inside, and the name of their host directory.
 SHARED_DIRS: tuple[tuple[bytes, str], ...] = ((b"/tmp", "tmp"), (b"/var/tmp", "var-tmp"), (b"/run", "run"),
                                                (b"/var/run", "var-run"))
