@@ -41,6 +41,21 @@ from typing import Sequence
 SH = "/bin/sh"
 SETPRIV = "setpriv"
 ENV = "env"
+# Where the wrapper's tools are looked up once: the wrapper runs with the command's own
+# environment (``PATH`` included, which the command may have changed), so it names them by
+# their absolute paths.
+TOOLS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_tools: dict[str, str] = {}
+
+
+def tool(name: str) -> str:
+    """``name``'s absolute path on ``TOOLS_PATH`` (the name itself when it is not there)."""
+    got = _tools.get(name)
+    if got is None:
+        import shutil
+
+        got = _tools[name] = shutil.which(name, path=TOOLS_PATH) or name
+    return got
 
 # $1 is the number of cgroup.procs files that follow. `echo $$ > f` moves this very
 # process (dash's pid, kept by exec) into the cgroup.
@@ -105,7 +120,7 @@ def wrapper_argv(
             script += "ulimit -v %d || exit 125; " % max(1, rlimits.as_bytes // 1024)
         if rlimits.nproc is not None:
             script += "ulimit -p %d || exit 125; " % max(1, rlimits.nproc)
-    prefix: list[bytes] = [_b(ENV), b"--default-signal"] if reset_signals else []
+    prefix: list[bytes] = [_b(tool(ENV)), b"--default-signal"] if reset_signals else []
     prefix += [_b(a) for a in join]
     if drop_to is not None:
         try:
@@ -113,7 +128,7 @@ def wrapper_argv(
             groups = b"--init-groups"
         except KeyError:
             groups = b"--clear-groups"
-        prefix += [_b(SETPRIV), b"--reuid=%d" % drop_to.uid, b"--regid=%d" % drop_to.gid, groups, b"--"]
+        prefix += [_b(tool(SETPRIV)), b"--reuid=%d" % drop_to.uid, b"--regid=%d" % drop_to.gid, groups, b"--"]
     script += 'exec "$@"'
     return [
         _b(SH),

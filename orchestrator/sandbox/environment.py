@@ -4,11 +4,11 @@ which sandboxes live (``sweep``) and when one ends (``destroy``).
 
 Made at a sandbox's first run (``ensure``), by any petri process:
 
-- a *holder* process (``HOLDER_SH``: ``setsid -f unshare --net`` a shell, detached, in a
-  session of its own) that owns the sandbox's network namespace, loopback up, nothing else
-  in it; when petri is not root it also owns the user namespace the network namespace
-  belongs to. It naps until the sandbox's lifetime ends, so a sandbox nobody reaps still
-  loses its network then (within a nap), and ends by itself when its store was deleted;
+- a *holder* process (``HOLDER_SH``: ``unshare --net`` a shell, in a session of its own)
+  that owns the sandbox's network namespace, loopback up, nothing else in it; when petri
+  is not root it also owns the user namespace the network namespace belongs to. It naps
+  until the sandbox's lifetime ends, so a sandbox nobody reaps still loses its network then
+  (within a nap), and ends by itself when its store was deleted;
 - the private directories, bound by every run over ``/tmp``, ``/var/tmp`` and ``/run``
   (``isolation``'s ``shared``): as root one tmpfs, size-capped and ``nosuid,nodev``, at
   ``/run/petri/env/<store key>.<sandbox>`` (``env`` is root's and 0711: no listing; the
@@ -88,13 +88,61 @@ class Env:
     own_userns: bool
     dirs: tuple[tuple[bytes, bytes], ...]  # (host directory, path inside)
 
+    @property
+    def netns(self) -> bytes:
+        return b"/proc/%d/ns/net" % self.holder_pid
+
     def join_argv(self) -> list[bytes]:
-        """The ``nsenter`` prefix that puts what follows in the sandbox's network namespace."""
+        """The ``nsenter`` prefix that puts what follows in the sandbox's network namespace
+        (rootless: its user namespace too, which a thread of petri cannot join: see
+        ``thread_in_netns``)."""
+        from .cgexec import tool
+
         ns = b"/proc/%d/ns/" % self.holder_pid
+        nsenter = os.fsencode(tool(NSENTER))
         if self.own_userns:
-            return [NSENTER.encode(), b"--user=" + ns + b"user", b"--net=" + ns + b"net", b"--preserve-credentials",
+            return [nsenter, b"--user=" + ns + b"user", b"--net=" + ns + b"net", b"--preserve-credentials",
                     b"--"]
-        return [NSENTER.encode(), b"--net=" + ns + b"net", b"--"]
+        return [nsenter, b"--net=" + ns + b"net", b"--"]
+
+
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def thread_in_netns(netns: bytes | None):
+    """This thread in the network namespace at ``netns`` for the ``with`` (nothing when None):
+    a child forked meanwhile is born in it. setns(2) moves only the calling thread for a
+    network namespace, so the rest of petri stays where it is; that is what spares a run the
+    ``nsenter`` exec where petri may join the namespace itself (root, the holder's network
+    namespace belonging to the host's user namespace)."""
+    if netns is None:
+        yield
+        return
+    from snapshot.osutil import libc
+
+    target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(target)
+        raise
+    try:
+        if libc.setns(target, CLONE_NEWNET) != 0:
+            import ctypes
+
+            raise SandboxSetupFailed(detail=f"cannot join the sandbox's network: {os.strerror(ctypes.get_errno())}")
+        try:
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - our own namespace, as root
+                import ctypes
+
+                raise SystemExit(f"petri: cannot return to its own network namespace: "
+                                 f"{os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(target)
+        os.close(home)
 
 
 def env_dir(store_root: Path) -> Path:
@@ -249,17 +297,21 @@ def _reown(state: dict, uid: int, gid: int) -> None:
     state["owner"] = [uid, gid]
 
 
-# The holder: a shell in the new namespace. Its errors and then "ok PID" go to its stdout,
-# the ready pipe (dash redirects only fds 0-9, so the pipe is handed over as stdout). It ends
-# when the lifetime is over ($1 seconds, counted in its naps; 0: never) or when the
-# sandbox's record ($2) is gone without petri having ended it (the store deleted by hand),
-# detaching the /tmp tmpfs ($3) that nothing else would. A shell and util-linux, not Python:
-# the first run of a sandbox waits for it (~3 ms against ~20 ms for an interpreter).
+# The holder: a shell in the new namespace. It says "ok PID" (or why not) on its stdout, the
+# ready pipe (dash redirects only fds 0-9, so the pipe is handed over as stdout), once ``lo`` is
+# up: brought up by itself rootless ($6 "ip": iproute2, or relay.py lo-up where it is missing),
+# by petri as root ($6 "petri": a thread of petri joins the namespace for one ioctl, which
+# spares two execs). It ends when the lifetime is over ($1 seconds, counted in its naps; 0:
+# never) or when the sandbox's record ($2) is gone without petri having ended it (the store
+# deleted by hand), detaching the /tmp tmpfs ($3) that nothing else would. A shell and
+# util-linux, not Python: the first run of a sandbox waits for it.
 HOLDER_SH = r"""
-left=$1 state=$2 mount=$3 py=$4 holder=$5
+left=$1 state=$2 mount=$3 py=$4 holder=$5 lo=$6
 exec 2>&1
-if command -v ip >/dev/null 2>&1; then ip link set lo up || exit 1
-else "$py" -I -S "$holder" lo-up || exit 1
+if [ "$lo" = ip ]; then
+  if command -v ip >/dev/null 2>&1; then ip link set lo up || exit 1
+  else "$py" -I -S "$holder" lo-up || exit 1
+  fi
 fi
 echo "ok $$"
 exec >/dev/null 2>&1
@@ -277,24 +329,72 @@ HOLDER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str) -> int:
+    """Start the holder in a session of its own (its nap is in its process group: ``_kill``)
+    and return its pid once the namespace is up. It is a child of this process only until
+    this process ends; a long-lived one (the API, MCP) reaps it after it is killed
+    (``subprocess``'s own reaping of abandoned children)."""
+    from .cgexec import tool
+
     r, w = os.pipe2(os.O_CLOEXEC)
     left = 0 if until is None else max(1, int(until - time.time() + 0.999))
-    argv = ["setsid", "-f", "unshare", "--net", *(["--map-current-user", "--keep-caps"] if own_userns else []), "--",
-            "/bin/sh", "-c", HOLDER_SH, "petri-holder", str(left), str(state), mount, sys.executable, str(HOLDER)]
-    return _spawn_detached(argv, r, w, (), env={"PATH": HOLDER_PATH, "NAP_S": str(NAP_S)}, ready_as_stdout=True)
-
-
-def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...], env: dict | None = None,
-                    ready_as_stdout: bool = False) -> int:
-    """Start ``argv`` (the holder, or a relay), which detaches itself (a double fork: it is
-    no child of ours, so no petri process has to reap it) and says ``ok PID`` on ``w``, or
-    why not."""
+    argv = [tool("unshare"), "--net", *(["--map-current-user", "--keep-caps"] if own_userns else []), "--",
+            "/bin/sh", "-c", HOLDER_SH, "petri-holder", str(left), str(state), mount, sys.executable, str(HOLDER),
+            "ip" if own_userns else "petri"]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=w if ready_as_stdout else subprocess.DEVNULL,
-                                stderr=w if ready_as_stdout else subprocess.PIPE,
-                                pass_fds=() if ready_as_stdout else (w, *pass_fds), close_fds=True,
-                                start_new_session=True,
-                                env=env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=w, stderr=w, close_fds=True,
+                                start_new_session=True, env={"PATH": HOLDER_PATH, "NAP_S": str(NAP_S)})
+    except OSError as e:
+        os.close(r)
+        raise SandboxSetupFailed(detail=f"cannot start the sandbox's environment: {e.strerror}") from None
+    finally:
+        os.close(w)
+    try:
+        got = _read_line(r)
+    finally:
+        os.close(r)
+    words = got.decode(errors="replace").split()
+    if words[:1] != ["ok"] or len(words) != 2 or int(words[1]) != proc.pid:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait()
+        why = got.decode(errors="replace").strip() or "it said nothing"
+        raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")
+    if not own_userns:
+        from .relay import loopback_up
+
+        try:
+            with thread_in_netns(b"/proc/%d/ns/net" % proc.pid):
+                loopback_up()
+        except BaseException:
+            _kill(proc.pid, _start_time(proc.pid))
+            proc.wait()
+            raise
+    return proc.pid
+
+
+def _read_line(r: int) -> bytes:
+    """What comes on ``r`` up to its first newline (or its end), within ``READY_S``."""
+    import select
+
+    got = b""
+    end = time.monotonic() + READY_S
+    while b"\n" not in got and time.monotonic() < end:
+        if not select.select([r], [], [], max(0.0, end - time.monotonic()))[0]:
+            break
+        chunk = os.read(r, 256)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> int:
+    """Start ``argv`` (a relay), which detaches itself (a double fork: it is no child of
+    ours, so no petri process has to reap it) and says ``ok PID`` on ``w``, or why not."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                pass_fds=(w, *pass_fds), close_fds=True, start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except OSError as e:
         os.close(r)
         os.close(w)
@@ -318,8 +418,6 @@ def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...], env: 
     finally:
         os.close(r)
     words = got.decode(errors="replace").split()
-    if "ok" in words[:-1]:
-        words = words[words.index("ok"):]
     if words[:1] != ["ok"] or len(words) < 2:
         why = got.decode(errors="replace") or err.decode(errors="replace").strip() or "it said nothing"
         raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")

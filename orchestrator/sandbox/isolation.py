@@ -28,6 +28,9 @@ What a plan always contains:
   home as an empty read-only directory, with root's toolchains bound back read-only
   (``TOOLCHAIN_DIRS``, mounted for the run by ``run_view``) and ``/root/proj``-style
   workspaces bound below it;
+- the environment as ``--clearenv`` and ``--setenv`` arguments, or (``env_via_environ``, what
+  runs use) as bwrap's own environment, which the caller spawns it with: then no value is on
+  a command line;
 - every namespace (``--unshare-all``; ``--share-net`` with net, and for a run the caller put
   in the sandbox's lasting network namespace: ``environment``), a user namespace with
   ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
@@ -174,6 +177,10 @@ class SandboxPlan:
     seccomp: str = "default"  # the filter's profile (orchestrator.seccomp); "off": none
     # The caller put bwrap in the sandbox's own network namespace (``environment``): keep it.
     net_joined: bool = False
+    # The environment reaches bwrap as its own (the caller spawns with ``env``), not as
+    # ``--setenv`` arguments: values stay off every command line (the host's ``ps``, the
+    # sandbox's ``/proc/1/cmdline``).
+    env_via_environ: bool = False
 
 
 def _b(p: str | bytes | os.PathLike) -> bytes:
@@ -444,9 +451,12 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP, seccomp_fd: int | None 
     a += [b"--hostname", plan.hostname.encode(), b"--die-with-parent", b"--cap-drop", b"ALL"]
     if plan.new_session:
         a += [b"--new-session"]
-    a += [b"--clearenv"]
-    for k, v in plan.env:
-        a += [b"--setenv", os.fsencode(k), os.fsencode(v)]  # environ is bytes: pass them exactly
+    if plan.env_via_environ:
+        a += [b"--unsetenv", b"PWD"]  # the wrapper's shell exports the host directory it ran in
+    else:
+        a += [b"--clearenv"]
+        for k, v in plan.env:
+            a += [b"--setenv", os.fsencode(k), os.fsencode(v)]  # environ is bytes: pass them exactly
     remount_ro: list[bytes] = []
     for op in plan.mounts:
         if op.verb == "ro-bind":

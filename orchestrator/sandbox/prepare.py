@@ -17,6 +17,7 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -72,11 +73,15 @@ class RunSpec:
 
 @dataclass
 class Prepared:
-    argv: list[bytes]  # the wrapper's command line: spawn exactly this, with env WRAPPER_ENV
+    argv: list[bytes]  # the wrapper's command line: spawn exactly this, with ``env``
     pass_fds: tuple[int, ...]  # what the spawn must keep open for bwrap (the filter's fd)
     cgroup: cgroups.Cgroup | None  # None: rlimits stand in (see warnings)
     warnings: list[str] = field(default_factory=list)
     filter_fd: int | None = None
+    env: dict[str, str] = field(default_factory=lambda: dict(WRAPPER_ENV))  # the command's, passed down
+    # The network namespace the spawning thread must be in when it forks the wrapper
+    # (``environment.thread_in_netns``), or None (a fresh one, the host's, or nsenter's job).
+    netns: bytes | None = None
 
     def spawned(self) -> None:
         """The child has its copy of the filter's fd (bwrap reads it to EOF): ours goes."""
@@ -123,7 +128,10 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
             raise SandboxSetupFailed(detail=str(e)) from e
         raise
     rlimits, warnings = cgroups.rlimit_fallback(spec.limits) if cg is None else (None, [])
-    prep = Prepared(argv=[], pass_fds=seccomp.pass_fds(filter_fd), cgroup=cg, warnings=warnings, filter_fd=filter_fd)
+    plan = dataclasses.replace(plan, env_via_environ=True)
+    by_thread = join_net and not env.own_userns
+    prep = Prepared(argv=[], pass_fds=seccomp.pass_fds(filter_fd), cgroup=cg, warnings=warnings, filter_fd=filter_fd,
+                    env=dict(plan.env), netns=env.netns if by_thread else None)
     try:
         prep.argv = wrapper_argv(
             isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
@@ -131,7 +139,7 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
             rlimits=rlimits,
             drop_to=drop_to,
             reset_signals=reset_signals,
-            join=env.join_argv() if join_net else (),
+            join=env.join_argv() if join_net and not by_thread else (),
         )
         yield prep
     finally:
