@@ -53,18 +53,25 @@ from orchestrator.engine import Engine
 from orchestrator.runs import run_sync
 ws, snap, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 e = Engine.open(ws)
-cold, warm = [], []
+cold, warm, retried = [], [], 0
+def run_ok(row):  # a 125 (the shared host changed under bwrap) is taken again, as in timed()
+    global retried
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        code = run_sync(e, row, ["true"], echo=False)["exit_code"]
+        if code == 0:
+            return time.perf_counter() - t0
+        assert code == 125 and attempt < 2, code
+        retried += 1
 for i in range(n + 1):
     t0 = time.perf_counter()
     row = e.fork(snap)[0]
-    assert run_sync(e, row, ["true"], echo=False)["exit_code"] == 0
-    t1 = time.perf_counter()
-    assert run_sync(e, row, ["true"], echo=False)["exit_code"] == 0
-    t2 = time.perf_counter()
+    first = time.perf_counter() - t0 + run_ok(row)
+    second = run_ok(row)
     e.destroy_sandbox(row.id)
     if i:  # the first is a warm-up (imports, the first cgroup)
-        cold.append(t1 - t0); warm.append(t2 - t1)
-print(json.dumps({"cold": cold, "warm": warm, "code": orchestrator.__file__}))
+        cold.append(first); warm.append(second)
+print(json.dumps({"cold": cold, "warm": warm, "code": orchestrator.__file__, "retried": retried}))
 """
 
 
@@ -80,10 +87,22 @@ def tree_of_main(dest: Path) -> Path:
     return dest
 
 
+RETRIED = {"n": 0}
+
+
 def timed(argv: list, **kw) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
-    return time.perf_counter() - t0
+    """Wall time of ``argv``; a sample whose sandbox could not start (125: the shared machine's
+    other work changed the host under bwrap, e.g. a home made and removed between petri's
+    look and bwrap's mount) is taken again, and counted."""
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+        if r.returncode == 0:
+            return time.perf_counter() - t0
+        if r.returncode != 125 or attempt == 2:
+            raise subprocess.CalledProcessError(r.returncode, argv)
+        RETRIED["n"] += 1
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,11 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                                          cwd=ws, env=env, check=True, capture_output=True, text=True).stdout
                     sb = json.loads(out)["sandboxes"][0]["id"]
                     t1 = time.perf_counter()
-                    subprocess.run([PY, "-m", "orchestrator.cli", "run", sb, "--", "true"], cwd=ws, env=env,
-                                   check=True)
-                    t2 = time.perf_counter()
-                    add(f"{name}: CLI fork + first run", t2 - t0)
-                    add(f"{name}: CLI first run", t2 - t1)
+                    first = timed([PY, "-m", "orchestrator.cli", "run", sb, "--", "true"], cwd=ws, env=env)
+                    add(f"{name}: CLI fork + first run", t1 - t0 + first)
+                    add(f"{name}: CLI first run", first)
                     add(f"{name}: CLI warm run", timed([PY, "-m", "orchestrator.cli", "run", sb, "--", "true"],
                                                        cwd=ws, env=env))
                     subprocess.run([PY, "-m", "orchestrator.cli", "rm", sb], cwd=ws, env=env, check=True,
@@ -146,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = json.loads(subprocess.run([PY, "-c", API_CHILD, ws, snaps[name], str(args.per_round)],
                                                 env=env, cwd=ws, check=True, capture_output=True, text=True).stdout)
                 codes[name] = got["code"]
+                RETRIED["n"] += got["retried"]
                 for v in got["cold"]:
                     add(f"{name}: API fork + first run", v)
                 for v in got["warm"]:
@@ -168,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         report.section("Time to first command and a warm run: main against the lasting environment",
                        f"btrfs backend on a loop image, the demo's sample project, `true` as the command; "
                        f"{args.rounds} rounds alternating the trees, {args.per_round} samples per tree per round. "
-                       f"Load average at start {load_start}, at end {loadavg()}.")
+                       f"Load average at start {load_start}, at end {loadavg()}. Samples taken again after a 125 "
+                       f"(the host changed under bwrap): {RETRIED['n']}.")
         report.table(["what", "n", "p50", "p99", "branch / main (p50)", "branch - main (p50)"], rows)
         print(report.render())
         return 0

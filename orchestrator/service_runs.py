@@ -142,6 +142,20 @@ def listing(engine: "Engine", sb_id: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def live_names(store: Path, sb_id: str) -> list[str]:
+    """The sandbox's services that are running (or starting, restarting) now."""
+    d = services_dir(store, sb_id)
+    if not d.is_dir():
+        return []
+    out = []
+    for entry in sorted(d.iterdir()):
+        if entry.name.endswith(".json"):
+            rec = read(store, sb_id, entry.name[:-5])
+            if rec is not None and _settled(store, sb_id, rec)["state"] in LIVE:
+                out.append(rec["name"])
+    return out
+
+
 def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(argv[0]))[:40].strip("-.") or "service"
     if not base[0].isalnum():

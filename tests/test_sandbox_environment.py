@@ -405,6 +405,17 @@ def test_env_pass_and_secrets_reach_the_command_and_nothing_else(project, tmp_pa
     for cmd in (["log", "--json"], ["diff", "sec"], ["status", "sec", "--json"], ["logs", "sec", "--json"]):
         r = petri(*cmd, cwd=ws)
         assert r.rc == 0 and token not in r.out and from_env not in r.out, (cmd, r)
+    # Nor in a promotion: what reaches the workspace is the tree's change, never a secret.
+    r = petri("promote", "sec", cwd=ws)
+    assert r.rc == 1 and "service leak is running" in r.err, r  # a service is a running command
+    assert petri("stop", "sec", "leak", cwd=ws).rc == 0
+    r = petri("promote", "sec", "--json", cwd=ws)
+    assert r.rc == 0 and "tree-file" in r.json["applied"], r
+    assert (ws / "tree-file").read_text() == "written\n"
+    for f in ws.rglob("*"):
+        if f.is_file() and ".petri" not in f.parts and ".venv" not in f.parts:
+            data = f.read_bytes()
+            assert token.encode() not in data and from_env.encode() not in data, f
     # Nor on any command line of the host while a run holds the secret.
     p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "sec", "--", "sleep", "5"], cwd=ws,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
