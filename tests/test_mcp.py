@@ -171,7 +171,7 @@ def test_tools_schemas_annotations_and_live_tools_only_with_the_flag(overlay_ws)
             assert tools["sandbox_run_poll"].input_schema["properties"]["wait_s"]["maximum"] == 25
             assert {n for n, t in tools.items() if t.annotations.read_only_hint} == {
                 "workspace_status", "sandbox_list", "sandbox_status", "sandbox_run_poll", "sandbox_read_file",
-                "sandbox_diff", "race_status", "sandbox_list_files", "sandbox_grep"}
+                "sandbox_diff", "race_status", "sandbox_list_files", "sandbox_grep", "sandbox_service_list"}
             assert tools["sandbox_remove"].annotations.destructive_hint
             assert not tools["sandbox_fork"].annotations.destructive_hint
             # refused: a tool error naming the flag, nothing written

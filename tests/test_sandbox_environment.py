@@ -177,11 +177,25 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
         async with client(ws) as c:
             doc = await c.call("sandbox_run", {"sandbox": "web", "argv": [PY, "-c", FETCH, url]})
             listed = await c.call("sandbox_service_list", {"sandbox": "web"})
-            return doc, listed
+            # A service started through MCP: reached by a run, then stopped.
+            started = await c.call("sandbox_service_start", {"sandbox": "web", "name": "second", "argv": [
+                PY, "-m", "http.server", "8010", "--bind", "127.0.0.1"]})
+            second = None
+            for _ in range(100):
+                second = await c.call("sandbox_run", {"sandbox": "web", "argv": [PY, "-c", FETCH,
+                                                                                  "http://127.0.0.1:8010/README.rst"]})
+                if second["exit_code"] == 0:
+                    break
+                await asyncio.sleep(0.3)
+            stopped = await c.call("sandbox_service_stop", {"sandbox": "web", "name": "second"})
+            return doc, listed, started, second, stopped
 
-    doc, listed = asyncio.run(mcp_call())
+    doc, listed, started, second, stopped = asyncio.run(mcp_call())
     assert doc["exit_code"] == 0 and doc["stdout_tail"].endswith("# served from the sandbox\n"), doc
     assert [(s["name"], s["state"]) for s in listed["services"]] == [("http", "running")]
+    assert started["state"] == "running" and second["exit_code"] == 0, (started, second)
+    assert stopped["state"] == "stopped", stopped
+    assert fetch_in(ws, "web", "http://127.0.0.1:8010/").rc == 7
 
     # The host, through a published port.
     host_port = free_host_port()
@@ -197,7 +211,8 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
 
     # rm ends it all: the server, the relay, the namespace's holder, /tmp.
     st = env_state(ws, sb)
-    assert len(st["pids"]) == 3, st  # holder, relay, supervisor
+    alive = [pid for pid, start in st["pids"] if _start_time(pid) == start]
+    assert len(alive) == 3, st  # holder, relay, the running service's supervisor
     assert petri("rm", "web", cwd=ws).rc == 0
     assert_env_gone(st)
     with pytest.raises(OSError):
