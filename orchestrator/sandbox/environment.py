@@ -21,10 +21,12 @@ Its state is ``<store>/env/<sandbox>.json`` (the holder's pid and start time, wh
 directories are, the published ports), written under ``<sandbox>.lock`` (flock): two petri
 processes starting the first runs of one sandbox at once make one environment.
 
-A run joins it in ``cgexec``'s wrapper, before bwrap: ``nsenter --net=/proc/<holder>/ns/net``
-(as root, before dropping to the command's account; rootless ``--user=... --net=...
---preserve-credentials``), then bwrap keeps that network namespace (``--share-net``) and
-unshares everything else: each run keeps its own pid namespace and cgroup. A sandbox with
+A run joins it before bwrap: as root, the thread of petri that forks the run's wrapper joins
+the namespace for the fork (``thread_in_netns``: setns moves only the calling thread, and the
+child is born there; no exec); rootless, ``cgexec``'s wrapper runs ``nsenter --user=...
+--net=/proc/<holder>/ns/... --preserve-credentials`` (a thread cannot join a user
+namespace). bwrap then keeps that network namespace (``--share-net``) and unshares
+everything else: each run keeps its own pid namespace and cgroup. A sandbox with
 ``--net`` uses the host's network and joins no namespace; it shares the directories.
 
 Ports (``publish``): petri binds the host's 127.0.0.1:N itself and hands the listening socket
@@ -39,14 +41,19 @@ directories; ``sweep`` does it for every environment whose sandbox is gone (``gc
 after petri was killed).
 
 Caveats:
-- A process is recognised by pid and start time; between that check and ``nsenter`` a
-  holder that died (only ``kill`` does that before its lifetime) and whose pid was reused
-  at once would be joined instead: the window is a fork and an exec.
+- A process is recognised by pid and start time; between that check and the join (the
+  open of ``/proc/<holder>/ns/net``, or ``nsenter``'s) a holder that died (only ``kill``
+  does that before its lifetime) and whose pid was reused at once would be joined instead.
+- The holder is a child of the petri process that made it until that process ends; a
+  long-lived one (the API, MCP) reaps it after it is killed (``subprocess`` reaps abandoned
+  children at its next start of a process).
 - Rootless, ``/tmp`` & co are directories in the store: they count against the store's
   filesystem, not a size cap.
 - Rootless, the holder needs util-linux's ``unshare --keep-caps`` (2.36 and later): without
   it, bringing ``lo`` up in the namespace fails (capabilities are dropped at exec) and so does
   the sandbox's first run, saying so.
+- The holder naps in 30 s steps: it notices the end of its lifetime or a deleted store up
+  to 30 s late (a sandbox's runs end on time by their own deadline).
 - Killed processes stay zombies on a machine whose pid 1 does not reap orphans; a zombie
   holds no namespace, port or mount (``_alive`` counts it dead).
 """
