@@ -191,7 +191,7 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
             return doc, listed, started, second, stopped
 
     doc, listed, started, second, stopped = asyncio.run(mcp_call())
-    assert doc["exit_code"] == 0 and doc["stdout_tail"].endswith("# served from the sandbox\n"), doc
+    assert doc["exit_code"] == 0 and doc["stdout_tail"].endswith("# served from the sandbox\n"), doc.get("setup_error")
     assert [(s["name"], s["state"]) for s in listed["services"]] == [("http", "running")]
     assert started["state"] == "running" and second["exit_code"] == 0, (started, second)
     assert stopped["state"] == "stopped", stopped
@@ -203,11 +203,13 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
     assert r.rc == 0 and r.json["host_port"] == host_port, r
     assert host_get(host_port, "/README.rst").decode().endswith("# served from the sandbox\n")
     r = petri("services", "web", "--json", cwd=ws)
-    (svc,) = r.json["services"]
+    by_name = {s["name"]: s for s in r.json["services"]}
+    svc = by_name["http"]
     assert svc["state"] == "running" and svc["ports"] == [8000] and svc["exit_code"] is None, svc
+    assert by_name["second"]["state"] == "stopped", by_name
     status = petri("status", "web", "--json", cwd=ws).json["sandboxes"][0]
     assert status["ports"] == [{"port": 8000, "host_port": host_port}], status
-    assert [s["name"] for s in status["services"]] == ["http"]
+    assert sorted(s["name"] for s in status["services"]) == ["http", "second"]
 
     # rm ends it all: the server, the relay, the namespace's holder, /tmp.
     st = env_state(ws, sb)
