@@ -17,7 +17,7 @@ from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile,
                                   SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
-__version__ = "0.1.0"
+from orchestrator._version import VERSION as __version__
 
 __all__ = [
     "__version__",

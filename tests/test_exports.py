@@ -68,3 +68,16 @@ def test_import_petri_imports_no_front_end_or_cluster_library():
             " if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []
+
+
+def test_one_version_everywhere():
+    """The package metadata (what pip shows), ``petri.__version__`` and ``petri --version``
+    are one value, written once in orchestrator/_version.py."""
+    import importlib.metadata
+    from pathlib import Path
+    meta = importlib.metadata.version("petridish")
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert meta == petri.__version__ and out == f"petri {meta}\n", (meta, petri.__version__, out)
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert "\nversion =" not in pyproject.split("[tool.setuptools.dynamic]")[0]  # no second copy

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..api import Workspace
     from ..output import Output
 
-VERSION = "0.1.0"
+from .._version import VERSION
 
 # Commands that run with the cyclic garbage collector off from start to exit (see
 # ``orchestrator.cli.main``): what scripts call in loops, each a short process that ends
