@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .backend import Backend, Progress, Say
 from .errors import BackendUnavailable
+from .extras import missing_hint
 from .osutil import fs_type
 
 BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
@@ -38,7 +39,10 @@ def backend_class(name: str) -> type[Backend]:
     try:
         found: type[Backend] = getattr(importlib.import_module(module), cls)
         return found
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
+        # btrfsutil and pyfuse3 are optional extras (snapshot.extras): say what to install.
+        raise BackendUnavailable(backend=name, why=missing_hint(e) or f"not built into this petri ({e})") from None
+    except AttributeError as e:
         raise BackendUnavailable(backend=name, why=f"not built into this petri ({e})") from None
 
 
@@ -101,7 +105,9 @@ def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
         ok, why = probe(name, workspace)
         if ok:
             return name, why
-        if name == "btrfs" and fstype == "btrfs":
+        if name == "btrfs" and fstype == "btrfs" and "petridish[btrfs]" in why:
+            notes.append(why)
+        elif name == "btrfs" and fstype == "btrfs":
             notes.append(f"{why}: `petri init --convert` makes it a subvolume for O(1) snapshots")
     if root:
         ok, why = probe("overlay", workspace)

@@ -53,6 +53,7 @@ from .. import layers as L
 from ..backend import Candidates, DiskCap, Leftover
 from ..candidates import clean, prune_dirs
 from ..errors import SnapshotError
+from ..extras import missing_hint
 from ..fusefs import daemon as D
 from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
@@ -115,7 +116,7 @@ class FuseBackend(OverlayBackend):
         try:
             import pyfuse3  # noqa: F401
         except ImportError as e:
-            return False, f"pyfuse3 cannot be imported ({e})"
+            return False, missing_hint(e) or f"pyfuse3 cannot be imported ({e})"
         ok, why = _probe_user_xattr(workspace)
         if not ok:
             return False, why

@@ -1,0 +1,56 @@
+"""``petri doctor [PATH]``: parse, call ``orchestrator.doctor``, render its report."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import command_app
+from .common import G, out
+
+app = command_app()
+
+
+@app.command()
+def doctor(
+    path: Annotated[Path, typer.Argument(help="The directory to judge: a workspace, or one to `petri init`"
+                                              " (default: .).", show_default=False)] = Path("."),
+) -> int:
+    """What works on this machine for PATH and why not, with the fix for each missing piece.
+
+    Checks bubblewrap and user namespaces, seccomp, id-mapped mounts, cgroups, the backend
+    (the workspace's own, or the one `petri init` would pick), FUSE, the optional Python
+    modules (btrfsutil, pyfuse3) and --disk caps. Writes nothing.
+
+    \b
+    Exit codes:
+      0  everything petri needs for PATH works (what is only missed is still listed)
+      1  something petri needs for PATH does not work (its fix is listed)
+      2  PATH is not a directory"""
+    from ..doctor import diagnose
+    from ..errors import UsageError
+    target = Path(os.path.abspath(path))
+    if not target.is_dir():
+        raise UsageError(detail=f"bad PATH {str(path)!r}: not a directory")
+    report = diagnose(target)
+    o = out()
+    if G.json:
+        o.doc(report.to_json())
+        return report.exit_code
+    o.say(f"petri doctor: {report.path}")
+    for c in report.checks:
+        mark = o.paint("ok  ", "green") if c.ok else o.paint("FAIL", "red") if c.needed else o.paint("warn", "yellow")
+        o.say(f"{mark} {c.name}: {c.detail}")
+        if not c.ok and c.fix:
+            o.say(f"     fix: {c.fix}")
+        elif c.ok and c.fix:
+            o.say(f"     tip: {c.fix}")
+    needed = [c.name for c in report.checks if c.needed and not c.ok]
+    if needed:
+        o.say(f"petri cannot work here for this path until {', '.join(needed)} {'is' if len(needed) == 1 else 'are'}"
+              " fixed")
+    else:
+        o.say(f"everything petri needs works here (backend {report.backend})")
+    return report.exit_code
