@@ -184,6 +184,21 @@ def test_a_path_that_is_no_directory_is_a_usage_error(tmp_path):
             assert r.json["exit_code"] == 2 and "not a directory" in r.json["error"]
 
 
+@needs_root
+def test_init_and_the_first_failing_run_point_to_doctor(copy_ws, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    r = petri("init", "--backend", "btrfs", cwd=other)  # ext4: no btrfs here
+    assert r.rc == 4 and r.err.count("\n") == 1 and "`petri doctor` says what works here" in r.err, r
+    r = petri("fork", "--json", cwd=copy_ws)
+    assert r.rc == 0, r
+    sb = r.json["sandboxes"][0]["id"]
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = petri("run", sb, "--", "true", cwd=copy_ws, env={"PATH": str(empty)})  # bwrap is missing
+    assert r.rc == 125 and r.err.count("\n") == 1 and "`petri doctor`" in r.err, r
+
+
 # ---------------------------------------------------------------------------- pure parts
 
 

@@ -66,7 +66,7 @@ from .overlay import (MOUNT_RECORD_VERSION, MountRecord, OverlayBackend, _idmap_
 
 
 class FuseMountFailed(SnapshotError):
-    """cannot start the fuse daemon for {target}: {why}; see {log}"""
+    """cannot start the fuse daemon for {target}: {why}; see {log} (`petri doctor` checks FUSE)"""
 
 
 def _fuse_mounts_under(root: Path) -> list[bytes]:
