@@ -177,11 +177,14 @@ def test_a_dev_fuse_that_cannot_be_opened(shared_dir):
 
 
 def test_a_path_that_is_no_directory_is_a_usage_error(tmp_path):
-    for argv in (["doctor", str(tmp_path / "nope")], ["--json", "doctor", str(tmp_path / "nope")]):
-        r = petri(*argv)
-        assert r.rc == 2 and r.err.count("\n") == 1 and "not a directory" in r.err, r
+    (tmp_path / "file").write_text("x")
+    for argv, said in ((["doctor", str(tmp_path / "nope")], "not a directory"),
+                       (["--json", "doctor", str(tmp_path / "file")], "not a directory"),
+                       (["doctor", ""], "give a directory")):  # a script's empty variable is not "."
+        r = petri(*argv, cwd=tmp_path)
+        assert r.rc == 2 and r.err.count("\n") == 1 and said in r.err, r
         if "--json" in argv:
-            assert r.json["exit_code"] == 2 and "not a directory" in r.json["error"]
+            assert r.json["exit_code"] == 2 and said in r.json["error"]
 
 
 @needs_root

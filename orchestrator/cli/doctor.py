@@ -15,8 +15,8 @@ app = command_app()
 
 @app.command()
 def doctor(
-    path: Annotated[Path, typer.Argument(help="The directory to judge: a workspace, or one to `petri init`"
-                                              " (default: .).", show_default=False)] = Path("."),
+    path: Annotated[str, typer.Argument(help="The directory to judge: a workspace, or one to `petri init`"
+                                             " (default: .).", show_default=False)] = ".",
 ) -> int:
     """What works on this machine for PATH and why not, with the fix for each missing piece.
 
@@ -30,10 +30,14 @@ def doctor(
       1  something petri needs for PATH does not work (its fix is listed)
       2  PATH is not a directory"""
     from ..doctor import diagnose
+    from .. import units
     from ..errors import UsageError
+    shown = units.shown(path, limit=200)
+    if not path.strip():  # a script's empty variable, not "the one here"
+        raise UsageError(detail=f"bad PATH '{shown}': give a directory")
     target = Path(os.path.abspath(path))
     if not target.is_dir():
-        raise UsageError(detail=f"bad PATH {str(path)!r}: not a directory")
+        raise UsageError(detail=f"bad PATH '{shown}': not a directory")
     report = diagnose(target)
     o = out()
     if G.json:
