@@ -196,8 +196,9 @@ def check_userns(proc: Path = Path("/proc")) -> Check:
         return Check("user_namespaces", False, "not probed: bwrap is missing" + (f" ({shown})" if shown else ""),
                      "install bubblewrap first (see the bwrap check)")
     # The namespaces a run asks for (isolation.plan_for_run), as the account a run is.
+    true = next((t for t in ("/usr/bin/true", "/bin/true") if os.access(t, os.X_OK)), "true")
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", true]
     kw: dict[str, Any] = {}
     who = "you"
     if _really_root(proc):
@@ -205,7 +206,7 @@ def check_userns(proc: Path = Path("/proc")) -> Check:
         kw = {"user": uid, "group": gid, "extra_groups": []}
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, cwd="/",
-                            stdin=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **kw)
+                            stdin=subprocess.DEVNULL, env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, **kw)
         said, rc = cp.stderr.strip(), cp.returncode
     except subprocess.TimeoutExpired:
         said, rc = f"bwrap did not finish in {PROBE_TIMEOUT_S:.0f} s", -1

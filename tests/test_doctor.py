@@ -202,6 +202,36 @@ def test_init_and_the_first_failing_run_point_to_doctor(copy_ws, tmp_path):
     assert r.rc == 125 and r.err.count("\n") == 1 and "`petri doctor`" in r.err, r
 
 
+def test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3(unprivileged_user, user_tmp):
+    from tests.loopfs import run_as
+    ws = user_tmp / "ws"
+    ws.mkdir()
+    os.chown(ws, unprivileged_user.uid, unprivileged_user.gid)
+    bin_dir = user_tmp / "bin"  # bwrap but no fusermount3
+    bin_dir.mkdir()
+    os.symlink(shutil.which("bwrap") or "/usr/bin/bwrap", bin_dir / "bwrap")
+    cp = run_as(unprivileged_user, ["env", f"PATH={bin_dir}", sys.executable, "-m", "orchestrator.cli", "doctor",
+                                    "--json", str(ws)],
+                cwd=str(ws), env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
+    assert cp.stdout, cp.stderr
+    doc = json.loads(cp.stdout)
+    got = checks(doc)
+    assert got["user_namespaces"]["ok"] and "as you" in got["user_namespaces"]["detail"], got["user_namespaces"]
+    assert got["idmapped_mounts"] == {"name": "idmapped_mounts", "ok": True, "needed": False, "fix": None,
+                                      "detail": "not needed: commands run as you"}
+    cg = got["cgroups"]
+    assert cg["needed"] is False
+    if cg["ok"]:
+        assert "a subtree delegated to this user" in cg["detail"], cg
+    else:  # this machine: v1 hierarchies only root may write, so no delegation
+        assert "delegated" in cg["detail"] and "rlimits" in cg["detail"], cg
+        assert "systemd-run --user --scope -p Delegate=yes" in cg["fix"], cg
+    f = got["fuse"]
+    assert f["ok"] is False and "fusermount3 is not on PATH" in f["detail"] and "fuse3" in f["fix"], f
+    assert doc["backend"] != "fuse" and f["needed"] is False, doc  # auto takes what works: exit 0
+    assert cp.returncode == 0, doc
+
+
 # ---------------------------------------------------------------------------- pure parts
 
 
