@@ -176,6 +176,19 @@ def test_a_dev_fuse_that_cannot_be_opened(shared_dir):
         assert petri("deinit", "--force", cwd=ws).rc == 0
 
 
+def test_without_path_it_judges_the_workspace_other_commands_would_use(copy_ws, tmp_path):
+    sub = next(p for p in copy_ws.iterdir() if p.is_dir() and p.name != ".petri")
+    r = petri("doctor", "--json", cwd=sub)
+    assert r.json["path"] == str(copy_ws) and r.json["registered"] is True and r.json["backend"] == "copy", r
+    assert "the workspace's backend copy" in checks(r.json)["backend"]["detail"], r.json
+    r = petri("--workspace", str(sub), "doctor", "--json", cwd=tmp_path)
+    assert r.json["path"] == str(copy_ws) and r.json["registered"] is True, r
+    r = petri("doctor", "--json", cwd=tmp_path)  # no workspace here: the directory itself
+    assert r.json["path"] == str(tmp_path) and r.json["registered"] is False, r
+    r = petri("--workspace", "", "doctor", cwd=tmp_path)
+    assert r.rc == 2 and r.err.count("\n") == 1, r
+
+
 def test_a_path_that_is_no_directory_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("x")
     for argv, said in ((["doctor", str(tmp_path / "nope")], "not a directory"),
@@ -220,16 +233,29 @@ def test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3
     assert got["idmapped_mounts"] == {"name": "idmapped_mounts", "ok": True, "needed": False, "fix": None,
                                       "detail": "not needed: commands run as you"}
     cg = got["cgroups"]
-    assert cg["needed"] is False
-    if cg["ok"]:
-        assert "a subtree delegated to this user" in cg["detail"], cg
-    else:  # this machine: v1 hierarchies only root may write, so no delegation
-        assert "delegated" in cg["detail"] and "rlimits" in cg["detail"], cg
-        assert "systemd-run --user --scope -p Delegate=yes" in cg["fix"], cg
+    # The user runs in root's cgroup (here: v1 hierarchies only root may write; in tests/vm's
+    # root pass: a pure cgroup v2 machine without delegation): no subtree of its own.
+    assert cg["needed"] is False and cg["ok"] is False, cg
+    assert "no writable (delegated) cgroup2 subtree" in cg["detail"] and "rlimits" in cg["detail"], cg
+    assert "systemd-run --user --scope -p Delegate=yes" in cg["fix"], cg
     f = got["fuse"]
     assert f["ok"] is False and "fusermount3 is not on PATH" in f["detail"] and "fuse3" in f["fix"], f
     assert doc["backend"] != "fuse" and f["needed"] is False, doc  # auto takes what works: exit 0
     assert cp.returncode == 0, doc
+
+
+def test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is(tmp_path):
+    """tests/vm's user pass: a normal user whose cgroup is below the subtree delegated to it."""
+    from orchestrator.sandbox import cgroups
+    if os.geteuid() == 0:
+        pytest.skip("runs as a normal user (tests/vm's delegated user pass)")
+    sup = cgroups.detect()
+    if sup.mode != "v2":
+        pytest.skip(f"no delegated cgroup v2 subtree here: {sup.reason}")
+    r = petri("doctor", "--json", str(tmp_path))
+    assert r.out, r
+    cg = checks(r.json)["cgroups"]
+    assert cg["ok"] is True and f"a subtree delegated to this user: {sup.v2_base}" in cg["detail"], cg
 
 
 # ---------------------------------------------------------------------------- pure parts

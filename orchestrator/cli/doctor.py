@@ -3,20 +3,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from .app import command_app
-from .common import G, out
+from .common import G, out, workspace_flag
 
 app = command_app()
 
 
 @app.command()
 def doctor(
-    path: Annotated[str, typer.Argument(help="The directory to judge: a workspace, or one to `petri init`"
-                                             " (default: .).", show_default=False)] = ".",
+    path: Annotated[Optional[str], typer.Argument(
+        help="The directory to judge: a workspace, or one to `petri init` (default: the workspace here, as"
+             " other commands find it, else .).", show_default=False)] = None,
 ) -> int:
     """What works on this machine for PATH and why not, with the fix for each missing piece.
 
@@ -32,12 +33,15 @@ def doctor(
     from ..doctor import diagnose
     from .. import units
     from ..errors import UsageError
-    shown = units.shown(path, limit=200)
-    if not path.strip():  # a script's empty variable, not "the one here"
-        raise UsageError(detail=f"bad PATH '{shown}': give a directory")
-    target = Path(os.path.abspath(path))
-    if not target.is_dir():
-        raise UsageError(detail=f"bad PATH '{shown}': not a directory")
+    if path is None:
+        target = _here()
+    else:
+        shown = units.shown(path, limit=200)
+        if not path.strip():  # a script's empty variable, not "the one here"
+            raise UsageError(detail=f"bad PATH '{shown}': give a directory")
+        target = Path(os.path.abspath(path))
+        if not target.is_dir():
+            raise UsageError(detail=f"bad PATH '{shown}': not a directory")
     report = diagnose(target)
     o = out()
     if G.json:
@@ -58,3 +62,18 @@ def doctor(
     else:
         o.say(f"everything petri needs works here (backend {report.backend})")
     return report.exit_code
+
+
+def _here() -> Path:
+    """No PATH: the workspace other commands would use (``--workspace``, ``PETRI_WORKSPACE``,
+    else the one holding the current directory), or the directory itself where there is none."""
+    from ..errors import UsageError
+    from ..workspace import find_workspace, is_workspace
+    override = workspace_flag() or os.environ.get("PETRI_WORKSPACE") or None
+    start = Path(os.path.abspath(override)) if override else Path(os.getcwd())
+    if override and not start.is_dir():
+        raise UsageError(detail=f"bad --workspace '{override}': not a directory")
+    for candidate in (start, *start.parents):
+        if is_workspace(candidate):
+            return find_workspace(candidate)
+    return start
