@@ -340,7 +340,7 @@ def check_disk_cap(path: Path, backend: str) -> Check:
     except PetriError as e:
         return Check("disk_cap", False, f"no --disk cap: {e}",
                      "only `--disk` needs it; a workspace with the fuse backend has one without root", needed=False)
-    root_only = cap.kind in ("btrfs", "xfs") and os.geteuid() != 0
+    root_only = cap.needs_root and os.geteuid() != 0
     return Check("disk_cap", not root_only, f"--disk is enforced by {cap.kind}" +
                  (" (needs root)" if root_only else ""), "run petri as root for --disk" if root_only else None,
                  needed=False)
@@ -364,7 +364,7 @@ def _registered_backend(path: Path) -> str | None:
 def check_backend(path: Path) -> tuple[Check, str, str, bool]:
     """(check, backend, reason, registered): the workspace's own backend when PATH is one,
     else the one ``auto`` picks (and ``--convert`` where it would help)."""
-    from snapshot.choose import choose, probe
+    from snapshot.choose import advice, choose, probe
     from snapshot.osutil import fs_type
     fs = fs_type(path)
     registered = _registered_backend(path)
@@ -374,19 +374,13 @@ def check_backend(path: Path) -> tuple[Check, str, str, bool]:
                       None if ok else "fix what it names, or `petri deinit` and `petri init` with another backend"),
                 registered, why, True)
     name, reason = choose(path, "auto")
-    fix = None
-    if fs == "btrfs" and name != "btrfs":
-        fix = "`petri init --convert` makes it a btrfs subvolume: O(1) snapshots and forks"
-        if "petridish[btrfs]" in reason:
-            fix = EXTRAS["btrfsutil"].install() + ", then " + fix
-    elif name == "copy":
-        fix = ("every snapshot and fork is a full copy here: a workspace on btrfs (a subvolume) or XFS, " +
-               ("root (overlay)" if os.geteuid() == 0 else "or FUSE (the fuse check)") + " would make them cheap")
+    fix = advice(path, name, reason)
     return Check("backend", True, f"{fs}: auto picks {name}: {reason}", fix), name, reason, False
 
 
 def diagnose(path: Path, *, proc: Path = Path("/proc")) -> Report:
     """Every check for ``path`` (an existing directory)."""
+    from snapshot.choose import uses_fuse
     path = Path(os.path.abspath(path))
     backend_check, backend, reason, registered = check_backend(path)
     checks = [
@@ -396,7 +390,7 @@ def diagnose(path: Path, *, proc: Path = Path("/proc")) -> Report:
         check_idmap(path, proc),
         check_cgroups(),
         backend_check,
-        check_fuse(needed=backend == "fuse"),
+        check_fuse(needed=uses_fuse(backend)),
         *(check_module(m, needed=e.backend == backend) for m, e in EXTRAS.items()),
         check_disk_cap(path, backend),
     ]

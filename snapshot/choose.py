@@ -123,3 +123,24 @@ def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
     if ok:
         return "reflink", "; ".join([f"{fstype}: per-file reflink clones ({why})", *notes])
     return "copy", "; ".join([f"{fstype}: no copy-on-write available here, full copies", *notes])
+
+
+def uses_fuse(name: str) -> bool:
+    """Does backend ``name`` serve its clones through FUSE (/dev/fuse, fusermount3, pyfuse3)?"""
+    return name == "fuse"
+
+
+def advice(workspace: Path, name: str, reason: str) -> str | None:
+    """What would make ``auto``'s pick ``name`` for ``workspace`` better (``petri doctor``):
+    ``init --convert`` on a plain btrfs directory, a copy-on-write place where only full
+    copies work; None when nothing would."""
+    from .extras import EXTRAS
+
+    fstype = fs_type(workspace)
+    if fstype == "btrfs" and name != CONVERTS_TO:
+        tip = "`petri init --convert` makes it a btrfs subvolume: O(1) snapshots and forks"
+        return EXTRAS["btrfsutil"].install() + ", then " + tip if "petridish[btrfs]" in reason else tip
+    if name == "copy":
+        return ("every snapshot and fork is a full copy here: a workspace on btrfs (a subvolume) or XFS, " +
+                ("root (overlay)" if os.geteuid() == 0 else "or FUSE (the fuse check)") + " would make them cheap")
+    return None

@@ -27,6 +27,7 @@ ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (q
 
 class XfsProjectQuota(DiskCap):
     kind = "xfs"
+    needs_root = True
 
     def __init__(self, store: Store, mountpoint: str) -> None:
         self.store = store

@@ -258,6 +258,21 @@ def test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is(tmp_path):
     assert cg["ok"] is True and f"a subtree delegated to this user: {sup.v2_base}" in cg["detail"], cg
 
 
+@needs_root
+def test_the_api_gives_the_cli_s_report(tmp_path):
+    import anyio
+
+    import petri as api
+    from petri import aio
+    rep = api.doctor(tmp_path)
+    r = petri("doctor", "--json", str(tmp_path))
+    doc = {k: v for k, v in r.json.items() if k != "schema"}
+    assert rep.to_json() == doc and rep.exit_code == r.rc == 0, (rep, r)
+    assert anyio.run(aio.doctor, tmp_path).to_json() == doc
+    with pytest.raises(api.UsageError):
+        api.doctor(tmp_path / "nope")
+
+
 # ---------------------------------------------------------------------------- pure parts
 
 

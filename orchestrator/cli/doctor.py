@@ -30,7 +30,7 @@ def doctor(
       0  everything petri needs for PATH works (what is only missed is still listed)
       1  something petri needs for PATH does not work (its fix is listed)
       2  PATH is not a directory"""
-    from ..doctor import diagnose
+    from ..api import doctor as api_doctor
     from .. import units
     from ..errors import UsageError
     if path is None:
@@ -42,7 +42,7 @@ def doctor(
         target = Path(os.path.abspath(path))
         if not target.is_dir():
             raise UsageError(detail=f"bad PATH '{shown}': not a directory")
-    report = diagnose(target)
+    report = api_doctor(target)
     o = out()
     if G.json:
         o.doc(report.to_json())
