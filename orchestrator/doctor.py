@@ -233,7 +233,10 @@ def check_cgroups() -> Check:
         where = "the whole hierarchy (root)" if root else f"a subtree delegated to this user: {sup.v2_base}"
         missing = [c for c in cgroups.V2_CONTROLLERS if c not in sup.v2_controllers]
         fix = None
-        if missing:
+        if missing and root:
+            fix = f"enable {' '.join(missing)}: `echo '{' '.join('+' + c for c in missing)}' > " \
+                  f"{sup.v2_base}/cgroup.subtree_control`"
+        elif missing:
             fix = (f"delegate {' '.join(missing)} too: a drop-in for user@.service with `[Service]` "
                    f"`Delegate=cpu cpuset io memory pids` (systemctl daemon-reload, log in again)")
         return Check("cgroups", not missing, f"cgroup v2, {where}: {sup.reason}", fix, needed=False)
