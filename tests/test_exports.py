@@ -11,7 +11,7 @@ import petri.aio
 
 PINNED = sorted([
     "__version__",
-    "init", "open", "Workspace",
+    "init", "open", "Workspace", "doctor",
     "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
@@ -38,7 +38,7 @@ def test_public_names_not_in_all_are_only_modules():
 def test_aio_has_the_same_names_with_async_methods():
     import inspect
 
-    for name in ("init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
+    for name in ("init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
                  "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"):
         assert name in petri.aio.__all__ and hasattr(petri.aio, name), name
     for cls_name in ("Workspace", "Sandbox"):
@@ -47,6 +47,7 @@ def test_aio_has_the_same_names_with_async_methods():
             if hasattr(sync_cls, meth):
                 assert inspect.iscoroutinefunction(getattr(async_cls, meth)), (cls_name, meth)
     assert inspect.iscoroutinefunction(petri.aio.init) and inspect.iscoroutinefunction(petri.aio.open)
+    assert inspect.iscoroutinefunction(petri.aio.doctor)
 
 
 def test_error_tree_and_exit_codes():

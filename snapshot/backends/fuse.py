@@ -53,6 +53,7 @@ from .. import layers as L
 from ..backend import Candidates, DiskCap, Leftover
 from ..candidates import clean, prune_dirs
 from ..errors import SnapshotError
+from ..extras import missing_hint
 from ..fusefs import daemon as D
 from ..fusefs import server as S
 from ..fusefs.journal import Changes, read_changes, read_disk_refusals, read_reads, walk_upper
@@ -65,7 +66,7 @@ from .overlay import (MOUNT_RECORD_VERSION, MountRecord, OverlayBackend, _idmap_
 
 
 class FuseMountFailed(SnapshotError):
-    """cannot start the fuse daemon for {target}: {why}; see {log}"""
+    """cannot start the fuse daemon for {target}: {why}; see {log} (`petri doctor` checks FUSE)"""
 
 
 def _fuse_mounts_under(root: Path) -> list[bytes]:
@@ -115,7 +116,7 @@ class FuseBackend(OverlayBackend):
         try:
             import pyfuse3  # noqa: F401
         except ImportError as e:
-            return False, f"pyfuse3 cannot be imported ({e})"
+            return False, missing_hint(e) or f"pyfuse3 cannot be imported ({e})"
         ok, why = _probe_user_xattr(workspace)
         if not ok:
             return False, why
