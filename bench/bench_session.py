@@ -249,8 +249,56 @@ def cmd_json(ws: Path, *args: str) -> tuple[float, dict]:
     return time.perf_counter() - t0, json.loads(r.stdout)
 
 
+# -- where the time goes: cProfile of one command, in-process (a hot command's own process ends
+# with os._exit, which a profiler's output would not survive) ---------------------------------
+
+PROFILE = """
+import cProfile, sys
+from orchestrator.cli import main
+cProfile.run("main(sys.argv[2:])", sys.argv[1])
+"""
+
+
+def profile(ws: Path, args: list[str], out: Path) -> dict[str, tuple[float, float, bool]]:
+    """``petri ARGS`` under cProfile: {function: (cumulative s, own s, petri's own code)},
+    with ``(total)`` the whole call."""
+    import pstats
+
+    run([PY, "-c", PROFILE, out, *args], cwd=ws, env=cli_env())
+    st = pstats.Stats(str(out))
+    got = {"(total)": (st.total_tt, st.total_tt, False)}
+    for (file, line, name), (_cc, _nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        ours = file.startswith(str(REPO)) and "/.venv/" not in file
+        where = f"{Path(file).relative_to(REPO)}:{line}" if ours else Path(file).name if file != "~" else ""
+        got[f"{where} {name}".strip()] = (ct, tt, ours)
+    return got
+
+
+def profile_table(profiles: dict, top: int) -> list[list[str]]:
+    """For each command: the functions (any code) with the most time of their own during the
+    session, then petri's functions with the most cumulative time during it, leaving out the
+    wrappers that hold 80 % or more of the whole; the same alone beside each."""
+    rows = []
+    for cmd in PROFILED:
+        alone, during = profiles.get(("alone", cmd)), profiles.get(("during", cmd))
+        if not alone or not during:
+            continue
+        total = during["(total)"][0]
+        own = sorted((k for k in during if k != "(total)"), key=lambda k: -during[k][1])[:top]
+        cum = sorted((k for k in during if during[k][2] and during[k][0] < 0.8 * total),
+                     key=lambda k: -during[k][0])[:top]
+        a0, d0 = alone["(total)"][0], total
+        rows.append([cmd, "the whole command", "-", fmt_s(a0), fmt_s(d0), fmt_ratio(d0, a0)])
+        for kind, names, col in (("own", own, 1), ("cumulative", cum, 0)):
+            for k in names:
+                a, d = alone.get(k, (0.0, 0.0, False))[col], during[k][col]
+                rows.append([cmd, f"`{k}`", kind, fmt_s(a), fmt_s(d), fmt_ratio(d, a)])
+    return rows
+
+
 # -- the phases --------------------------------------------------------------------------------
 
+PROFILED = {"petri ls": ["ls"], "petri status SB": ["status", "{sb}"], "petri run SB true": ["run", "{sb}", "true"]}
 UNITS = ["python -c pass", "bwrap true", "btrfs subvolume snapshot", "petri ls", "petri status SB",
          "petri run SB true"]
 CELLS = [("petri ls", "python -c pass"), ("petri status SB", "python -c pass"),
@@ -258,7 +306,7 @@ CELLS = [("petri ls", "python -c pass"), ("petri status SB", "python -c pass"),
 
 
 def phase(kind: str, i: int, args, ws: Path, mount: Path, sb: str, promoted: str, times: dict,
-          promote_doc: dict) -> None:
+          promote_doc: dict, profiles: dict) -> None:
     env = cli_env()
 
     def unit(name: str, r: int) -> float:
@@ -288,6 +336,9 @@ def phase(kind: str, i: int, args, ws: Path, mount: Path, sb: str, promoted: str
         times.setdefault((kind, CELLS[3][0]), []).append(dt)
         promote_doc["applied"] = len(doc["applied"])
         cmd_json(ws, "rollback", doc["promotion"])
+    if args.profile and i == args.phases - 1:
+        for cmd, argv in PROFILED.items():
+            profiles[kind, cmd] = profile(ws, [a.format(sb=sb) for a in argv], mount / f"profile-{kind}.pstats")
 
 
 def main(argv: list[str]) -> int:
@@ -302,6 +353,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--promotes", type=int, default=2, help="promotions per phase")
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds the session runs before a phase's timing")
     ap.add_argument("--viewer-interval", type=float, default=1.0, help="seconds between the viewer's refreshes")
+    ap.add_argument("--profile", type=int, metavar="N",
+                    help="profile ls, status and run once in the last pair of phases: N functions each "
+                         "(default 12, with --quick 0: off)")
     ap.add_argument("--viewer", nargs=2, metavar=("WS", "LOG"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv[1:])
     if args.viewer:
@@ -309,6 +363,8 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.sandboxes, args.files, args.promote_paths = min(args.sandboxes, 6), 1000, 600
         args.phases, args.samples, args.promotes, args.warmup = 1, 2, 1, 3.0
+    if args.profile is None:
+        args.profile = 0 if args.quick else 12
     idle = args.sandboxes - args.suites - 2
     if idle < 1 or args.suites < 0:
         print(f"--sandboxes must leave at least one idle sandbox beside {args.suites} suites, the dev server "
@@ -325,6 +381,7 @@ def main(argv: list[str]) -> int:
     work.mkdir(parents=True)
     fs = session = load = None
     times: dict[tuple[str, str], list[float]] = {}
+    profiles: dict[tuple[str, str], dict] = {}
     phases: list[list[str]] = []
     try:
         warm_cli(work)
@@ -354,7 +411,7 @@ def main(argv: list[str]) -> int:
                     time.sleep(args.warmup)
                 else:
                     log(f"phase {i + 1}/{args.phases}, alone")
-                phase(kind, i, args, ws, fs.mount, session.first, prom["id"], times, promote_doc)
+                phase(kind, i, args, ws, fs.mount, session.first, prom["id"], times, promote_doc, profiles)
                 loads.append(loadavg())
                 if load is not None:
                     refresh = load.viewer_refreshes()
@@ -366,7 +423,7 @@ def main(argv: list[str]) -> int:
                             + "; ".join(f"{k}: {v}" for k, v in got.items())
                             + "; ended: " + ", ".join(f"{k} {v}" for k, v in ended.items()))
                 phases.append([f"{i + 1} {kind}", " / ".join(loads), note or "-"])
-        _report(report, args, tree_doc, sandboxes, mix, promote_doc, chatty, times, phases)
+        _report(report, args, tree_doc, sandboxes, mix, promote_doc, chatty, times, phases, profiles)
         report.text(f"Load average at the end: {loadavg()}.")
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
@@ -385,7 +442,7 @@ def main(argv: list[str]) -> int:
 
 
 def _report(report: Report, args, tree_doc: str, sandboxes: int, mix: dict, promote_doc: dict, chatty: str,
-            times: dict, phases: list) -> None:
+            times: dict, phases: list, profiles: dict) -> None:
     report.section("A session: petri's commands alone and during it",
                    f"Workspace on a btrfs loop image: {tree_doc}. {sandboxes} sandboxes: "
                    f"{sandboxes - args.suites - 2} idle (own files, one overlapping live's change), {args.suites} "
@@ -412,6 +469,16 @@ def _report(report: Report, args, tree_doc: str, sandboxes: int, mix: dict, prom
                  [[name, len(times["alone", name]), fmt_s(a), fmt_s(d), fmt_ratio(d, a)]
                   for name, (a, d) in floors.items()])
     report.table(["phase", "load average (start / end)", "the session"], phases)
+    if profiles:
+        report.section("Where the time goes (cProfile)",
+                       "Each command once under cProfile, in-process (`orchestrator.cli.main`), after the last "
+                       "alone phase's rounds and after the last during phase's (the session still running). Per "
+                       f"command: the {args.profile} functions (any code) with the most time of their own during "
+                       f"the session, then the {args.profile} of petri's own code with the most cumulative time "
+                       "(the wrappers holding 80 % or more of the command left out), alone beside each. One "
+                       "sample each, and the profiler inflates every time: read the shares, not the sums.")
+        report.table(["command", "function", "time", "alone", "during", "during / alone"],
+                     profile_table(profiles, args.profile))
 
 
 if __name__ == "__main__":
