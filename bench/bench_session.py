@@ -16,7 +16,8 @@ by default) so that a big change has room. In it ``--sandboxes`` sandboxes (20):
   times a second, printing a line per request (both ends inside the same run);
 - one changed in ``--promote-paths`` (6,000) paths of ``lib/`` by bench_merge's recipe
   (renamed, rewritten as binary, deleted, added, appended to), promoted with ``petri
-  promote`` and put back with ``petri rollback p-…`` (untimed) as often as the phases ask.
+  promote`` and put back with ``petri rollback p-…`` (untimed) as often as the phases ask,
+  and once before the first phase, so that every phase looks at a live with the same history.
 
 A viewer runs too: a process holding the TUI's data source (``tui.source.Source``: the
 public API, ``via="tui"``) that follows the event stream as the TUI does and, every
@@ -400,6 +401,10 @@ def main(argv: list[str]) -> int:
         log(f"{sandboxes} sandboxes; the promoted one changed in lib/: {mix}")
         chatty = chatty_command(have_project)
         run([PETRI, "run", session.first, "true"], cwd=ws, env=cli_env())  # warm: the first run's cgroup
+        # One promotion and its undo before any phase: every later look at live then sees the
+        # same history (the promoted paths rewritten twice), not only the phases after the first.
+        _, doc = cmd_json(ws, "promote", prom["id"])
+        cmd_json(ws, "rollback", doc["promotion"])
         promote_doc: dict = {}
         for i in range(args.phases):
             for kind in ("alone", "during"):
