@@ -307,7 +307,7 @@ CELLS = [("petri ls", "python -c pass"), ("petri status SB", "python -c pass"),
 
 
 def phase(kind: str, i: int, args, ws: Path, mount: Path, sb: str, promoted: str, times: dict,
-          promote_doc: dict, profiles: dict) -> None:
+          promote_doc: dict, profiles: dict, seen: dict) -> None:
     env = cli_env()
 
     def unit(name: str, r: int) -> float:
@@ -328,6 +328,8 @@ def phase(kind: str, i: int, args, ws: Path, mount: Path, sb: str, promoted: str
             return timed([PETRI, "status", sb], cwd=ws)
         return timed([PETRI, "run", sb, "true"], cwd=ws)
 
+    doc = json.loads(run([PETRI, "--json", "status", sb], cwd=ws, env=env).stdout)["sandboxes"][0]["stale"]
+    seen[f"{i + 1} {kind}"] = f"{doc['method']}, {doc['live_changed']:,} live paths changed"
     for r in range(args.samples):
         k = (i * args.samples + r) % len(UNITS)
         for name in UNITS[k:] + UNITS[:k]:
@@ -383,6 +385,7 @@ def main(argv: list[str]) -> int:
     fs = session = load = None
     times: dict[tuple[str, str], list[float]] = {}
     profiles: dict[tuple[str, str], dict] = {}
+    seen: dict[str, str] = {}  # phase -> staleness of the timed sandbox as its rounds began
     phases: list[list[str]] = []
     try:
         warm_cli(work)
@@ -397,7 +400,8 @@ def main(argv: list[str]) -> int:
         dev = fork_one(ws)["id"]
         prom = fork_one(ws)
         mix = make_change(Path(prom["path"]) / "lib", args.promote_paths, seed=args.promote_paths)
-        sandboxes = len(json.loads(run([PETRI, "ls", "--json"], cwd=ws, env=cli_env()).stdout)["sandboxes"])
+        listed = json.loads(run([PETRI, "ls", "--json"], cwd=ws, env=cli_env()).stdout)["sandboxes"]
+        sandboxes, bases = len(listed), len({d.get("base") for d in listed})
         log(f"{sandboxes} sandboxes; the promoted one changed in lib/: {mix}")
         chatty = chatty_command(have_project)
         run([PETRI, "run", session.first, "true"], cwd=ws, env=cli_env())  # warm: the first run's cgroup
@@ -416,7 +420,7 @@ def main(argv: list[str]) -> int:
                     time.sleep(args.warmup)
                 else:
                     log(f"phase {i + 1}/{args.phases}, alone")
-                phase(kind, i, args, ws, fs.mount, session.first, prom["id"], times, promote_doc, profiles)
+                phase(kind, i, args, ws, fs.mount, session.first, prom["id"], times, promote_doc, profiles, seen)
                 loads.append(loadavg())
                 if load is not None:
                     refresh = load.viewer_refreshes()
@@ -427,8 +431,8 @@ def main(argv: list[str]) -> int:
                             f"max {fmt_s(max(refresh) if refresh else None)}; "
                             + "; ".join(f"{k}: {v}" for k, v in got.items())
                             + "; ended: " + ", ".join(f"{k} {v}" for k, v in ended.items()))
-                phases.append([f"{i + 1} {kind}", " / ".join(loads), note or "-"])
-        _report(report, args, tree_doc, sandboxes, mix, promote_doc, chatty, times, phases, profiles)
+                phases.append([f"{i + 1} {kind}", " / ".join(loads), seen.get(f"{i + 1} {kind}", "-"), note or "-"])
+        _report(report, args, tree_doc, (sandboxes, bases), mix, promote_doc, chatty, times, phases, profiles)
         report.text(f"Load average at the end: {loadavg()}.")
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
@@ -446,10 +450,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _report(report: Report, args, tree_doc: str, sandboxes: int, mix: dict, promote_doc: dict, chatty: str,
+def _report(report: Report, args, tree_doc: str, counts: tuple[int, int], mix: dict, promote_doc: dict, chatty: str,
             times: dict, phases: list, profiles: dict) -> None:
+    sandboxes, bases = counts
     report.section("A session: petri's commands alone and during it",
-                   f"Workspace on a btrfs loop image: {tree_doc}. {sandboxes} sandboxes: "
+                   f"Workspace on a btrfs loop image: {tree_doc}. {sandboxes} sandboxes on {bases} bases: "
                    f"{sandboxes - args.suites - 2} idle (own files, one overlapping live's change), {args.suites} "
                    f"running `petri run SB -- sh -c '{chatty}'` in a loop, one running the dev server (one `petri "
                    "run` of an `http.server` and a client fetching from it ten times a second), and one changed "
@@ -473,7 +478,8 @@ def _report(report: Report, args, tree_doc: str, sandboxes: int, mix: dict, prom
     report.table(["floor", "n per state", "alone p50", "during p50", "during / alone"],
                  [[name, len(times["alone", name]), fmt_s(a), fmt_s(d), fmt_ratio(d, a)]
                   for name, (a, d) in floors.items()])
-    report.table(["phase", "load average (start / end)", "the session"], phases)
+    report.table(["phase", "load average (start / end)", "staleness of SB as the rounds began", "the session"],
+                 phases)
     if profiles:
         report.section("Where the time goes (cProfile)",
                        "Each command once under cProfile, in-process (`orchestrator.cli.main`), after the last "
