@@ -33,7 +33,11 @@ subvolume snapshot -r`` of the workspace (deleted untimed); and ``petri ls``, ``
 SB``, ``petri run SB true``; then ``--promotes`` promotions. For each command: the p50 alone
 and during, their ratio (target <= 1.5), and the same ratio of its floor beside it (what the
 machine itself slowed down by); ``run`` is set beside bare bwrap, ``promote`` beside the
-snapshot, ``ls`` and ``status`` beside the interpreter.
+snapshot, ``ls`` and ``status`` beside the interpreter. Per phase: the load average, the timed
+sandbox's staleness as the rounds began (method, live paths changed), the viewer's refresh
+times, the suites' lines, the dev server's answered requests. With ``--profile N`` (on by
+default, off with ``--quick``) ``ls``, ``status`` and ``run`` are each run once under cProfile
+in the last pair of phases, and the functions that cost most are printed alone beside during.
 
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as root
 from the repository root: ``.venv/bin/python -m bench.bench_session`` (about 10 minutes) or
