@@ -274,8 +274,11 @@ class Engine:
 
         options = self.clone_options(limits)
 
+        trees: dict[str, str] = {}
+
         def make(row: SandboxRow) -> None:
-            self.backend.clone(self.store, base.id, row.id, **options)
+            # The backend says where the tree is (fuse: a directory of its host's mount).
+            trees[row.id] = str(self.backend.clone(self.store, base.id, row.id, **options))
 
         failures: list[BaseException] = []
         workers = min(n, 8)
@@ -304,9 +307,10 @@ class Engine:
             raise failures[0]
         with self.registry.write() as db:
             for row in rows:
-                db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
+                db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL, path = ? WHERE id = ?",
+                           (trees.get(row.id, row.path), row.id))
         made = [self.sandbox_by_id(r.id) for r in rows]
-        for row in rows:
+        for row in made:
             self.backend.note_usage(self.store, row.id)
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made
