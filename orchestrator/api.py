@@ -29,16 +29,18 @@ takes a new one); a sync call made from inside a running trio loop blocks that l
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar, overload
 
 from .limits import Limits
-from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileWritten, Forked, InitResult, Lineage,
-                      Pipeline, PromoteResult, Promotion, PromotionList, Race, RunResult, Rollback, SandboxInfo,
-                      SandboxList, Snapshot, SnapshotList, Stats)
+from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
+                      FileWritten, Forked, GrepResult, InitResult, Lineage, PathConflict, Pipeline, PromoteResult,
+                      Promotion, PromotionList, Race, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot,
+                      SnapshotList, Stats)
 
 if TYPE_CHECKING:
     from .registry import SandboxRow
@@ -47,6 +49,11 @@ if TYPE_CHECKING:
 __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
 
 VIAS = ("api", "cli", "mcp", "tui")
+
+# How the CLI spells the API's parameters. Messages about a bad value name the parameter the
+# caller gave: the CLI's flag when the CLI called (``via="cli"``), else the API's name (MCP's
+# arguments carry the same names).
+CLI_SPELLING = {"n": "-n", "label": "--label", "message": "-m", "reason": "--reason", "since": "--since"}
 
 
 _R = TypeVar("_R")
@@ -65,7 +72,7 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
             from .units import MAX_NOTE, check_text
 
             if reason is not None:
-                check_text("--reason", reason, max_len=MAX_NOTE)
+                check_text(self._name("reason"), reason, max_len=MAX_NOTE)
             with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
                                  client=self.client, root=self.root):
                 return fn(self, *args, **kw)
@@ -164,6 +171,22 @@ class Workspace:
             self._local.engine = _engine
 
     # -- plumbing -------------------------------------------------------------------------
+    def _name(self, param: str) -> str:
+        """``param`` as the caller spells it (``CLI_SPELLING``), for a message about its value."""
+        return CLI_SPELLING.get(param, param) if self.via == "cli" else param
+
+    def _check_label(self, label: str) -> None:
+        """The engine's rules for a label (``units.check_label``), in this caller's words."""
+        from .errors import UsageError
+        from .units import MAX_LABEL, check_text, shown
+
+        name = self._name("label")
+        if not label.strip():
+            raise UsageError(detail=f"bad {name}: empty")
+        if label.startswith("-"):
+            raise UsageError(detail=f"bad {name} '{shown(label)}': must not start with '-'")
+        check_text(name, label, max_len=MAX_LABEL)
+
     @property
     def engine(self) -> "Engine":
         """This thread's engine (registry connection), opened on first use."""
@@ -200,7 +223,7 @@ class Workspace:
         """Take a snapshot of the workspace (the ``snapshot`` document)."""
         from .units import MAX_NOTE, check_text
 
-        check_text("-m", message, max_len=MAX_NOTE)
+        check_text(self._name("message"), message, max_len=MAX_NOTE)
         row = self.engine.take_snapshot(message, kind="user", progress=progress)
         return Snapshot.from_doc(self.engine.snapshot_doc(row, with_bytes=False))
 
@@ -217,14 +240,22 @@ class Workspace:
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
-        workspace now; a snapshot; a sandbox: a fork of a fork). Leaving a ``with`` block
-        over the result destroys them unless ``keep()`` was called. ``.forked`` is the
-        ``fork`` document."""
-        from .config import load_config
-        from .units import MAX_LABEL, check_text
+        workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
+        of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
 
+        Always a ``SandboxSet`` (a list, also for ``n=1``: ``ws.fork()[0]``), which is a
+        context manager: leaving a ``with`` block over it destroys the sandboxes unless
+        ``keep()`` was called. (``Sandbox.fork()``, a fork of one sandbox, gives the sandbox
+        itself for ``n=1``.) ``.forked`` is the ``fork`` document."""
+        from .config import load_config
+        from .errors import UsageError
+
+        if n < 1:
+            raise UsageError(detail=f"{self._name('n')} must be at least 1, not {n}")
+        if n > 1000:
+            raise UsageError(detail=f"{self._name('n')} {n} is more than 1000 sandboxes in one call")
         if label is not None:
-            check_text("--label", label, max_len=MAX_LABEL)
+            self._check_label(label)
         e = self.engine
         lim = load_config(e.root).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
@@ -267,7 +298,8 @@ class Workspace:
         from .errors import UsageError
 
         if not idents and not all and not expired:
-            raise UsageError(detail="rm needs ids, --all or --expired")
+            raise UsageError(detail="rm needs ids, --all or --expired" if self.via == "cli"
+                             else "remove needs ids, all=True or expired=True")
         ids = [_any_id(i) for i in idents]
         removed = self.engine.remove(ids, all_sandboxes=all, expired=expired)
         return Cleanup.from_doc({"removed": removed, "reaped": {"mounts": 0, "processes": 0, "cgroups": 0,
@@ -296,18 +328,38 @@ class Workspace:
             on_start: Callable[[int], None] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
         wait for it; its output is saved (``stdout()``/``stderr()``), not printed.
-        ``on_output(stream, line)`` gets each line as it comes (bytes, newline kept; the last
-        one may have none); ``on_start(n)`` (front-end hook) gets the run's number as soon as
-        it has one. Runs in this thread (no event loop)."""
+        ``timeout``: seconds or a duration ("10m"); ``cwd``: the directory it starts in, a
+        directory of the sandbox relative to the workspace root or absolute under it
+        (default: the root). ``on_output(stream, line)`` gets each line as it comes (bytes,
+        newline kept; the last one may have none); ``on_start(n)`` (front-end hook) gets the
+        run's number as soon as it has one. Runs in this thread (no event loop)."""
         from . import audit
         from .runs import run_sync
 
+        start_dir = self._start_dir(sandbox, cwd)
         on_event = None if on_output is None else _output_callback(on_output)
         doc = run_sync(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
-                       stdin_data=stdin, echo=False, cwd=None if cwd is None else os.fspath(cwd), on_event=on_event,
-                       on_started=on_start)
+                       stdin_data=stdin, echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
+
+    def _start_dir(self, sandbox: "str | Sandbox", cwd: str | os.PathLike[str] | None) -> str | None:
+        """``cwd`` of a run, checked: a directory of the sandbox (no symlink on the way), as
+        the absolute path the command sees; None for the workspace root."""
+        if cwd is None:
+            return None
+        from . import files
+        from .errors import UsageError
+
+        row, where = self._files_row(sandbox)
+        try:
+            rel = files.user_rel(cwd, where)
+            if rel:
+                with self._reading(row) as tree:
+                    os.close(files.open_directory(tree, rel, where))
+        except UsageError as e:
+            raise UsageError(detail=f"bad cwd: {e}") from None
+        return os.path.join(str(self.engine.root), os.fsdecode(rel)) if rel else str(self.engine.root)
 
     def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         """Every run of the sandbox, oldest first."""
@@ -352,9 +404,11 @@ class Workspace:
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
-             on_start: Callable[[str], None] | None = None, cluster: Any = None) -> Race:
+             on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (SPEC). ``winner`` is None when no check passed (a result, not an error).
+        ``label``: the name the winner's sandbox gets (``winner_label`` in the document), to
+        use instead of its id.
         ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
         its events (``race.started``, ``race.candidate_finished``) carry that id.
         ``cluster``: run the candidates on a Ray cluster (its address, ``"local:N"`` for a
@@ -369,10 +423,12 @@ class Workspace:
             raise NoCandidates()
         if jobs < 1:
             raise UsageError(detail=f"bad jobs {jobs}: at least 1")
+        if label is not None:
+            self._check_label(label)
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster)
+                        cluster=cluster, label=label)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
@@ -401,12 +457,14 @@ class Workspace:
         e = self.engine
         if to is not None:
             from .stages import promote_to
-            return _with_ws(Pipeline.from_doc(promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None))),
-                            self)
+            with _text_conflicts():
+                doc = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None))
+            return _with_ws(Pipeline.from_doc(doc), self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
-                         paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                         say=say or (lambda s: None))
+        with _text_conflicts():
+            doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
+                             paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
+                             say=say or (lambda s: None))
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -422,7 +480,9 @@ class Workspace:
         interrupted stage, and go on up to the pipeline's last stage."""
         from .stages import resume
 
-        return _with_ws(Pipeline.from_doc(resume(self.engine, _any_id(promotion), say=say or (lambda s: None))), self)
+        with _text_conflicts():
+            doc = resume(self.engine, _any_id(promotion), say=say or (lambda s: None))
+        return _with_ws(Pipeline.from_doc(doc), self)
 
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
         from .promotions import promotion_docs
@@ -440,50 +500,83 @@ class Workspace:
         e = self.engine
         ident = _any_id(target)
         kind, full = e.registry.resolve(ident, ("snapshot", "promotion"))
-        doc = e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
+        with _text_conflicts():
+            doc = e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
         return Rollback.from_doc(doc)
 
     # -- files in a sandbox ---------------------------------------------------------------
-    # Paths are relative to the workspace root, resolved one component at a time from the
-    # tree's directory fd without following a symlink (merge.safefs): nothing a sandbox
-    # contains can make these read or write outside it.
+    # What they do is orchestrator.files: paths relative to the workspace root, resolved one
+    # component at a time from the tree's directory fd without following a symlink
+    # (merge.safefs): nothing a sandbox contains can make these reach outside it. Reads go
+    # through views a fuse sandbox does not count as its own reads.
     MAX_READ = 1 << 20
     MAX_WRITE = 16 << 20
+    MAX_ENTRIES = 10_000
+    MAX_MATCHES = 5_000
 
-    def read_file(self, sandbox: "str | Sandbox", path: str | bytes, *, base: bool = False,
-                  max_bytes: int | None = None) -> FileContent:
-        """A regular file of the sandbox (``base``: of the snapshot it was forked from), at
-        most ``max_bytes`` (default 1 MiB; ``truncated`` says when more was there)."""
-        from merge.safefs import SafeTree
+    def _files_row(self, sandbox: "str | Sandbox") -> "tuple[SandboxRow, Any]":
+        from .files import Where
 
-        from .errors import UsageError
-
-        rel = _path_bytes(path)
-        limit = self.MAX_READ if max_bytes is None else max_bytes
-        if limit < 0:
-            raise UsageError(detail=f"max_bytes must be 0 or more, not {limit}")
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        # Views that make nothing (no mount, no file), and that a fuse sandbox does not
-        # count as its own reads.
+        roots = tuple(os.fsencode(str(p)) for p in (e.root, row.path) if p)
+        return row, Where(row.id, roots)
+
+    @contextlib.contextmanager
+    def _reading(self, row: "SandboxRow", base: bool = False) -> Iterator[Any]:
+        """The sandbox's tree (``base``: its base snapshot) as a ``SafeTree`` for petri's own
+        reads: views that make nothing (no mount, no file), and that a fuse sandbox does not
+        count as its own reads."""
+        from merge.safefs import SafeTree
+
+        e = self.engine
         if base:
-            with e.backend.read_view(e.store, row.base) as view:
-                return _read_in(SafeTree(view), rel, limit)
+            with e.backend.read_view(e.store, row.base) as view, SafeTree(view) as tree:
+                yield tree
+            return
         e.sandbox_tree(row)  # a sandbox that is gone says so
-        with e.backend.quiet_view(e.store, row.id) as tree:
-            return _read_in(SafeTree(tree), rel, limit)
+        with e.backend.quiet_view(e.store, row.id) as view, SafeTree(view) as tree:
+            yield tree
+
+    def _writing(self, row: "SandboxRow") -> Any:
+        from merge.safefs import SafeTree
+
+        return SafeTree(self.engine.sandbox_tree(row))
+
+    def read_file(self, sandbox: "str | Sandbox", path: str | bytes, *, base: bool = False,
+                  max_bytes: int | None = None, start_line: int | None = None,
+                  end_line: int | None = None) -> FileContent:
+        """A regular file of the sandbox (``base``: of the snapshot it was forked from), at
+        most ``max_bytes`` (default 1 MiB; ``truncated`` says when more was there);
+        ``start_line`` / ``end_line`` (from 1, inclusive): only those lines."""
+        from . import files
+
+        limit = self.MAX_READ if max_bytes is None else max_bytes
+        _at_least(0, max_bytes=limit)
+        if start_line is not None:
+            _at_least(1, start_line=start_line)
+        if end_line is not None:
+            _at_least(start_line or 1, end_line=end_line)
+        row, where = self._files_row(sandbox)
+        rel = files.user_rel(path, where)
+        with self._reading(row, base) as tree:
+            return files.read(tree, rel, where, limit, start_line=start_line, end_line=end_line)
 
     @_audited("write_file")
     def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
                    mode: int | None = None) -> FileWritten:
         """Write a whole file in the sandbox (made, with its missing directories, or
         replaced atomically keeping its mode), never through a symlink."""
+        from . import files
+
         raw = data.encode("utf-8") if isinstance(data, str) else data
         if len(raw) > self.MAX_WRITE:
             from .errors import UsageError
             raise UsageError(detail=f"{len(raw)} bytes is more than the {self.MAX_WRITE} a write may carry")
-        rel = _path_bytes(path)
-        _write_in(self.engine, _sandbox_id(sandbox), rel, raw, mode)
+        row, where = self._files_row(sandbox)
+        rel = files.user_rel(path, where)
+        with self._writing(row) as tree:
+            files.write(tree, rel, where, raw, mode)
         return FileWritten(path=os.fsdecode(rel), bytes_written=len(raw))
 
     @_audited("edit_file")
@@ -492,6 +585,7 @@ class Workspace:
         """Replace ``old`` by ``new`` in a UTF-8 file: exactly ``count`` occurrences must be
         there (None: all of them, at least one), else ``petri.UsageError`` and nothing is
         written."""
+        from . import files
         from .errors import UsageError
 
         if not old:
@@ -505,9 +599,72 @@ class Workspace:
             raise UsageError(
                 detail=f"{got.path}: the text to replace occurs {found} time(s), not {want}; nothing written")
         text = got.content.replace(old, new) if count is None else got.content.replace(old, new, count)
-        rel = _path_bytes(path)
-        _write_in(self.engine, _sandbox_id(sandbox), rel, text.encode("utf-8"), None)
+        row, where = self._files_row(sandbox)
+        with self._writing(row) as tree:
+            files.write(tree, files.user_rel(path, where), where, text.encode("utf-8"), None)
         return FileWritten(path=got.path, bytes_written=len(text.encode("utf-8")), replacements=found)
+
+    def list_files(self, sandbox: "str | Sandbox", path: str | bytes = "", *, glob: str | None = None,
+                   recursive: bool | None = None, include_ignored: bool = False,
+                   max_entries: int = 1000) -> FileList:
+        """The entries of directory ``path`` (default: the root) in the sandbox, sorted, each
+        with its kind, size (files) and target (symlinks, never followed). ``recursive`` (by
+        default: when a ``glob`` is given): the whole tree below it. ``glob``: only entries
+        whose name (a glob without ``/``, e.g. ``*.py``) or path below ``path`` (``src/**/*.c``)
+        matches, git's wildmatch. What the sandbox's ``.gitignore`` ignores is left out unless
+        ``include_ignored``; ``.git`` is listed, never entered."""
+        from . import files
+
+        _at_least(1, max_entries=max_entries)
+        _at_most(self.MAX_ENTRIES, max_entries=max_entries)
+        row, where = self._files_row(sandbox)
+        rel = files.user_rel(path, where)
+        with self._reading(row) as tree:
+            return files.list_entries(tree, rel, where, glob=glob,
+                                      recursive=glob is not None if recursive is None else recursive,
+                                      rules=files.ignore_rules(tree.root, include_ignored), max_entries=max_entries)
+
+    def grep(self, sandbox: "str | Sandbox", pattern: str, path: str | bytes = "", *, glob: str | None = None,
+             ignore_case: bool = False, include_ignored: bool = False, max_matches: int = 200) -> GrepResult:
+        """The lines that match ``pattern`` (Python ``re`` syntax, line by line) in the files
+        below ``path`` (or in that one file), in path order, as ``matches`` of (path, line,
+        text). ``glob`` as in ``list_files``. Binary and very large files are skipped and
+        counted; the search stops at ``max_matches``, after 256 MiB read or 10 s (a pattern
+        that backtracks without end), and ``stopped`` says why."""
+        from . import files
+
+        _at_least(1, max_matches=max_matches)
+        _at_most(self.MAX_MATCHES, max_matches=max_matches)
+        row, where = self._files_row(sandbox)
+        rel = files.user_rel(path, where)
+        files.compile_pattern(pattern, ignore_case=ignore_case)  # a bad one fails before anything is opened
+        with self._reading(row) as tree:
+            return files.grep(tree, rel, where, pattern, glob=glob, ignore_case=ignore_case,
+                              rules=files.ignore_rules(tree.root, include_ignored), max_matches=max_matches)
+
+    @_audited("delete_file")
+    def delete_file(self, sandbox: "str | Sandbox", path: str | bytes, *, recursive: bool = False) -> FileRemoved:
+        """Remove the file, symlink (itself, never what it points to) or, with ``recursive``,
+        the directory and everything in it at ``path`` in the sandbox."""
+        from . import files
+
+        row, where = self._files_row(sandbox)
+        rel = files.user_rel(path, where)
+        with self._writing(row) as tree:
+            return files.delete(tree, rel, where, recursive=recursive)
+
+    @_audited("move_file")
+    def move_file(self, sandbox: "str | Sandbox", src: str | bytes, dst: str | bytes, *,
+                  overwrite: bool = False) -> FileMoved:
+        """Rename ``src`` to ``dst`` in the sandbox (a file, a symlink as itself, or a
+        directory), making ``dst``'s missing directories; an existing ``dst`` is replaced only
+        with ``overwrite``."""
+        from . import files
+
+        row, where = self._files_row(sandbox)
+        a, b = files.user_rel(src, where), files.user_rel(dst, where)
+        with self._writing(row) as tree:
+            return files.move(tree, a, b, where, overwrite=overwrite)
 
     # -- lineage, population, audit trail, KPIs ---------------------------------------------
     def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
@@ -540,7 +697,8 @@ class Workspace:
         ago ("1h"); ``limit``: the newest N."""
         from .audit import entries
 
-        return AuditLog.from_doc({"entries": entries(self.engine.registry, since=_since(since), limit=limit, op=op)})
+        return AuditLog.from_doc({"entries": entries(self.engine.registry, since=_since(since, self._name("since")),
+                                                     limit=limit, op=op)})
 
     def stats(self, *, since: "float | str | None" = None, check: bool = False) -> Stats:
         """``stats``: p50/p95/p99/max per operation and the rates, since ``since``; the
@@ -551,7 +709,7 @@ class Workspace:
         from .registry import rfc3339
 
         e = self.engine
-        at = _since(since)
+        at = _since(since, self._name("since"))
         doc = {"since": rfc3339(at), **kpi.stats(e.registry, since=at)}
         doc["breaches"] = kpi.breaches(doc, load_config(e.root).kpi)
         result = Stats.from_doc(doc)
@@ -677,18 +835,59 @@ class Sandbox:
         """A new picture of this sandbox (state, usage, staleness)."""
         return Sandbox(self.workspace, self.workspace.status(self.info.id).sandboxes[0])
 
-    def run(self, argv: Sequence[str | bytes] | str, **kw: Any) -> RunResult:
-        return self.workspace.run(self.info.id, argv, **kw)
+    def run(self, argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
+            env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
+            on_output: Callable[[str, bytes], None] | None = None, on_start: Callable[[int], None] | None = None,
+            reason: str | None = None) -> RunResult:
+        """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in this sandbox and
+        wait for it (``Workspace.run``).
 
-    def diff(self, paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
-        return self.workspace.diff(self.info.id, paths, **kw)
+        ``timeout``: seconds or a duration ("10m"), then it is killed (exit 124, ``killed_by``
+        "timeout"); ``env``: extra variables; ``cwd``: the directory it starts in, relative to
+        the workspace root or absolute under it (default: the root); ``stdin``: bytes fed to
+        it; ``on_output(stream, line)``: each line as it comes; ``on_start(n)``: the run's
+        number once it has one; ``reason``: kept in the audit trail. A non-zero exit is a
+        result; the output is saved (``stdout()``, ``stderr()``)."""
+        return self.workspace.run(self.info.id, argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+                                  on_output=on_output, on_start=on_start, reason=reason)
 
-    def promote(self, **kw: Any) -> PromoteResult:
-        return self.workspace.promote(self.info.id, **kw)
+    def diff(self, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+             stat_only: bool = False) -> Diff:
+        """This sandbox's changes against its base (``Workspace.diff``): ``paths`` only those;
+        ``include_ignored`` also files ``.gitignore`` ignores; ``stat_only`` files and line
+        counts without the patch text."""
+        return self.workspace.diff(self.info.id, paths, include_ignored=include_ignored, stat_only=stat_only)
 
-    def fork(self, n: int = 1, **kw: Any) -> "Sandbox | SandboxSet":
-        """A fork of this fork (one sandbox, or a set with ``n`` > 1)."""
-        got = self.workspace.fork(n, source=self, **kw)
+    def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
+                include_ignored: bool = False, paths: Sequence[str | bytes] = (),
+                say: Callable[[str], None] | None = None, to: str | None = None,
+                reason: str | None = None) -> PromoteResult:
+        """Apply this sandbox's changes to the workspace (``Workspace.promote``).
+
+        ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
+        (``petri.MarkersWritten``), "theirs" or "ours"; ``verify``: a shell command run on
+        the result, which is undone if it fails; ``dry_run``: plan only; ``include_ignored``:
+        also files ``.gitignore`` ignores; ``paths``: only these; ``say``: progress lines;
+        ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
+        kept in the audit trail."""
+        return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
+                                      include_ignored=include_ignored, paths=paths, say=say, to=to, reason=reason)
+
+    @overload
+    def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
+             keep_expired: bool = False, reason: str | None = None) -> "Sandbox": ...
+
+    @overload
+    def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
+             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+
+    def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
+             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
+        """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
+        more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
+        ``Workspace.fork`` always returns."""
+        got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
+                                  reason=reason)
         return got[0] if n == 1 else got
 
     def logs(self) -> list[RunResult]:
@@ -912,6 +1111,20 @@ PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]
 Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def _text_conflicts() -> Iterator[None]:
+    """A ``petri.Conflict`` leaves with its ``conflicts`` as ``PathConflict`` records (text
+    paths, the exact bytes in ``path_bytes``); the merge layer's own carry bytes."""
+    from snapshot.errors import Conflict
+
+    try:
+        yield
+    except Conflict as err:
+        err.conflicts = tuple(c if isinstance(c, PathConflict) else PathConflict.from_doc(c.to_json())
+                              for c in err.conflicts or ())
+        raise
+
+
 def _output_callback(on_output: Callable[[str, bytes], None]) -> Callable[[Any], None]:
     """A runner event callback that hands each output line to ``on_output(stream, line)``
     (the runner gives chunks; lines cut by a chunk boundary are joined here)."""
@@ -961,7 +1174,7 @@ def _argv(argv: Sequence[str | bytes] | str) -> list[Any]:
     return out
 
 
-def _since(t: "float | str | None") -> float | None:
+def _since(t: "float | str | None", name: str = "since") -> float | None:
     """An epoch time from ``--since``: RFC 3339 ("2025-01-31T12:00:00Z"), a duration ago
     ("90m", "2d"), or epoch seconds."""
     if t is None:
@@ -980,11 +1193,26 @@ def _since(t: "float | str | None") -> float | None:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise UsageError(
-                detail=f"bad --since {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
+                detail=f"bad {name} {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
         if when.tzinfo is None:
-            raise UsageError(detail=f"bad --since {t!r}: give a time zone (Z or +HH:MM)")
+            raise UsageError(detail=f"bad {name} {t!r}: give a time zone (Z or +HH:MM)")
         return when.timestamp()
     return now() - parse_duration(text)
+
+
+def _at_least(low: int, **named: int) -> None:
+    """A usage error naming the parameter unless its value is at least ``low``."""
+    (name, value), = named.items()
+    if value < low:
+        from .errors import UsageError
+        raise UsageError(detail=f"bad {name} {value}: at least {low}")
+
+
+def _at_most(high: int, **named: int) -> None:
+    (name, value), = named.items()
+    if value > high:
+        from .errors import UsageError
+        raise UsageError(detail=f"bad {name} {value}: at most {high}")
 
 
 def _seconds(t: float | str | None) -> float | None:
@@ -1061,63 +1289,6 @@ def file_doc(s: Any) -> dict[str, Any]:
             except UnicodeDecodeError:
                 d[key + "_b64"] = _b64(raw)
     return d
-
-
-def _read_in(tree: Any, rel: bytes, limit: int) -> FileContent:
-    from .errors import UsageError
-
-    with tree:
-        node = tree.node(rel)
-        if node is None:
-            raise UsageError(detail=f"no such file: {os.fsdecode(rel)}")
-        if node.kind != "file":
-            raise UsageError(detail=f"{os.fsdecode(rel)} is a {node.kind}, not a regular file")
-        fd = tree.open_regular(rel)
-    try:
-        size = os.fstat(fd).st_size
-        chunks, got = [], 0
-        while got < limit:
-            b = os.read(fd, min(1 << 20, limit - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        data = b"".join(chunks)
-        truncated = bool(os.read(fd, 1)) if got >= limit else False
-    finally:
-        os.close(fd)
-    try:
-        return FileContent(path=os.fsdecode(rel), size=size, encoding="utf-8", content=data.decode("utf-8"),
-                           truncated=truncated)
-    except UnicodeDecodeError:
-        return FileContent(path=os.fsdecode(rel), size=size, encoding="base64", content=_b64(data),
-                           truncated=truncated)
-
-
-def _write_in(engine: "Engine", sandbox: str, rel: bytes, data: bytes, mode: int | None) -> None:
-    """Atomically (temp + rename) write ``rel`` in the sandbox's tree through dir fds."""
-    from merge.safefs import SafeTree, write_new_file
-
-    from .errors import UsageError
-
-    row = engine.resolve_sandbox(sandbox)
-    with SafeTree(engine.sandbox_tree(row)) as tree:
-        node = tree.node(rel)
-        if node is not None and node.kind != "file":
-            raise UsageError(detail=f"{os.fsdecode(rel)} is a {node.kind}; only regular files are written")
-        keep = node.mode & 0o777 if node is not None else 0o644
-        pfd, name = tree.parent(rel, create_mode=0o755)
-        try:
-            tmp = b".petri-write." + os.urandom(4).hex().encode()
-            write_new_file(pfd, tmp, [data], keep if mode is None else mode,
-                           owner=(node.uid, node.gid) if node is not None else None)
-            try:
-                os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-            except BaseException:
-                os.unlink(tmp, dir_fd=pfd)
-                raise
-        finally:
-            os.close(pfd)
 
 
 def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,

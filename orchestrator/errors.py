@@ -193,3 +193,35 @@ class KpiBreach(OrchestratorError):
     """KPI breach: {what}"""
 
     result: Stats  # the stats record: the API sets it on every one it raises
+
+
+# -- files in a sandbox (orchestrator.files) ---------------------------------------------
+
+
+class BadFilePath(UsageError):
+    """refusing path {path}: {why}"""
+
+
+class PathInStore(UsageError):
+    """{path}: `.petri` is petri's store, not part of the sandbox (its commands do not see it and it is never
+    promoted); the file tools leave it alone"""
+
+
+class SymlinkOnPath(UsageError):
+    """{path}: {via} is a symlink to {target}{where}; the file tools never follow a symlink{hint}"""
+
+
+class NotARegularFile(UsageError):
+    """{path} is a {kind}, not a regular file{hint}"""
+
+
+class NoSuchPath(NotFound):
+    """no {path} in sandbox {sandbox}"""
+
+
+class FileToolFailed(OrchestratorError):
+    """cannot {doing} {path} in sandbox {sandbox}: {why}"""
+
+
+class BadPattern(UsageError):
+    """bad {what} {text!r}: {why}"""

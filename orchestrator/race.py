@@ -310,13 +310,14 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
-                   seccomp: str | None = None, cluster: Any = None) -> dict[str, Any]:
+                   seccomp: str | None = None, cluster: Any = None, label: str | None = None) -> dict[str, Any]:
     """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
     ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
     run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
     the winner's sandbox are here all the same.
     ``on_start(race_id)`` is told the race's id before anything is forked (front ends follow
-    a running race by it: its events carry ``race``).
+    a running race by it: its events carry ``race``). ``label``: the name the winner's
+    sandbox gets (``winner_label``), checked before anything is forked.
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
     its own loop); ``race_sync(..., promote=True)`` does both.
 
@@ -337,6 +338,8 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
         parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
     limits = load_config(engine.root).apply_defaults(limits or Limits())
     engine.check_limits(limits)
+    if label is not None:
+        _check_winner_label(engine, label)
     race = _Race(new_id("r"), check)
     if on_start is not None:
         on_start(race.id)
@@ -370,7 +373,36 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
             raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
     if doc is None:  # only an interrupt ends the guard's nursery without a result
         raise _interrupted(race)
+    if label is not None:
+        _label_winner(engine, doc, label)
     return doc  # an interrupt after the race ended changes nothing
+
+
+def _check_winner_label(engine: "Engine", label: str) -> None:
+    from .errors import UsageError
+    from .units import check_label
+
+    check_label(label)
+    if label.startswith(("s-", "sb-", "p-")):
+        raise UsageError(detail=f"label {label!r} looks like an id; pick another")
+    if engine.registry.label_taken(label):
+        raise UsageError(detail=f"label {label!r} is already used by a live sandbox")
+
+
+def _label_winner(engine: "Engine", doc: dict[str, Any], label: str) -> None:
+    """Name the winner's sandbox ``label``; a label taken meanwhile is a warning in the
+    document (the race's result stands)."""
+    import sqlite3
+
+    doc["winner_label"] = None
+    if not doc.get("winner"):
+        return
+    try:
+        engine.registry.update_sandbox(doc["winner"], label=label)
+    except sqlite3.IntegrityError:
+        doc.setdefault("warnings", []).append(f"label {label!r} was taken during the race; the winner has none")
+        return
+    doc["winner_label"] = label
 
 
 def _single(group: BaseExceptionGroup) -> BaseException | None:

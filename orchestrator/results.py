@@ -128,6 +128,8 @@ def _dump(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class InitResult(Record):
+    """``init``: the workspace registered, the backend chosen, why (``reason``), and its first snapshot."""
+
     workspace: str
     backend: str
     reason: str
@@ -136,6 +138,10 @@ class InitResult(Record):
 
 @dataclass(frozen=True)
 class Snapshot(Record):
+    """A snapshot of the live workspace (``snapshot``; a row of ``snapshots``): ``implicit`` when a
+    fork from live took it; ``bytes_copied`` what taking it copied, ``bytes`` what it holds (None
+    where the backend cannot tell cheaply)."""
+
     id: str
     message: str = ""
     implicit: bool = False
@@ -183,6 +189,14 @@ class SandboxList(Record):
 
 @dataclass(frozen=True)
 class RunResult(Record):
+    """One run of a command in a sandbox (``run``; a row of ``status``'s runs and of ``logs``).
+
+    A non-zero ``exit_code`` is a result, not an error. ``killed_by`` is SPEC's: None,
+    "timeout", "ttl" or "memory"; ``ended_by`` names every end: "exit" (by itself), one of
+    those, "destroyed" (its sandbox was removed), "petri_died"; None while it runs. The
+    output is saved, not printed: ``stdout()`` / ``stderr()`` read ``stdout_path`` /
+    ``stderr_path``. ``id`` is the sandbox (also ``sandbox``), ``run`` its number there."""
+
     id: str  # the sandbox
     run: int
     exit_code: int | None = None
@@ -192,6 +206,10 @@ class RunResult(Record):
     stdout_path: str | None = None
     stderr_path: str | None = None
     peak_memory_bytes: int | None = None
+    ended_by: str | None = None
+    argv: tuple[str, ...] | list[str] | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
 
     @property
     def sandbox(self) -> str:
@@ -202,6 +220,7 @@ class RunResult(Record):
         return _read(self.stdout_path, errors)
 
     def stderr(self, errors: str = "replace") -> str:
+        """What the command wrote on stderr (the saved file), as text."""
         return _read(self.stderr_path, errors)
 
 
@@ -214,6 +233,10 @@ def _read(path: str | None, errors: str) -> str:
 
 @dataclass(frozen=True)
 class RaceCandidate(Record):
+    """One candidate of a race, ranked (``rank`` 1 is best): whether it ``applied``, how its
+    check ended (``exit_code``, ``duration_s``, ``killed_by``) and the size of its change.
+    ``sandbox`` is None once the race removed it (losers, unless ``keep``)."""
+
     candidate: str
     kind: str
     sandbox: str | None = None
@@ -229,11 +252,17 @@ class RaceCandidate(Record):
 
 @dataclass(frozen=True)
 class Race(Record):
+    """``race``: the candidates ranked (passed, then fewest changed lines, then fastest),
+    ``winner`` the best one's sandbox (None when no check passed: a result, not an error),
+    ``conflicts`` the pairs of passing candidates that change the same files;
+    ``winner_label`` the label the winner's sandbox got (``label=``)."""
+
     race: str
     base: str | None = None
     winner: str | None = None
     candidates: tuple[RaceCandidate, ...] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
+    winner_label: str | None = None
     nested = {"candidates": RaceCandidate}
 
     @property
@@ -243,6 +272,10 @@ class Race(Record):
 
 @dataclass(frozen=True)
 class DiffFile(Record):
+    """One file of a diff: ``status`` is added, modified, deleted, renamed or type_changed;
+    ``old_path`` for a rename; line counts (0 for ``binary``); modes as octal text. A name that
+    is not UTF-8 has ``\\xNN`` escapes in ``path`` and is exact in ``extra["path_b64"]``."""
+
     path: str
     status: str
     old_path: str | None = None
@@ -255,6 +288,9 @@ class DiffFile(Record):
 
 @dataclass(frozen=True)
 class Diff(Record):
+    """``diff``: the sandbox's changes against its base (``files``) and a git-format ``patch``
+    (``patch_bytes`` is exact when the patch holds bytes that are not UTF-8)."""
+
     base: str | None
     files: tuple[DiffFile, ...] = ()
     patch: str = ""
@@ -273,6 +309,11 @@ class Diff(Record):
 
 @dataclass(frozen=True)
 class PromoteResult(Record):
+    """``promote``: the promotion's id (None for a dry run or when nothing changed), the paths
+    ``applied``, the ``conflicts`` settled by ``on_conflict`` (rows of ``{"path", "reason"}``),
+    whether ``verify`` passed (None: no check) and whether the promotion was
+    ``rolled_back`` after a failed check. ``rollback()`` undoes it."""
+
     promotion: str | None
     applied: tuple[str, ...] | list[str] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
@@ -300,12 +341,18 @@ class Promotion(Record):
 
 @dataclass(frozen=True)
 class PromotionList(Record):
+    """``promotions``: every promotion, with whether it can still be undone."""
+
     promotions: tuple[Promotion, ...] = ()
     nested = {"promotions": Promotion}
 
 
 @dataclass(frozen=True)
 class Rollback(Record):
+    """``rollback``: what was restored (a snapshot or a promotion, ``kind``), the paths it
+    ``changed``, and the ``safety_snapshot`` taken first (a snapshot rollback: roll back to it
+    to undo)."""
+
     restored: str
     kind: str
     changed: tuple[str, ...] | list[str] = ()
@@ -322,6 +369,8 @@ class Cleanup(Record):
 
 @dataclass(frozen=True)
 class SnapshotList(Record):
+    """``snapshots``: every snapshot, oldest first."""
+
     snapshots: tuple[Snapshot, ...] = ()
     nested = {"snapshots": Snapshot}
 
@@ -339,16 +388,22 @@ class Event(Record):
 @dataclass(frozen=True)
 class FileContent(Record):
     """A file read from a sandbox (or its base): ``content`` is text when the bytes are
-    UTF-8 (``encoding: "utf-8"``), else base64 (``encoding: "base64"``)."""
+    UTF-8 (``encoding: "utf-8"``), else base64 (``encoding: "base64"``); ``size`` is the
+    whole file's. With a line range, ``start_line`` and ``end_line`` are the lines given
+    (from 1; ``end_line`` None when the file has none from ``start_line`` on). ``truncated``:
+    the file (or the range) went on past what was returned."""
 
     path: str
     size: int
     encoding: str
     content: str
     truncated: bool = False
+    start_line: int | None = None
+    end_line: int | None = None
 
     @property
     def data(self) -> bytes:
+        """The bytes read (``content`` decoded from base64 where it is)."""
         if self.encoding == "base64":
             import base64
 
@@ -358,9 +413,114 @@ class FileContent(Record):
 
 @dataclass(frozen=True)
 class FileWritten(Record):
+    """``write_file`` / ``edit_file``: the path written, its new size, and for an edit how
+    many ``replacements`` were made."""
+
     path: str
     bytes_written: int = 0
     replacements: int | None = None
+
+
+@dataclass(frozen=True)
+class FileEntry(Record):
+    """One entry of ``list_files``: ``kind`` is file, dir, symlink or other; ``size`` in bytes
+    for a file (None otherwise); ``target``: where a symlink points (never followed). A name
+    that is not UTF-8 has ``\\xNN`` escapes in ``path`` and is exact in ``extra["path_b64"]``."""
+
+    path: str
+    kind: str
+    size: int | None = None
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class FileList(Record):
+    """``list_files``: the entries of directory ``path`` (or of its whole tree), sorted by path;
+    ``truncated`` when there were more than ``max_entries``; ``ignored``: how many the
+    ``.gitignore`` rules left out (an ignored directory counts once)."""
+
+    path: str
+    entries: tuple[FileEntry, ...] = ()
+    truncated: bool = False
+    ignored: int = 0
+    nested = {"entries": FileEntry}
+
+
+@dataclass(frozen=True)
+class GrepMatch(Record):
+    """One matching line: its file, its number (from 1) and its text (cut at 400 characters)."""
+
+    path: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class GrepResult(Record):
+    """``grep``: the matching lines in path order. ``files_searched`` counts the files read;
+    ``binary_skipped`` and ``large_skipped`` the files left out as binary or too large,
+    ``ignored`` those the ``.gitignore`` rules left out. ``stopped`` says why the search ended
+    early ("max_matches", "max_bytes", "max_entries", "max_depth" or "timeout"), None when it saw
+    everything; ``truncated`` is ``stopped is not None``."""
+
+    pattern: str
+    path: str
+    matches: tuple[GrepMatch, ...] = ()
+    files_searched: int = 0
+    binary_skipped: int = 0
+    large_skipped: int = 0
+    ignored: int = 0
+    truncated: bool = False
+    stopped: str | None = None
+    nested = {"matches": GrepMatch}
+
+
+@dataclass(frozen=True)
+class FileRemoved(Record):
+    """``delete_file``: the path removed, what it was, and how many entries went (1 for a file;
+    a directory and everything in it with ``recursive``)."""
+
+    path: str
+    kind: str
+    removed: int = 1
+
+
+@dataclass(frozen=True)
+class FileMoved(Record):
+    """``move_file``: ``old_path`` is now ``path``; ``replaced`` when something was there (and
+    ``overwrite`` allowed replacing it)."""
+
+    old_path: str
+    path: str
+    kind: str
+    replaced: bool = False
+
+
+@dataclass(frozen=True)
+class PathConflict(Record):
+    """One path that stopped a promotion or its undo (``petri.Conflict.conflicts``): ``path`` as
+    text (bytes that are not UTF-8 as ``\\xNN``; ``path_bytes`` exactly), the ``reason``, and
+    how ``on_conflict`` settled it (``resolution``: failed, markers, theirs, ours, kept)."""
+
+    path: str
+    reason: str = ""
+    resolution: str | None = None
+
+    @property
+    def path_bytes(self) -> bytes:
+        """The path exactly (from ``path_b64`` when the JSON has it)."""
+        b64 = self.extra.get("path_b64")
+        if b64:
+            import base64
+
+            return base64.b64decode(b64)
+        return self.path.encode("utf-8")
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as the ``conflicts`` of an error document list it (a row: no ``schema``)."""
+        d = super().to_json()
+        d.pop("schema", None)
+        return d
 
 
 # ---------------------------------------------------------------------------- lineage, audit, KPIs
@@ -382,6 +542,9 @@ class LineageNode(Record):
 
 @dataclass(frozen=True)
 class Lineage(Record):
+    """``lineage``: snapshots of live, the sandboxes forked from them and forks of forks under
+    their parents (``children(id)``)."""
+
     nodes: tuple[LineageNode, ...] = ()
     nested = {"nodes": LineageNode}
 
@@ -405,6 +568,8 @@ class AuditEntry(Record):
 
 @dataclass(frozen=True)
 class AuditLog(Record):
+    """``log``: the audit trail, oldest first."""
+
     entries: tuple[AuditEntry, ...] = ()
     nested = {"entries": AuditEntry}
 

@@ -11,7 +11,8 @@ this module (the distribution here is ``petridish``).
 from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, init, open
 from orchestrator.limits import Limits
 from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile, Event, Evolution, FileContent,
-                                  FileWritten, Forked, InitResult, Lineage, LineageNode, Pipeline, PromoteResult,
+                                  FileEntry, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepMatch,
+                                  GrepResult, InitResult, Lineage, LineageNode, PathConflict, Pipeline, PromoteResult,
                                   Promotion, PromotionList, Race, RaceCandidate, Record, Rollback, RunResult,
                                   SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
@@ -28,7 +29,8 @@ __all__ = [
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
     "Cleanup", "Event", "FileContent", "FileWritten", "Lineage", "LineageNode", "AuditLog", "AuditEntry", "Stats",
-    "Evolution", "Pipeline",
+    "Evolution", "Pipeline", "FileEntry", "FileList", "GrepMatch", "GrepResult", "FileRemoved", "FileMoved",
+    "PathConflict",
     # errors (each carries .exit_code)
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
 
 import anyio
 import sniffio
@@ -29,8 +29,9 @@ import sniffio
 from orchestrator import api as _api
 from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
-from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, Lineage, Pipeline, PromoteResult,
-                                  Promotion, Race, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats)
+from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved,
+                                  FileRemoved, FileWritten, GrepResult, Lineage, Pipeline, PromoteResult, Promotion,
+                                  Race, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 __all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
@@ -115,10 +116,14 @@ class Workspace:
     async def snapshots(self) -> list[Snapshot]:
         return await _thread(self.sync.snapshots)
 
-    async def fork(self, n: int = 1, **kw: Any) -> "SandboxSet":
-        if isinstance(kw.get("source"), Sandbox):
-            kw["source"] = kw["source"].sync
-        got = await _thread(self.sync.fork, n, **kw)
+    async def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox | _api.Sandbox" = "live",
+                   label: str | None = None, limits: Limits | None = None, keep_expired: bool = False,
+                   reason: str | None = None) -> "SandboxSet":
+        """``petri.Workspace.fork``: always a ``SandboxSet`` (``async with`` destroys what was
+        not kept), also for ``n=1``."""
+        src = source.sync if isinstance(source, Sandbox) else source
+        got = await _thread(self.sync.fork, n, source=src, label=label, limits=limits, keep_expired=keep_expired,
+                            reason=reason)
         return SandboxSet(self, got)
 
     async def sandbox(self, ident: str) -> "Sandbox":
@@ -154,11 +159,11 @@ class Workspace:
         timeout_s = _api._seconds(timeout)
         on_event = None if on_output is None else _api._output_callback(on_output)
         ws = self.sync
+        start_dir = None if cwd is None else await _thread(ws._start_dir, sb, cwd)
 
         async def go() -> dict[str, Any]:
             return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
-                                        echo=False, cwd=None if cwd is None else os.fspath(cwd),
-                                        on_event=on_event, on_started=on_start)
+                                        echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
 
         with audit.operation("run", audit.api_argv("run", [sb, argv], {"timeout": timeout}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -186,10 +191,11 @@ class Workspace:
             stop.set()
 
     async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
-                   **kw: Any) -> Race:
+                   label: str | None = None, **kw: Any) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
-        ``on_start=fn`` gets the race's id before anything is forked, and ``cluster=`` runs the
-        candidates on a Ray cluster (as in ``petri.Workspace.race``)."""
+        ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
+        candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
+        ``petri.Workspace.race``)."""
         from orchestrator import audit
         from orchestrator.errors import EmptyCommand, NoCandidates
         from orchestrator.race import load_candidates, promote_winner, run_race
@@ -198,6 +204,8 @@ class Workspace:
             raise EmptyCommand(what="check", hint="")
         if not candidates:
             raise NoCandidates()
+        if label is not None:
+            self.sync._check_label(label)
         cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
         limits = kw.pop("limits", None) or Limits()
         timeout_s = _api._seconds(kw.pop("timeout", None))
@@ -205,7 +213,8 @@ class Workspace:
         ws = self.sync
 
         async def go() -> dict[str, Any]:
-            return await run_race(ws.engine, cands, check, source=source, limits=limits, timeout_s=timeout_s, **kw)
+            return await run_race(ws.engine, cands, check, source=source, limits=limits, timeout_s=timeout_s,
+                                  label=label, **kw)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -214,11 +223,20 @@ class Workspace:
                 await _thread(lambda: promote_winner(ws.engine, doc))
         return Race.from_doc(doc)
 
-    async def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
-        return await _thread(self.sync.diff, _sid(sandbox), paths, **kw)
+    async def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+                   stat_only: bool = False) -> Diff:
+        """``petri.Workspace.diff`` in a worker thread."""
+        return await _thread(self.sync.diff, _sid(sandbox), paths, include_ignored=include_ignored,
+                             stat_only=stat_only)
 
-    async def promote(self, sandbox: "str | Sandbox", **kw: Any) -> PromoteResult:
-        return await _thread(self.sync.promote, _sid(sandbox), **kw)
+    async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
+                      dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
+                      say: Callable[[str], None] | None = None, to: str | None = None,
+                      reason: str | None = None) -> PromoteResult:
+        """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
+        return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
+                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
+                             reason=reason)
 
     async def resume(self, promotion: Any, **kw: Any) -> Pipeline:
         return await _thread(self.sync.resume, promotion, **kw)
@@ -243,14 +261,39 @@ class Workspace:
     async def stats(self, **kw: Any) -> Stats:
         return await _thread(self.sync.stats, **kw)
 
-    async def read_file(self, sandbox: "str | Sandbox", path: str | bytes, **kw: Any) -> Any:
-        return await _thread(self.sync.read_file, _sid(sandbox), path, **kw)
+    async def read_file(self, sandbox: "str | Sandbox", path: str | bytes, *, base: bool = False,
+                        max_bytes: int | None = None, start_line: int | None = None,
+                        end_line: int | None = None) -> FileContent:
+        return await _thread(self.sync.read_file, _sid(sandbox), path, base=base, max_bytes=max_bytes,
+                             start_line=start_line, end_line=end_line)
 
-    async def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, **kw: Any) -> Any:
-        return await _thread(self.sync.write_file, _sid(sandbox), path, data, **kw)
+    async def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
+                         mode: int | None = None, reason: str | None = None) -> FileWritten:
+        return await _thread(self.sync.write_file, _sid(sandbox), path, data, mode=mode, reason=reason)
 
-    async def edit_file(self, sandbox: "str | Sandbox", path: str | bytes, old: str, new: str, **kw: Any) -> Any:
-        return await _thread(self.sync.edit_file, _sid(sandbox), path, old, new, **kw)
+    async def edit_file(self, sandbox: "str | Sandbox", path: str | bytes, old: str, new: str, *,
+                        count: int | None = 1, reason: str | None = None) -> FileWritten:
+        return await _thread(self.sync.edit_file, _sid(sandbox), path, old, new, count=count, reason=reason)
+
+    async def list_files(self, sandbox: "str | Sandbox", path: str | bytes = "", *, glob: str | None = None,
+                         recursive: bool | None = None, include_ignored: bool = False,
+                         max_entries: int = 1000) -> FileList:
+        return await _thread(self.sync.list_files, _sid(sandbox), path, glob=glob, recursive=recursive,
+                             include_ignored=include_ignored, max_entries=max_entries)
+
+    async def grep(self, sandbox: "str | Sandbox", pattern: str, path: str | bytes = "", *, glob: str | None = None,
+                   ignore_case: bool = False, include_ignored: bool = False, max_matches: int = 200) -> GrepResult:
+        """``petri.Workspace.grep`` in a worker thread (the matcher releases the GIL)."""
+        return await _thread(self.sync.grep, _sid(sandbox), pattern, path, glob=glob, ignore_case=ignore_case,
+                             include_ignored=include_ignored, max_matches=max_matches)
+
+    async def delete_file(self, sandbox: "str | Sandbox", path: str | bytes, *, recursive: bool = False,
+                          reason: str | None = None) -> FileRemoved:
+        return await _thread(self.sync.delete_file, _sid(sandbox), path, recursive=recursive, reason=reason)
+
+    async def move_file(self, sandbox: "str | Sandbox", src: str | bytes, dst: str | bytes, *,
+                        overwrite: bool = False, reason: str | None = None) -> FileMoved:
+        return await _thread(self.sync.move_file, _sid(sandbox), src, dst, overwrite=overwrite, reason=reason)
 
     async def events(self, *, follow: bool = False, from_start: bool = True) -> AsyncIterator[Event]:
         """The event stream; with ``follow`` it waits for new events (closing the iterator,
@@ -319,17 +362,42 @@ class Sandbox:
     async def refresh(self) -> "Sandbox":
         return Sandbox(self.workspace, await _thread(self.sync.refresh))
 
-    async def run(self, argv: Sequence[str | bytes] | str, **kw: Any) -> RunResult:
-        return await self.workspace.run(self.sync.info.id, argv, **kw)
+    async def run(self, argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
+                  env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+                  stdin: bytes | None = None, on_output: Callable[[str, bytes], None] | None = None,
+                  on_start: Callable[[int], None] | None = None, reason: str | None = None) -> RunResult:
+        """``petri.Sandbox.run``; cancelling this kills the run."""
+        return await self.workspace.run(self.sync.info.id, argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+                                        on_output=on_output, on_start=on_start, reason=reason)
 
-    async def diff(self, paths: Sequence[str | bytes] = (), **kw: Any) -> Diff:
-        return await self.workspace.diff(self.sync.info.id, paths, **kw)
+    async def diff(self, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+                   stat_only: bool = False) -> Diff:
+        """``petri.Sandbox.diff``."""
+        return await self.workspace.diff(self.sync.info.id, paths, include_ignored=include_ignored,
+                                         stat_only=stat_only)
 
-    async def promote(self, **kw: Any) -> PromoteResult:
-        return await self.workspace.promote(self.sync.info.id, **kw)
+    async def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
+                      include_ignored: bool = False, paths: Sequence[str | bytes] = (),
+                      say: Callable[[str], None] | None = None, to: str | None = None,
+                      reason: str | None = None) -> PromoteResult:
+        """``petri.Sandbox.promote``."""
+        return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
+                                            dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
+                                            to=to, reason=reason)
 
-    async def fork(self, n: int = 1, **kw: Any) -> "Sandbox | SandboxSet":
-        got = await self.workspace.fork(n, source=self, **kw)
+    @overload
+    async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
+                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox": ...
+
+    @overload
+    async def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
+                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+
+    async def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
+                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
+        """``petri.Sandbox.fork``: the new sandbox itself for ``n=1``, a ``SandboxSet`` for more."""
+        got = await self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
+                                        reason=reason)
         return got[0] if n == 1 else got
 
     async def logs(self) -> list[RunResult]:

@@ -17,6 +17,8 @@ PINNED = sorted([
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
     "Cleanup", "Event", "FileContent", "FileWritten", "Lineage", "LineageNode", "AuditLog", "AuditEntry", "Stats",
     "Evolution", "Pipeline",
+    # the file tools' records (list_files, grep, delete_file, move_file) and a Conflict's rows
+    "FileEntry", "FileList", "GrepMatch", "GrepResult", "FileRemoved", "FileMoved", "PathConflict",
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ])
 

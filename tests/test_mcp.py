@@ -29,7 +29,8 @@ mcp_types = pytest.importorskip("mcp_types")
 
 SPEC_TOOLS = {"workspace_status", "snapshot_create", "sandbox_fork", "sandbox_list", "sandbox_status", "sandbox_run",
               "sandbox_run_start", "sandbox_run_poll", "sandbox_run_kill", "sandbox_read_file", "sandbox_write_file",
-              "sandbox_edit_file", "sandbox_diff", "race", "race_status", "sandbox_remove"}
+              "sandbox_edit_file", "sandbox_diff", "race", "race_status", "sandbox_remove", "sandbox_list_files",
+              "sandbox_grep", "sandbox_delete_file", "sandbox_move_file"}
 LIVE_TOOLS = {"promote", "rollback"}
 
 FIX = """--- a/pkg/calc.py
@@ -169,7 +170,7 @@ def test_tools_schemas_annotations_and_live_tools_only_with_the_flag(overlay_ws)
             assert tools["sandbox_run_poll"].input_schema["properties"]["wait_s"]["maximum"] == 25
             assert {n for n, t in tools.items() if t.annotations.read_only_hint} == {
                 "workspace_status", "sandbox_list", "sandbox_status", "sandbox_run_poll", "sandbox_read_file",
-                "sandbox_diff", "race_status"}
+                "sandbox_diff", "race_status", "sandbox_list_files", "sandbox_grep"}
             assert tools["sandbox_remove"].annotations.destructive_hint
             assert not tools["sandbox_fork"].annotations.destructive_hint
             # refused: a tool error naming the flag, nothing written
@@ -240,12 +241,14 @@ def test_a_session_fork_write_run_diff_race_promote_rollback(any_ws):
                                     error=True)
             assert bad_args["exit_code"] == 2 and "timeout_s" in bad_args["error"]
             # race three candidates
-            r = await c.call("race", {"check": "python3 test_calc.py", "wait_s": 25, "candidates": [
+            r = await c.call("race", {"check": "python3 test_calc.py", "wait_s": 25, "label": "best", "candidates": [
                 {"cmd": "echo broken > pkg/calc.py"}, {"patch_text": FIX}, {"cmd": "true"}]})
             while not r["done"]:
                 r = await c.call("race_status", {"race": r["race"], "wait_s": 25})
             by = {x["candidate"]: x for x in r["candidates"]}
             assert r["winner"] == by["patch_text#2"]["sandbox"] and by["patch_text#2"]["rank"] == 1
+            assert r["winner_label"] == "best"  # the winner is reachable by that name
+            assert (await c.call("sandbox_status", {"sandbox": "best"}))["sandboxes"][0]["id"] == r["winner"]
             assert by["echo broken > pkg/calc.py"]["exit_code"] != 0 and by["true"]["exit_code"] == 1
             listed = {s["id"] for s in (await c.call("sandbox_list"))["sandboxes"]}
             assert listed == {sb["id"], r["winner"]}  # losers removed, winner kept
@@ -502,3 +505,62 @@ def test_sigterm_kills_the_runs_then_exits(overlay_ws):
         if raw.p.poll() is None:
             raw.p.kill()
             raw.p.wait()
+
+
+def test_file_tools_run_options_and_error_words(any_ws):
+    """Issue 20 (items 15, 17, 19) through a server: the file tools an agent reaches for,
+    run's cwd and a duration for timeout_s, and errors whose words say what to do."""
+    ws = any_ws
+
+    async def main():
+        async with client(ws) as c:
+            sb = (await c.call("sandbox_fork", {"label": "files"}))["sandboxes"][0]
+            tree = Path(sb["path"])
+            top = await c.call("sandbox_list_files", {"sandbox": "files"})
+            names = [e["path"] for e in top["entries"]]
+            assert {"pkg", "test_calc.py", ".gitignore"} <= set(names) and ".petri" not in names
+            py = await c.call("sandbox_list_files", {"sandbox": "files", "glob": "*.py"})
+            assert [e["path"] for e in py["entries"]] == ["pkg/calc.py", "test_calc.py"]
+            g = await c.call("sandbox_grep", {"sandbox": "files", "pattern": r"add\(", "glob": "*.py"})
+            assert [(m["path"], m["line"]) for m in g["matches"]] == [("pkg/calc.py", 1), ("test_calc.py", 2)]
+            part = await c.call("sandbox_read_file", {"sandbox": "files", "path": "test_calc.py", "start_line": 2,
+                                                      "end_line": 2})
+            assert part["content"] == "assert add(2, 3) == 5, add(2, 3)\n" and part["start_line"] == 2
+            mv = await c.call("sandbox_move_file", {"sandbox": "files", "from": "pkg/calc.py", "to": "lib/calc.py"})
+            assert mv["path"] == "lib/calc.py" and (tree / "lib" / "calc.py").is_file()
+            rm = await c.call("sandbox_delete_file", {"sandbox": "files", "path": "pkg", "recursive": True})
+            assert rm["kind"] == "dir" and not (tree / "pkg").exists()
+            child = (await c.call("sandbox_fork", {"from": "files"}))["sandboxes"][0]  # from: a label works
+            assert child["parent"] == sb["id"]
+            await c.call("sandbox_remove", {"ids": [child["id"]]})
+            # run: cwd below the root, and a timeout given as a duration
+            (tree / "lib" / "sub").mkdir()
+            r = await c.call("sandbox_run", {"sandbox": "files", "command": "pwd; ls", "cwd": "lib",
+                                             "timeout_s": "10m"})
+            assert r["exit_code"] == 0 and r["stdout_tail"] == f"{ws}/lib\ncalc.py\nsub\n"
+            bad = await c.call("sandbox_run", {"sandbox": "files", "argv": ["true"], "cwd": "nope"}, error=True)
+            assert bad["exit_code"] == 2 and bad["error"] == f"bad cwd: no nope in sandbox {sb['id']}"
+            bad = await c.call("sandbox_run", {"sandbox": "files", "argv": ["true"], "timeout_s": "soon"}, error=True)
+            assert bad["error"].startswith("timeout_s: bad duration 'soon'")
+            # the words of the errors
+            outside = ws.parent / "outside-files"
+            outside.mkdir()
+            (outside / "secret").write_text("host\n")
+            os.symlink(outside, tree / "link")
+            err = await c.call("sandbox_read_file", {"sandbox": "files", "path": "link/secret"}, error=True)
+            assert err["exit_code"] == 2 and "conflict" not in err["error"]
+            assert err["error"] == (f"link/secret: link is a symlink to {outside} (outside the sandbox); the file "
+                                    "tools never follow a symlink")
+            for tool, args in (("sandbox_list_files", {"path": "link"}), ("sandbox_grep", {"pattern": "host",
+                                                                                           "path": "link"}),
+                               ("sandbox_delete_file", {"path": "link/secret"}),
+                               ("sandbox_move_file", {"from": "link/secret", "to": "stolen"})):
+                err = await c.call(tool, {"sandbox": "files", **args}, error=True)
+                assert "link is a symlink to" in err["error"], (tool, err)
+            assert not (await c.call("sandbox_grep", {"sandbox": "files", "pattern": "host"}))["matches"]
+            err = await c.call("sandbox_write_file", {"sandbox": "files", "path": ".petri/x", "content": "x"},
+                               error=True)
+            assert "petri's store" in err["error"] and ".petri-write" not in err["error"]
+            assert sorted(os.listdir(outside)) == ["secret"] and (outside / "secret").read_text() == "host\n"
+
+    run(main)

@@ -103,9 +103,10 @@ class State:
         return (await self.ws.sandbox(ident)).info.id
 
     # -- runs ----------------------------------------------------------------------------------
-    def _runner(self, sandbox: str, command: Any, timeout: float, env: dict[str, str] | None) -> Any:
+    def _runner(self, sandbox: str, command: Any, timeout: float | None, env: dict[str, str] | None,
+                cwd: str | None) -> Any:
         async def go(job: RunJob) -> Any:
-            return await self.ws.run(sandbox, command, timeout=timeout, env=env, on_start=job.on_start)
+            return await self.ws.run(sandbox, command, timeout=timeout, env=env, cwd=cwd, on_start=job.on_start)
         return go
 
     def _job(self, sandbox: str) -> RunJob:
@@ -114,21 +115,23 @@ class State:
         engine = self.ws.sync.engine
         return RunJob(sandbox, lambda n: log_paths(engine, sandbox, n))
 
-    async def run_now(self, sandbox: str, command: Any, timeout: float, env: dict[str, str] | None) -> RunJob:
+    async def run_now(self, sandbox: str, command: Any, timeout: float | None, env: dict[str, str] | None,
+                      cwd: str | None = None) -> RunJob:
         """Run and wait, in this call (cancelling the call kills the run)."""
         job = self._job(await self.sandbox_id(sandbox))
         call = CURRENT.get()
         call.describe, call.total = job.progress_message, None
-        await job.execute(self._runner(sandbox, command, timeout, env))
+        await job.execute(self._runner(sandbox, command, timeout, env, cwd))
         if job.error is not None:
             raise job.error
         return job
 
-    async def start_run(self, ident: str, command: Any, timeout: float, env: dict[str, str] | None) -> RunJob:
+    async def start_run(self, ident: str, command: Any, timeout: float | None, env: dict[str, str] | None,
+                        cwd: str | None = None) -> RunJob:
         """Start a run as a job of the server; return once it has its number."""
         sb = await self.sandbox_id(ident)
         job = self._job(sb)
-        self.spawn(job.execute, self._runner(sb, command, timeout, env), done=job)
+        self.spawn(job.execute, self._runner(sb, command, timeout, env, cwd), done=job)
         try:
             await job.started.wait()
         except anyio.get_cancelled_exc_class():
@@ -204,7 +207,7 @@ class State:
     # -- races ---------------------------------------------------------------------------------
     async def start_race(self, args: dict[str, Any]) -> RaceJob:
         from ..api import Cmd, Patch
-        from .tools import _limits
+        from .tools import _duration, _limits
 
         cands: list[Any] = []
         for i, c in enumerate(args["candidates"], 1):
@@ -216,11 +219,12 @@ class State:
                 cands.append(Patch(os.path.join(self.ws.root, c["patch"]), name=c["patch"]))
         job = RaceJob(args["check"], [{"candidate": c.name, "kind": c.kind} for c in cands])
         limits = _limits(args)
+        timeout = _duration(args, "timeout_s", None)
 
         async def go(job: RaceJob) -> Any:
             return await self.ws.race(args["check"], cands, source=args.get("from", "live"), jobs=args.get("jobs", 8),
-                                      limits=limits, timeout=args.get("timeout_s"), keep=bool(args.get("keep")),
-                                      on_start=job.on_start)
+                                      limits=limits, timeout=timeout, keep=bool(args.get("keep")),
+                                      on_start=job.on_start, label=args.get("label"))
 
         store = self.ws.sync.engine.store.root
         self.spawn(job.execute, store, go, done=job)

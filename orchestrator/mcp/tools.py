@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..results import (Cleanup, Diff, FileContent, FileWritten, Forked, PromoteResult, Race, Rollback, RunResult,
-                       SandboxList, Snapshot)
+from ..results import (Cleanup, Diff, FileContent, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepResult,
+                       PromoteResult, Race, Rollback, RunResult, SandboxList, Snapshot)
 from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
 
@@ -37,6 +37,8 @@ DEFAULT_WAIT_S = 20.0
 DEFAULT_POLL_WAIT_S = 10.0
 DEFAULT_POLL_MIN_BYTES = 16384
 DEFAULT_PATCH_BYTES = 256 << 10
+DEFAULT_ENTRIES = 1000
+DEFAULT_MATCHES = 200
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Tool:
 
 S = {"type": "string"}
 SANDBOX = {"type": "string", "description": "sandbox id (sb-…), unique prefix, or label"}
+PATH = {"type": "string", "description": "relative to the workspace root (or absolute under it)"}
+DURATION = {"type": ["number", "string"], "description": "seconds, or a duration such as 90s, 10m, 1h"}
 SIZE = {"type": ["string", "integer"], "description": "bytes, or a size such as 512M, 2G"}
 LIMITS = {
     "ttl": {"type": ["string", "number"], "description": "lifetime, e.g. 30m, 2h (seconds if a number)"},
@@ -74,10 +78,14 @@ LIMITS = {
 }
 RUN_ARGS = {
     "sandbox": SANDBOX,
-    "command": {"type": "string", "description": "a shell command line (run with /bin/sh -c)"},
-    "argv": {"type": "array", "items": S, "minItems": 1, "description": "the command as a list (no shell)"},
-    "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": DEFAULT_TIMEOUT_S,
-                  "description": "kill it after this many seconds (exit 124)"},
+    "command": {"type": "string", "description": "a shell command line, run with /bin/sh -c (give exactly one of "
+                                                 "command and argv)"},
+    "argv": {"type": "array", "items": S, "minItems": 1, "description": "the command as a list, no shell (give "
+                                                                      "exactly one of command and argv)"},
+    "cwd": {"type": "string", "description": "directory to start in, relative to the workspace root (default: "
+                                             "the root)"},
+    "timeout_s": {**DURATION, "default": DEFAULT_TIMEOUT_S,
+                  "description": "kill it after this long (exit 124): seconds, or a duration such as 90s, 10m"},
     "env": {"type": "object", "additionalProperties": S, "description": "extra environment variables"},
 }
 WAIT = {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}
@@ -114,12 +122,31 @@ def _limits(args: dict[str, Any]) -> Any:
 
 
 def _command(args: dict[str, Any]) -> Any:
-    # One of the two, checked here: several model APIs refuse oneOf at a schema's top level.
+    # One of the two, checked here (the descriptions say so): several model APIs refuse oneOf
+    # at a schema's top level.
     from ..errors import UsageError
 
     if ("command" in args) == ("argv" in args):
         raise UsageError(detail="give the command as `command` (a shell string) or `argv` (a list), one of them")
     return args["command"] if "command" in args else list(args["argv"])
+
+
+def _duration(args: dict[str, Any], key: str, default: float | None) -> float | None:
+    """A duration argument (seconds, or text such as "10m", as ``ttl`` takes) in seconds."""
+    from ..errors import UsageError
+    from ..units import parse_duration
+
+    value = args.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = parse_duration(value)
+        except UsageError as e:
+            raise UsageError(detail=f"{key}: {e}") from None
+    if value <= 0:
+        raise UsageError(detail=f"{key}: {value} is not more than 0 seconds")
+    return float(value)
 
 
 async def workspace_status(st: "State", args: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +175,8 @@ async def sandbox_status(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sandbox_run(st: "State", args: dict[str, Any]) -> dict[str, Any]:
-    job = await st.run_now(args["sandbox"], _command(args), args.get("timeout_s", DEFAULT_TIMEOUT_S), args.get("env"))
+    job = await st.run_now(args["sandbox"], _command(args), _duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
+                           args.get("env"), args.get("cwd"))
     doc = job.result.to_json()
     cap = args.get("max_output_bytes", DEFAULT_OUTPUT_BYTES)
     out, out_cut = tail(doc.get("stdout_path"), cap)
@@ -157,8 +185,8 @@ async def sandbox_run(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sandbox_run_start(st: "State", args: dict[str, Any]) -> dict[str, Any]:
-    job = await st.start_run(args["sandbox"], _command(args), args.get("timeout_s", DEFAULT_TIMEOUT_S),
-                             args.get("env"))
+    job = await st.start_run(args["sandbox"], _command(args), _duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
+                             args.get("env"), args.get("cwd"))
     return {"schema": 1, "sandbox": job.sandbox, "run": job.run}
 
 
@@ -173,8 +201,32 @@ async def sandbox_run_kill(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 
 async def sandbox_read_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.read_file(args["sandbox"], args["path"], base=bool(args.get("base", False)),
-                                max_bytes=args.get("max_bytes", DEFAULT_READ_BYTES))
+                                max_bytes=args.get("max_bytes", DEFAULT_READ_BYTES), start_line=args.get("start_line"),
+                                end_line=args.get("end_line"))
     return got.to_json()
+
+
+async def sandbox_list_files(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    got = await st.ws.list_files(args["sandbox"], args.get("path", ""), glob=args.get("glob"),
+                                 recursive=args.get("recursive"), include_ignored=bool(args.get("include_ignored")),
+                                 max_entries=args.get("max_entries", DEFAULT_ENTRIES))
+    return got.to_json()
+
+
+async def sandbox_grep(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    got = await st.ws.grep(args["sandbox"], args["pattern"], args.get("path", ""), glob=args.get("glob"),
+                           ignore_case=bool(args.get("ignore_case")), include_ignored=bool(args.get("include_ignored")),
+                           max_matches=args.get("max_matches", DEFAULT_MATCHES))
+    return got.to_json()
+
+
+async def sandbox_delete_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return (await st.ws.delete_file(args["sandbox"], args["path"], recursive=bool(args.get("recursive")))).to_json()
+
+
+async def sandbox_move_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return (await st.ws.move_file(args["sandbox"], args["from"], args["to"],
+                                  overwrite=bool(args.get("overwrite")))).to_json()
 
 
 async def sandbox_write_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +289,7 @@ async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
                               include_ignored=bool(args.get("include_ignored", False)))
     doc = got.to_json()
     if doc.get("verified") is False:  # the CLI exits 1 here: a failure, with the document
-        msg = "--verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
+        msg = "verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
                                    else "; the rollback failed: " + str(doc.get("rollback_error", "")))
         err = OrchestratorError(detail=msg)
         err.doc = doc
@@ -283,7 +335,8 @@ TOOLS: list[Tool] = [
          record_schema(Snapshot), snapshot_create),
     Tool("sandbox_fork", "Make N isolated, writable copies of the workspace (or of a snapshot or sandbox) in "
          "milliseconds. Work and run commands there, never in the live tree.",
-         {"from": {"type": "string", "description": "live (default), s-… snapshot, or sb-… sandbox"},
+         {"from": {"type": "string", "description": "live (default), a snapshot (s-…), or a sandbox by id (sb-…), "
+                                                   "unique prefix or label"},
           "n": {"type": "integer", "minimum": 1, "maximum": 100, "default": 1},
           "label": {"type": "string", "description": "a name; with n > 1: NAME-1..NAME-N"},
           "keep_expired": {"type": "boolean", "description": "keep the tree after the ttl"}, **LIMITS},
@@ -293,14 +346,15 @@ TOOLS: list[Tool] = [
          SANDBOXES, sandbox_list, **_RO),
     Tool("sandbox_status", "One sandbox in full, with its runs and how stale it is against live.",
          {"sandbox": SANDBOX}, ("sandbox",), SANDBOXES, sandbox_status, **_RO),
-    Tool("sandbox_run", "Run a command in a sandbox and wait (up to timeout_s, default 120). For builds and "
-         "tests under ~2 minutes; a non-zero exit is a normal result. Returns the output tails.",
+    Tool("sandbox_run", "Run a command in a sandbox and wait (up to timeout_s, default 120 s). Give exactly one "
+         "of command (shell) or argv. For builds and tests under ~2 minutes; a non-zero exit is a normal result. "
+         "Returns the output tails.",
          {**RUN_ARGS, "max_output_bytes": {"type": "integer", "minimum": 0, "maximum": MAX_OUTPUT_BYTES,
                                            "default": DEFAULT_OUTPUT_BYTES, "description": "per stream"}},
          ("sandbox",), extend(RUN_DOC, TAILS, ("stdout_tail", "stderr_tail", "truncated")), sandbox_run,
          destructive=True, open_world=True),
-    Tool("sandbox_run_start", "Start a long command (test suite, server) in a sandbox without waiting; "
-         "follow it with sandbox_run_poll, stop it with sandbox_run_kill.",
+    Tool("sandbox_run_start", "Start a long command (test suite, server) in a sandbox without waiting (exactly "
+         "one of command or argv); follow it with sandbox_run_poll, stop it with sandbox_run_kill.",
          RUN_ARGS, ("sandbox",), obj({"schema": {"type": "integer"}, "sandbox": S, "run": {"type": "integer"}},
                                      ("sandbox", "run")),
          sandbox_run_start, destructive=True, open_world=True),
@@ -319,13 +373,33 @@ TOOLS: list[Tool] = [
          {"sandbox": SANDBOX, "run": {"type": "integer", "minimum": 1}}, ("sandbox", "run"),
          obj({"schema": {"type": "integer"}, "killed": {"type": "boolean"}}, ("killed",)),
          sandbox_run_kill, destructive=True, idempotent=True),
-    Tool("sandbox_read_file", "Read a file of a sandbox (or of its base snapshot). Text, or base64 for binary.",
-         {"sandbox": SANDBOX, "path": {"type": "string", "description": "relative to the workspace root"},
+    Tool("sandbox_read_file", "Read a file of a sandbox (or of its base snapshot), whole or a range of lines. "
+         "Text, or base64 for binary.",
+         {"sandbox": SANDBOX, "path": PATH,
           "base": {"type": "boolean", "description": "read the snapshot the sandbox was forked from"},
+          "start_line": {"type": "integer", "minimum": 1, "description": "first line to return (from 1)"},
+          "end_line": {"type": "integer", "minimum": 1, "description": "last line to return (inclusive)"},
           "max_bytes": {"type": "integer", "minimum": 0, "maximum": 1 << 20, "default": DEFAULT_READ_BYTES}},
          ("sandbox", "path"), record_schema(FileContent), sandbox_read_file, **_RO),
+    Tool("sandbox_list_files", "List a directory of a sandbox, or with glob (or recursive) the tree below it: "
+         "path, kind, size, symlink target. Files .gitignore ignores are left out unless include_ignored.",
+         {"sandbox": SANDBOX, "path": {**PATH, "description": "directory to list (default: the workspace root)"},
+          "glob": {"type": "string", "description": "only matching entries: *.py matches names at any depth, "
+                                                    "src/**/*.c paths below path"},
+          "recursive": {"type": "boolean", "description": "the whole tree below path (default: true with glob)"},
+          "include_ignored": {"type": "boolean"},
+          "max_entries": {"type": "integer", "minimum": 1, "maximum": 10000, "default": DEFAULT_ENTRIES}},
+         ("sandbox",), record_schema(FileList), sandbox_list_files, **_RO),
+    Tool("sandbox_grep", "Search the files of a sandbox for a regular expression (Python re syntax), line by line: "
+         "matches as path, line, text. Binary files are skipped; stopped says why a search ended early.",
+         {"sandbox": SANDBOX, "pattern": {"type": "string", "minLength": 1},
+          "path": {**PATH, "description": "directory (or file) to search (default: the workspace root)"},
+          "glob": {"type": "string", "description": "only files whose name (*.py) or path below path matches"},
+          "ignore_case": {"type": "boolean"}, "include_ignored": {"type": "boolean"},
+          "max_matches": {"type": "integer", "minimum": 1, "maximum": 5000, "default": DEFAULT_MATCHES}},
+         ("sandbox", "pattern"), record_schema(GrepResult), sandbox_grep, **_RO),
     Tool("sandbox_write_file", "Write a whole file in a sandbox (made with its directories, or replaced).",
-         {"sandbox": SANDBOX, "path": {"type": "string", "description": "relative to the workspace root"},
+         {"sandbox": SANDBOX, "path": PATH,
           "content": {"type": "string"}, "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
           "mode": {"type": ["integer", "string"], "description": "permission bits, e.g. \"755\" (default: kept, "
                                                                  "or 644 for a new file)"}},
@@ -333,10 +407,19 @@ TOOLS: list[Tool] = [
          destructive=True, idempotent=True),
     Tool("sandbox_edit_file", "Replace exact text in a UTF-8 file of a sandbox. It must occur exactly count "
          "times (default 1) unless replace_all; otherwise nothing is written.",
-         {"sandbox": SANDBOX, "path": {"type": "string"}, "old": {"type": "string", "minLength": 1},
+         {"sandbox": SANDBOX, "path": PATH, "old": {"type": "string", "minLength": 1},
           "new": {"type": "string"}, "count": {"type": "integer", "minimum": 1, "default": 1},
           "replace_all": {"type": "boolean"}},
          ("sandbox", "path", "old", "new"), record_schema(FileWritten), sandbox_edit_file, destructive=True),
+    Tool("sandbox_delete_file", "Delete a file or symlink (the link itself) in a sandbox; a directory with "
+         "recursive.",
+         {"sandbox": SANDBOX, "path": PATH,
+          "recursive": {"type": "boolean", "description": "remove a directory and everything in it"}},
+         ("sandbox", "path"), record_schema(FileRemoved), sandbox_delete_file, destructive=True, idempotent=True),
+    Tool("sandbox_move_file", "Move or rename a file, symlink or directory in a sandbox (to's directories are made).",
+         {"sandbox": SANDBOX, "from": PATH, "to": PATH,
+          "overwrite": {"type": "boolean", "description": "replace what is at to (default: refuse)"}},
+         ("sandbox", "from", "to"), record_schema(FileMoved), sandbox_move_file, destructive=True),
     Tool("sandbox_diff", "The sandbox's changes against its base: files changed and a git-format patch.",
          {"sandbox": SANDBOX, "paths": {"type": "array", "items": S, "description": "only these paths"},
           "stat_only": {"type": "boolean", "description": "files and line counts, no patch"},
@@ -354,7 +437,8 @@ TOOLS: list[Tool] = [
                              "cmd": {"type": "string", "description": "a shell command that makes the change"}}}},
           "from": {"type": "string", "description": "live (default) or s-… snapshot"},
           "jobs": {"type": "integer", "minimum": 1, "default": 8, "description": "checks run at once"},
-          "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+          "timeout_s": {**DURATION, "description": "kill each check after this long: seconds, or 90s, 10m"},
+          "label": {"type": "string", "description": "a name for the winner's sandbox, to use instead of its id"},
           "keep": {"type": "boolean", "description": "keep the losers' sandboxes too"},
           "wait_s": {**WAIT, "default": DEFAULT_WAIT_S}, **LIMITS},
          ("check", "candidates"), RACE_DOC, race, open_world=True),
@@ -385,14 +469,15 @@ Workflow:
 1. sandbox_fork: make a sandbox (n > 1 for several attempts). It is a full copy of the workspace; \
 commands run inside see it at the workspace's own path, the rest of the machine read-only, network off \
 unless net: true.
-2. Change files with sandbox_write_file / sandbox_edit_file (paths relative to the workspace root) or by \
-running commands.
+2. Look with sandbox_list_files / sandbox_grep / sandbox_read_file and change files with sandbox_write_file / \
+sandbox_edit_file / sandbox_move_file / sandbox_delete_file (paths relative to the workspace root): cheaper \
+than a command, with structured results. Or run commands.
 3. sandbox_run for commands under about two minutes (timeout_s, default 120). A non-zero exit is a \
 normal result: read exit_code and the output tails. For longer suites or servers use sandbox_run_start, \
 then sandbox_run_poll with the returned next_cursor until done, and sandbox_run_kill to stop.
 4. sandbox_diff shows what changed as a git patch.
-5. To compare candidate fixes, race runs a check in one sandbox per candidate and ranks them; follow it \
-with race_status.
+5. To compare candidate fixes, race runs a check in one sandbox per candidate and ranks them (label names \
+the winner's sandbox); follow it with race_status.
 6. sandbox_remove when done with a sandbox.
 
 Only when the server was started with --allow-live: promote applies a sandbox's changes to the live \
