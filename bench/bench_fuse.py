@@ -1,6 +1,11 @@
 """The fuse backend beside kernel overlayfs and fuse-overlayfs over the same tree.
 
-All three mount the same read-only lower directory (the cached ``py60k`` tree of
+petri's filesystem is measured twice: ``petri-fuse``, a daemon process of its own for the
+mount (the sandbox at the mount's root), and ``petri-host``, the way the backend serves
+sandboxes: one directory of a host's mount (``snapshot.fusefs.host``) that serves 31 idle
+others over the same tree beside it.
+
+All of them mount the same read-only lower directory (the cached ``py60k`` tree of
 bench.common: a pyenv CPython 3.11.7 + the project's venv, padded to ~60k files and 1 GiB)
 with a fresh upper and work directory on the host's filesystem, and run, in one process:
 
@@ -29,7 +34,8 @@ Targets, printed PASS/FAIL: CLI fork p50 <= 300 ms; warm import workload <= 1.5x
 fuse-overlayfs; cold walk <= 2x fuse-overlayfs.
 
 Run as root from the repository root: ``.venv/bin/python -m bench.bench_fuse`` (about ten
-minutes) or ``--quick`` (about a minute: walks and reads only the tree's venv part, one
+minutes), ``--workloads-only`` (the workloads table and its targets, no fork latency, knobs or
+copy-up cost) or ``--quick`` (about a minute: walks and reads only the tree's venv part, one
 run each, 64 MiB sequential I/O, the CLI fork on the 1k tree). Prints one markdown section
 on stdout (progress on stderr).
 
@@ -232,7 +238,7 @@ class Bench:
         ws = self.work / "api-ws"
         sh(["cp", "-a", small.path, ws])
         store = Store(ws)
-        for label, kw in (("clone, API, fork server", {}), ("clone, API, fresh daemon", {"fork_server": False})):
+        for label, kw in (("clone, API, fork server", {}), ("clone, API, own host", {"fork_server": False})):
             b = FuseBackend(**kw)
             if not store.root.exists():
                 b.create_store(store)

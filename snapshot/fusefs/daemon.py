@@ -28,11 +28,13 @@ mount is still there, ``fusermount3 -u``, then ``-u -z`` (lazy). Killing the dae
 ``/dev/fuse``, which fails every pending request with ENOTCONN: processes in the sandbox
 get errors and never hang.
 
-The backend serves its sandboxes several to a process instead (:mod:`.host`); this one-mount
-daemon serves views and tests that want a filesystem of their own.
+The backend serves its sandboxes and views several to a process instead (:mod:`.host`, whose
+mounts ``stop``, ``health`` and ``daemon_pid`` also handle: a host's slot keeps the same pid
+files); this one-mount daemon is for tests and tools that want a filesystem of their own.
 
 Caveats: a fresh process pays the interpreter start and the trio/pyfuse3 imports. A pid file
-is trusted only if ``/proc/<pid>/cmdline`` names this module and the mount point (pid reuse).
+is trusted if its ``.start`` file matches the process's start time, or else only if
+``/proc/<pid>/cmdline`` names this module and the mount point (pid reuse).
 """
 from __future__ import annotations
 
@@ -80,8 +82,8 @@ def _identity_file(pidfile: Path) -> Path:
 
 def write_pidfile(pidfile: str | os.PathLike) -> None:
     """``<pidfile>`` holds the pid (what other tools read); ``<pidfile>.start`` holds
-    ``<pid> <start time>``, which identifies a daemon forked by the fork server (its command
-    line is the server's, so it cannot name the mount point)."""
+    ``<pid> <start time>``, which identifies the process whatever its command line (a host
+    forked by the fork server has the server's, which cannot name the mount point)."""
     pid = os.getpid()
     pidfile = Path(pidfile)
     for path, text in ((_identity_file(pidfile), f"{pid} {start_time(pid)}\n"), (pidfile, f"{pid}\n")):
