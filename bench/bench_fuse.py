@@ -295,7 +295,7 @@ class Bench:
     # filesystem workloads -------------------------------------------------------------------
     def workloads(self, lower: Path, sub: str, io_mib: int) -> dict[str, dict[str, Samples]]:
         res: dict[str, dict[str, Samples]] = {}
-        for kind in FS_NAMES:
+        for kind in self.args.order.split(","):
             log(f"workloads on {kind}")
             m = self.mount(kind, lower)
             res[kind] = self.workloads_on(m, sub, io_mib)
@@ -367,9 +367,13 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="bench.bench_fuse", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="under a minute: parts of the tree, one run each")
     p.add_argument("--runs", type=int, default=3, help="runs per cell (not --quick)")
+    p.add_argument("--order", default=",".join(FS_NAMES),
+                   help="the order the filesystems' workloads run in (each one after the other)")
     p.add_argument("--workloads-only", action="store_true", help="only the workloads table (no fork latency, "
                    "knobs or copy-up cost)")
     args = p.parse_args()
+    if sorted(args.order.split(",")) != sorted(FS_NAMES):
+        p.error(f"--order lists each of {', '.join(FS_NAMES)} once")
     if os.geteuid() != 0:
         print("run as root (kernel overlay, drop_caches)", file=sys.stderr)
         return 2
@@ -411,6 +415,7 @@ def main() -> int:
         "had before hosts), defaults " + str(D.CacheOptions()),
         f"- petri-host: a `snapshot.fusefs.host` process (as the backend runs them) serving the measured "
         f"sandbox as one directory of its mount beside {NEIGHBOURS} idle others over the same tree",
+        f"- workloads ran in this order, each filesystem's after the other's: {args.order}",
         f"- runs per cell: {b.runs} (import workload: {max(3, b.runs * 2)}); times are p50 (and p99 where n>1)",
         f"- import workload: `python3.11 -B -c 'import {', '.join(IMPORTS)}'` under bwrap with the mount "
         f"bound at {PYPREFIX}",
