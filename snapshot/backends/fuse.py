@@ -62,6 +62,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, ClassVar, Iterator
 
@@ -231,7 +232,14 @@ class FuseBackend(OverlayBackend):
         return slot
 
     def _unserve(self, store: Store, slot: int, name: str) -> None:
-        C.host_request(self._slot_dir(store, slot), {"op": "remove", "name": name})
+        sd = self._slot_dir(store, slot)
+        reply = C.host_request(sd, {"op": "remove", "name": name})
+        if reply is not None and reply.get("left") == 0:
+            # Its host serves nothing now and is retired at once: wait (briefly) for its
+            # mount to go, so that removing the last sandbox leaves nothing mounted.
+            deadline = time.monotonic() + 2.0
+            while D.is_mounted(sd / "mnt") and time.monotonic() < deadline:
+                time.sleep(0.005)
 
     def _write_record(self, store: Store, sb_id: str, rec: MountRecord) -> None:
         atomic_write(store.sandbox_dir(sb_id) / "mount.json", json.dumps(rec).encode() + b"\n")

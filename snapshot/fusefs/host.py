@@ -17,8 +17,8 @@ client's connection so that the host answers the client itself):
   (replacing one served under that name) -> ``{"ok": true, "pid"}`` or ``{"ok": false,
   "daemon": true, "error"}``; the sandbox arguments are ``MountSpec.daemon_args`` less the
   mount point;
-- ``{"op": "remove", "name": N}`` -> ``{"ok": true, "removed": bool}``: the others of the
-  host are not touched;
+- ``{"op": "remove", "name": N}`` -> ``{"ok": true, "removed": bool, "left": n}``: the
+  others of the host are not touched (``left``: how many it still serves or is adding);
 - ``{"op": "ping"}`` -> ``{"ok": true, "pid", "names": [...]}``;
 - ``{"op": "attach"}``: this connection is the fork server's from now on (a server that
   started after the host adopts it) -> ``{"ok": true, "pid", "count", "host": {options}}``.
@@ -316,7 +316,7 @@ class Host:
             out = await self._add(req, from_server=conn is self.channel)
         elif op == "remove":
             removed = await self._remove(os.fsencode(str(req.get("name", ""))))
-            out = {"ok": True, "removed": removed}
+            out = {"ok": True, "removed": removed, "left": len(self.fs) + self.pending}
         elif op == "ping":
             out = {"ok": True, "pid": os.getpid(), "names": sorted(os.fsdecode(n) for n in self.fs.by_name)}
         elif op == "attach":
