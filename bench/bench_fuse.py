@@ -35,9 +35,11 @@ fuse-overlayfs; cold walk <= 2x fuse-overlayfs.
 
 Run as root from the repository root: ``.venv/bin/python -m bench.bench_fuse`` (about ten
 minutes), ``--workloads-only`` (the workloads table and its targets, no fork latency, knobs or
-copy-up cost) or ``--quick`` (about a minute: walks and reads only the tree's venv part, one
-run each, 64 MiB sequential I/O, the CLI fork on the 1k tree). Prints one markdown section
-on stdout (progress on stderr).
+copy-up cost), ``--interleaved ROUNDS`` (only fuse-overlayfs, petri-fuse and petri-host, all
+mounted at once and measured in turns: the warm import workload and the warm and cold walk,
+where the load of a shared machine falls on the three alike) or ``--quick`` (about a
+minute: walks and reads only the tree's venv part, one run each, 64 MiB sequential I/O, the
+CLI fork on the 1k tree). Prints one markdown section on stdout (progress on stderr).
 
 Caveats: the machine may be shared (load average printed); dropping caches also drops
 every other process's page cache. Kernel overlay reads the lower through the page cache
@@ -53,6 +55,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -318,6 +321,40 @@ class Bench:
         r[f"sequential read {io_mib} MiB (cold)"] = measure(lambda: seq_read(big), runs=1, before=drop_caches)
         return r
 
+    def interleaved(self, lower: Path, sub: str, rounds: int) -> dict[str, dict[str, Samples]]:
+        """fuse-overlayfs, petri-fuse and petri-host mounted at once and measured in turns
+        (the order rotated each round), so that the machine's load falls on all three alike."""
+        kinds = ("fuse-overlayfs", "petri-fuse", "petri-host")
+        ms = {k: self.mount(k, lower, "-il") for k in kinds}
+        res: dict[str, dict[str, Samples]] = {k: {} for k in kinds}
+
+        def turns(what: str, fn: Callable[[Mount], object], n: int, cold: bool = False) -> None:
+            for k in kinds:
+                res[k][what] = Samples()
+            for i in range(n):
+                log(f"interleaved: {what}, round {i + 1}/{n}")
+                for k in kinds[i % 3:] + kinds[:i % 3]:
+                    m = ms[k]
+                    if cold:
+                        m.up()
+                        drop_caches()
+                    t0 = time.perf_counter()
+                    fn(m)
+                    res[k][what].values.append(time.perf_counter() - t0)
+
+        try:
+            for m in ms.values():
+                m.up()
+                import_workload(m.mnt)  # warm
+                walk(m.mnt / sub)
+            turns("import workload (warm)", lambda m: import_workload(m.mnt), rounds * 2)
+            turns("warm walk", lambda m: walk(m.mnt / sub), rounds)
+            turns("cold walk", lambda m: walk(m.mnt / sub), rounds, cold=True)
+        finally:
+            for m in ms.values():
+                m.remove()
+        return res
+
     def knobs(self, lower: Path, sub: str) -> list[tuple[str, Samples, Samples]]:
         variants = [
             ("defaults: entry/attr 10 s, keep_cache=lower, no writeback", D.CacheOptions()),
@@ -369,6 +406,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3, help="runs per cell (not --quick)")
     p.add_argument("--order", default=",".join(FS_NAMES),
                    help="the order the filesystems' workloads run in (each one after the other)")
+    p.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                   help="only fuse-overlayfs, petri-fuse and petri-host measured in turns: the warm "
+                   "import workload (2 x ROUNDS each), warm and cold walk (ROUNDS each)")
     p.add_argument("--workloads-only", action="store_true", help="only the workloads table (no fork latency, "
                    "knobs or copy-up cost)")
     args = p.parse_args()
@@ -390,6 +430,8 @@ def main() -> int:
     report = Report("FUSE backend beside kernel overlay and fuse-overlayfs", sys.argv)
     fsver = subprocess.run(["fuse-overlayfs", "--version"], capture_output=True, text=True).stdout.splitlines()
     interrupted = False
+    if args.interleaved:
+        return interleaved_only(b, report, lower, sub, args.interleaved)
     try:
         b.work.mkdir(parents=True)
         fork = {} if args.workloads_only else b.fork_latency(report)
@@ -452,6 +494,30 @@ def main() -> int:
     ])
     from .common import loadavg
     report.text(f"Load average at the end: {loadavg()}")
+    print(report.render())
+    return 0
+
+
+def interleaved_only(b: Bench, report: Report, lower: Path, sub: str, rounds: int) -> int:
+    from .common import loadavg
+    start = loadavg()
+    try:
+        b.work.mkdir(parents=True)
+        res = b.interleaved(lower, sub, rounds)
+    finally:
+        b.cleanup()
+    report.section("fuse-overlayfs, petri-fuse and petri-host in turns (p50)",
+                   f"All three mounted at once over `{lower}`{' (walks: its `' + sub + '` part)' if sub else ''}; "
+                   f"each round runs the workload once on each, the order rotated every round. petri-fuse: a "
+                   f"daemon of its own for the mount; petri-host: one sandbox of a host serving "
+                   f"{NEIGHBOURS + 1}. Load average at the start: {start}, at the end: {loadavg()}.")
+    rows = []
+    for what in res["petri-host"]:
+        f, p_, h = (res[k][what] for k in ("fuse-overlayfs", "petri-fuse", "petri-host"))
+        rows.append((what, p_.n, fmt_s(f.p50), fmt_s(p_.p50), fmt_s(h.p50), fmt_ratio(p_.p50, f.p50),
+                     fmt_ratio(h.p50, f.p50), fmt_ratio(h.p50, p_.p50)))
+    report.table(["workload", "n each", "fuse-overlayfs", "petri-fuse (own daemon)", "petri-host (1 of 32)",
+                  "petri-fuse / fuse-overlayfs", "petri-host / fuse-overlayfs", "petri-host / petri-fuse"], rows)
     print(report.render())
     return 0
 

@@ -111,3 +111,25 @@ def test_leftovers_find_and_remove_an_orphan_mount(ws):
     made.remove("sb1")
     assert not tree.exists() and not store.sandbox_dir("sb1").exists()
     assert b.leftovers(store, {"s1"}, set()) == []
+
+
+def test_a_sandbox_of_an_earlier_petri_moves_into_a_host_when_served_again(ws):
+    """An earlier petri's record has no slot (its daemon mounted sandboxes/<id>/tree); with
+    that daemon gone, ensure_clone serves it in a host and records the slot."""
+    import json
+
+    from snapshot.fusefs import client as C
+    b, store, made = ws
+    b.snapshot(store, "s1", None)
+    made.append("sb1")
+    tree = b.clone(store, "s1", "sb1")
+    (tree / "kept").write_bytes(b"k")
+    record = store.sandbox_dir("sb1") / "mount.json"
+    rec = json.loads(record.read_text())
+    C.host_request(tree.parent.parent, {"op": "remove", "name": "sb1"})
+    del rec["slot"]
+    record.write_text(json.dumps(rec))
+    assert b.daemon_health(store, "sb1") == "unmounted"  # its old mount point: nothing there
+    again = b.ensure_clone(store, "sb1")
+    assert again.parent.name == "mnt" and (again / "kept").read_bytes() == b"k"
+    assert json.loads(record.read_text())["slot"] is not None and b.daemon_health(store, "sb1") == "ok"
