@@ -288,7 +288,7 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = e.sandbox_doc(row, staleness=e.staleness(row))
-        doc["runs"] = e.registry.runs(row.id)
+        doc["runs"] = sandbox_runs(e, row)
         return SandboxList.from_doc({"sandboxes": [doc]})
 
     @_audited("rm")
@@ -365,7 +365,7 @@ class Workspace:
         """Every run of the sandbox, oldest first."""
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        return [RunResult.from_doc(d) for d in e.registry.runs(row.id)]
+        return [RunResult.from_doc(d) for d in sandbox_runs(e, row)]
 
     def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
                start: dict[str, int] | None = None, tail: int | None = None, stop: Callable[[], bool] | None = None,
@@ -381,7 +381,11 @@ class Workspace:
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        doc = e.registry.run(row.id, run) if run is not None else (e.registry.runs(row.id) or [None])[-1]
+        if run is not None:
+            doc = e.registry.run(row.id, run)
+        else:
+            runs = e.registry.runs(row.id)
+            doc = runs[-1] if runs else None
         if doc is None:
             from .errors import NoRunsYet, NoSuchRun
 
@@ -1289,6 +1293,15 @@ def file_doc(s: Any) -> dict[str, Any]:
             except UnicodeDecodeError:
                 d[key + "_b64"] = _b64(raw)
     return d
+
+
+def sandbox_runs(e: Any, row: Any) -> list[dict[str, Any]]:
+    """The sandbox's runs (SPEC run documents), each of petri's own steps saying what it
+    was (``role``: a race's apply and check, ``orchestrator.race.run_roles``)."""
+    from .race import run_roles
+
+    roles = run_roles(row.meta)
+    return [{**d, **roles.get(d["run"], {})} for d in e.registry.runs(row.id)]
 
 
 def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,

@@ -34,9 +34,17 @@ from typing import Any, Iterator, Sequence
 from . import events
 
 # CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
-# promotions, lineage, log, stats, tui are not recorded).
+# promotions, lineage, log, stats, tui are not recorded). Not `mcp` either: a session is no
+# operation of its own; each tool that changes something is one (through the API, ``via``
+# "mcp" and the client's name), and a session that only reads writes nothing. Were the
+# session a scope, every tool call would nest in it and be folded into its one row.
 MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "shell", "race", "promote", "rollback",
-                               "rm", "gc", "mcp"})
+                               "rm", "gc"})
+# Every ``op`` a row can have: the commands above, and the API's operations that are no
+# command (``Workspace.write_file``, ``edit_file``, ``delete_file``, ``move_file``,
+# ``evolve``). tests/test_bad_input.py checks that every op the code opens a scope with is
+# here, so `petri log --op` knows them.
+OPS = MUTATING_COMMANDS | {"write_file", "edit_file", "delete_file", "move_file", "evolve"}
 
 
 class Scope:
@@ -115,10 +123,15 @@ def operation(op: str, argv: Sequence[str], via: str, *, reason: str | None = No
         code, result = e.exit_code, str(e)
         raise
     except KeyboardInterrupt:
-        code, result = 130, "interrupted"
+        from . import interrupts
+        code, result = interrupts.exit_code(), interrupts.interrupted_by()
         raise
     except BaseException as e:
-        code, result = 1, f"{type(e).__name__}: {e}"
+        from . import interrupts
+        if interrupts.is_cancellation(e):  # the caller cancelled it (a task, an MCP call): stopped on request
+            code, result = 143, "cancelled"
+        else:
+            code, result = 1, f"{type(e).__name__}: {e}"
         raise
     finally:
         finish(scope, token, code, result)
@@ -179,8 +192,18 @@ def append(root: Path, scope: Scope, exit_code: int, result: str, *, durable: bo
 
 def entries(registry: Any, *, since: float | None = None, limit: int | None = None,
             op: str | None = None) -> list[dict[str, Any]]:
-    """SPEC's ``log`` entries, oldest first (``limit``: the newest N)."""
+    """SPEC's ``log`` entries, oldest first (``limit``: the newest N; ``op``: only those of
+    that operation). A ``limit`` SQLite cannot hold or an ``op`` that no row has and petri
+    never writes is a usage error (exit 2), not an empty answer: it is a typo."""
     from .registry import rfc3339
+    from .units import MAX_SQL_INT, check_count
+
+    if limit is not None:
+        check_count("--limit", limit, 1, MAX_SQL_INT)
+    if op is not None and op not in OPS and not _has_op(registry, op):
+        from .errors import UsageError
+        from .units import shown
+        raise UsageError(detail=f"bad --op '{shown(op)}': one of {', '.join(sorted(OPS))}")
 
     q = "SELECT * FROM audit WHERE 1=1"
     args: list[Any] = []
@@ -201,6 +224,15 @@ def entries(registry: Any, *, since: float | None = None, limit: int | None = No
                     "result": r["result"], "client": r["client"], "sudo_uid": r["sudo_uid"],
                     "duration_s": r["duration_s"], "seq": r["seq"]})
     return out
+
+
+def _has_op(registry: Any, op: str) -> bool:
+    """Whether a row has ``op`` (one an older or newer petri wrote)."""
+    try:
+        op.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8: no op is (and SQLite cannot bind it)
+        return False
+    return registry.db.execute("SELECT 1 FROM audit WHERE op = ? LIMIT 1", (op,)).fetchone() is not None
 
 
 def api_argv(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:

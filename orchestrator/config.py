@@ -18,11 +18,11 @@ The format (every key optional; top-level keys before the first ``[table]``)::
                          # of it past this size (the default); "none" keeps everything
 
     [limits]             # defaults for `petri fork` and `petri race`; flags override
-    mem = "2G"           # size: bytes or K/M/G/T
+    mem = "2G"           # size: bytes or K/M/G/T/P
     cpus = 1.5
     pids = 512
     disk = "5G"
-    ttl = "2h"           # duration: seconds or s/m/h/d
+    ttl = "2h"           # duration: seconds or ms/s/m/h/d/w (or several: 1h30m)
     net = false
 
     [env]                # set inside every run (a run's --env overrides)
@@ -44,9 +44,14 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     gate = "auto"        # auto | manual (stop before the stage until `petri promote --resume p-…`)
     timeout = "10m"      # per check; a check that takes longer is inconclusive
 
-Validation is pydantic's (strict: an unknown key is an error), but pydantic is imported
-only when a file exists, so commands stay cheap to start without one. A bad file is one
-error naming the file and the key, exit 2.
+Validation is pydantic's (strict: an unknown key is an error, and so is a value of another
+type: ``net = "no"``, ``ttl = true``), but pydantic is imported only when a file exists, so
+commands stay cheap to start without one. Durations and sizes go through the command line's
+own checks (``orchestrator.units``): a string as a flag takes it, or a number (seconds,
+bytes) that is finite, positive and within the same maxima. No string may hold a NUL. A
+bad file is one error naming the file and the key (``stages[0].timeout``), exit 2, when it
+is read; a ``[limits]`` value beyond what this machine has, when a command applies it
+(``Config.apply_defaults``), naming the key too.
 
 ``masks``: an absolute path is hidden as it is; ``~/x`` is hidden in every home (``/root``,
 ``/home/*``: ``isolation.home_dirs``) and in the home of whoever runs petri, like the
@@ -59,6 +64,7 @@ was read (per process) gets the ``~/x`` masks from the next petri process on.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -90,13 +96,21 @@ class Config:
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
+        from .units import limit_problem
+
         changes = {}
         for name in ("mem_bytes", "cpus", "pids", "disk_bytes", "ttl_s"):
             if getattr(limits, name) is None and getattr(self, name) is not None:
+                why = limit_problem(name, getattr(self, name))
+                if why is not None:  # what this machine has: known only here, not when the file is read
+                    raise ConfigError(path=str(self.path), detail=f"key 'limits.{_LIMIT_KEYS[name]}' = {why}")
                 changes[name] = getattr(self, name)
         if not limits.net and self.net:
             changes["net"] = True
         return replace(limits, **changes) if changes else limits
+
+
+_LIMIT_KEYS = {"mem_bytes": "mem", "cpus": "cpus", "pids": "pids", "disk_bytes": "disk", "ttl_s": "ttl"}
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,11 @@ def parse_config(data: bytes, path: Path) -> Config:
         raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(path=str(path), detail=f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(path=str(path), detail="not valid TOML: arrays or tables nested too deeply") from None
+    nul = _with_nul(raw)
+    if nul is not None:  # no path, command, name or value can hold one: exec and open would refuse it later
+        raise ConfigError(path=str(path), detail=f"key {_key(nul)!r}: a NUL character (\\u0000) is not allowed")
     model = _model()
     from pydantic import ValidationError
 
@@ -163,8 +182,8 @@ def parse_config(data: bytes, path: Path) -> Config:
         m = model.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        key = _key(err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
@@ -183,6 +202,28 @@ def parse_config(data: bytes, path: Path) -> Config:
                   log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None))
 
 
+def _key(loc: Any) -> str:
+    """A pydantic location as the file spells it: ``stages[0].timeout``, ``env.NAME``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def _with_nul(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """Where the first string (a key or a value) holding a NUL is, or None."""
+    if isinstance(value, str):
+        return loc if "\0" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if isinstance(k, str) and "\0" in k:
+            return (*loc, k)
+        found = _with_nul(v, (*loc, k))
+        if found is not None:
+            return found
+    return None
+
+
 def expand_masks(entries: list[str]) -> tuple[Path, ...]:
     """The config's ``masks`` as absolute paths: ``~/x`` is ``x`` in every home (and in the
     home of whoever runs petri), anything else ``expanduser``'d."""
@@ -193,7 +234,7 @@ def expand_masks(entries: list[str]) -> tuple[Path, ...]:
         paths = [Path(os.path.expanduser(p))]
         if p.startswith("~/"):
             paths += [Path(os.fsdecode(h)) / p[2:] for h in home_dirs()]
-        out += [q for q in paths if q not in out]
+        out += [q for i, q in enumerate(paths) if q not in out and q not in paths[:i]]
     return tuple(out)
 
 
@@ -209,34 +250,29 @@ def _model():
 
     from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+    from .errors import UsageError
     from .sandbox.seccomp import Profile
-    from .units import parse_duration, parse_size
+    from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
 
+    # The same checks as the command line's (orchestrator.units), so a value means the same
+    # in both places; their one-line message becomes pydantic's (named by key in parse_config).
     def size_value(v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                return parse_size(v)
-            except Exception:
-                raise ValueError(f"bad size {v!r}: use bytes or a number with K, M, G or T") from None
-        if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
-            raise ValueError("must be a positive number of bytes")
-        return v
+        try:
+            return None if v is None else size(v)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
 
     def duration_value(v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                return parse_duration(v)
-            except Exception:
-                raise ValueError(f"bad duration {v!r}: seconds, or a number with s, m, h or d") from None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
-            raise ValueError("must be a positive number of seconds")
-        return v
+        try:
+            return None if v is None else seconds(v)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
 
     class LimitsModel(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=False)
+        model_config = ConfigDict(extra="forbid", strict=True)  # strict: `net = "no"` is not True
         mem: int | None = None
-        cpus: float | None = Field(default=None, gt=0)
-        pids: int | None = Field(default=None, ge=1)
+        cpus: float | None = None
+        pids: int | None = Field(default=None, ge=1, le=1 << 22)  # the kernel's PID_MAX_LIMIT
         disk: int | None = None
         ttl: float | None = None
         net: bool | None = None
@@ -246,13 +282,29 @@ def _model():
         def _size(cls, v: Any) -> Any:
             return size_value(v)
 
+        @field_validator("cpus", mode="before")
+        @classmethod
+        def _cpus(cls, v: Any) -> Any:
+            try:
+                value = parse_cpus(v) if isinstance(v, str) else v
+            except UsageError as e:
+                raise ValueError(str(e)) from None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if not (math.isfinite(value) and value >= MIN_CPUS):
+                    raise ValueError(f"bad cpus {value}: a finite number of CPUs, at least {MIN_CPUS}")
+                return float(value)
+            return value
+
         @field_validator("ttl", mode="before")
         @classmethod
         def _dur(cls, v: Any) -> Any:
-            return duration_value(v)
+            value = duration_value(v)
+            if value is not None and value < MIN_TTL_S:
+                raise ValueError(f"bad ttl {value:g}s: too short to fork and run anything; at least {MIN_TTL_S:g}s")
+            return value
 
     class PromotionsModel(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=False)
+        model_config = ConfigDict(extra="forbid", strict=True)
         preimage_budget: int | None = None
 
         @field_validator("preimage_budget", mode="before")
@@ -264,7 +316,7 @@ def _model():
 
     # [kpi]: a duration per OP_STAT, a fraction per rate (orchestrator.kpi).
     kpi_fields: dict[str, Any] = {k: (float | None, None) for k in K.threshold_keys()}
-    KpiBase = create_model("KpiModel", __config__=ConfigDict(extra="forbid"), **kpi_fields)
+    KpiBase = create_model("KpiModel", __config__=ConfigDict(extra="forbid", strict=True), **kpi_fields)
 
     # KpiBase is made at run time (create_model): mypy cannot use it as a base class
     class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
@@ -273,15 +325,17 @@ def _model():
         def _dur(cls, v: Any) -> Any:
             return duration_value(v)
 
-        @field_validator(*K.RATES, mode="after")
+        @field_validator(*K.RATES, mode="before")
         @classmethod
         def _fraction(cls, v: Any) -> Any:
-            if v is not None and not 0 <= v <= 1:
+            if v is None:
+                return v
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ValueError("a rate is a fraction from 0 to 1")
-            return v
+            return float(v)
 
     class StageModel(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", strict=True)
         name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
         target: str
         checks: list[str] = Field(default_factory=list)
@@ -312,7 +366,7 @@ def _model():
             return duration_value(v)
 
     class ConfigModel(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", strict=True)
         limits: LimitsModel = Field(default_factory=LimitsModel)
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         kpi: KpiModel = Field(default_factory=KpiModel)
@@ -361,8 +415,13 @@ def _model():
         @field_validator("sandbox_user")
         @classmethod
         def _user(cls, v: str | None) -> str | None:
-            if v is not None and (not v or v in ("root", "0") or "\0" in v):
+            if v is not None and (not v or v in ("root", "0")):
                 raise ValueError("must name an unprivileged account (a name or a uid), not root")
+            if v is not None:
+                try:
+                    check_text("sandbox_user", v, max_len=256)
+                except UsageError as e:
+                    raise ValueError(str(e)) from None
             return v
 
         @field_validator("env")

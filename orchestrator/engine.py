@@ -10,7 +10,11 @@ Recovery at open is ``orchestrator.recovery``; killing a sandbox's processes is
 
 Crash safety of the lifecycle: a sandbox row is written (state ``creating``, with the
 creator's pid) before its tree is made, and a snapshot row after its tree is complete, so
-``gc`` can always tell a half-made thing from a live one.
+``gc`` can always tell a half-made thing from a live one. A destroy (or an expiry) writes
+the row's new state first, owned by the destroying pid, then kills the processes and
+removes the tree, then lets go (``Registry.begin_destroy``). Every command's start
+(``Engine.open``) finishes what a dead petri was making or destroying (``settle_owned``) and
+removes the cgroups of runs whose petri died; a fork interrupted anywhere undoes itself.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from snapshot.choose import convert as convert_workspace
 from snapshot.store import Store
 from snapshot.osutil import rmtree
 
-from . import events, recovery
+from . import events, promoted, recovery
 from .limits import Limits
 from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
@@ -66,6 +70,9 @@ class Engine:
         # Sandboxes this engine expired and not yet reported by a gc (``take_expired``):
         # (id, bytes its tree held beyond its base or None, whether the tree went).
         self._expired: list[tuple[str, int | None, bool]] = []
+        # The ids the latest ``fork`` call of this engine was making, set before any row is
+        # written: after an interrupt, the registry says which of them were made.
+        self.forking: list[str] = []
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
@@ -77,8 +84,13 @@ class Engine:
         if reap:
             reap_dead_views()  # per-run mounts of a petri killed mid-run
             engine.recover_promotions()
-            engine.reap_expired()
-            engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
+            overdue, owned = engine.registry.unsettled(now())  # one pass over the table for both
+            engine.settle_owned(owned)
+            engine.reap_expired(overdue)
+            orphans = engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
+            if orphans:
+                from .sandbox import reaper
+                reaper.remove_run_cgroups(orphans)  # and its cgroup goes with it, not at the next gc
             keep_reserve(engine.store.root)  # room for `rm` and `gc` on a full disk
         return engine
 
@@ -265,6 +277,7 @@ class Engine:
                                    base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
                                    expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,
                                    owner_pid=os.getpid(), meta={**lineage, "fork_started_at": started}))
+        self.forking = [r.id for r in rows]
         try:
             self.registry.add_sandboxes(rows)
         except Exception as e:  # the unique label index lost a race with another petri
@@ -280,35 +293,23 @@ class Engine:
             # The backend says where the tree is (fuse: a directory of its host's mount).
             trees[row.id] = str(self.backend.clone(self.store, base.id, row.id, **options))
 
-        failures: list[BaseException] = []
-        workers = min(n, 8)
-        if workers == 1:
-            try:
-                make(rows[0])
-            except BaseException as e:
-                failures.append(e)
-        else:
-            from concurrent.futures import ThreadPoolExecutor  # 4 ms to import: only when needed
-
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for fut in [pool.submit(make, r) for r in rows]:
-                    try:
-                        fut.result()
-                    except BaseException as e:
-                        failures.append(e)
-        if failures:
-            # Nothing half-made stays: drop every sandbox of this call.
+        try:
+            _clone_all(rows, make)
+            with self.registry.write() as db:
+                for row in rows:
+                    db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL, path = ? WHERE id = ?",
+                               (trees.get(row.id, row.path), row.id))
+        except BaseException:
+            # Nothing half-made stays: drop every sandbox of this call (a failure, or an
+            # interrupt anywhere in here). What a second interrupt cuts short is still owned
+            # by this process: the next command finishes it (settle_owned).
             for row in rows:
                 try:
                     self.backend.destroy_clone(self.store, row.id)
                 except Exception:
                     pass
-                self.registry.update_sandbox(row.id, state="failed")
-            raise failures[0]
-        with self.registry.write() as db:
-            for row in rows:
-                db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL, path = ? WHERE id = ?",
-                           (trees.get(row.id, row.path), row.id))
+                self.registry.update_sandbox(row.id, state="failed", owner_pid=None)
+            raise
         made = [self.sandbox_by_id(r.id) for r in rows]
         for row in made:
             self.backend.note_usage(self.store, row.id)
@@ -356,6 +357,7 @@ class Engine:
                           "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
                           "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness,
+                "promoted": promoted.summary(promoted.in_place(self.registry, row.id)),
                 "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0))}
 
     def _last_activity(self, row: SandboxRow) -> float | None:
@@ -402,27 +404,64 @@ class Engine:
         return removed
 
     def destroy_sandbox(self, sb_id: str, *, state: str = "destroyed") -> None:
-        """Kill its processes, remove its tree, and mark it ``destroyed`` (or ``expired``):
-        the one place a sandbox is destroyed, so ``sandbox.destroyed`` is written once."""
+        """Mark it ``destroyed`` (or ``expired``), kill its processes, remove its tree: the
+        one place a sandbox is destroyed, so ``sandbox.destroyed`` is written once. In that
+        order, owned by this process until the end (``Registry.begin_destroy``): a petri
+        killed at any instant leaves a row the next command finishes (``settle_owned``)."""
         if state not in ("destroyed", "expired"):
             raise ValueError(f"destroy_sandbox: state {state!r}")
         row = self.sandbox_by_id(sb_id)
-        self._stop_sandbox_processes(row, "ttl" if state == "expired" else "destroyed")
-        self._destroy_tree(row)
-        if state == "expired":
-            self.registry.update_sandbox(sb_id, state="expired", keep_expired=False)
-            events.sandbox_expired(self.store.root, sb_id)
-        else:
-            self.registry.set_state(sb_id, state)
-            events.sandbox_destroyed(self.store.root, sb_id)
+        extra = {"keep_expired": False} if state == "expired" else {}
+        self.registry.begin_destroy(sb_id, state, "ttl" if state == "expired" else "destroyed", os.getpid(),
+                                    **extra)
+        _fault("destroy-marked")
+        self._finish_destroy(row, state, tree=True)
 
-    def _stop_sandbox_processes(self, row: SandboxRow, why: str) -> int:
+    def _finish_destroy(self, row: SandboxRow, state: str, *, tree: bool, mark: bool = False) -> None:
+        """The rest of a destroy or an expiry whose row says so already: processes, the tree
+        (``tree``), then let go of the row and say so (``sandbox.destroyed``/``expired``)."""
+        self._stop_sandbox_processes(row, "ttl" if state == "expired" else "destroyed", mark=mark)
+        _fault("destroy-stopped")
+        if tree:
+            self._destroy_tree(row)
+        _fault("destroy-tree")
+        if self.registry.end_destroy(row.id, os.getpid()):
+            if state == "expired":
+                events.sandbox_expired(self.store.root, row.id)
+            else:
+                events.sandbox_destroyed(self.store.root, row.id)
+
+    def settle_owned(self, rows: list[SandboxRow]) -> list[str]:
+        """Finish what petris that died left half-done (every command starts with this):
+        a sandbox it was destroying or expiring (its row says so; its processes and tree may
+        not be gone), or making (``creating``: its tree goes, it is ``failed``). Those of a
+        petri still alive are its own business. Returns their ids."""
+        done = []
+        me = os.getpid()
+        for row in rows:
+            if row.owner_pid is None or row.owner_pid == me or pid_alive(row.owner_pid):
+                continue
+            if not self.registry.take_over(row.id, row.owner_pid, me):
+                continue  # another command is finishing it
+            if row.state == "creating":
+                self._destroy_tree(row)
+                self.registry.update_sandbox(row.id, state="failed", owner_pid=None)
+            elif row.state in ("destroyed", "expired"):
+                self._finish_destroy(row, row.state, tree=not (row.state == "expired" and row.keep_expired))
+            else:
+                self.registry.end_destroy(row.id, me)  # nothing half-done about it
+            done.append(row.id)
+        return done
+
+    def _stop_sandbox_processes(self, row: SandboxRow, why: str, *, mark: bool = True) -> int:
         """Kill every process of the sandbox's runs (in any petri process), remove their
         cgroups and the per-run views of its tree; its live runs' records end ``killed_by:
-        why``. How many processes were killed."""
+        why`` (``mark``; ``begin_destroy`` marked them already). How many processes were
+        killed."""
         from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
 
-        self.registry.mark_live_runs(row.id, why)
+        if mark:
+            self.registry.mark_live_runs(row.id, why)
         try:
             return reaper.kill_sandbox(row.id)
         finally:
@@ -456,14 +495,17 @@ class Engine:
             self.backend.delete_snapshot(self.store, snap_id)
 
     # -- expiry and gc ------------------------------------------------------------------
-    def reap_expired(self) -> list[str]:
+    def reap_expired(self, overdue: list[SandboxRow] | None = None) -> list[str]:
         """Expire every sandbox whose lifetime has passed (any petri command calls this,
-        ``Engine.open`` first of all: ``take_expired`` is how ``gc`` reports them)."""
+        ``Engine.open`` first of all: ``take_expired`` is how ``gc`` reports them).
+        ``overdue``: those rows, read already (``Registry.unsettled``)."""
         reaped = []
-        for row in self.registry.overdue(now()):
-            if not self.registry.set_state(row.id, "expired", only_from=LIVE_STATES):
-                continue  # another petri got there first
-            self._stop_sandbox_processes(row, "ttl")
+        me = os.getpid()
+        for row in self.registry.overdue(now()) if overdue is None else overdue:
+            # the row says so first (see destroy_sandbox); another petri may have got there first
+            if not self.registry.begin_destroy(row.id, "expired", "ttl", me, only_from=LIVE_STATES):
+                continue
+            self._stop_sandbox_processes(row, "ttl", mark=False)
             held, gone = None, False
             if not row.keep_expired:
                 held = self.held_bytes(row)
@@ -472,6 +514,7 @@ class Engine:
                     gone = True
                 except Exception:
                     pass  # gc retries leaked trees
+            self.registry.end_destroy(row.id, me)
             events.sandbox_expired(self.store.root, row.id)
             reaped.append(row.id)
             self._expired.append((row.id, held, gone))
@@ -537,6 +580,38 @@ class Engine:
             self._remove_leftover(Leftover("tree", path))
             n += 1
         return n
+
+
+def _fault(step: str) -> None:
+    """A fault point (``snapshot.transaction``: SIGKILL here when PETRI_FAULT_KILL_AT asks),
+    imported only when a test asks for one."""
+    if "PETRI_FAULT_KILL_AT" in os.environ:
+        from snapshot.transaction import fault_point
+        fault_point(step)
+
+
+def _clone_all(rows: list[SandboxRow], make: Callable[[SandboxRow], None]) -> None:
+    """``make`` each row's clone, up to 8 at once; return once every clone that was started
+    has ended, raising the first failure (or an interrupt: the clones not started yet are
+    not started, those running are waited for, so nothing is made behind the caller's back)."""
+    workers = min(len(rows), 8)
+    if workers == 1:
+        make(rows[0])
+        return
+    from concurrent.futures import ThreadPoolExecutor  # 4 ms to import: only when needed
+
+    failures: list[BaseException] = []
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        for fut in [pool.submit(make, r) for r in rows]:
+            try:
+                fut.result()
+            except Exception as e:
+                failures.append(e)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failures:
+        raise failures[0]
 
 
 def in_use_tmp(tmp: Path, path: Path) -> bool:

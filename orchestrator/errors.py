@@ -20,6 +20,20 @@ class OrchestratorError(PetriError):
     """{detail}"""
 
 
+class Interrupted(OrchestratorError):
+    """{how}: {detail}
+
+    SIGINT, SIGTERM or SIGHUP stopped the command (``orchestrator.interrupts``), which
+    settled first and says how: exit 128 + the signal."""
+
+    exit_code = 130
+
+    def __init__(self, *, detail: str) -> None:
+        from . import interrupts
+        super().__init__(how=interrupts.interrupted_by(), detail=detail)
+        self.exit_code = interrupts.exit_code()
+
+
 class UnknownId(NotFound):
     """no {what} matches '{ident}'; see {listing}"""
 
@@ -29,11 +43,13 @@ class AmbiguousId(UsageError):
 
 
 class BadDuration(UsageError):
-    """bad duration '{text}': use a number of seconds or a number with s, m, h or d (e.g. 90s, 15m, 2h)"""
+    """bad {what} '{text}': use seconds, or a number with ms, s, m, h, d or w, or several together
+    (e.g. 500ms, 90s, 15m, 2h, 1h30m, 2w)"""
 
 
 class BadSize(UsageError):
-    """bad size '{text}': use bytes or a number with K, M, G or T (e.g. 512M, 2G)"""
+    """bad {what} '{text}': use bytes, or a number with K, M, G, T or P (also KB or KiB: powers of 1024;
+    e.g. 512M, 1.5G)"""
 
 
 class NotInitialised(Unsupported):
@@ -162,6 +178,10 @@ class ConfigError(UsageError):
 
 class SandboxBusy(OrchestratorError):
     """a command is running in sandbox {ident}; promote refuses until it ends (`petri diff {ident}` works meanwhile)"""
+
+
+class NothingToRollBack(OrchestratorError):
+    """promotion {ident} {why}; nothing to roll back (`petri promotions` lists what is in place)"""
 
 
 class PromotionPruned(OrchestratorError):

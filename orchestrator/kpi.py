@@ -5,9 +5,12 @@ Every timed operation appends one row to the registry's ``timings`` table (``rec
 of the fork that made a sandbox to the start of its first command: what a caller waits
 for a usable sandbox, so it includes whatever the caller did in between), ``run`` (each
 command's own duration), ``race``, ``promote`` and ``rollback`` (each call), and
-``staleness`` (each computation). ``detail`` carries what the rates are made of: a race's
-``winner`` (true/false), a promotion's ``outcome`` (``done``, ``conflict``, ``nothing``,
-``markers``) and ``verified`` (null when no check ran), a rollback's ``kind``.
+``staleness`` (each computation by a command that writes anyway: a race, for its winner).
+A command that only reads (``ls``, ``status``, ``diff``, the TUI's and MCP's reads) records
+nothing, so the staleness figures are those of races (``stats`` says so: ``notes``).
+``detail`` carries what the rates are made of: a race's ``winner`` (true/false), a
+promotion's ``outcome`` (``done``, ``conflict``, ``nothing``, ``markers``) and ``verified``
+(null when no check ran), a rollback's ``kind``.
 
 ``stats`` gives, per operation, n, p50, p95, p99 (only when n >= 100: below that the 99th
 percentile is just the maximum again) and max, by the nearest-rank method (the value at
@@ -35,6 +38,9 @@ STATS = ("p50", "p95", "p99", "max")
 RATES = ("race_success", "conflicts", "verify_failures", "rollbacks")
 MIN_RATES = frozenset({"race_success"})  # higher is better: the threshold is a minimum
 P99_MIN_N = 100
+# What a figure is made of, where its name alone would mislead.
+NOTES = {"staleness": "timed where a race computes its winner's staleness; ls, status and the other "
+                      "reads record nothing (a read never writes)"}
 
 
 def record(registry: Any, op: str, duration_s: float, *, ok: bool = True, subject: str | None = None,
@@ -45,19 +51,6 @@ def record(registry: Any, op: str, duration_s: float, *, ok: bool = True, subjec
             db.execute("INSERT INTO timings(ts, op, duration_s, ok, subject, detail) VALUES (?, ?, ?, ?, ?, ?)",
                        (time.time() if at is None else at, op, float(duration_s), int(ok), subject,
                         json.dumps(detail or {})))
-    except Exception:  # noqa: BLE001 - a measurement, not the record of what happened
-        pass
-
-
-def record_many(registry: Any, rows: Sequence[tuple[str, float, str | None, float]]) -> None:
-    """Append (op, duration_s, subject, at) rows in one transaction (a listing's staleness
-    timings: one write for the listing, not one per sandbox)."""
-    if not rows:
-        return
-    try:
-        with registry.write() as db:
-            db.executemany("INSERT INTO timings(ts, op, duration_s, ok, subject, detail) VALUES (?, ?, ?, 1, ?, '{}')",
-                           [(at, op, float(d), subject) for op, d, subject, at in rows])
     except Exception:  # noqa: BLE001 - a measurement, not the record of what happened
         pass
 
@@ -110,7 +103,7 @@ def stats(registry: Any, *, since: float | None = None) -> dict[str, Any]:
         "verify_failures": _rate(sum(1 for d in checked if d.get("verified") is False), len(checked)),
         "rollbacks": _rate(len(undone), len(done)),
     }
-    return {"ops": {op: summary(by_op[op]) for op in OPS}, "rates": rates}
+    return {"ops": {op: summary(by_op[op]) for op in OPS}, "rates": rates, "notes": dict(NOTES)}
 
 
 def breaches(doc: dict[str, Any], thresholds: dict[str, float]) -> list[dict[str, Any]]:

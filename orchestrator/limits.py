@@ -1,8 +1,9 @@
 """The one ``Limits`` type: what a sandbox may use, from the command line (or the API, the
 MCP server, the config file) down to the registry row and each run's cgroup.
 
-``Limits(mem="1G", ttl="2h")`` takes what a person writes (sizes with K/M/G/T, durations
-with s/m/h/d, numbers as they are) as well as the exact fields (``mem_bytes=...``);
+``Limits(mem="1G", ttl="2h")`` takes what a person writes (sizes with K/M/G/T/P, durations
+with ms/s/m/h/d/w, numbers as they are; the CLI hands its flags over as given, so an empty
+one is refused, not taken for "none") as well as the exact fields (``mem_bytes=...``);
 ``as_dict()`` is the row's and the JSON's ``limits`` object.
 
 Values are checked where they are applied (``units.validate_limits``: finite, within what
@@ -43,13 +44,14 @@ class Limits:
         if isinstance(pids, bool) or (pids is not None and not isinstance(pids, int)):
             raise UsageError(detail=f"Limits: pids must be a whole number, not {pids!r}")
         set_ = object.__setattr__
-        set_(self, "mem_bytes", parse_size(mem_v) if isinstance(mem_v, str) else _int_or_none("mem", mem_v))
+        set_(self, "mem_bytes", parse_size(mem_v, "--mem") if isinstance(mem_v, str) else _int_or_none("mem", mem_v))
         set_(self, "cpus", parse_cpus(cpus) if isinstance(cpus, str) else (None if cpus is None else float(cpus)))
         set_(self, "pids", pids)
-        set_(self, "disk_bytes", parse_size(disk_v) if isinstance(disk_v, str) else _int_or_none("disk", disk_v))
+        set_(self, "disk_bytes",
+             parse_size(disk_v, "--disk") if isinstance(disk_v, str) else _int_or_none("disk", disk_v))
         set_(self, "net", bool(net))
         set_(self, "ttl_s",
-             parse_duration(ttl_v) if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
+             parse_duration(ttl_v, "--ttl") if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Limits":

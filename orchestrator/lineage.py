@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
 from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
 
 if TYPE_CHECKING:
@@ -165,7 +164,15 @@ def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
                       "label": r.label, "base": r.base, "created_at": rfc3339(r.created_at),
                       "passed": race.get("passed"), "winner": race.get("winner"),
                       "fitness": (r.meta or {}).get("fitness")})
-    nodes.sort(key=lambda n: (n["created_at"] or "", n["id"]))
+    # Time order. A snapshot that is gone (a race's base, dropped with its losers) has no
+    # time of its own: it takes its first child's, not the head of the list. A race's
+    # candidates, forked in one call (the same millisecond), in command-line order.
+    first_child: dict[str, str] = {}
+    for n in nodes:
+        if n["kind"] == "sandbox" and n["parent"] is not None and n["created_at"]:
+            first_child[n["parent"]] = min(first_child.get(n["parent"], n["created_at"]), n["created_at"])
+    order = {r.id: ((r.meta or {}).get("race") or {}).get("candidate", 0) for r in rows}
+    nodes.sort(key=lambda n: (n["created_at"] or first_child.get(n["id"], ""), order.get(n["id"], 0), n["id"]))
     if ident is not None:
         nodes = _subtree(nodes, _resolve_node(engine, ident, by_id))
     return {"nodes": nodes}
@@ -209,7 +216,8 @@ def render_tree(doc: dict[str, Any], paint: Any = lambda text, style: text) -> l
 
     def label(n: dict[str, Any]) -> str:
         if n["kind"] == "snapshot":
-            return f"{paint(n['id'], 'bold')}  {n.get('message') or ''}".rstrip()
+            what = n.get("message") or ("(deleted)" if n["state"] == "deleted" else "")
+            return f"{paint(n['id'], 'bold')}  {what}".rstrip()
         bits = [paint(n["id"], "bold"), f"gen {n['generation']}"]
         if n.get("label"):
             bits.append(repr(n["label"]))
@@ -243,9 +251,9 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
     "why"}`` per sandbox destroyed (``why``: the tree's newest generation)."""
     from snapshot.errors import PetriError
 
+    from .units import MAX_SQL_INT, check_count
 
-    if keep < 1:
-        raise UsageError(detail=f"--keep-generations must be at least 1, not {keep}")
+    check_count("--keep-generations", keep, 1, MAX_SQL_INT)
     rows = [r for r in engine.registry.sandboxes() if not _is_throwaway(r)]
     by_id = {r.id: r for r in rows}
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from . import audit, kpi
 from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
 from .config import load_config
-from .errors import PromotionPruned, SandboxBusy, UsageError
+from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, UsageError
 from .lineage import diff_base
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
@@ -92,7 +92,8 @@ def _plan_doc(plan: "Plan") -> dict[str, Any]:
     js = plan.to_json()
     paths = [o.path for o in plan.ops]
     return {"plan": js, "applied": [_display(p) for p in paths], "applied_b64": [_b64(p) for p in paths],
-            "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": plan.writes_markers}
+            "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": plan.writes_markers,
+            "already_in_live": plan.already_in_live}
 
 
 def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", include_ignored: bool = False,
@@ -136,6 +137,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                    detail={"outcome": "conflict", "verified": None, "dry_run": dry_run})
         raise
     doc["duration_s"] = time.monotonic() - started
+    if not doc["promotion"] and not doc.get("plan", {}).get("ops") and into is None:
+        doc["already_promoted"] = _already_promoted(engine, row)
     if verify and doc["promotion"]:
         doc.update(_verify(target, promo_id, verify, echo=echo, say=say))
     outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
@@ -143,6 +146,14 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
     audit.touch(doc["promotion"])
     return doc
+
+
+def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
+    """With nothing to write: the sandbox's promotion in place that already carried it (a
+    second ``promote`` of a promoted sandbox says so), or None."""
+    from . import promoted
+
+    return promoted.summary(promoted.in_place(engine.registry, row.id))
 
 
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
@@ -191,9 +202,12 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
 
 def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
     from snapshot.errors import PetriError
+    from .lineage import mark_scaffold
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:
+        # petri's own: if this petri is killed (SIGKILL), the next stage command or gc reaps it
+        mark_scaffold(engine, sb, "verify", promotion=promo_id)
         code = _run_verify(engine, sb.id, cmd, echo)
     finally:
         try:
@@ -242,6 +256,8 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
         raise PromotionPruned(ident=promo_id, when=row["doc"].get("pruned_at", "earlier"))
+    if row is not None and row["state"] == "undone":
+        raise NothingToRollBack(ident=promo_id, why="was already undone")
     with engine.lock(), pending(engine, promo_id):
         # A refusal writes nothing; a path that moved mid-undo leaves the journal undone,
         # and settling the pending mark (on any exception) makes the row say so too.

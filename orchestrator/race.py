@@ -11,9 +11,12 @@ End to end (DESIGN "The race"):
    under ``/bin/sh -c``), count the lines it changed against the base (right after
    applying), replay the applied state into the throwaway sandbox, and run the check
    there. The apply is a recorded run of the candidate's sandbox, the check a recorded run
-   of its throwaway fork (``check_sandbox``/``check_run`` in the document; ``petri logs``
-   shows both, the fork's after it is destroyed too), under the race's limits and
-   ``--timeout``.
+   of its throwaway fork (``check_sandbox``/``check_run`` in the document), recorded once
+   more as the candidate's next run with its logs linked into the candidate's log
+   directory (``logs_run``): one place for a candidate's output, named by the candidate
+   (``petri logs <candidate>``), which stays when the fork goes. The candidate's row says
+   which of its runs were the race's steps (``run_roles``). Both under the race's limits
+   and ``--timeout``.
 3. Rank (pure, ``rank``): check passed, fewest changed lines, fastest check, command-line
    order; a candidate that did not apply is last. The winner is the first if it passed.
 4. Destroy the throwaway forks, and the losers unless ``--keep``; and the implicit base
@@ -41,14 +44,17 @@ What a check leaves in ``.petri-metrics.json`` (a JSON object, at most 64 KiB) i
 from its fork before the fork goes, and reported as the candidate's ``metrics``
 (``evolve`` ranks by it; a plain race does not).
 
-Why a check failed is said in one line per candidate (``error``: the last line it wrote on
-stderr, ``command not found: NAME`` for exit 127, the limit that killed it) with its log
-(``stderr_path``, ``stdout_path``).
+Why a check failed is said in one line per candidate (``error``: the limit that killed it,
+``command not found: NAME`` for exit 127, else the exit code and the line of its output that
+says what failed, ``telling_line``: a test runner's verdict, an exception line, the last
+line that is not noise) with its log (``stderr_path``, ``stdout_path``: the candidate's
+copy). An applied candidate that changed nothing is flagged (``changed_nothing``).
 
-Ctrl-C (SIGINT): the race takes it through trio's signal receiver, not as a
-KeyboardInterrupt that may land anywhere: the checks are cancelled (their processes
-killed), every sandbox of the race and its implicit base snapshot are removed, and
-``RaceInterrupted`` (exit 130) carries what was known of each candidate.
+Ctrl-C, SIGTERM, SIGHUP (``timeout``, ``kill``, a closed terminal): the race takes them
+through trio's signal receiver, not as a KeyboardInterrupt that may land anywhere: the
+checks are cancelled (their processes stopped, their runs recorded as killed), every
+sandbox of the race and its implicit base snapshot are removed, and ``RaceInterrupted``
+(exit 128 + the signal: 130, 143, 129) carries what was known of each candidate.
 
 ``git apply`` runs hardened: no system or global config (``GIT_CONFIG_NOSYSTEM``,
 ``GIT_CONFIG_GLOBAL=/dev/null``, ``HOME`` in the sandbox's ``/tmp``), no fsmonitor or hooks,
@@ -59,6 +65,10 @@ patches the working directory, like ``patch -p1`` without fuzz.
 
 Caveats:
 - A ``--cmd`` candidate that exits non-zero counts as not applied (its check is not run).
+- ``telling_line`` reads the last 4 KiB of stderr and 8 KiB of stdout: a test runner whose
+  verdict is further from the end, or a format it does not know, gets its last line.
+- The check's record on the candidate is written when the check ends: while it runs, its
+  output is followed in the throwaway fork (``check_sandbox``).
 - Lines changed leave out what ``petri diff`` leaves out (the workspace's ignore rules).
 - The check's fork is the applied state up to what the replay cannot carry: hard links
   between changed files become separate files, and directories that only hold a changed
@@ -120,11 +130,18 @@ class Outcome:
     error: str | None = None  # why it failed, in one line
     stdout_path: str | None = None  # the log of the step that decided (the check, or a failed apply)
     stderr_path: str | None = None
+    logs_run: int | None = None  # that step as a run of the candidate's sandbox (``petri logs SB --run N``)
     metrics: dict[str, Any] | None = None  # what the check left in .petri-metrics.json (orchestrator.evolve)
 
     @property
     def passed(self) -> bool:
         return self.applied and self.exit_code == 0
+
+    @property
+    def changed_nothing(self) -> bool:
+        """Applied, and no file ``petri diff`` would show differs from the base: its check
+        judged the base as it is (a ``--cmd`` that did nothing, or only ignored files)."""
+        return self.applied and self.files_changed == 0
 
 
 # ---------------------------------------------------------------------------- pure parts
@@ -260,9 +277,75 @@ def _tail(path: str, n: int = 400) -> str:
 
 _NOT_FOUND = re.compile(r"(?:^|: )([^:]+): (?:command )?not found\s*$")
 
+# What a failing tool prints around the line that says what failed, and is not that line.
+_NOISE = (
+    re.compile(r"^Node\.js v\d+(?:\.\d+)*$"),  # node's trailer after an uncaught exception
+    re.compile(r"^at \S"),  # a JavaScript stack frame
+    re.compile(r"^[\^~]+$"),  # a caret under the offending source
+    re.compile(r"^Traceback \(most recent call last\):$"),
+    re.compile(r"^File \".*\", line \d+"),  # a Python traceback frame
+    re.compile(r"^make(?:\[\d+\])?: \*\*\* .*Error \d+$"),  # make's own "Error 1"
+    re.compile(r"^npm (?:ERR!|error) "),
+    re.compile(r"^[\w.]*Warning: "),  # a warning is not why it failed
+)
+# An exception's own line: ``ValueError: x``, ``Error: x``, ``AssertionError [ERR_ASSERTION]: x``.
+_EXCEPTION = re.compile(r"^(?:[\w$]+\.)*(?:[A-Z][\w$]*)?(?:Error|Exception|Failure)(?: \[[\w-]+\])?(?::|$)")
+# pytest's closing line: ``1 failed, 1 passed in 0.09s`` (``===`` around it without -q).
+_PYTEST_SUMMARY = re.compile(
+    r"^=*\s*((?:\d+ (?:failed|passed|errors?|skipped|xfailed|xpassed|warnings?|deselected|rerun)(?:, )?)+"
+    r"(?: in [\d.]+s(?: \([\d:]+\))?)?|no tests ran(?: in [\d.]+s)?)\s*=*$")
+_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) \S")
+_UNITTEST_SUMMARY = re.compile(r"^FAILED \((?:failures|errors)=\d+.*\)$")
+_UNITTEST_FAILED = re.compile(r"^(?:FAIL|ERROR): \S")
+# node --test: its TAP totals (``# fail 1``) or the spec reporter's (``ℹ fail 1``).
+_NODE_TOTAL = re.compile(r"^(?:#|\u2139) (tests|pass|fail) (\d+)$")
+_NODE_FAILED = re.compile(r"^(?:not ok \d+ - |\u2716 )(.+)$")
+MAX_REASON = 300
+
+
+def _lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def _test_summary(lines: list[str]) -> str | None:
+    """A test runner's verdict in these lines (pytest, unittest, ``node --test``): its
+    closing line, after the first test that failed where it names one."""
+    for summary_re, failed_re in ((_PYTEST_SUMMARY, _PYTEST_FAILED), (_UNITTEST_SUMMARY, _UNITTEST_FAILED)):
+        summary = next((ln for ln in reversed(lines) if summary_re.match(ln)), None)
+        if summary is not None:
+            summary = summary.strip("= ")
+            first = next((ln for ln in lines if failed_re.match(ln)), None)
+            return f"{first} ({summary})" if first else summary
+    totals = {m.group(1): int(m.group(2)) for m in map(_NODE_TOTAL.match, lines) if m}
+    if totals.get("fail"):
+        summary = f"{totals['fail']} failed, {totals.get('pass', 0)} passed"
+        first = next((m.group(1) for m in map(_NODE_FAILED.match, lines) if m), None)
+        return f"failed: {first} ({summary})" if first else summary
+    return None
+
+
+def telling_line(stdout: str, stderr: str) -> str | None:
+    """The one line of a failed command's output that says what failed (pure): a test
+    runner's verdict (pytest's, unittest's or node's closing line, after the first test
+    that failed), else the last exception line on stderr (``Error: ...``, Python's
+    ``ValueError: ...``), else stderr's last line that is not noise (stack frames, node's
+    version trailer, carets, make's ``Error 1``, warnings), else stdout's last line.
+    None when both are empty."""
+    out, err = _lines(stdout), _lines(stderr)
+    found = _test_summary(out) or _test_summary(err)
+    if found is None:
+        useful = [ln for ln in err if not any(n.match(ln) for n in _NOISE)]
+        found = next((ln for ln in reversed(useful) if _EXCEPTION.match(ln)), None)
+        found = found or (useful[-1] if useful else None) or (out[-1] if out else None) or (err[-1] if err else None)
+    if found is not None and len(found) > MAX_REASON:
+        found = found[:MAX_REASON - 3] + "..."
+    return found
+
 
 def failure_reason(doc: dict[str, Any], command: str) -> str:
-    """One line saying why a step (apply or check) failed, for people and for ``error``."""
+    """One line saying why a step (apply or check) failed, for people and for ``error``:
+    what ended it (a limit, a missing command), else its exit code and the line of its
+    output that says what failed (``telling_line``)."""
     code, killed = doc["exit_code"], doc["killed_by"]
     if killed == "timeout":
         return f"killed by --timeout after {doc['duration_s']:.1f}s"
@@ -272,7 +355,8 @@ def failure_reason(doc: dict[str, Any], command: str) -> str:
         return "killed: over the memory limit (--mem)"
     if code in (126, 127) and doc.get("exec_error"):
         return doc["exec_error"]  # the path the sandbox hides, and why (sandbox.exec_failure)
-    lines = [ln.strip() for ln in _tail(doc["stderr_path"], 2000).splitlines() if ln.strip()]
+    err = _tail(doc["stderr_path"], 4000)
+    lines = _lines(err)
     last = lines[-1] if lines else ""
     if code == 127:
         m = _NOT_FOUND.search(last)
@@ -282,13 +366,19 @@ def failure_reason(doc: dict[str, Any], command: str) -> str:
         return f"command could not be executed: {last or command}"
     if doc.get("setup_error"):
         return f"petri could not start it: {doc['setup_error']}"
-    return f"exit {code}: {last}" if last else f"exit {code} (nothing on stderr)"
+    line = telling_line(_tail(doc["stdout_path"], 8000), err)
+    return f"exit {code}: {line}" if line else f"exit {code} (no output)"
 
 
 class RaceInterrupted(OrchestratorError):
-    """interrupted: {what} stopped and its sandboxes were removed"""
+    """{how}: {what} stopped and its sandboxes were removed"""
 
     exit_code = 130
+
+    def __init__(self, *, what: str) -> None:
+        from . import interrupts
+        super().__init__(how=interrupts.interrupted_by(), what=what)
+        self.exit_code = interrupts.exit_code()  # 128 + the signal: 130, 143 or 129
 
 
 @dataclass
@@ -321,9 +411,10 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     Promoting the winner is ``promote_winner`` (outside trio: a promotion's --verify runs
     its own loop); ``race_sync(..., promote=True)`` does both.
 
-    SIGINT (when run in the main thread) stops the race cleanly: the checks are killed, every
-    sandbox of the race (throwaway forks included) and its implicit base snapshot are
-    removed, and ``RaceInterrupted`` (exit 130) carries what was known (``.doc``)."""
+    SIGINT, SIGTERM or SIGHUP (when run in the main thread) stops the race cleanly: the
+    checks are killed, every sandbox of the race (throwaway forks included) and its implicit
+    base snapshot are removed, and ``RaceInterrupted`` (exit 128 + the signal) carries what
+    was known (``.doc``)."""
     import signal
 
     import trio
@@ -344,33 +435,46 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     if on_start is not None:
         on_start(race.id)
     doc = None
-    with contextlib.ExitStack() as stack:
-        try:
-            receiver = stack.enter_context(trio.open_signal_receiver(signal.SIGINT))
-        except RuntimeError:  # not the main thread: an interrupt arrives as KeyboardInterrupt
-            receiver = None
-        try:
-            async with trio.open_nursery() as guard:
-                if receiver is not None:
-                    async def on_sigint() -> None:
-                        async for _ in receiver:
-                            guard.cancel_scope.cancel()
-                            return
-                    guard.start_soon(on_sigint)
-                if cluster is not None:
-                    from .cluster.driver import cluster_race
-                    doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
-                                             limits=limits, timeout_s=timeout_s, keep=keep, say=say,
-                                             seccomp=seccomp, cluster=cluster)
-                else:
-                    doc = await _race(engine, race, candidates, check, source=source, jobs=jobs, limits=limits,
-                                      timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
-                guard.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            leaf = _single(group)
-            if leaf is None:
-                raise
-            raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
+    stack = contextlib.ExitStack()
+    try:
+        with stack:
+            ending = [signal.SIGINT, signal.SIGTERM]
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+                ending.append(signal.SIGHUP)  # ignored: nohup asked for that
+            try:
+                receiver = stack.enter_context(trio.open_signal_receiver(*ending))
+            except RuntimeError:  # not the main thread: an interrupt arrives as KeyboardInterrupt
+                receiver = None
+            try:
+                async with trio.open_nursery() as guard:
+                    if receiver is not None:
+                        async def on_sigint() -> None:
+                            from . import interrupts
+                            async for signum in receiver:
+                                interrupts.note(signum)
+                                guard.cancel_scope.cancel()
+                                return
+                        guard.start_soon(on_sigint)
+                    if cluster is not None:
+                        from .cluster.driver import cluster_race
+                        doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
+                                                 limits=limits, timeout_s=timeout_s, keep=keep, say=say,
+                                                 seccomp=seccomp, cluster=cluster)
+                    else:
+                        doc = await _race(engine, race, candidates, check, source=source, jobs=jobs,
+                                          limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
+                    guard.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                leaf = _single(group)
+                if leaf is None:
+                    raise
+                raise leaf from None  # one failure (the usual case) surfaces as itself, not as a group
+    except KeyboardInterrupt:
+        # A signal the receiver still held when it closed is delivered again then (trio does
+        # that): a second one of the same interrupt (``timeout`` signals petri and its process
+        # group), or one after the race ended, which changes nothing.
+        if doc is None:
+            raise _interrupted(race) from None
     if doc is None:  # only an interrupt ends the guard's nursery without a result
         raise _interrupted(race)
     if label is not None:
@@ -493,7 +597,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         if row is not None:
             meta = dict(row.meta or {})
             meta["race"] = {**meta.get("race", {}), "done": True, "rank": o.rank, "passed": o.passed,
-                            "winner": o is winner}
+                            "winner": o is winner, **run_roles_meta(o)}
             engine.registry.update_sandbox(o.sandbox, meta=meta)
     _drop_base_if_unused(engine, race)
     doc: dict[str, Any] = {
@@ -509,7 +613,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         row = engine.registry.sandbox(winner.sandbox)
         doc["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row) if row else None
+            doc["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:
             doc["stale"] = None
     # The whole result rides on the event, so a front end can show a finished race (ranks,
@@ -533,7 +637,8 @@ def report_candidate(log: Any, race_id: str, o: Outcome, say: Callable[[str], No
             say(f"  {o.candidate.text}: did not apply ({o.error}){at}")
         else:
             verdict = "passed" if o.exit_code == 0 else f"failed ({o.error})"
-            say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s{at}")
+            nothing = " (it changed nothing)" if o.changed_nothing else ""
+            say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s{nothing}{at}")
     counts = dict(files_changed=o.files_changed, lines_added=o.lines_added,
                   lines_removed=o.lines_removed) if o.applied else {}
     events.race_candidate_finished(log, race=race_id, sandbox=o.sandbox, candidate=o.candidate.text,
@@ -565,6 +670,7 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
         o.apply_error = _tail(doc["stderr_path"]) or f"exit {doc['exit_code']}"
         o.error = failure_reason(doc, o.candidate.text if o.candidate.kind == "cmd" else "git apply")
         o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
+        o.logs_run = doc["run"]
         return
     o.applied = True
     # every caller (the local race, a cluster node) forks the check sandbox with the candidate's
@@ -581,9 +687,76 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
     from .evolve import read_metrics
     o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
-    o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
     if o.exit_code != 0:
         o.error = failure_reason(doc, check)
+    o.logs_run, o.stdout_path, o.stderr_path = _record_check_run(engine, o.sandbox, check, doc)
+    o.runs.append(o.logs_run)
+
+
+def _record_check_run(engine: "Engine", sandbox: str, check: str, doc: dict[str, Any]) -> tuple[int, str, str]:
+    """The check, recorded as a run of the candidate's own sandbox too, its logs linked
+    into the candidate's log directory: a candidate's output is in one place, named by the
+    candidate (``petri logs <candidate>``, the race's log paths), whichever throwaway fork
+    the check ran in, and stays there when that fork goes. Returns (run number, stdout
+    log, stderr log)."""
+    from .runs import log_paths
+
+    from datetime import datetime
+
+    n, out, err = engine.registry.start_run(sandbox, ["/bin/sh", "-c", check],
+                                            lambda k: log_paths(engine, sandbox, k), os.getpid())
+    started = datetime.fromisoformat(doc["started_at"]).timestamp() if doc.get("started_at") else None
+    for src, dst in ((doc["stdout_path"], out), (doc["stderr_path"], err)):
+        for suffix in ("", ".cut"):  # the log cap's sidecar, where it cut (orchestrator.runlog)
+            _link_or_copy(Path(src + suffix), Path(str(dst) + suffix))
+    engine.registry.finish_run(sandbox, n, exit_code=doc["exit_code"], duration_s=doc["duration_s"],
+                               killed_by=doc["killed_by"], limits_hit=doc["limits_hit"],
+                               peak_memory_bytes=doc["peak_memory_bytes"], output=doc.get("output"),
+                               **({"started_at": started} if started is not None else {}))
+    return n, str(out), str(err)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    import shutil
+
+    if not src.exists():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)  # the same store: a second name, no copy
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def run_roles_meta(o: Outcome) -> dict[str, Any]:
+    """Which of the candidate's runs are petri's own steps of the race, for its row's
+    ``race`` meta (``run_roles`` reads them back)."""
+    return {"apply_run": o.runs[0] if o.runs else None,
+            "check_run_here": o.logs_run if o.applied else None, "check_sandbox": o.check_sandbox}
+
+
+def run_roles(meta: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """Run number -> what petri ran it for (``role``: ``race-apply``, ``race-check``), from
+    a sandbox's meta: so ``status`` and ``logs`` show a race's apply and check as the
+    race's steps, not as commands someone ran in the sandbox."""
+    race = (meta or {}).get("race") or {}
+    out: dict[int, dict[str, Any]] = {}
+    if race.get("apply_run") is not None:
+        out[race["apply_run"]] = {"role": "race-apply", "race": race.get("id")}
+    if race.get("check_run_here") is not None:
+        out[race["check_run_here"]] = {"role": "race-check", "race": race.get("id"),
+                                       "ran_in": race.get("check_sandbox")}
+    return out
+
+
+def describe_role(run: dict[str, Any]) -> str | None:
+    """A run's role for people (``status``, ``logs``), or None for a command of its own."""
+    role = run.get("role")
+    if role == "race-apply":
+        return f"race {run.get('race')}: petri applied the candidate"
+    if role == "race-check":
+        return f"race {run.get('race')}: the check, run in its throwaway fork {run.get('ran_in')}"
+    return None
 
 
 def _destroy_all(engine: "Engine", race: _Race, ids: Sequence[str]) -> list[str]:
@@ -631,10 +804,20 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
     return {"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox, "applied": o.applied,
             "exit_code": o.exit_code, "duration_s": o.duration_s, "killed_by": o.killed_by,
             "files_changed": o.files_changed, "lines_added": o.lines_added, "lines_removed": o.lines_removed,
-            "rank": o.rank, "passed": o.passed, "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
+            "rank": o.rank, "passed": o.passed, "changed_nothing": o.changed_nothing,
+            "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
             "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
-            "check_sandbox": o.check_sandbox, "check_run": o.check_run,
+            "check_sandbox": o.check_sandbox, "check_run": o.check_run, "logs_run": o.logs_run,
             "runs": o.runs, "kept": not destroyed, "metrics": o.metrics}
+
+
+def _where_logs(c: dict[str, Any]) -> str:
+    """Where a candidate's output is, named by the candidate: ``petri logs SB --run N``
+    (the step that decided: its check, or an apply that failed); a cluster race's candidates
+    ran on other machines: the tails kept here."""
+    if c.get("logs_run") is not None:
+        return f" (`petri logs {c['sandbox']} --run {c['logs_run']}`)"
+    return f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""
 
 
 def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str], None] | None = None) -> None:
@@ -664,11 +847,11 @@ def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **k
     handler is in place, or off the main thread) becomes ``RaceInterrupted`` too."""
     import functools
 
-    import trio
+    from . import interrupts
 
     promote = kw.pop("promote", False)
     try:
-        doc = trio.run(functools.partial(run_race, engine, candidates, check, **kw))
+        doc = interrupts.trio_run(functools.partial(run_race, engine, candidates, check, **kw))
     except BaseExceptionGroup as group:
         ki, rest = group.split(KeyboardInterrupt)
         if ki is not None and rest is None:
@@ -690,7 +873,7 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         elif c["killed_by"]:
             check = o.paint(f"killed ({c['killed_by']})", "red")
         elif c["exit_code"] == 0:
-            check = o.paint("passed", "green")
+            check = o.paint("passed (changed nothing)" if c.get("changed_nothing") else "passed", "green")
         else:
             check = o.paint(f"failed ({c['exit_code']})", "red")
         lines = f"+{c['lines_added']} -{c['lines_removed']}" if c["applied"] else "-"
@@ -700,7 +883,11 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         rows.append([f"{c['rank']}{mark}", c["candidate"], c["kind"], check, lines,
                      c["files_changed"] if c["applied"] else "-", took, where])
     o.table(["rank", "candidate", "kind", "check", "lines", "files", "time", "sandbox"], rows)
-    if doc["winner"]:
+    win = next((c for c in doc["candidates"] if c["sandbox"] == doc["winner"]), None)
+    if doc["winner"] and win is not None and win.get("changed_nothing"):
+        o.say(f"winner: {o.paint(doc['winner'], 'bold')} ({doc['winner_candidate']}) changed nothing: the check "
+              "passes on the base as it is; promoting it changes nothing")
+    elif doc["winner"]:
         o.say(f"winner: {o.paint(doc['winner'], 'bold')} ({doc['winner_candidate']}) at {doc.get('winner_path')}")
         o.say(f"  see it with `petri diff {doc['winner']}`, apply it with `petri promote {doc['winner']}`")
     else:
@@ -716,10 +903,12 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         o.say(f"overlap: {p} is changed by {len(names)} candidates ({', '.join(names[:4])}"
               f"{', ...' if len(names) > 4 else ''}): promoting one after another is not independent")
     for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
+        if c.get("changed_nothing") and c["sandbox"] != doc["winner"]:
+            o.say(f"{c['candidate']}: changed nothing (no file `petri diff` would show): its check judged the "
+                  "base as it is")
         if c.get("error"):
             step = "check failed" if c["applied"] else "did not apply"
-            log = f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""
-            o.say(f"{c['candidate']}: {step}: {c['error']}{log}")
+            o.say(f"{c['candidate']}: {step}: {c['error']}{_where_logs(c)}")
     if doc.get("promotion"):
         p = doc["promotion"]
         o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: "

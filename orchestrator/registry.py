@@ -388,6 +388,57 @@ class Registry:
             "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?"
             " AND state IN ('creating', 'ready', 'running', 'exited')", (at,))]
 
+    def unsettled(self, at: float) -> tuple[list[SandboxRow], list[SandboxRow]]:
+        """What every command looks at when it starts, in one pass over the table: the
+        sandboxes whose lifetime is over (``overdue``), and those a petri process is still
+        making or destroying (``owner_pid`` set: ``begin_destroy``, a fork's ``creating``)."""
+        overdue, owned = [], []
+        for r in self.db.execute(
+                "SELECT * FROM sandboxes WHERE owner_pid IS NOT NULL OR (expires_at IS NOT NULL AND expires_at <= ?"
+                " AND state IN ('creating', 'ready', 'running', 'exited'))", (at,)):
+            row = _row(SandboxRow, r)
+            if row.owner_pid is not None:
+                owned.append(row)
+            if row.expires_at is not None and row.expires_at <= at and row.state in LIVE_STATES:
+                overdue.append(row)
+        return overdue, owned
+
+    # A sandbox is destroyed (or expired) in this order: its row says so first, owned by the
+    # destroying process (``owner_pid``), and the runs it is about to kill say why; then its
+    # processes and tree go; then ``end_destroy`` lets go of it. A petri killed at any instant
+    # leaves either a row that is still what it was, tree and all, or a destroyed one that
+    # the next command finishes (``Engine.settle_owned``): never ``ready`` without a tree.
+    def begin_destroy(self, sb_id: str, state: str, killed_by: str, pid: int, *,
+                      only_from: tuple[str, ...] | None = None, **values: Any) -> bool:
+        assert state in ("destroyed", "expired")
+        cols = "".join(f", {k} = ?" for k in values)
+        where, args = "", []
+        if only_from:
+            where = f" AND state IN ({','.join('?' * len(only_from))})"
+            args = list(only_from)
+        with self.write() as db:
+            cur = db.execute(f"UPDATE sandboxes SET state = ?, owner_pid = ?{cols} WHERE id = ?{where}",
+                             (state, pid, *values.values(), sb_id, *args))
+            if cur.rowcount != 1:
+                return False
+            db.execute("UPDATE runs SET killed_by = ? WHERE sandbox = ? AND finished_at IS NULL"
+                       " AND killed_by IS NULL", (killed_by, sb_id))
+            return True
+
+    def take_over(self, sb_id: str, dead_pid: int, pid: int) -> bool:
+        """Claim a sandbox a dead petri was making or destroying (compare-and-set: two
+        commands starting at once do not both finish it)."""
+        with self.write() as db:
+            return db.execute("UPDATE sandboxes SET owner_pid = ? WHERE id = ? AND owner_pid = ?",
+                              (pid, sb_id, dead_pid)).rowcount == 1
+
+    def end_destroy(self, sb_id: str, pid: int) -> bool:
+        """The destroyed sandbox's processes and tree are gone: let go of it. False when it
+        was not this process's to let go of (already let go)."""
+        with self.write() as db:
+            return db.execute("UPDATE sandboxes SET owner_pid = NULL WHERE id = ? AND owner_pid = ?",
+                              (sb_id, pid)).rowcount == 1
+
     def label_taken(self, label: str) -> bool:
         return self.db.execute(
             "SELECT 1 FROM sandboxes WHERE label = ? AND state NOT IN ('destroyed', 'failed', 'expired')",
@@ -442,10 +493,10 @@ class Registry:
         if not self.live_runs(sandbox):
             self.set_state(sandbox, "exited", only_from=("running",))
 
-    def settle_orphaned_runs(self) -> list[tuple[str, int]]:
+    def settle_orphaned_runs(self) -> list[tuple[str, int, int]]:
         """Finish the runs whose petri died (SIGKILL, OOM, a crash) without finishing them:
         exit 125 (petri failed), ``killed_by: "petri_died"``. Every command calls this, so
-        ``ls`` never shows a dead run as running."""
+        ``ls`` never shows a dead run as running. Returns (sandbox, run, the dead pid) of each."""
         settled = []
         for r in self.db.execute("SELECT sandbox, n, pid FROM runs WHERE finished_at IS NULL").fetchall():
             if pid_alive(r["pid"]):
@@ -458,7 +509,7 @@ class Registry:
                     continue  # another petri settled it first
                 db.execute("UPDATE sandboxes SET last_exit_code = 125 WHERE id = ?", (r["sandbox"],))
             self.settle_state(r["sandbox"])
-            settled.append((r["sandbox"], r["n"]))
+            settled.append((r["sandbox"], r["n"], r["pid"]))
         return settled
 
     def runs(self, sandbox: str) -> list[dict[str, Any]]:

@@ -24,7 +24,11 @@ Around the runner they:
 - at the end: the run's row is finished (exit code, duration, killed_by, limits_hit, peak
   memory, ``output``: bytes, lines and bytes dropped by the cap per stream), the sandbox
   gets ``last_exit_code``, ``running -> exited``; a run ended by the lifetime expires the
-  sandbox at once (its tree destroyed unless ``keep_expired``).
+  sandbox at once (its tree destroyed unless ``keep_expired``). A run stopped on request
+  is recorded as any other, before the cancellation goes on: a cancelled ``run_in_sandbox``
+  (MCP's kill and cancelled calls, ``petri.aio``) 143 (``runner.EXIT_STOPPED``), an
+  interrupt of ``run_sync`` 128 + its signal, ``ended_by: "killed"``, with its duration;
+  one that ``rm`` destroyed, 143 ``destroyed``; only a failure of petri itself is 125.
 
 For the services around the engine: ``check_limits`` (fork, race: refuse what cannot be
 enforced, exit 4), ``after_fork`` (disk caps), ``gc_processes`` (``petri gc``: leaked
@@ -219,9 +223,9 @@ def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
 
 
 # What ended a run that petri (or another petri) killed on purpose, and the exit code it
-# then has: the lifetime is 124 like a timeout; `rm` kills with SIGKILL, 128 + 9 = 137, the
-# same number as the memory limit, told apart by ``killed_by``.
-KILLED_EXIT = {"ttl": 124, "timeout": 124, "destroyed": 137}
+# then has: the lifetime is 124 like a timeout; `rm` stops it as a request to stop does
+# (``runner.EXIT_STOPPED``, 143), not 137, which is the memory limit's.
+KILLED_EXIT = {"ttl": 124, "timeout": 124, "destroyed": 143}
 
 
 @dataclass
@@ -281,6 +285,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
             on_event(ev)
 
     res = None
+    t0 = time.monotonic()
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
@@ -296,10 +301,13 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
             # 126/127: which path the command needed that the sandbox hides, and why (the
             # run's views must still be mounted: its plan is rebuilt from them).
             exec_error = note_for_run(spec, tree, res.exit_code)
-    finally:
-        if res is None:  # petri failed or the run was cancelled: the record says so
-            engine.registry.finish_run(row.id, n, exit_code=125, duration_s=None)
+    except BaseException as e:
+        if res is None:  # cut short before the runner could say how it ended: the record says so
+            code, killed_by = _cut_short(e)
+            engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0,
+                                       killed_by=killed_by)
             _settle_state(engine, row.id, n)
+        raise
     exit_code, killed_by = _what_ended(engine, row, n, res.exit_code, res.killed_by)
     limits_hit = list(res.limits_hit)
     if disk_limit_hit(engine, row, disk_mark) and "disk" not in limits_hit:
@@ -342,11 +350,14 @@ def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
 
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
+    recorded = _Recorder(steps)
     try:
         res = run_blocking(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
-                           forward_signals=forward_signals, output_events=step.output_events)
+                           forward_signals=forward_signals, output_events=step.output_events,
+                           on_stopped=recorded)
     except BaseException as e:
-        steps.throw(e)
+        if not recorded.done:
+            steps.throw(e)
         raise
     return _finish(steps, res)
 
@@ -361,13 +372,31 @@ async def run_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Se
     kw.pop("forward_signals", None)  # a thread of the loop cannot take the process's signals
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
+    recorded = _Recorder(steps)
     try:
         res = await run_isolated(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
-                                 output_events=step.output_events)
+                                 output_events=step.output_events, on_stopped=recorded)
     except BaseException as e:
-        steps.throw(e)
+        if not recorded.done:
+            steps.throw(e)
         raise
     return _finish(steps, res)
+
+
+class _Recorder:
+    """The runner's ``on_stopped``: a run that was stopped on request (a cancelled task, an
+    interrupt) is recorded like any other (its exit code, ``ended_by: "killed"``, its
+    duration, the sandbox's state) before the cancellation goes on."""
+
+    def __init__(self, steps: Generator[_Step, "RunResult", dict[str, Any]]) -> None:
+        self.steps, self.done = steps, False
+
+    def __call__(self, res: "RunResult") -> None:
+        self.done = True
+        try:
+            _finish(self.steps, res)
+        except Exception:  # noqa: BLE001 - the cancellation must go on; the record got as far as it could
+            pass
 
 
 def _finish(steps: Generator[_Step, "RunResult", dict[str, Any]], res: "RunResult") -> dict[str, Any]:
@@ -376,6 +405,21 @@ def _finish(steps: Generator[_Step, "RunResult", dict[str, Any]], res: "RunResul
     except StopIteration as stop:
         return stop.value
     raise RuntimeError("the run's steps did not end")  # pragma: no cover - _run_steps yields once
+
+
+def _cut_short(e: BaseException) -> tuple[int, str | None]:
+    """The exit code and end of a run that ``e`` cut short before it had a result: stopped
+    on request (an interrupt: 128 + its signal; a cancelled task: ``EXIT_STOPPED``), else
+    petri failed (125)."""
+    from .sandbox.runner import EXIT_STOPPED
+
+    from . import interrupts
+
+    if isinstance(e, KeyboardInterrupt):
+        return interrupts.exit_code(), "killed"
+    if interrupts.is_cancellation(e):
+        return EXIT_STOPPED, "killed"
+    return 125, None
 
 
 def _what_ended(engine: "Engine", row: SandboxRow, n: int, exit_code: int,
@@ -422,6 +466,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     _say_seccomp_off(profile)
     t0 = time.monotonic()
     code = 125
+    stopped: str | None = None
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
@@ -432,9 +477,14 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
                            seccomp=profile, log_cap=load_config(engine.root).log_cap)
             code = run_shell(spec)
+    except BaseException as e:
+        cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing
+        if cut[1] is not None:
+            code, stopped = cut
+        raise
     finally:
         killed = "ttl" if code == 124 and row.expires_at and now() >= row.expires_at else (
-            "timeout" if code == 124 else None)
+            "timeout" if code == 124 else stopped)
         code, killed = _what_ended(engine, row, n, code, killed)
         engine.registry.finish_run(row.id, n, exit_code=code, duration_s=time.monotonic() - t0, killed_by=killed)
         _settle_state(engine, row.id, n)

@@ -68,33 +68,24 @@ class Engine(core.Engine):
         from .runs import check_limits
         return check_limits(self, limits)
 
-    def staleness(self, row: SandboxRow) -> dict[str, Any] | None:
-        """Live files changed since the sandbox's base, and which of them it changed too."""
+    def staleness(self, row: SandboxRow, *, timed: bool = False) -> dict[str, Any] | None:
+        """Live files changed since the sandbox's base, and which of them it changed too.
+        ``timed``: append the computation's timing (``petri stats``); only a command that
+        writes anyway asks for it (a race, for its winner): reading (``ls``, ``status``,
+        the TUI, MCP) writes nothing, not even a timing row."""
         from .staleness import staleness  # xxhash and the merge walkers: only for ls/status/race
         started = now()
         got = staleness(self, row)
-        pending = self.__dict__.get("_staleness_timings")
-        if pending is not None:
-            pending.append(("staleness", now() - started, row.id, started))
-        else:
+        if timed:
             kpi.record(self.registry, "staleness", now() - started, subject=row.id)
         return got
 
     @contextmanager
     def one_look(self) -> Iterator[None]:
-        """For a listing: every ``staleness`` inside looks at live once per base, and their
-        timings are written in one transaction at the end."""
+        """For a listing: every ``staleness`` inside looks at live once per base."""
         from .staleness import one_look
-        if "_staleness_timings" in self.__dict__:
+        with one_look(self):
             yield
-            return
-        self.__dict__["_staleness_timings"] = pending = []
-        try:
-            with one_look(self):
-                yield
-        finally:
-            del self.__dict__["_staleness_timings"]
-            kpi.record_many(self.registry, pending)
 
     def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
         """Undo a promotion; a stage of a graduated promotion undoes the later stages of its

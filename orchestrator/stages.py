@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import audit, promotions
 from .config import Stage, load_config
-from .errors import OrchestratorError, UsageError
+from .errors import NothingToRollBack, OrchestratorError, UsageError
 from .lineage import diff_base, mark_scaffold, reap_scaffolds, snapshot_of_sandbox
 from .promotions import promote
 from .promotions import rollback_promotion as undo
@@ -107,6 +107,15 @@ def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda p: (p["doc"].get("index", 0), p["created_at"]))
 
 
+def _check_target(engine: "Engine", stage: "Stage") -> None:
+    """``StageTargetMissing`` (exit 4) unless the stage's target is this workspace, a fresh
+    fork, or another petri workspace."""
+    from .workspace import is_workspace
+
+    if stage.target not in ("fresh", "workspace") and not is_workspace(Path(os.path.realpath(stage.target))):
+        raise StageTargetMissing(stage=stage.name, path=os.path.realpath(stage.target))
+
+
 def _target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
     """This workspace's engine, or the other workspace's a path stage names."""
     from .services import Engine
@@ -130,6 +139,7 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
                 say: Say) -> tuple[str, list[dict[str, Any]]]:
     """Run the checks one after another in the sandbox: ("passed" | "failed" |
     "inconclusive", one record per check run). The first that does not pass decides."""
+    from .race import failure_reason
     from .runs import run_sync
 
     results = []
@@ -143,7 +153,8 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
             say(f"  check {cmd!r} timed out after {doc['duration_s']:.1f}s: inconclusive")
             return "inconclusive", results
         if doc["exit_code"] != 0:
-            say(f"  check {cmd!r} failed (exit {doc['exit_code']})")
+            rec["error"] = failure_reason(doc, cmd)  # the line that says what failed, as a race says it
+            say(f"  check {cmd!r} failed ({rec['error']}; `petri logs {sb_id} --run {doc['run']}`)")
             return "failed", results
         say(f"  check {cmd!r} passed")
     return "passed", results
@@ -307,6 +318,8 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     stages = _stages(engine)
     last = _index(stages, to)
     row = engine.resolve_sandbox(sandbox)
+    for st in stages[:last + 1]:
+        _check_target(engine, st)  # refused (exit 4) before anything is made: no row, no pinned fork
     recover(engine)
     pipeline = new_id("p")
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
@@ -352,6 +365,13 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
                                            f"with `petri promote {sandbox} --to {stages[last].name}`")
         try:
             outcome = _run_stage(engine, pinned, st, promo_id, doc, say, checks_only=checks_only)
+        except StageTargetMissing:
+            # its target went away since the pipeline began: that stage wrote nothing, and
+            # nothing could --resume it; the pipeline ends (earlier stages stay as they are)
+            doc["error"] = "target missing"
+            _finish(engine, promo_id, doc, "failed", "failed")
+            _end(engine, pinned_id)
+            raise
         except PetriError as e:
             if e.exit_code == 3:  # a conflict: that stage wrote nothing; the pipeline ends
                 _end(engine, pinned_id)
@@ -462,20 +482,31 @@ def _stage_like(doc: dict[str, Any]) -> "Stage":
 
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     """``petri rollback p-…``: a plain promotion is undone as before; a stage undoes the
-    later stages of its pipeline first, newest first, each in its own workspace."""
+    later stages of its pipeline first, newest first, each in its own workspace. The
+    document names every stage it closed (``stages``: ``promotion``, ``stage``, ``was``:
+    its state before, ``undone``: whether its promotion was taken out of a workspace, and
+    ``changed``); ``NothingToRollBack`` (exit 1) when the stage and every later one are
+    final already and nothing of them is in place (a second rollback)."""
 
     row = _row(engine, promo_id)
     if row is None or not _is_stage(row):
         return promotions.rollback_promotion(engine, promo_id)
     recover(engine)
+    row = _row(engine, promo_id) or row
     doc = row["doc"]
     later = [r for r in pipeline_rows(engine, doc["pipeline"]) if r["doc"].get("index", 0) >= doc.get("index", 0)]
+    if all(r["state"] in FINAL and not _in_place(r) for r in later) and row["state"] != "done":
+        why = "was already undone" if row["state"] == "undone" else f"is {row['state']}"
+        raise NothingToRollBack(ident=promo_id, why=f"(stage {doc.get('stage')}) {why} and no later stage of its "
+                                                    "pipeline is in place")
     changed: list[str] = []
     undone: list[str] = []
+    closed: list[dict[str, Any]] = []
     for r in reversed(later):
         rdoc = r["doc"]
-        in_place = r["state"] == "done" or (r["state"] == "pending" and rdoc.get("in_place"))
-        if in_place and rdoc.get("target") != "fresh":
+        reason = rdoc.get("pending_reason")
+        took: list[str] | None = None
+        if _in_place(r) and rdoc.get("target") != "fresh":
             target = _target_engine(engine, _stage_like(rdoc), rdoc.get("target_path"))
             try:
                 got = promotions.rollback_promotion(target, r["id"])
@@ -483,17 +514,26 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
                 if target is not engine:
                     _mirror_audit(target, r["id"])
                     target.close()
-            changed += got["changed"]
+            took = got["changed"]
+            changed += took
             undone.append(r["id"])
         if r["state"] not in ("undone", "failed", "conflict"):
             rdoc.update(in_place=False, step="final", rolled_back=True)
             rdoc.pop("pending_reason", None)
             _save(engine, r["id"], "undone", rdoc)
+            closed.append({"promotion": r["id"], "stage": rdoc.get("stage"), "target": rdoc.get("target"),
+                           "was": r["state"], "pending_reason": reason,
+                           "undone": took is not None, "changed": took or []})
     pinned = doc.get("pinned")
     if pinned:
         _end(engine, pinned)
     return {"restored": promo_id, "kind": "promotion", "changed": changed, "safety_snapshot": None,
-            "stages_undone": undone}
+            "stages_undone": undone, "stages": closed, "pipeline": doc["pipeline"]}
+
+
+def _in_place(r: dict[str, Any]) -> bool:
+    """Is this stage's promotion in place (in its target workspace)?"""
+    return r["state"] == "done" or (r["state"] == "pending" and bool(r["doc"].get("in_place")))
 
 
 # --------------------------------------------------------------------------- documents

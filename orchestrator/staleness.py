@@ -6,7 +6,10 @@ the number of live files (files and symlinks; directories count through their co
 whose content, kind or permission bits differ from the base snapshot, which of those the
 sandbox changed too (a certain conflict risk) and, where the backend records what the
 sandbox read (``Backend.read_set``: fuse), which of them its runs read (their results may
-not hold).
+not hold). A promoted sandbox's own changes are not live changes against it
+(``own_promoted``, ``orchestrator.promoted``): a path one of its promotions in place wrote,
+where live holds exactly what the sandbox holds, is left out of all three and counted in
+``own_promoted``.
 
 Reading staleness never writes: no snapshot, mount or file is made (``ls``, ``status``, the
 TUI and the MCP listing call it all the time). Content-based, never by timestamps alone:
@@ -517,16 +520,37 @@ def _display(p: bytes) -> str:
     return p.decode("utf-8", "backslashreplace")
 
 
+@contextmanager
+def _sandbox_side(engine: "Engine", row: "SandboxRow") -> Iterator[Any]:
+    """(``entry``, the sandbox's ``SafeTree``): ``entry(rel)`` is the sandbox's entry at
+    ``rel`` (None: nothing there; raises where the path goes through a symlink in the
+    sandbox). Where reading through the mount would count as the sandbox's own reads
+    (fuse), it is read from its layers."""
+    from merge.safefs import SafeTree
+    from snapshot.layers import layer_lookup
+
+    tree = engine.sandbox_tree(row)
+    sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
+    with SafeTree(tree) as st:
+        def entry(p: bytes) -> Ent | None:
+            if sandbox_layers is not None:
+                found = layer_lookup(sandbox_layers, p)
+                ent = None if found is None else entry_of(found)
+                return None if ent is not None and ent[0] == "dir" else ent
+            n = st.node(p, with_content_id=True)
+            if n is None or n.kind == "dir":
+                return None
+            return (n.kind, 0 if n.kind == "symlink" else n.mode, n.content_id) if n.kind != "other" \
+                else ("other", n.mode, None)
+        yield entry, st
+
+
 def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes],
                 base_id: str | None = None) -> list[bytes]:
     """Which of ``live_paths`` the sandbox changed too (content-compared) against
     ``base_id`` (default: its ``diff_base``)."""
     if not live_paths:
         return []
-    from merge.safefs import SafeTree
-    from snapshot.layers import layer_lookup
-
-    tree = engine.sandbox_tree(row)
     shared = engine.backend.shares_inodes()
     since = diff_base(engine, row) if base_id is None else base_id
     with ExitStack() as stack:
@@ -536,11 +560,8 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
         # compare below decides. No trees are handed over: nothing is read through the
         # sandbox's mount for the candidates.
         cands = FULL if shared else sandbox_candidates(engine, row, None, None, since=since)
-        # Where reading through the mount would count as the sandbox's own reads (fuse),
-        # the sandbox side is read from its layers.
-        sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
         out = []
-        with SafeTree(tree) as st:
+        with _sandbox_side(engine, row) as (sandbox_entry, st):
             for p in sorted(live_paths):
                 if not cands.covers(p):
                     continue
@@ -548,27 +569,42 @@ def overlapping(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes
                     bkey = base.key(p)
                     if bkey is not None and bkey == _safe_key(st, p):
                         continue  # the very inode the base holds, untouched
-                sb_ent: Ent | None = None
-                if sandbox_layers is not None:
-                    found = layer_lookup(sandbox_layers, p)
-                    sb_ent = None if found is None else entry_of(found)
-                    if sb_ent is not None and sb_ent[0] == "dir":
-                        sb_ent = None
-                else:
-                    try:
-                        n = st.node(p, with_content_id=True)
-                    except Exception:
-                        out.append(p)  # through a symlink in the sandbox: not the base's path any more
-                        continue
-                    if n is not None and n.kind != "dir":
-                        sb_ent = (n.kind, 0 if n.kind == "symlink" else n.mode,
-                                  n.content_id) if n.kind != "other" else ("other", n.mode, None)
+                try:
+                    sb_ent = sandbox_entry(p)
+                except Exception:
+                    out.append(p)  # through a symlink in the sandbox: not the base's path any more
+                    continue
                 base_ent = base.entry(p)
                 if base_ent is not None and base_ent[0] == "dir":
                     base_ent = None
                 if not _same(sb_ent, base_ent):
                     out.append(p)
         return out
+
+
+def own_promoted(engine: "Engine", row: "SandboxRow", live_paths: frozenset[bytes]) -> frozenset[bytes]:
+    """Which of ``live_paths`` are the sandbox's own changes, in live because it was promoted
+    (``orchestrator.promoted``): a path one of its promotions in place wrote, where live
+    holds exactly what the sandbox holds."""
+    from . import promoted
+
+    if not live_paths:
+        return frozenset()
+    wrote = promoted.applied_paths(promoted.in_place(engine.registry, row.id)) & live_paths
+    if not wrote:
+        return frozenset()
+    root = os.fsencode(engine.root)
+    own = set()
+    with _sandbox_side(engine, row) as (sandbox_entry, _st):
+        for p in sorted(wrote):
+            live_ent = _entry_beneath(root, p)
+            live_ent = None if live_ent is not None and live_ent[0] == "dir" else live_ent
+            try:
+                if _same(sandbox_entry(p), live_ent):
+                    own.add(p)
+            except Exception:  # noqa: BLE001 - through a symlink in the sandbox: not the same path
+                continue
+    return frozenset(own)
 
 
 def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
@@ -597,26 +633,33 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
     try:
-        # Before the compare below, which reads the sandbox (it must not count as the
+        # Before the compares below, which read the sandbox (they must not count as the
         # sandbox's own reads).
         read_set = engine.backend.read_set(engine.store, row.id)
     except Exception:  # noqa: BLE001 - no read set: results_may_not_hold from live alone
         read_set = None
+    changed = live.paths
     try:
-        over = overlapping(engine, row, live.paths, base_id)
+        own = own_promoted(engine, row, live.paths)
+        if own:
+            # its own promoted changes are not live changes against it (a merged branch)
+            changed = live.paths - own
+            doc["live_changed"] = len(changed)
+            doc["own_promoted"] = len(own)
+        over = overlapping(engine, row, changed, base_id)
     except Exception as e:  # a sandbox tree that cannot be read now: say so, do not fail `ls`
         doc["overlapping"] = None
         doc["error"] = f"{type(e).__name__}: {e}"
-        doc["results_may_not_hold"] = bool(live.paths)
+        doc["results_may_not_hold"] = bool(changed)
         return doc
     doc["overlapping"] = [_display(p) for p in over]
     if any(_display(p).encode() != p for p in over):
         import base64
         doc["overlapping_b64"] = [base64.b64encode(p).decode() for p in over]
     if read_set is not None:
-        read_changed = sorted(p for p in live.paths if p in read_set)
+        read_changed = sorted(p for p in changed if p in read_set)
         doc["read_changed"] = [_display(p) for p in read_changed]
         doc["results_may_not_hold"] = bool(read_changed or over)
     else:
-        doc["results_may_not_hold"] = bool(live.paths)
+        doc["results_may_not_hold"] = bool(changed)
     return doc

@@ -2,8 +2,9 @@
 
 It runs under trio and asyncio alike (anyio). Calls that only touch the registry and the
 trees run in a worker thread (``anyio.to_thread``). A run (``Sandbox.run``) and a race
-(``Workspace.race``) are cancellable: cancelling the awaiting task kills the run's
-processes, as ``petri run`` does on its deadline, and returns only once they are gone.
+(``Workspace.race``) are cancellable: cancelling the awaiting task stops the run as
+``petri run`` does on its deadline (SIGTERM, SIGKILL 2 s later), records it (exit 143,
+``ended_by: "killed"``, its duration), and returns only once its processes are gone.
 Under trio they run on the caller's own loop; under asyncio in a worker thread with a trio
 loop of its own, which the cancellation reaches.
 

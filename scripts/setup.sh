@@ -8,7 +8,9 @@ pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubble
       fuse-overlayfs   # fuse-overlayfs: only bench/bench_fuse.py compares against it
       openssh-client   # ssh-agent/ssh-add: tests/test_sandbox_holes.py's real agent
       iproute2         # ss: the cluster tests check that a local Ray cluster listens on loopback only
-      tmux)            # tmux: the TUI's real-terminal test
+      tmux             # tmux: the TUI's real-terminal test
+      # tests/vm: a second kernel with pure cgroup v2 in a VM (virtme-ng, from the test extra)
+      qemu-system-x86 linux-image-amd64 busybox-static)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -39,6 +39,10 @@ The steps, and where a promotion and a rollback to a snapshot meet them:
     undone       after the undone mark is durable, before cleanup
     discard      after each entry removed while discarding scratch
 
+And where a sandbox is destroyed (``orchestrator.engine``): ``destroy-marked`` (its row says
+destroyed), ``destroy-stopped`` (its processes are gone), ``destroy-tree`` (its tree is gone,
+the row not let go of yet).
+
 Caveats: flock does not work across NFS clients; the workspace is assumed local.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pytest_plugins = ["tests.loopfs"]
+pytest_plugins = ["tests.loopfs", "tests.vm.plugin"]
 
 REPO = Path(__file__).resolve().parent.parent
 

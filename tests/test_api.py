@@ -189,8 +189,21 @@ def test_aio_runs_and_cancelling_kills_the_run(ws, backend):
                 await sbs[0].run(["sh", "-c", f"sleep 60; : {marker}"])
             raise_if_alive(marker)
             runs = await sbs[0].logs()
-            assert runs[-1].exit_code == 125  # petri ended it: cancelled
+            # stopped on request: 143 (SIGTERM's), ended_by "killed", its duration; not 125 (petri failed)
+            end = runs[-1].to_json()
+            assert (end["exit_code"], end["ended_by"], end["killed_by"]) == (143, "killed", None), end
+            assert 2.5 < end["duration_s"] < 10, end
+            # a command that ignores SIGTERM: killed after the grace period, reported the same
+            with anyio.move_on_after(3):
+                await sbs[0].run(["sh", "-c", f"trap '' TERM; sleep 60; : {marker}"])
+            raise_if_alive(marker)
+            end = (await sbs[0].logs())[-1].to_json()
+            assert (end["exit_code"], end["ended_by"]) == (143, "killed") and 4.5 < end["duration_s"] < 12, end
+            state = (await aws.sandbox(sbs[0].info.id)).info.state
+            assert state == "exited", state  # not left "running"
         assert (await aws.sandboxes()) == []
+        cancelled = [e for e in petri_cli("log", "--json", cwd=ws.root).json["entries"] if e["op"] == "run"][-1]
+        assert (cancelled["exit_code"], cancelled["result"]) == (143, "cancelled"), cancelled
 
     anyio.run(main, backend=backend)
 

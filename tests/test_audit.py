@@ -141,3 +141,30 @@ def test_since(ws):
     r = cli("log", "--since", "2025-01-01T00:00:00", cwd=ws.root)
     assert r.rc == 2 and "time zone" in r.err, r
     assert Path(ws.root / ".petri" / "registry.db").exists()
+
+
+def test_mcp_server_tools_are_their_own_rows_and_reads_none(ws):
+    """Through the real server (``petri mcp``): a tool that changes something is one row
+    (``via`` mcp, the client's name); a session that only reads adds none."""
+    pytest.importorskip("mcp")
+    import anyio
+
+    from tests.test_mcp import client
+
+    n = len(ws.log().entries)
+
+    async def reads() -> None:
+        async with client(ws.root, name="reader") as c:
+            await c.call("sandbox_list")
+            await c.call("workspace_status")
+
+    anyio.run(reads, backend="trio")
+    assert len(ws.log().entries) == n, [e.op for e in ws.log().entries[n:]]
+
+    async def fork() -> None:
+        async with client(ws.root, name="forker") as c:
+            await c.call("sandbox_fork", {"n": 1})
+
+    anyio.run(fork, backend="trio")
+    rows = ws.log().entries[n:]
+    assert [(e.op, e.via, e.extra["client"]) for e in rows] == [("fork", "mcp", "forker")], rows

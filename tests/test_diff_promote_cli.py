@@ -459,3 +459,66 @@ def test_gc_reports_recovered_promotions(copy_ws):
     assert r.json["reaped"]["promotions_undone"] == 1, r.json
     assert r.json["reaped"]["promotions_finished"] == 0
     assert (ws / "README.md").read_text() == "# project\n\nsome text\n"
+
+
+def test_a_promoted_sandbox_says_so_and_its_own_changes_are_not_stale(project):
+    """After ``promote SB`` (a merged branch, in git's words): ``status``/``ls`` say it is
+    promoted and as what, staleness does not count SB's own changes (now in live) against
+    it, a second ``promote`` says it is already promoted, and ``diff`` still shows the
+    change against its base. What moves afterwards (live, or SB) counts again."""
+    ws, kind = project
+    sb, tree = fork(ws)
+    edit_sandbox(tree)
+    patch = petri_bytes("diff", sb, cwd=ws).stdout
+    r = petri("--json", "promote", sb, cwd=ws)
+    assert r.rc == 0, r
+    pid = r.json["promotion"]
+    st = petri("--json", "status", sb, cwd=ws).json["sandboxes"][0]
+    assert st["promoted"]["promotion"] == pid and st["promoted"]["state"] == "done", st
+    assert st["stale"]["live_changed"] == 0 and st["stale"]["overlapping"] == [], st["stale"]
+    assert st["stale"]["own_promoted"] >= 6, st["stale"]  # mod1, added, tool.sh, bin.dat, renames, ...
+    row = next(ln for ln in petri("ls", cwd=ws).out.splitlines() if ln.startswith(sb))
+    assert row.endswith(f"promoted as {pid} (done)"), row
+    text = petri("status", sb, cwd=ws).out
+    assert f"promoted:    as {pid} (done)" in text and "overlap" not in text, text
+    # again, with nothing new: it says what it is, not "no changes"
+    again = petri("promote", sb, cwd=ws)
+    assert again.rc == 0 and again.out.strip() == (
+        f"nothing to promote: {sb} is already promoted as {pid}; nothing new since"), again
+    assert petri("--json", "promote", sb, cwd=ws).json["already_promoted"]["promotion"] == pid
+    dry = petri("promote", "--dry-run", sb, cwd=ws)
+    assert dry.rc == 0 and f"already promoted as {pid}" in dry.out, dry
+    assert petri_bytes("diff", sb, cwd=ws).stdout == patch  # still its change against its base
+    # live edits a promoted path: that is a live change against SB like any other
+    w(ws / "conf" / "settings.ini", "[a]\nx = 1\n[b]\ny = 2\n")  # SB did not touch it
+    w(ws / "src" / "mod1.py", (ws / "src" / "mod1.py").read_text() + "live line\n")
+    st = petri("--json", "status", sb, cwd=ws).json["sandboxes"][0]
+    assert st["stale"]["live_changed"] == 2 and st["stale"]["overlapping"] == ["src/mod1.py"], st["stale"]
+    row = next(ln for ln in petri("ls", cwd=ws).out.splitlines() if ln.startswith(sb))
+    assert row.endswith(f"promoted as {pid} (done); 2 live, 1 overlap"), row
+    # SB changes again: promoting it is a new promotion of what is new
+    w(tree / "later.txt", "after the first promotion\n")
+    r = petri("--json", "promote", sb, cwd=ws)
+    assert r.rc == 0 and r.json["applied"] == ["later.txt"], r
+    pid2 = r.json["promotion"]
+    assert petri("--json", "status", sb, cwd=ws).json["sandboxes"][0]["promoted"]["promotion"] == pid2
+    # undone, it is no longer promoted, and its changes are its own again (not live's)
+    assert petri("rollback", pid2, cwd=ws).rc == 0
+    w(ws / "src" / "mod1.py", (tree / "src" / "mod1.py").read_text())
+    w(ws / "conf" / "settings.ini", "[a]\nx = 1\n")
+    assert petri("rollback", pid, cwd=ws).rc == 0
+    st = petri("--json", "status", sb, cwd=ws).json["sandboxes"][0]
+    assert st["promoted"] is None and st["stale"]["live_changed"] == 0 and "own_promoted" not in st["stale"], st
+    assert petri("promote", "--dry-run", sb, cwd=ws).out.split()[0] != "nothing"
+
+
+def test_nothing_to_promote_says_why(copy_ws):
+    ws = copy_ws
+    sb, tree = fork(ws)
+    r = petri("promote", sb, cwd=ws)
+    assert r.rc == 0 and r.out.strip() == f"nothing to promote: {sb} has no changes against its base", r
+    w(tree / "README.md", "# same on both sides\n")
+    w(ws / "README.md", "# same on both sides\n")  # made in live by hand, not by promoting sb
+    r = petri("promote", sb, cwd=ws)
+    assert r.rc == 0 and r.out.strip() == (
+        f"nothing to promote: the workspace already holds the changes of {sb} (1 path(s))"), r

@@ -39,6 +39,11 @@ WRAPPED = [
      " or run with `--seccomp off`"),
     (BadClusterAddress(text="t", most=8),
      "bad --cluster 't': give a Ray address (HOST:PORT, ray://HOST:PORT or auto) or local:N with N from 1 to 8"),
+    (E.BadDuration(what="--ttl", text="5x"),
+     "bad --ttl '5x': use seconds, or a number with ms, s, m, h, d or w, or several together"
+     " (e.g. 500ms, 90s, 15m, 2h, 1h30m, 2w)"),
+    (E.BadSize(what="--mem", text="5X"),
+     "bad --mem '5X': use bytes, or a number with K, M, G, T or P (also KB or KiB: powers of 1024; e.g. 512M, 1.5G)"),
 ]
 
 

@@ -184,6 +184,37 @@ def test_race_from_a_sandbox_seeds_the_next_generation(ws):
     assert all(s.get("kind") != "sandbox" or s.get("used_by") for s in ws.snapshots())
 
 
+@needs_sandbox
+def test_lineage_leaves_out_verify_forks_and_keeps_races_in_time_order(ws):
+    """``promote --verify``'s throwaway sandbox is petri's own (not in the lineage, as the
+    README says); a race whose base snapshot is gone (no winner: it went with the losers)
+    stays where it happened in time, its candidates in command-line order."""
+    first = ws.fork().keep()[0]
+    Path(first.path, "app.py").write_text("x = 1\n")
+    r = cli("promote", first.id, "--verify", "grep -q 'x = 1' app.py", "--json", cwd=ws.root)
+    assert r.rc == 0 and r.json["verified"] is True, r
+    verify_sb = r.json["verify"]["sandbox"]
+    r = cli("race", "--check", "false", "--cmd", "echo 'x = 2' > app.py", "--cmd", "echo 'x = 3' > app.py",
+            "--cmd", "echo 'x = 4' > app.py", "--json", cwd=ws.root)
+    assert r.rc == 1, r
+    race = r.json
+    last = ws.fork().keep()[0]
+    doc = cli("lineage", "--json", cwd=ws.root).json
+    ids = [n["id"] for n in doc["nodes"]]
+    assert verify_sb not in ids, ids
+    cands = [c["sandbox"] for c in race["candidates"]]
+    gone = next(n for n in doc["nodes"] if n["id"] == race["base"])
+    assert gone["state"] == "deleted", gone
+    # in time order: the first sandbox, the race (its base, then its candidates in order), the last
+    at = {i: ids.index(i) for i in [first.id, race["base"], *cands, last.id]}
+    assert at[first.id] < at[race["base"]] < at[cands[0]] < at[cands[1]] < at[cands[2]] < at[last.id], ids
+    text = cli("lineage", cwd=ws.root).out.splitlines()
+    row = next(i for i, ln in enumerate(text) if ln.startswith(race["base"]))
+    assert text[row] == f"{race['base']}  (deleted)", text
+    assert [ln.split()[1] for ln in text[row + 1:row + 4]] == cands, text
+    assert not any(verify_sb in ln for ln in text), text
+
+
 # --------------------------------------------------------------------------- every backend
 
 BACKENDS = ["copy", "reflink", "btrfs", "overlay", "fuse"]

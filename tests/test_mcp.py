@@ -378,15 +378,21 @@ def test_cancelled_call_and_killed_run_leave_no_process_or_cgroup(btrfs_ws):
                 await c.s.call_tool("sandbox_run", {"sandbox": sb, "command": f"sleep 300; : {marker}"})
             await anyio.to_thread.run_sync(wait_gone, marker, sb)
             runs = (await c.call("sandbox_status", {"sandbox": sb}))["sandboxes"][0]["runs"]
-            assert runs[-1]["exit_code"] == 125 and runs[-1]["finished_at"]
-            # started, then killed
+            # stopped on request, with its duration: not "petri itself failed" (125)
+            assert (runs[-1]["exit_code"], runs[-1]["ended_by"], runs[-1]["killed_by"]) == (143, "killed", None)
+            assert runs[-1]["finished_at"] and runs[-1]["duration_s"] > 2.5, runs[-1]
+            # started, then killed (a command that ignores SIGTERM: SIGKILL after the grace period)
             marker2 = f"mcp-kill-{os.getpid()}"
-            st = await c.call("sandbox_run_start", {"sandbox": sb, "command": f"sleep 300; : {marker2}"})
+            st = await c.call("sandbox_run_start", {"sandbox": sb,
+                                                    "command": f"trap '' TERM; sleep 300; : {marker2}"})
             assert (await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 0}))["done"] is False
             assert (await c.call("sandbox_run_kill", {"sandbox": sb, "run": st["run"]}))["killed"] is True
             await anyio.to_thread.run_sync(wait_gone, marker2, sb)
             end = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 0})
-            assert end["done"] and end["killed"] and end["exit_code"] == 125
+            assert end["done"] and end["killed"] and (end["exit_code"], end["ended_by"]) == (143, "killed"), end
+            assert end["killed_by"] is None and end["duration_s"] > 1.5, end
+            rec = (await c.call("sandbox_status", {"sandbox": sb}))["sandboxes"][0]["runs"][-1]
+            assert (rec["exit_code"], rec["ended_by"]) == (143, "killed"), rec
             assert (await c.call("sandbox_run_kill", {"sandbox": sb, "run": st["run"]}))["killed"] is False
             # the server still serves
             assert (await c.call("sandbox_run", {"sandbox": sb, "command": "echo ok"}))["stdout_tail"] == "ok\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,55 @@ def test_interleave_recovers_command_line_order():
     assert interleave(argv, ["p1", "p2"], ["a", "b"]) == [("cmd", "a"), ("patch", "p1"), ("cmd", "b"), ("patch", "p2")]
     # argv that does not match (an API caller): patches then commands
     assert interleave([], ["p"], ["c"]) == [("patch", "p"), ("cmd", "c")]
+
+
+def _ran(argv: list[str], cwd: Path) -> tuple[str, str]:
+    cp = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert cp.returncode != 0, cp
+    return cp.stdout, cp.stderr
+
+
+def test_telling_line_of_real_tools(tmp_path):
+    """``telling_line`` on what real tools print when they fail (run here, on the host:
+    the line it picks is pure text work; the race's own test runs them in sandboxes)."""
+    from orchestrator.race import telling_line
+
+    (tmp_path / "test_w.py").write_text("def test_ok():\n    pass\n\n\ndef test_count():\n    assert 2 == 3\n")
+    out, err = _ran([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_w.py"], tmp_path)
+    got = telling_line(out, err)
+    assert got.startswith("FAILED test_w.py::test_count - assert 2 == 3 (1 failed, 1 passed in "), (got, out)
+    out, err = _ran([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_w.py"], tmp_path)
+    assert telling_line(out, err).startswith("FAILED test_w.py::test_count - assert 2 == 3 (1 failed, 1 passed")
+    (tmp_path / "test_u.py").write_text("import unittest\n\n\nclass T(unittest.TestCase):\n"
+                                        "    def test_x(self):\n        self.assertEqual(2, 3)\n")
+    out, err = _ran([sys.executable, "-m", "unittest", "-q", "test_u"], tmp_path)
+    assert telling_line(out, err) == "FAIL: test_x (test_u.T.test_x) (FAILED (failures=1))", err
+    out, err = _ran([sys.executable, "-c", "import json; json.loads('{')"], tmp_path)
+    assert telling_line(out, err).startswith("json.decoder.JSONDecodeError: Expecting property name"), err
+    out, err = _ran(["sh", "-c", "echo building; echo 'cc: fatal error: no input files'; exit 2"], tmp_path)
+    assert telling_line(out, err) == "cc: fatal error: no input files"
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    (tmp_path / "t.js").write_text('function f() { throw new TypeError("widgets must be a list"); }\nf();\n')
+    out, err = _ran(["node", "t.js"], tmp_path)
+    assert "Node.js v" in err and telling_line(out, err) == "TypeError: widgets must be a list", err
+    (tmp_path / "m.js").write_text('require("./no-such-module");\n')
+    out, err = _ran(["node", "m.js"], tmp_path)
+    assert telling_line(out, err).startswith("Error: Cannot find module './no-such-module'"), err
+    (tmp_path / "w.test.js").write_text('const test = require("node:test"); const assert = require("node:assert");\n'
+                                        'test("counts widgets", () => { assert.strictEqual(2, 3); });\n'
+                                        'test("fine", () => {});\n')
+    out, err = _ran(["node", "--test", "w.test.js"], tmp_path)
+    assert telling_line(out, err) == "failed: counts widgets (1 failed, 1 passed)", out[-500:]
+
+
+def test_telling_line_limits():
+    from orchestrator.race import MAX_REASON, telling_line
+
+    assert telling_line("", "") is None
+    assert len(telling_line("x" * 5000, "")) == MAX_REASON
+    # a warning is not why it failed; the exception line before it is
+    assert telling_line("", "ValueError: bad\nDeprecationWarning: old api\n") == "ValueError: bad"
 
 
 # ---------------------------------------------------------------------------- real races
@@ -149,12 +199,15 @@ def test_race_right_fix_wins_checks_run_concurrently(ws, tmp_path):
     fixed = (Path(ls[right["sandbox"]]["path"]) / "stats" / "__init__.py").read_text()
     assert "(s[n // 2 - 1] + s[n // 2]) / 2" in fixed
     assert (ws / "stats" / "__init__.py").read_bytes() == before
-    # the apply is a run of the sandbox; the check, a run of its throwaway fork: both logged
+    # the apply is a run of the sandbox; the check, a run of its throwaway fork, recorded as
+    # the candidate's too (one place for a candidate's output): each logged
     logs = petri("logs", right["sandbox"], "--json", cwd=ws).json["runs"]
-    assert [d["argv"][-1] for d in logs] == ["-"]
+    assert [d["argv"][-1] for d in logs] == ["-", CHECK]
+    assert [d.get("role") for d in logs] == ["race-apply", "race-check"]
     check_logs = petri("logs", right["check_sandbox"], "--json", cwd=ws).json["runs"]
     assert [d["argv"][-1] for d in check_logs] == [CHECK] and right["check_run"] == 1
-    assert "OK" in check_logs[0]["stderr"] and check_logs[0]["stderr_path"] == right["stderr_path"]
+    assert "OK" in check_logs[0]["stderr"] and logs[1]["stderr"] == check_logs[0]["stderr"]
+    assert right["logs_run"] == 2 and right["stderr_path"] == logs[1]["stderr_path"]
     assert ls[right["check_sandbox"]]["state"] == "destroyed"
 
 

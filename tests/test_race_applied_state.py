@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -126,16 +127,97 @@ def test_race_says_why_each_check_failed_and_where_its_log_is(ws):
     assert by["no-such-fixer"]["error"] == "command not found: no-such-fixer"
     for c in by.values():
         assert Path(c["stderr_path"]).is_file() and "not found" in Path(c["stderr_path"]).read_text()
-    # a failing check that prints: its last stderr line, for people too
+    # a failing check that prints: its exception line, for people too, and where its log is
     r = petri("race", "--check", "echo first >&2; echo 'AssertionError: 2 != 2.5' >&2; exit 3",
               "--cmd", "true", cwd=ws)
     assert r.rc == 1, r
     line = next(ln for ln in r.out.splitlines() if ln.startswith("true: check failed"))
-    assert "exit 3: AssertionError: 2 != 2.5" in line and "(log: " in line
-    log = line.split("(log: ", 1)[1].rstrip(")")
-    assert Path(log).read_text().splitlines()[-1] == "AssertionError: 2 != 2.5"
+    assert "exit 3: AssertionError: 2 != 2.5" in line, line
+    sb, n = _logs_named(line)
+    assert petri("logs", sb, "--run", n, cwd=ws).err.splitlines()[-1] == "AssertionError: 2 != 2.5"
     r = petri("race", "--check", "no-such-cmd", "--cmd", "true", cwd=ws)
     assert "command not found: no-such-cmd" in r.out, r
+
+
+def _logs_named(line: str) -> tuple[str, str]:
+    """(sandbox, run) of the ``(`petri logs SB --run N`)`` a race's line ends with."""
+    import re
+    m = re.search(r"\(`petri logs (sb-[0-9a-f]+) --run (\d+)`\)$", line)
+    assert m, line
+    return m.group(1), m.group(2)
+
+
+FAILING_TEST = """\
+from stats import mean
+
+
+def test_mean_of_one():
+    assert mean([4]) == 4
+
+
+def test_widget_count():
+    widgets = [1, 2]
+    assert len(widgets) == 3
+"""
+THROWS = """\
+function count() { throw new Error("widget count is wrong: 2, want 3"); }
+count();
+"""
+
+
+@needs_sandbox
+def test_a_failed_checks_reason_is_the_line_that_says_what_failed(ws):
+    """Real pytest (the project's venv) and real node, failing in the sandbox: the race's one
+    line is pytest's verdict (the failed test, its closing line) and node's exception, not
+    "nothing on stderr" or node's version trailer; the log it names is the candidate's own
+    (``petri logs <candidate>``), which also says which runs were the race's steps."""
+    (ws / "tests" / "test_widgets.py").write_text(FAILING_TEST)
+    r = petri("race", "--keep", "--check", f"{PY} -m pytest -q -p no:cacheprovider tests/test_widgets.py",
+              "--cmd", "true", "--patch", str(FIXES / "right.patch"), cwd=ws, timeout=300)
+    assert r.rc == 1, r
+    rows = {ln.split()[1]: ln.split()[-1] for ln in r.out.splitlines() if ln[:1].isdigit()}
+    for cand in ("true", str(FIXES / "right.patch")):
+        line = next(ln for ln in r.out.splitlines() if ln.startswith(f"{cand}: check failed"))
+        assert "exit 1: FAILED tests/test_widgets.py::test_widget_count - assert 2 == 3 (1 failed, 1 passed in " \
+            in line, line
+        sb, n = _logs_named(line)
+        assert sb == rows[cand], (line, rows)  # the candidate named in the table, not its throwaway fork
+        log = petri("logs", sb, "--run", n, cwd=ws)
+        assert log.rc == 0 and "1 failed, 1 passed" in log.out, log
+    # the candidate's runs: petri's apply and the check (in its fork), each said for what it is
+    sb = rows[str(FIXES / "right.patch")]
+    st = petri("status", sb, cwd=ws)
+    runs = [ln for ln in st.out.splitlines() if ln.startswith("run ")]
+    assert len(runs) == 2, st
+    assert runs[0].startswith("run 1: [race r-") and "petri applied the candidate] git " in runs[0], runs
+    assert "the check, run in its throwaway fork sb-" in runs[1] and runs[1].endswith("-> exit 1"), runs
+    doc = petri("status", "--json", sb, cwd=ws).json["sandboxes"][0]
+    assert [d.get("role") for d in doc["runs"]] == ["race-apply", "race-check"]
+    assert doc["last_exit_code"] == 1  # the candidate's last step: its check failed
+    assert petri("rm", "--all", cwd=ws).rc == 0
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    (ws / "count.js").write_text(THROWS)
+    r = petri("race", "--json", "--check", "node count.js", "--cmd", "true", cwd=ws)
+    assert r.rc == 1, r
+    c = r.json["candidates"][0]
+    assert c["error"] == "exit 1: Error: widget count is wrong: 2, want 3", c
+    assert Path(c["stderr_path"]).parent.name == c["sandbox"] and c["logs_run"] == 2
+    assert "Node.js v" in Path(c["stderr_path"]).read_text()  # the trailer is there, and not the reason
+
+
+@needs_sandbox
+def test_a_candidate_that_changed_nothing_is_flagged(ws):
+    r = petri("race", "--check", "true", "--cmd", "true", "--cmd", "echo x > made.txt", cwd=ws)
+    assert r.rc == 0, r
+    row = next(ln for ln in r.out.splitlines() if ln.split()[1:2] == ["true"])
+    assert "passed (changed nothing)" in row and row.split()[0] == "1*", r.out
+    assert "(true) changed nothing: the check passes on the base as it is; promoting it changes nothing" in r.out
+    assert "check passed in" in r.err and "(it changed nothing)" in r.err
+    r = petri("race", "--json", "--check", "true", "--cmd", "true", "--cmd", "echo x > made.txt", cwd=ws)
+    by = {c["candidate"]: c for c in r.json["candidates"]}
+    assert by["true"]["changed_nothing"] is True and by["echo x > made.txt"]["changed_nothing"] is False
 
 
 # ---------------------------------------------------------------------------- Ctrl-C

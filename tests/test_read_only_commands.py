@@ -1,6 +1,7 @@
-"""Reading never writes: ``ls``, ``status``, ``diff --stat`` (CLI), the API's reads, the MCP
-read tools and a TUI refresh make no subvolume, no mount and no file in the store, on every
-backend that runs here (btrfs, overlay, fuse, copy, reflink on XFS).
+"""Reading never writes: ``ls``, ``status``, ``diff``, ``logs``, ``lineage``, ``log``, ``stats``,
+``snapshots``, ``promotions`` (CLI), the API's reads, the MCP read tools and a TUI refresh make
+no subvolume, no mount, no file in the store, no registry row and no event, on every backend
+that runs here (btrfs, overlay, fuse, copy, reflink on XFS).
 
 The workspace has a sandbox with changes, one without, a fork of a fork and one a command
 runs in; live has moved too, so staleness, usage and change sets all have work to do.
@@ -9,9 +10,10 @@ Before and after the reads: the filesystem's subvolumes (``btrfs subvolume list`
 mounts under the workspace (``/proc/self/mountinfo``) and every entry under ``.petri``
 (path, kind, size, mtime_ns: a directory's mtime also catches a temporary entry made and
 removed again; but not of btrfs's stand-in for a nested subvolume, whose times are made up
-on every lookup). Exempt: the registry's SQLite files (``registry.db``, ``-wal``, ``-shm``):
-reading takes the WAL's shared-memory index, and commands record their timings as rows
-(``petri stats``); rows are not files. Not walked: what is mounted under the store (a
+on every lookup). The registry's SQLite files (``registry.db``, ``-wal``, ``-shm``) are not
+compared as files (reading takes the WAL's shared-memory index): what is compared is what they
+hold, the row count of every table and a digest of every row. The event stream
+(``events.jsonl``) is compared byte for byte. Not walked: what is mounted under the store (a
 sandbox's overlay or FUSE tree: its content is the sandbox's, and a lookup through a FUSE
 mount would itself be recorded as the sandbox's read).
 
@@ -79,6 +81,27 @@ def _store_entries(store: Path, skip: set[str]) -> dict[str, tuple]:
     return out
 
 
+def registry_rows(store: Path) -> dict[str, tuple[int, str]]:
+    """Every table of the registry: (row count, a digest of its rows), read through a
+    read-only connection (it writes nothing itself)."""
+    import hashlib
+    import sqlite3
+    db = sqlite3.connect(f"file:{store / 'registry.db'}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        out = {}
+        for t in tables:
+            rows = sorted(repr(tuple(r)) for r in db.execute(f'SELECT * FROM "{t}"'))
+            out[t] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16])
+        return out
+    finally:
+        db.close()
+
+
+def event_files(store: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(store.glob("events.jsonl*"))}
+
+
 def state(ws: Path, backend: str, *, times: bool = True) -> dict:
     mps = _mountpoints(ws)
     subvols: list[str] = []
@@ -89,11 +112,20 @@ def state(ws: Path, backend: str, *, times: bool = True) -> dict:
     entries = _store_entries(ws / ".petri", set(mps))
     if not times:
         entries = {k: v[:1] for k, v in entries.items()}
-    return {"subvolumes": subvols, "mounts": mps, "store": entries}
+    return {"subvolumes": subvols, "mounts": mps, "store": entries, "registry": registry_rows(ws / ".petri"),
+            "events": event_files(ws / ".petri")}
 
 
 def _diff_state(a: dict, b: dict) -> str:
     lines = []
+    for t in sorted(set(a["registry"]) | set(b["registry"])):
+        if a["registry"].get(t) != b["registry"].get(t):
+            lines.append(f"registry table {t}: (rows, digest) {a['registry'].get(t)} -> {b['registry'].get(t)}")
+    for name in sorted(set(a["events"]) | set(b["events"])):
+        old, new = a["events"].get(name, b""), b["events"].get(name, b"")
+        if old != new:
+            added = new[len(old):] if new.startswith(old) else new
+            lines.append(f".petri/{name}: {len(old)} -> {len(new)} bytes: {added[:300]!r}")
     for key in ("subvolumes", "mounts"):
         if a[key] != b[key]:
             lines.append(f"{key}: {sorted(set(a[key]) ^ set(b[key]))}")
@@ -199,6 +231,8 @@ def _api_reads(ws: Path, ids: dict[str, str]) -> None:
         w.snapshots()
         w.promotions()
         w.lineage()
+        w.log()
+        w.stats()
     finally:
         w.close()
 
@@ -249,7 +283,8 @@ def _tui_refresh(ws: Path) -> None:
 def test_reading_makes_nothing(busy_workspace):
     ws, backend, ids = busy_workspace
     before = state(ws, backend)
-    for argv in (["ls"], ["--json", "ls"], ["ls", "--all"], ["snapshots"], ["promotions"], ["lineage"]):
+    for argv in (["ls"], ["--json", "ls"], ["ls", "--all"], ["snapshots"], ["promotions"], ["lineage"],
+                 ["--json", "lineage"], ["log"], ["stats"], ["--json", "stats"], ["logs", ids["busy"]]):
         r = petri(*argv, cwd=ws)
         assert r.rc == 0, (argv, r)
     for label, sb in ids.items():
@@ -258,8 +293,9 @@ def test_reading_makes_nothing(busy_workspace):
         stale = r.json["sandboxes"][0]["stale"]
         assert stale["live_changed"] == 3, (label, stale)
         if label != "busy":
-            r = petri("diff", "--stat", sb, cwd=ws)
-            assert r.rc == 0, r
+            for argv in (["diff", "--stat", sb], ["diff", sb], ["--json", "diff", sb]):
+                r = petri(*argv, cwd=ws)
+                assert r.rc == 0, (argv, r)
     got = _diff_state(before, state(ws, backend))
     assert not got, f"the CLI's reads made or changed:\n{got}"
     _api_reads(ws, ids)

@@ -121,6 +121,11 @@ def test_race_and_promote_a_real_project(project, tmp_path):
     assert bad["applied"] and bad["exit_code"] == 1 and bad["killed_by"] is None
     out = _check_output(ws, bad["check_sandbox"], bad["check_run"])
     assert f"FAILED {R.FAILING_TEST}" in out and "SyntaxError" not in out
+    # its one-line reason is pytest's verdict; its log is the candidate's own, the same output
+    # (the first FAILED line of pytest's short summary, then its closing line)
+    assert bad["error"].startswith("exit 1: FAILED test.py::test_encoding_detection[") and \
+        bad["error"].endswith(")") and " failed, " in bad["error"] and " passed" in bad["error"], bad
+    assert _check_output(ws, bad["sandbox"], bad["logs_run"]) == out
     # The breaking command applied, and the suite stopped at collection: chardet no longer imports.
     assert broken["applied"] and broken["exit_code"] == 2 and broken["killed_by"] is None
     out = _check_output(ws, broken["check_sandbox"], broken["check_run"])

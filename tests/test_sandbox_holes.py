@@ -214,7 +214,9 @@ def test_the_run_view_is_private_nosuid_idmapped_and_reaped_after_kill_9(root_ws
     acct = sandbox_account()
     mine = VIEWS / str(acct.pw_uid)
     try:
-        view = wait_for(lambda: next((d for d in mine.iterdir() if f".{sb['id']}." in d.name), None)
+        # The view itself, not its toolchains' sibling (<view>.tc), which matches the id too.
+        view = wait_for(lambda: next((d for d in mine.iterdir()
+                                      if f".{sb['id']}." in d.name and not d.name.endswith(".tc")), None)
                         if mine.is_dir() else None, "the run's view")
         wait_for(lambda: mount_options(view) or None, "the view's mount")
         assert stat.S_IMODE(os.stat(VIEWS).st_mode) == 0o711

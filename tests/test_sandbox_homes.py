@@ -98,8 +98,13 @@ def in_root_home():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def leftover_views() -> list[str]:
-    return [p for p in glob.glob("/run/petri/*/*") if p.endswith(".tc")]
+def leftover_views(ws: Path) -> list[str]:
+    """This workspace's toolchain mounts still in place (other petris on the machine may be
+    running with toolchains of their own)."""
+    from orchestrator.sandbox.run_view import store_key
+
+    key = store_key(ws / ".petri")
+    return [p for p in glob.glob(f"/run/petri/*/{key}.*") if p.endswith(".tc")]
 
 
 # ------------------------------------------------------------------ root's toolchains
@@ -124,7 +129,7 @@ def test_a_venv_from_roots_pyenv_runs_in_a_root_owned_workspace_and_wins_a_race(
     race = petri("race", "--json", "--check", ".venv/bin/python -m unittest -q tests.test_venv",
                  "--cmd", "true", cwd=root_ws, timeout=300)
     assert race.rc == 0 and race.json["winner"], race
-    assert leftover_views() == []
+    assert leftover_views(root_ws) == []
 
 
 def test_an_interpreter_under_root_runs_once_the_config_names_its_directory(root_ws, in_root_home):
@@ -193,7 +198,7 @@ def test_attacks_on_roots_home_from_a_root_owned_workspace(root_ws, in_root_home
         mount_line = next(ln for ln in out.splitlines() if f" {tc} " in ln)
         assert {"ro", "nosuid", "nodev"} <= set(mount_line.split()[5].split(",")), mount_line
         assert not (tc / "new").exists()
-        assert leftover_views() == []  # the run's toolchain mounts went with it
+        assert leftover_views(root_ws) == []  # the run's toolchain mounts went with it
     finally:
         if made_docker:
             shutil.rmtree(docker)

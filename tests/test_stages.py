@@ -159,6 +159,8 @@ def test_failing_check_rolls_that_stage_back_and_stops(project):
     assert r.json["rolled_back"] is True and r.json["verified"] is False
     assert (staging / "calc.py").read_text() == BUGGY, "the failed stage was rolled back"
     assert [c["exit_code"] for c in st["staging"]["checks"]] == [0, 1]
+    # the failed check says what failed: its exception line, not just its exit code
+    assert st["staging"]["checks"][1]["error"] == "exit 1: AssertionError", st["staging"]["checks"]
 
 
 @pytest.fixture
@@ -218,6 +220,39 @@ def test_manual_gate_waits_then_resume_runs_the_stage(project):
     assert rows[pend["promotion"]]["state"] == "done"
 
 
+def test_a_waiting_stage_and_a_rollback_say_what_they_did(project):
+    """The words: a stage at its manual gate has not run its checks (not "no checks");
+    rolling back names every later stage it closed and what became of it; a second
+    rollback of the same stage says it was already undone (exit 1), as for a plain one."""
+    dev, staging = project
+    configure(dev, three_stages(staging, gate="manual"))
+    sb = fixed_sandbox(dev)
+    r = petri("promote", sb, "--to", "staging", cwd=dev)
+    assert r.rc == 0, r
+    ids = [p["id"] for p in stage_rows(dev)]
+    line = next(ln for ln in r.out.splitlines() if ln.startswith(ids[2]))
+    assert line.split()[1:3] == ["staging", "pending"] and line.endswith("checks not run yet"), r.out
+    assert "no checks" not in r.out
+    r = petri("rollback", ids[0], cwd=dev)
+    assert r.rc == 0, r
+    lines = r.out.splitlines()
+    assert lines[0] == (f"rolled back stage fresh ({ids[0]}) of graduated promotion {ids[0]}, its later stages "
+                        "first (newest first):"), r.out
+    assert lines[1].split()[:2] == [ids[2], "staging"], r.out
+    assert lines[1].endswith("closed (was pending, manual gate; nothing of it was in place)"), r.out
+    assert lines[2].split()[:2] == [ids[1], "dev"] and lines[2].endswith("undone: 1 path(s) put back"), r.out
+    assert lines[3].split()[:2] == [ids[0], "fresh"] and "a fresh stage writes no workspace" in lines[3], r.out
+    assert lines[4:] == [f"restored {ids[0]}: 1 path(s) changed", "  calc.py"], r.out
+    assert (dev / "calc.py").read_text() == BUGGY
+    for i, stage in ((0, "fresh"), (1, "dev")):
+        again = petri("rollback", ids[i], "--json", cwd=dev)
+        assert again.rc == 1 and again.json["exit_code"] == 1, again
+        assert again.err.strip() == (f"petri: promotion {ids[i]} (stage {stage}) was already undone and no later "
+                                     "stage of its pipeline is in place; nothing to roll back (`petri promotions` "
+                                     "lists what is in place)"), again
+    assert (dev / "calc.py").read_text() == BUGGY
+
+
 def test_rollback_of_an_earlier_stage_undoes_the_later_ones_first(project):
     dev, staging = project
     configure(dev, three_stages(staging))
@@ -227,6 +262,8 @@ def test_rollback_of_an_earlier_stage_undoes_the_later_ones_first(project):
     r = petri("rollback", ids[1], "--json", cwd=dev)  # the dev stage: staging's goes first
     assert r.rc == 0, r
     assert r.json["stages_undone"] == [ids[2], ids[1]]
+    assert [(st["promotion"], st["stage"], st["was"], st["undone"]) for st in r.json["stages"]] == [
+        (ids[2], "staging", "done", True), (ids[1], "dev", "done", True)]
     assert (dev / "calc.py").read_text() == BUGGY and (staging / "calc.py").read_text() == BUGGY
     rows = {p["id"]: p for p in stage_rows(dev)}
     assert rows[ids[0]]["state"] == "done"  # earlier than the one rolled back: untouched
@@ -364,3 +401,54 @@ def test_sigkill_then_rollback_instead_of_resume(project):
     r = petri("rollback", first["id"], "--json", cwd=dev)
     assert r.rc == 0, r
     assert manifest(dev) == old_dev and manifest(staging) == old_staging
+
+
+def _everything(ws: Path) -> tuple[list, list, list]:
+    """Every promotion row (conflicts too), every sandbox (destroyed ones too), every snapshot."""
+    promos = petri("promotions", "--all", "--json", cwd=ws).json["promotions"]
+    sbs = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
+    snaps = petri("snapshots", "--json", cwd=ws).json["snapshots"]
+    return promos, sbs, snaps
+
+
+def test_a_refused_target_leaves_nothing_and_retries_add_nothing(project, tmp_path):
+    """`--to STAGE` whose target is not a petri workspace (exit 4) is refused before anything
+    is made: no promotion row, no pinned fork, no snapshot; a retry is refused the same way."""
+    dev, _staging = project
+    nowhere = tmp_path / "not-a-workspace"
+    nowhere.mkdir()
+    configure(dev, [{"name": "fresh", "target": "fresh", "checks": ["python3 test_calc.py"]},
+                    {"name": "staging", "target": str(nowhere), "checks": ["true"]}])
+    sb = fixed_sandbox(dev)
+    before = _everything(dev)
+    for _ in range(3):
+        r = petri("promote", sb, "--to", "staging", "--json", cwd=dev)
+        assert r.rc == 4, r
+        assert r.err.strip() == (f"petri: stage 'staging': {nowhere} is not a petri workspace; "
+                                 "run `petri init` there first"), r.err
+        assert r.json["exit_code"] == 4
+        assert _everything(dev) == before
+    assert petri("gc", cwd=dev).rc == 0
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
+    assert (dev / "calc.py").read_text() == BUGGY
+
+
+def test_a_target_gone_mid_pipeline_ends_it(project):
+    """The target of a later stage is no workspace any more when its turn comes (a manual gate
+    waited meanwhile): that stage is refused (exit 4) and fails, having written nothing; the
+    pipeline ends (its pinned fork goes), the earlier stage stays in place, and nothing is
+    left pending for a --resume that could never succeed."""
+    dev, staging = project
+    configure(dev, three_stages(staging, gate="manual"))
+    sb = fixed_sandbox(dev)
+    r = petri("promote", sb, "--to", "staging", "--json", cwd=dev)
+    assert r.rc == 0 and r.json["pending"]["reason"] == "manual gate", r
+    assert petri("deinit", "--force", cwd=staging).rc == 0
+    r2 = petri("promote", "--resume", r.json["pending"]["promotion"], "--json", cwd=dev)
+    assert r2.rc == 4 and "is not a petri workspace" in r2.err, r2
+    rows = {p["stage"]: p for p in stage_rows(dev) if p["stage"]}
+    assert rows["staging"]["state"] == "failed" and rows["dev"]["state"] == "done", rows
+    assert not [p for p in stage_rows(dev) if p["state"] == "pending"]
+    assert [s["id"] for s in petri("ls", "--json", cwd=dev).json["sandboxes"]] == [sb]
+    assert (dev / "calc.py").read_text() == FIXED
+    assert petri("init", "--backend", "copy", cwd=staging).rc == 0  # for the fixture's deinit

@@ -195,7 +195,7 @@ class _CheckRun:
 
 
 def _argv(r: Any) -> list[str]:
-    argv = r.extra.get("argv") or []
+    argv = list(getattr(r, "argv", None) or r.extra.get("argv") or [])  # a _CheckRun has only extra
     if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"]:
         return [argv[2]]
     return [str(x) for x in argv]

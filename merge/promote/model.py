@@ -81,6 +81,9 @@ class Plan:
     ops: tuple[Op, ...]
     conflicts: tuple[Conflict, ...]
     skipped: tuple[tuple[bytes, str], ...] = ()
+    # Paths the sandbox changed that live already holds as the sandbox does (nothing to
+    # write): tells "nothing to promote: no changes" from "live has them already".
+    already_in_live: int = 0
 
     @property
     def blocking(self) -> tuple[Conflict, ...]:

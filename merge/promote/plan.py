@@ -58,6 +58,7 @@ class _Planner:
         self.chmods: list[Op] = []
         self.conflicts: list[Conflict] = []
         self.skipped: list[tuple[bytes, str]] = []
+        self.already_in_live = 0
         self.replaced: set[bytes] = set()  # live non-dirs removed to make way for a directory
 
     # live state, seeing through the plan's own type changes
@@ -94,6 +95,7 @@ class _Planner:
             self.conflict(path, "the workspace holds a fifo, socket or device here", fatal=True)
             return
         if same(L, T):
+            self.already_in_live += 1
             return
         if same(L, B):
             self.transform(path, L, T, "theirs")
@@ -275,7 +277,7 @@ class _Planner:
                       key=lambda o: (-depth(o.path), o.path))
         conflicts = tuple(sorted(self.conflicts, key=lambda c: c.path))
         return Plan(base, live, theirs, self.on_conflict, tuple(ops), conflicts,
-                    tuple(self.skipped))
+                    tuple(self.skipped), self.already_in_live)
 
 
 def plan_promotion(base: Path, live: Path, theirs: Path, *, on_conflict: OnConflict = "fail",

@@ -16,6 +16,9 @@ Anything it does not fully understand, ``--help`` included, goes through typer
 The cyclic garbage collector is off while the command starts, and for the whole of the
 short commands (``common.SHORT``): their processes end before garbage could pile up.
 
+SIGINT, SIGTERM and SIGHUP, from a terminal or from any other process, are each a Ctrl-C
+(``orchestrator.interrupts``): the command settles and exits 128 + the signal.
+
 A hot command run as the process (the ``petri`` script, ``python -m orchestrator.cli``)
 ends with ``os._exit`` once its output is flushed: the interpreter's teardown (~4 ms) and
 SQLite's checkpoint when the last connection closes (two fsyncs and a new WAL file for the
@@ -58,6 +61,9 @@ def _main(argv: list[str] | None) -> int:
     from .fastpath import parse, run
 
     raw = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the process's own: a signal from anyone is a Ctrl-C (in-process callers keep theirs)
+        from .. import interrupts
+        interrupts.install()
     before = dict(vars(G))
     call = parse(raw)
     if call is None or call.name != "--version":

@@ -23,10 +23,11 @@ import click
 import typer
 import typer.core
 
-from .common import at_the_edge, print_version, split_trailing, take_global
+from .common import G, at_the_edge, print_version, split_trailing, take_global
 from .declare import CONTEXT, command_app
 
-__all__ = ["COMMANDS", "TRAILING", "command_app", "load_command", "main", "root_group"]
+__all__ = ["COMMANDS", "TRAILING", "JsonHelpCommand", "command_app", "help_document", "load_command", "main",
+           "root_group"]
 
 
 def _fit_typer_to_click() -> None:
@@ -83,7 +84,75 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # Commands whose last argument is a command to run (`petri run SB ls -la`): see common.split_trailing.
 TRAILING = frozenset({"run"})
 
-class LazyGroup(typer.core.TyperGroup):
+
+class JsonHelp:
+    """``-h``/``--help`` under ``--json``: the help as one JSON document (``help_document``),
+    since a script that asked for JSON cannot read a help page; without ``--json``, click's."""
+
+    def get_help_option(self, ctx: click.Context) -> Optional[click.Option]:
+        opt = super().get_help_option(ctx)  # type: ignore[misc]  # a mixin before a click class
+        if opt is None or getattr(opt, "_petri_json", False):
+            return opt
+        show = opt.callback
+
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            if value and not ctx.resilient_parsing and G.json:
+                from ..output import Output
+                Output(True).doc(help_document(ctx))
+                ctx.exit()
+            return show(ctx, param, value) if show else None
+
+        opt.callback = callback
+        opt._petri_json = True  # type: ignore[attr-defined]  # click caches the option: wrap it once
+        return opt
+
+
+class JsonHelpCommand(JsonHelp, typer.core.TyperCommand):
+    """Every petri command (``orchestrator.cli.declare`` builds them with this class)."""
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def help_document(ctx: click.Context) -> dict[str, Any]:
+    """A command's help as data: what ``--help`` prints (``help``, as people read it) and the
+    same as fields a script can use: ``usage``, ``arguments``, ``options`` (each name, whether
+    it takes a value, its choices, default, whether it repeats) and, for petri itself,
+    ``commands``."""
+    cmd = ctx.command
+    args, opts = [], []
+    for p in cmd.get_params(ctx):
+        if p.hidden if isinstance(p, click.Option) else False:
+            continue
+        help_text = " ".join((getattr(p, "help", None) or "").split()) or None
+        choices = getattr(p.type, "choices", None)
+        if isinstance(p, click.Argument):
+            args.append({"name": p.human_readable_name, "required": p.required, "repeatable": p.nargs == -1,
+                         "help": help_text})
+            continue
+        assert isinstance(p, click.Option)
+        is_help = p is cmd.get_help_option(ctx)
+        default = None if is_help or callable(p.default) or p.default is click.core.UNSET else p.default  # type: ignore[attr-defined]
+        opts.append({"names": [*p.opts, *p.secondary_opts], "takes_value": not (p.is_flag or p.count),
+                     "metavar": None if p.is_flag else p.metavar or p.type.name.upper(),
+                     "choices": list(choices) if choices else None, "default": _jsonable(default),
+                     "repeatable": bool(p.multiple), "required": p.required, "help": help_text})
+    doc: dict[str, Any] = {"command": ctx.command_path,
+                           "usage": " ".join(cmd.get_usage(ctx).split()).removeprefix("Usage: "),
+                           "description": " ".join((cmd.help or "").split()) or None,
+                           "arguments": args, "options": opts}
+    if isinstance(cmd, click.Group):
+        doc["commands"] = [{"name": name, "help": COMMANDS[name][1]} for name in COMMANDS]
+    doc["help"] = cmd.get_help(ctx)
+    return doc
+
+
+class LazyGroup(JsonHelp, typer.core.TyperGroup):
     """The root group: commands from ``COMMANDS`` are imported when first asked for."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -149,7 +218,7 @@ def root(
     """Global flags may also follow the command."""
 
 
-@app.command("help", hidden=True)
+@app.command("help", hidden=True, cls=JsonHelpCommand)
 def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command.")] = None) -> None:
     """The help of petri, or of one command (as `petri COMMAND --help`)."""
     ctx = click.get_current_context()
@@ -162,8 +231,12 @@ def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command
             from ..errors import UsageError
             raise UsageError(detail=f"no command {name!r}; `petri --help` lists them")
         target, names = sub, names + [name]
-    with click.Context(target, info_name=" ".join(names), parent=None) as sub_ctx:
-        click.echo(target.get_help(sub_ctx))
+    with click.Context(target, info_name=" ".join(names), parent=None, **CONTEXT) as sub_ctx:
+        if G.json:
+            from ..output import Output
+            Output(True).doc(help_document(sub_ctx))
+        else:
+            click.echo(target.get_help(sub_ctx))
 
 
 def root_group() -> click.Group:

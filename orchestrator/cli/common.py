@@ -47,9 +47,18 @@ def workspace() -> "Workspace":
     its engine opened (and leftovers reaped) now, so a broken store fails before any work."""
     from ..api import open as open_workspace
 
-    ws = open_workspace(override=G.workspace, via="cli")
+    ws = open_workspace(override=workspace_flag(), via="cli")
     ws.engine  # noqa: B018 - open it here: "not a workspace" is this command's error, exit 4
     return ws
+
+
+def workspace_flag() -> str | None:
+    """``--workspace``: None when not given; an empty one is refused (a script's empty
+    variable), not taken for "the one here"."""
+    if G.workspace is not None and not G.workspace.strip():
+        from ..errors import UsageError
+        raise UsageError(detail="bad --workspace '': give the workspace's path")
+    return G.workspace
 
 
 SECCOMP_HELP = ("Syscall filter: default, strict (also no sockets but AF_UNIX without --net) or off;"
@@ -58,7 +67,7 @@ SECCOMP_HELP = ("Syscall filter: default, strict (also no sockets but AF_UNIX wi
 
 def parse_timeout(text: str | None) -> float | None:
     from ..units import parse_duration
-    return parse_duration(text) if text else None
+    return None if text is None else parse_duration(text, "--timeout")  # "" is bad, not "none given"
 
 
 def print_version() -> None:
@@ -135,6 +144,14 @@ def shown_argv(argv: list[str]) -> str:
     return " ".join(shown(a, limit=200) for a in argv)
 
 
+def run_title(run: dict) -> str:
+    """A run for people: its command line, or what petri ran it for (a race's apply of a
+    candidate, its check in a throwaway fork) before the command."""
+    from ..race import describe_role
+    role = describe_role(run)
+    return f"[{role}] {shown_argv(run['argv'])}" if role else shown_argv(run["argv"])
+
+
 def run_outcome(run: dict) -> str:
     if run["finished_at"] is None:
         return "running"
@@ -159,8 +176,6 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
     (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
     exit code (``{"error", "exit_code"}`` under ``--json``). ``durable``: the audit row's
     commit syncs the registry (for a process that will not close it: ``orchestrator.cli``)."""
-    from snapshot.errors import PetriError
-
     scope = token = None
     message = "ok"
     try:
@@ -178,27 +193,19 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
             scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
         rv = body()
         code = rv if isinstance(rv, int) else 0
-    except PetriError as e:
-        if G.debug:
-            _print_traceback()
-        message = str(e)
-        code = fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        code = fail("interrupted", 130)
-    except BrokenPipeError:
-        code = 0
-    except Exception as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
-        code = _from_click(e)
-        if code is None:
-            if G.debug:
-                _print_traceback()
-            if isinstance(e, OSError):
-                where = f": {os.fsdecode(e.filename)}" if e.filename else ""
-                code = fail(f"{e.strerror or e}{where}", 1)
-            else:
-                code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+        if code:
+            from .. import interrupts
+            if interrupts.taken() and interrupts.said() is None:
+                raise KeyboardInterrupt  # typer turns one into a silent exit 130: say what it was
+    except BaseException as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
+        if isinstance(e, (SystemExit, GeneratorExit)):
+            raise
+        code, message = _settle(e)
     if scope is not None:
         from .. import audit
+        if code and message == "ok":
+            from .. import interrupts
+            message = interrupts.said() or message  # a command that settled an interrupt itself
         audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
                      durable=durable)
     try:
@@ -206,6 +213,61 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
     except BrokenPipeError:
         pass
     return code
+
+
+def _settle(e: BaseException) -> tuple[int, str]:
+    """The exit code (its line printed) and the audit result of the error ``e`` that ended a
+    command."""
+    from snapshot.errors import PetriError
+
+    e = _unwrap(e)
+    if isinstance(e, PetriError):
+        if G.debug:
+            _print_traceback()
+        return fail(str(e), e.exit_code), str(e)
+    if isinstance(e, KeyboardInterrupt):
+        if G.debug:
+            _print_traceback()
+        from .. import interrupts
+        message = interrupts.interrupted_by()
+        return fail(message, interrupts.exit_code()), message
+    if isinstance(e, BrokenPipeError):
+        return 0, "ok"
+    if not isinstance(e, Exception):  # another BaseException: not ours to turn into a line
+        raise e
+    code = _from_click(e)
+    if code is None:
+        if G.debug:
+            _print_traceback()
+        if isinstance(e, OSError):
+            where = f": {os.fsdecode(e.filename)}" if e.filename else ""
+            code = fail(f"{e.strerror or e}{where}", 1)
+        else:
+            code = fail(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+    return code, "ok"
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The one error inside an exception group (trio's nurseries wrap what a task raised, so a
+    usage error from inside one would otherwise end as "internal error: ExceptionGroup");
+    a group of several petri errors is the first of them, the group itself otherwise."""
+    while isinstance(e, BaseExceptionGroup):
+        leaves = _leaves(e)
+        if len(leaves) == 1:
+            e = leaves[0]
+            continue
+        from snapshot.errors import PetriError
+        petri = [x for x in leaves if isinstance(x, PetriError)]
+        interrupted = [x for x in leaves if isinstance(x, KeyboardInterrupt)]
+        return interrupted[0] if interrupted else petri[0] if petri else e
+    return e
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for x in group.exceptions:
+        out += _leaves(x) if isinstance(x, BaseExceptionGroup) else [x]
+    return out
 
 
 def _mutating() -> frozenset[str]:
@@ -234,5 +296,26 @@ def _from_click(e: Exception) -> int | None:
     if "ClickException" in kinds:
         if G.debug:
             _print_traceback()
-        return fail(" ".join(e.format_message().split()), 2)  # type: ignore[attr-defined]  # click's (by name)
+        return fail(_click_message(e, kinds), 2)
     return None
+
+
+def _click_message(e: Any, kinds: set[str]) -> str:
+    """click's message for a usage error, on one line, with what click's own two-line form
+    gives besides: the usage when an argument is missing or extra, the help to read when an
+    option is unknown. (click's exceptions, known by name: no click here.)"""
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if ctx is None:
+        return message
+    usage = " ".join(ctx.get_usage().split()).removeprefix("Usage: ")
+    param = getattr(e, "param", None)
+    if "MissingParameter" in kinds and param is not None and param.param_type_name == "argument":
+        what = " ".join((getattr(param, "help", None) or "").split()).rstrip(".")
+        what = f": {what[:1].lower()}{what[1:]}" if what else ""
+        return f"missing argument {param.human_readable_name}{what}; usage: {usage}"
+    if "MissingParameter" in kinds or message.startswith("Got unexpected extra argument"):
+        return f"{message}; usage: {usage}"
+    if "NoSuchOption" in kinds:
+        return f"{message} (`{ctx.command_path} --help` lists them)"
+    return message

@@ -50,9 +50,11 @@ class Commands:
     def typer_app(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None) -> "typer.Typer":
         """The typer app of these commands. ``wrap`` (tests) replaces each function with
         one of the same signature, e.g. to see what typer calls it with."""
+        from .app import JsonHelpCommand  # loaded with typer: this runs only on typer's path
+
         app = typer_app()
         for fn, args, kw in self.registered:
-            app.command(*args, **kw)(wrap(fn) if wrap else fn)
+            app.command(*args, **{"cls": JsonHelpCommand, **kw})(wrap(fn) if wrap else fn)
         return app
 
 

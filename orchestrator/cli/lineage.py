@@ -42,9 +42,6 @@ def log_(
     op: Annotated[Optional[str], typer.Option("--op", help="Only this operation (fork, run, promote, ...).")] = None,
 ) -> None:
     """The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason, result."""
-    from ..errors import UsageError
-    if limit is not None and limit < 1:
-        raise UsageError(detail=f"bad --limit {limit}: at least 1")
     doc = workspace().log(since=since, limit=limit, op=op).to_json()
     o = out()
     if G.json:
@@ -106,6 +103,8 @@ def _print_stats(o: Any, doc: dict[str, Any]) -> None:
     for name, r in doc["rates"].items():
         rate = "-" if r["rate"] is None else f"{r['rate'] * 100:.1f}%"
         o.say(f"{name}: {rate} ({r['count']} of {r['of']})")
+    for name, note in (doc.get("notes") or {}).items():
+        o.say(f"note: {name}: {note}")
     for b in doc.get("breaches", []):
         o.say(o.paint(f"breach: {b['message']}", "red"))
 
@@ -142,8 +141,8 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
         o.doc(doc)
     else:
         for st in doc["stages"]:
-            checks = ", ".join(f"{c['command']!r} {_check_outcome(c)}" for c in st["checks"]) or "no checks"
-            o.say(f"{st['promotion']}  {st['stage']:<12} {st['state']:<8} {st['outcome'] or '-':<18} {checks}")
+            o.say(f"{st['promotion']}  {st['stage']:<12} {st['state']:<8} {st['outcome'] or '-':<18} "
+                  f"{_checks_text(st)}")
         if not code:
             o.say(message)
     if code:
@@ -151,8 +150,20 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
         raise typer.Exit(code)
 
 
+def _checks_text(st: dict[str, Any]) -> str:
+    """A stage's checks for people: each with its outcome; none run yet (a stage waiting at
+    its gate, interrupted, stopped on a conflict) is not "no checks"."""
+    if st["checks"]:
+        return ", ".join(f"{c['command']!r} {_check_outcome(c)}" for c in st["checks"])
+    if st["state"] == "pending" or st["state"] == "running":
+        return "checks not run yet"
+    if st["outcome"] in ("conflict", "interrupted", "failed"):
+        return "checks not run"
+    return "no checks"
+
+
 def _check_outcome(c: dict[str, Any]) -> str:
-    return "ok" if c.get("exit_code") == 0 else c.get("killed_by") or f"exit {c.get('exit_code')}"
+    return "ok" if c.get("exit_code") == 0 else c.get("killed_by") or c.get("error") or f"exit {c.get('exit_code')}"
 
 
 def _pipeline_message(doc: dict[str, Any]) -> str:

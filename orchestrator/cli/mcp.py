@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from .common import G
+from .common import G, workspace_flag
 from .declare import command_app, typer
 
 app = command_app()
@@ -28,7 +28,7 @@ def mcp(
     from ..api import open as open_workspace
 
     events.set_via("mcp")  # what the server's own events (an expiry it notices) say they came from
-    ws = open_workspace(G.workspace, via="mcp")  # not a workspace: the CLI's one line, exit 4, before serving
+    ws = open_workspace(workspace_flag(), via="mcp")  # not a workspace: the CLI's one line, exit 4, before serving
     ws.engine  # noqa: B018 - open the registry now: a broken store fails here, not in the first call
     from ..mcp.server import serve
 

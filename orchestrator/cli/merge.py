@@ -87,6 +87,9 @@ def promote(
 
     from ..promotions import promote as do_promote
     o = out()
+    if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
+        from ..errors import EmptyCommand
+        raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
     if to is not None or resume is not None:
         from .lineage import promote_staged
         promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,
@@ -173,30 +176,48 @@ def _lexists_under(root: bytes, rel: bytes) -> bool:
 
 
 def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> None:
-    """Ctrl-C in promote: say truthfully whether the sandbox was promoted (exit 130)."""
-    import signal
-
+    """Ctrl-C (or SIGTERM, SIGHUP) in promote: say truthfully whether the sandbox was
+    promoted (exit 128 + the signal)."""
+    from .. import interrupts
     from ..promotions import settle_interrupted
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the settling short
+    interrupts.hold()  # a second signal must not cut the settling short
     promo = settle_interrupted(e, sb_id, started)
+    how = interrupts.interrupted_by()
     if promo is None:
-        msg = f"interrupted: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
+        msg = f"{how}: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
     else:
-        msg = (f"interrupted after the promotion was in place: {sb_id} was promoted as {promo}"
+        msg = (f"{how} after the promotion was in place: {sb_id} was promoted as {promo}"
                + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
     print(f"petri: {msg}", file=sys.stderr, flush=True)
+    interrupts.say(msg)
+    code = interrupts.exit_code()
     if G.json:
         rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
         out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
-                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": 130})
-    raise typer.Exit(130) from None
+                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": code})
+    raise typer.Exit(code) from None
+
+
+def nothing_to_promote(doc: dict[str, Any]) -> str:
+    """Why a promotion wrote nothing, in one line: the paths asked for are unchanged, the
+    sandbox was promoted already, live already holds its changes, or it has none."""
+    sb = doc["sandbox"]
+    if doc.get("unchanged"):
+        return f"nothing to promote: {', '.join(doc['unchanged'])} has no changes in sandbox {sb}"
+    if doc.get("already_promoted"):
+        promo = doc["already_promoted"]["promotion"]
+        return f"nothing to promote: {sb} is already promoted as {promo}; nothing new since"
+    if doc.get("already_in_live"):
+        return (f"nothing to promote: the workspace already holds the changes of {sb} "
+                f"({doc['already_in_live']} path(s))")
+    return f"nothing to promote: {sb} has no changes against its base"
 
 
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
     if dry_run:
         ops = doc.get("plan", {}).get("ops", [])
-        if not ops:
-            o.say("nothing to promote")
+        if not ops and not doc["conflicts"]:
+            o.say(nothing_to_promote(doc))
         for op in ops:
             o.say(f"{op['action']:<6} {op['path']}  ({op['why']})")
         for c in doc["conflicts"]:
@@ -205,10 +226,7 @@ def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
             o.say(f"skip   {s['path']}: {s['reason']}")
         return
     if not doc.get("promotion"):
-        if doc.get("unchanged"):
-            o.say(f"nothing to promote: {', '.join(doc['unchanged'])} has no changes in sandbox {doc['sandbox']}")
-        else:
-            o.say("nothing to promote: the sandbox has no changes against its base")
+        o.say(nothing_to_promote(doc))
         return
     o.say(f"promoted {doc['sandbox']} as {doc['promotion']}: {len(doc['applied'])} path(s)"
           f"; undo with `petri rollback {doc['promotion']}`")

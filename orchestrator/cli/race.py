@@ -26,15 +26,19 @@ def _promote_winner(e, doc: dict, progress) -> None:
     try:
         promote_winner(e, doc, say=progress)
     except KeyboardInterrupt:
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the settling must not be cut short
+        from .. import interrupts
+        interrupts.hold()  # the settling must not be cut short
         promo = settle_interrupted(e, doc["winner"], started)
-        msg = (f"interrupted: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
-               f"interrupted after the promotion was in place: the winner {doc['winner']} was promoted as {promo}")
+        how = interrupts.interrupted_by()
+        msg = (f"{how}: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
+               f"{how} after the promotion was in place: the winner {doc['winner']} was promoted as {promo}"
+               f"; undo with `petri rollback {promo}`")
         print(f"petri: {msg}", file=sys.stderr, flush=True)
+        interrupts.say(msg)
+        code = interrupts.exit_code()
         if G.json:
-            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": 130})
-        raise typer.Exit(130) from None
+            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": code})
+        raise typer.Exit(code) from None
 
 
 def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
@@ -89,19 +93,16 @@ def race(
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
     from ..limits import Limits
     from ..race import RaceInterrupted, load_candidates, race_sync, render_table
-    from ..units import parse_cpus, parse_duration, parse_size
+    from ..units import check_count
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
     if not patch and not cmd:
         raise NoCandidates()
-    if jobs < 1:
-        raise UsageError(detail=f"bad --jobs {jobs}: at least 1")
+    check_count("--jobs", jobs, 1, 1000)  # as fork's -n: more at once than that is no plan for one machine
     if pids is not None and pids < 1:
         raise UsageError(detail=f"bad --pids {pids}: at least 1")
     cands = load_candidates(_candidate_order(list(patch or []), list(cmd or [])))
-    limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
-                    pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
-                    ttl_s=parse_duration(ttl) if ttl else None)
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     e = workspace().engine
     o = out()
@@ -111,19 +112,21 @@ def race(
                         say=progress, seccomp=seccomp, cluster=cluster)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
+        from .. import interrupts
+        interrupts.say(str(err))
         if G.json:
             o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
                                                  "exit_code": err.exit_code})
         raise typer.Exit(err.exit_code) from None
     if promote:
         _promote_winner(e, doc, progress)
+    error, code = (("no candidate passed the check", 1) if doc["winner"] is None else
+                   (doc["promotion_error"], doc.get("promotion_exit_code", 1)) if doc.get("promotion_error") else
+                   (None, 0))
     if G.json:
-        o.doc(doc)
+        o.doc({**doc, "error": error, "exit_code": code} if error else doc)  # SPEC: an error is in the document too
     else:
         render_table(o, doc)
-    if doc["winner"] is None:
-        print("petri: no candidate passed the check", file=sys.stderr, flush=True)
-        raise typer.Exit(1)
-    if doc.get("promotion_error"):
-        print(f"petri: {doc['promotion_error']}", file=sys.stderr, flush=True)
-        raise typer.Exit(doc.get("promotion_exit_code", 1))
+    if error:
+        print(f"petri: {error}", file=sys.stderr, flush=True)
+        raise typer.Exit(code)

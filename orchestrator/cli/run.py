@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, List, Optional
 
 from ..errors import EmptyCommand, NoRunsYet, NoSuchRun, UsageError
-from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, shown_argv, workspace
+from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, run_title, workspace
 from .declare import command_app, typer
 
 app = command_app()
@@ -27,6 +27,7 @@ ENDED = {
     "ttl": "killed: sandbox {id} reached the end of its lifetime",
     "memory": "killed: over the memory limit",
     "destroyed": "killed: sandbox {id} was destroyed (`petri rm`) while the command ran",
+    "killed": "stopped: the command was killed after {duration_s:.1f}s (exit {exit_code})",
 }
 
 
@@ -66,8 +67,12 @@ def run(
       125  petri itself failed (could not start the sandbox, or petri was killed)
       126  the command could not be executed
       127  the command was not found
-      137  killed by SIGKILL: the memory limit (killed_by "memory"), or the sandbox
-           was destroyed by `petri rm` while it ran (ended_by "destroyed")
+      137  killed by the memory limit (killed_by "memory")
+      143  stopped by petri on request: the sandbox was destroyed by `petri rm` while
+           it ran (ended_by "destroyed"); a kill or a cancelled call of the API or MCP
+           (ended_by "killed")
+      130, 143, 129  petri was sent SIGINT, SIGTERM or SIGHUP: passed on to the command,
+           which exits as it chooses (a second one stops it: ended_by "killed")
     --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
     the files it names."""
     from ..runs import run_sync
@@ -133,10 +138,11 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
+    from ..api import sandbox_runs
     ws = workspace()
     e = ws.engine
     row = e.resolve_sandbox(sandbox)
-    runs = e.registry.runs(row.id)
+    runs = sandbox_runs(e, row)
     if run_n is not None:
         runs = [r for r in runs if r["run"] == run_n]
         if not runs:
@@ -160,7 +166,7 @@ def logs(
     many = len(runs) > 1
     for r in runs:
         if many:
-            print(f"==> run {r['run']}: {shown_argv(r['argv'])} ({run_outcome(r)}) <==", flush=True)
+            print(f"==> run {r['run']}: {run_title(r)} ({run_outcome(r)}) <==", flush=True)
         _print_output(ws.output(row.id, r["run"], follow=follow and r["finished_at"] is None))
         if follow and r["finished_at"] is None:
             r = e.registry.run(row.id, r["run"]) or r

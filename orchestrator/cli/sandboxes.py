@@ -4,9 +4,9 @@ Hot commands: the fast path (``orchestrator.cli.fastpath``) calls these function
 typer (see ``orchestrator.cli.declare``), so typer is named only in the annotations."""
 from __future__ import annotations
 
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
-from .common import G, out, run_outcome, shown_argv, workspace
+from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
 from .listing import show_ls
 
@@ -33,17 +33,32 @@ def fork(
     --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
     a fork, whose row records its parent and generation (the parent's + 1)."""
     from ..limits import Limits
-    from ..units import parse_cpus, parse_duration, parse_size
-    limits = Limits(mem_bytes=parse_size(mem) if mem else None, cpus=parse_cpus(cpus) if cpus else None,
-                    pids=pids, disk_bytes=parse_size(disk) if disk else None, net=net,
-                    ttl_s=parse_duration(ttl) if ttl else None)
-    made = workspace().fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
-    o = out()
-    if G.json:
-        o.doc(made.to_json())
-    else:
-        for s in made:
-            print(f"{s.id}\t{s.path}")
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
+    ws = workspace()
+    try:
+        made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
+        o = out()
+        if G.json:
+            o.doc(made.to_json())
+        else:
+            for s in made:
+                print(f"{s.id}\t{s.path}")
+    except KeyboardInterrupt:
+        _fork_interrupted(ws.engine)
+
+
+def _fork_interrupted(e: Any) -> None:
+    """Say what an interrupted fork left: the fork is undone unless every sandbox of it was
+    made already (the registry says which)."""
+    from .. import interrupts
+    from ..errors import Interrupted
+    from ..registry import LIVE_STATES
+    interrupts.hold()
+    made = [i for i in e.forking if (r := e.registry.sandbox(i)) is not None and r.state in LIVE_STATES
+            and r.owner_pid is None]
+    if made:
+        raise Interrupted(detail=f"the fork was done: {' '.join(made)}") from None
+    raise Interrupted(detail="the fork was undone: no sandbox was made") from None
 
 
 @app.command("ls")
@@ -66,15 +81,20 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     lim = ", ".join(f"{k}={v}" for k, v in doc["limits"].items() if v not in (None, False))
     o.say(f"{'limits:':<12} {lim or 'none'}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
+    if doc.get("promoted"):
+        from ..promoted import describe
+        o.say(f"{'promoted:':<12} {describe(doc['promoted']).removeprefix('promoted ')} at {doc['promoted']['at']}"
+              f"; its changes are in the workspace (`petri diff` still shows them against {doc['base']})")
     stale = doc["stale"]
     if stale is not None:
-        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}")
+        own = f" (besides its own {stale['own_promoted']} promoted)" if stale.get("own_promoted") else ""
+        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}{own}")
         for p in stale["overlapping"]:
             o.say(f"  also changed here: {p}")
         for p in stale.get("read_changed", []) or []:
             o.say(f"  read here, changed in live (results may not hold): {p}")
     for run in doc["runs"]:
-        o.say(f"run {run['run']}: {shown_argv(run['argv'])} -> {run_outcome(run)}")
+        o.say(f"run {run['run']}: {run_title(run)} -> {run_outcome(run)}")
 
 
 @app.command()

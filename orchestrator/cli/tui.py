@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from .app import command_app
-from .common import G
+from .common import G, workspace_flag
 
 app = command_app()
 
@@ -34,9 +34,9 @@ def tui(
 
     if G.json:
         raise UsageError(detail="petri tui is interactive: --json does not apply")
-    ws = petri.open(G.workspace, via="tui")
-    if race:
-        ws.race_status(race)  # an unknown race is a usage error before the screen opens
+    ws = petri.open(workspace_flag(), via="tui")
+    if race is not None:
+        ws.race_status(race)  # an unknown race (or "") is a usage error before the screen opens
     from tui.app import main
 
     from .. import events

@@ -162,9 +162,27 @@ def rollback(ident: Annotated[str, typer.Argument(
     if G.json:
         o.doc(doc)
     else:
+        if doc.get("stages"):
+            own = next((st["stage"] for st in doc["stages"] if st["promotion"] == doc["restored"]), None)
+            what = f"stage {own} ({doc['restored']})" if own else doc["restored"]
+            o.say(f"rolled back {what} of graduated promotion {doc.get('pipeline')}, its later stages first "
+                  "(newest first):")
+            for st in doc["stages"]:
+                o.say(f"  {st['promotion']}  {st['stage'] or '-':<12} {_stage_undone(st)}")
         o.say(f"restored {doc['restored']}: {len(doc['changed'])} path(s) changed"
               + (f"; undo with `petri rollback {doc['safety_snapshot']}`" if doc.get("safety_snapshot") else ""))
         for p in doc["changed"][:50]:
             o.say(f"  {p}")
         if len(doc["changed"]) > 50:
             o.say(f"  ... and {len(doc['changed']) - 50} more")
+
+
+def _stage_undone(st: dict) -> str:
+    """What rolling back did to one stage of a graduated promotion, for people."""
+    if st["undone"]:
+        where = "" if st.get("target") == "workspace" else f" in {st.get('target')}"
+        return f"undone{where}: {len(st['changed'])} path(s) put back"
+    if st.get("target") == "fresh":
+        return f"closed (was {st['was']}; a fresh stage writes no workspace)"
+    why = f", {st['pending_reason']}" if st.get("pending_reason") else ""
+    return f"closed (was {st['was']}{why}; nothing of it was in place)"

@@ -4,8 +4,11 @@
 for Ray Client, ``auto`` for the cluster this machine belongs to) or ``local:N`` (a throwaway
 cluster of N nodes here, :mod:`orchestrator.cluster.local`); the API's ``cluster=`` also takes
 a started :class:`~orchestrator.cluster.local.LocalCluster`. The address is checked before
-anything is made (exit 2). Ray is imported here and only here, on first use (``import ray``
-costs about half a second and ``import petri`` must not pay it).
+anything is made (exit 2), and so is that a Ray head answers there (``probe``: a TCP connect
+and an HTTP/2 greeting, 3 s each, before Ray is imported; then one question to its GCS),
+because ``ray.init`` retries for 20 s and more against an address where nothing or
+something else answers (exit 1, one line). Ray is imported here and only here, on first use
+(``import ray`` costs about half a second and ``import petri`` must not pay it).
 
 A session connects with ``ray.init`` unless this process is connected already (a caller that
 runs several races on one cluster), and disconnects at the end only what it connected; a
@@ -17,17 +20,24 @@ Caveats:
   imported before with it on, turns 127.0.0.1 into this machine's outward address); and
   the messages Ray's driver prints on stdout (a raylet's death and its last log lines) go
   to the ``petri.cluster`` debug log, since ``--json`` owns stdout. Both are Ray internals
-  of the pinned version.
+  of the pinned version, as is the GCS question (``ray._raylet.GcsClient``).
+- While Ray is imported and connects, file descriptor 2 of the whole process is a temporary
+  file (Ray's C++ core logs there from its own threads; what it wrote goes to the
+  ``petri.cluster`` debug log): anything else this process writes to stderr meanwhile goes
+  there too. Ray's lines after the connection (a node's death mid-race) still reach stderr.
+- A head behind something that answers HTTP/2 for it (a proxy) is asked through that; a
+  Ray Client address (``ray://``) gets the TCP and HTTP/2 checks only.
 - ``ray://`` (Ray Client) and ``auto`` are passed to Ray as they are; only ``HOST:PORT`` and
   ``local:N`` are exercised by the tests here.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import BadClusterAddress, ClusterUnreachable, NotLoopbackOnly, RayMissing
 from .local import _LOOPBACK_ENV, MAX_NODES, LocalCluster, listeners
@@ -72,9 +82,17 @@ def _to_debug_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
         log.debug("%s: %s", data.get("pid"), line)
 
 
-def _reachable(address: str | None, timeout: float = 10.0) -> None:
-    """Fail fast, in one line, where ``ray.init`` would retry for minutes: nothing answers
-    at HOST:PORT. (``auto`` is Ray's to resolve.)"""
+PROBE_TIMEOUT_S = 3.0  # to connect, and again for the answer: a head that takes longer is not usable anyway
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (a Ray head's GCS, the
+# Ray Client server) answers with a SETTINGS frame of its own, whatever it serves.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def probe(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast, in one line, where ``ray.init`` would retry for 20 s and more, printing its
+    own log lines: nothing listens at HOST:PORT, nothing answers in time, or what answers
+    does not speak gRPC. Ray is not imported for this. (``auto`` is Ray's to resolve.)"""
     import socket
 
     m = _HOST_PORT.fullmatch(address or "")
@@ -82,9 +100,72 @@ def _reachable(address: str | None, timeout: float = 10.0) -> None:
         return
     host = m.group(1).strip("[]")
     try:
-        socket.create_connection((host, int(m.group(2))), timeout=timeout).close()
+        sock = socket.create_connection((host, int(m.group(2))), timeout=timeout)
+    except socket.timeout:
+        raise ClusterUnreachable(address=address, why=f"no answer within {timeout:g} s") from None
     except OSError as e:
         raise ClusterUnreachable(address=address, why=f"nothing answers there ({e.strerror or e})") from None
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except socket.timeout:
+            raise ClusterUnreachable(address=address, why=f"what listens there did not answer within {timeout:g} s;"
+                                                          " it is not a Ray cluster's head") from None
+        except OSError as e:
+            raise ClusterUnreachable(address=address, why=f"the connection failed ({e.strerror or e})") from None
+    if len(head) < 9 or head[3] != 0x04 or head[5:9] != b"\x00\x00\x00\x00":
+        raise ClusterUnreachable(address=address, why="what listens there does not speak gRPC; it is not a Ray"
+                                                      " cluster's head")
+
+
+def _head_answers(ray: Any, address: str | None) -> None:
+    """One question to the head's GCS (its cluster id), where ``ray.init`` would ask again
+    for 20 s when something else speaks gRPC there (a proxy, another service)."""
+    if address is None or address == "auto" or address.startswith("ray://"):
+        return  # Ray's to resolve, or Ray Client's server, which has no GCS of its own to ask
+    from ray._raylet import GcsClient
+
+    try:
+        GcsClient(address=address)
+    except Exception as e:  # noqa: BLE001 - Ray's errors, translated at the boundary
+        first = " ".join(str(e).split())[:200]
+        raise ClusterUnreachable(address=address, why=f"it is not a Ray cluster's head ({first})") from None
+
+
+@contextlib.contextmanager
+def _stderr_to_log() -> Iterator[None]:
+    """Ray's own log lines (its C++ core writes them to file descriptor 2, from its threads)
+    go to the ``petri.cluster`` debug log while this holds, not to the terminal: an error
+    is petri's one line."""
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            log = logging.getLogger("petri.cluster")
+            for line in tmp.read(1 << 20).decode("utf-8", "replace").splitlines():
+                log.debug("ray: %s", line)
 
 
 class Session:
@@ -112,8 +193,16 @@ class Session:
             self.close()
             raise
 
+    def probe(self) -> None:
+        """Whether a Ray head answers at the address given (``probe``): before anything is
+        made, and before Ray is imported (half a second)."""
+        if self.kind == "ray":
+            probe(self.address)
+
     def _open(self, say: Any) -> "Session":
-        self.ray = import_ray(self.loopback)
+        self.probe()
+        with _stderr_to_log():
+            self.ray = import_ray(self.loopback)
         if self.loopback:
             # Ray imported earlier in this process, without the loopback setting, would turn
             # 127.0.0.1 into this machine's outward address (and bind there): not while we hold it.
@@ -128,12 +217,15 @@ class Session:
             self.address = self.local.address
         ray = self.ray
         if not ray.is_initialized():
-            _reachable(self.address)
-            try:
-                ray.init(address=self.address, namespace="petri", log_to_driver=False,
-                         logging_level=logging.ERROR, configure_logging=True)
-            except Exception as e:  # noqa: BLE001 - Ray's errors, translated at the boundary
-                raise ClusterUnreachable(address=self.address, why=f"{type(e).__name__}: {e}".splitlines()[0]) from None
+            probe(self.address)  # a local cluster's too: it may have died since it started
+            with _stderr_to_log():
+                _head_answers(ray, self.address)
+                try:
+                    ray.init(address=self.address, namespace="petri", log_to_driver=False,
+                             logging_level=logging.ERROR, configure_logging=True)
+                except Exception as e:  # noqa: BLE001 - Ray's errors, translated at the boundary
+                    why = f"{type(e).__name__}: {e}".splitlines()[0]
+                    raise ClusterUnreachable(address=self.address, why=why) from None
             self.owns_connection = True
         # Ray's driver prints what the cluster reports (a raylet's death, with its last
         # log lines) on stdout, where `--json` has its one document: the race reports node

@@ -107,6 +107,7 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
 
     t0 = time.monotonic()
     session = Session(cluster)  # a bad address fails here, before anything is made
+    await trio.to_thread.run_sync(session.probe)  # and one where no Ray head answers, before Ray is imported
     log = events.log_for(engine.store.root)
     await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
@@ -356,7 +357,9 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
 
     # Every measured field (whatever the race module's Outcome grows), none of the identity.
     for f in dataclasses.fields(theirs):
-        if f.name not in ("index", "candidate", "sandbox", "check_sandbox", "stdout_path", "stderr_path", "rank"):
+        # logs_run: a run of the node's sandbox, not of the one rebuilt here
+        if f.name not in ("index", "candidate", "sandbox", "check_sandbox", "stdout_path", "stderr_path", "rank",
+                          "logs_run"):
             setattr(o, f.name, getattr(theirs, f.name))
     for stream, key in (("out", "stdout"), ("err", "stderr")):
         path = logs / f"{o.index}.{stream}"
@@ -413,7 +416,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
         row = engine.registry.sandbox(winner.sandbox)
         doc["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row) if row else None
+            doc["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:  # noqa: BLE001 - as a local race: staleness is a report, not the result
             doc["stale"] = None
     events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])

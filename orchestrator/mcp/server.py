@@ -157,7 +157,8 @@ class State:
             await job.changed.wait(deadline - time.monotonic())
         events, nxt, dropped = job.events_from(cursor)
         doc: dict[str, Any] = {"schema": 1, "sandbox": sb, "run": run, "events": events, "next_cursor": nxt,
-                               "dropped": dropped, "done": False, "exit_code": None, "killed_by": None}
+                               "dropped": dropped, "done": False, "exit_code": None, "killed_by": None,
+                               "ended_by": None}
         if job.done.is_set() and nxt >= job.next_cursor:
             doc.update(await self._ended(job))
         return doc
@@ -169,7 +170,8 @@ class State:
             d = job.result.to_json()
         else:
             d = next((r.to_json() for r in await self.ws.logs(job.sandbox) if r.run == job.run), {})
-        out = {"done": True, "exit_code": d.get("exit_code"), "killed_by": d.get("killed_by"), "killed": job.killed,
+        out = {"done": True, "exit_code": d.get("exit_code"), "killed_by": d.get("killed_by"),
+               "ended_by": d.get("ended_by"), "killed": job.killed,
                "duration_s": d.get("duration_s"), "stdout_path": d.get("stdout_path"),
                "stderr_path": d.get("stderr_path")}
         if job.error is not None:
@@ -186,6 +188,7 @@ class State:
         done = d.get("finished_at") is not None
         return {"schema": 1, "sandbox": sb, "run": run, "events": [], "next_cursor": 0, "dropped": 0, "done": done,
                 "exit_code": d.get("exit_code") if done else None, "killed_by": d.get("killed_by"),
+                "ended_by": d.get("ended_by"),
                 "stdout_path": d.get("stdout_path"), "stderr_path": d.get("stderr_path"),
                 "note": "not started by this server: its output is in stdout_path and stderr_path"}
 
@@ -416,7 +419,19 @@ async def _on_signals(st: State) -> None:
                 while st.active:
                     await anyio.sleep(0.02)
             sys.stderr.flush()
+            _audit_the_end(st.exit_code, signum)
             os._exit(st.exit_code)
+
+
+def _audit_the_end(code: int, signum: int) -> None:
+    """The server's audit row, which the CLI's edge never writes after ``os._exit``: its exit
+    code and the signal that ended it."""
+    from .. import audit, interrupts
+
+    interrupts.note(signum)
+    scope = audit.current()
+    if scope is not None and scope.root is not None:
+        audit.append(scope.root, scope, code, interrupts.interrupted_by(), durable=True)
 
 
 def _on_difference(sent: dict[str, Any], sdk: dict[str, Any]) -> None:

@@ -2,9 +2,11 @@
 
 ``detect()`` decides once per process which of the three this machine gives us:
 
-- **v2** when a cgroup2 hierarchy has the memory, pids and cpu controllers available at a
-  place we can write: the hierarchy's root when we are root, else the highest ancestor of
-  our own cgroup that we may write (a delegated subtree, e.g. systemd's user@UID.service).
+- **v2** when a cgroup2 hierarchy has the memory and pids controllers available at a place
+  we can write: the hierarchy's root when we are root, else the highest ancestor of our own
+  cgroup that we may write (a delegated subtree, e.g. systemd's user@UID.service). cpu is
+  used when it is there too: systemd delegates it to users only since v252 (Ubuntu 22.04
+  and RHEL 9 delegate memory and pids), and without it ``--cpus`` is refused.
 - **v1** when the memory and pids controllers are mounted as v1 hierarchies we can write
   (here: ``/sys/fs/cgroup/<controller>``; the cgroup2 at ``/sys/fs/cgroup/unified`` has no
   controllers). cpu, cpuacct and freezer are used when mounted.
@@ -27,8 +29,10 @@ Caveats:
 - A run that hits the memory limit is killed by the kernel's OOM killer, which picks the
   largest process in the cgroup: not necessarily the command itself.
 - pids counts threads too (pids.max bounds tasks, not processes).
-- The v2 path is exercised here only on a controller-less cgroup2 (join, kill, remove);
-  limits on v2 are written exactly as the kernel documents but untested on this machine.
+- On v2 every run's cgroup gets the memory and pids controllers (so its peak memory is
+  counted as on v1), cpu only with a cpu limit. A hybrid machine (v1 controllers) exercises
+  v2 only on its controller-less cgroup2; tests/vm runs the limits on a pure v2 kernel, as
+  root and as a delegated user.
 - rlimits are per process (RLIMIT_AS) or per uid (RLIMIT_NPROC), see ``rlimit_fallback``.
 """
 from __future__ import annotations
@@ -49,6 +53,7 @@ Mode = Literal["v2", "v1", "none"]
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
+V2_REQUIRED = ("memory", "pids")  # without cpu, --cpus is refused (orchestrator.runs.check_limits)
 CFS_PERIOD_US = 100_000
 
 
@@ -165,8 +170,9 @@ def _v1_mounts() -> dict[str, Path]:
 def detect() -> Support:
     """Which limits mechanism this machine gives this process (reads /proc and cgroupfs)."""
     base, ctrls, why2 = _v2_candidate()
-    if base is not None and all(c in ctrls for c in V2_CONTROLLERS) and _writable(base):
-        return Support("v2", why2, v2_base=base, v2_controllers=tuple(c for c in V2_CONTROLLERS if c in ctrls))
+    if base is not None and all(c in ctrls for c in V2_REQUIRED) and _writable(base):
+        why = why2 if "cpu" in ctrls else f"{why2} (no cpu: --cpus cannot be enforced)"
+        return Support("v2", why, v2_base=base, v2_controllers=tuple(c for c in V2_CONTROLLERS if c in ctrls))
     v1 = _v1_mounts()
     usable = {c: p for c, p in v1.items() if _writable(p)}
     if "memory" in usable and "pids" in usable:
@@ -443,16 +449,20 @@ class CgroupV2(Cgroup):
         # Enable the controllers down the chain: a child only gets a controller its parent
         # lists in cgroup.subtree_control (and a cgroup with processes cannot: the base is
         # the hierarchy root or a delegated subtree whose processes live in leaves).
-        wanted = []
+        needed = []
         if limits.mem_bytes is not None:
-            wanted.append("memory")
+            needed.append("memory")
         if limits.pids is not None:
-            wanted.append("pids")
+            needed.append("pids")
         if limits.cpus is not None:
-            wanted.append("cpu")
-        missing = [c for c in wanted if c not in self.controllers]
+            needed.append("cpu")
+        missing = [c for c in needed if c not in self.controllers]
         if missing:
             raise CgroupFailure(errno.ENOTSUP, f"cgroup2 at {self.base} lacks {', '.join(missing)}")
+        # memory and pids also without a limit: their counters (memory.peak, the OOM and
+        # pids.max events) exist only where the controller is enabled, and v1 counts them for
+        # every run. cpu only when limited: cpu.stat's usage is there without it.
+        wanted = [c for c in V2_CONTROLLERS if c in needed or (c in V2_REQUIRED and c in self.controllers)]
         _mkdirs(self.dir)
         if wanted:
             parts = Path(self.name).parts

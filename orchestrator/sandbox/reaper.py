@@ -12,7 +12,7 @@ petri's runs, and ``kill_sandbox`` returns 0: only their own deadline ends them.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 from . import cgroups
 
@@ -53,6 +53,32 @@ def kill_sandbox(sb_id: str) -> int:
     cgroups.sweep_cgroups(prefix, sup=sup)
     _drop_empty_parent(sup)
     return len(victims)
+
+
+def remove_run_cgroups(runs: Iterable[tuple[str, int, int | None]]) -> int:
+    """Kill and remove the cgroups of these runs (sandbox, run number, the pid of the petri
+    that owned it), whose petri died: every command's start does this for the runs it finds
+    orphaned, so a dead petri's cgroups do not wait for ``gc``. How many it removed."""
+    sup = cgroups.support()
+    if sup.mode == "none":
+        return 0
+    removed = 0
+    sandboxes = set()
+    for sb, n, pid in runs:
+        if pid is None:
+            continue
+        sandboxes.add(sb)
+        for kind in ("run", "shell"):
+            removed += cgroups.sweep_cgroups(cgroup_name(sb, kind, n, pid), sup=sup)
+    for sb in sandboxes:
+        for r, d in cgroups.list_cgroups(f"{CGROUP_ROOT}/{sb}", sup):
+            if d == r / CGROUP_ROOT / sb:
+                try:
+                    os.rmdir(d)  # the sandbox's own level, once no run of it is left
+                except OSError:
+                    pass
+    _drop_empty_parent(sup)
+    return removed
 
 
 def sweep_leaked(keep: Callable[[str], bool]) -> tuple[int, int]:

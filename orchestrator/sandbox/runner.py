@@ -2,7 +2,7 @@
 
 One implementation, ``run_blocking(spec)``, a poll(2) loop in the calling thread; the async
 ``run_isolated(spec)`` (trio: races, MCP, ``petri.aio``) runs that same loop in a thread of
-its own for the length of the run and kills it when the awaiting task is cancelled. The
+its own for the length of the run and stops it when the awaiting task is cancelled. The
 loop does, in order:
 
 1. ``prepare`` (shared with ``pty_shell``): the sandbox plan (``isolation``), the run's
@@ -28,14 +28,16 @@ loop does, in order:
 Exit code: the command's own; 124 killed by timeout/lifetime; 137 killed by the memory limit
 (an OOM kill in the cgroup and a non-zero exit); 125 the sandbox never started (bwrap's
 setup failed: the shim's marker never came, see ``isolation.EXEC_SHIM``); 126/127 from
-the shim's ``exec``.
+the shim's ``exec``; a run stopped on request (``killed_by: "killed"``) 128 + the signal
+that asked: ``EXIT_STOPPED`` (143) for a ``Canceller`` (SIGTERM, then SIGKILL after the
+grace period, as at a timeout), 128 + the signal that interrupted petri otherwise.
 
 Signals (``forward_signals=True``, ``run_blocking`` in the main thread: ``petri run``):
 SIGINT, SIGTERM, SIGHUP sent to petri go to every process of the run except bwrap; the
 command decides (usually it exits, e.g. 130). A second one of the same kind, or one that
 arrives before the command has started, kills the run: exit 128+signal. Without
 forwarding, a KeyboardInterrupt (or a cancellation of ``run_isolated``) kills the run and
-propagates, once its processes are gone.
+propagates, once its processes are gone (``on_stopped`` is told how the run ended first).
 
 Events (``on_event``, called in the caller's thread: for ``run_isolated``, in the trio
 loop's): ``started``, ``warning``, ``progress`` (coalesced counts), ``output`` (each chunk,
@@ -73,12 +75,17 @@ from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process
 from snapshot.osutil import write_all
 
 __all__ = ["RunSpec", "RunResult", "RunEvent", "OutputProgress", "Canceller", "run_blocking", "run_isolated",
-           "detect_cgroup_mode", "sweep_cgroups", "EXIT_TIMEOUT", "EXIT_PETRI", "EXIT_MEMORY", "KILL_GRACE_S"]
+           "detect_cgroup_mode", "sweep_cgroups", "EXIT_TIMEOUT", "EXIT_PETRI", "EXIT_MEMORY", "EXIT_STOPPED",
+           "KILL_GRACE_S"]
 
 detect_cgroup_mode = cgroups.detect_cgroup_mode
 sweep_cgroups = cgroups.sweep_cgroups
 
 KILL_GRACE_S = 2.0
+# A run stopped on request (a kill, a cancelled call or task, ``petri rm``): 128 + SIGTERM,
+# the signal a stop sends first, whether the command ended on it or on the SIGKILL after the
+# grace period (as ``timeout`` reports 124 either way). Not 137: that is the memory limit's.
+EXIT_STOPPED = 128 + signal.SIGTERM
 PROGRESS_S = 0.1  # at most ten progress events a second
 READ_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: fewer, larger reads (the kernel caps it at pipe-max-size)
@@ -96,7 +103,7 @@ SETTLE_S = 0.01  # how long a finished run's cgroup may take to empty by itself 
 class RunResult:
     exit_code: int
     duration_s: float
-    killed_by: str | None  # 'timeout' | 'ttl' | 'memory' | None
+    killed_by: str | None  # 'timeout' | 'ttl' | 'memory' | 'killed' (stopped on request) | None
     limits_hit: list[str]
     peak_memory_bytes: int | None
     cgroup_mode: str = "none"
@@ -132,8 +139,9 @@ class RunEvent:
 
 
 class Canceller:
-    """Ends a ``run_blocking`` from another thread: its processes are killed, then it raises
-    ``RunCancelled`` once they are gone."""
+    """Stops a ``run_blocking`` from another thread, as a request to stop: SIGTERM to the
+    run's processes, SIGKILL after the grace period; the run then returns, ended
+    ``killed`` with exit ``EXIT_STOPPED``."""
 
     def __init__(self) -> None:
         self.cancelled = False
@@ -159,10 +167,6 @@ class Canceller:
                 os.write(self._fd, b"\0")
             except OSError:
                 pass  # full: it was poked already
-
-
-class RunCancelled(Exception):
-    """The run was cancelled (``Canceller``); its processes are gone."""
 
 
 class _MarkerFilter:
@@ -261,11 +265,14 @@ def _end_of(spec: RunSpec) -> tuple[float, str | None]:
 def run_blocking(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None = None,
                  kill_grace_s: float = KILL_GRACE_S, forward_signals: bool = False,
                  support: cgroups.Support | None = None, output_events: bool = False,
-                 cancel: Canceller | None = None) -> RunResult:
+                 cancel: Canceller | None = None,
+                 on_stopped: Callable[[RunResult], None] | None = None) -> RunResult:
     """Run ``spec.argv`` isolated, in this thread; return when every process of the run is
     gone and the saved output files are complete. ``forward_signals`` (main thread only):
     SIGINT, SIGTERM and SIGHUP sent to petri are passed to the command; a second one of the
-    same kind kills the run. ``cancel``: another thread may end the run (``RunCancelled``)."""
+    same kind kills the run. ``cancel``: another thread may stop the run (it returns, ended
+    ``killed``). ``on_stopped``: told how a run that an interrupt (KeyboardInterrupt) cut
+    short ended, once its processes are gone and before the interrupt propagates."""
     t0 = time.monotonic()
     sup = support or cgroups.support()
     spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,8 +289,8 @@ def run_blocking(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None =
 
     for attempt in range(1, SETUP_ATTEMPTS + 1):
         res = _attempt(spec, sup, end_at, end_kind, kill_grace_s, forward_signals, t0,
-                       on_event if attempt == 1 else _no_warnings(on_event), output_events, cancel)
-        if attempt == SETUP_ATTEMPTS or not _mount_table_moved(res):
+                       on_event if attempt == 1 else _no_warnings(on_event), output_events, cancel, on_stopped)
+        if attempt == SETUP_ATTEMPTS or not _mount_table_moved(res) or (cancel is not None and cancel.cancelled):
             break
     if on_event:
         on_event(RunEvent("finished", result=res))
@@ -292,10 +299,12 @@ def run_blocking(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None =
 
 async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None = None,
                        kill_grace_s: float = KILL_GRACE_S, support: cgroups.Support | None = None,
-                       output_events: bool = False) -> RunResult:
+                       output_events: bool = False,
+                       on_stopped: Callable[[RunResult], None] | None = None) -> RunResult:
     """``run_blocking`` for trio: the run's loop in a thread of its own (not trio's pool,
     which a race would exhaust), its events delivered in this loop's thread. Cancelling
-    this task kills the run and re-raises once its processes are gone."""
+    this task stops the run (SIGTERM, SIGKILL after ``kill_grace_s``) and re-raises once its
+    processes are gone, after telling ``on_stopped`` how it ended (in this thread)."""
     import trio
 
     cancel = Canceller()
@@ -310,11 +319,14 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
                 pass
 
     finished = threading.Event()
+    ended: list[RunResult] = []
 
     def body() -> RunResult:
         try:
-            return run_blocking(spec, on_event=emit, kill_grace_s=kill_grace_s, support=support,
-                                output_events=output_events, cancel=cancel)
+            res = run_blocking(spec, on_event=emit, kill_grace_s=kill_grace_s, support=support,
+                               output_events=output_events, cancel=cancel)
+            ended.append(res)
+            return res
         finally:
             finished.set()
 
@@ -325,6 +337,8 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
         cancel.cancel()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(finished.wait, limiter=limiter)  # its processes are gone now
+        if ended and on_stopped is not None:
+            on_stopped(ended[0])
         raise
 
 
@@ -357,7 +371,7 @@ def _no_warnings(on_event: Callable[[RunEvent], None] | None) -> Callable[[RunEv
 
 def _attempt(spec: RunSpec, sup: cgroups.Support, end_at: float, end_kind: str | None, kill_grace_s: float,
              forward_signals: bool, t0: float, on_event: Callable[[RunEvent], None] | None, output_events: bool,
-             cancel: Canceller | None) -> RunResult:
+             cancel: Canceller | None, on_stopped: Callable[[RunResult], None] | None) -> RunResult:
     """One start of the run, to its end (the output files begin empty)."""
     marker = isolation.new_marker()
     # Read per run: a handler may have been set to SIG_IGN since the last one.
@@ -369,10 +383,15 @@ def _attempt(spec: RunSpec, sup: cgroups.Support, end_at: float, end_kind: str |
         run = _Run(spec, prep, marker, on_event, output_events)
         try:
             run.supervise(end_at, end_kind, kill_grace_s, forward_signals, cancel)
+        except KeyboardInterrupt:
+            run.reap()
+            if run.proc is not None and on_stopped is not None:
+                from orchestrator import interrupts
+                run.stopped("killed", interrupts.exit_code())  # 128 + the signal that stopped petri
+                on_stopped(run.result(time.monotonic() - t0, sup.mode, prep.warnings))
+            raise
         finally:
             run.reap()
-    if cancel is not None and cancel.cancelled:
-        raise RunCancelled()
     return run.result(time.monotonic() - t0, sup.mode, prep.warnings)
 
 
@@ -386,7 +405,11 @@ class _Run:
         self.marker_filter = _MarkerFilter(marker)
         self.proc: ChildProcess | None = None
         self.killed_by: str | None = None
-        self.interrupted: int | None = None
+        self.exit_code: int | None = None  # what a run petri ended reports (124, 128 + a signal)
+        self.exited = False
+        self.reaped = False
+        self.grace_until: float | None = None
+        self.kill_grace_s = KILL_GRACE_S
         self.all_gone = True
         self.stats = cgroups.Stats()
         self.streams: dict[int, _Stream] = {}
@@ -458,9 +481,10 @@ class _Run:
                 old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
             if cancel is not None:
                 cancel.attach(wake_w)
+            self.kill_grace_s = kill_grace_s
             proc = self.spawn()
             self._open_streams(proc)
-            self._loop(proc, wake_r, end_at, end_kind, kill_grace_s, cancel)
+            self._loop(proc, wake_r, end_at, end_kind, cancel)
         finally:
             if cancel is not None:
                 cancel.attach(None)
@@ -474,7 +498,7 @@ class _Run:
             os.close(wake_r)
             os.close(wake_w)
 
-    def _loop(self, proc: ChildProcess, wake_r: int, end_at: float, end_kind: str | None, kill_grace_s: float,
+    def _loop(self, proc: ChildProcess, wake_r: int, end_at: float, end_kind: str | None,
               cancel: Canceller | None) -> None:
         poller = select.poll()
         IN = select.POLLIN | select.POLLHUP | select.POLLERR
@@ -488,16 +512,14 @@ class _Run:
             os.set_blocking(proc.stdin, False)
             poller.register(proc.stdin, select.POLLOUT)
         open_streams = set(self.streams)
-        exited = False
-        grace_until: float | None = None
         dirty = False
         next_tick = time.monotonic() + PROGRESS_S
         counts: dict[int, int] = {}
-        while open_streams or not exited:
+        while open_streams or not self.exited:
             now = time.monotonic()
-            wake_at = min(end_at, grace_until if grace_until is not None else math.inf,
+            wake_at = min(end_at, self.grace_until if self.grace_until is not None else math.inf,
                           next_tick if dirty else math.inf)
-            if not exited and proc.pidfd is None:
+            if not self.exited and proc.pidfd is None:
                 wake_at = min(wake_at, now + 0.05)  # an old kernel: no pidfd, poll the child
             timeout = None if wake_at == math.inf else max(0, math.ceil((wake_at - now) * 1000))
             for fd, _ in poller.poll(timeout):
@@ -520,23 +542,19 @@ class _Run:
                 elif fd == proc.pidfd:
                     poller.unregister(fd)
                     proc.close_fd(fd)
-            if not exited and proc.poll() is not None:
-                exited = True
+            if not self.exited and proc.poll() is not None:
+                self.exited = True
                 # The namespace is gone with bwrap; anything left in the cgroup goes now, so
                 # the pipes reach EOF.
                 if not self.nothing_to_kill() and not self.settled():
                     self.kill_everything()
             now = time.monotonic()
-            if not exited and now >= end_at:
+            if not self.exited and now >= end_at:
                 end_at = math.inf
-                self.killed_by = end_kind
-                if self.cg is not None:
-                    self.cg.signal_all(signal.SIGTERM, exclude=(proc.pid,))
-                    grace_until = now + kill_grace_s
-                else:
-                    self.kill_everything()
-            if not exited and grace_until is not None and now >= grace_until:
-                grace_until = None
+                assert end_kind is not None
+                self.stop(end_kind, EXIT_TIMEOUT)
+            if not self.exited and self.grace_until is not None and now >= self.grace_until:
+                self.grace_until = None
                 self.kill_everything()
             if dirty and now >= next_tick:
                 dirty = False
@@ -546,6 +564,28 @@ class _Run:
         if dirty and self.on_event:
             self.on_event(RunEvent("progress", progress=self.progress()))
 
+    def stop(self, why: str, code: int, *, grace: bool = True) -> None:
+        """End the run on petri's side (``why``: timeout, ttl, killed; ``code``: what it then
+        reports): SIGTERM to its processes but bwrap (whose init in the pid namespace ignores
+        it), SIGKILL after the grace period; at once without ``grace`` or a cgroup. A run that
+        already ended by itself keeps its own end."""
+        if self.exited:
+            return
+        if self.killed_by is None:
+            self.killed_by, self.exit_code = why, code
+        if grace and self.cg is not None and self.proc is not None:
+            if self.grace_until is None:
+                self.cg.signal_all(signal.SIGTERM, exclude=(self.proc.pid,))
+                self.grace_until = time.monotonic() + self.kill_grace_s
+        else:
+            self.grace_until = None
+            self.kill_everything()
+
+    def stopped(self, why: str, code: int) -> None:
+        """A run an exception cut short (its processes are gone): how it ended."""
+        if self.killed_by is None:
+            self.killed_by, self.exit_code = why, code
+
     def _woken(self, wake_r: int, counts: dict[int, int], cancel: Canceller | None) -> None:
         try:
             got = os.read(wake_r, 64)
@@ -554,7 +594,7 @@ class _Run:
         for sig in got:
             if sig == 0:
                 if cancel is not None and cancel.cancelled:
-                    self.kill_everything()
+                    self.stop("killed", EXIT_STOPPED)  # a request to stop: TERM, then KILL
                 continue
             if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 continue
@@ -562,8 +602,7 @@ class _Run:
             # Before the command exists (the shim's marker not seen yet) there is no one
             # to pass it to: the user asked to stop, so stop. A second one means "now".
             if counts[sig] > 1 or self.cg is None or not self.marker_filter.seen:
-                self.interrupted = sig
-                self.kill_everything()
+                self.stop("killed", 128 + sig, grace=False)
             else:
                 assert self.proc is not None
                 self.cg.signal_all(sig, exclude=(self.proc.pid,))
@@ -609,6 +648,9 @@ class _Run:
 
     def reap(self) -> None:
         """Always, at the end: nothing of the run is left, its counters are read."""
+        if self.reaped:
+            return
+        self.reaped = True
         if not self.nothing_to_kill():
             self.kill_everything()
         if self.proc is not None:
@@ -624,9 +666,8 @@ class _Run:
         setup_error = None
         killed_by = self.killed_by
         if killed_by is not None:
-            code = EXIT_TIMEOUT
-        elif self.interrupted is not None:
-            code = 128 + self.interrupted  # the shell's convention for "ended by this signal"
+            assert self.exit_code is not None
+            code = self.exit_code  # 124 (timeout, ttl), 128 + the signal that stopped it (killed)
         elif not self.marker_filter.seen:
             code = EXIT_PETRI
             setup_error = self.marker_filter.before.decode("utf-8", "replace").strip() or f"bwrap exited {rc}"

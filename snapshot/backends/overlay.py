@@ -26,7 +26,8 @@ first clone. Views (and sandboxes where trusted xattrs cannot be written):
 options its mount record names: its upper's xattrs are in that flavour. The options go
 in through the new mount API (``fsopen``/``fsconfig`` with one ``lowerdir+`` per layer,
 Linux 6.8+), so the one-page limit of a mount(2) option string never applies; on older
-kernels the fallback runs ``mount -t overlay`` with ``cwd`` at the store root and short
+kernels (told apart up front: before 6.5 the kernel takes any key and fails only at create)
+the fallback runs ``mount -t overlay`` with ``cwd`` at the store root and short
 relative paths (``layers/1f:layers/1e``), which fits about 400 layers in a page. What was
 mounted is recorded in ``sandboxes/<sb>/mount.json``, so :meth:`ensure_clone` can mount it
 again after a reboot.
@@ -163,6 +164,27 @@ class _NoLowerdirPlus(Exception):
     pass
 
 
+_parser: list[bool] = []
+
+
+def _overlay_parses_its_options() -> bool:
+    """Does overlayfs parse fsconfig keys itself (Linux 6.5+)? Before, the kernel's legacy
+    adapter accepts any key and joins them into one option string that overlay reads only at
+    FSCONFIG_CMD_CREATE: ``lowerdir+`` then fails there with a bare EINVAL and no message
+    (seen on Debian 12's 6.1), so the fallback must be decided up front. Asked once per
+    process, on a context of its own: a key nobody has is refused only by a real parser."""
+    if not _parser:
+        fd = _syscall(_SYS_fsopen, b"overlay", _FSOPEN_CLOEXEC)
+        try:
+            _syscall(_SYS_fsconfig, fd, _FSCONFIG_SET_STRING, b"petri-no-such-key", b"1", 0)
+            _parser.append(False)
+        except OSError:
+            _parser.append(True)
+        finally:
+            os.close(fd)
+    return _parser[0]
+
+
 def _fsconfig_mount(target: bytes, lowers: Sequence[bytes], upper: bytes | None, work: bytes | None,
                     readonly: bool, options: Sequence[str]) -> None:
     mfd = _fsconfig_detached(lowers, upper, work, readonly, options)
@@ -177,6 +199,8 @@ def _fsconfig_detached(lowers: Sequence[bytes], upper: bytes | None, work: bytes
     """A new overlay mount that is attached nowhere (``fsmount`` without ``move_mount``): its
     fd, through which it is read; it goes when the fd is closed."""
     try:
+        if not _overlay_parses_its_options():
+            raise _NoLowerdirPlus()
         fd = _syscall(_SYS_fsopen, b"overlay", _FSOPEN_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ENOSYS:
