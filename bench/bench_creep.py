@@ -1,15 +1,16 @@
 """Things that creep as a session grows (issue 18, part 5): what each fuse sandbox costs in
-memory and fork time at 20, 100 and 300 sandboxes, and what `gc` reports for N expired ones.
+memory and fork time at 1, 100 and 300 sandboxes, and what `gc` reports for N expired ones.
 
 One workspace (a synthetic source tree, ``--files`` files in directories of 20) on the host's
 filesystem, ``petri init --backend fuse``; all in one run, with the floors beside:
 
-- memory: after ``petri fork -n`` brings the session to 20, 100, 300 sandboxes, the RSS and
+- memory: after ``petri fork -n`` brings the session to 1, 100, 300 sandboxes, the RSS and
   PSS (``/proc/<pid>/smaps_rollup``) of every process serving the store's mounts (the fork
   server and the processes named by the sandboxes' pid files), per sandbox, idle and again
   after ``find`` walked every sandbox (a lookup of every entry: the filesystem's per-mount
-  state grows with use). Floor: as many ``fuse-overlayfs`` mounts of the same tree (a C FUSE
-  daemon per mount), measured the same way at the same counts;
+  state grows with use), and the wall time per sandbox of the ``fork -n`` that brought it
+  there. Floor: as many ``fuse-overlayfs`` mounts of the same tree (a C FUSE daemon per
+  mount), measured the same way at the same counts;
 - ``petri fork -n 300`` as one CLI call from an empty session, against mounting 300
   fuse-overlayfs one after another and 300 ``python3 -c pass`` (an interpreter per sandbox),
   interleaved, ``--reps`` times;
@@ -22,9 +23,15 @@ before a change: ``git archive <rev> | tar -x -C DIR``), interleaved with this o
 same run, so "before" and "after" share the machine's load.
 
 Run as root from the repository root: ``.venv/bin/python -m bench.bench_creep`` (a few
-minutes; twice that with ``--compare``) or ``--quick`` (20 and 100 sandboxes, one rep, gc of
-100). Prints one markdown
-section on stdout, progress on stderr. The load average is printed at the start and the end.
+minutes; twice that with ``--compare``) or ``--quick`` (1, 20 and 100 sandboxes, one rep, gc
+of 100). Prints one markdown section on stdout, progress on stderr. The load average is
+printed at the start, with each row and at the end.
+
+"Stays flat", printed PASS/FAIL for this checkout: the PSS per sandbox (walked) at the largest
+count is at most that at the one before it; the fork that takes the session from the middle
+count to the largest costs at most 1.5x per sandbox what the fork to the middle count cost;
+``gc`` names every expired sandbox it reaped in ``removed`` and takes at most 1.5x ``rm --all``
+of as many.
 
 Caveats: PSS splits shared pages among the processes that map them, so the per-sandbox
 figure is the store's processes' total over the sandbox count, their share of the
@@ -43,7 +50,8 @@ import sys
 import time
 from pathlib import Path
 
-from .common import CACHE, REPO, Report, cli_env, fmt_ratio, fmt_s, loadavg, log, remove_path, sigterm_as_interrupt
+from .common import (CACHE, REPO, Report, cli_env, fmt_ratio, fmt_s, loadavg, log, remove_path, sigterm_as_interrupt,
+                     verdict)
 
 
 # -- processes and memory ------------------------------------------------------------------
@@ -193,7 +201,7 @@ def python_spawns(n: int) -> float:
 # -- the bench -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.bench_creep")
-    p.add_argument("--sizes", default="20,100,300")
+    p.add_argument("--sizes", default="1,100,300")
     p.add_argument("--files", type=int, default=200)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--gc", type=int, default=300, help="expired fuse sandboxes for gc")
@@ -203,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
-        args.sizes, args.reps, args.gc, args.gc_copy = "20,100", 1, 100, 100
+        args.sizes, args.reps, args.gc, args.gc_copy = "1,20,100", 1, 100, 100
     sizes = [int(s) for s in args.sizes.split(",")]
     sigterm_as_interrupt()
     if os.geteuid() != 0:
@@ -231,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- memory at 20/100/300 -------------------------------------------------------
         rows = []
+        pss_per: dict[tuple[str, int], float] = {}  # (petri, sandboxes) -> PSS walked per sandbox
+        fork_per: dict[tuple[str, int], float] = {}  # (petri, sandboxes) -> wall per sandbox forked
         floors: dict[int, tuple[int, int]] = {}
         for n in sizes:
             log(f"fuse-overlayfs: {n} mounts")
@@ -243,22 +253,32 @@ def main(argv: list[str] | None = None) -> int:
             paths: list[str] = []
             for n in sizes:
                 log(f"{name}: {n} fuse sandboxes")
-                doc = petri(ws, "fork", "-n", str(n - len(paths)))
+                more = n - len(paths)
+                took, doc = petri.timed(ws, "fork", "-n", str(more))
                 paths += [s["path"] for s in doc["sandboxes"]]
                 pids = store_pids(store)
                 idle = total(pids)
                 walk_all(paths)
                 used = total(store_pids(store))
                 fo = floors[n]
-                rows.append([name, n, len(pids), mb(idle[0] / n), mb(idle[1] / n), mb(used[0] / n),
-                             mb(used[1] / n), mb(fo[0] / n), mb(fo[1] / n), fmt_ratio(used[1] / n, fo[1] / n)])
+                pss_per[name, n] = used[1] / n
+                fork_per[name, n] = took / more
+                rows.append([name, n, len(pids), f"+{more}: {fmt_s(took / more)}", mb(idle[0] / n),
+                             mb(idle[1] / n), mb(used[0] / n), mb(used[1] / n), mb(used[1]), mb(fo[1] / n),
+                             fmt_ratio(used[1] / n, fo[1] / n), loadavg()])
             petri(ws, "rm", "--all")
         report.section("Memory per sandbox (fuse)",
                        "The store's serving processes (fork server included) over the sandbox count; "
-                       "'walked': after `find` looked up every entry of every sandbox. Floor: one "
-                       "fuse-overlayfs process per mount of the same tree, walked the same way.")
-        report.table(["petri", "sandboxes", "processes", "RSS idle", "PSS idle", "RSS walked", "PSS walked",
-                      "fuse-overlayfs RSS", "fuse-overlayfs PSS", "PSS walked / floor"], rows)
+                       "'walked': after `find` looked up every entry of every sandbox. 'fork per "
+                       "sandbox': the `fork -n` that brought the session to this count (+ how many "
+                       "it made), its wall time over that number. Floor: one fuse-overlayfs process "
+                       "per mount of the same tree, walked the same way.")
+        report.table(["petri", "sandboxes", "processes", "fork per sandbox", "RSS idle", "PSS idle",
+                      "RSS walked", "PSS walked", "PSS walked, all", "fuse-overlayfs PSS", "PSS walked / floor",
+                      "load"], rows)
+        if "compared" in petris:
+            report.text("PSS walked per sandbox, this / compared: " + "; ".join(
+                f"{n}: {fmt_ratio(pss_per['this', n], pss_per['compared', n])}" for n in sizes) + ".")
 
         # -- fork -n 300 ------------------------------------------------------------------
         big = max(sizes)
@@ -291,15 +311,17 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- gc of N expired ----------------------------------------------------------------
         rows = []
+        gc_checks: list[tuple[str, int, int, float, float]] = []
         for name, petri in petris.items():
-            rows.append([name, *gc_row(petri, wss[name], "fuse", args.gc)])
+            rows.append([name, *gc_row(petri, wss[name], "fuse", args.gc, gc_checks if name == "this" else None)])
             petri(wss[name], "deinit", "--force")
         if args.gc_copy:
             for name, petri in petris.items():
                 cws = work / f"copy-ws-{name}"
                 shutil.copytree(tree, cws, symlinks=True)
                 petri(cws, "init", "--backend", "copy")
-                rows.append([name, *gc_row(petri, cws, "copy", args.gc_copy)])
+                rows.append([name, *gc_row(petri, cws, "copy", args.gc_copy,
+                                           gc_checks if name == "this" else None)])
                 petri(cws, "deinit", "--force")
         report.section("`gc` of N expired sandboxes",
                        "Each forked with `--ttl`, then left to expire; `gc --json` timed (its own start "
@@ -308,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                        "each, so both remove trees already on disk). CPU: the petri process's user + "
                        "system time (removing trees is mostly waiting for the disk).")
         report.table(["petri", "backend", "N", "gc", "gc CPU", "removed (sandboxes)", "reaped.expired",
-                      "reclaimed_bytes", "rm --all of N", "rm CPU", "gc / rm"], rows)
+                      "reclaimed_bytes", "rm --all of N", "rm CPU", "gc / rm", "load"], rows)
+        report.section("Stays flat (this checkout)", "")
+        report.table(["what", "measured", "limit", "verdict"],
+                     flat_verdicts(sizes, pss_per, fork_per, gc_checks))
         report.text(f"Load average at the end: {loadavg()}")
     except KeyboardInterrupt:
         report.text("**Interrupted**: the tables above are what finished.")
@@ -322,7 +347,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def gc_row(petri: Petri, ws: Path, backend: str, n: int) -> list[object]:
+def flat_verdicts(sizes: list[int], pss_per: dict, fork_per: dict,
+                  gc_checks: list[tuple[str, int, int, float, float]]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    if len(sizes) >= 2:
+        mid, big = sizes[-2], sizes[-1]
+        grow = pss_per["this", big] / pss_per["this", mid]
+        rows.append([f"PSS walked per sandbox at {big} / at {mid}", f"{grow:.2f}", "<= 1.00",
+                     verdict(grow, 1.0)])
+        slower = fork_per["this", big] / fork_per["this", mid]
+        rows.append([f"fork per sandbox, {mid} -> {big} / {sizes[-3] if len(sizes) >= 3 else 0} -> {mid}",
+                     f"{slower:.2f}", "<= 1.50", verdict(slower, 1.5)])
+    for backend, n, named, t_gc, t_rm in gc_checks:
+        rows.append([f"gc of {n} expired {backend}: named in `removed`", f"{named} of {n}", f"{n} of {n}",
+                     "PASS" if named == n else "FAIL"])
+        rows.append([f"gc of {n} expired {backend} / rm --all of {n}", fmt_ratio(t_gc, t_rm), "<= 1.50",
+                     verdict(t_gc / t_rm, 1.5)])
+    return rows
+
+
+def gc_row(petri: Petri, ws: Path, backend: str, n: int,
+           checks: list[tuple[str, int, int, float, float]] | None = None) -> list[object]:
     log(f"gc: {n} expired {backend} sandboxes")
     ttl = 5 + n // 50  # long enough for the fork itself to finish before the first expires
     t0 = time.monotonic()
@@ -338,8 +383,10 @@ def gc_row(petri: Petri, ws: Path, backend: str, n: int) -> list[object]:
     time.sleep(max(0.0, ttl + 1 - (time.monotonic() - t0)))
     os.sync()
     t_rm, cpu_rm, _ = petri.cpu_timed(ws, "rm", "--all")
+    if checks is not None:
+        checks.append((backend, n, len(removed), took, t_rm))
     return [backend, n, fmt_s(took), fmt_s(cpu), f"{len(removed)} of {n}", doc["reaped"].get("expired"),
-            doc.get("reclaimed_bytes", "(none)"), fmt_s(t_rm), fmt_s(cpu_rm), fmt_ratio(took, t_rm)]
+            doc.get("reclaimed_bytes", "(none)"), fmt_s(t_rm), fmt_s(cpu_rm), fmt_ratio(took, t_rm), loadavg()]
 
 
 def stop_store(store: Path) -> None:
