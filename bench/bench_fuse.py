@@ -9,8 +9,8 @@ All of them mount the same read-only lower directory (the cached ``py60k`` tree 
 bench.common: a pyenv CPython 3.11.7 + the project's venv, padded to ~60k files and 1 GiB)
 with a fresh upper and work directory on the host's filesystem, and run, in one process:
 
-- fork latency: petri's ``clone`` through the API with the fork server and with a fresh
-  daemon process, ``petri fork --from <snapshot>`` as a whole CLI process (fuse backend,
+- fork latency: petri's ``clone`` through the API with the fork server and with a host
+  process of its own (no fork server), ``petri fork --from <snapshot>`` as a whole CLI process (fuse backend,
   workspace = a copy of the tree; --quick: the 1k tree), and the bare mount time of each
   filesystem (mount(2) for overlay, the fuse-overlayfs process until its mount appears);
 - metadata walk: ``find <mnt> -printf '%s %i\\n'`` (an lstat per entry). Cold = caches
