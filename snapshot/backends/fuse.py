@@ -41,7 +41,7 @@ Caveats:
   the ``with`` block; ``frozen_view`` first copies the whole upper (O(upper), reflinked
   where possible).
 - A directory renamed inside the sandbox is copied into the upper (see ``fusefs.ops``);
-  hard links from the base break at copy-up, as in overlay.
+  hard links from the base stay one file through copy-up (kernel overlay breaks them).
 - When root mounts, the mount carries ``allow_other`` so the runner can drop to the
   workspace owner; a normal user's mount serves that user only (bwrap keeps the uid).
 - A root-owned workspace's sandboxes are served with owners mapped (``clone(...,

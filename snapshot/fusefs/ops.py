@@ -21,8 +21,9 @@ renamed into the upper), serialised per node by a lock, so a big copy-up never b
 other requests.
 
 Caveats:
-- Hard links present in a lower layer are separate files here (they break at copy-up, as
-  in kernel overlayfs). Links made through the mount are real links in the upper.
+- Hard links present in a lower layer stay one file (one inode number) and, unlike kernel
+  overlayfs, stay one file in the upper when either name is copied up. Links made through the
+  mount are real links in the upper.
 - Renaming a directory that has lower-layer content copies that content into the upper
   (files already in the upper are moved, not copied, so open descriptors stay valid) and
   blocks other requests while it runs; the moved directory becomes opaque.
@@ -36,8 +37,8 @@ Caveats:
 - A new entry over a whiteout is made in the work dir and renamed over it in one step
   (a directory with ``RENAME_EXCHANGE``): a crash shows the deletion or the new entry.
   Made there, a new file does not inherit a set-group-id parent's group when not root.
-- Hard links and 0:0 character devices cannot be created by the sandbox (a 0:0 device is a
-  whiteout in this format).
+- 0:0 character devices cannot be created by the sandbox (a 0:0 device is a whiteout in
+  this format).
 - A file counts as read once its metadata is looked up (``stat`` is enough). Readdirplus
   would hand the kernel cacheable attributes that no later ``stat`` asks us for, so a listed
   file not yet recorded is returned with zero timeouts: its first ``stat`` after a listing is
