@@ -70,6 +70,7 @@ from .. import layers as L
 from ..backend import Candidates, DiskCap, Leftover
 from ..candidates import clean, prune_dirs
 from ..errors import SnapshotError
+from ..extras import missing_hint
 from ..fusefs import client as C
 from ..fusefs import daemon as D
 from ..fusefs import server as S
@@ -84,7 +85,7 @@ from .overlay import (MOUNT_RECORD_VERSION, MountRecord, OverlayBackend, _idmap_
 
 
 class FuseMountFailed(SnapshotError):
-    """cannot start the fuse daemon for {target}: {why}; see {log}"""
+    """cannot start the fuse daemon for {target}: {why}; see {log} (`petri doctor` checks FUSE)"""
 
 
 def _fuse_mounts_under(root: Path) -> list[bytes]:
@@ -156,7 +157,7 @@ class FuseBackend(OverlayBackend):
         try:
             import pyfuse3  # noqa: F401
         except ImportError as e:
-            return False, f"pyfuse3 cannot be imported ({e})"
+            return False, missing_hint(e) or f"pyfuse3 cannot be imported ({e})"
         ok, why = _probe_user_xattr(workspace)
         if not ok:
             return False, why
