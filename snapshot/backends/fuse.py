@@ -64,7 +64,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from .. import layers as L
 from ..backend import Candidates, DiskCap, Leftover
@@ -202,7 +202,7 @@ class FuseBackend(OverlayBackend):
             where = self._slot_dir(store, slot) / "host.log" if slot is not None else C.slots_dir(store.root)
             raise FuseMountFailed(target=name, why=str(e).splitlines()[0], log=str(where)) from e
 
-    def _serve_alone(self, store: Store, name: str, args: list[str], host: dict, slot: int | None) -> int:
+    def _serve_alone(self, store: Store, name: str, args: list[str], host: dict[str, Any], slot: int | None) -> int:
         """Without the fork server: a fresh host process in a free slot (or the one given,
         if no host runs there), then the sandbox sent to it directly."""
         slots = C.slots_dir(store.root)
