@@ -1,11 +1,16 @@
 """The fuse backend beside kernel overlayfs and fuse-overlayfs over the same tree.
 
-All three mount the same read-only lower directory (the cached ``py60k`` tree of
+petri's filesystem is measured twice: ``petri-fuse``, a daemon process of its own for the
+mount (the sandbox at the mount's root), and ``petri-host``, the way the backend serves
+sandboxes: one directory of a host's mount (``snapshot.fusefs.host``) that serves 31 idle
+others over the same tree beside it.
+
+All of them mount the same read-only lower directory (the cached ``py60k`` tree of
 bench.common: a pyenv CPython 3.11.7 + the project's venv, padded to ~60k files and 1 GiB)
 with a fresh upper and work directory on the host's filesystem, and run, in one process:
 
-- fork latency: petri's ``clone`` through the API with the fork server and with a fresh
-  daemon process, ``petri fork --from <snapshot>`` as a whole CLI process (fuse backend,
+- fork latency: petri's ``clone`` through the API with the fork server and with a host
+  process of its own (no fork server), ``petri fork --from <snapshot>`` as a whole CLI process (fuse backend,
   workspace = a copy of the tree; --quick: the 1k tree), and the bare mount time of each
   filesystem (mount(2) for overlay, the fuse-overlayfs process until its mount appears);
 - metadata walk: ``find <mnt> -printf '%s %i\\n'`` (an lstat per entry). Cold = caches
@@ -29,9 +34,12 @@ Targets, printed PASS/FAIL: CLI fork p50 <= 300 ms; warm import workload <= 1.5x
 fuse-overlayfs; cold walk <= 2x fuse-overlayfs.
 
 Run as root from the repository root: ``.venv/bin/python -m bench.bench_fuse`` (about ten
-minutes) or ``--quick`` (about a minute: walks and reads only the tree's venv part, one
-run each, 64 MiB sequential I/O, the CLI fork on the 1k tree). Prints one markdown section
-on stdout (progress on stderr).
+minutes), ``--workloads-only`` (the workloads table and its targets, no fork latency, knobs or
+copy-up cost), ``--interleaved ROUNDS`` (only fuse-overlayfs, petri-fuse and petri-host, all
+mounted at once and measured in turns: the warm import workload and the warm and cold walk,
+where the load of a shared machine falls on the three alike) or ``--quick`` (about a
+minute: walks and reads only the tree's venv part, one run each, 64 MiB sequential I/O, the
+CLI fork on the 1k tree). Prints one markdown section on stdout (progress on stderr).
 
 Caveats: the machine may be shared (load average printed); dropping caches also drops
 every other process's page cache. Kernel overlay reads the lower through the page cache
@@ -47,6 +55,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -61,7 +70,8 @@ from snapshot.osutil import mounts  # noqa: E402
 PYPREFIX = "/root/.pyenv/versions/3.11.7"
 IMPORTS = ["json", "decimal", "asyncio", "email.parser", "http.client", "xml.etree.ElementTree",
            "sqlite3", "csv", "argparse", "logging", "unittest", "ssl"]
-FS_NAMES = ("overlay", "fuse-overlayfs", "petri-fuse")
+FS_NAMES = ("overlay", "fuse-overlayfs", "petri-fuse", "petri-host")
+NEIGHBOURS = 31  # petri-host: the measured sandbox shares its host with this many others (a full host)
 
 
 def drop_caches() -> None:
@@ -92,6 +102,8 @@ class Mount:
 
     @property
     def mnt(self) -> Path:
+        if self.kind == "petri-host":
+            return self.base / "slot" / "mnt" / "sb"  # one sandbox's directory of the host's mount
         return self.base / "mnt"
 
     def up(self) -> Path:
@@ -105,6 +117,8 @@ class Mount:
             sh(["mount", "-t", "overlay", "overlay", "-o", opts, self.mnt])
         elif self.kind == "fuse-overlayfs":
             sh(["fuse-overlayfs", "-o", opts, self.mnt])  # daemonises once mounted
+        elif self.kind == "petri-host":
+            self.host_up()
         else:
             D.start(D.MountSpec(lowers=(self.lower,), mountpoint=self.mnt, upper=self.base / "upper",
                                 workdir=self.base / "work", journal=self.base / "journal",
@@ -112,8 +126,31 @@ class Mount:
                                 cache=self.cache))
         return self.mnt
 
+    def host_up(self) -> None:
+        """A host (snapshot.fusefs.host, as the backend runs them) serving this sandbox and
+        NEIGHBOURS idle others over the same lower."""
+        from snapshot.fusefs import client as C
+        from snapshot.fusefs.proc import child_env
+        slot = self.base / "slot"
+        slot.mkdir()
+        sh([sys.executable, "-m", "snapshot.fusefs.host", "--slot", slot, "--allow-other",
+            "--max-tasks", str(self.cache.max_tasks)] + (["--writeback"] if self.cache.writeback else []),
+           env=child_env())
+        for i in range(NEIGHBOURS + 1):
+            name = "sb" if i == 0 else f"n{i}"
+            d = self.base / name
+            for sub in ("upper", "work"):
+                (d / sub).mkdir(parents=True)
+            spec = D.MountSpec(lowers=(self.lower,), mountpoint=d, upper=d / "upper", workdir=d / "work",
+                               journal=d / "journal", cache=self.cache)
+            reply = C.host_request(slot, {"op": "add", "name": name, "argv": spec.sandbox_args()})
+            if not reply or not reply.get("ok"):
+                raise RuntimeError(f"the host did not serve {name}: {reply}")
+
     def down(self) -> None:
-        if self.kind == "petri-fuse":
+        if self.kind == "petri-host":
+            D.stop(self.base / "slot" / "mnt", self.base / "slot" / "daemon.pid")
+        elif self.kind == "petri-fuse":
             D.stop(self.mnt, self.base / "daemon.pid")
         elif is_mounted(self.mnt):
             cmd = ["umount", self.mnt] if self.kind == "overlay" else ["fusermount3", "-u", self.mnt]
@@ -122,7 +159,7 @@ class Mount:
 
     def remove(self) -> None:
         self.down()
-        if self.base.exists() and not is_mounted(self.mnt):
+        if self.base.exists() and not is_mounted(self.base / "slot" / "mnt") and not is_mounted(self.mnt):
             shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -204,7 +241,7 @@ class Bench:
         ws = self.work / "api-ws"
         sh(["cp", "-a", small.path, ws])
         store = Store(ws)
-        for label, kw in (("clone, API, fork server", {}), ("clone, API, fresh daemon", {"fork_server": False})):
+        for label, kw in (("clone, API, fork server", {}), ("clone, API, own host", {"fork_server": False})):
             b = FuseBackend(**kw)
             if not store.root.exists():
                 b.create_store(store)
@@ -251,7 +288,9 @@ class Bench:
         lower = ensure_tree(1000).path
         for kind in FS_NAMES:
             m = self.mount(kind, lower, "-mnt")
-            label = "petri-fuse (a fresh daemon process)" if kind == "petri-fuse" else kind
+            label = {"petri-fuse": "petri-fuse (a fresh daemon process)",
+                     "petri-host": f"petri-host (a fresh host process, {NEIGHBOURS + 1} sandboxes added)",
+                     }.get(kind, kind)
             out[f"bare mount: {label}"] = measure(m.up, runs=n, after=lambda _, m=m: m.down())
             m.remove()
         return out
@@ -259,7 +298,7 @@ class Bench:
     # filesystem workloads -------------------------------------------------------------------
     def workloads(self, lower: Path, sub: str, io_mib: int) -> dict[str, dict[str, Samples]]:
         res: dict[str, dict[str, Samples]] = {}
-        for kind in FS_NAMES:
+        for kind in self.args.order.split(","):
             log(f"workloads on {kind}")
             m = self.mount(kind, lower)
             res[kind] = self.workloads_on(m, sub, io_mib)
@@ -281,6 +320,40 @@ class Bench:
         r[f"sequential write {io_mib} MiB"] = measure(lambda: seq_write(big, io_mib), runs=1)
         r[f"sequential read {io_mib} MiB (cold)"] = measure(lambda: seq_read(big), runs=1, before=drop_caches)
         return r
+
+    def interleaved(self, lower: Path, sub: str, rounds: int) -> dict[str, dict[str, Samples]]:
+        """fuse-overlayfs, petri-fuse and petri-host mounted at once and measured in turns
+        (the order rotated each round), so that the machine's load falls on all three alike."""
+        kinds = ("fuse-overlayfs", "petri-fuse", "petri-host")
+        ms = {k: self.mount(k, lower, "-il") for k in kinds}
+        res: dict[str, dict[str, Samples]] = {k: {} for k in kinds}
+
+        def turns(what: str, fn: Callable[[Mount], object], n: int, cold: bool = False) -> None:
+            for k in kinds:
+                res[k][what] = Samples()
+            for i in range(n):
+                log(f"interleaved: {what}, round {i + 1}/{n}")
+                for k in kinds[i % 3:] + kinds[:i % 3]:
+                    m = ms[k]
+                    if cold:
+                        m.up()
+                        drop_caches()
+                    t0 = time.perf_counter()
+                    fn(m)
+                    res[k][what].values.append(time.perf_counter() - t0)
+
+        try:
+            for m in ms.values():
+                m.up()
+                import_workload(m.mnt)  # warm
+                walk(m.mnt / sub)
+            turns("import workload (warm)", lambda m: import_workload(m.mnt), rounds * 2)
+            turns("warm walk", lambda m: walk(m.mnt / sub), rounds)
+            turns("cold walk", lambda m: walk(m.mnt / sub), rounds, cold=True)
+        finally:
+            for m in ms.values():
+                m.remove()
+        return res
 
     def knobs(self, lower: Path, sub: str) -> list[tuple[str, Samples, Samples]]:
         variants = [
@@ -331,7 +404,16 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="bench.bench_fuse", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="under a minute: parts of the tree, one run each")
     p.add_argument("--runs", type=int, default=3, help="runs per cell (not --quick)")
+    p.add_argument("--order", default=",".join(FS_NAMES),
+                   help="the order the filesystems' workloads run in (each one after the other)")
+    p.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                   help="only fuse-overlayfs, petri-fuse and petri-host measured in turns: the warm "
+                   "import workload (2 x ROUNDS each), warm and cold walk (ROUNDS each)")
+    p.add_argument("--workloads-only", action="store_true", help="only the workloads table (no fork latency, "
+                   "knobs or copy-up cost)")
     args = p.parse_args()
+    if sorted(args.order.split(",")) != sorted(FS_NAMES):
+        p.error(f"--order lists each of {', '.join(FS_NAMES)} once")
     if os.geteuid() != 0:
         print("run as root (kernel overlay, drop_caches)", file=sys.stderr)
         return 2
@@ -348,12 +430,14 @@ def main() -> int:
     report = Report("FUSE backend beside kernel overlay and fuse-overlayfs", sys.argv)
     fsver = subprocess.run(["fuse-overlayfs", "--version"], capture_output=True, text=True).stdout.splitlines()
     interrupted = False
+    if args.interleaved:
+        return interleaved_only(b, report, lower, sub, args.interleaved)
     try:
         b.work.mkdir(parents=True)
-        fork = b.fork_latency(report)
+        fork = {} if args.workloads_only else b.fork_latency(report)
         wl = b.workloads(lower, sub, io_mib)
-        knobs = b.knobs(lower, sub)
-        cu = b.copyup_cost(lower / "python-3.11.7")
+        knobs = [] if args.workloads_only else b.knobs(lower, sub)
+        cu = [] if args.workloads_only else b.copyup_cost(lower / "python-3.11.7")
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -369,7 +453,11 @@ def main() -> int:
         "- all three mount that tree as the only lower layer; upper and work on the host filesystem "
         f"(`{CACHE}`)",
         f"- fuse-overlayfs: {next((x for x in fsver if 'overlayfs' in x), '?')}, default options",
-        "- petri-fuse: `snapshot.fusefs` daemon, defaults " + str(D.CacheOptions()),
+        "- petri-fuse: `snapshot.fusefs` daemon (a process of its own for the mount, as every fuse sandbox "
+        "had before hosts), defaults " + str(D.CacheOptions()),
+        f"- petri-host: a `snapshot.fusefs.host` process (as the backend runs them) serving the measured "
+        f"sandbox as one directory of its mount beside {NEIGHBOURS} idle others over the same tree",
+        f"- workloads ran in this order, each filesystem's after the other's: {args.order}",
         f"- runs per cell: {b.runs} (import workload: {max(3, b.runs * 2)}); times are p50 (and p99 where n>1)",
         f"- import workload: `python3.11 -B -c 'import {', '.join(IMPORTS)}'` under bwrap with the mount "
         f"bound at {PYPREFIX}",
@@ -381,26 +469,55 @@ def main() -> int:
     keys = list(wl["overlay"].keys())
     rows = []
     for k in keys:
-        o, f, p_ = (wl[n][k].p50 for n in FS_NAMES)
-        rows.append((k, fmt_s(o), fmt_s(f), fmt_s(p_), fmt_ratio(p_, f), fmt_ratio(p_, o)))
-    report.table(["workload", "kernel overlay", "fuse-overlayfs", "petri-fuse", "petri / fuse-overlayfs",
-                  "petri / overlay"], rows)
+        o, f, p_, h = (wl[n][k].p50 for n in FS_NAMES)
+        rows.append((k, fmt_s(o), fmt_s(f), fmt_s(p_), fmt_s(h), fmt_ratio(p_, f), fmt_ratio(h, f), fmt_ratio(h, p_)))
+    report.table(["workload", "kernel overlay", "fuse-overlayfs", "petri-fuse (own daemon)",
+                  "petri-host (1 of 32 on a host)", "petri-fuse / fuse-overlayfs", "petri-host / fuse-overlayfs",
+                  "petri-host / petri-fuse"], rows)
     report.section("Caching knobs (petri-fuse, p50)")
     report.table(["setting", "warm walk", "import workload (warm)"],
                  [(lbl, fmt_s(w.p50), fmt_s(i.p50)) for lbl, w, i in knobs])
     report.section("Copy-up durability (1,000 small lower files opened for writing, p50)")
     report.table(["setting", "time"], [(lbl, fmt_s(s.p50)) for lbl, s in cu])
-    cli = next(v for k, v in fork.items() if k.startswith("`petri fork"))
+    cli = next((v for k, v in fork.items() if k.startswith("`petri fork")), None)
     imp = wl["petri-fuse"]["import workload (warm)"].p50 / wl["fuse-overlayfs"]["import workload (warm)"].p50
     cold = wl["petri-fuse"]["cold walk"].p50 / wl["fuse-overlayfs"]["cold walk"].p50
+    himp = wl["petri-host"]["import workload (warm)"].p50 / wl["fuse-overlayfs"]["import workload (warm)"].p50
+    hcold = wl["petri-host"]["cold walk"].p50 / wl["fuse-overlayfs"]["cold walk"].p50
     report.section("Targets")
     report.table(["target", "measured", "verdict"], [
-        ("CLI fork p50 <= 300 ms", fmt_s(cli.p50), verdict(cli.p50, 0.300)),
-        ("warm import workload <= 1.5x fuse-overlayfs", f"{imp:.2f}x", verdict(imp, 1.5)),
-        ("cold walk <= 2x fuse-overlayfs", f"{cold:.2f}x", verdict(cold, 2.0)),
+        *([("CLI fork p50 <= 300 ms", fmt_s(cli.p50), verdict(cli.p50, 0.300))] if cli is not None else []),
+        ("warm import workload <= 1.5x fuse-overlayfs (petri-fuse)", f"{imp:.2f}x", verdict(imp, 1.5)),
+        ("cold walk <= 2x fuse-overlayfs (petri-fuse)", f"{cold:.2f}x", verdict(cold, 2.0)),
+        ("warm import workload <= 1.5x fuse-overlayfs (petri-host)", f"{himp:.2f}x", verdict(himp, 1.5)),
+        ("cold walk <= 2x fuse-overlayfs (petri-host)", f"{hcold:.2f}x", verdict(hcold, 2.0)),
     ])
     from .common import loadavg
     report.text(f"Load average at the end: {loadavg()}")
+    print(report.render())
+    return 0
+
+
+def interleaved_only(b: Bench, report: Report, lower: Path, sub: str, rounds: int) -> int:
+    from .common import loadavg
+    start = loadavg()
+    try:
+        b.work.mkdir(parents=True)
+        res = b.interleaved(lower, sub, rounds)
+    finally:
+        b.cleanup()
+    report.section("fuse-overlayfs, petri-fuse and petri-host in turns (p50)",
+                   f"All three mounted at once over `{lower}`{' (walks: its `' + sub + '` part)' if sub else ''}; "
+                   f"each round runs the workload once on each, the order rotated every round. petri-fuse: a "
+                   f"daemon of its own for the mount; petri-host: one sandbox of a host serving "
+                   f"{NEIGHBOURS + 1}. Load average at the start: {start}, at the end: {loadavg()}.")
+    rows = []
+    for what in res["petri-host"]:
+        f, p_, h = (res[k][what] for k in ("fuse-overlayfs", "petri-fuse", "petri-host"))
+        rows.append((what, p_.n, fmt_s(f.p50), fmt_s(p_.p50), fmt_s(h.p50), fmt_ratio(p_.p50, f.p50),
+                     fmt_ratio(h.p50, f.p50), fmt_ratio(h.p50, p_.p50)))
+    report.table(["workload", "n each", "fuse-overlayfs", "petri-fuse (own daemon)", "petri-host (1 of 32)",
+                  "petri-fuse / fuse-overlayfs", "petri-host / fuse-overlayfs", "petri-host / petri-fuse"], rows)
     print(report.render())
     return 0
 

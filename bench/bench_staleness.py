@@ -75,8 +75,10 @@ class Session:
         petri(self.ws, "init", "--backend", backend, "--json", cmd=cmd)
         forked = json.loads(petri(self.ws, "fork", "-n", str(n), "--json", cmd=cmd).stdout)["sandboxes"]
         self.first = forked[0]["id"]
+        # Not under hidden directories: .petri, and a project's .venv (whose files a sandbox
+        # would overwrite below, breaking the tools it runs).
         files = sorted(p for p in self.ws.rglob("*.py") if p.is_file() and not p.is_symlink()
-                       and ".petri" not in p.parts)
+                       and not any(part.startswith(".") for part in p.relative_to(self.ws).parts))
         self.live_changed = files[:10]
         for sb in forked:
             t = Path(sb["path"])

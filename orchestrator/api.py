@@ -43,10 +43,11 @@ from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, Fi
                       SnapshotList, Stats)
 
 if TYPE_CHECKING:
+    from .doctor import Report as DoctorReport
     from .registry import SandboxRow
     from .services import Engine
 
-__all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
+__all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
 
 VIAS = ("api", "cli", "mcp", "tui")
 
@@ -142,6 +143,20 @@ def open(path: str | os.PathLike[str] | None = None, *, via: str = "api",  # noq
     from .workspace import find_workspace
 
     return Workspace(find_workspace(None if path is None else Path(path), override), via=via)
+
+
+def doctor(path: str | os.PathLike[str] = ".") -> "DoctorReport":
+    """What works on this machine for ``path`` (a directory: a workspace, or one to ``init``)
+    and, for each thing that does not, why and the fix: ``petri doctor``'s report (``.ok``,
+    ``.checks``, ``.exit_code``, ``.to_json()``). Writes nothing."""
+    from .doctor import diagnose
+    from .errors import UsageError
+    from .units import shown
+
+    target = Path(os.path.abspath(path))
+    if not os.fspath(path).strip() or not target.is_dir():
+        raise UsageError(detail=f"bad path '{shown(os.fspath(path), limit=200)}': not a directory")
+    return diagnose(target)
 
 
 # ---------------------------------------------------------------------------- the workspace

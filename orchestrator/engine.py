@@ -290,14 +290,18 @@ class Engine:
 
         options = self.clone_options(limits)
 
+        trees: dict[str, str] = {}
+
         def make(row: SandboxRow) -> None:
-            self.backend.clone(self.store, base.id, row.id, **options)
+            # The backend says where the tree is (fuse: a directory of its host's mount).
+            trees[row.id] = str(self.backend.clone(self.store, base.id, row.id, **options))
 
         try:
             _clone_all(rows, make)
             with self.registry.write() as db:
                 for row in rows:
-                    db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL WHERE id = ?", (row.id,))
+                    db.execute("UPDATE sandboxes SET state = 'ready', owner_pid = NULL, path = ? WHERE id = ?",
+                               (trees.get(row.id, row.path), row.id))
         except BaseException:
             # Nothing half-made stays: drop every sandbox of this call (a failure, or an
             # interrupt anywhere in here). What a second interrupt cuts short is still owned
@@ -310,7 +314,7 @@ class Engine:
                 self.registry.update_sandbox(row.id, state="failed", owner_pid=None)
             raise
         made = [self.sandbox_by_id(r.id) for r in rows]
-        for row in rows:
+        for row in made:
             self.backend.note_usage(self.store, row.id)
             events.sandbox_created(self.store.root, sandbox=row.id, label=row.label, base=row.base, path=row.path)
         return made

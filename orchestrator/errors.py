@@ -101,13 +101,14 @@ class RegistryTooNew(OrchestratorError, Unsupported):
 
 
 class BwrapMissing(OrchestratorError):
-    """bubblewrap (`bwrap`) is not installed; install the Debian package `bubblewrap`"""
+    """bubblewrap (`bwrap`) is not installed; install the Debian package `bubblewrap` (`petri doctor` checks
+    everything a run needs)"""
 
     exit_code = 125
 
 
 class SandboxSetupFailed(OrchestratorError):
-    """could not start the sandbox: {detail}"""
+    """could not start the sandbox: {detail}; `petri doctor` says what this machine lacks and how to fix it"""
 
     exit_code = 125
 

@@ -401,6 +401,10 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     doc.update(seccomp_fields(profile))
     if res.setup_error:
         doc["setup_error"] = res.setup_error
+        from .doctor import hint_for_setup_error
+        hint = hint_for_setup_error(res.setup_error)
+        if hint:
+            doc["setup_hint"] = hint  # the machine, not the command: `petri doctor` says what it lacks
     if exec_error:
         doc["exec_error"] = exec_error
         if echo:

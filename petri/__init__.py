@@ -8,7 +8,7 @@ Importing petri imports no typer, textual, mcp or ray (tested).
 Note: PyPI has an unrelated old package also named ``petri``; installing both would shadow
 this module (the distribution here is ``petridish``).
 """
-from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, init, open
+from orchestrator.api import Cmd, Patch, Sandbox, SandboxSet, Workspace, doctor, init, open
 from orchestrator.limits import Limits
 from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile, Event, Evolution, FileContent,
                                   FileEntry, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepMatch,
@@ -17,12 +17,12 @@ from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile,
                                   SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
-__version__ = "0.1.0"
+from orchestrator._version import VERSION as __version__
 
 __all__ = [
     "__version__",
-    # opening a workspace
-    "init", "open", "Workspace",
+    # opening a workspace; what works on this machine for a path
+    "init", "open", "Workspace", "doctor",
     # handles
     "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
     # records (each .to_json() is the CLI's --json document)

@@ -35,7 +35,7 @@ from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, Fil
                                   Race, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
-__all__ = ["init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
+__all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
            "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"]
 
 T = TypeVar("T")
@@ -89,6 +89,11 @@ async def init(path: str | os.PathLike[str] = ".", **kw: Any) -> "Workspace":
 
 async def open(path: str | os.PathLike[str] | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001
     return Workspace(await _thread(_api.open, path, via=via))
+
+
+async def doctor(path: str | os.PathLike[str] = ".") -> Any:
+    """``petri.doctor`` in a worker thread (its probes start processes and wait for them)."""
+    return await _thread(_api.doctor, path)
 
 
 class Workspace:

@@ -80,14 +80,10 @@ for f in right wrong does-not-parse; do echo "--- demo/fixes/$f.patch"; sed -n '
 winner=$("$petri" ls --json | python3 -c 'import json,sys; print([s["id"] for s in json.load(sys.stdin)["sandboxes"] if s["label"] is None][-1])')
 echo "the winner's tree: $("$petri" status "$winner" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sandboxes"][0]["path"])')"
 # The check ran in a throwaway fork of the winner's applied state (so what the tests left
-# behind is not promoted); its output stays in that sandbox's logs. Which fork checked which
-# candidate is in the race.started event.
-check=$(python3 -c 'import json,sys
-ev=[json.loads(l) for l in open(".petri/events.jsonl")]
-race=[e for e in ev if e["event"]=="race.started"][-1]
-print([c["check_sandbox"] for c in race["candidates"] if c["sandbox"]==sys.argv[1]][0])' "$winner")
-echo "the winner's check (run in $check):"
-"$petri" logs "$check"
+# behind is not promoted); its output is recorded as the winner's own run: the apply step
+# is run 1, the check run 2.
+echo "the winner's check (petri logs $winner --run 2):"
+"$petri" logs "$winner" --run 2
 
 if "$petri" diff --help >/dev/null 2>&1; then
   step "petri diff and promote the winner"

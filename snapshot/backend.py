@@ -102,9 +102,11 @@ class DiskCap:
     meanwhile, from the cap's own counters, never from a command's output (a message can be
     faked, and a real overflow can be silenced); ``usage`` is (bytes counted against the
     cap, the cap) where the cap keeps such counters; ``lapsed`` says why caps applied
-    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox."""
+    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox;
+    ``needs_root``: ``prepare`` refuses a normal user (what ``petri doctor`` tells one)."""
 
     kind: ClassVar[str] = "none"
+    needs_root: ClassVar[bool] = False
 
     def prepare(self) -> list[str]:
         return []

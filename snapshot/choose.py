@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .backend import Backend, Progress, Say
 from .errors import BackendUnavailable
+from .extras import missing_hint
 from .osutil import fs_type
 
 BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
@@ -38,7 +39,10 @@ def backend_class(name: str) -> type[Backend]:
     try:
         found: type[Backend] = getattr(importlib.import_module(module), cls)
         return found
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
+        # btrfsutil and pyfuse3 are optional extras (snapshot.extras): say what to install.
+        raise BackendUnavailable(backend=name, why=missing_hint(e) or f"not built into this petri ({e})") from None
+    except AttributeError as e:
         raise BackendUnavailable(backend=name, why=f"not built into this petri ({e})") from None
 
 
@@ -101,7 +105,9 @@ def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
         ok, why = probe(name, workspace)
         if ok:
             return name, why
-        if name == "btrfs" and fstype == "btrfs":
+        if name == "btrfs" and fstype == "btrfs" and "petridish[btrfs]" in why:
+            notes.append(why)
+        elif name == "btrfs" and fstype == "btrfs":
             notes.append(f"{why}: `petri init --convert` makes it a subvolume for O(1) snapshots")
     if root:
         ok, why = probe("overlay", workspace)
@@ -117,3 +123,24 @@ def choose(workspace: Path, requested: str = "auto") -> tuple[str, str]:
     if ok:
         return "reflink", "; ".join([f"{fstype}: per-file reflink clones ({why})", *notes])
     return "copy", "; ".join([f"{fstype}: no copy-on-write available here, full copies", *notes])
+
+
+def uses_fuse(name: str) -> bool:
+    """Does backend ``name`` serve its clones through FUSE (/dev/fuse, fusermount3, pyfuse3)?"""
+    return name == "fuse"
+
+
+def advice(workspace: Path, name: str, reason: str) -> str | None:
+    """What would make ``auto``'s pick ``name`` for ``workspace`` better (``petri doctor``):
+    ``init --convert`` on a plain btrfs directory, a copy-on-write place where only full
+    copies work; None when nothing would."""
+    from .extras import EXTRAS
+
+    fstype = fs_type(workspace)
+    if fstype == "btrfs" and name != CONVERTS_TO:
+        tip = "`petri init --convert` makes it a btrfs subvolume: O(1) snapshots and forks"
+        return EXTRAS["btrfsutil"].install() + ", then " + tip if "petridish[btrfs]" in reason else tip
+    if name == "copy":
+        return ("every snapshot and fork is a full copy here: a workspace on btrfs (a subvolume) or XFS, " +
+                ("root (overlay)" if os.geteuid() == 0 else "or FUSE (the fuse check)") + " would make them cheap")
+    return None

@@ -113,6 +113,7 @@ class Case:
         self.snaps: list[str] = []
         self.sandbox_snaps: list[str] = []
         self.clones: list[str] = []
+        self.ids: dict[Path, str] = {}  # tree -> sandbox id
         self._n = 0
         if not self.store.root.exists():
             backend.create_store(self.store)
@@ -130,14 +131,19 @@ class Case:
         sb = f"sb-test{self._n:04d}"
         tree = self.backend.clone(self.store, sid, sb)
         self.clones.append(sb)
+        self.ids[tree] = sb
         return tree
+
+    def sandbox_of(self, tree: Path) -> str:
+        """The id of the clone at ``tree`` (where a tree sits is the backend's to say)."""
+        return self.ids[tree]
 
     def snapshot_sandbox(self, tree: Path, parent: str) -> str:
         """A snapshot of the sandbox at ``tree`` (one of this case's clones of ``parent``);
         kept apart from the snapshots of live (never the parent of the next one)."""
         self._n += 1
         sid = f"s-test{self._n:04d}"
-        sb = tree.parent.name
+        sb = self.sandbox_of(tree)
         self.backend.snapshot_sandbox(self.store, sb, sid, parent)
         self.sandbox_snaps.append(sid)
         return sid
@@ -247,7 +253,7 @@ def check_read_views(case: Case) -> None:
         with case.backend.read_view(case.store, sid) as view:
             problems = diff_manifests(want, manifest(view))
             assert not problems, f"read_view of {sid} wrong:\n" + "\n".join(problems[:20])
-    sb = tree.parent.name
+    sb = case.sandbox_of(tree)
     with case.backend.quiet_view(case.store, sb) as view:
         problems = diff_manifests(manifest(tree), manifest(view))
         assert not problems, "quiet_view wrong:\n" + "\n".join(problems[:20])
@@ -304,7 +310,7 @@ def check_fork_of_fork(case: Case) -> None:
     m3 = manifest(g3)
     # The ancestors go; what was cloned or snapshotted from them stays whole.
     for tree in (g1, g2, sibling):
-        sb = tree.parent.name
+        sb = case.sandbox_of(tree)
         case.backend.destroy_clone(case.store, sb)
         case.clones.remove(sb)
     assert diff_manifests(m3, manifest(g3)) == []

@@ -27,6 +27,7 @@ ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (q
 
 class XfsProjectQuota(DiskCap):
     kind = "xfs"
+    needs_root = True
 
     def __init__(self, store: Store, mountpoint: str) -> None:
         self.store = store
@@ -51,9 +52,11 @@ class XfsProjectQuota(DiskCap):
 def filesystem_disk_cap(backend: str, store: Store) -> DiskCap:
     """The cap the filesystem under ``store`` offers a backend named ``backend``, or
     DiskLimitUnavailable (exit 4)."""
-    fs = fs_type(store.root)
+    # Before `init` (petri doctor) there is no store yet: it will be on the workspace's filesystem.
+    where = store.root if store.root.exists() else store.workspace
+    fs = fs_type(where)
     if fs == "xfs":
-        m = mount_of(store.root)
+        m = mount_of(where)
         mp, opts = os.fsdecode(m.mountpoint), m.all_options
         if opts & {"prjquota", "pquota", "pqnoenforce"} and "pqnoenforce" not in opts:
             return XfsProjectQuota(store, mp)

@@ -90,7 +90,7 @@ class SnapshotError(PetriError):
 
 
 class BackendUnavailable(Unsupported):
-    """backend {backend} cannot work here: {why}"""
+    """backend {backend} cannot work here: {why} (`petri doctor` says what works here)"""
 
     exit_code = 4
 

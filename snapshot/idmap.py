@@ -169,12 +169,16 @@ def userns_fd(idmap: IdMap) -> int:
             os.waitpid(pid, 0)
 
 
-def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None, *, read_only: bool = False) -> int:
+def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None, *, read_only: bool = False,
+               recursive: bool = True) -> int:
     """A detached ``nosuid,nodev`` (and id-mapped, and read-only) copy of the mount tree at
-    ``src``: an fd for ``move_mount`` (``attach``) or for ``/proc/self/fd/N`` paths. Raises
-    ``IdmapUnsupported`` when the filesystem refuses the mapping."""
+    ``src`` (only the mount holding ``src`` when not ``recursive``: ``petri doctor`` asks
+    about one filesystem, not about whatever is mounted below): an fd for ``move_mount``
+    (``attach``) or for ``/proc/self/fd/N`` paths. Raises ``IdmapUnsupported`` when the
+    filesystem refuses the mapping."""
     path = os.fsencode(src)
-    fd = syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+    rec = AT_RECURSIVE if recursive else 0
+    fd = syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | rec)
     try:
         attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0)
         ns = 0
@@ -183,7 +187,7 @@ def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None, *, re
             attrs |= MOUNT_ATTR_IDMAP
         a = _MountAttr(attrs, 0, 0, ns)
         try:
-            syscall(SYS_mount_setattr, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(a), ctypes.sizeof(a))
+            syscall(SYS_mount_setattr, fd, b"", AT_EMPTY_PATH | rec, ctypes.byref(a), ctypes.sizeof(a))
         except OSError as e:
             if idmap is not None and e.errno in (errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
                 from .osutil import fs_type

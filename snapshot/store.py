@@ -8,13 +8,16 @@ which backend made them::
       lock                   flock: serialises snapshot-taking and teardown
       snapshots/<s-id>/      one dir per snapshot; backends keep their tree or metadata there
       layers/<n>/            overlay and fuse: the delta layers snapshots are stacked from
-      sandboxes/<sb-id>/tree the sandbox's tree (a subvolume, a copy, or a mount point)
+      sandboxes/<sb-id>/tree the sandbox's tree (a subvolume, a copy, or a mount point; fuse
+                             trees are fuse/<k>/mnt/<sb-id>, the backend records where)
       logs/<sb-id>/          run output
       journal/               promotion journals
       tmp/                   half-made things; anything here is garbage after a crash
       events.jsonl           the event stream front ends follow
       fuse.sock, fuse.lock,  the fuse backend's fork server (one per store, exits when idle)
       fuse.pid, fuse.log
+      fuse/<k>/              a fuse host's slot: its mount (mnt/, one directory per sandbox),
+                             pid file, control socket and log
 """
 from __future__ import annotations
 

@@ -201,6 +201,8 @@ def bad_command(draw, ws: Path, sb: str) -> list[str]:
         "snapshot": lambda: ["-m", draw(BAD_NOTE)],
         "init": lambda: ["--backend", draw(choice_not("auto", "btrfs", "zfs", "reflink", "overlay", "fuse", "copy"))],
         "help": lambda: [draw(WEIRD.filter(lambda t: t.strip() and "\x00" not in t and t[:1] != "-"))],
+        "doctor": lambda: [draw(st.one_of(st.text(max_size=6), NOT_UTF8).map(lambda t: f"/nonexistent/{t}").filter(
+            lambda t: "\x00" not in t))],
     }
     kind = draw(st.sampled_from([*cases, "missing", "unknown option", "reason", "workspace"]))
     if kind == "missing":
@@ -208,7 +210,8 @@ def bad_command(draw, ws: Path, sb: str) -> list[str]:
                                      "true"], ["race", "--check", "true"]]))
     elif kind == "unknown option":
         argv = [draw(st.sampled_from(["fork", "ls", "status", "snapshot", "snapshots", "log", "gc", "promotions",
-                                      "mcp", "tui", "shell", "deinit", "lineage", "stats", "diff", "logs"])),
+                                      "mcp", "tui", "shell", "deinit", "lineage", "stats", "diff", "logs",
+                                      "doctor"])),
                 draw(st.sampled_from(["--bogus-x", "-Z", "--json=1", "--all=yes"]))]
     elif kind == "reason":
         argv = ["--reason", draw(BAD_NOTE), draw(st.sampled_from(["fork", "snapshot", "gc"]))]

@@ -138,14 +138,15 @@ def test_reflink_usage_counts_only_unshared_extents(xfs_dir):
 def test_fuse_disk_hit_comes_from_the_budget(plain_ws):
     ws = plain_ws
     init(ws, "fuse")
-    sb = fork(ws, "--disk", "1M")["sandboxes"][0]["id"]
+    made = fork(ws, "--disk", "1M")["sandboxes"][0]
+    sb, tree = made["id"], Path(made["path"])
     # Text that looks like an overflow, and none happened.
     doc = run_json(ws, sb, FAKE_FULL)
     assert doc["exit_code"] == 1 and "disk" not in doc["limits_hit"], doc
     # A real overflow whose every message is thrown away, and a command that succeeds.
     doc = run_json(ws, sb, "dd if=/dev/zero of=big bs=64k count=64 >/dev/null 2>&1; true")
     assert doc["exit_code"] == 0 and "disk" in doc["limits_hit"], doc
-    assert (Path(ws / ".petri/sandboxes") / sb / "tree" / "big").stat().st_size <= MiB
+    assert (tree / "big").stat().st_size <= MiB
     # The next run refuses nothing: the earlier refusals are not its own.
     doc = run_json(ws, sb, "echo fine")
     assert "disk" not in doc["limits_hit"], doc

@@ -243,13 +243,16 @@ def test_gc_of_many_expired_fuse_sandboxes_leaves_no_mount_and_no_process(tmp_pa
         n = 100
         made = petri("fork", "-n", str(n), "--ttl", "1h", "--json", cwd=w, timeout=300).json["sandboxes"]
         store = w / ".petri"
-        hosts = {int((store / "sandboxes" / s["id"] / "daemon.pid").read_text()) for s in made}
+        hosts = {int(p.read_text()) for p in store.glob("fuse/*/daemon.pid")}
+        assert 0 < len(hosts) < n and len({Path(s["path"]).parent for s in made}) == len(hosts)  # shared
         expire_now(w, [s["id"] for s in made])
         g = petri("gc", "--json", cwd=w, timeout=300)
         assert g.rc == 0, g
         assert sorted(r for r in g.json["removed"] if r.startswith("sb-")) == sorted(s["id"] for s in made)
         assert g.json["reaped"]["expired"] == n
+        assert g.json["reaped"]["processes"] == 1  # the fork server: no sandbox is left for it
         assert not [m for m in mounts() if m.mountpoint.startswith(bytes(store))]
+        assert not any(Path(s["path"]).exists() for s in made)
         wait_for(lambda: not any(D._alive(p) for p in hosts), what="every host to end with its mounts")
         assert S.server_pid(store) is None
     finally:

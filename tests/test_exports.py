@@ -11,7 +11,7 @@ import petri.aio
 
 PINNED = sorted([
     "__version__",
-    "init", "open", "Workspace",
+    "init", "open", "Workspace", "doctor",
     "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
     "Record", "InitResult", "Snapshot", "SnapshotList", "SandboxInfo", "SandboxList", "Forked", "RunResult",
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
@@ -38,7 +38,7 @@ def test_public_names_not_in_all_are_only_modules():
 def test_aio_has_the_same_names_with_async_methods():
     import inspect
 
-    for name in ("init", "open", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
+    for name in ("init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
                  "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"):
         assert name in petri.aio.__all__ and hasattr(petri.aio, name), name
     for cls_name in ("Workspace", "Sandbox"):
@@ -47,6 +47,7 @@ def test_aio_has_the_same_names_with_async_methods():
             if hasattr(sync_cls, meth):
                 assert inspect.iscoroutinefunction(getattr(async_cls, meth)), (cls_name, meth)
     assert inspect.iscoroutinefunction(petri.aio.init) and inspect.iscoroutinefunction(petri.aio.open)
+    assert inspect.iscoroutinefunction(petri.aio.doctor)
 
 
 def test_error_tree_and_exit_codes():
@@ -68,3 +69,16 @@ def test_import_petri_imports_no_front_end_or_cluster_library():
             " if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []
+
+
+def test_one_version_everywhere():
+    """The package metadata (what pip shows), ``petri.__version__`` and ``petri --version``
+    are one value, written once in orchestrator/_version.py."""
+    import importlib.metadata
+    from pathlib import Path
+    meta = importlib.metadata.version("petridish")
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert meta == petri.__version__ and out == f"petri {meta}\n", (meta, petri.__version__, out)
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert "\nversion =" not in pyproject.split("[tool.setuptools.dynamic]")[0]  # no second copy

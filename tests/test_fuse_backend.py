@@ -46,7 +46,7 @@ def test_clone_write_destroy(ws):
     b.snapshot(store, "s1", None)
     made.append("sb1")
     tree = b.clone(store, "s1", "sb1")
-    assert D.is_mounted(tree) and (tree / "A").read_bytes() == b"a\n"
+    assert D.is_mounted(tree.parent) and (tree / "A").read_bytes() == b"a\n"  # a directory of its host's mount
     (tree / "A").write_bytes(b"changed\n")
     assert (store.workspace / "A").read_bytes() == b"a\n"
     assert (store.sandbox_dir("sb1") / "upper/A").read_bytes() == b"changed\n"
@@ -60,7 +60,10 @@ def test_clone_write_destroy(ws):
         assert (sv / "A").read_bytes() == b"a\n"
     b.destroy_clone(store, "sb1")
     made.remove("sb1")
-    assert not D.is_mounted(tree) and not store.sandbox_dir("sb1").exists()
+    assert not tree.exists() and not store.sandbox_dir("sb1").exists()
+    deadline = time.monotonic() + 10  # its host, with nothing left to serve, is retired and unmounts
+    while D.is_mounted(tree.parent) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not [m for m in mounts() if m.source == D.FSNAME and m.mountpoint.startswith(os.fsencode(store.root))]
 
 
@@ -82,7 +85,7 @@ def test_ensure_clone_restarts_a_dead_daemon(ws):
     made.append("sb1")
     tree = b.clone(store, "s1", "sb1", disk_budget=1 << 20)
     (tree / "kept").write_bytes(b"k")
-    pid = int((store.sandbox_dir("sb1") / "daemon.pid").read_text())
+    pid = int((tree.parent.parent / "daemon.pid").read_text())  # its host's
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while b.daemon_health(store, "sb1") != "dead" and time.monotonic() < deadline:
@@ -106,5 +109,27 @@ def test_leftovers_find_and_remove_an_orphan_mount(ws):
     for lo in found:
         b.remove_leftover(store, lo)
     made.remove("sb1")
-    assert not D.is_mounted(tree) and not store.sandbox_dir("sb1").exists()
+    assert not tree.exists() and not store.sandbox_dir("sb1").exists()
     assert b.leftovers(store, {"s1"}, set()) == []
+
+
+def test_a_sandbox_of_an_earlier_petri_moves_into_a_host_when_served_again(ws):
+    """An earlier petri's record has no slot (its daemon mounted sandboxes/<id>/tree); with
+    that daemon gone, ensure_clone serves it in a host and records the slot."""
+    import json
+
+    from snapshot.fusefs import client as C
+    b, store, made = ws
+    b.snapshot(store, "s1", None)
+    made.append("sb1")
+    tree = b.clone(store, "s1", "sb1")
+    (tree / "kept").write_bytes(b"k")
+    record = store.sandbox_dir("sb1") / "mount.json"
+    rec = json.loads(record.read_text())
+    C.host_request(tree.parent.parent, {"op": "remove", "name": "sb1"})
+    del rec["slot"]
+    record.write_text(json.dumps(rec))
+    assert b.daemon_health(store, "sb1") == "unmounted"  # its old mount point: nothing there
+    again = b.ensure_clone(store, "sb1")
+    assert again.parent.name == "mnt" and (again / "kept").read_bytes() == b"k"
+    assert json.loads(record.read_text())["slot"] is not None and b.daemon_health(store, "sb1") == "ok"

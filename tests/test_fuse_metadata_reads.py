@@ -49,7 +49,7 @@ def test_module_loaded_from_pycache_counts_as_read(fuse_ws):
     r = petri("run", sb["id"], "--", PY, "-c", "import mod; print(mod.X)", cwd=ws)
     assert r.rc == 0 and r.out == "1\n", r
     # The import used the cached bytecode (else this test proves nothing).
-    reads = (Path(sb["path"]).parent / "journal" / "reads").read_bytes().split(b"\0")
+    reads = (ws / ".petri" / "sandboxes" / sb["id"] / "journal" / "reads").read_bytes().split(b"\0")
     assert any(p.startswith(b"__pycache__/mod.") for p in reads), reads
     # Live moves on: the module the run imported, and one it never touched.
     (ws / "mod.py").write_text("X = 2  # live edit\n")

@@ -70,6 +70,7 @@ def test_backend_as_a_normal_user(test_user, user_dir):
     import os, subprocess, sys
     from pathlib import Path
     from snapshot.backends.fuse import FuseBackend
+    from snapshot.fusefs import client as C
     from snapshot.fusefs import daemon as D
     from snapshot.store import Store
     assert os.geteuid() != 0
@@ -80,7 +81,9 @@ def test_backend_as_a_normal_user(test_user, user_dir):
     b.snapshot(st, "s1", None)
     tree = b.clone(st, "s1", "sb1", disk_budget=1 << 20)
     try:
-        assert "allow_other" not in open("/proc/self/mounts").read().split(str(tree))[1].split("\\n")[0]
+        slot = tree.parent.parent  # the tree is a directory of its host's mount
+        assert tree == slot / "mnt" / "sb1" and D.is_mounted(slot / "mnt")
+        assert "allow_other" not in open("/proc/self/mounts").read().split(str(slot / "mnt"))[1].split("\\n")[0]
         (tree / "A").write_bytes(b"changed")
         os.unlink(tree / "B")
         (tree / "d/new").write_bytes(b"n")
@@ -100,15 +103,27 @@ def test_backend_as_a_normal_user(test_user, user_dir):
         assert b"A" in b.read_set(st, "sb1")  # read inside bwrap, recorded by the daemon
         with b.frozen_view(st, "sb1") as fv:
             assert (fv / "A").read_bytes() == b"changed"
-        # forked by the store's fork server, which only this user may reach
-        pid = D.daemon_pid(st.sandbox_dir("sb1") / "daemon.pid", tree)
+        # served by a host forked by the store's fork server, which only this user may reach
+        pid = C.host_pid(slot)
         assert b"snapshot.fusefs.server" in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+        assert Path(f"/proc/{pid}/comm").read_bytes() == b"petri-fuse-host\\n", pid
+        ctl = os.stat(slot / "host.sock")
+        assert ctl.st_mode & 0o777 == 0o600 and ctl.st_uid == os.geteuid()
+        # more sandboxes than CPUs: some share a host, and removing one leaves the others served
+        n = len(os.sched_getaffinity(0)) + 1
+        more = [b.clone(st, "s1", f"m{i}") for i in range(n)]
+        assert len({t.parent for t in more}) < n
+        b.destroy_clone(st, "m0")
+        assert not more[0].exists()
+        assert all((t / "A").read_bytes() == b"a" for t in more[1:]) and (tree / "A").read_bytes() == b"changed"
+        for i in range(1, n):
+            b.destroy_clone(st, f"m{i}")
         sock = os.stat(st.root / "fuse.sock")
         assert sock.st_mode & 0o777 == 0o600 and sock.st_uid == os.geteuid()
     finally:
         b.destroy_clone(st, "sb1")
         b.destroy_store(st)
-    assert not D.is_mounted(tree) and not st.root.exists()
+    assert not D.is_mounted(slot / "mnt") and not st.root.exists()
     print("OK")
     """
     r = run_as(test_user, script, user_dir)

@@ -17,7 +17,7 @@ PKG = ROOT / "orchestrator"
 
 CORE = ("engine", "registry", "limits", "results", "events", "recovery", "errors", "sandbox.reaper")
 SERVICES = ("runs", "race", "promotions", "staleness", "changesets", "lineage", "stages", "evolve", "audit", "kpi",
-            "api", "cli", "mcp", "cluster", "services", "gc")
+            "api", "cli", "mcp", "cluster", "services", "gc", "doctor")
 
 
 def _modname(path: Path) -> str:

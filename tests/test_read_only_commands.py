@@ -1,5 +1,5 @@
 """Reading never writes: ``ls``, ``status``, ``diff``, ``logs``, ``lineage``, ``log``, ``stats``,
-``snapshots``, ``promotions`` (CLI), the API's reads, the MCP read tools and a TUI refresh make
+``snapshots``, ``promotions``, ``doctor`` (CLI), the API's reads, the MCP read tools and a TUI refresh make
 no subvolume, no mount, no file in the store, no registry row and no event, on every backend
 that runs here (btrfs, overlay, fuse, copy, reflink on XFS).
 
@@ -284,7 +284,8 @@ def test_reading_makes_nothing(busy_workspace):
     ws, backend, ids = busy_workspace
     before = state(ws, backend)
     for argv in (["ls"], ["--json", "ls"], ["ls", "--all"], ["snapshots"], ["promotions"], ["lineage"],
-                 ["--json", "lineage"], ["log"], ["stats"], ["--json", "stats"], ["logs", ids["busy"]]):
+                 ["--json", "lineage"], ["log"], ["stats"], ["--json", "stats"], ["logs", ids["busy"]],
+                 ["doctor"], ["--json", "doctor"]):
         r = petri(*argv, cwd=ws)
         assert r.rc == 0, (argv, r)
     for label, sb in ids.items():

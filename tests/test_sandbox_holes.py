@@ -92,8 +92,11 @@ def root_ws(request):
 def on_disk(sb: dict, rel: str) -> Path:
     """Where a file the sandbox made is stored: the upper dir of an overlay or fuse tree."""
     tree = Path(sb["path"])
+    if sb["backend"] == "fuse":  # the tree is a directory of a host's mount; the upper is the sandbox's
+        store = next(p for p in tree.parents if p.name == ".petri")
+        return store / "sandboxes" / sb["id"] / "upper" / rel
     upper = tree.parent / "upper"
-    return upper / rel if sb["backend"] in ("overlay", "fuse") else tree / rel
+    return upper / rel if sb["backend"] == "overlay" else tree / rel
 
 
 # -- 1. the setuid plant ----------------------------------------------------------------
@@ -120,7 +123,8 @@ def test_a_setuid_plant_gives_no_local_user_root(root_ws, unprivileged_user):
     st = os.stat(on_disk(sb, "rootpy"))
     assert st.st_uid == 0 and st.st_mode & stat.S_ISUID
     if sb["backend"] in ("overlay", "fuse"):
-        assert {"nosuid", "nodev"} <= mount_options(Path(sb["path"]))
+        mount = Path(sb["path"]).parent if sb["backend"] == "fuse" else Path(sb["path"])  # fuse: its host's
+        assert {"nosuid", "nodev"} <= mount_options(mount)
 
 
 @pytest.mark.parametrize("root_ws", ["copy", "btrfs"], indirect=True)
@@ -241,9 +245,9 @@ def test_a_sandbox_mounted_before_owners_were_mapped_is_mounted_again_with_the_m
     rec = json.loads(record.read_text())
     assert rec["idmap"] == [sandbox_account().pw_uid, sandbox_account().pw_gid]
     # What an older petri left: a record without the map, mounted without it.
-    if sb["backend"] == "fuse":
-        from snapshot.fusefs import daemon as D
-        D.stop(Path(sb["path"]), store.sandbox_dir(sb["id"]) / "daemon.pid")
+    if sb["backend"] == "fuse":  # its host stops serving it
+        from snapshot.fusefs import client as C
+        C.host_request(store.root / "fuse" / str(rec["slot"]), {"op": "remove", "name": sb["id"]})
     else:
         umount(os.fsencode(sb["path"]))
     del rec["idmap"]

@@ -165,7 +165,7 @@ def test_timeout_of_a_race(ws, sig, code, how):
     check = f"trap 'echo got-INT' INT; sleep 300; echo {token}"
     name = signal.Signals(sig).name
     proc = _start(["race", "--check", check, "--cmd", "echo a > keep.txt", "--cmd", "echo b > keep.txt"], ws,
-                  prefix=["timeout", "--preserve-status", "-s", name, "5"])
+                  prefix=["timeout", "--preserve-status", "-s", name, "20"])  # the checks start before, also loaded
     out, err = proc.communicate(timeout=120)
     assert _run_started(ws, token, 2), "the checks had started when the signal came"
     assert proc.returncode == code, (out, err)
@@ -275,8 +275,9 @@ def test_nohup_keeps_sighup_ignored(ws):
 @needs_sandbox
 @pytest.mark.parametrize("sig,code,how", SIGNALS)
 def test_a_signal_to_the_mcp_server(ws, sig, code, how):
-    """`petri mcp` ends its runs and exits 128 + the signal; its audit row says so (the server
-    ends with os._exit, past the CLI's edge, which wrote none)."""
+    """`petri mcp` ends its runs and exits 128 + the signal. A session is no operation of its
+    own (no audit row: each tool that changes something is one, via mcp); the run it stopped
+    is recorded as stopped on request."""
     from tests.test_mcp import Raw, alive_with
 
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
@@ -296,7 +297,8 @@ def test_a_signal_to_the_mcp_server(ws, sig, code, how):
             raw.p.kill()
             raw.p.wait()
     _nothing_left(ws, [sb], token)
-    row = _audit_row(ws, "mcp")
-    assert (row["exit_code"], row["result"]) == (code, how), row
+    entries = petri("log", "--json", cwd=ws).json["entries"]
+    assert not [e for e in entries if e["op"] == "mcp"], entries
+    assert [e for e in entries if e["op"] == "run" and e["via"] == "mcp"], entries
     run = [r for r in petri("logs", sb, "--json", cwd=ws).json["runs"] if r["run"] == st["run"]][0]
     assert (run["exit_code"], run["ended_by"]) == (143, "killed"), run

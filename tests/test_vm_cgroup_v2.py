@@ -31,6 +31,7 @@ MUST_PASS = {
         "test_backend_conformance.py::test_clone_is_exact[btrfs]",
         "test_backend_conformance.py::test_clone_is_exact[overlay]",
         "test_backend_conformance.py::test_clone_is_exact[fuse]",
+        "test_doctor.py::test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3",
     ],
     "user": [
         "test_limits.py::test_detects_v2_at_the_root_or_the_delegated_subtree",
@@ -42,6 +43,7 @@ MUST_PASS = {
         "test_limits_cli.py::test_cpus_throttles_to_the_quota",
         "test_limits_cli.py::test_lifetime_kills_everything_the_run_started",
         "test_limits_cli.py::test_gc_after_petri_was_killed_leaves_no_cgroup",
+        "test_doctor.py::test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is",
     ],
 }
 

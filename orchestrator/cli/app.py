@@ -81,6 +81,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "log": ("lineage", "The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason,"
                        " result."),
     "stats": ("lineage", "p50/p95/p99 of fork, time to first command, run, race, promote, staleness; and rates."),
+    "doctor": ("doctor", "What works on this machine for PATH and why not, with the fix for each missing piece."),
     "mcp": ("mcp", "A Model Context Protocol server on stdio for agents (see the README for registering it)."),
     "tui": ("tui", "The terminal UI: sandboxes side by side, races ranked, two candidates compared."),
 }

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import sys
 
+from .._version import VERSION
+
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..api import Workspace
     from ..output import Output
-
-VERSION = "0.1.0"
 
 # Commands that run with the cyclic garbage collector off from start to exit (see
 # ``orchestrator.cli.main``): what scripts call in loops, each a short process that ends

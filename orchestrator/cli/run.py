@@ -111,7 +111,8 @@ def run(
         o.doc(doc)
     else:
         if doc.get("setup_error"):
-            print(f"petri: could not start the sandbox: {doc['setup_error']}", file=sys.stderr)
+            hint = f"; {doc['setup_hint']}" if doc.get("setup_hint") else ""
+            print(f"petri: could not start the sandbox: {doc['setup_error']}{hint}", file=sys.stderr)
         if doc.get("ended_by") in ENDED:
             print("petri: " + ENDED[doc["ended_by"]].format(**doc), file=sys.stderr)
         for hit in doc["limits_hit"]:

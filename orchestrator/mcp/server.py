@@ -419,19 +419,7 @@ async def _on_signals(st: State) -> None:
                 while st.active:
                     await anyio.sleep(0.02)
             sys.stderr.flush()
-            _audit_the_end(st.exit_code, signum)
             os._exit(st.exit_code)
-
-
-def _audit_the_end(code: int, signum: int) -> None:
-    """The server's audit row, which the CLI's edge never writes after ``os._exit``: its exit
-    code and the signal that ended it."""
-    from .. import audit, interrupts
-
-    interrupts.note(signum)
-    scope = audit.current()
-    if scope is not None and scope.root is not None:
-        audit.append(scope.root, scope, code, interrupts.interrupted_by(), durable=True)
 
 
 def _on_difference(sent: dict[str, Any], sdk: dict[str, Any]) -> None:

@@ -420,6 +420,7 @@ class BtrfsQgroups(DiskCap):
     """An exclusive-bytes qgroup limit per sandbox subvolume (see the module doc)."""
 
     kind = "btrfs"
+    needs_root = True
 
     def __init__(self, store: Store) -> None:
         self.store = store

@@ -27,20 +27,46 @@ from .copy import CopyBackend
 
 
 def reflink_works(directory: Path) -> tuple[bool, str]:
-    """Try a FICLONE between two scratch files in ``directory``."""
+    """Try a FICLONE between two scratch files in ``directory``: unnamed (O_TMPFILE, so the
+    probe leaves no entry and no new mtime on the directory: `petri doctor` writes nothing),
+    or named and removed again where the filesystem has no O_TMPFILE."""
+    try:
+        fa = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return False, f"cannot write in {directory}: {e.strerror}"
+        return _reflink_works_named(directory)
+    try:
+        fb = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        os.close(fa)
+        return False, f"cannot write in {directory}: {e.strerror}"
+    try:
+        return _ficlone_probe(fa, fb)
+    finally:
+        os.close(fa)
+        os.close(fb)
+
+
+def _ficlone_probe(fa: int, fb: int) -> tuple[bool, str]:
+    os.write(fa, b"petri")
+    try:
+        fcntl.ioctl(fb, FICLONE, fa)
+        return True, "the filesystem supports reflinks (FICLONE)"
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.EXDEV, errno.ENOTTY):
+            return False, "the filesystem has no reflinks (FICLONE unsupported)"
+        return False, f"FICLONE failed: {e.strerror}"
+
+
+def _reflink_works_named(directory: Path) -> tuple[bool, str]:
     a = directory / f".petri-reflink-probe-{os.getpid()}-a"
     b = directory / f".petri-reflink-probe-{os.getpid()}-b"
     try:
         fa = os.open(a, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         fb = os.open(b, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fa, b"petri")
-            fcntl.ioctl(fb, FICLONE, fa)
-            return True, "the filesystem supports reflinks (FICLONE)"
-        except OSError as e:
-            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.EXDEV, errno.ENOTTY):
-                return False, "the filesystem has no reflinks (FICLONE unsupported)"
-            return False, f"FICLONE failed: {e.strerror}"
+            return _ficlone_probe(fa, fb)
         finally:
             os.close(fa)
             os.close(fb)

@@ -2,10 +2,15 @@
 
 - ``ops``: the filesystem itself (read-only lower layers + a writable upper directory in
   the overlay layer format: whiteouts are 0:0 character devices, opaque directories carry
-  ``user.overlay.opaque=y``).
-- ``daemon``: one mount per process; start detached, wait for the mount, stop, health.
+  ``user.overlay.opaque=y``), one per sandbox.
+- ``multi``: many of them on one mount, each a top-level directory with its own inode space.
+- ``host``: one process serving one such mount (sandboxes added and removed on request);
+  ``daemon``: one filesystem at a mount's root in a process of its own, and starting,
+  stopping and probing FUSE mounts.
 - ``journal``: what a sandbox changed and what it read, appended as it happens.
-- ``server``: a per-store fork server that forks daemons; ``client``: reaching it (what
-  ``daemon.start`` uses, so the daemon never imports the server that imports it).
-- ``proc``: pids, start times, kill-and-wait, the daemon's environment and error.
+- ``server``: a per-store fork server that forks hosts and places sandboxes in them;
+  ``client``: reaching it and the hosts (what the backend uses, so nothing but the server
+  imports the server).
+- ``proc``: pids, start times, kill-and-wait, a detached process's environment, output and
+  name, and the error a filesystem that failed to mount raises.
 """

@@ -1,12 +1,14 @@
-"""The client side of a store's FUSE fork server (:mod:`.server`): reach it over its socket,
-start it on demand, ask it to mount, find and stop it.
+"""The client side of a store's FUSE fork server (:mod:`.server`) and of its hosts
+(:mod:`.host`): reach the server over its socket, start it on demand, have it serve a
+sandbox in a host, find and stop it; talk to a host directly (remove a sandbox, ping); the
+slots hosts live in.
 
-Kept apart from the server so that :func:`snapshot.fusefs.daemon.start` can ask for a forked
-daemon without importing the server, which imports the daemon to run it in its children.
-The files and the protocol are described in :mod:`.server`.
+Kept apart from the server so that the backend and the daemon need not import the server,
+which imports the host to run it in its children. The files and the protocols are
+described in :mod:`.server` and :mod:`.host`.
 
-Caveats: the socket is reached through ``/proc/self/fd/<dir fd>/fuse.sock`` (socket paths
-are limited to 108 bytes), so /proc must be mounted.
+Caveats: sockets are reached through ``/proc/self/fd/<dir fd>/<name>`` (socket paths are
+limited to 108 bytes), so /proc must be mounted.
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ SOCK = "fuse.sock"
 LOCK = "fuse.lock"
 PIDFILE = "fuse.pid"
 MAX_REQUEST = 1 << 20
+PER_HOST = 32  # sandboxes a host takes before another is started (see .server)
+SLOTS = "fuse"  # <store>/fuse/<k>: the hosts' slots
+HOST_SOCK = "host.sock"
+HOST_PIDFILE = "daemon.pid"
 
 
 class ServerUnavailable(RuntimeError):
@@ -84,8 +90,9 @@ def _exchange(s: socket.socket, msg: dict) -> dict:
     return json.loads(buf)
 
 
-def _spawn(store: Path, idle: float, timeout: float) -> None:
-    argv = [sys.executable, "-m", SERVER_MODULE, "--store", str(store), "--idle", str(idle), "--detach"]
+def _spawn(store: Path, idle: float, timeout: float, per_host: int) -> None:
+    argv = [sys.executable, "-m", SERVER_MODULE, "--store", str(store), "--idle", str(idle),
+            "--per-host", str(per_host), "--detach"]
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, env=child_env(), timeout=timeout, close_fds=True)
@@ -95,7 +102,7 @@ def _spawn(store: Path, idle: float, timeout: float) -> None:
         raise ServerUnavailable(f"the fork server did not start: {r.stderr.decode(errors='replace')[-500:]}")
 
 
-def _connect_or_start(store: Path, dfd: int, idle: float, timeout: float) -> socket.socket:
+def _connect_or_start(store: Path, dfd: int, idle: float, timeout: float, per_host: int) -> socket.socket:
     s = _connect(dfd, timeout)
     if s is not None:
         return s
@@ -104,7 +111,7 @@ def _connect_or_start(store: Path, dfd: int, idle: float, timeout: float) -> soc
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(dfd, timeout)  # another petri may have started one while we waited
         if s is None:
-            _spawn(store, idle, timeout)
+            _spawn(store, idle, timeout, per_host)
             s = _connect(dfd, timeout)
         if s is None:
             raise ServerUnavailable("the fork server started but its socket does not answer")
@@ -114,19 +121,19 @@ def _connect_or_start(store: Path, dfd: int, idle: float, timeout: float) -> soc
 
 
 def request(store: Path, msg: dict, *, timeout: float = 15.0, idle: float = 60.0,
-            start: bool = True) -> dict:
+            start: bool = True, per_host: int = PER_HOST) -> dict:
     """Send one request to ``store``'s fork server (starting it if ``start``)."""
     try:
         with _dirfd(store) as dfd:
             for attempt in range(2):
-                s = _connect_or_start(store, dfd, idle, timeout) if start else _connect(dfd, timeout)
+                s = _connect_or_start(store, dfd, idle, timeout, per_host) if start else _connect(dfd, timeout)
                 if s is None:
                     raise ServerUnavailable("no fork server is running")
                 try:
                     return _exchange(s, msg)
                 except ServerUnavailable:
                     # An idle server may have been on its way out; one fresh try.
-                    if attempt or not start or msg.get("op") == "mount":
+                    if attempt or not start or msg.get("op") == "add":
                         raise
                 finally:
                     s.close()
@@ -135,19 +142,86 @@ def request(store: Path, msg: dict, *, timeout: float = 15.0, idle: float = 60.0
     raise ServerUnavailable("unreachable")
 
 
-def mount(store: Path, daemon_args: list[str], *, timeout: float = 15.0, idle: float = 60.0) -> int:
-    """Have ``store``'s fork server fork a daemon with ``daemon_args`` (see
-    ``MountSpec.daemon_args``); return its pid once mounted. Raises ServerUnavailable when
-    the server cannot be used (fall back), DaemonFailed when the daemon failed to mount."""
-    msg = {"op": "mount", "argv": daemon_args, "code": code_stamp()}
-    reply = request(store, msg, timeout=timeout, idle=idle)
+def add(store: Path, name: str, sandbox_args: list[str], host: dict, *, slot: int | None = None,
+        timeout: float = 15.0, idle: float = 60.0, per_host: int = PER_HOST) -> tuple[int, int]:
+    """Have ``store``'s fork server serve a sandbox as ``name`` in one of its hosts (in
+    ``slot``'s if given); returns (the host's pid, its slot) once served. Raises
+    ServerUnavailable when the server cannot be used (fall back), DaemonFailed when the host
+    could not serve it."""
+    msg = {"op": "add", "name": name, "argv": sandbox_args, "host": host, "slot": slot, "code": code_stamp()}
+    reply = request(store, msg, timeout=timeout, idle=idle, per_host=per_host)
     if reply.get("stale"):  # it runs older code than ours and has exited: start a new one
-        reply = request(store, msg, timeout=timeout, idle=idle)
+        reply = request(store, msg, timeout=timeout, idle=idle, per_host=per_host)
     if reply.get("ok"):
-        return int(reply["pid"])
+        return int(reply["pid"]), int(reply["slot"])
     if reply.get("daemon"):
-        raise DaemonFailed(reply.get("error", "the daemon failed"))
+        raise DaemonFailed(reply.get("error", "the host failed"))
     raise ServerUnavailable(reply.get("error", "the fork server refused"))
+
+
+# -- slots and hosts ---------------------------------------------------------------------------
+def slots_dir(store: Path) -> Path:
+    return store / SLOTS
+
+
+def host_pid(slot: Path) -> int | None:
+    """The pid of the host serving ``slot`` (its pid file checked against its start time)."""
+    try:
+        pid = int((slot / HOST_PIDFILE).read_text().strip())
+        ident = (slot / (HOST_PIDFILE + ".start")).read_text().split()
+    except (FileNotFoundError, ValueError):
+        return None
+    if len(ident) != 2 or int(ident[0]) != pid or str(start_time(pid)) != ident[1] or not _alive(pid):
+        return None
+    return pid
+
+
+def free_slot(slots: Path, taken: set[int]) -> int:
+    """The lowest slot number not in ``taken`` where no host runs and nothing is mounted (a
+    killed host's dead mount keeps its slot for the sandboxes that come back there)."""
+    from ..osutil import mounts
+
+    mounted = {m.mountpoint for m in mounts()}
+    k = 0
+    while True:
+        if k not in taken:
+            slot = slots / str(k)
+            if host_pid(slot) is None and os.fsencode(os.path.abspath(slot / "mnt")) not in mounted:
+                return k
+        k += 1
+
+
+def connect_host(slot: Path, timeout: float = 5.0) -> socket.socket | None:
+    """A connection to ``slot``'s host (SOCK_SEQPACKET), or None if none listens there."""
+    try:
+        dfd = os.open(slot, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    s.settimeout(timeout)
+    try:
+        s.connect(f"/proc/self/fd/{dfd}/{HOST_SOCK}")
+        return s
+    except OSError:
+        s.close()
+        return None
+    finally:
+        os.close(dfd)
+
+
+def host_request(slot: Path, msg: dict, timeout: float = 15.0) -> dict | None:
+    """One request to ``slot``'s host; None if no host answers there."""
+    s = connect_host(slot, timeout)
+    if s is None:
+        return None
+    try:
+        s.send(json.dumps(msg).encode())
+        data = s.recv(MAX_REQUEST)
+        return json.loads(data) if data else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        s.close()
 
 
 def server_pid(store: Path) -> int | None:

@@ -1,4 +1,5 @@
-"""One FUSE mount per process: the daemon's entry point, and starting/stopping/probing it.
+"""One FUSE mount per process (a single sandbox at the mount's root): the daemon's entry point,
+and starting/stopping/probing FUSE mounts (also the hosts' of :mod:`.host`).
 
 Entry point (pyfuse3 serves one mount per process)::
 
@@ -27,13 +28,13 @@ mount is still there, ``fusermount3 -u``, then ``-u -z`` (lazy). Killing the dae
 ``/dev/fuse``, which fails every pending request with ENOTCONN: processes in the sandbox
 get errors and never hang.
 
-``start(spec, server=<store dir>)`` has the store's fork server (:mod:`.server`) fork the
-daemon instead (a few ms instead of ~0.25 s for a fresh interpreter), falling back to a
-fresh process when the server cannot be used. It reaches the server through :mod:`.client`,
-never the server module itself: the server imports this module to run daemons in its children.
+The backend serves its sandboxes and views several to a process instead (:mod:`.host`, whose
+mounts ``stop``, ``health`` and ``daemon_pid`` also handle: a host's slot keeps the same pid
+files); this one-mount daemon is for tests and tools that want a filesystem of their own.
 
 Caveats: a fresh process pays the interpreter start and the trio/pyfuse3 imports. A pid file
-is trusted only if ``/proc/<pid>/cmdline`` names this module and the mount point (pid reuse).
+is trusted if its ``.start`` file matches the process's start time, or else only if
+``/proc/<pid>/cmdline`` names this module and the mount point (pid reuse).
 """
 from __future__ import annotations
 
@@ -49,10 +50,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..idmap import IdMap
-from ..osutil import Mount, fork, libc, mounts
-from . import client
+from ..osutil import Mount, mounts
 from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
-from .proc import _alive, _kill, _wait_gone, child_env, start_time
+from .proc import _alive, _kill, _wait_gone, child_detach, child_env, start_time
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -82,8 +82,8 @@ def _identity_file(pidfile: Path) -> Path:
 
 def write_pidfile(pidfile: str | os.PathLike) -> None:
     """``<pidfile>`` holds the pid (what other tools read); ``<pidfile>.start`` holds
-    ``<pid> <start time>``, which identifies a daemon forked by the fork server (its command
-    line is the server's, so it cannot name the mount point)."""
+    ``<pid> <start time>``, which identifies the process whatever its command line (a host
+    forked by the fork server has the server's, which cannot name the mount point)."""
     pid = os.getpid()
     pidfile = Path(pidfile)
     for path, text in ((_identity_file(pidfile), f"{pid} {start_time(pid)}\n"), (pidfile, f"{pid}\n")):
@@ -166,6 +166,32 @@ class MountSpec:
         """The fresh-process command line."""
         return [sys.executable, "-m", MODULE] + self.daemon_args()
 
+    def sandbox_args(self) -> list[str]:
+        """What a host (:mod:`.host`) is sent to serve this as one of its sandboxes: the
+        filesystem's own arguments (the mount point, log, pid file and mount options are
+        the host's)."""
+        a: list[str] = []
+        for low in self.lowers:
+            a += ["--lower", str(low)]
+        if self.upper is not None:
+            a += ["--upper", str(self.upper), "--workdir", str(self.workdir)]
+        if self.journal is not None:
+            a += ["--journal", str(self.journal)]
+        if self.disk_budget is not None:
+            a += ["--disk-budget", str(self.disk_budget)]
+        if self.idmap is not None:
+            a += ["--idmap", f"{self.idmap.uid}:{self.idmap.gid}"]
+        c = self.cache
+        a += ["--entry-timeout", str(c.entry_timeout), "--attr-timeout", str(c.attr_timeout),
+              "--negative-timeout", str(c.negative_timeout), "--keep-cache", c.keep_cache]
+        return a + ([] if c.fsync_copyup else ["--no-fsync-copyup"])
+
+    def host_options(self) -> dict:
+        """The mount's options, which every sandbox of a host shares (hosts differ by them)."""
+        return {"allow_other": self.allow_other if self.allow_other is not None else os.geteuid() == 0,
+                "writeback": bool(self.cache.writeback and self.disk_budget is None),
+                "max_tasks": self.cache.max_tasks}
+
     def daemon_args(self) -> list[str]:
         """The daemon's own arguments (what the fork server is sent)."""
         a = ["--mountpoint", str(os.path.abspath(self.mountpoint))]
@@ -198,29 +224,14 @@ def _log_tail(log: Path | None, n: int = 2000) -> str:
         return ""
 
 
-def start(spec: MountSpec, timeout: float = 15.0, server: Path | None = None,
-          server_idle: float = 60.0) -> int:
-    """Start a detached daemon for ``spec`` and wait for its mount; return its pid.
-
-    With ``server`` (a store directory), ask that store's fork server (started on demand,
-    see :mod:`snapshot.fusefs.server`) to fork the daemon: no fresh interpreter. If the
-    server cannot be used, fall back to a fresh process; an error the daemon itself reports
-    (the mount failed) is raised as is."""
+def start(spec: MountSpec, timeout: float = 15.0) -> int:
+    """Start a detached daemon for ``spec`` (a fresh interpreter) and wait for its mount;
+    return its pid."""
     if spec.pidfile is None:
         raise ValueError("a detached daemon needs a pid file")
     remove_pidfile(spec.pidfile)
     if is_mounted(spec.mountpoint):
         raise DaemonFailed(f"{spec.mountpoint} is already mounted")
-    if server is not None:
-        try:
-            return client.mount(server, spec.daemon_args(), timeout=timeout, idle=server_idle)
-        except client.ServerUnavailable as e:
-            logging.getLogger("petri.fusefs").info("fork server unusable (%s): starting a fresh daemon", e)
-            # The request may have got as far as mounting before the reply was lost.
-            pid = daemon_pid(spec.pidfile, spec.mountpoint)
-            if pid is not None and is_mounted(spec.mountpoint):
-                return pid
-            stop(spec.mountpoint, spec.pidfile)
     env = child_env()
     proc = subprocess.run(spec.argv() + ["--detach"], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
@@ -337,36 +348,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def redirect_output(log: str | None) -> None:
-    """stdin from /dev/null, stdout and stderr to ``log`` (or /dev/null)."""
-    fd = os.open(os.devnull, os.O_RDWR)
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if log else fd
-    os.dup2(fd, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    for f in {fd, out}:
-        if f > 2:
-            os.close(f)
-
-
 def _detach(log: str | None) -> None:
-    if fork() > 0:
+    if child_detach(log):
         os._exit(0)
-    os.setsid()
-    if fork() > 0:
-        os._exit(0)
-    redirect_output(log)
-    os.chdir("/")
-
-
-def set_process_name(name: bytes) -> None:
-    """``comm`` (what ps and top show; 15 bytes) for a forked daemon, whose command line
-    is the fork server's."""
-    import ctypes
-    try:
-        libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 def _parse_idmap(text: str | None) -> IdMap | None:

@@ -21,8 +21,9 @@ renamed into the upper), serialised per node by a lock, so a big copy-up never b
 other requests.
 
 Caveats:
-- Hard links present in a lower layer are separate files here (they break at copy-up, as
-  in kernel overlayfs). Links made through the mount are real links in the upper.
+- Hard links present in a lower layer stay one file (one inode number) and, unlike kernel
+  overlayfs, stay one file in the upper when either name is copied up. Links made through the
+  mount are real links in the upper.
 - Renaming a directory that has lower-layer content copies that content into the upper
   (files already in the upper are moved, not copied, so open descriptors stay valid) and
   blocks other requests while it runs; the moved directory becomes opaque.
@@ -36,8 +37,8 @@ Caveats:
 - A new entry over a whiteout is made in the work dir and renamed over it in one step
   (a directory with ``RENAME_EXCHANGE``): a crash shows the deletion or the new entry.
   Made there, a new file does not inherit a set-group-id parent's group when not root.
-- Hard links and 0:0 character devices cannot be created by the sandbox (a 0:0 device is a
-  whiteout in this format).
+- 0:0 character devices cannot be created by the sandbox (a 0:0 device is a whiteout in
+  this format).
 - A file counts as read once its metadata is looked up (``stat`` is enough). Readdirplus
   would hand the kernel cacheable attributes that no later ``stat`` asks us for, so a listed
   file not yet recorded is returned with zero timeouts: its first ``stat`` after a listing is
@@ -190,7 +191,7 @@ class CowFS(pyfuse3.Operations):
                  disk_budget: int | None = None, entry_timeout: float = 10.0,
                  attr_timeout: float = 10.0, negative_timeout: float = 10.0,
                  keep_cache: str = "lower", writeback: bool = False, fsync_copyup: bool = True,
-                 idmap: IdMap | None = None) -> None:
+                 idmap: IdMap | None = None, base: int = 0) -> None:
         super().__init__()
         # Owners as the kernel sees them <-> on disk (see snapshot.idmap): the kernel checks
         # permissions against what we report, and requests carry the caller's host ids.
@@ -219,15 +220,19 @@ class CowFS(pyfuse3.Operations):
         # Writeback caching defers write errors to fsync/close: never with a disk budget.
         self.enable_writeback_cache = bool(writeback and disk_budget is None)
         self.epoch = 0
-        self.next_ino = pyfuse3.ROOT_INODE + 1
+        # ``base`` (a multiple of 2**32) sets this filesystem's inode and file handle numbers
+        # apart from those of other sandboxes served on the same mount (see fusefs.multi).
+        self.base = base
+        root_ino = base + pyfuse3.ROOT_INODE
+        self.next_ino = root_ino + 1
         self.nodes: dict[int, Node] = {}
         # (layer, st_ino) -> node: the names of one hard-linked file share one node.
         self.aliases: dict[tuple[int, int], int] = {}
         self.alias_keys: dict[int, list[tuple[int, int]]] = {}
         self.fhs: dict[int, Handle | DirHandle] = {}
-        self.next_fh = 1
+        self.next_fh = base + 1
         self._tmp_serial = 0
-        root = Node(pyfuse3.ROOT_INODE, pyfuse3.ROOT_INODE, b"", True)
+        root = Node(root_ino, root_ino, b"", True)
         root.nlookup = 1
         self.nodes[root.ino] = root
         self.root = root
@@ -742,7 +747,7 @@ class CowFS(pyfuse3.Operations):
             node, st = parent, self._stat(parent)
         elif name == b"..":
             self._resolve(parent)
-            node = self.nodes[parent.links[0][0]]
+            node = self.nodes[parent.links[0][0]]  # the root's parent is the root: nothing above it
             st = self._stat(node)
         else:
             found = self._child(parent, name)

@@ -60,3 +60,42 @@ def child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def redirect_output(log: str | None) -> None:
+    """stdin from /dev/null, stdout and stderr to ``log`` (or /dev/null)."""
+    fd = os.open(os.devnull, os.O_RDWR)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if log else fd
+    os.dup2(fd, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for f in {fd, out}:
+        if f > 2:
+            os.close(f)
+
+
+def child_detach(log: str | None) -> bool:
+    """Double-fork into a new session: True in the calling process, False in the detached
+    grandchild (its output to ``log``, its cwd /), which is never the caller's zombie."""
+    from ..osutil import fork
+
+    if fork() > 0:
+        return True
+    os.setsid()
+    if fork() > 0:
+        os._exit(0)
+    redirect_output(log)
+    os.chdir("/")
+    return False
+
+
+def set_process_name(name: bytes) -> None:
+    """``comm`` (what ps and top show; 15 bytes) for a forked process, whose command line
+    is its parent's."""
+    import ctypes
+
+    from ..osutil import libc
+    try:
+        libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

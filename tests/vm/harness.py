@@ -80,9 +80,12 @@ ROOT_TESTS = [
     "tests/test_runner.py::test_lifetime_deadline_kills_with_ttl_and_a_past_one_does_not_start",
     "tests/test_runner.py::test_cancelling_the_run_kills_everything_and_cleans_up",
     "tests/test_seccomp.py::test_default_denies_each_call_with_its_errno_and_off_does_not",
+    # petri doctor as a normal user outside any delegated subtree (in root's cgroup)
+    "tests/test_doctor.py::test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3",
     *_conformance_ids(),
 ]
-USER_TESTS = ["tests/test_limits.py", "tests/test_limits_cli.py"]
+USER_TESTS = ["tests/test_limits.py", "tests/test_limits_cli.py",
+              "tests/test_doctor.py::test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is"]
 
 
 @dataclass
