@@ -253,7 +253,9 @@ class Workspace:
     # -- sandboxes ------------------------------------------------------------------------
     @_audited("fork")
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
-             limits: Limits | None = None, keep_expired: bool = False) -> "SandboxSet":
+             limits: Limits | None = None, keep_expired: bool = False,
+             publish: Sequence[str | int] = (), env_pass: Sequence[str] = (),
+             secrets: Sequence[str] = ()) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -261,9 +263,15 @@ class Workspace:
         Always a ``SandboxSet`` (a list, also for ``n=1``: ``ws.fork()[0]``), which is a
         context manager: leaving a ``with`` block over it destroys the sandboxes unless
         ``keep()`` was called. (``Sandbox.fork()``, a fork of one sandbox, gives the sandbox
-        itself for ``n=1``.) ``.forked`` is the ``fork`` document."""
+        itself for ``n=1``.) ``.forked`` is the ``fork`` document. ``publish``: ports
+        (``PORT`` or ``"PORT:HOSTPORT"``) forwarded from the host's 127.0.0.1 to each sandbox
+        (``publish()``); with ``n`` > 1 only the first gets a HOSTPORT asked for, the others a
+        free port. ``env_pass``: names (or globs) of this process's environment variables its
+        commands get; ``secrets``: ``NAME=@FILE`` or ``NAME=env:VAR``, read now, at
+        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``)."""
         from .config import load_config
         from .errors import UsageError
+        from .runs import parse_publish
 
         if n < 1:
             raise UsageError(detail=f"{self._name('n')} must be at least 1, not {n}")
@@ -274,7 +282,25 @@ class Workspace:
         e = self.engine
         lim = load_config(e.root).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
+        wanted = [parse_publish(p) for p in publish]
+        from . import run_env
+
+        passes = run_env.check_patterns(env_pass)
+        secret_values = run_env.read_secrets(secrets)
+        if wanted and lim.net:
+            raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
         rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        if passes or secret_values:
+            for r in rows:
+                run_env.save(e.store.root, r.id, secret_values)
+                meta = {**(r.meta or {}), "env_pass": passes, "secrets": sorted(secret_values)}
+                e.registry.update_sandbox(r.id, meta=meta)
+        if wanted:
+            from .runs import publish_port
+
+            for i, r in enumerate(rows):
+                for port, host in wanted:
+                    publish_port(e, r.id, port, host if i == 0 else None)
         forked = Forked.from_doc({"sandboxes": [_fork_row_doc(r) for r in rows],
                                   "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
         return SandboxSet(self, [Sandbox(self, info) for info in forked.sandboxes], forked)
@@ -304,6 +330,11 @@ class Workspace:
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = e.sandbox_doc(row, staleness=e.staleness(row))
         doc["runs"] = sandbox_runs(e, row)
+        from .sandbox import environment
+        from .service_runs import listing
+
+        doc["services"] = listing(e, row.id)
+        doc["ports"] = environment.ports(e.store.root, row.id)
         return SandboxList.from_doc({"sandboxes": [doc]})
 
     @_audited("rm")
@@ -357,6 +388,49 @@ class Workspace:
                        stdin_data=stdin, echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
+
+    # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
+    @_audited("run")
+    def start_service(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, name: str | None = None,
+                      restart: str = "no", env: dict[str, str] | None = None,
+                      cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """``run --detach``: start ``argv`` as a service of the sandbox, which outlives this
+        call (and this process) and ends by itself, ``stop_service``, the sandbox's lifetime,
+        ``remove`` or ``deinit``. ``restart``: ``no`` or ``on-failure``. Its ``services`` row."""
+        from .service_runs import start
+
+        start_dir = self._start_dir(sandbox, cwd)
+        return start(self.engine, _sandbox_id(sandbox), [os.fsdecode(a) for a in _argv(argv)], name=name,
+                     restart=restart, env=env, cwd=start_dir)
+
+    def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
+        """``services``: every service of the workspace, or of one sandbox."""
+        from .service_runs import listing
+
+        sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id if sandbox is not None else None
+        return {"services": listing(self.engine, sb)}
+
+    @_audited("stop")
+    def stop_service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
+        """``stop``: SIGTERM to the service's command, SIGKILL after a grace period."""
+        from .service_runs import stop
+
+        return stop(self.engine, _sandbox_id(sandbox), name)
+
+    @_audited("port")
+    def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None) -> dict[str, Any]:
+        """``port``: forward the host's 127.0.0.1:``host_port`` (default ``port`` when free, else
+        any free one) to the sandbox's 127.0.0.1:``port`` while the sandbox lives."""
+        from .runs import publish_port
+
+        return publish_port(self.engine, _sandbox_id(sandbox), port, host_port)
+
+    def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """The sandbox's published ports: ``{"sandbox", "ports": [{"port", "host_port"}]}``."""
+        from .sandbox import environment
+
+        row = self.engine.resolve_sandbox(_sandbox_id(sandbox))
+        return {"sandbox": row.id, "ports": environment.ports(self.engine.store.root, row.id)}
 
     def _start_dir(self, sandbox: "str | Sandbox", cwd: str | os.PathLike[str] | None) -> str | None:
         """``cwd`` of a run, checked: a directory of the sandbox (no symlink on the way), as
@@ -894,19 +968,24 @@ class Sandbox:
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox": ...
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), reason: str | None = None) -> "Sandbox": ...
 
     @overload
     def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+             reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
+             keep_expired: bool = False, publish: Sequence[str | int] = (),
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+             reason: str | None = None) -> "Sandbox | SandboxSet":
         """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
         more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
         ``Workspace.fork`` always returns."""
         got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  reason=reason)
+                                  publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
         return got[0] if n == 1 else got
 
     def logs(self) -> list[RunResult]:

@@ -16,6 +16,7 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     allow_sockets = ["/run/docker.sock"]   # host sockets a --net sandbox may reach
     log_cap = "64M"      # what a run's saved log keeps per stream: the first and the last half
                          # of it past this size (the default); "none" keeps everything
+    env_pass = ["CI", "LANG", "PYTHON*"]   # host variables every run gets (names or globs)
 
     [limits]             # defaults for `petri fork` and `petri race`; flags override
     mem = "2G"           # size: bytes or K/M/G/T/P
@@ -85,6 +86,7 @@ class Config:
     net: bool | None = None
     masks: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    env_pass: tuple[str, ...] = ()  # host variables (names or globs) every run gets (orchestrator.run_env)
     preimage_budget_bytes: int | None = None
     seccomp: str | None = None
     kpi: dict[str, float] = field(default_factory=dict)  # orchestrator.kpi threshold key -> limit
@@ -185,7 +187,7 @@ def parse_config(data: bytes, path: Path) -> Config:
         key = _key(err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, seccomp,"
+            msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, env_pass, seccomp,"
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
                    " stages[].{name,target,checks,gate,timeout})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
@@ -194,7 +196,8 @@ def parse_config(data: bytes, path: Path) -> Config:
                          timeout_s=st.timeout) for st in m.stages)
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
-                  masks=expand_masks(m.masks), env=dict(m.env), toolchains=tuple(p[2:] for p in m.toolchains),
+                  masks=expand_masks(m.masks), env=dict(m.env), env_pass=tuple(m.env_pass),
+                  toolchains=tuple(p[2:] for p in m.toolchains),
                   preimage_budget_bytes=m.promotions.preimage_budget, seccomp=m.seccomp,
                   sandbox_user=m.sandbox_user,
                   allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
@@ -373,6 +376,7 @@ def _model():
         stages: list[StageModel] = Field(default_factory=list)
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
+        env_pass: list[str] = Field(default_factory=list)
         seccomp: Profile | None = None
         sandbox_user: str | None = None
         allow_sockets: list[str] = Field(default_factory=list)
@@ -422,6 +426,14 @@ def _model():
                     check_text("sandbox_user", v, max_len=256)
                 except UsageError as e:
                     raise ValueError(str(e)) from None
+            return v
+
+        @field_validator("env_pass")
+        @classmethod
+        def _patterns(cls, v: list[str]) -> list[str]:
+            for p in v:
+                if not p or "=" in p or "\0" in p:
+                    raise ValueError(f"bad pattern {p!r}: a variable name or a glob of names, e.g. CI or PYTHON*")
             return v
 
         @field_validator("env")

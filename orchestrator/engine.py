@@ -167,6 +167,9 @@ class Engine:
                 self._stop_sandbox_processes(sb, "destroyed")
                 events.sandbox_destroyed(self.store.root, sb.id)
             self.reap_dead_tmp()
+            from .sandbox import environment
+
+            environment.sweep(self.store.root, ())  # any a killed petri left behind
             for sb in self.registry.sandboxes():
                 self._destroy_tree(sb)
                 removed.append(sb.id)
@@ -460,12 +463,20 @@ class Engine:
         killed."""
         from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
 
+        from . import service_runs
+        from .sandbox import environment
+
         if mark:
             self.registry.mark_live_runs(row.id, why)
         try:
-            return reaper.kill_sandbox(row.id)
+            # Services first: a supervisor alive would restart what the cgroup sweep kills.
+            return service_runs.stop_all(self.store.root, row.id) + reaper.kill_sandbox(row.id)
         finally:
             remove_sandbox_views(self.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
+            environment.destroy(self.store.root, row.id)  # its network, /tmp and published ports
+            from .run_env import remove
+
+            remove(self.store.root, row.id)  # the store's copy of its secrets
 
     def check_limits(self, limits: Limits) -> dict[str, Any]:
         """Refuse limits that are malformed (exit 2). Whether this machine can enforce them

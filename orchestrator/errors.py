@@ -246,3 +246,23 @@ class FileToolFailed(OrchestratorError):
 
 class BadPattern(UsageError):
     """bad {what} {text!r}: {why}"""
+
+
+class ServiceRunning(OrchestratorError):
+    """service {name} is running in sandbox {ident}; promote refuses until it ends (`petri stop {ident} {name}`)"""
+
+    exit_code = 1
+
+
+class PortUnavailable(OrchestratorError):
+    """cannot publish on the host's 127.0.0.1:{port}: {why}; pick another with --host-port"""
+
+    exit_code = 1
+
+
+class PortNeedsNoRelay(UsageError):
+    """{sandbox} has --net: its port {port} is on the host's network already"""
+
+
+class BadPort(UsageError):
+    """bad port {text!r}: {why}"""

@@ -79,6 +79,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "race.started": ("race",), "race.candidate_finished": ("race",), "race.finished": ("race",),
     "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
     "snapshot.created": ("snapshot",),
+    "service.started": ("sandbox", "service"), "service.exited": ("sandbox", "service"),
 }
 NAMES = frozenset(KEYS)
 VIAS = frozenset({"cli", "api", "mcp", "tui"})
@@ -233,6 +234,14 @@ def promotion_undone(to: Any, promotion: str) -> None:
 
 def snapshot_created(to: Any, **fields: Any) -> None:
     _to(to).emit("snapshot.created", **fields)
+
+
+def service_started(to: Any, **fields: Any) -> None:
+    _to(to).emit("service.started", **fields)
+
+
+def service_exited(to: Any, **fields: Any) -> None:
+    _to(to).emit("service.exited", **fields)
 
 
 def _rotate(path: Path, fd: int, limit: int) -> bool:

@@ -115,6 +115,17 @@ def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
     # e.g. the fuse fork server, when it serves no known sandbox
     reaped["processes"] += engine.backend.reap_processes(engine.store, known_sbs)
     reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
+    from .sandbox import environment
+
+    # Environments (holder, relays, /tmp) of sandboxes that are gone: a petri killed mid-rm.
+    living = {s.id for s in engine.registry.sandboxes() if s.state in LIVE_STATES}  # expired: its lifetime is over
+    from .service_runs import sweep as sweep_services
+
+    killed = sweep_services(engine.store.root, living)
+    k, mounts = environment.sweep(engine.store.root, living)
+    killed += k
+    reaped["processes"] += killed
+    reaped["mounts"] += mounts
 
 
 def _unused_implicit_snapshots(engine: "Engine", gone: _Gone) -> None:

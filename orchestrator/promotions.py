@@ -119,6 +119,13 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
+    from .service_runs import live_names
+
+    services = live_names(engine.store.root, row.id)
+    if services:  # a service is a command running in the sandbox too (a dev server writes files)
+        from .errors import ServiceRunning
+
+        raise ServiceRunning(name=services[0], ident=row.id)
     # the merge base: a fork of a fork merges against the snapshot of live its lineage began at
     doc: dict[str, Any] = {"promotion": None, "sandbox": row.id, "base": diff_base(engine, row), "applied": [],
                            "conflicts": [], "verified": None, "rolled_back": False}

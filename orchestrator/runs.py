@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 CGROUP_ROOT = reaper.CGROUP_ROOT
 cgroup_name = reaper.cgroup_name
 RUNNABLE = ("ready", "exited", "running")
+TMP_BYTES = 1 << 30  # the sandbox's /tmp, /var/tmp and /run together (one tmpfs, as root)
 _warned: set[str] = set()
 
 
@@ -144,13 +145,38 @@ def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
     return real if (tree / rel).is_dir() else root
 
 
-def _env_for(engine: "Engine", extra: dict[str, str] | None) -> dict[str, str]:
+def _env_for(engine: "Engine", extra: dict[str, str] | None, row: SandboxRow | None = None) -> dict[str, str]:
+    """PATH, the host variables ``env_pass`` names (config and the sandbox's own), the
+    config's ``[env]``, then ``extra`` (``--env``), each overriding the one before."""
     from .config import load_config
+    from .run_env import passed
 
+    cfg = load_config(engine.root)
     env = {"PATH": DEFAULT_PATH}
-    env.update(load_config(engine.root).env)
+    env.update(passed([*cfg.env_pass, *((row.meta or {}).get("env_pass") or [] if row else [])]))
+    env.update(cfg.env)
     env.update(extra or {})
     return env
+
+
+def secret_values(engine: "Engine", row: SandboxRow) -> dict[str, bytes]:
+    """The sandbox's secrets (``run_env``), from the store's copy."""
+    names = (row.meta or {}).get("secrets") or []
+    if not names:
+        return {}
+    from .run_env import load
+
+    return load(engine.store.root, row.id, names)
+
+
+def secret_filters(engine: "Engine", row: SandboxRow) -> tuple[Any, ...]:
+    """The output filter that masks the sandbox's secrets, if it has any."""
+    values = secret_values(engine, row)
+    if not values:
+        return ()
+    from .run_env import Redact
+
+    return (lambda stream: Redact(values.values()),)
 
 
 def _masks(engine: "Engine") -> tuple[Path, ...]:
@@ -163,6 +189,56 @@ def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
     from .config import load_config
 
     return load_config(engine.root).allow_sockets
+
+
+def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
+    """The sandbox's lasting environment (``sandbox.environment``), made at its first use:
+    every run, shell, check and service of the sandbox joins it."""
+    from .sandbox import environment as E
+    from .sandbox.host_sockets import private_dirs
+
+    env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
+    secrets = secret_values(engine, row)
+    if secrets:
+        from .run_env import install
+
+        run_dir = next(src for src, dest in env.dirs if dest == b"/run")
+        install(run_dir, secrets, who.host_uid, who.host_gid)
+    return env
+
+
+def parse_publish(spec: "str | int") -> tuple[int, int | None]:
+    """``PORT`` or ``PORT:HOSTPORT`` (``--publish``) as (port, host port or None)."""
+    from .errors import BadPort
+
+    text = str(spec)
+    port, sep, host = text.partition(":")
+    try:
+        p, h = int(port), int(host) if sep else None
+    except ValueError:
+        raise BadPort(text=text, why="use PORT or PORT:HOSTPORT") from None
+    for v in (p, h):
+        if v is not None and not 0 < v < 65536:
+            raise BadPort(text=text, why="ports are 1-65535")
+    return p, h
+
+
+def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
+    """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
+    making its environment first if no run has yet."""
+    from .errors import BadPort, PortNeedsNoRelay
+    from .sandbox import environment as E
+
+    for what, p in (("port", port), ("host port", host_port)):
+        if p is not None and not (isinstance(p, int) and 0 < p < 65536):
+            raise BadPort(text=str(p), why=f"the {what} must be 1-65535")
+    row = runnable_row(engine, sandbox)
+    if run_limits(row).net:
+        raise PortNeedsNoRelay(sandbox=row.id, port=port)
+    environment(engine, row, run_as(engine))
+    used = E.publish(engine.store.root, row.id, port, host_port)
+    return {"sandbox": row.id, "port": port, "host_port": used}
 
 
 def warn_once(engine: "Engine", text: str) -> None:
@@ -289,13 +365,13 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
-                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
-                           timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
-                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row),
+                           limits=run_limits(row), timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
+                           stderr_path=err_path, uid=who.uid, gid=who.gid, output_filters=secret_filters(engine, row),
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
                            allow_sockets=_allowed_sockets(engine), seccomp=profile,
-                           log_cap=load_config(engine.root).log_cap)
+                           log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
             res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
                               output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
@@ -474,12 +550,13 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     try:
         with run_tree(engine, row, tree, who) as bound:
             spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
-                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env), limits=run_limits(row),
+                           cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row), limits=run_limits(row),
                            timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
                            stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile, log_cap=load_config(engine.root).log_cap)
+                           seccomp=profile, log_cap=load_config(engine.root).log_cap,
+                           environment=environment(engine, row, who))
             code = run_shell(spec)
     except BaseException as e:
         cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing

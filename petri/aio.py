@@ -124,12 +124,13 @@ class Workspace:
 
     async def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox | _api.Sandbox" = "live",
                    label: str | None = None, limits: Limits | None = None, keep_expired: bool = False,
+                   publish: Sequence[str | int] = (), env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
                    reason: str | None = None) -> "SandboxSet":
         """``petri.Workspace.fork``: always a ``SandboxSet`` (``async with`` destroys what was
         not kept), also for ``n=1``."""
         src = source.sync if isinstance(source, Sandbox) else source
         got = await _thread(self.sync.fork, n, source=src, label=label, limits=limits, keep_expired=keep_expired,
-                            reason=reason)
+                            publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
         return SandboxSet(self, got)
 
     async def sandbox(self, ident: str) -> "Sandbox":
@@ -143,6 +144,22 @@ class Workspace:
 
     async def status(self, sandbox: "str | Sandbox") -> SandboxList:
         return await _thread(self.sync.status, _sid(sandbox))
+
+    async def start_service(self, sandbox: "str | Sandbox", argv: Any, **kw: Any) -> dict[str, Any]:
+        """``petri.Workspace.start_service`` (``run --detach``)."""
+        return await _thread(self.sync.start_service, _sid(sandbox), argv, **kw)
+
+    async def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
+        return await _thread(self.sync.services, None if sandbox is None else _sid(sandbox))
+
+    async def stop_service(self, sandbox: "str | Sandbox", name: str, **kw: Any) -> dict[str, Any]:
+        return await _thread(self.sync.stop_service, _sid(sandbox), name, **kw)
+
+    async def publish(self, sandbox: "str | Sandbox", port: int, **kw: Any) -> dict[str, Any]:
+        return await _thread(self.sync.publish, _sid(sandbox), port, **kw)
+
+    async def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        return await _thread(self.sync.ports, _sid(sandbox))
 
     async def remove(self, *idents: Any, **kw: Any) -> Cleanup:
         return await _thread(self.sync.remove, *[_sid(i) for i in idents], **kw)
@@ -393,17 +410,23 @@ class Sandbox:
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
-                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox": ...
+                   keep_expired: bool = False, publish: Sequence[str | int] = (),
+                   env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+                   reason: str | None = None) -> "Sandbox": ...
 
     @overload
     async def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
-                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+                   keep_expired: bool = False, publish: Sequence[str | int] = (),
+                   env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+                   reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     async def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
-                   keep_expired: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
+                   keep_expired: bool = False, publish: Sequence[str | int] = (),
+                   env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+                   reason: str | None = None) -> "Sandbox | SandboxSet":
         """``petri.Sandbox.fork``: the new sandbox itself for ``n=1``, a ``SandboxSet`` for more."""
         got = await self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                        reason=reason)
+                                        publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
         return got[0] if n == 1 else got
 
     async def logs(self) -> list[RunResult]:

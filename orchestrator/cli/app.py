@@ -69,6 +69,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Run CMD isolated inside SANDBOX; stream its output; exit with its exit code."),
     "shell": ("run", "An interactive shell inside SANDBOX, on a terminal of its own."),
     "logs": ("run", "The saved output of a sandbox's runs (stdout here, stderr on stderr)."),
+    "services": ("run", "Services: name, command, state, pid, uptime, exit code, restarts, ports."),
+    "stop": ("run", "Stop a service: SIGTERM, then SIGKILL after a grace period."),
+    "port": ("run", "Expose the sandbox's TCP PORT on the host's 127.0.0.1 while the sandbox lives; without PORT,"
+                    " list."),
     "race": ("race", "Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner."),
     "diff": ("merge", "The sandbox's changes against its base, as a git-format patch."),
     "promote": ("merge", "Apply the sandbox's changes to the workspace, 3-way against live."),

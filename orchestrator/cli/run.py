@@ -54,6 +54,12 @@ def run(
                                                                      " 30s, 5m.")] = None,
     env: Annotated[Optional[List[str]], typer.Option("--env", "-e", help="NAME=VALUE inside (repeatable).")] = None,
     seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Start CMD as a service of the sandbox: it outlives"
+                                                                 " this command (see `petri services`).")] = False,
+    name: Annotated[Optional[str], typer.Option("--name", help="The service's name (with --detach; default: the"
+                                                               " command's).")] = None,
+    restart: Annotated[Optional[str], typer.Option("--restart", help="With --detach: no (default) or on-failure.")
+                       ] = None,
 ) -> int:
     """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
 
@@ -74,13 +80,29 @@ def run(
       130, 143, 129  petri was sent SIGINT, SIGTERM or SIGHUP: passed on to the command,
            which exits as it chooses (a second one stops it: ended_by "killed")
     --json prints the run (exit_code, killed_by, limits_hit, ...) and keeps the output in
-    the files it names."""
+    the files it names.
+
+    --detach starts CMD as a service: it outlives petri, shares the sandbox's network and
+    /tmp with every other run, and ends by itself, `petri stop`, the sandbox's lifetime,
+    `petri rm` or `deinit`. `petri logs SANDBOX --service NAME` shows its output."""
     from ..runs import run_sync
     argv = list(cmd or [])
     if not argv or not argv[0]:
         raise EmptyCommand(what="the command", hint=": petri run SANDBOX -- CMD [ARGS...]")
     timeout_s = parse_timeout(timeout)
     extra = _parse_env(env)
+    if not detach and (name is not None or restart is not None):
+        raise UsageError(detail="--name and --restart go with --detach")
+    if detach:
+        if timeout_s is not None:
+            raise UsageError(detail="--timeout does not go with --detach: a service runs until stopped")
+        svc = workspace().start_service(sandbox, argv, name=name, restart=restart or "no", env=extra,
+                                        cwd=os.getcwd())
+        if G.json:
+            out().doc(svc)
+        else:
+            print(f"{svc['sandbox']}\t{svc['name']}\t{svc['state']}")
+        return 0
     e = workspace().engine
     doc = run_sync(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json, cwd=os.getcwd(),
                    forward_signals=True, seccomp=seccomp)
@@ -137,12 +159,19 @@ def logs(
     run_n: Annotated[Optional[int], typer.Option("--run",
                                                  help="Run number (default: every run; with -f the last).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing while the run is going.")] = False,
+    service: Annotated[Optional[str], typer.Option("--service", help="A service's output instead (its latest"
+                                                                     " start).")] = None,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
     from ..api import sandbox_runs
     ws = workspace()
     e = ws.engine
     row = e.resolve_sandbox(sandbox)
+    if service is not None:
+        if run_n is not None:
+            raise UsageError(detail="--run and --service: one or the other")
+        _service_logs(e, row.id, service, follow)
+        return
     runs = sandbox_runs(e, row)
     if run_n is not None:
         runs = [r for r in runs if r["run"] == run_n]
@@ -172,6 +201,98 @@ def logs(
         if follow and r["finished_at"] is None:
             r = e.registry.run(row.id, r["run"]) or r
         _say_dropped(r)
+
+
+def _service_logs(e, sb_id: str, name: str, follow: bool) -> None:
+    from .. import service_runs as S
+    rec = S.read(e.store.root, sb_id, name)
+    if rec is None:
+        raise S.NoSuchService(sandbox=sb_id, name=name)
+    if G.json:
+        d = S.doc(rec)
+        for k in ("stdout", "stderr"):
+            try:
+                d[k] = Path(rec[f"{k}_path"]).read_bytes().decode("utf-8", "replace")
+            except (OSError, KeyError, TypeError):
+                d[k] = None
+        out().doc(d)
+        return
+    if not rec.get("stdout_path"):
+        return
+
+    def alive() -> bool:
+        r = S.read(e.store.root, sb_id, name) or rec
+        return follow and S._settled(e.store.root, sb_id, r)["state"] in S.LIVE
+
+    for data in S.follow_log(Path(rec["stdout_path"]), alive if follow else (lambda: False)):
+        _write(1, data)
+    try:
+        _write(2, Path(rec["stderr_path"]).read_bytes())
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- services
+@app.command()
+def services(
+    sandbox: Annotated[Optional[str], typer.Argument(help="Sandbox id, prefix or label (default: all).")] = None,
+) -> None:
+    """Services: name, command, state, pid, uptime, exit code, restarts, ports."""
+    from ..units import human_duration
+    doc = workspace().services(sandbox)
+    if G.json:
+        out().doc(doc)
+        return
+    rows = doc["services"]
+    if not rows:
+        print("no services")
+        return
+    print("SANDBOX\tNAME\tSTATE\tPID\tUPTIME\tEXIT\tRESTARTS\tPORTS\tCOMMAND")
+    for r in rows:
+        up = human_duration(r["uptime_s"]) if r["uptime_s"] is not None else "-"
+        print("\t".join([r["sandbox"], r["name"], r["state"], str(r["pid"] or "-"), up,
+                         "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["restarts"]),
+                         ",".join(map(str, r["ports"])) or "-", " ".join(r["command"])]))
+
+
+@app.command()
+def stop(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    name: Annotated[str, typer.Argument(help="The service's name.")],
+) -> None:
+    """Stop a service: SIGTERM, then SIGKILL after a grace period."""
+    doc = workspace().stop_service(sandbox, name)
+    if G.json:
+        out().doc(doc)
+    else:
+        print(f"{doc['sandbox']}\t{doc['name']}\t{doc['state']}")
+
+
+@app.command()
+def port(
+    sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
+    port_: Annotated[Optional[int], typer.Argument(metavar="[PORT]", help="The sandbox's TCP port; without it,"
+                                                                          " list the published ones.")] = None,
+    host_port: Annotated[Optional[int], typer.Option("--host-port", help="The host's port (default: the same"
+                                                                         " when free).")] = None,
+) -> None:
+    """Expose the sandbox's TCP PORT on the host's 127.0.0.1 while the sandbox lives; without PORT, list."""
+    ws = workspace()
+    if port_ is None:
+        if host_port is not None:
+            raise UsageError(detail="--host-port needs a PORT")
+        doc = ws.ports(sandbox)
+        if G.json:
+            out().doc(doc)
+        else:
+            for p in doc["ports"]:
+                print(f"{p['port']}\t127.0.0.1:{p['host_port']}")
+        return
+    doc = ws.publish(sandbox, port_, host_port=host_port)
+    if G.json:
+        out().doc(doc)
+    else:
+        print(f"127.0.0.1:{doc['host_port']} -> {doc['sandbox']}:{doc['port']}")
 
 
 def _print_output(chunks) -> None:

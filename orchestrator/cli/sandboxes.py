@@ -27,6 +27,13 @@ def fork(
     pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes.")] = None,
     disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget, e.g. 1G.")] = None,
     net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
+    publish: Annotated[Optional[List[str]], typer.Option("--publish", "-p", help="PORT[:HOSTPORT]: the sandbox's TCP"
+                                                         " PORT on the host's 127.0.0.1 (repeatable).")] = None,
+    env_pass: Annotated[Optional[List[str]], typer.Option("--env-pass", help="A host variable (or a glob of names)"
+                                                          " its commands get (repeatable).")] = None,
+    secret: Annotated[Optional[List[str]], typer.Option("--secret", help="NAME=@FILE or NAME=env:VAR: at"
+                                                        " /run/secrets/NAME inside, never stored in the registry,"
+                                                        " *** in saved output (repeatable).")] = None,
 ) -> None:
     """Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths.
 
@@ -36,7 +43,8 @@ def fork(
     limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
     ws = workspace()
     try:
-        made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired)
+        made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired,
+                       publish=publish or (), env_pass=env_pass or (), secrets=secret or ())
         o = out()
         if G.json:
             o.doc(made.to_json())
@@ -95,6 +103,13 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
             o.say(f"  read here, changed in live (results may not hold): {p}")
     for run in doc["runs"]:
         o.say(f"run {run['run']}: {run_title(run)} -> {run_outcome(run)}")
+    for svc in doc.get("services") or []:
+        o.say(f"service {svc['name']}: {' '.join(svc['command'])} -> {svc['state']}"
+              + (f" (pid {svc['pid']})" if svc["pid"] else "")
+              + (f", exit {svc['exit_code']}" if svc["exit_code"] is not None else "")
+              + (f", {svc['restarts']} restart(s)" if svc["restarts"] else ""))
+    for p in doc.get("ports") or []:
+        o.say(f"port {p['port']}: published on 127.0.0.1:{p['host_port']}")
 
 
 @app.command()

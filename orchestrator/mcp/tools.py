@@ -106,6 +106,14 @@ POLL_DOC = obj({"schema": {"type": "integer"}, "sandbox": S, "run": {"type": "in
                 "next_cursor": {"type": "integer"}, "dropped": {"type": "integer"}, "done": {"type": "boolean"},
                 "exit_code": {"type": ["integer", "null"]}, "killed_by": {"type": ["string", "null"]}},
                ("schema", "events", "next_cursor", "done", "exit_code", "killed_by"))
+_SERVICE_PROPS = {"sandbox": S, "name": S, "command": {"type": "array", "items": S}, "state": S,
+                  "pid": {"type": ["integer", "null"]}, "started_at": {"type": ["string", "null"]},
+                  "exit_code": {"type": ["integer", "null"]}, "restarts": {"type": "integer"},
+                  "ports": {"type": "array", "items": {"type": "integer"}}}
+SERVICE = obj({"schema": {"type": "integer"}, **_SERVICE_PROPS, "stopped": {"type": "boolean"}},
+              ("sandbox", "name", "state"))
+SERVICES = obj({"schema": {"type": "integer"},
+                "services": {"type": "array", "items": obj(_SERVICE_PROPS, tuple(_SERVICE_PROPS))}}, ("services",))
 STATUS_DOC = extend(SANDBOXES, {"workspace": S, "backend": S, "reason": S, "snapshot": {"type": ["string", "null"]},
                                 "via": S, "client": {"type": ["string", "null"]}, "allow_live": {"type": "boolean"}},
                     ("workspace", "backend", "reason", "snapshot"))
@@ -281,6 +289,28 @@ async def sandbox_remove(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.remove(*args["ids"])).to_json()
 
 
+async def sandbox_service_start(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    from ..errors import UsageError
+
+    if ("command" in args) == ("argv" in args):
+        raise UsageError(detail="give exactly one of command or argv")
+    argv = args["argv"] if "argv" in args else ["/bin/sh", "-c", args["command"]]
+    return {"schema": 1, **await st.ws.start_service(args["sandbox"], argv, name=args.get("name"),
+                                                      restart=args.get("restart", "no"), env=args.get("env"))}
+
+
+async def sandbox_service_list(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": 1, **await st.ws.services(args.get("sandbox"))}
+
+
+async def sandbox_service_stop(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": 1, **await st.ws.stop_service(args["sandbox"], args["name"])}
+
+
+async def sandbox_port(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": 1, **await st.ws.publish(args["sandbox"], args["port"], host_port=args.get("host_port"))}
+
+
 async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     from ..errors import OrchestratorError
 
@@ -448,6 +478,28 @@ TOOLS: list[Tool] = [
     Tool("sandbox_remove", "Destroy sandboxes (or snapshots no sandbox uses); kills their processes.",
          {"ids": {"type": "array", "items": S, "minItems": 1}}, ("ids",), record_schema(Cleanup), sandbox_remove,
          destructive=True, idempotent=True),
+    Tool("sandbox_service_start", "Start a server or watcher in a sandbox that keeps running after this call "
+         "(exactly one of command or argv). Every later run, shell and call of the sandbox reaches it at 127.0.0.1; "
+         "it ends with sandbox_service_stop or the sandbox.",
+         {"sandbox": SANDBOX, "command": {"type": "string", "minLength": 1}, "argv": {"type": "array", "items": S,
+                                                                                     "minItems": 1},
+          "name": {"type": "string", "description": "its name (default: the command's)"},
+          "restart": {"enum": ["no", "on-failure"], "default": "no"},
+          "env": {"type": "object", "additionalProperties": S}},
+         ("sandbox",), SERVICE, sandbox_service_start, destructive=True, open_world=True),
+    Tool("sandbox_service_list", "Services (of one sandbox, or all): name, command, state, pid, exit code, restarts, "
+         "ports.", {"sandbox": SANDBOX}, (), SERVICES, sandbox_service_list, **_RO),
+    Tool("sandbox_service_stop", "Stop a service: SIGTERM, then SIGKILL after a grace period.",
+         {"sandbox": SANDBOX, "name": S}, ("sandbox", "name"), SERVICE, sandbox_service_stop,
+         destructive=True, idempotent=True),
+    Tool("sandbox_port", "Expose a sandbox's TCP port on the host's 127.0.0.1 (for the user's browser) while the "
+         "sandbox lives.",
+         {"sandbox": SANDBOX, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+          "host_port": {"type": "integer", "minimum": 1, "maximum": 65535,
+                        "description": "default: the same number when free"}},
+         ("sandbox", "port"), obj({"schema": {"type": "integer"}, "sandbox": S, "port": {"type": "integer"},
+                                   "host_port": {"type": "integer"}}, ("sandbox", "port", "host_port")),
+         sandbox_port, idempotent=True),
     Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback).",
          {"sandbox": SANDBOX, "paths": {"type": "array", "items": S}, "dry_run": {"type": "boolean"},
           "on_conflict": {"enum": ["fail", "markers", "theirs", "ours"], "default": "fail"},

@@ -13,6 +13,8 @@ services above (``orchestrator.runs``) decide what to run and record what happen
   pseudo-terminal; ``spawn``: forking from the thread that waits for the child;
 - ``run_view``: the per-run mount of the tree for a host user who cannot enter the store
   (and of root's toolchains for a root-owned workspace's command);
+- ``environment``: what lasts between a sandbox's runs (its network namespace's holder, its
+  /tmp, /var/tmp and /run, published ports); ``relay``: a published port's relay process;
 - ``exec_failure``: why a command exited 126/127 (the path it needed that the sandbox hides);
 - ``procs``: process facts (``pid_alive``).
 

@@ -41,6 +41,21 @@ from typing import Sequence
 SH = "/bin/sh"
 SETPRIV = "setpriv"
 ENV = "env"
+# Where the wrapper's tools are looked up once: the wrapper runs with the command's own
+# environment (``PATH`` included, which the command may have changed), so it names them by
+# their absolute paths.
+TOOLS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_tools: dict[str, str] = {}
+
+
+def tool(name: str) -> str:
+    """``name``'s absolute path on ``TOOLS_PATH`` (the name itself when it is not there)."""
+    got = _tools.get(name)
+    if got is None:
+        import shutil
+
+        got = _tools[name] = shutil.which(name, path=TOOLS_PATH) or name
+    return got
 
 # $1 is the number of cgroup.procs files that follow. `echo $$ > f` moves this very
 # process (dash's pid, kept by exec) into the cgroup.
@@ -91,10 +106,13 @@ def wrapper_argv(
     rlimits: Rlimits | None = None,
     drop_to: DropTo | None = None,
     reset_signals: bool = True,
+    join: Sequence[bytes] = (),
 ) -> list[bytes]:
     """The command line that joins the cgroups, limits, drops privileges and execs ``argv``.
     ``reset_signals=False`` leaves out ``env --default-signal`` (one exec less per run):
-    only for a caller that starts it through Popen while ``ignored_signals()`` is empty."""
+    only for a caller that starts it through Popen while ``ignored_signals()`` is empty.
+    ``join``: a command prefix (``nsenter ... --``) run before dropping privileges: it puts
+    the rest in the sandbox's lasting network namespace (``environment``)."""
     script = _JOIN
     if rlimits is not None:
         if rlimits.as_bytes is not None:
@@ -102,14 +120,15 @@ def wrapper_argv(
             script += "ulimit -v %d || exit 125; " % max(1, rlimits.as_bytes // 1024)
         if rlimits.nproc is not None:
             script += "ulimit -p %d || exit 125; " % max(1, rlimits.nproc)
-    prefix: list[bytes] = [_b(ENV), b"--default-signal"] if reset_signals else []
+    prefix: list[bytes] = [_b(tool(ENV)), b"--default-signal"] if reset_signals else []
+    prefix += [_b(a) for a in join]
     if drop_to is not None:
         try:
             pwd.getpwuid(drop_to.uid)
             groups = b"--init-groups"
         except KeyError:
             groups = b"--clear-groups"
-        prefix += [_b(SETPRIV), b"--reuid=%d" % drop_to.uid, b"--regid=%d" % drop_to.gid, groups, b"--"]
+        prefix += [_b(tool(SETPRIV)), b"--reuid=%d" % drop_to.uid, b"--regid=%d" % drop_to.gid, groups, b"--"]
     script += 'exec "$@"'
     return [
         _b(SH),

@@ -11,7 +11,8 @@ What a plan always contains:
 
 - the host read-only at ``/`` (bwrap remounts every submount read-only too), a minimal
   ``/dev``, a fresh ``/proc`` (bwrap covers ``/proc/sys`` & co read-only), private
-  size-capped ``/tmp``, ``/dev/shm``, ``/var/tmp`` and ``/run`` (``/var/run``): no host
+  size-capped ``/tmp``, ``/dev/shm``, ``/var/tmp`` and ``/run`` (``/var/run``; all but
+  ``/dev/shm`` are the sandbox's lasting directories where the caller has them): no host
   Unix socket is reachable through them, and every other one the host has bound is masked
   (``host_sockets``; with net, the config's ``allow_sockets`` are bound back);
 - the sandbox tree bound read-write at the workspace's own absolute path;
@@ -27,7 +28,11 @@ What a plan always contains:
   home as an empty read-only directory, with root's toolchains bound back read-only
   (``TOOLCHAIN_DIRS``, mounted for the run by ``run_view``) and ``/root/proj``-style
   workspaces bound below it;
-- every namespace (``--unshare-all``; ``--share-net`` only with net), a user namespace with
+- the environment as ``--clearenv`` and ``--setenv`` arguments, or (``env_via_environ``, what
+  runs use) as bwrap's own environment, which the caller spawns it with: then no value is on
+  a command line;
+- every namespace (``--unshare-all``; ``--share-net`` with net, and for a run the caller put
+  in the sandbox's lasting network namespace: ``environment``), a user namespace with
   ``--disable-userns`` (no nested user namespaces), ``--die-with-parent``, ``--cap-drop
   ALL``, ``--clearenv`` and an explicit environment, ``--new-session`` unless the caller
   hands the sandbox a terminal of its own (``petri shell``);
@@ -170,6 +175,12 @@ class SandboxPlan:
     marker: bytes | None = None  # see EXEC_SHIM; None runs the command without the shim
     hostname: str = "petri"
     seccomp: str = "default"  # the filter's profile (orchestrator.seccomp); "off": none
+    # The caller put bwrap in the sandbox's own network namespace (``environment``): keep it.
+    net_joined: bool = False
+    # The environment reaches bwrap as its own (the caller spawns with ``env``), not as
+    # ``--setenv`` arguments: values stay off every command line (the host's ``ps``, the
+    # sandbox's ``/proc/1/cmdline``).
+    env_via_environ: bool = False
 
 
 def _b(p: str | bytes | os.PathLike) -> bytes:
@@ -345,6 +356,8 @@ def build_plan(
     private: Sequence[bytes] = (b"/run", b"/var/tmp"),
     binds: Sequence[tuple[bytes, bytes]] = (),
     symlinks: Sequence[tuple[bytes, bytes]] = (),
+    shared: Sequence[tuple[bytes, bytes]] = (),
+    net_joined: bool = False,
 ) -> SandboxPlan:
     """Pure: the plan for one sandboxed command.
 
@@ -352,7 +365,10 @@ def build_plan(
     like ``/tmp``); ``binds``: (source, destination) read-only binds that bring host paths
     back over a private directory or a mask (``host_sockets``, root's toolchains);
     ``symlinks``: (target, destination) symlinks made inside a mask (a toolchain directory
-    that is a symlink).
+    that is a symlink); ``shared``: (host directory, destination) bound read-write instead
+    of a fresh tmpfs at ``/tmp`` or a ``private`` directory: the sandbox's environment,
+    which lasts between its runs (``environment``); ``net_joined``: bwrap starts in the
+    sandbox's own network namespace and keeps it.
 
     ``masks`` are paths as seen inside (from ``discover_masks``); one inside the workspace
     hides the tree's copy, and must exist there (the caller checked: bwrap would create a
@@ -366,13 +382,18 @@ def build_plan(
         raise ValueError(f"cwd {cwd_b!r} is outside the workspace {ws!r}")
     shm = shm_bytes if shm_bytes is not None else tmp_bytes
 
+    lasting = {dest: src for src, dest in shared}
+
+    def private_dir(d: bytes, size: int) -> MountOp:
+        return MountOp("bind", d, src=lasting[d]) if d in lasting else MountOp("tmpfs", d, size=size)
+
     fixed = [
         MountOp("ro-bind", b"/", src=b"/"),
         MountOp("dev", b"/dev"),
         MountOp("proc", b"/proc"),
-        MountOp("tmpfs", b"/tmp", size=tmp_bytes),
+        private_dir(b"/tmp", tmp_bytes),
         MountOp("tmpfs", b"/dev/shm", size=shm),
-    ] + [MountOp("tmpfs", d, size=RUN_BYTES if d in (b"/run", b"/var/run") else tmp_bytes) for d in private]
+    ] + [private_dir(d, RUN_BYTES if d in (b"/run", b"/var/run") else tmp_bytes) for d in private]
     fresh = FRESH_MOUNTS + tuple(private)
     layered: list[MountOp] = [MountOp("bind", ws, src=_b(tree))]
     layered += [MountOp("ro-bind", dest, src=src) for src, dest in binds if not _is_under(dest, ws)]
@@ -409,6 +430,7 @@ def build_plan(
         argv=tuple(_b(a) for a in argv),
         marker=marker,
         seccomp=seccomp,
+        net_joined=net_joined,
     )
 
 
@@ -421,7 +443,7 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP, seccomp_fd: int | None 
                          "a filtered plan needs the filter's fd, and only it")
     a: list[bytes] = [_b(bwrap)]
     a += [b"--unshare-all"]
-    if plan.net:
+    if plan.net or plan.net_joined:
         a += [b"--share-net"]
     # A user namespace always: it is what makes --disable-userns possible (no nested user
     # namespaces inside), and it maps the sandbox's uid to the caller's own uid.
@@ -429,9 +451,12 @@ def bwrap_argv(plan: SandboxPlan, *, bwrap: str = BWRAP, seccomp_fd: int | None 
     a += [b"--hostname", plan.hostname.encode(), b"--die-with-parent", b"--cap-drop", b"ALL"]
     if plan.new_session:
         a += [b"--new-session"]
-    a += [b"--clearenv"]
-    for k, v in plan.env:
-        a += [b"--setenv", os.fsencode(k), os.fsencode(v)]  # environ is bytes: pass them exactly
+    if plan.env_via_environ:
+        a += [b"--unsetenv", b"PWD"]  # the wrapper's shell exports the host directory it ran in
+    else:
+        a += [b"--clearenv"]
+        for k, v in plan.env:
+            a += [b"--setenv", os.fsencode(k), os.fsencode(v)]  # environ is bytes: pass them exactly
     remount_ro: list[bytes] = []
     for op in plan.mounts:
         if op.verb == "ro-bind":
@@ -485,6 +510,8 @@ def plan_for_run(
     marker: bytes | None = None,
     seccomp: str = "default",
     allow_sockets: Iterable[Path] = (),
+    shared: Sequence[tuple[bytes, bytes]] = (),
+    net_joined: bool = False,
 ) -> SandboxPlan:
     """Discover the masks on this host and build the plan (the IO-doing convenience).
 
@@ -544,6 +571,8 @@ def plan_for_run(
         private=private,
         binds=host_sockets.kept_files(private) + binds + toolchains,
         symlinks=symlinks,
+        shared=shared,
+        net_joined=net_joined,
     )
 
 

@@ -17,11 +17,12 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import BwrapMissing, RunUserInvalid, SandboxSetupFailed
 from orchestrator.limits import Limits
@@ -64,15 +65,23 @@ class RunSpec:
     # Transformations of each stream on its way to the saved file and the terminal, made per
     # stream and per start (given the stream's name): see runlog.ChunkFilter.
     output_filters: tuple[Callable[[str], ChunkFilter], ...] = ()
+    # The sandbox's lasting environment (``environment.Env``): its network namespace is
+    # joined (unless ``limits.net``), its directories are /tmp, /var/tmp and /run. None:
+    # fresh ones for this run alone.
+    environment: Any = None
 
 
 @dataclass
 class Prepared:
-    argv: list[bytes]  # the wrapper's command line: spawn exactly this, with env WRAPPER_ENV
+    argv: list[bytes]  # the wrapper's command line: spawn exactly this, with ``env``
     pass_fds: tuple[int, ...]  # what the spawn must keep open for bwrap (the filter's fd)
     cgroup: cgroups.Cgroup | None  # None: rlimits stand in (see warnings)
     warnings: list[str] = field(default_factory=list)
     filter_fd: int | None = None
+    env: dict[str, str] = field(default_factory=lambda: dict(WRAPPER_ENV))  # the command's, passed down
+    # The network namespace the spawning thread must be in when it forks the wrapper
+    # (``environment.thread_in_netns``), or None (a fresh one, the host's, or nsenter's job).
+    netns: bytes | None = None
 
     def spawned(self) -> None:
         """The child has its copy of the filter's fd (bwrap reads it to EOF): ours goes."""
@@ -101,11 +110,14 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
     if bwrap is None:
         raise BwrapMissing()
     drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
+    env = spec.environment
+    join_net = env is not None and not spec.limits.net
     plan = isolation.plan_for_run(
         workspace=spec.workspace, tree=spec.tree, store=spec.store, argv=argv, cwd=spec.cwd,
         env=isolation.base_env(spec.uid, spec.env), uid=spec.uid, gid=spec.gid, net=spec.limits.net,
         tmp_bytes=spec.tmp_bytes, extra_masks=spec.extra_masks, allow_sockets=spec.allow_sockets,
         new_session=new_session, marker=marker, seccomp=spec.seccomp,
+        shared=env.dirs if env is not None else (), net_joined=join_net,
     )
     filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
     try:
@@ -116,7 +128,10 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
             raise SandboxSetupFailed(detail=str(e)) from e
         raise
     rlimits, warnings = cgroups.rlimit_fallback(spec.limits) if cg is None else (None, [])
-    prep = Prepared(argv=[], pass_fds=seccomp.pass_fds(filter_fd), cgroup=cg, warnings=warnings, filter_fd=filter_fd)
+    plan = dataclasses.replace(plan, env_via_environ=True)
+    by_thread = join_net and not env.own_userns
+    prep = Prepared(argv=[], pass_fds=seccomp.pass_fds(filter_fd), cgroup=cg, warnings=warnings, filter_fd=filter_fd,
+                    env=dict(plan.env), netns=env.netns if by_thread else None)
     try:
         prep.argv = wrapper_argv(
             isolation.bwrap_argv(plan, bwrap=bwrap, seccomp_fd=filter_fd),
@@ -124,6 +139,7 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
             rlimits=rlimits,
             drop_to=drop_to,
             reset_signals=reset_signals,
+            join=env.join_argv() if join_net and not by_thread else (),
         )
         yield prep
     finally:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from orchestrator.runlog import CappedLog
 from orchestrator.sandbox import cgroups
 from snapshot.osutil import write_all
-from orchestrator.sandbox.prepare import EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec, prepare
+from orchestrator.sandbox.prepare import EXIT_TIMEOUT, Prepared, RunSpec, prepare
 
 if TYPE_CHECKING:
     import subprocess
@@ -88,11 +88,14 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
         if interactive:
             old_winch = signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
             tty.setraw(stdin_fd)
-        proc = subprocess.Popen(
-            prep.argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=WRAPPER_ENV,
-            start_new_session=True,  # the wrapper and bwrap: no terminal at all
-            pass_fds=prep.pass_fds,
-        )
+        from orchestrator.sandbox.environment import thread_in_netns
+
+        with thread_in_netns(prep.netns):
+            proc = subprocess.Popen(
+                prep.argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=prep.env,
+                start_new_session=True,  # the wrapper and bwrap: no terminal at all
+                pass_fds=prep.pass_fds,
+            )
         prep.spawned()
         os.close(slave)
         slave = -1

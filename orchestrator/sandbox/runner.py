@@ -69,7 +69,7 @@ from orchestrator.errors import SandboxSetupFailed
 from orchestrator.runlog import CappedLog, ChunkFilter
 from orchestrator.sandbox import cgroups, isolation
 from orchestrator.sandbox.cgexec import ignored_signals
-from orchestrator.sandbox.prepare import (EXIT_MEMORY, EXIT_PETRI, EXIT_TIMEOUT, WRAPPER_ENV, Prepared, RunSpec,
+from orchestrator.sandbox.prepare import (EXIT_MEMORY, EXIT_PETRI, EXIT_TIMEOUT, Prepared, RunSpec,
                                           prepare)
 from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 from snapshot.osutil import write_all
@@ -417,10 +417,13 @@ class _Run:
         self.last_stream: str | None = None
 
     def spawn(self) -> ChildProcess:
+        from orchestrator.sandbox.environment import thread_in_netns
+
         argv = self.prep.argv
         try:
-            proc = open_process_here(argv, stdin=PIPE if self.spec.stdin_data is not None else DEVNULL,
-                                     stdout=PIPE, stderr=PIPE, env=WRAPPER_ENV, pass_fds=self.prep.pass_fds)
+            with thread_in_netns(self.prep.netns):
+                proc = open_process_here(argv, stdin=PIPE if self.spec.stdin_data is not None else DEVNULL,
+                                         stdout=PIPE, stderr=PIPE, env=self.prep.env, pass_fds=self.prep.pass_fds)
         except OSError as e:
             raise SandboxSetupFailed(detail=f"cannot start {argv[0]!r}: {e.strerror}") from e
         finally:
