@@ -1,0 +1,144 @@
+"""The TUI left open all day (issue 19): it quits at once whatever is in flight, a key is
+answered while background reads are stuck, and events that arrive while the app closes are
+dropped, not raised. Built on the fixed records of ``tests/tui_fixtures.py`` with reads made
+to block on purpose (the situations a loaded machine makes by chance); the same keys against
+real workspaces and races are in ``test_tui_pilot.py`` and ``test_tui_terminal.py``."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import RichLog  # noqa: E402
+
+from tests.tui_fixtures import NOW, FixedSource  # noqa: E402
+from tui.app import EventsReady, PetriApp  # noqa: E402
+from tui.model import Changes  # noqa: E402
+from tui.screens.logs import LogsScreen  # noqa: E402
+
+
+class StuckSource(FixedSource):
+    """Fixed records whose background reads (the staleness refresh, a row's fetch) block
+    until ``release`` is set: a staleness read on a big tree, a registry behind a writer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.stuck = 0
+        self._lock = threading.Lock()
+
+    def _block(self) -> None:
+        with self._lock:
+            self.stuck += 1
+        self.release.wait(120)
+
+    def sandboxes(self, *, staleness: bool = True) -> list[Any]:
+        if staleness:
+            self._block()
+        return super().sandboxes(staleness=staleness)
+
+    def sandbox_row(self, ident: str) -> Any:
+        self._block()
+        return super().sandbox_row(ident)
+
+
+async def until(pilot: Any, cond: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+    return got
+
+
+def run_in_thread(main: Callable[[], Any]) -> threading.Thread:
+    t = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    t.start()
+    return t
+
+
+def test_q_quits_while_a_refresh_is_stuck():
+    """``q`` while the staleness refresh is still reading: the app (and ``asyncio.run``
+    around it) ends without waiting for that read."""
+    src = StuckSource()
+    app = PetriApp(src, follow=False, clock=lambda: NOW)
+    pressed = threading.Event()
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: src.stuck >= 1, "the refresh to be in flight")
+            pressed.set()
+            await pilot.press("q")
+
+    t = run_in_thread(main)
+    try:
+        assert pressed.wait(60), "the app never started its refresh"
+        t.join(20)
+        assert not t.is_alive(), "q waited for the stuck read"
+        assert not src.release.is_set()
+    finally:
+        src.release.set()
+        t.join(10)
+
+
+def test_ctrl_c_quits():
+    app = PetriApp(FixedSource(), follow=False, clock=lambda: NOW)
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            await pilot.press("ctrl+c")
+            await until(pilot, lambda: not app.is_running, "the app to end", timeout=10)
+
+    asyncio.run(main())
+
+
+def test_a_key_is_answered_while_background_reads_are_stuck():
+    """Eight fetches and a refresh stuck in the background (more than asyncio's default
+    executor has threads on a small machine): ``l`` still opens the logs with their lines."""
+    src = StuckSource()
+    app = PetriApp(src, follow=False, clock=lambda: NOW)
+
+    async def main() -> None:
+        try:
+            async with app.run_test(size=(80, 24)) as pilot:
+                await until(pilot, lambda: src.stuck >= 1, "the refresh to be in flight")
+                for i in range(8):
+                    app.fetch_sandboxes({f"sb-{i:04d}c0de"})
+                await until(pilot, lambda: src.stuck >= 2, "the fetches to be stuck")
+                await pilot.press("l")
+                logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
+                log = logs.query_one(RichLog)
+                await until(pilot, lambda: any("4 passed" in s.text for s in log.lines), "the run's output",
+                            timeout=20)
+                assert not src.release.is_set()
+        finally:
+            src.release.set()
+
+    asyncio.run(main())
+
+
+def test_events_arriving_while_the_app_closes_are_dropped():
+    """A batch of events, a fetched row or a clock tick that reaches the app after its
+    screens closed is dropped (it raised ScreenStackError: no screens on the stack)."""
+    app = PetriApp(FixedSource(), follow=False, clock=lambda: NOW)
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            await pilot.press("q")
+        assert not app.screen_stack
+        ev = {"schema": 1, "ts": "2025-01-01T12:00:00Z", "event": "run.finished", "sandbox": "sb-0001c0de",
+              "run": 3, "exit_code": 0}
+        app._queue.append(ev)
+        app.on_events_ready(EventsReady())
+        app.feed([ev])
+        app.apply(Changes(sandboxes={"sb-0001c0de"}, promotions=True))
+        app.tick()
+
+    asyncio.run(main())
