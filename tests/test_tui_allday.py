@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.test_api import ws  # noqa: F401 - a copy-backend workspace
+
 pytest.importorskip("textual")
 
 from textual.widgets import RichLog  # noqa: E402
@@ -142,3 +144,35 @@ def test_events_arriving_while_the_app_closes_are_dropped():
         app.tick()
 
     asyncio.run(main())
+
+
+def test_the_event_stream_is_looked_at_less_often_when_idle(ws):  # noqa: F811 - tests.test_api's fixture
+    """Idle, the follower looks at the stream every 100 ms (not every 10 ms: that alone was
+    1% of a core); an event that comes is still read at once, and a quit ends it at once."""
+    from tui.source import Source
+
+    src = Source(ws)
+    looks = []
+    quit_ = threading.Event()
+    got: list[dict[str, Any]] = []
+
+    def follow() -> None:
+        for ev in src.events(lambda: looks.append(time.monotonic()) or quit_.is_set(), idle_after_s=0.3,
+                             quit_event=quit_):
+            got.append(ev)
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    time.sleep(0.6)
+    n0 = len(looks)
+    time.sleep(1.0)
+    idle_looks = len(looks) - n0
+    assert idle_looks <= 40, f"{idle_looks} calls of stop() in an idle second (two per look)"
+    ws.snapshot("an event")
+    deadline = time.monotonic() + 5
+    while not any(e["event"] == "snapshot.created" for e in got) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert any(e["event"] == "snapshot.created" for e in got)
+    quit_.set()
+    t.join(2)
+    assert not t.is_alive()

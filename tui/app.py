@@ -186,7 +186,7 @@ class PetriApp(App):
     def follow_events(self) -> None:
         """The event stream, on a daemon thread of its own (``tui.lanes``)."""
         try:
-            for ev in self.source.events(self._stop.is_set):
+            for ev in self.source.events(self._stop.is_set, quit_event=self._stop):
                 with self._lock:
                     self._queue.append(ev)
                     if self._pending:
