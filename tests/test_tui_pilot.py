@@ -236,9 +236,12 @@ def test_race_option_opens_that_race_by_prefix():
         async with app.run_test(size=(80, 24)) as pilot:
             screen = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race")
             assert screen.race_id == RACE and screen.doc()["winner"] == "sb-0001c0de"
-            await pilot.press("l")  # the candidate's check output
+            await pilot.press("l")  # the candidate's check output: its own run now that the race is over
             logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
-            assert logs.sandbox == "sb-0001c4ec"
+            assert logs.sandbox == "sb-0001c0de"
+            await until(pilot, lambda: any("4 passed" in s.text for s in logs.query_one(RichLog).lines),
+                        "the check's output")
+            assert logs.showing == 2
 
     asyncio.run(main())
 
@@ -353,5 +356,43 @@ def test_many_new_rows_show_a_screenful_first_then_all_in_order():
             await pilot.pause()
             assert [k.value for k in table.rows] == list(model.sandboxes)
             assert str(table.get_row("sb-0101c0de")[2]) == "later"
+
+    asyncio.run(main())
+
+
+@needs_sandbox
+def test_a_candidates_check_log_live_then_as_its_own_run_and_exit_agrees(ws):  # noqa: F811
+    """A race run by another petri: ``l`` on a candidate while its check runs follows the
+    check live (in its throwaway fork); once the race ends the same screen shows the check as
+    the candidate's own run; the Sandboxes table's EXIT of each candidate is its check's."""
+    check = "for i in 1 2 3 4 5 6 7 8; do echo tick-$i; sleep 0.4; done; test -f ok"
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        app = PetriApp(Source(petri.open(ws.root, via="tui")))
+        async with app.run_test(size=(120, 30)) as pilot:
+            await loaded(pilot)
+            racing = threading.Thread(target=lambda: result.update(race=ws.race(
+                check, [petri.Cmd("touch ok"), petri.Cmd("true")], keep=True)))
+            racing.start()
+            race = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race screen")
+            await until(pilot, lambda: (d := race.doc()) and all(c["state"] == "checking" for c in d["candidates"]),
+                        "both checks running", timeout=60)
+            await pilot.press("l")
+            logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
+            log = logs.query_one(RichLog)
+            await until(pilot, lambda: any("tick-" in s.text for s in log.lines), "a live line of the check")
+            assert logs.showing_in != logs.sandbox and "race check in" in str(logs.query_one("#log-head").render())
+            await asyncio.to_thread(racing.join)
+            await until(pilot, lambda: logs.showing_in == logs.sandbox and logs.showing is not None
+                        and any("tick-8" in s.text for s in log.lines), "the check as the candidate's run")
+            doc = result["race"].to_json()
+            await pilot.press("escape", "escape")
+            table = await until(pilot, lambda: isinstance(app.screen, SandboxesScreen) and app.screen.table,
+                                "the sandboxes")
+            for c in doc["candidates"]:
+                await until(pilot, lambda c=c: str(table.get_cell(c["sandbox"], "exit")) == str(c["exit_code"]),
+                            f"EXIT {c['exit_code']} of {c['sandbox']}")
+            assert sorted(c["exit_code"] for c in doc["candidates"]) == [0, 1]
 
     asyncio.run(main())

@@ -148,8 +148,8 @@ class RaceScreen(PetriScreen):
     def action_logs(self) -> None:
         c = self.table.current()
         if c:
-            # The check ran in the candidate's throwaway fork: its output is the check's.
-            self.papp.open_logs(c.get("check_sandbox") or c["sandbox"], title=c.get("candidate"))
+            # the candidate's logs: its check live in the throwaway fork, then as its own run
+            self.papp.open_logs(c["sandbox"], title=c.get("candidate"))
 
     def action_other(self, step: int) -> None:
         order = self.papp.model.tracker.order
