@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.test_api import ws  # noqa: F401 - a copy-backend workspace
+from tests.test_api import needs_sandbox, ws  # noqa: F401 - a copy-backend workspace
 
 pytest.importorskip("textual")
 
@@ -176,3 +176,63 @@ def test_the_event_stream_is_looked_at_less_often_when_idle(ws):  # noqa: F811 -
     quit_.set()
     t.join(2)
     assert not t.is_alive()
+
+
+class StuckRealSource:
+    """A real workspace's ``Source`` whose background reads block until ``release``."""
+
+    @staticmethod
+    def make(workspace: Any) -> Any:
+        import petri
+        from tui.source import Source
+
+        class Stuck(Source):
+            release = threading.Event()
+            stuck = 0
+
+            def sandboxes(self, *, staleness: bool = True) -> list[Any]:
+                if staleness:
+                    Stuck.stuck += 1
+                    self.release.wait(120)
+                return super().sandboxes(staleness=staleness)
+
+            def sandbox_row(self, ident: str) -> Any:
+                Stuck.stuck += 1
+                self.release.wait(120)
+                return super().sandbox_row(ident)
+
+        return Stuck(petri.open(workspace.root, via="tui"))
+
+
+@needs_sandbox
+def test_logs_follow_a_long_running_command_while_background_reads_are_stuck(ws):  # noqa: F811
+    """A command that has written 750 lines and goes on: its logs show the latest of them at
+    once and follow it to its end, while the refresh and the rows' fetches are stuck."""
+    from tui.screens.sandboxes import SandboxesScreen
+
+    sb = ws.fork(label="busy").keep()[0]
+    src = StuckRealSource.make(ws)
+    app = PetriApp(src)
+    cmd = "for i in $(seq 750); do echo line-$i; done; sleep 2; echo more-1; sleep 2; echo the-end"
+
+    async def main() -> None:
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await until(pilot, lambda: isinstance(app.screen, SandboxesScreen)
+                            and sb.id in app.screen.table.rows, "the row")
+                running = threading.Thread(target=lambda: ws.run(sb.id, cmd))
+                running.start()
+                await until(pilot, lambda: sb.id in app.model.running, "the run to start")
+                for i in range(8):
+                    app.fetch_sandboxes({f"sb-stuck{i}"})
+                await pilot.press("l")
+                logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
+                log = logs.query_one(RichLog)
+                await until(pilot, lambda: any(s.text == "line-750" for s in log.lines), "the lines so far")
+                await until(pilot, lambda: any(s.text == "the-end" for s in log.lines), "the run's last line")
+                assert not src.release.is_set() and src.stuck >= 2
+                await asyncio.to_thread(running.join)
+        finally:
+            src.release.set()
+
+    asyncio.run(main())
