@@ -123,6 +123,8 @@ def test_race_compare_promote_undo_all_from_the_tui(btrfs_ws, tmp_path):
             await confirm(pilot, plan_has="pkg/calc.py")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: "a + b" in calc.read_text(), "the promotion in live")
+            await until(pilot, lambda: any(n.message.startswith("promoted 1 path(s) as p-")
+                                           for n in app._notifications), "the promote's toast")
             # P, then u: undo it after its plan
             await pilot.press("P")
             await until(pilot, lambda: isinstance(app.screen, PromotionsScreen)
@@ -394,5 +396,27 @@ def test_a_candidates_check_log_live_then_as_its_own_run_and_exit_agrees(ws):  #
                 await until(pilot, lambda c=c: str(table.get_cell(c["sandbox"], "exit")) == str(c["exit_code"]),
                             f"EXIT {c['exit_code']} of {c['sandbox']}")
             assert sorted(c["exit_code"] for c in doc["candidates"]) == [0, 1]
+
+    asyncio.run(main())
+
+
+def test_promotions_screen_follows_promotions_made_elsewhere(ws):  # noqa: F811
+    """Promotions open while another petri promotes and undoes: the new promotion shows,
+    then its state turns to undone, each as its event arrives (no refresh key)."""
+    sb = ws.fork(label="p").keep()[0]
+    Path(sb.path, "notes.txt").write_text("one\ntwo\nTHREE\n")
+
+    async def main() -> None:
+        app = PetriApp(Source(petri.open(ws.root, via="tui")))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await loaded(pilot)
+            await pilot.press("P")
+            screen = await until(pilot, lambda: isinstance(app.screen, PromotionsScreen) and app.screen, "promotions")
+            p = await asyncio.to_thread(lambda: ws.promote(sb.id))
+            await until(pilot, lambda: p.promotion in screen.table.rows, "the new promotion's row", timeout=10)
+            assert str(screen.table.get_cell(p.promotion, "state")) == "done"
+            await asyncio.to_thread(lambda: ws.rollback(p.promotion))
+            await until(pilot, lambda: str(screen.table.get_cell(p.promotion, "state")) == "undone",
+                        "its state turned to undone", timeout=10)
 
     asyncio.run(main())

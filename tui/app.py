@@ -215,6 +215,8 @@ class PetriApp(App):
             ch.merge(c)
         ch.started_races = []
         self.apply(ch)
+        if any(str(ev.get("event", "")).startswith("promotion.") for ev in batch):
+            self.refresh_promotions()  # the events say one happened; the list says what it is now
         if self.trace is not None:
             self.call_after_refresh(self.trace, batch)
         for rid in live_races:
