@@ -236,3 +236,38 @@ def test_logs_follow_a_long_running_command_while_background_reads_are_stuck(ws)
             src.release.set()
 
     asyncio.run(main())
+
+
+class LongLabels(FixedSource):
+    """The fixed records with labels as people write them, and a race candidate without one."""
+
+    def sandboxes(self, *, staleness: bool = True) -> list[Any]:
+        import dataclasses
+
+        out = super().sandboxes(staleness=staleness)
+        labels = {"sb-0001c0de": "fix-groupby-v2-keep-dtypes", "sb-0002c0de": "fix-groupby-v3-keep-dtypes",
+                  "sb-0003c0de": None}
+        return [dataclasses.replace(s, label=labels.get(s.id, s.label)) for s in out]
+
+    def sandbox_row(self, ident: str) -> Any:
+        return next((s for s in self.sandboxes() if s.id == ident), None)
+
+
+def test_labels_whole_at_160_columns_race_rows_labelled_and_named():
+    async def main() -> None:
+        app = PetriApp(LongLabels(), follow=False, clock=lambda: NOW)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            await pilot.pause()
+            table = app.screen.table
+            cell = lambda sid, key: str(table.get_cell(sid, key))  # noqa: E731
+            assert cell("sb-0001c0de", "label") == "fix-groupby-v2-keep-dtypes"
+            assert cell("sb-0002c0de", "label") == "fix-groupby-v3-keep-dtypes"
+            assert cell("sb-0003c0de", "label") == "sed -i s/-/+/ pkg/calc.py"  # its candidate
+            assert cell("sb-0002c0de", "race") == "#2 r-00be7a01"
+            await pilot.press("r")
+            await until(pilot, lambda: type(app.screen).__name__ == "RaceScreen", "the race screen")
+            await pilot.pause()
+            assert app.screen.table.cell_text(2, "candidate") == "sed -i s/-/+/ pkg/calc.py"
+
+    asyncio.run(main())

@@ -119,10 +119,14 @@ def stale(st: Mapping[str, Any] | None) -> Text:
     return Text("0", style="dim")
 
 
-def rank(hit: tuple[str, int] | None, winner: bool = False) -> Text:
+def rank(hit: tuple[str, int] | None, winner: bool = False, race: bool = False) -> Text:
+    """``#2`` (``★1`` the winner); with ``race``, the race's id beside it: ``#2 r-00be7a01``."""
     if hit is None:
         return Text("")
-    return Text(f"★{hit[1]}" if winner else f"#{hit[1]}", style="bold green" if winner else "")
+    t = Text(f"★{hit[1]}" if winner else f"#{hit[1]}", style="bold green" if winner else "")
+    if race:
+        t.append(f" {hit[0]}", style="dim")
+    return t
 
 
 def lines(added: int | None, removed: int | None) -> Text:
