@@ -271,3 +271,42 @@ def test_labels_whole_at_160_columns_race_rows_labelled_and_named():
             assert app.screen.table.cell_text(2, "candidate") == "sed -i s/-/+/ pkg/calc.py"
 
     asyncio.run(main())
+
+
+def test_vim_keys_change_nothing_gg_G_move_tabs_show_keys_and_why_a_candidate_ranked():
+    """x, f, s, e, g (what vim users type by habit) open no action; gg and G go to the
+    first and last row; the detail tabs carry their keys; the Race screen says why the
+    candidate under the cursor ranked where it did."""
+    from textual.widgets import Tab
+
+    from tui.screens.confirm import ConfirmScreen
+
+    async def main() -> None:
+        app = PetriApp(FixedSource(), follow=False, clock=lambda: NOW)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            await until(pilot, lambda: app.screen.detail.built, "the detail tabs")
+            for key in ("x", "f", "s", "e", "g", "y", "d", "o", "a", "i"):
+                await pilot.press(key)
+                await pilot.pause()
+                assert not isinstance(app.screen, ConfirmScreen), key
+            table = app.screen.table
+            await pilot.press("G")
+            assert table.cursor_row == table.row_count - 1
+            await pilot.press("g", "g")
+            assert table.cursor_row == 0
+            titles = [str(t.label) for t in app.screen.query(Tab)]
+            assert titles == ["1 Status", "2 Diff", "3 Logs", "4 Lineage"]
+            await pilot.press("r")
+            race = await until(pilot, lambda: type(app.screen).__name__ == "RaceScreen" and app.screen, "race")
+            why = lambda: str(race.query_one("#why").render())  # noqa: E731
+            await until(pilot, lambda: "winner" in why(), "the winner's line")
+            assert why() == "#1: passed (the winner); fewest lines changed (2) of the 2 that passed"
+            await pilot.press("j")
+            await until(pilot, lambda: why().startswith("#2"), "the second's line")
+            assert why() == "#2: passed, but changed 5 lines where #1 changed 2"
+            await pilot.press("G")
+            await until(pilot, lambda: why().startswith("#3"), "the last's line")
+            assert why() == "#3: check failed (exit 1): ranked after the 2 that passed"
+
+    asyncio.run(main())

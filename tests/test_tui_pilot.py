@@ -182,7 +182,7 @@ def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported fr
         app = PetriApp(Source(petri.open(ws.root, via="tui")), read_only=True)
         async with app.run_test(size=(80, 24)) as pilot:
             await loaded(pilot)
-            for key in ("p", "D", "u", "R", "f", "x", "g", "e", "s"):
+            for key in ("p", "D", "u", "R", "F", "X", "E", "S", "f", "x", "g", "e", "s"):
                 await pilot.press(key)
                 await pilot.pause()
                 assert not isinstance(app.screen, ConfirmScreen), key
@@ -258,7 +258,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             await loaded(pilot)
             table = app.screen.table
             await until(pilot, lambda: first.id in table.rows, "the row")
-            await pilot.press("f")
+            await pilot.press("F")
             dlg = await confirm(pilot)
             await pilot.press("tab", "tab", *"kid")  # the label field
             assert "petri fork --from live --label kid" in str(dlg.query_one("#command").render())
@@ -266,7 +266,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             await until(pilot, lambda: table.row_count == 2, "the fork's row", timeout=30)
             child = next(s for s in ws.sandboxes() if s.id != first.id)
             assert child.label == "kid" and child.generation == 0
-            await pilot.press("x")  # run in the selected (first) sandbox
+            await pilot.press("X")  # run in the selected (first) sandbox
             dlg = await confirm(pilot)
             await pilot.press(*"echo ran; exit 3")
             assert "petri run" in str(dlg.query_one("#command").render())
@@ -278,7 +278,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             assert f"petri rm {first.id}" in str(dlg.query_one("#command").render())
             await pilot.press("ctrl+s")
             await until(pilot, lambda: first.id not in table.rows, "the row gone")
-            await pilot.press("g")
+            app.action_gc()  # gc: in the command palette, on no key
             await confirm(pilot)
             await pilot.press("ctrl+s")
             await until(pilot, lambda: any(n.message.startswith("gc") for n in app._notifications), "gc's toast")

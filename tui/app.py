@@ -67,14 +67,18 @@ class PetriApp(App):
         Binding("r", "race_screen", "Race"),
         Binding("P", "promotions", "Promotions", show=False),
         Binding("R", "race", "New race", show=False),
-        Binding("f", "fork", "Fork", show=False),
-        Binding("x", "run", "Run", show=False),
+        # What changes something is on a capital (or on p and u, which SPEC names and which
+        # confirm first): x, f, s, e and g are what vim users type by habit. gc is in the
+        # command palette only.
+        Binding("F", "fork", "Fork", show=False),
+        Binding("X", "run", "Run", show=False),
         Binding("p", "promote", "Promote"),
         Binding("D", "destroy", "Destroy", show=False),
         Binding("u", "rollback", "Roll back", show=False),
-        Binding("g", "gc", "gc", show=False),
-        Binding("e", "editor", "Editor", show=False),
-        Binding("s", "shell", "Shell", show=False),
+        Binding("E", "editor", "Editor", show=False),
+        Binding("S", "shell", "Shell", show=False),
+        Binding("g", "vim_g", "gg: first row", show=False),
+        Binding("G", "last", "Last row", show=False),
     ]
 
     def __init__(self, source: Source, *, read_only: bool = False, race: str | None = None,
@@ -105,6 +109,7 @@ class PetriApp(App):
         self.refresh_cpu_s = 0.0  # CPU the last staleness refresh took (it sets the next one's delay)
         self._refresh_timer: Any = None
         self.exit_signal: int | None = None  # SIGHUP, SIGTERM or SIGINT that ended the app
+        self._last_g = 0.0  # when a first g of gg was pressed
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -392,6 +397,32 @@ class PetriApp(App):
             self.push_screen(spare)
         else:
             self.push_screen(RaceScreen(rid))
+
+    def action_vim_g(self) -> None:
+        """``gg``: the first row (a lone ``g`` waits for the second, as in vim)."""
+        now = time.monotonic()
+        if now - self._last_g < 0.8:
+            self._last_g = 0.0
+            self._to_end(first=True)
+        else:
+            self._last_g = now
+
+    def action_last(self) -> None:
+        self._to_end(first=False)
+
+    def _to_end(self, first: bool) -> None:
+        from textual.widgets import DataTable
+
+        from .widgets.race_table import RaceTable
+
+        w = self.screen.focused
+        if isinstance(w, DataTable):
+            if w.row_count:
+                w.move_cursor(row=0 if first else w.row_count - 1)
+        elif isinstance(w, RaceTable):
+            w.action_first() if first else w.action_last()
+        elif w is not None:
+            w.scroll_home(animate=False) if first else w.scroll_end(animate=False)
 
     def action_race_screen(self) -> None:
         self.open_race(self.model.latest_race())

@@ -187,3 +187,44 @@ def patch(text: str, limit: int = 5000) -> Text:
 def output_line(stream: str, line: str) -> Text:
     """A line of a run's output; stderr tinted."""
     return Text(line, style="red" if stream == "stderr" else "")
+
+
+def why_ranked(cands: list[dict[str, Any]], i: int, winner: str | None = None) -> str:
+    """Why the candidate at position ``i`` of a race (in rank order) ranked there, against
+    the one just above it: the race's rule is check passed, then fewest lines changed, then
+    fastest check, then command-line order (a candidate that did not apply is last)."""
+    c = cands[i]
+    st = c.get("state") or ""
+    name = f"#{c.get('rank')}"
+
+    def n_lines(x: dict[str, Any]) -> int:
+        return (x.get("lines_added") or 0) + (x.get("lines_removed") or 0)
+
+    if st in ("waiting", "applying", "checking"):
+        return f"{name}: still {st}; its place is provisional until its check ends"
+    if st == "stopped":
+        return f"{name}: stopped before its check ended"
+    if st == "not_applied":
+        return f"{name}: did not apply" + (f" ({one_line(c.get('error'), 60)})" if c.get("error") else "") + \
+            ": ranked after every candidate that applied"
+    if st == "failed":
+        why = f"{name}: check failed (exit {c.get('exit_code')})"
+        passed = sum(1 for x in cands if x.get("state") == "passed")
+        return why + (f": ranked after the {passed} that passed" if passed else ": no candidate passed")
+    # passed
+    lines_c, dur_c = n_lines(c), c.get("duration_s")
+    above = cands[i - 1] if i > 0 else None
+    if above is None or above.get("state") != "passed":
+        others = [x for x in cands if x is not c and x.get("state") == "passed"]
+        head = f"{name}: passed" + (" (the winner)" if winner and c.get("sandbox") == winner else "")
+        if not others:
+            return head + "; the only candidate that passed"
+        return head + f"; fewest lines changed ({lines_c}) of the {len(others) + 1} that passed"
+    ra = f"#{above.get('rank')}"
+    lines_a, dur_a = n_lines(above), above.get("duration_s")
+    if lines_a < lines_c:
+        return f"{name}: passed, but changed {lines_c} lines where {ra} changed {lines_a}"
+    if dur_a is not None and dur_c is not None and dur_a < dur_c:
+        return (f"{name}: passed with as many lines changed ({lines_c}) as {ra}, whose check was faster "
+                f"({seconds(dur_a)} against {seconds(dur_c)})")
+    return f"{name}: ties with {ra} on lines changed and check time; {ra} came first on the command line"

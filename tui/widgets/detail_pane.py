@@ -51,15 +51,15 @@ class DetailPane(Vertical):
         from textual.widgets import RichLog, TabbedContent, TabPane
 
         with TabbedContent(initial=self._active):
-            with TabPane("Status", id="tab-status"):
+            with TabPane("1 Status", id="tab-status"):
                 with VerticalScroll():
                     yield Static("no sandbox selected", id="status-body")
-            with TabPane("Diff", id="tab-diff"):
+            with TabPane("2 Diff", id="tab-diff"):
                 with VerticalScroll():
                     yield Static("", id="diff-body")
-            with TabPane("Logs", id="tab-logs"):
+            with TabPane("3 Logs", id="tab-logs"):
                 yield RichLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
-            with TabPane("Lineage", id="tab-lineage"):
+            with TabPane("4 Lineage", id="tab-lineage"):
                 with VerticalScroll():
                     yield Static("", id="lineage-body")
 
