@@ -6,6 +6,7 @@ real workspaces and races are in ``test_tui_pilot.py`` and ``test_tui_terminal.p
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -308,5 +309,35 @@ def test_vim_keys_change_nothing_gg_G_move_tabs_show_keys_and_why_a_candidate_ra
             await pilot.press("G")
             await until(pilot, lambda: why().startswith("#3"), "the last's line")
             assert why() == "#3: check failed (exit 1): ranked after the 2 that passed"
+
+    asyncio.run(main())
+
+
+def test_the_status_tab_moves_with_the_clock_and_keeps_the_runs():
+    """The Status tab's age and time left move as the table's do, and a row's update (an
+    event) keeps the runs it showed (it showed the record without them)."""
+    import dataclasses
+
+    clock = [NOW]
+    app = PetriApp(FixedSource(), follow=False, clock=lambda: clock[0])
+
+    async def main() -> None:
+        async with app.run_test(size=(100, 40)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            screen = app.screen
+            def body() -> str:
+                from rich.console import Console
+
+                console = Console(width=100, record=True, file=open(os.devnull, "w"))
+                console.print(screen.query_one("#status-body").content)
+                return " ".join(console.export_text().split())
+            await until(pilot, lambda: "run 2" in body() and "40m / 20m" in body(), "the status with its runs")
+            clock[0] += 5 * 60
+            app.tick()
+            await until(pilot, lambda: "45m / 15m" in body(), "the age, 5 minutes on")
+            info = app.model.sandboxes["sb-0001c0de"]
+            app.apply(app.model.put_sandbox(dataclasses.replace(info, last_exit_code=7)))
+            await until(pilot, lambda: "last exit 7" in body(), "exit 7")
+            assert "run 2" in body()
 
     asyncio.run(main())

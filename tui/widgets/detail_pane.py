@@ -35,6 +35,8 @@ class DetailPane(Vertical):
         self.built = False  # the tabs are mounted
         self._tabs = False  # compose them (after the first paint)
         self._active = "tab-status"  # the tab to open with (a key may choose one before the tabs are built)
+        self._runs: dict[str, list[Any]] = {}  # sandbox -> its runs, as last read in full
+        self._status: tuple[Any, Any] | None = None  # what the Status tab shows (for the clock)
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._build)
@@ -82,7 +84,18 @@ class DetailPane(Vertical):
 
     # -- attributes down ------------------------------------------------------------------------
     def show_status(self, info: Any, model: Any, now: float) -> None:
-        self.query_one("#status-body", Static).update(status_table(info, model, now))
+        """The Status tab; a record without runs (the table's) keeps the runs last read in full."""
+        runs = info.extra.get("runs")
+        if runs is not None:
+            self._runs[info.id] = runs
+        self._status = (info, model)
+        self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
+
+    def tick(self, now: float) -> None:
+        """Once a second, while the Status tab shows: age and time left move."""
+        if self._status is not None and self.built and self.active == "tab-status":
+            info, model = self._status
+            self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
 
     def show_diff(self, diff: Any) -> None:
         if diff is None:
@@ -120,7 +133,7 @@ class DetailPane(Vertical):
         self.query_one("#lineage-body", Static).update(lineage_text(info, model))
 
 
-def status_table(info: Any, model: Any, now: float) -> Table:
+def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = None) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
@@ -144,8 +157,7 @@ def status_table(info: Any, model: Any, now: float) -> Table:
                  style="bold red" if stale.get("overlapping") else "")) if info.stale else Text("?", style="dim")),
         ("race", Text(f"{hit[0]} rank {hit[1]}" + (" (winner)" if won else "")) if hit else Text("-", style="dim")),
     ]
-    runs = info.extra.get("runs") or []
-    for r in runs[-3:]:
+    for r in (runs if runs is not None else info.extra.get("runs") or [])[-3:]:
         argv = r.get("argv") or []
         cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
         rows.append((f"run {r.get('run')}", Text(f"exit {r.get('exit_code')}  {fmt.seconds(r.get('duration_s'))}  ")
