@@ -41,6 +41,7 @@ class LogsScreen(PetriScreen):
         self.runs: list[Any] = []
         self.showing: int | None = None
         self.showing_in = sandbox  # whose run that is: the sandbox's, or its race check's fork's
+        self._cand_state: str | None = None  # its state as a race candidate, when last looked
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -51,14 +52,21 @@ class LogsScreen(PetriScreen):
     def on_mount(self) -> None:
         self.run_worker(self.load, exclusive=True)
 
-    def check_sandbox(self) -> str | None:
-        """The throwaway fork this sandbox's race check runs in, while the race runs."""
+    def candidate(self) -> dict[str, Any] | None:
+        """This sandbox's row in the race it is a candidate of, if any."""
         tr = self.papp.model.tracker
         hit = tr.by_sandbox.get(self.sandbox)
-        if hit is None or tr.races[hit[0]]["state"] != "running":
+        if hit is None:
             return None
-        c = next((c for c in tr.races[hit[0]]["candidates"] if c["sandbox"] == self.sandbox), None)
-        return c.get("check_sandbox") if c else None
+        return next((c for c in tr.races[hit[0]]["candidates"] if c["sandbox"] == self.sandbox), None)
+
+    def check_sandbox(self) -> str | None:
+        """The throwaway fork this sandbox's race check runs in, while the race runs."""
+        c = self.candidate()
+        hit = self.papp.model.tracker.by_sandbox.get(self.sandbox)
+        if c is None or hit is None or self.papp.model.tracker.races[hit[0]]["state"] != "running":
+            return None
+        return c.get("check_sandbox")
 
     def live(self) -> tuple[str, int] | None:
         """The run to follow now: the sandbox's own running run, or its race check's."""
@@ -89,8 +97,8 @@ class LogsScreen(PetriScreen):
             return
         lines, _ = await papp.run_lines(sid, n)
         self.head(n)
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def head(self, n: int | None) -> None:
         t = Text()
@@ -129,11 +137,16 @@ class LogsScreen(PetriScreen):
             lines = changes.output.get((self.showing_in, self.showing))
             if lines:
                 log = self.query_one(RichLog)
-                for stream, line in lines:
-                    log.write(fmt.output_line(stream, line))
-        if self.run_n is None and ((self.live() or (self.sandbox, self.showing)) != (self.showing_in, self.showing)
-                                   or (self.showing_in != self.sandbox and changes.races)):
-            # the check began in its fork, or ended and is the candidate's own run now
+                if lines:
+                    log.write(fmt.output_lines(lines))
+        c = self.candidate() if changes.races else None
+        moved = c is not None and c.get("state") != self._cand_state
+        if moved:
+            self._cand_state = c.get("state") if c else None
+        if self.run_n is None and (moved or (self.live() or (self.sandbox, self.showing))
+                                   != (self.showing_in, self.showing)):
+            # the check began in its fork, or ended (its run.finished), or the race recorded it
+            # as the candidate's own run (race.candidate_finished: the candidate's state moves)
             self.run_worker(self.load, exclusive=True)
             return
         started = [k for k in changes.runs if k[0] == self.sandbox]

@@ -37,6 +37,7 @@ class DetailPane(Vertical):
         self._active = "tab-status"  # the tab to open with (a key may choose one before the tabs are built)
         self._runs: dict[str, list[Any]] = {}  # sandbox -> its runs, as last read in full
         self._status: tuple[Any, Any] | None = None  # what the Status tab shows (for the clock)
+        self._clock: tuple[str, str, str] | None = None  # its age and time left as last drawn
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._build)
@@ -89,13 +90,17 @@ class DetailPane(Vertical):
         if runs is not None:
             self._runs[info.id] = runs
         self._status = (info, model)
+        self._clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
         self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
 
     def tick(self, now: float) -> None:
         """Once a second, while the Status tab shows: age and time left move."""
         if self._status is not None and self.built and self.active == "tab-status":
             info, model = self._status
-            self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
+            clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
+            if clock != self._clock:  # past a minute both move once a minute: no repaint in between
+                self._clock = clock
+                self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
 
     def show_diff(self, diff: Any) -> None:
         if diff is None:
@@ -119,15 +124,15 @@ class DetailPane(Vertical):
         log = self.query_one("#logs-body", RichLog)
         log.clear()
         log.write(Text(header, style="bold"))
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
         from textual.widgets import RichLog
 
         log = self.query_one("#logs-body", RichLog)
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def show_lineage(self, info: Any, model: Any) -> None:
         self.query_one("#lineage-body", Static).update(lineage_text(info, model))
