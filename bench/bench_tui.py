@@ -22,7 +22,8 @@ Issue 19 (the TUI people keep open all day) adds, on the same workspace (200 san
 default):
 
 3. **idle**: ``petri tui`` in tmux at 160x48, left alone for ``--idle-s`` (30) seconds, beside
-   a ``python3 -c 'import time; time.sleep(30)'`` started at the same instant (the floor):
+   a ``python3 -c 'import time; time.sleep(30)'`` started at the same instant (the floor),
+   once every sandbox is over a minute old (as all day: AGE cells move once a minute):
    CPU of each (``/proc/PID/stat`` utime + stime, all threads) over the same window, the
    bytes each sent to storage (``/proc/PID/io`` ``write_bytes``), and what changed under the
    workspace's ``.petri`` (entries, registry rows, events: ``tests/test_read_only_commands``'s
@@ -131,7 +132,13 @@ def idle(root: Path, seconds: float) -> dict[str, float | str]:
     import petri
     from tests.test_read_only_commands import _diff_state, state
 
-    first = petri.open(root).sandboxes()[0].id
+    sbs = petri.open(root).sandboxes()
+    first = sbs[0].id
+    # All day, sandboxes are older than a minute and their AGE cells move once a minute; a
+    # younger one's move every second (a repaint a second): wait until none is that young.
+    from tui import format as fmt
+    newest = max(fmt.ts(s.created_at) or 0 for s in sbs)
+    time.sleep(max(0.0, newest + 65 - time.time()))
     env = cli_env()
     name = f"petri-bench-tui-idle-{os.getpid()}"
     before = state(root, "copy")

@@ -46,7 +46,7 @@ from .source import Source
 
 SPARE_ROWS = 24  # candidate rows mounted ahead in the spare Race screen (more are mounted when needed)
 REFRESH_S = 5.0  # usage, staleness and time left from the registry (events do not carry them)
-REFRESH_SHARE = 0.01  # at most this share of a core for that refresh: slower ones are spaced out
+REFRESH_SHARE = 0.005  # at most this share of a core for that refresh: slower ones are spaced out
 REFRESH_MAX_S = 60.0
 FOLLOW_TAIL = 256 << 10  # a running run's output is followed from this far before its end
 
@@ -265,13 +265,18 @@ class PetriApp(App):
         self.run_worker(self.refresh_sandboxes_now, exclusive=True, group="refresh")
 
     async def refresh_sandboxes_now(self) -> None:
+        cpu = [0.0]
+
         def timed() -> Any:
             t0 = time.thread_time()
             try:
                 return self.source.sandboxes(staleness=True)
             finally:
-                self.refresh_cpu_s = time.thread_time() - t0
-        self.apply(self.model.put_sandboxes(await self.call_bg(timed)))
+                cpu[0] = time.thread_time() - t0
+        infos = await self.call_bg(timed)
+        t0 = time.thread_time()
+        self.apply(self.model.put_sandboxes(infos))
+        self.refresh_cpu_s = cpu[0] + time.thread_time() - t0  # the read and what showing it cost here
 
     def refresh_delay(self) -> float:
         """Seconds to the next refresh: every ``REFRESH_S``, or so that refreshing takes at

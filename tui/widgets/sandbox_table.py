@@ -47,6 +47,7 @@ class SandboxTable(DataTable):
         self._model: Any = None
         self._shown: dict[str, dict[str, Any]] = {}  # row -> the cells it shows
         self._pending: dict[str, None] = {}  # rows to add after the next frame, in order
+        self._due: dict[str, float] = {}  # row -> when its age or time left next changes
 
     # -- columns -----------------------------------------------------------------------------
     def set_width(self, width: int) -> bool:
@@ -164,6 +165,7 @@ class SandboxTable(DataTable):
             else:
                 self.add_row(*(c[k] for k in self.keys), key=sid)
             self._shown[sid] = c
+            self._due.pop(sid, None)  # its times are looked at again on the next tick
 
     def _add_pending(self) -> None:
         pending, self._pending = list(self._pending), {}
@@ -171,11 +173,17 @@ class SandboxTable(DataTable):
             self.sync(self._model, pending, split=False)
 
     def tick(self, model: Any, now: float) -> None:
-        """Once a second: age and time left, the only cells that change with the clock."""
+        """Once a second: age and time left, the only cells that change with the clock; a
+        row is looked at only when one of them is due to change (past a minute, once a
+        minute: 200 rows cost nothing between)."""
         self.now = now
+        due = self._due
         for sid in list(self.rows):
+            if due.get(sid.value, 0.0) > now:
+                continue
             info = model.sandboxes.get(sid.value)
             if info is not None:
+                due[sid.value] = now + _next_change(info, now)
                 shown = self._shown.setdefault(sid.value, {})
                 for key, cell in (("age", fmt.age(info.created_at, now)),
                                   ("left", fmt.time_left(info.expires_at, now, info.state))):
@@ -221,3 +229,17 @@ def _candidate(tracker: Any, sid: str) -> str | None:
         return None
     text = c.get("candidate") or ""
     return (os.path.basename(text) or text) if c.get("kind") == "patch" else text
+
+
+def _next_change(info: Any, now: float) -> float:
+    """Seconds until the row's age or time left reads differently (both count whole
+    minutes past the first minute, ``fmt.short_duration``)."""
+    wait = 60.0
+    created, expires = fmt.ts(info.created_at), fmt.ts(info.expires_at)
+    if created is not None:
+        age = now - created
+        wait = min(wait, 1.0 if age < 60 else 60 - age % 60)
+    if expires is not None:
+        left = expires - now
+        wait = min(wait, 1.0 if left < 60 else (left % 60) or 60)
+    return max(0.0, wait - 0.01)
