@@ -1,12 +1,17 @@
 """``petri tui``: the Textual app over one workspace.
 
 How it stays apart from the engine (DESIGN: Textual runs on asyncio, the engine on trio):
-it reads and acts only through ``tui.source.Source`` (the public API): blocking calls in
-worker threads (``asyncio.to_thread``), runs and races through ``petri.aio`` (cancellable).
-A thread follows ``.petri/events.jsonl``; events are batched (one message per batch, not
-per event), folded into the ``Model``, and each screen updates the rows and cells the batch
-changed. What events do not carry (a new sandbox's limits, usage, staleness) is read from
-the registry: the sandboxes an event names at once, every sandbox every few seconds.
+it reads and acts only through ``tui.source.Source`` (the public API): blocking calls on
+daemon threads in lanes (``tui.lanes``: a key's reads never queue behind background work),
+runs and races through ``petri.aio`` (cancellable). A daemon thread follows
+``.petri/events.jsonl``; events are batched (one message per batch, not per event), folded
+into the ``Model``, and each screen updates the rows and cells the batch changed. What
+events do not carry (a new sandbox's limits, usage, staleness) is read from the registry:
+the sandboxes an event names at once, every sandbox every few seconds (spaced out so that
+this takes at most ``REFRESH_SHARE`` of a core); the promotions when a promotion event comes.
+
+Quitting (``q``, ``ctrl+c``, SIGHUP, SIGTERM, SIGINT) ends the app at once and ``main`` ends
+the process with ``os._exit``: reads in flight are abandoned (they write nothing).
 
 Screens: Sandboxes (the base), Race, Compare, Logs, Promotions; Help and the confirmation
 dialogs are modal. Every mutating action asks first, showing the equivalent ``petri``
@@ -14,7 +19,11 @@ command (and for promote and rollback the dry-run plan); ``read_only`` offers no
 
 Caveats: the event stream is read from its start on launch (to know past races): a stream
 near its 32 MiB rotation takes a moment to fold, after the first paint. A race's ranks
-while it runs are provisional (``orchestrator.api.race_rank_key``).
+while it runs are provisional (``orchestrator.api.race_rank_key``). An action still running
+when the app quits (a promote, an rm) is cut off as a killed ``petri`` would be; its journal
+lets the next command finish or undo it, and the app says so as it quits. Runs and races the
+TUI started are cancelled (their processes stopped: up to the 2 s of ``petri.aio``'s
+SIGTERM-then-SIGKILL) only as far as the loop's shutdown lets them before ``os._exit``.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The TUI's one door to petri: reads and actions over the public API (``petri``,
 ``petri.aio``), never the engine or a backend.
 
-Every blocking call here runs in a worker thread (the app wraps it in
-``asyncio.to_thread``); runs and races go through ``petri.aio`` so that cancelling the
-awaiting task kills them. ``via="tui"`` marks what the TUI does in the audit trail.
+Every blocking call here runs on a daemon thread (the app's lanes, ``tui.lanes``); runs and
+races go through ``petri.aio`` so that cancelling the awaiting task kills them.
+``via="tui"`` marks what the TUI does in the audit trail.
 
 Caveat: a ``Source`` is also what tests replace to build screens from fixed records (see
 ``tests/tui_fixtures.py``); everything the screens read goes through these methods.
