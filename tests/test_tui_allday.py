@@ -341,3 +341,27 @@ def test_the_status_tab_moves_with_the_clock_and_keeps_the_runs():
             assert "run 2" in body()
 
     asyncio.run(main())
+
+
+@needs_sandbox
+def test_quitting_stops_a_run_the_tui_started(ws):  # noqa: F811
+    """A run started from the TUI (``X``) and still going when ``q`` is pressed is stopped
+    (``petri.aio`` cancels it) before the app's loop ends: recorded as ended, nothing left."""
+    import petri
+    from tui.source import Source
+
+    sb = ws.fork(label="long").keep()[0]
+    app = PetriApp(Source(petri.open(ws.root, via="tui")))
+
+    async def main() -> None:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
+            app.do_action("run", lambda: app.source.run(sb.id, "echo started; sleep 60", None), is_async=True)
+            await until(pilot, lambda: sb.id in app.model.running, "the run to start")
+            await pilot.press("q")
+
+    t0 = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - t0 < 50, "the run went on to its end"
+    runs = ws.logs(sb.id)
+    assert runs and runs[-1].exit_code is not None and runs[-1].exit_code != 0

@@ -21,9 +21,9 @@ Caveats: the event stream is read from its start on launch (to know past races):
 near its 32 MiB rotation takes a moment to fold, after the first paint. A race's ranks
 while it runs are provisional (``orchestrator.api.race_rank_key``). An action still running
 when the app quits (a promote, an rm) is cut off as a killed ``petri`` would be; its journal
-lets the next command finish or undo it, and the app says so as it quits. Runs and races the
-TUI started are cancelled (their processes stopped: up to the 2 s of ``petri.aio``'s
-SIGTERM-then-SIGKILL) only as far as the loop's shutdown lets them before ``os._exit``.
+lets the next command finish or undo it, and the app says so as it quits. A run or race the
+TUI started is stopped before the process ends (``petri.aio`` cancels it: SIGTERM, SIGKILL
+2 s later, recorded as stopped), which can hold the quit up to that long.
 """
 from __future__ import annotations
 
