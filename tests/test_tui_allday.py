@@ -363,5 +363,7 @@ def test_quitting_stops_a_run_the_tui_started(ws):  # noqa: F811
     t0 = time.monotonic()
     asyncio.run(main())
     assert time.monotonic() - t0 < 50, "the run went on to its end"
-    runs = ws.logs(sb.id)
-    assert runs and runs[-1].exit_code is not None and runs[-1].exit_code != 0
+    deadline = time.monotonic() + 15  # the cancelled run's own thread records its end
+    while (runs := ws.logs(sb.id))[-1].exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert runs[-1].exit_code is not None and runs[-1].exit_code != 0, runs[-1]

@@ -22,8 +22,9 @@ near its 32 MiB rotation takes a moment to fold, after the first paint. A race's
 while it runs are provisional (``orchestrator.api.race_rank_key``). An action still running
 when the app quits (a promote, an rm) is cut off as a killed ``petri`` would be; its journal
 lets the next command finish or undo it, and the app says so as it quits. A run or race the
-TUI started is stopped before the process ends (``petri.aio`` cancels it: SIGTERM, SIGKILL
-2 s later, recorded as stopped), which can hold the quit up to that long.
+TUI started is cancelled as the app closes (``petri.aio``: SIGTERM, SIGKILL 2 s later,
+recorded as stopped); should the process end first, bubblewrap's die-with-parent ends the
+run and the next petri command records it.
 """
 from __future__ import annotations
 
