@@ -165,3 +165,19 @@ def test_idle_writes_nothing_and_q_ctrl_c_and_a_closed_terminal_end_it(ws, tmux_
         t.kill()
     after = state(root, "copy")
     assert not (diff := _diff_state(before, after)), f"the TUI wrote:\n{diff}"
+
+
+def test_a_terminal_closed_while_it_starts_leaves_no_process(ws, tmux_tui):  # noqa: F811
+    """Closing the terminal at any moment of the start-up, before the app takes its signals
+    or while it paints first, ends the process too (2 of 10 were left waiting for ever)."""
+    ws.fork(5, label="x").keep()
+    pids = []
+    for delay in (0.3, 0.6, 0.9, 1.2, 1.5, 2.0):
+        t = tmux_tui()
+        pids.append(t.pid())
+        time.sleep(delay)
+        t.kill()
+    deadline = time.monotonic() + 15
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _running(p)], "a petri tui outlived its terminal"

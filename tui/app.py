@@ -157,6 +157,10 @@ class PetriApp(App):
             self.exit_signal = sig
             self._stop.set()
             self.exit(return_code=128 + sig)
+            # A closed terminal can stall the app's own shutdown (restoring a terminal that is
+            # gone): bench_tui's SIGHUPs right after the first paint left 2 of 10 processes
+            # waiting for ever. Whatever the app is doing 2 s on, the process ends.
+            lanes.daemon(partial(_end_after, 2.0, 128 + sig), "petri-tui-exit-watchdog")
 
     def action_quit(self) -> None:
         self._stop.set()
@@ -689,8 +693,23 @@ def main(source: Source, **kw: Any) -> int:
     store: 2 s on a busy disk, and a write the TUI, which only read, has no business making);
     and it would wait for nothing useful (the reads still in flight are abandoned anyway)."""
     app = PetriApp(source, **kw)
-    app.run()
-    code = 128 + app.exit_signal if app.exit_signal else 0
+    code = 1
+    try:
+        app.run()
+        code = 128 + app.exit_signal if app.exit_signal else 0
+    except KeyboardInterrupt:  # a signal before the app took them over (orchestrator.interrupts)
+        from orchestrator import interrupts
+
+        code = interrupts.exit_code()
+    finally:
+        _end_after(0.0, code)
+    return code
+
+
+def _end_after(delay: float, code: int) -> None:
+    """Flush what is printed and end the process (after ``delay`` seconds)."""
+    if delay:
+        time.sleep(delay)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
