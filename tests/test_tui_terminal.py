@@ -172,11 +172,17 @@ def test_a_terminal_closed_while_it_starts_leaves_no_process(ws, tmux_tui):  # n
     or while it paints first, ends the process too (2 of 10 were left waiting for ever)."""
     ws.fork(5, label="x").keep()
     pids = []
-    for delay in (0.3, 0.6, 0.9, 1.2, 1.5, 2.0):
-        t = tmux_tui()
-        pids.append(t.pid())
-        time.sleep(delay)
-        t.kill()
+    # a session that stays: killing the last one ends tmux's server, and a new-session racing
+    # that exit fails ("server exited unexpectedly")
+    holder = Tmux(f"petri-tui-test-{os.getpid()}-holder", Path(ws.root), ["sleep", "120"])
+    try:
+        for delay in (0.3, 0.6, 0.9, 1.2, 1.5, 2.0):
+            t = tmux_tui()
+            pids.append(t.pid())
+            time.sleep(delay)
+            t.kill()
+    finally:
+        holder.kill()
     deadline = time.monotonic() + 15
     while any(_running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
