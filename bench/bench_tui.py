@@ -1,5 +1,5 @@
-"""The TUI with 100 sandboxes and a race of 20 candidates streaming
-output.
+"""The TUI with 200 sandboxes: its first paint, its cost when idle, keys while a race
+runs, and a race of 20 candidates streaming output.
 
 On a copy-backend workspace it makes (a tiny project under
 ``/var/tmp/petri-bench/tui-<pid>``, removed at the end, also on Ctrl-C):
@@ -18,10 +18,32 @@ On a copy-backend workspace it makes (a tiny project under
 Prints one markdown section on stdout (progress on stderr). Run as root from the repository
 root: ``.venv/bin/python -m bench.bench_tui`` (``--quick``: 3 paints, 20 lines each).
 
+Issue 19 (the TUI people keep open all day) adds, on the same workspace (200 sandboxes by
+default):
+
+3. **idle**: ``petri tui`` in tmux at 160x48, left alone for ``--idle-s`` (30) seconds, beside
+   a ``python3 -c 'import time; time.sleep(30)'`` started at the same instant (the floor),
+   once every sandbox is over a minute old (as all day: AGE cells move once a minute):
+   CPU of each (``/proc/PID/stat`` utime + stime, all threads) over the same window, the
+   bytes each sent to storage (``/proc/PID/io`` ``write_bytes``), and what changed under the
+   workspace's ``.petri`` (entries, registry rows, events: ``tests/test_read_only_commands``'s
+   ``state``). Also the time from starting it to the STALE column showing a number for the
+   first row (not ``?``).
+4. **keys**: the app in-process (headless, 160x48); a cycle of keys (``j``, ``k``, ``l``
+   until its lines show, ``escape``, ``r``, ``escape``, ``2`` until the diff shows, ``1``),
+   each timed from the press to the first screen refresh after what it asked for is there;
+   first on the idle app (the baseline), then while ``petri race`` runs 4 candidates whose
+   check prints a line every 100 ms for ``--check-s`` (30) seconds, with the event-to-screen
+   latency of that race's events beside.
+5. **quit**: ``q`` in tmux at the end of the idle run, to the process gone.
+
 Caveats: ``ts`` has millisecond resolution; the headless driver composes the screen but
 writes it nowhere (a real terminal adds its own write, a few ms for a full 80x24 frame); the
 race's own processes share the machine's cores with the TUI, which is the situation being
-measured; tmux polling adds up to 5 ms to first paint.
+measured; tmux polling adds up to 5 ms to first paint. Key latency is measured in-process:
+the terminal's own input and output are not in it. ``write_bytes`` counts pages the process
+dirtied, SQLite's shared-memory WAL index (``registry.db-shm``, which every reader of the
+registry takes) included.
 """
 from __future__ import annotations
 
@@ -45,21 +67,30 @@ def make_workspace(root: Path, n: int) -> None:
     (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (root / "README.md").write_text("# bench\n")
     ws = petri.init(root, backend="copy")
-    ws.fork(n, label="idle").keep()
+    sbs = ws.fork(n, label="idle").keep()
+    # the first row (where the keys land) has a run with output and a change, as a worked-in one does
+    ws.run(sbs[0].id, "seq 2000; echo done >&2")
+    (Path(sbs[0].path) / "pkg" / "calc.py").write_text("def add(a, b):\n    return b + a\n")
     ws.close()
 
 
-def first_paint(root: Path, runs: int) -> Samples:
+def first_paint(root: Path, runs: int, size: tuple[int, int] = (80, 24)) -> tuple[Samples, Samples]:
+    """First paint samples, and ``petri --version`` timed between them (the baseline)."""
     import petri
 
     first = petri.open(root).sandboxes()[0].id
     out = Samples()
+    version = Samples()
     env = cli_env()
     for i in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([PETRI, "--version"], env=env, capture_output=True, check=True)
+        version.values.append(time.perf_counter() - t0)
         name = f"petri-bench-tui-{os.getpid()}-{i}"
         cmd = f"cd {root} && PYTHONPYCACHEPREFIX={env['PYTHONPYCACHEPREFIX']} exec {PETRI} tui"
         t0 = time.perf_counter()
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", cmd], check=True)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), cmd],
+                       check=True)
         try:
             deadline = t0 + 30
             while time.perf_counter() < deadline:
@@ -74,7 +105,179 @@ def first_paint(root: Path, runs: int) -> Samples:
         finally:
             subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
         time.sleep(0.3)
+    return out, version
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _write_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(dict(line.split(": ") for line in f.read().splitlines())["write_bytes"])
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def idle(root: Path, seconds: float) -> dict[str, float | str]:
+    """``petri tui`` left alone beside a sleeping python3 (the floor), from the same instant."""
+    import petri
+    from tests.test_read_only_commands import _diff_state, state
+
+    sbs = petri.open(root).sandboxes()
+    first = sbs[0].id
+    # All day, sandboxes are older than a minute and their AGE cells move once a minute; a
+    # younger one's move every second (a repaint a second): wait until none is that young.
+    from tui import format as fmt
+    newest = max(fmt.ts(s.created_at) or 0 for s in sbs)
+    time.sleep(max(0.0, newest + 65 - time.time()))
+    env = cli_env()
+    name = f"petri-bench-tui-idle-{os.getpid()}"
+    before = state(root, "copy")
+    cmd = f"cd {root} && PYTHONPYCACHEPREFIX={env['PYTHONPYCACHEPREFIX']} exec {PETRI} tui"
+    t0 = time.perf_counter()
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "48", cmd], check=True)
+    floor = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds + 20})"])
+    out: dict[str, float | str] = {}
+    try:
+        pid = int(subprocess.run(["tmux", "list-panes", "-t", name, "-F", "#{pane_pid}"], capture_output=True,
+                                 text=True, check=True).stdout.split()[0])
+        stale_at = None
+        deadline = t0 + 60
+        while stale_at is None and time.perf_counter() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+            row = next((ln for ln in screen.splitlines() if first in ln), "")
+            cells = row.split()
+            # STALE is the column before RACE (empty for a sandbox that never raced): the last cell
+            if cells and cells[-1] != "?" and cells[-1][:1].isdigit():
+                stale_at = time.perf_counter() - t0
+            else:
+                time.sleep(0.02)
+        out["stale_shown_s"] = stale_at if stale_at is not None else float("nan")
+        time.sleep(3)  # past the start-up and the first refresh: what is measured is the steady state
+        c0, f0, w0, fw0, m0 = _cpu_s(pid), _cpu_s(floor.pid), _write_bytes(pid), _write_bytes(floor.pid), \
+            time.perf_counter()
+        time.sleep(seconds)
+        c1, f1, w1, fw1, m1 = _cpu_s(pid), _cpu_s(floor.pid), _write_bytes(pid), _write_bytes(floor.pid), \
+            time.perf_counter()
+        out.update(cpu_pct=100 * (c1 - c0) / (m1 - m0), floor_cpu_pct=100 * (f1 - f0) / (m1 - m0),
+                   write_bytes=w1 - w0, floor_write_bytes=fw1 - fw0, window_s=m1 - m0)
+        q0 = time.perf_counter()
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
+        while _running(pid) and time.perf_counter() - q0 < 30:
+            time.sleep(0.005)
+        out["quit_s"] = time.perf_counter() - q0
+        out["store_changes"] = _diff_state(before, state(root, "copy")) or "none"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        floor.kill()
+        floor.wait()
     return out
+
+
+KEY_CYCLE = ["j", "k", "l", "escape", "r", "escape", "2", "1"]
+
+
+def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, object]:
+    """Keys on the idle app (the baseline), then during a race of ``candidates`` whose check
+    prints a line every 100 ms for ``check_s`` seconds; events of that race to the screen."""
+    import petri
+    from textual.widgets import RichLog
+    from tui import format as fmt
+    from tui.app import PetriApp
+    from tui.screens.logs import LogsScreen
+    from tui.screens.race import RaceScreen
+    from tui.screens.sandboxes import SandboxesScreen
+    from tui.source import Source
+
+    app = PetriApp(Source(petri.open(root, via="tui")))
+    started = time.time()
+    events: list[float] = []
+    app.trace = lambda batch: events.extend(time.time() - t for ev in batch
+                                            if (t := fmt.ts(ev.get("ts"))) is not None and t >= started)
+    idle_keys: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
+    race_keys: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
+    info: dict[str, object] = {}
+
+    def done(key: str) -> bool:
+        scr = app.screen
+        if key == "l":
+            return isinstance(scr, LogsScreen) and scr.showing is not None and len(scr.query_one(RichLog).lines) > 100
+        if key == "escape":
+            return isinstance(scr, SandboxesScreen)
+        if key == "r":
+            return isinstance(scr, RaceScreen)
+        if key == "2":
+            return isinstance(scr, SandboxesScreen) and scr.detail.active == "tab-diff" and \
+                bool(str(scr.detail.query_one("#diff-body").content))
+        if key == "1":
+            return isinstance(scr, SandboxesScreen) and scr.detail.active == "tab-status"
+        return True  # j, k: the cursor moved when the key was handled
+
+    async def one(pilot: object, key: str) -> float:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        await pilot.press(key)  # type: ignore[attr-defined]
+        while not done(key):
+            await asyncio.sleep(0.002)
+            if time.perf_counter() - t0 > 60:
+                raise RuntimeError(f"key {key} never showed what it asked for")
+        painted = loop.create_future()
+        app.call_after_refresh(lambda: painted.done() or painted.set_result(None))
+        await painted
+        return time.perf_counter() - t0
+
+    check = f"for i in $(seq {int(check_s * 10)}); do echo \"check line $i\"; sleep 0.1; done"
+    argv = [str(PETRI), "race", "--jobs", str(candidates), "--check", check]
+    for k in range(candidates):
+        argv += ["--cmd", f"echo candidate {k} > c{k}.txt"]
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            while app.loaded is None or not app.loaded.is_set():
+                await pilot.pause(0.01)
+            await pilot.pause(1.0)
+            for _ in range(5):
+                for key in KEY_CYCLE:
+                    idle_keys[key].append(await one(pilot, key))
+                    await asyncio.sleep(0.1)  # as a person types: keys apart
+            proc = await asyncio.create_subprocess_exec(*argv, cwd=root, env=cli_env(),
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            t0 = time.monotonic()
+            while not isinstance(app.screen, RaceScreen):
+                await pilot.pause(0.01)
+                if time.monotonic() - t0 > 120:
+                    raise RuntimeError("the race screen never opened")
+            info["race_screen_opened_s"] = time.monotonic() - t0
+            await pilot.press("escape")
+            while proc.returncode is None:
+                for key in KEY_CYCLE:
+                    race_keys[key].append(await one(pilot, key))
+                    await asyncio.sleep(0.1)
+                    if proc.returncode is not None:
+                        break
+                try:
+                    await asyncio.wait_for(proc.wait(), 0.01)
+                except asyncio.TimeoutError:
+                    pass
+            info["race_rc"] = proc.returncode
+            info["race_s"] = time.monotonic() - t0
+            await pilot.pause(1.0)
+
+    asyncio.run(main())
+    info["idle"] = idle_keys
+    info["race"] = race_keys
+    info["events"] = Samples(values=events)
+    return info
 
 
 def event_to_screen(root: Path, candidates: int, lines: int) -> tuple[Samples, dict[str, float]]:
@@ -142,35 +345,92 @@ def event_to_screen(root: Path, candidates: int, lines: int) -> tuple[Samples, d
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="bench_tui")
-    ap.add_argument("--sandboxes", type=int, default=100)
-    ap.add_argument("--candidates", type=int, default=20)
+    ap.add_argument("--sandboxes", type=int, default=200)
+    ap.add_argument("--candidates", type=int, default=20, help="the streaming race of event to screen")
     ap.add_argument("--lines", type=int, default=40, help="output lines per candidate, 50 ms apart")
     ap.add_argument("--paint-runs", type=int, default=10)
+    ap.add_argument("--idle-s", type=float, default=30.0)
+    ap.add_argument("--race-candidates", type=int, default=4, help="the race that runs while keys are timed")
+    ap.add_argument("--check-s", type=float, default=30.0, help="how long each of its checks runs")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv[1:])
     if args.quick:
-        args.paint_runs, args.lines = 3, 20
+        args.paint_runs, args.lines, args.idle_s, args.check_s = 3, 20, 10.0, 10.0
     if shutil.which("tmux") is None:
         print("bench_tui: needs tmux (scripts/setup.sh installs it)", file=sys.stderr)
         return 1
     sigterm_as_interrupt()
-    report = Report("TUI: first paint and event to screen (bench_tui)", argv)
+    report = Report("TUI: first paint, idle cost, keys during a race, event to screen (bench_tui)", argv)
     root = CACHE / f"tui-{os.getpid()}" / "proj"
     try:
         run([PETRI, "--version"], env=cli_env())  # warm the bytecode cache
         log(f"workspace with {args.sandboxes} sandboxes at {root}")
         make_workspace(root, args.sandboxes)
         run([sys.executable, "-c", "import tui.app"], env=cli_env(), cwd=REPO)
-        log(f"first paint, {args.paint_runs} runs")
-        paint = first_paint(root, args.paint_runs)
+        load0 = loadavg()
+        log(f"first paint at 160x48, {args.paint_runs} runs")
+        paint, version = first_paint(root, args.paint_runs, (160, 48))
+        log(f"idle for {args.idle_s:.0f} s beside a sleeping python3")
+        idl = idle(root, args.idle_s)
+        load_idle = loadavg()
+        log(f"keys, idle and during a race of {args.race_candidates} x {args.check_s:.0f} s checks")
+        keys = keys_during_race(root, args.race_candidates, args.check_s)
+        load_keys = loadavg()
         log(f"race of {args.candidates} candidates x {args.lines} lines, followed by the TUI")
         lat, counts = event_to_screen(root, args.candidates, args.lines)
         steady = counts.pop("steady")
-        report.section("Results", f"{args.sandboxes} sandboxes; a race of {args.candidates} `--cmd` candidates "
-                                  f"(`--jobs {args.candidates}`), each printing {args.lines} lines 50 ms apart.")
+
+        report.section("First paint", f"`petri tui` in tmux at 160x48 with {args.sandboxes} sandboxes, to the first "
+                                      f"sandbox's row on the screen; `petri --version` timed between the paints. "
+                                      f"Load average before: {load0}.")
+        report.table(["measure", "n", "p50", "p99", "max", "/ petri --version p50", "target", "verdict"], [
+            ["first paint", paint.n, fmt_s(paint.p50), fmt_s(paint.p99), fmt_s(max(paint.values)),
+             f"{paint.p50 / version.p50:.1f}x", "p99 <= 500 ms quiet", verdict(paint.p99, 0.5)],
+            ["petri --version (baseline)", version.n, fmt_s(version.p50), fmt_s(version.p99),
+             fmt_s(max(version.values)), "1.0x", "", ""],
+        ])
+        report.section("Idle", f"`petri tui` (160x48, {args.sandboxes} sandboxes) and `python3 -c 'import time; "
+                               f"time.sleep(...)'` started together, measured over the same "
+                               f"{idl.get('window_s', 0):.1f} s. Load average at the end: {load_idle}.")
+        report.table(["measure", "petri tui", "floor (sleeping python3)", "target", "verdict"], [
+            ["CPU, % of one core", f"{idl['cpu_pct']:.2f}", f"{idl['floor_cpu_pct']:.2f}", "< 2 %",
+             "PASS" if float(idl["cpu_pct"]) < 2 else "FAIL"],
+            ["bytes sent to storage (write_bytes)", idl["write_bytes"], idl["floor_write_bytes"], "0 (writes nothing)",
+             ""],
+            ["changes under .petri (entries, registry rows, events)", str(idl["store_changes"])[:200], "-", "none",
+             "PASS" if idl["store_changes"] == "none" else "FAIL"],
+            ["staleness shown (start to a number in STALE)", fmt_s(float(idl["stale_shown_s"])), "-",
+             "< 1 s after the first paint", ""],
+            ["q to the process gone", fmt_s(float(idl["quit_s"])), "-", "< 1 s", verdict(float(idl["quit_s"]), 1.0)],
+        ])
+        rows = []
+        all_idle = [v for vs in keys["idle"].values() for v in vs]  # type: ignore[union-attr]
+        all_race = [v for vs in keys["race"].values() for v in vs]  # type: ignore[union-attr]
+        for key in KEY_CYCLE:
+            a, b = Samples(values=keys["idle"][key]), Samples(values=keys["race"][key])  # type: ignore[index]
+            rows.append([f"`{key}`", b.n, fmt_s(b.p50), fmt_s(b.p99), fmt_s(max(b.values)) if b.values else "-",
+                         fmt_s(a.p50), fmt_s(a.p99)])
+        ia, ra = Samples(values=all_idle), Samples(values=all_race)
+        ev = keys["events"]
+        rows.append(["every key", ra.n, fmt_s(ra.p50), fmt_s(ra.p99), fmt_s(max(ra.values)), fmt_s(ia.p50),
+                     fmt_s(ia.p99)])
+        report.section("Keys while a race streams",
+                       f"In-process (headless, 160x48), {args.sandboxes} sandboxes. Baseline: the same keys on the "
+                       f"idle app, just before. Then `petri race` of {args.race_candidates} candidates whose check "
+                       f"prints a line every 100 ms for {args.check_s:.0f} s (race took "
+                       f"{float(keys['race_s']):.1f} s, exit {keys['race_rc']}); the race screen opened "
+                       f"{fmt_s(float(keys['race_screen_opened_s']))} after `petri race` started. "
+                       f"Each key: press to the first refresh after what it asked for shows "
+                       f"(`l`: the log's lines; `2`: the diff). Load average at the end: {load_keys}.")
+        report.table(["key", "n (race)", "p50 race", "p99 race", "max race", "p50 idle", "p99 idle"], rows)
+        report.text(f"Every key, p99 during the race: {fmt_s(ra.p99)} against {fmt_s(ia.p99)} idle "
+                    f"({ra.p99 / ia.p99:.1f}x); target p99 <= 100 ms: {verdict(ra.p99, 0.1)}. "
+                    f"That race's events to the screen: n {ev.n}, p50 {fmt_s(ev.p50) if ev.n else '-'}, "
+                    f"p99 {fmt_s(ev.p99) if ev.n else '-'}.")
+        report.section("Event to screen (a race of many candidates)",
+                       f"A race of {args.candidates} `--cmd` candidates (`--jobs {args.candidates}`), each printing "
+                       f"{args.lines} lines 50 ms apart.")
         report.table(["measure", "n", "p50", "p99", "max", "target", "verdict"], [
-            ["first paint (`petri tui` in tmux 80x24, to the table)", paint.n, fmt_s(paint.p50), fmt_s(paint.p99),
-             fmt_s(max(paint.values)), "<= 500 ms", verdict(paint.p99, 0.5)],
             ["event to screen (ts -> refresh done)", lat.n, fmt_s(lat.p50), fmt_s(lat.p99), fmt_s(max(lat.values)),
              "p99 <= 100 ms", verdict(lat.p99, 0.1)],
             ["... without the batches that opened a screen", steady.n, fmt_s(steady.p50), fmt_s(steady.p99),

@@ -123,6 +123,8 @@ def test_race_compare_promote_undo_all_from_the_tui(btrfs_ws, tmp_path):
             await confirm(pilot, plan_has="pkg/calc.py")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: "a + b" in calc.read_text(), "the promotion in live")
+            await until(pilot, lambda: any(n.message.startswith("promoted 1 path(s) as p-")
+                                           for n in app._notifications), "the promote's toast")
             # P, then u: undo it after its plan
             await pilot.press("P")
             await until(pilot, lambda: isinstance(app.screen, PromotionsScreen)
@@ -180,7 +182,7 @@ def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported fr
         app = PetriApp(Source(petri.open(ws.root, via="tui")), read_only=True)
         async with app.run_test(size=(80, 24)) as pilot:
             await loaded(pilot)
-            for key in ("p", "D", "u", "R", "f", "x", "g", "e", "s"):
+            for key in ("p", "D", "u", "R", "F", "X", "E", "S", "f", "x", "g", "e", "s"):
                 await pilot.press(key)
                 await pilot.pause()
                 assert not isinstance(app.screen, ConfirmScreen), key
@@ -236,9 +238,12 @@ def test_race_option_opens_that_race_by_prefix():
         async with app.run_test(size=(80, 24)) as pilot:
             screen = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race")
             assert screen.race_id == RACE and screen.doc()["winner"] == "sb-0001c0de"
-            await pilot.press("l")  # the candidate's check output
+            await pilot.press("l")  # the candidate's check output: its own run now that the race is over
             logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
-            assert logs.sandbox == "sb-0001c4ec"
+            assert logs.sandbox == "sb-0001c0de"
+            await until(pilot, lambda: any("4 passed" in s.text for s in logs.query_one(RichLog).lines),
+                        "the check's output")
+            assert logs.showing == 2
 
     asyncio.run(main())
 
@@ -253,7 +258,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             await loaded(pilot)
             table = app.screen.table
             await until(pilot, lambda: first.id in table.rows, "the row")
-            await pilot.press("f")
+            await pilot.press("F")
             dlg = await confirm(pilot)
             await pilot.press("tab", "tab", *"kid")  # the label field
             assert "petri fork --from live --label kid" in str(dlg.query_one("#command").render())
@@ -261,7 +266,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             await until(pilot, lambda: table.row_count == 2, "the fork's row", timeout=30)
             child = next(s for s in ws.sandboxes() if s.id != first.id)
             assert child.label == "kid" and child.generation == 0
-            await pilot.press("x")  # run in the selected (first) sandbox
+            await pilot.press("X")  # run in the selected (first) sandbox
             dlg = await confirm(pilot)
             await pilot.press(*"echo ran; exit 3")
             assert "petri run" in str(dlg.query_one("#command").render())
@@ -273,7 +278,7 @@ def test_fork_run_destroy_gc_from_the_tui(ws):  # noqa: F811
             assert f"petri rm {first.id}" in str(dlg.query_one("#command").render())
             await pilot.press("ctrl+s")
             await until(pilot, lambda: first.id not in table.rows, "the row gone")
-            await pilot.press("g")
+            app.action_gc()  # gc: in the command palette, on no key
             await confirm(pilot)
             await pilot.press("ctrl+s")
             await until(pilot, lambda: any(n.message.startswith("gc") for n in app._notifications), "gc's toast")
@@ -353,5 +358,65 @@ def test_many_new_rows_show_a_screenful_first_then_all_in_order():
             await pilot.pause()
             assert [k.value for k in table.rows] == list(model.sandboxes)
             assert str(table.get_row("sb-0101c0de")[2]) == "later"
+
+    asyncio.run(main())
+
+
+@needs_sandbox
+def test_a_candidates_check_log_live_then_as_its_own_run_and_exit_agrees(ws):  # noqa: F811
+    """A race run by another petri: ``l`` on a candidate while its check runs follows the
+    check live (in its throwaway fork); once the race ends the same screen shows the check as
+    the candidate's own run; the Sandboxes table's EXIT of each candidate is its check's."""
+    check = "for i in 1 2 3 4 5 6 7 8; do echo tick-$i; sleep 0.4; done; test -f ok"
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        app = PetriApp(Source(petri.open(ws.root, via="tui")))
+        async with app.run_test(size=(120, 30)) as pilot:
+            await loaded(pilot)
+            racing = threading.Thread(target=lambda: result.update(race=ws.race(
+                check, [petri.Cmd("touch ok"), petri.Cmd("true")], keep=True)))
+            racing.start()
+            race = await until(pilot, lambda: isinstance(app.screen, RaceScreen) and app.screen, "the race screen")
+            await until(pilot, lambda: (d := race.doc()) and all(c["state"] == "checking" for c in d["candidates"]),
+                        "both checks running", timeout=60)
+            await pilot.press("l")
+            logs = await until(pilot, lambda: isinstance(app.screen, LogsScreen) and app.screen, "logs")
+            log = logs.query_one(RichLog)
+            await until(pilot, lambda: any("tick-" in s.text for s in log.lines), "a live line of the check")
+            assert logs.showing_in != logs.sandbox and "race check in" in str(logs.query_one("#log-head").render())
+            await asyncio.to_thread(racing.join)
+            await until(pilot, lambda: logs.showing_in == logs.sandbox and logs.showing is not None
+                        and any("tick-8" in s.text for s in log.lines), "the check as the candidate's run")
+            doc = result["race"].to_json()
+            await pilot.press("escape", "escape")
+            table = await until(pilot, lambda: isinstance(app.screen, SandboxesScreen) and app.screen.table,
+                                "the sandboxes")
+            for c in doc["candidates"]:
+                await until(pilot, lambda c=c: str(table.get_cell(c["sandbox"], "exit")) == str(c["exit_code"]),
+                            f"EXIT {c['exit_code']} of {c['sandbox']}")
+            assert sorted(c["exit_code"] for c in doc["candidates"]) == [0, 1]
+
+    asyncio.run(main())
+
+
+def test_promotions_screen_follows_promotions_made_elsewhere(ws):  # noqa: F811
+    """Promotions open while another petri promotes and undoes: the new promotion shows,
+    then its state turns to undone, each as its event arrives (no refresh key)."""
+    sb = ws.fork(label="p").keep()[0]
+    Path(sb.path, "notes.txt").write_text("one\ntwo\nTHREE\n")
+
+    async def main() -> None:
+        app = PetriApp(Source(petri.open(ws.root, via="tui")))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await loaded(pilot)
+            await pilot.press("P")
+            screen = await until(pilot, lambda: isinstance(app.screen, PromotionsScreen) and app.screen, "promotions")
+            p = await asyncio.to_thread(lambda: ws.promote(sb.id))
+            await until(pilot, lambda: p.promotion in screen.table.rows, "the new promotion's row", timeout=10)
+            assert str(screen.table.get_cell(p.promotion, "state")) == "done"
+            await asyncio.to_thread(lambda: ws.rollback(p.promotion))
+            await until(pilot, lambda: str(screen.table.get_cell(p.promotion, "state")) == "undone",
+                        "its state turned to undone", timeout=10)
 
     asyncio.run(main())

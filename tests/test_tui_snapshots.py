@@ -76,3 +76,16 @@ def test_help_lists_keys(snap_compare):
 
 def test_read_only_offers_no_action(snap_compare):
     assert snap_compare(fixed_app(read_only=True), terminal_size=(80, 24), run_before=settle("p"))
+
+
+def test_sandboxes_160x48_whole_labels_and_race_names(snap_compare):
+    from tests.test_tui_allday import LongLabels
+    from tests.tui_fixtures import NOW
+    from tui.app import PetriApp
+
+    app = PetriApp(LongLabels(), follow=False, clock=lambda: NOW)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=settle())
+
+
+def test_race_160x48(snap_compare):
+    assert snap_compare(fixed_app(), terminal_size=(160, 48), run_before=settle("r"))

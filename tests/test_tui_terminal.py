@@ -48,6 +48,11 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"{texts!r} never showed together; the screen:\n{self.screen()}")
 
+    def pid(self) -> int:
+        cp = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"], capture_output=True,
+                            text=True, check=True)
+        return int(cp.stdout.split()[0])
+
     def alive(self) -> bool:
         return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
 
@@ -123,3 +128,62 @@ def test_read_only_and_bad_race_id(ws, tmux_tui):  # noqa: F811
     time.sleep(0.5)
     assert "petri promote" not in t.screen()
     t.keys("q")
+
+
+def _running(pid: int) -> bool:
+    """The process is there and not a zombie (tmux reaps its panes' processes in its own time)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_idle_writes_nothing_and_q_ctrl_c_and_a_closed_terminal_end_it(ws, tmux_tui):  # noqa: F811
+    """Left open, the TUI writes nothing to the workspace or its store (its refreshes, the
+    staleness included); ``q``, Ctrl-C and closing the terminal (SIGHUP) each end the
+    process, leaving nothing behind."""
+    from tests.test_read_only_commands import _diff_state, state
+
+    sbs = ws.fork(3, label="idle").keep()
+    Path(sbs[0].path, "notes.txt").write_text("changed\n")
+    root = Path(ws.root)
+    before = state(root, "copy")
+    for how in ("q", "C-c", "hup"):
+        t = tmux_tui()
+        t.wait_for(sbs[0].id, sbs[2].id, "STALE")
+        pid = t.pid()
+        time.sleep(6 if how == "q" else 1)  # past the first staleness refresh and the next
+        if how == "hup":
+            t.kill()  # tmux closes the pane: SIGHUP
+        else:
+            t.keys(how)
+        deadline = time.monotonic() + 15
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), f"{how} left petri tui running"
+        t.kill()
+    after = state(root, "copy")
+    assert not (diff := _diff_state(before, after)), f"the TUI wrote:\n{diff}"
+
+
+def test_a_terminal_closed_while_it_starts_leaves_no_process(ws, tmux_tui):  # noqa: F811
+    """Closing the terminal at any moment of the start-up, before the app takes its signals
+    or while it paints first, ends the process too (2 of 10 were left waiting for ever)."""
+    ws.fork(5, label="x").keep()
+    pids = []
+    # a session that stays: killing the last one ends tmux's server, and a new-session racing
+    # that exit fails ("server exited unexpectedly")
+    holder = Tmux(f"petri-tui-test-{os.getpid()}-holder", Path(ws.root), ["sleep", "120"])
+    try:
+        for delay in (0.3, 0.6, 0.9, 1.2, 1.5, 2.0):
+            t = tmux_tui()
+            pids.append(t.pid())
+            time.sleep(delay)
+            t.kill()
+    finally:
+        holder.kill()
+    deadline = time.monotonic() + 15
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _running(p)], "a petri tui outlived its terminal"

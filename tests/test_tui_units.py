@@ -115,3 +115,17 @@ def test_model_folds_events_into_changes():
     m.put_sandboxes([petri.SandboxInfo(id="sb-3", stale={"live_changed": 1, "overlapping": []})])
     m.put_sandboxes([petri.SandboxInfo(id="sb-3", stale=None)])
     assert m.sandboxes["sb-3"].stale == {"live_changed": 1, "overlapping": []}
+
+
+def test_a_rows_clock_cells_are_looked_at_when_they_are_due_to_change():
+    """AGE and LEFT read whole minutes past the first one: the table's tick looks at a row
+    again only when one of them will read differently (200 rows cost nothing between)."""
+    from types import SimpleNamespace
+
+    from tui.widgets.sandbox_table import _next_change
+
+    now = 1735732800.0  # 12:00:00Z
+    row = lambda created, expires=None: SimpleNamespace(created_at=created, expires_at=expires)  # noqa: E731
+    assert _next_change(row("2025-01-01T11:59:30Z"), now) < 1  # 30s: every second
+    assert 29 < _next_change(row("2025-01-01T11:58:30Z"), now) < 30  # 1m30s: at 2m
+    assert 4 < _next_change(row("2025-01-01T11:00:00Z", "2025-01-01T12:02:05Z"), now) < 5  # 2m05s left: at 2m

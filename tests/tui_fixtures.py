@@ -180,7 +180,7 @@ class FixedSource(Source):
     def history(self) -> list[dict[str, Any]]:
         return race_events()
 
-    def events(self, stop: Callable[[], bool], poll_s: float = 0.02) -> Iterator[dict[str, Any]]:
+    def events(self, stop: Callable[[], bool], poll_s: float = 0.02, **kw: Any) -> Iterator[dict[str, Any]]:
         return iter(())
 
     def read_text(self, path: str | None) -> str:

@@ -1,12 +1,17 @@
 """``petri tui``: the Textual app over one workspace.
 
 How it stays apart from the engine (DESIGN: Textual runs on asyncio, the engine on trio):
-it reads and acts only through ``tui.source.Source`` (the public API): blocking calls in
-worker threads (``asyncio.to_thread``), runs and races through ``petri.aio`` (cancellable).
-A thread follows ``.petri/events.jsonl``; events are batched (one message per batch, not
-per event), folded into the ``Model``, and each screen updates the rows and cells the batch
-changed. What events do not carry (a new sandbox's limits, usage, staleness) is read from
-the registry: the sandboxes an event names at once, every sandbox every few seconds.
+it reads and acts only through ``tui.source.Source`` (the public API): blocking calls on
+daemon threads in lanes (``tui.lanes``: a key's reads never queue behind background work),
+runs and races through ``petri.aio`` (cancellable). A daemon thread follows
+``.petri/events.jsonl``; events are batched (one message per batch, not per event), folded
+into the ``Model``, and each screen updates the rows and cells the batch changed. What
+events do not carry (a new sandbox's limits, usage, staleness) is read from the registry:
+the sandboxes an event names at once, every sandbox every few seconds (spaced out so that
+this takes at most ``REFRESH_SHARE`` of a core); the promotions when a promotion event comes.
+
+Quitting (``q``, ``ctrl+c``, SIGHUP, SIGTERM, SIGINT) ends the app at once and ``main`` ends
+the process with ``os._exit``: reads in flight are abandoned (they write nothing).
 
 Screens: Sandboxes (the base), Race, Compare, Logs, Promotions; Help and the confirmation
 dialogs are modal. Every mutating action asks first, showing the equivalent ``petri``
@@ -14,7 +19,12 @@ command (and for promote and rollback the dry-run plan); ``read_only`` offers no
 
 Caveats: the event stream is read from its start on launch (to know past races): a stream
 near its 32 MiB rotation takes a moment to fold, after the first paint. A race's ranks
-while it runs are provisional (``orchestrator.api.race_rank_key``).
+while it runs are provisional (``orchestrator.api.race_rank_key``). An action still running
+when the app quits (a promote, an rm) is cut off as a killed ``petri`` would be; its journal
+lets the next command finish or undo it, and the app says so as it quits. A run or race the
+TUI started is cancelled as the app closes (``petri.aio``: SIGTERM, SIGKILL 2 s later,
+recorded as stopped); should the process end first, bubblewrap's die-with-parent ends the
+run and the next petri command records it.
 """
 from __future__ import annotations
 
@@ -24,12 +34,13 @@ import asyncio
 import collections
 import os
 import shlex
+import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable
 
-from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -37,6 +48,7 @@ from textual.screen import ModalScreen, Screen
 
 from . import actions as act
 from . import format as fmt
+from . import lanes
 from .model import Changes, Model
 from .screens.base import PetriScreen
 from .screens.sandboxes import SandboxesScreen
@@ -44,6 +56,8 @@ from .source import Source
 
 SPARE_ROWS = 24  # candidate rows mounted ahead in the spare Race screen (more are mounted when needed)
 REFRESH_S = 5.0  # usage, staleness and time left from the registry (events do not carry them)
+REFRESH_SHARE = 0.005  # at most this share of a core for that refresh: slower ones are spaced out
+REFRESH_MAX_S = 60.0
 FOLLOW_TAIL = 256 << 10  # a running run's output is followed from this far before its end
 
 
@@ -58,18 +72,23 @@ class PetriApp(App):
     # help (?) and the command palette list them all.
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         Binding("r", "race_screen", "Race"),
         Binding("P", "promotions", "Promotions", show=False),
         Binding("R", "race", "New race", show=False),
-        Binding("f", "fork", "Fork", show=False),
-        Binding("x", "run", "Run", show=False),
+        # What changes something is on a capital (or on p and u, which SPEC names and which
+        # confirm first): x, f, s, e and g are what vim users type by habit. gc is in the
+        # command palette only.
+        Binding("F", "fork", "Fork", show=False),
+        Binding("X", "run", "Run", show=False),
         Binding("p", "promote", "Promote"),
         Binding("D", "destroy", "Destroy", show=False),
         Binding("u", "rollback", "Roll back", show=False),
-        Binding("g", "gc", "gc", show=False),
-        Binding("e", "editor", "Editor", show=False),
-        Binding("s", "shell", "Shell", show=False),
+        Binding("E", "editor", "Editor", show=False),
+        Binding("S", "shell", "Shell", show=False),
+        Binding("g", "vim_g", "gg: first row", show=False),
+        Binding("G", "last", "Last row", show=False),
     ]
 
     def __init__(self, source: Source, *, read_only: bool = False, race: str | None = None,
@@ -93,22 +112,63 @@ class PetriApp(App):
         self.trace: Callable[[list[dict[str, Any]]], None] | None = None
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
         self._spare_race: Any = None  # a Race screen composed ahead (preload_race_screen)
-        self._following: tuple[str, int] | None = None  # the run whose log files a worker follows
+        self._following: tuple[str, int] | None = None  # the run whose log files a thread follows
+        self._follow_stop: threading.Event | None = None  # ends that thread
         self._follow_pos: dict[tuple[str, int], dict[str, int]] = {}  # where following a run got to
+        self.lanes = lanes.Lanes()
+        self.refresh_cpu_s = 0.0  # CPU the last staleness refresh took (it sets the next one's delay)
+        self._refresh_timer: Any = None
+        self.exit_signal: int | None = None  # SIGHUP, SIGTERM or SIGINT that ended the app
+        self._last_g = 0.0  # when a first g of gg was pressed
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
         return self.clock()
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """A blocking API call in a worker thread."""
-        return await asyncio.to_thread(fn, *args, **kw)
+        """A blocking API call that a key asked for, in the ``keys`` lane (``tui.lanes``)."""
+        return await self.lanes.call(lanes.KEYS, partial(fn, *args, **kw))
+
+    async def call_bg(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """A blocking call nobody waits for (a refresh, a fetch): never ahead of a key's."""
+        return await self.lanes.call(lanes.BACKGROUND, partial(fn, *args, **kw))
 
     def on_mount(self) -> None:
         self.loaded = asyncio.Event()
         self.push_screen(SandboxesScreen())
         self.run_worker(self.load_initial, group="load")
         self.set_interval(1.0, self.tick)
+        self._take_signals()
+
+    def _take_signals(self) -> None:
+        """SIGHUP (the terminal closed), SIGTERM and SIGINT end the app as ``q`` does, at once:
+        the screens close, the followers stop, nothing is left waiting (``tui.lanes``)."""
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # nohup asked for exactly that
+                loop.add_signal_handler(sig, self._signalled, sig)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass  # not the main thread (tests run the app elsewhere): the process's handlers stay
+
+    def _signalled(self, sig: int) -> None:
+        if self.exit_signal is None:
+            self.exit_signal = sig
+            self._stop.set()
+            self.exit(return_code=128 + sig)
+            # A closed terminal can stall the app's own shutdown (restoring a terminal that is
+            # gone): bench_tui's SIGHUPs right after the first paint left 2 of 10 processes
+            # waiting for ever. Whatever the app is doing 2 s on, the process ends.
+            lanes.daemon(partial(_end_after, 2.0, 128 + sig), "petri-tui-exit-watchdog")
+
+    def action_quit(self) -> None:
+        self._stop.set()
+        running = self.lanes.busy[lanes.ACTIONS]
+        if running:
+            self.notify(f"{running} action(s) still running were cut off; the next petri command finishes "
+                        "or undoes what they left (their journals)", severity="warning")
+        self.exit()
 
     async def load_initial(self) -> None:
         # The table first, without staleness: the first paint waits for nothing else (the
@@ -116,8 +176,7 @@ class PetriApp(App):
         infos = await self.call(self.source.sandboxes, staleness=False)
         self.apply(self.model.put_sandboxes(infos))
         if self.follow:
-            self.follow_events()
-            self.set_interval(REFRESH_S, self.refresh_sandboxes)
+            lanes.daemon(self.follow_events, "petri-tui-events")
         if not self.follow:  # fixed records (tests): races come from the source
             for ev in await self.call(lambda: list(getattr(self.source, "history", lambda: [])())):
                 self.apply(self.model.feed(ev))
@@ -128,31 +187,41 @@ class PetriApp(App):
             self.open_race(self.initial_race)
         else:
             self.call_after_refresh(self.preload_race_screen)
-        await self.refresh_sandboxes_now()
+        await self.refresh_sandboxes_now()  # staleness, right after the first paint
+        if self.follow:
+            self._schedule_refresh()
 
     def on_unmount(self) -> None:
         self._stop.set()
+        if self._follow_stop is not None:
+            self._follow_stop.set()
+
+    @property
+    def alive(self) -> bool:
+        """The app still has screens to show things on (not closing, not closed)."""
+        return bool(self.screen_stack) and not self._stop.is_set() and self.is_running
 
     # -- the event stream ------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="follow")
     def follow_events(self) -> None:
-        from textual.worker import get_current_worker
-
-        me = get_current_worker()
-        for ev in self.source.events(lambda: self._stop.is_set() or me.is_cancelled):
-            with self._lock:
-                self._queue.append(ev)
-                if self._pending:
-                    continue
-                self._pending = True
-            self.post_message(EventsReady())
+        """The event stream, on a daemon thread of its own (``tui.lanes``)."""
+        try:
+            for ev in self.source.events(self._stop.is_set, quit_event=self._stop):
+                with self._lock:
+                    self._queue.append(ev)
+                    if self._pending:
+                        continue
+                    self._pending = True
+                self.post_message(EventsReady())
+        except Exception:  # noqa: BLE001 - the store went away (deinit) or the app is closing
+            pass
 
     def on_events_ready(self, _: EventsReady) -> None:
         with self._lock:
             batch = list(self._queue)
             self._queue.clear()
             self._pending = False
-        self.feed(batch)
+        if self.alive:
+            self.feed(batch)
 
     def feed(self, batch: list[dict[str, Any]]) -> None:
         """Fold a batch of events into the model and show what changed."""
@@ -165,6 +234,8 @@ class PetriApp(App):
             ch.merge(c)
         ch.started_races = []
         self.apply(ch)
+        if any(str(ev.get("event", "")).startswith("promotion.") for ev in batch):
+            self.refresh_promotions()  # the events say one happened; the list says what it is now
         if self.trace is not None:
             self.call_after_refresh(self.trace, batch)
         for rid in live_races:
@@ -172,6 +243,8 @@ class PetriApp(App):
                 self.open_race(rid)
 
     def apply(self, ch: Changes) -> None:
+        if not self.alive:
+            return  # closing: no screen to show it on (and self.screen would raise)
         if ch.fetch:
             self.fetch_sandboxes(ch.fetch - self._fetching)
         if not ch:
@@ -195,7 +268,7 @@ class PetriApp(App):
         try:
             ch = Changes()
             for sid in ids:
-                info = await self.call(self.source.sandbox_row, sid)
+                info = await self.call_bg(self.source.sandbox_row, sid)
                 if info is not None:
                     ch.merge(self.model.put_sandbox(info))
             self.apply(ch)
@@ -206,15 +279,41 @@ class PetriApp(App):
         self.run_worker(self.refresh_sandboxes_now, exclusive=True, group="refresh")
 
     async def refresh_sandboxes_now(self) -> None:
-        infos = await self.call(self.source.sandboxes, staleness=True)
+        cpu = [0.0]
+
+        def timed() -> Any:
+            t0 = time.thread_time()
+            try:
+                return self.source.sandboxes(staleness=True)
+            finally:
+                cpu[0] = time.thread_time() - t0
+        infos = await self.call_bg(timed)
+        t0 = time.thread_time()
         self.apply(self.model.put_sandboxes(infos))
+        self.refresh_cpu_s = cpu[0] + time.thread_time() - t0  # the read and what showing it cost here
+
+    def refresh_delay(self) -> float:
+        """Seconds to the next refresh: every ``REFRESH_S``, or so that refreshing takes at
+        most ``REFRESH_SHARE`` of a core (a big tree's staleness costs more than a small one's)."""
+        return min(REFRESH_MAX_S, max(REFRESH_S, self.refresh_cpu_s / REFRESH_SHARE))
+
+    def _schedule_refresh(self) -> None:
+        async def again() -> None:
+            await self.refresh_sandboxes_now()
+            if self.alive:
+                self._schedule_refresh()
+        if self.alive:
+            self._refresh_timer = self.set_timer(self.refresh_delay(), lambda: self.run_worker(
+                again, exclusive=True, group="refresh"))
 
     def refresh_promotions(self) -> None:
         async def go() -> None:
-            self.apply(self.model.put_promotions(await self.call(self.source.promotions)))
+            self.apply(self.model.put_promotions(await self.call_bg(self.source.promotions)))
         self.run_worker(go, exclusive=True, group="promotions")
 
     def tick(self) -> None:
+        if not self.alive:
+            return
         now = self.now()
         top = self.screen if not isinstance(self.screen, ModalScreen) else self.screen_stack[-2]
         if isinstance(top, PetriScreen):
@@ -245,21 +344,20 @@ class PetriApp(App):
         its new lines reach the model and the screens as ``Changes.output``."""
         if self._following == (sid, n):
             return
+        if self._follow_stop is not None:
+            self._follow_stop.set()
         self._following = (sid, n)
-        self._follow_worker(sid, n)
+        stop = self._follow_stop = threading.Event()
+        lanes.daemon(partial(self._follow_output, sid, n, stop), f"petri-tui-output-{sid}-{n}")
 
-    @work(thread=True, exclusive=True, group="output")
-    def _follow_worker(self, sid: str, n: int) -> None:
-        from textual.worker import get_current_worker
-
-        me = get_current_worker()
+    def _follow_output(self, sid: str, n: int, stop: threading.Event) -> None:
         key = (sid, n)
         partial_line = {"stdout": b"", "stderr": b""}
         pos = self._follow_pos.get(key)  # followed before: on from there, not again from the tail
         fresh = {"stdout": pos is None, "stderr": pos is None}  # from the tail: its first, cut, line goes
         pos = self._follow_pos.setdefault(key, {"stdout": 0, "stderr": 0})
         try:
-            chunks = self.source.output(sid, n, stop=lambda: self._stop.is_set() or me.is_cancelled,
+            chunks = self.source.output(sid, n, stop=lambda: self._stop.is_set() or stop.is_set(),
                                         tail=FOLLOW_TAIL, start=dict(pos))
             for stream, at, data in chunks:
                 *whole, partial_line[stream] = (partial_line[stream] + data).split(b"\n")
@@ -269,15 +367,24 @@ class PetriApp(App):
                     whole = whole[1:] if at > 0 else whole
                 lines = [(stream, ln.decode("utf-8", "replace")) for ln in whole]
                 if lines:
-                    self.call_from_thread(lambda lines=lines: self.apply(self.model.put_output(key, lines)))
+                    self._from_thread(lambda lines=lines: self.apply(self.model.put_output(key, lines)))
             rest = [(k, v.decode("utf-8", "replace")) for k, v in partial_line.items() if v]
-            if rest:
-                self.call_from_thread(lambda: self.apply(self.model.put_output(key, rest)))
+            if rest and not stop.is_set():
+                self._from_thread(lambda: self.apply(self.model.put_output(key, rest)))
         except Exception:  # noqa: BLE001 - the app is closing, or the sandbox went away: nothing to show
             pass
         finally:
-            if self._following == key:
+            if self._following == key and self._follow_stop is stop:
                 self._following = None
+
+    def _from_thread(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the event loop, without waiting for it (``call_from_thread`` waits,
+        and would wait forever for a loop that is closing)."""
+        if self.alive:
+            try:
+                self._loop.call_soon_threadsafe(fn)  # type: ignore[union-attr]
+            except RuntimeError:
+                pass  # the loop closed meanwhile
 
     # -- navigation ------------------------------------------------------------------------------
     def preload_race_screen(self) -> None:
@@ -309,6 +416,32 @@ class PetriApp(App):
             self.push_screen(spare)
         else:
             self.push_screen(RaceScreen(rid))
+
+    def action_vim_g(self) -> None:
+        """``gg``: the first row (a lone ``g`` waits for the second, as in vim)."""
+        now = time.monotonic()
+        if now - self._last_g < 0.8:
+            self._last_g = 0.0
+            self._to_end(first=True)
+        else:
+            self._last_g = now
+
+    def action_last(self) -> None:
+        self._to_end(first=False)
+
+    def _to_end(self, first: bool) -> None:
+        from textual.widgets import DataTable
+
+        from .widgets.race_table import RaceTable
+
+        w = self.screen.focused
+        if isinstance(w, DataTable):
+            if w.row_count:
+                w.move_cursor(row=0 if first else w.row_count - 1)
+        elif isinstance(w, RaceTable):
+            w.action_first() if first else w.action_last()
+        elif w is not None:
+            w.scroll_home(animate=False) if first else w.scroll_end(animate=False)
 
     def action_race_screen(self) -> None:
         self.open_race(self.model.latest_race())
@@ -423,7 +556,7 @@ class PetriApp(App):
         """Do it in a worker; say the result (or the error line) in a toast."""
         async def go() -> None:
             try:
-                result = await fn() if is_async else await self.call(fn)
+                result = await fn() if is_async else await self.lanes.call(lanes.ACTIONS, fn)
             except Exception as e:  # noqa: BLE001 - petri's one-line errors become toasts
                 code = getattr(e, "exit_code", None)
                 self.notify(f"{action} failed{f' (exit {code})' if code else ''}: {e}", severity="error", timeout=10)
@@ -551,5 +684,35 @@ class PetriApp(App):
 
 
 def main(source: Source, **kw: Any) -> int:
-    PetriApp(source, **kw).run()
-    return 0
+    """Run the app, then end the process: 0, or 128 + the signal that ended it (SIGHUP: 129),
+    as petri's commands do.
+
+    It ends with ``os._exit`` once the terminal is restored (as petri's hot commands do,
+    ``orchestrator.cli``): the interpreter's teardown would close the registry's last
+    connection, and SQLite checkpoints the WAL then (writes and fsyncs into the workspace's
+    store: 2 s on a busy disk, and a write the TUI, which only read, has no business making);
+    and it would wait for nothing useful (the reads still in flight are abandoned anyway)."""
+    app = PetriApp(source, **kw)
+    code = 1
+    try:
+        app.run()
+        code = 128 + app.exit_signal if app.exit_signal else 0
+    except KeyboardInterrupt:  # a signal before the app took them over (orchestrator.interrupts)
+        from orchestrator import interrupts
+
+        code = interrupts.exit_code()
+    finally:
+        _end_after(0.0, code)
+    return code
+
+
+def _end_after(delay: float, code: int) -> None:
+    """Flush what is printed and end the process (after ``delay`` seconds)."""
+    if delay:
+        time.sleep(delay)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP)
+            pass
+    os._exit(code)

@@ -137,6 +137,14 @@ class Model:
                                                          last_exit_code=ev.get("exit_code", info.last_exit_code))
                 ch.sandboxes.add(sb)
             ch.fetch.add(sb)
+        elif name == "race.candidate_finished" and sb:
+            # The check ran in a throwaway fork; the race records it as the candidate's own
+            # run: its exit code is the candidate's last (as `petri ls` says once read again).
+            info = self.sandboxes.get(sb)
+            if info is not None and ev.get("applied") and ev.get("exit_code") is not None:
+                self.sandboxes[sb] = dataclasses.replace(info, last_exit_code=ev["exit_code"])
+                ch.sandboxes.add(sb)
+            ch.fetch.add(sb)
         elif name in ("promotion.done", "promotion.undone"):
             ch.promotions = True
         return ch

@@ -1,9 +1,9 @@
 """The TUI's one door to petri: reads and actions over the public API (``petri``,
 ``petri.aio``), never the engine or a backend.
 
-Every blocking call here runs in a worker thread (the app wraps it in
-``asyncio.to_thread``); runs and races go through ``petri.aio`` so that cancelling the
-awaiting task kills them. ``via="tui"`` marks what the TUI does in the audit trail.
+Every blocking call here runs on a daemon thread (the app's lanes, ``tui.lanes``); runs and
+races go through ``petri.aio`` so that cancelling the awaiting task kills them.
+``via="tui"`` marks what the TUI does in the audit trail.
 
 Caveat: a ``Source`` is also what tests replace to build screens from fixed records (see
 ``tests/tui_fixtures.py``); everything the screens read goes through these methods.
@@ -11,6 +11,7 @@ Caveat: a ``Source`` is also what tests replace to build screens from fixed reco
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -80,8 +81,34 @@ class Source:
     def snapshots(self) -> list[Any]:
         return self.ws.snapshots()
 
-    def events(self, stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[dict[str, Any]]:
-        for ev in self.ws.events(follow=True, from_start=True, stop=stop, poll_s=poll_s):
+    def events(self, stop: Callable[[], bool], poll_s: float = 0.01, idle_poll_s: float = 0.1,
+               idle_after_s: float = 2.0, quit_event: threading.Event | None = None) -> Iterator[dict[str, Any]]:
+        """The event stream from its start, then as it grows: looked at every ``poll_s``
+        while events come, every ``idle_poll_s`` once none came for ``idle_after_s``
+        (polling every 10 ms costs 1% of a core by itself, an idle TUI's whole budget).
+
+        The waiting is done here, in ``stop`` (the API's follower calls it before every
+        read, and is told not to sleep itself): a read that found events is followed by
+        the next at once, and a quit (``quit_event`` set) ends the wait at once too."""
+        last = [time.monotonic()]
+        found = [True]
+
+        def wait() -> bool:
+            if stop():
+                return True
+            if found[0]:
+                found[0] = False
+                return False
+            idle = time.monotonic() - last[0] > idle_after_s
+            step = idle_poll_s if idle else poll_s
+            if quit_event is not None:
+                return quit_event.wait(step) or stop()
+            time.sleep(step)
+            return stop()
+
+        for ev in self.ws.events(follow=True, from_start=True, stop=wait, poll_s=0):
+            found[0] = True
+            last[0] = time.monotonic()
             yield ev.to_json()
 
     def output(self, ident: str, n: int, *, stop: Callable[[], bool], tail: int,

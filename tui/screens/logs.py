@@ -1,5 +1,11 @@
 """A sandbox's runs, one at a time (``[``/``]``), following the newest while it runs;
-stderr tinted red."""
+stderr tinted red.
+
+A race candidate's check runs in a throwaway fork of it (``check_sandbox``): while that
+check runs, the candidate's logs follow it there; once it ends, the race records it as the
+candidate's own newest run (``logs_run``), which is what shows from then on, also after
+the fork is gone. So a candidate's check output is ``l`` away from its row, in the Race
+table and in the Sandboxes table alike."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,6 +40,8 @@ class LogsScreen(PetriScreen):
         self.run_n: int | None = None  # None: follow the newest
         self.runs: list[Any] = []
         self.showing: int | None = None
+        self.showing_in = sandbox  # whose run that is: the sandbox's, or its race check's fork's
+        self._cand_state: str | None = None  # its state as a race candidate, when last looked
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -44,22 +52,53 @@ class LogsScreen(PetriScreen):
     def on_mount(self) -> None:
         self.run_worker(self.load, exclusive=True)
 
+    def candidate(self) -> dict[str, Any] | None:
+        """This sandbox's row in the race it is a candidate of, if any."""
+        tr = self.papp.model.tracker
+        hit = tr.by_sandbox.get(self.sandbox)
+        if hit is None:
+            return None
+        return next((c for c in tr.races[hit[0]]["candidates"] if c["sandbox"] == self.sandbox), None)
+
+    def check_sandbox(self) -> str | None:
+        """The throwaway fork this sandbox's race check runs in, while the race runs."""
+        c = self.candidate()
+        hit = self.papp.model.tracker.by_sandbox.get(self.sandbox)
+        if c is None or hit is None or self.papp.model.tracker.races[hit[0]]["state"] != "running":
+            return None
+        return c.get("check_sandbox")
+
+    def live(self) -> tuple[str, int] | None:
+        """The run to follow now: the sandbox's own running run, or its race check's."""
+        running = self.papp.model.running
+        for sid in (self.sandbox, self.check_sandbox()):
+            if sid and sid in running:
+                return sid, running[sid]
+        return None
+
     async def load(self) -> None:
         papp = self.papp
-        self.runs = await papp.call(papp.source.runs, self.sandbox)
-        running = papp.model.running.get(self.sandbox)
-        n = self.run_n if self.run_n is not None else (running or (self.runs[-1].run if self.runs else None))
         log = self.query_one(RichLog)
+        try:
+            self.runs = await papp.call(papp.source.runs, self.sandbox)
+        except Exception as e:  # noqa: BLE001 - the sandbox is gone (its record too): said, not raised
+            log.clear()
+            self.head(None)
+            log.write(Text(f"no logs: {e}", style="dim"))
+            return
+        live = self.live() if self.run_n is None else None
+        sid, n = live or (self.sandbox, self.run_n if self.run_n is not None
+                          else (self.runs[-1].run if self.runs else None))
         log.clear()
-        self.showing = n
+        self.showing, self.showing_in = n, sid
         if n is None:
             self.head(None)
             log.write(Text("no runs yet", style="dim"))
             return
-        lines, _ = await papp.run_lines(self.sandbox, n)
+        lines, _ = await papp.run_lines(sid, n)
         self.head(n)
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def head(self, n: int | None) -> None:
         t = Text()
@@ -67,6 +106,12 @@ class LogsScreen(PetriScreen):
         if self.title_text:
             t.append(f"  {fmt.one_line(self.title_text, 30)}")
         if n is None:
+            self.query_one("#log-head", Static).update(t)
+            return
+        if self.showing_in != self.sandbox:  # the race's check, live in its throwaway fork
+            t.append(f"  race check in {self.showing_in}, run {n}")
+            t.append("  running (following)", style="bold yellow")
+            t.append("   stderr is red", style="red dim")
             self.query_one("#log-head", Static).update(t)
             return
         run = next((r for r in self.runs if r.run == n), None)
@@ -89,11 +134,21 @@ class LogsScreen(PetriScreen):
 
     def on_model(self, changes: Changes) -> None:
         if self.showing is not None:
-            lines = changes.output.get((self.sandbox, self.showing))
+            lines = changes.output.get((self.showing_in, self.showing))
             if lines:
                 log = self.query_one(RichLog)
-                for stream, line in lines:
-                    log.write(fmt.output_line(stream, line))
+                if lines:
+                    log.write(fmt.output_lines(lines))
+        c = self.candidate() if changes.races else None
+        moved = c is not None and c.get("state") != self._cand_state
+        if moved:
+            self._cand_state = c.get("state") if c else None
+        if self.run_n is None and (moved or (self.live() or (self.sandbox, self.showing))
+                                   != (self.showing_in, self.showing)):
+            # the check began in its fork, or ended (its run.finished), or the race recorded it
+            # as the candidate's own run (race.candidate_finished: the candidate's state moves)
+            self.run_worker(self.load, exclusive=True)
+            return
         started = [k for k in changes.runs if k[0] == self.sandbox]
         if started and (self.run_n is None or any(k[1] == self.showing for k in started)):
             # a new run to follow, or the one shown finished: its header (exit code) changes

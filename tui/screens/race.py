@@ -20,6 +20,7 @@ from .base import PetriScreen
 class RaceScreen(PetriScreen):
     DEFAULT_CSS = """
     RaceScreen #race-head { height: auto; padding: 0 1; background: $boost; }
+    RaceScreen #why { height: 1; padding: 0 1; color: $text-muted; }
     """
     BINDINGS = [
         Binding("escape", "back", "Back"),
@@ -41,6 +42,7 @@ class RaceScreen(PetriScreen):
         yield Header()
         yield Static("", id="race-head")
         yield RaceTable(id="race-table")
+        yield Static("", id="why")
         yield OverlapMatrix(id="overlaps")
         yield Footer()
 
@@ -87,6 +89,7 @@ class RaceScreen(PetriScreen):
                              else f"race {self.race_id}: not in the event stream (yet)", style="dim"))
             return
         self.table.sync(doc)
+        self.show_why(doc)
         key = (doc["state"], doc.get("winner"), tuple((c["rank"], c["state"]) for c in doc["candidates"]),
                len(doc["conflicts"]))
         if key != self._shown_key:  # the matrix and the header change with these only
@@ -105,6 +108,17 @@ class RaceScreen(PetriScreen):
         doc = self.doc()
         if doc is not None and doc["state"] == "running":
             self.query_one("#race-head", Static).update(race_head(doc, now))
+
+    def show_why(self, doc: dict[str, Any] | None = None) -> None:
+        """The line under the table: why the candidate under the cursor ranked where it is."""
+        doc = doc or self.doc()
+        i = self.table.cursor_row
+        text = "" if doc is None or not (0 <= i < len(doc["candidates"])) else \
+            fmt.why_ranked(doc["candidates"], i, doc.get("winner"))
+        self.query_one("#why", Static).update(Text(fmt.one_line(text, max(20, self.size.width - 2))))
+
+    def on_race_table_highlighted(self, _: RaceTable.Highlighted) -> None:
+        self.show_why()
 
     def on_race_table_selected(self, _: RaceTable.Selected) -> None:
         self.action_open()
@@ -148,8 +162,8 @@ class RaceScreen(PetriScreen):
     def action_logs(self) -> None:
         c = self.table.current()
         if c:
-            # The check ran in the candidate's throwaway fork: its output is the check's.
-            self.papp.open_logs(c.get("check_sandbox") or c["sandbox"], title=c.get("candidate"))
+            # the candidate's logs: its check live in the throwaway fork, then as its own run
+            self.papp.open_logs(c["sandbox"], title=c.get("candidate"))
 
     def action_other(self, step: int) -> None:
         order = self.papp.model.tracker.order

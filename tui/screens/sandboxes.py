@@ -67,8 +67,9 @@ class SandboxesScreen(PetriScreen):
         before = t.current_id()
         t.sync(self.papp.model, changes.sandboxes, changes.gone)
         cur = t.current_id()
-        if cur != before or (cur in changes.sandboxes):
-            self.load_detail(cur, light=cur == before)
+        ran = any(k[0] == cur for k in changes.runs)  # a run began or ended: its runs, diff and logs moved
+        if cur != before or cur in changes.sandboxes or ran:
+            self.load_detail(cur, light=cur == before and not ran)
         if cur and changes.output:
             run = self.papp.model.running.get(cur)
             lines = changes.output.get((cur, run)) if run is not None else None
@@ -77,6 +78,8 @@ class SandboxesScreen(PetriScreen):
 
     def tick(self, now: float) -> None:
         self.table.tick(self.papp.model, now)
+        if self.detail.is_mounted:
+            self.detail.tick(now)
 
     # -- the detail pane -----------------------------------------------------------------------
     @property

@@ -35,6 +35,9 @@ class DetailPane(Vertical):
         self.built = False  # the tabs are mounted
         self._tabs = False  # compose them (after the first paint)
         self._active = "tab-status"  # the tab to open with (a key may choose one before the tabs are built)
+        self._runs: dict[str, list[Any]] = {}  # sandbox -> its runs, as last read in full
+        self._status: tuple[Any, Any] | None = None  # what the Status tab shows (for the clock)
+        self._clock: tuple[str, str, str] | None = None  # its age and time left as last drawn
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._build)
@@ -51,15 +54,15 @@ class DetailPane(Vertical):
         from textual.widgets import RichLog, TabbedContent, TabPane
 
         with TabbedContent(initial=self._active):
-            with TabPane("Status", id="tab-status"):
+            with TabPane("1 Status", id="tab-status"):
                 with VerticalScroll():
                     yield Static("no sandbox selected", id="status-body")
-            with TabPane("Diff", id="tab-diff"):
+            with TabPane("2 Diff", id="tab-diff"):
                 with VerticalScroll():
                     yield Static("", id="diff-body")
-            with TabPane("Logs", id="tab-logs"):
+            with TabPane("3 Logs", id="tab-logs"):
                 yield RichLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
-            with TabPane("Lineage", id="tab-lineage"):
+            with TabPane("4 Lineage", id="tab-lineage"):
                 with VerticalScroll():
                     yield Static("", id="lineage-body")
 
@@ -82,7 +85,22 @@ class DetailPane(Vertical):
 
     # -- attributes down ------------------------------------------------------------------------
     def show_status(self, info: Any, model: Any, now: float) -> None:
-        self.query_one("#status-body", Static).update(status_table(info, model, now))
+        """The Status tab; a record without runs (the table's) keeps the runs last read in full."""
+        runs = info.extra.get("runs")
+        if runs is not None:
+            self._runs[info.id] = runs
+        self._status = (info, model)
+        self._clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
+        self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
+
+    def tick(self, now: float) -> None:
+        """Once a second, while the Status tab shows: age and time left move."""
+        if self._status is not None and self.built and self.active == "tab-status":
+            info, model = self._status
+            clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
+            if clock != self._clock:  # past a minute both move once a minute: no repaint in between
+                self._clock = clock
+                self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
 
     def show_diff(self, diff: Any) -> None:
         if diff is None:
@@ -106,21 +124,21 @@ class DetailPane(Vertical):
         log = self.query_one("#logs-body", RichLog)
         log.clear()
         log.write(Text(header, style="bold"))
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
         from textual.widgets import RichLog
 
         log = self.query_one("#logs-body", RichLog)
-        for stream, line in lines:
-            log.write(fmt.output_line(stream, line))
+        if lines:
+            log.write(fmt.output_lines(lines))
 
     def show_lineage(self, info: Any, model: Any) -> None:
         self.query_one("#lineage-body", Static).update(lineage_text(info, model))
 
 
-def status_table(info: Any, model: Any, now: float) -> Table:
+def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = None) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
@@ -144,8 +162,7 @@ def status_table(info: Any, model: Any, now: float) -> Table:
                  style="bold red" if stale.get("overlapping") else "")) if info.stale else Text("?", style="dim")),
         ("race", Text(f"{hit[0]} rank {hit[1]}" + (" (winner)" if won else "")) if hit else Text("-", style="dim")),
     ]
-    runs = info.extra.get("runs") or []
-    for r in runs[-3:]:
+    for r in (runs if runs is not None else info.extra.get("runs") or [])[-3:]:
         argv = r.get("argv") or []
         cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
         rows.append((f"run {r.get('run')}", Text(f"exit {r.get('exit_code')}  {fmt.seconds(r.get('duration_s'))}  ")

@@ -80,6 +80,7 @@ class RaceTable(VerticalScroll, can_focus=True):
         self.doc: dict[str, Any] | None = None
         self.marked: list[str] = []
         self.out_width = MIN_OUT
+        self.cand_width = 16  # wider on a wide screen: candidates read whole (fix-groupby-v2, -v3)
         self.cursor_row = 0
         # every row mounted, the first _n shown: rows mounted ahead (``prepare``) or left by a
         # bigger race wait hidden, so showing a race does not mount widgets while it streams
@@ -96,20 +97,27 @@ class RaceTable(VerticalScroll, can_focus=True):
     # -- layout ---------------------------------------------------------------------------------
     def set_width(self, width: int) -> None:
         """The last column (newest output) takes what the others leave."""
-        out = max(MIN_OUT, width - sum(w + 1 for _, _, w in COLUMNS[:-1]) - 2)
-        if out == self.out_width and self.is_mounted and self._header_shown:
+        rest = width - sum(w + 1 for k, _, w in COLUMNS[:-1] if k != "candidate") - 2
+        cand = max(16, min(40, (rest - MIN_OUT) // 3))  # a third of what is left; the output the rest
+        out = max(MIN_OUT, rest - cand - 1)
+        if (out, cand) == (self.out_width, self.cand_width) and self.is_mounted and self._header_shown:
             return
-        self.out_width = out
+        self.out_width, self.cand_width = out, cand
         self._repaint_all()
 
     _header_shown = False
+
+    def _width(self, key: str) -> int:
+        if key == "candidate":
+            return self.cand_width
+        return dict((k, w) for k, _, w in COLUMNS)[key] or self.out_width
 
     def _repaint_all(self) -> None:
         if not self.is_mounted:
             return
         header = Text(no_wrap=True)
-        for _key, title, w in COLUMNS:
-            header.append(title.ljust((w or self.out_width) + 1))
+        for key, title, _w in COLUMNS:
+            header.append(title.ljust(self._width(key) + 1))
         self.query_one("#race-header", Static).update(header)
         self._header_shown = True
         if self.doc is not None:
@@ -129,7 +137,7 @@ class RaceTable(VerticalScroll, can_focus=True):
         err = not c.get("last_line") and c.get("error")
         return {
             "rank": Text(f"{mark}{'★' if won else '#'}{c.get('rank')}", style="bold green" if won else ""),
-            "candidate": Text(fmt.one_line(_name(c), 16)),
+            "candidate": Text(fmt.one_line(_name(c), self.cand_width)),
             "sandbox": Text(c.get("sandbox") or "-"),
             "state": Text(spin + st.replace("_", " "), style=fmt.CANDIDATE_STYLE.get(st, "")),
             "exit": fmt.exit_code(c.get("exit_code")),
@@ -143,9 +151,9 @@ class RaceTable(VerticalScroll, can_focus=True):
     def line(self, c: dict[str, Any], i: int) -> Text:
         cells = self.cells(c, (self.doc or {}).get("winner"))
         t = Text(no_wrap=True, overflow="ellipsis")
-        for key, _, w in COLUMNS:
+        for key, _, _w in COLUMNS:
             cell = cells[key]
-            width = w or self.out_width
+            width = self._width(key)
             cell.truncate(width, overflow="ellipsis")
             t.append_text(cell)
             t.append(" " * (width + 1 - cell.cell_len))
