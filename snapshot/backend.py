@@ -286,6 +286,13 @@ class Backend(Protocol):
         where the keys differ."""
         return False
 
+    def snapshot_origin(self, store: Store, snap_id: str) -> tuple[object, int] | None:
+        """(what ``snap_id`` was taken of, when: ns of the wall clock) where snapshots of one
+        origin keep its inodes (``shares_inodes``): two of them holding a file with the same
+        stat key, its ctime older than both, hold the same content (staleness then reads it
+        once for all bases). None: no such promise (default)."""
+        return None
+
     def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
         """What live looked like when ``snap_id`` was taken (at ``taken_at``, epoch seconds):
         every path's stat key then, and a copy in which keys not trustworthy enough to say

@@ -669,6 +669,17 @@ class BtrfsBackend(Backend):
     def shares_inodes(self) -> bool:
         return True  # a snapshot shares its inode items with what it was taken of or cloned into
 
+    def snapshot_origin(self, store: Store, snap_id: str) -> tuple[object, int] | None:
+        """The uuid of the subvolume the snapshot was taken of (live, or a sandbox) and its
+        ``otime``: snapshots of one subvolume hold its inode numbers."""
+        try:
+            info = G.subvol_info(self._tree(store, snap_id))
+        except OSError:
+            return None
+        if info.parent_uuid == bytes(16) or not info.otime_ns:
+            return None
+        return (info.parent_uuid, info.otime_ns)
+
     def _candidates(self, base: Path, tree: Path, skip_top: Callable[[bytes], bool]) -> Candidates:
         """Where subvolume ``tree`` may differ from snapshot ``base`` (one of its lineage):
         by generation where the tree search sees all of ``tree`` (root, nothing of it waiting
