@@ -16,7 +16,10 @@ TUI and the MCP listing call it all the time). Content-based, never by timestamp
 
 - where the backend can name the candidates itself (``Backend.live_candidates``: btrfs, by
   generation or by comparing inode keys with the snapshot, which shares live's inodes)
-  only those are compared by content.
+  only those are compared by content. Within one look, live's candidates against the first
+  base are handed on (``known``): btrfs answers another base of live's with them plus where
+  the two snapshots differ (their tree search, O(changes); root), so a listing walks live
+  once, not once per base.
 - elsewhere: a stat walk of live against the snapshot's own record of live when it was
   taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink ``manifest``),
   which says which files did not move since; what moved is hashed (xxh3-128) and compared
@@ -24,10 +27,13 @@ TUI and the MCP listing call it all the time). Content-based, never by timestamp
   ``Backend.snapshot_layers``, straight from them, without mounting anything).
 
 Caches, in memory only: a file's content id by its stat key (device, inode, size, mtime_ns,
-ctime_ns, mode), and per base the verdicts of the stat walk, so a long-lived process (the
-TUI, the MCP server) hashes only what moved since its last look; a one-shot command hashes
-what moved since the base. Within ``one_look(engine)`` (one listing) live is looked at
-once per base; outside it every call looks afresh.
+ctime_ns, mode); a snapshot file's by its origin and stat key (``Backend.snapshot_origin``,
+btrfs: snapshots of one subvolume keep its inode numbers), so a file several bases hold
+unchanged is read once for all of them (``_origin_entry``); and per base the verdicts of
+the stat walk, so a long-lived process (the TUI, the MCP server) hashes only what moved
+since its last look; a one-shot command hashes what moved since the base. Within
+``one_look(engine)`` (one listing) live is looked at once per base (once in all on btrfs
+as root, see above); outside it every call looks afresh.
 
 The sandbox side checks only the live-changed paths: by stat against the base where the
 backend shares inodes (``Backend.shares_inodes``: btrfs; content only where the keys
@@ -45,6 +51,12 @@ Caveats:
   record of earlier looks is no longer written to the store).
 - Ignored files (the workspace's ``.gitignore``) are left out, as in ``diff``; ``.git/``
   and the store always are.
+- A look at live within ``one_look`` is one look: a write to live while a listing runs,
+  outside the candidates of its first base, shows from the next look on (as it always did
+  for the rows sharing a base).
+- Paths a promotion and its undo rewrote (their old bytes in new inodes) stay candidates
+  against every older base and are read by content on each one-shot look: once per file
+  on each side, no longer once per base.
 """
 from __future__ import annotations
 
@@ -561,11 +573,16 @@ def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool =
     """From the backend's own candidates (``Backend.live_candidates``); None when it has none
     here (the caller falls back to the stat walk)."""
     started = time.monotonic()
+    # Within one look: live's candidates against the bases looked at so far, which the
+    # backend may extend to this base instead of looking at live again.
+    known = engine.__dict__.get("_live_candidates")
     try:
-        with engine.backend.live_candidates(engine.store, base_id, _not_compared) as got:
+        with engine.backend.live_candidates(engine.store, base_id, _not_compared, known) as got:
             if got is None:
                 return None
             base, live, cands = got
+            if known is not None and cands.paths is not None and "+" not in cands.source:
+                known[base_id] = cands
             if not cands.paths:
                 return LiveChanges(frozenset(), cands.source, time.monotonic() - started)
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
@@ -600,12 +617,14 @@ def one_look(engine: "Engine") -> Iterator[None]:
         yield  # an outer look is already open
         return
     engine.__dict__["_live_changes_memo"] = {}
+    engine.__dict__["_live_candidates"] = {}
     with ExitStack() as stack:
         engine.__dict__["_base_sides"] = ({}, stack)
         try:
             yield
         finally:
             del engine.__dict__["_live_changes_memo"]
+            del engine.__dict__["_live_candidates"]
             del engine.__dict__["_base_sides"]
 
 

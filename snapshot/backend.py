@@ -299,13 +299,16 @@ class Backend(Protocol):
         "unchanged since" are None. None where the backend keeps no such record."""
         return None
 
-    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool],
+                        known: Mapping[str, Candidates] | None = None
                         ) -> AbstractContextManager[LiveCandidates | None]:
         """For the ``with`` block: a view of live (live itself where the backend reads it in
         place) with where it may differ from ``snap_id`` (top-level names ``exclude_top``
         accepts left out), or None where the backend cannot tell cheaply (the caller then
-        walks live against ``live_record``). Reading, never writing: no snapshot, mount or
-        file is made for it."""
+        walks live against ``live_record``). ``known``: live's candidates against other
+        snapshots, found moments ago in the same look; a backend that can tell cheaply where
+        ``snap_id`` differs from one of them may answer with the union instead of looking at
+        live again. Reading, never writing: no snapshot, mount or file is made for it."""
         return contextlib.nullcontext(None)
 
     def live_unchanged_since(self, store: Store, snap_id: str) -> bool:

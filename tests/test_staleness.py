@@ -390,7 +390,7 @@ def test_btrfs_promote_and_undo_reads_each_file_once(btrfs_dir, monkeypatch):
         monkeypatch.setattr(S, "read_content_id", lambda p, st: reads.append(p) or real(p, st))
         docs = _listing(ws)
         # sb0's base holds x.txt as AAAA (fresh), moved.txt is new since; sb1's holds BBBB
-        assert docs[sb0.id]["live_changed"] == 1 and docs[sb0.id]["method"] in ("inode-keys", "btrfs-generation")
+        assert docs[sb0.id]["live_changed"] == 1, docs[sb0.id]
         assert docs[sb1.id]["live_changed"] == 2, docs[sb1.id]
         assert docs[sb2.id]["live_changed"] == 1, docs[sb2.id]
         lib = [p for p in reads if b"/lib/" in p]
@@ -402,5 +402,58 @@ def test_btrfs_promote_and_undo_reads_each_file_once(btrfs_dir, monkeypatch):
         assert len(on_base) == 30, len(on_base)
         # x.txt: the two bases hold two contents under one inode number, both read
         assert len([p for p in reads if p.endswith(b"/x.txt") and b"/.petri/" in p]) >= 2
+    finally:
+        e.deinit(force=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
+def test_btrfs_one_look_walks_live_once_for_bases_of_live(btrfs_dir, monkeypatch):
+    """Within one listing, live is walked against one base; every other base of live gets
+    those candidates plus where the two snapshots differ (their tree search). The verdicts
+    are those of a walk per base, through renamed, new and removed directories, a chmod,
+    a retargeted symlink and edits between the bases and after them."""
+    import btrfsutil
+    from snapshot.backends.btrfs import BtrfsBackend
+    ws = btrfs_dir / "ws"
+    btrfsutil.create_subvolume(ws)
+    make_tree(ws)
+    w(ws / "pkg" / "a" / "one.txt", "one\n")
+    w(ws / "pkg" / "b" / "two.txt", "two\n")
+    e, _ = Engine.init(ws, "btrfs")
+    try:
+        sbs = [e.fork("live")[0]]
+        os.rename(ws / "pkg" / "a", ws / "pkg" / "a2")
+        (ws / "deleted.txt").unlink()
+        w(ws / "newdir" / "n.txt", "n\n")
+        os.chmod(ws / "src" / "f3.txt", 0o600)
+        sbs.append(e.fork("live")[0])
+        w(ws / "editor.txt", "edited\n")
+        import shutil
+        shutil.rmtree(ws / "newdir")
+        os.unlink(ws / "link")
+        os.symlink("src/f4.txt", ws / "link")
+        w(ws / "pkg" / "b" / "three.txt", "three\n")
+        sbs.append(e.fork("live")[0])
+        assert len({sb.base for sb in sbs}) == 3
+        # live moves on after the last base
+        w(ws / "src" / "f9.txt", "nine\n")
+        os.rename(ws / "pkg" / "b", ws / "pkg" / "b2")
+        w(ws / "deleted.txt", "bye\n")
+        w(Path(sbs[1].path) / "editor.txt", "sandbox\n")
+        # the oracle: each sandbox on its own, one walk of live each
+        single = {sb.id: fresh(e, sb) for sb in sbs}
+        walks = []
+        real = BtrfsBackend._candidates
+        monkeypatch.setattr(BtrfsBackend, "_candidates", lambda self, *a: walks.append(a) or real(self, *a))
+        docs = _listing(ws)
+        assert len(walks) == 1, walks
+        for sb in sbs:
+            one, look = dict(single[sb.id]), dict(docs[sb.id])
+            assert one.pop("method") in ("inode-keys", "btrfs-generation")
+            assert look.pop("method").split("+")[0] in ("inode-keys", "btrfs-generation")
+            assert look == one, (sb.id, look, one)
+        # deleted.txt is back as the first base holds it: fresh there
+        assert [single[sb.id]["live_changed"] for sb in sbs] == [9, 8, 6], single
+        assert single[sbs[1].id]["overlapping"] == ["editor.txt"]
     finally:
         e.deinit(force=True)

@@ -22,7 +22,10 @@ found by generation, O(changes), with the tree search (``btrfs_generations``) wh
 everything the subvolume holds (root, nothing of it waiting for a commit or a write-back),
 and otherwise by an ``lstat`` walk that compares each inode's key with the snapshot's
 (``snapshot.candidates.inode_key_candidates``: O(files) stats, no reads), which sees writes
-still in the page cache. Either only narrows a compare by content. A fork from live clones
+still in the page cache. Either only narrows a compare by content. Two read-only snapshots
+of one subvolume are always compared by generation (``snapshots_differ``), so a listing
+walks live against one base and extends that to the others; and since they keep its inode
+numbers (``snapshot_origin``), a file two bases hold with one old stat key is read once. A fork from live clones
 the newest implicit snapshot again when live is provably unchanged since it
 (``live_unchanged_since``: its ``ctransid`` and no write waiting, else a short walk), so
 forks stop committing the filesystem's transaction and piling up snapshots.
@@ -70,7 +73,7 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
 
 import btrfsutil
 
@@ -710,16 +713,50 @@ class BtrfsBackend(Backend):
             return FULL
 
     @contextlib.contextmanager
-    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
-                        ) -> Iterator[LiveCandidates | None]:
-        """Live itself (no snapshot of it) with ``_candidates`` against ``snap_id``."""
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool],
+                        known: Mapping[str, Candidates] | None = None) -> Iterator[LiveCandidates | None]:
+        """Live itself (no snapshot of it) with ``_candidates`` against ``snap_id``; or, where
+        ``known`` holds live's candidates against another snapshot of live's, those plus where
+        the two snapshots differ (``snapshots_differ``: O(changes between them)), without
+        looking at live again: a path where live and ``snap_id`` differ differs between live
+        and that snapshot or between the two snapshots."""
         base = self._tree(store, snap_id)
+        skip = lambda n: exclude_top(n) or _store_or_staging(n)  # noqa: E731
+        for ref_id, ref in (known or {}).items():
+            if ref.paths is None or ref_id == snap_id:
+                continue
+            between = self.snapshots_differ(store, ref_id, snap_id, skip)
+            if between is not None:
+                yield base, store.workspace, Candidates(ref.paths | between.paths, f"{ref.source}+generation")
+                return
         try:
-            cands = self._candidates(base, store.workspace, lambda n: exclude_top(n) or _store_or_staging(n))
+            cands = self._candidates(base, store.workspace, skip)
         except OSError:
             yield None
             return
         yield base, store.workspace, cands
+
+    def snapshots_differ(self, store: Store, a_id: str, b_id: str, skip_top: Callable[[bytes], bool]
+                         ) -> Candidates | None:
+        """Where two read-only snapshots of one subvolume may differ: by generation, the later
+        one's tree search since the earlier was taken (read-only, so the search sees all of
+        it). None where the tree search is out of reach (not root) or they are snapshots of
+        different subvolumes."""
+        if os.geteuid() != 0:
+            return None
+        ta, tb = self._tree(store, a_id), self._tree(store, b_id)
+        try:
+            ia, ib = G.subvol_info(ta), G.subvol_info(tb)
+            if ia.parent_uuid != ib.parent_uuid or ia.parent_uuid == bytes(16):
+                return None
+            (old, since), new = ((ta, ia.otransid), tb) if ia.otransid <= ib.otransid else ((tb, ib.otransid), ta)
+            if not (_is_ro_subvolume(old) and _is_ro_subvolume(new)):
+                return None
+            paths, whole = G.changed_paths(new, old, since)
+        except OSError:
+            return None
+        kept = {p for p in paths | whole if not skip_top(p.split(b"/", 1)[0])}
+        return Candidates(frozenset(prune_dirs(old, new, kept, whole)), "btrfs-generation")
 
     def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
         """By generation, O(1): live's ``ctransid`` (in memory) is still the snapshot's (no
