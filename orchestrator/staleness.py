@@ -16,10 +16,11 @@ TUI and the MCP listing call it all the time). Content-based, never by timestamp
 
 - where the backend can name the candidates itself (``Backend.live_candidates``: btrfs, by
   generation or by comparing inode keys with the snapshot, which shares live's inodes)
-  only those are compared by content. Within one look, live's candidates against the first
-  base are handed on (``known``): btrfs answers another base of live's with them plus where
-  the two snapshots differ (their tree search, O(changes); root), so a listing walks live
-  once, not once per base.
+  only those are compared by content. Within one look, another base is answered from the
+  first one's verdicts where the backend can say cheaply where the two snapshots differ
+  (``Backend.snapshots_differ``; btrfs: the tree search between two read-only snapshots of
+  one subvolume, O(changes), root): outside that, live differs from it where it differed
+  from the first; inside, by content. So a listing walks live once, not once per base.
 - elsewhere: a stat walk of live against the snapshot's own record of live when it was
   taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink ``manifest``),
   which says which files did not move since; what moved is hashed (xxh3-128) and compared
@@ -573,16 +574,11 @@ def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool =
     """From the backend's own candidates (``Backend.live_candidates``); None when it has none
     here (the caller falls back to the stat walk)."""
     started = time.monotonic()
-    # Within one look: live's candidates against the bases looked at so far, which the
-    # backend may extend to this base instead of looking at live again.
-    known = engine.__dict__.get("_live_candidates")
     try:
-        with engine.backend.live_candidates(engine.store, base_id, _not_compared, known) as got:
+        with engine.backend.live_candidates(engine.store, base_id, _not_compared) as got:
             if got is None:
                 return None
             base, live, cands = got
-            if known is not None and cands.paths is not None and "+" not in cands.source:
-                known[base_id] = cands
             if not cands.paths:
                 return LiveChanges(frozenset(), cands.source, time.monotonic() - started)
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
@@ -594,14 +590,48 @@ def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool =
     return LiveChanges(paths, cands.source, time.monotonic() - started)
 
 
+def live_changes_from(engine: "Engine", base_id: str, looked: Mapping[str, LiveChanges | None]
+                      ) -> LiveChanges | None:
+    """Live vs ``base_id`` from what a look already found against another base (``looked``),
+    where the backend can say cheaply where the two snapshots differ
+    (``Backend.snapshots_differ``); None where it cannot. Outside where they differ, the
+    base holds what the other does, so live differs from it exactly where it differed from
+    the other; where they differ, live and the base are compared by content."""
+    started = time.monotonic()
+    for ref_id, ref in looked.items():
+        if ref is None or ref_id == base_id or "+" in ref.method:
+            continue
+        try:
+            between = engine.backend.snapshots_differ(engine.store, ref_id, base_id, _not_compared)
+        except OSError:
+            between = None
+        if between is None or between.paths is None:
+            continue
+        try:
+            with ExitStack() as stack:
+                base = os.fsencode(stack.enter_context(engine.backend.read_view(engine.store, base_id)))
+                live = os.fsencode(engine.store.workspace)
+                there = _compare_candidates(base, live, set(between.paths), IgnoreRules(live),
+                                            engine.backend.shares_inodes(), snapshot_origin(engine, base_id))
+        except OSError:
+            return None
+        kept = frozenset(p for p in ref.paths if not between.covers(p))
+        return LiveChanges(kept | there, f"{ref.method}+{between.source}", time.monotonic() - started)
+    return None
+
+
 def live_changes(engine: "Engine", base_id: str) -> LiveChanges | None:
-    """Live vs the base snapshot: once per base within ``one_look``, afresh otherwise."""
+    """Live vs the base snapshot: once per base within ``one_look`` (and there, where the
+    backend can, from another base's verdicts: ``live_changes_from``), afresh otherwise."""
     memo = engine.__dict__.get("_live_changes_memo")
     if memo is not None and base_id in memo:
         return memo[base_id]
     got = None
     if engine.registry.snapshot(base_id) is not None:
-        got = live_changes_fast(engine, base_id)
+        if memo:
+            got = live_changes_from(engine, base_id, memo)
+        if got is None:
+            got = live_changes_fast(engine, base_id)
         if got is None:
             got = live_changes_statcache(engine, base_id)
     if memo is not None:
@@ -617,14 +647,12 @@ def one_look(engine: "Engine") -> Iterator[None]:
         yield  # an outer look is already open
         return
     engine.__dict__["_live_changes_memo"] = {}
-    engine.__dict__["_live_candidates"] = {}
     with ExitStack() as stack:
         engine.__dict__["_base_sides"] = ({}, stack)
         try:
             yield
         finally:
             del engine.__dict__["_live_changes_memo"]
-            del engine.__dict__["_live_candidates"]
             del engine.__dict__["_base_sides"]
 
 

@@ -299,17 +299,22 @@ class Backend(Protocol):
         "unchanged since" are None. None where the backend keeps no such record."""
         return None
 
-    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool],
-                        known: Mapping[str, Candidates] | None = None
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
                         ) -> AbstractContextManager[LiveCandidates | None]:
         """For the ``with`` block: a view of live (live itself where the backend reads it in
         place) with where it may differ from ``snap_id`` (top-level names ``exclude_top``
         accepts left out), or None where the backend cannot tell cheaply (the caller then
-        walks live against ``live_record``). ``known``: live's candidates against other
-        snapshots, found moments ago in the same look; a backend that can tell cheaply where
-        ``snap_id`` differs from one of them may answer with the union instead of looking at
-        live again. Reading, never writing: no snapshot, mount or file is made for it."""
+        walks live against ``live_record``). Reading, never writing: no snapshot, mount or
+        file is made for it."""
         return contextlib.nullcontext(None)
+
+    def snapshots_differ(self, store: Store, a_id: str, b_id: str, skip_top: Callable[[bytes], bool]
+                         ) -> Candidates | None:
+        """Where two snapshots may differ (top-level names ``skip_top`` accepts left out), in
+        O(changes between them), reading no content; None where the backend cannot tell so
+        cheaply (default). Staleness then answers a second base from the first one's verdicts
+        (see ``orchestrator.staleness``) instead of looking at live again."""
+        return None
 
     def live_unchanged_since(self, store: Store, snap_id: str) -> bool:
         """Is live provably what snapshot ``snap_id`` (a snapshot of live) holds, cheaply

@@ -383,35 +383,45 @@ def test_btrfs_promote_and_undo_reads_each_file_once(btrfs_dir, monkeypatch):
         os.rename(ws / ".x.tmp", ws / "x.txt")
         time.sleep(0.1)
 
-        monkeypatch.setattr(S, "_CIDS", {})
-        monkeypatch.setattr(S, "_ORIGIN_CIDS", {}, raising=False)
         reads: list[bytes] = []
         real = S.read_content_id
         monkeypatch.setattr(S, "read_content_id", lambda p, st: reads.append(p) or real(p, st))
-        docs = _listing(ws)
-        # sb0's base holds x.txt as AAAA (fresh), moved.txt is new since; sb1's holds BBBB
-        assert docs[sb0.id]["live_changed"] == 1, docs[sb0.id]
-        assert docs[sb1.id]["live_changed"] == 2, docs[sb1.id]
-        assert docs[sb2.id]["live_changed"] == 1, docs[sb2.id]
-        lib = [p for p in reads if b"/lib/" in p]
-        on_base = [p for p in lib if b"/.petri/" in p]
-        on_live = [p for p in lib if b"/.petri/" not in p]
-        assert len(on_live) == 30 and len(set(on_live)) == 30, sorted(on_live)
-        # one read of each base file, whichever base it was found in (before: one per base)
-        assert len({os.path.basename(p) for p in on_base}) == 30
-        assert len(on_base) == 30, len(on_base)
-        # x.txt: the two bases hold two contents under one inode number, both read
-        assert len([p for p in reads if p.endswith(b"/x.txt") and b"/.petri/" in p]) >= 2
+        from snapshot.backends.btrfs import BtrfsBackend
+        # each base compared on its own (as without the tree search: not root), then not
+        for per_base in (True, False):
+            with monkeypatch.context() as m:
+                m.setattr(S, "_CIDS", {})
+                m.setattr(S, "_ORIGIN_CIDS", {}, raising=False)
+                if per_base:
+                    m.setattr(BtrfsBackend, "snapshots_differ", lambda *a: None, raising=False)
+                reads.clear()
+                _check_reads(_listing(ws), reads, sb0, sb1, sb2)
     finally:
         e.deinit(force=True)
 
 
+def _check_reads(docs: dict, reads: list[bytes], sb0, sb1, sb2) -> None:
+    # sb0's base holds x.txt as AAAA (fresh), moved.txt is new since; sb1's holds BBBB
+    assert docs[sb0.id]["live_changed"] == 1, docs[sb0.id]
+    assert docs[sb1.id]["live_changed"] == 2, docs[sb1.id]
+    assert docs[sb2.id]["live_changed"] == 1, docs[sb2.id]
+    lib = [p for p in reads if b"/lib/" in p]
+    on_base = [p for p in lib if b"/.petri/" in p]
+    on_live = [p for p in lib if b"/.petri/" not in p]
+    assert len(on_live) == 30 and len(set(on_live)) == 30, sorted(on_live)
+    # one read of each base file, whichever base it was found in (before: one per base)
+    assert len({os.path.basename(p) for p in on_base}) == 30
+    assert len(on_base) == 30, len(on_base)
+    # x.txt: the two bases hold two contents under one inode number, both read
+    assert len([p for p in reads if p.endswith(b"/x.txt") and b"/.petri/" in p]) >= 2
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
 def test_btrfs_one_look_walks_live_once_for_bases_of_live(btrfs_dir, monkeypatch):
-    """Within one listing, live is walked against one base; every other base of live gets
-    those candidates plus where the two snapshots differ (their tree search). The verdicts
-    are those of a walk per base, through renamed, new and removed directories, a chmod,
-    a retargeted symlink and edits between the bases and after them."""
+    """Within one listing, live is walked against one base; every other base of live is
+    answered from that base's verdicts and where the two snapshots differ (their tree
+    search). The verdicts are those of a walk per base, through renamed, new and removed
+    directories, a chmod, a retargeted symlink and edits between the bases and after them."""
     import btrfsutil
     from snapshot.backends.btrfs import BtrfsBackend
     ws = btrfs_dir / "ws"
@@ -447,6 +457,7 @@ def test_btrfs_one_look_walks_live_once_for_bases_of_live(btrfs_dir, monkeypatch
         monkeypatch.setattr(BtrfsBackend, "_candidates", lambda self, *a: walks.append(a) or real(self, *a))
         docs = _listing(ws)
         assert len(walks) == 1, walks
+        assert sorted("+" in d["method"] for d in docs.values()) == [False, True, True], docs
         for sb in sbs:
             one, look = dict(single[sb.id]), dict(docs[sb.id])
             assert one.pop("method") in ("inode-keys", "btrfs-generation")

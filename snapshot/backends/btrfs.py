@@ -73,7 +73,7 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
 import btrfsutil
 
@@ -713,24 +713,12 @@ class BtrfsBackend(Backend):
             return FULL
 
     @contextlib.contextmanager
-    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool],
-                        known: Mapping[str, Candidates] | None = None) -> Iterator[LiveCandidates | None]:
-        """Live itself (no snapshot of it) with ``_candidates`` against ``snap_id``; or, where
-        ``known`` holds live's candidates against another snapshot of live's, those plus where
-        the two snapshots differ (``snapshots_differ``: O(changes between them)), without
-        looking at live again: a path where live and ``snap_id`` differ differs between live
-        and that snapshot or between the two snapshots."""
+    def live_candidates(self, store: Store, snap_id: str, exclude_top: Callable[[bytes], bool]
+                        ) -> Iterator[LiveCandidates | None]:
+        """Live itself (no snapshot of it) with ``_candidates`` against ``snap_id``."""
         base = self._tree(store, snap_id)
-        skip = lambda n: exclude_top(n) or _store_or_staging(n)  # noqa: E731
-        for ref_id, ref in (known or {}).items():
-            if ref.paths is None or ref_id == snap_id:
-                continue
-            between = self.snapshots_differ(store, ref_id, snap_id, skip)
-            if between is not None:
-                yield base, store.workspace, Candidates(ref.paths | between.paths, f"{ref.source}+generation")
-                return
         try:
-            cands = self._candidates(base, store.workspace, skip)
+            cands = self._candidates(base, store.workspace, lambda n: exclude_top(n) or _store_or_staging(n))
         except OSError:
             yield None
             return
@@ -740,8 +728,8 @@ class BtrfsBackend(Backend):
                          ) -> Candidates | None:
         """Where two read-only snapshots of one subvolume may differ: by generation, the later
         one's tree search since the earlier was taken (read-only, so the search sees all of
-        it). None where the tree search is out of reach (not root) or they are snapshots of
-        different subvolumes."""
+        it; the store and a promotion's staging left out). None where the tree search is out
+        of reach (not root) or they are snapshots of different subvolumes."""
         if os.geteuid() != 0:
             return None
         ta, tb = self._tree(store, a_id), self._tree(store, b_id)
@@ -755,7 +743,8 @@ class BtrfsBackend(Backend):
             paths, whole = G.changed_paths(new, old, since)
         except OSError:
             return None
-        kept = {p for p in paths | whole if not skip_top(p.split(b"/", 1)[0])}
+        tops = lambda p: p.split(b"/", 1)[0]  # noqa: E731
+        kept = {p for p in paths | whole if not (skip_top(tops(p)) or _store_or_staging(tops(p)))}
         return Candidates(frozenset(prune_dirs(old, new, kept, whole)), "btrfs-generation")
 
     def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
