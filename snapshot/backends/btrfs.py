@@ -743,8 +743,7 @@ class BtrfsBackend(Backend):
             paths, whole = G.changed_paths(new, old, since)
         except OSError:
             return None
-        tops = lambda p: p.split(b"/", 1)[0]  # noqa: E731
-        kept = {p for p in paths | whole if not (skip_top(tops(p)) or _store_or_staging(tops(p)))}
+        kept = {p for p in paths | whole if not _skipped(p.split(b"/", 1)[0], skip_top)}
         return Candidates(frozenset(prune_dirs(old, new, kept, whole)), "btrfs-generation")
 
     def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
@@ -764,6 +763,10 @@ class BtrfsBackend(Backend):
                                             deadline=time.monotonic() + budget_s)
         except (OSError, WalkBudget):
             return False
+
+
+def _skipped(top: bytes, skip_top: Callable[[bytes], bool]) -> bool:
+    return skip_top(top) or _store_or_staging(top)
 
 
 def _store_or_staging(name: bytes) -> bool:
