@@ -24,7 +24,7 @@ and otherwise by an ``lstat`` walk that compares each inode's key with the snaps
 (``snapshot.candidates.inode_key_candidates``: O(files) stats, no reads), which sees writes
 still in the page cache. Either only narrows a compare by content. Two read-only snapshots
 of one subvolume are always compared by generation (``snapshots_differ``), so a listing
-walks live against one base and extends that to the others; and since they keep its inode
+compares live with one base and answers the others from it; and since they keep its inode
 numbers (``snapshot_origin``), a file two bases hold with one old stat key is read once. A fork from live clones
 the newest implicit snapshot again when live is provably unchanged since it
 (``live_unchanged_since``: its ``ctransid`` and no write waiting, else a short walk), so
