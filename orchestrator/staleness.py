@@ -16,7 +16,11 @@ TUI and the MCP listing call it all the time). Content-based, never by timestamp
 
 - where the backend can name the candidates itself (``Backend.live_candidates``: btrfs, by
   generation or by comparing inode keys with the snapshot, which shares live's inodes)
-  only those are compared by content.
+  only those are compared by content. Within one look, another base is answered from the
+  first one's verdicts where the backend can say cheaply where the two snapshots differ
+  (``Backend.snapshots_differ``; btrfs: the tree search between two read-only snapshots of
+  one subvolume, O(changes), root): outside that, live differs from it where it differed
+  from the first; inside, by content. So a listing walks live once, not once per base.
 - elsewhere: a stat walk of live against the snapshot's own record of live when it was
   taken (``Backend.live_record``: overlay/fuse ``statcache``, copy/reflink ``manifest``),
   which says which files did not move since; what moved is hashed (xxh3-128) and compared
@@ -24,10 +28,13 @@ TUI and the MCP listing call it all the time). Content-based, never by timestamp
   ``Backend.snapshot_layers``, straight from them, without mounting anything).
 
 Caches, in memory only: a file's content id by its stat key (device, inode, size, mtime_ns,
-ctime_ns, mode), and per base the verdicts of the stat walk, so a long-lived process (the
-TUI, the MCP server) hashes only what moved since its last look; a one-shot command hashes
-what moved since the base. Within ``one_look(engine)`` (one listing) live is looked at
-once per base; outside it every call looks afresh.
+ctime_ns, mode); a snapshot file's by its origin and stat key (``Backend.snapshot_origin``,
+btrfs: snapshots of one subvolume keep its inode numbers), so a file several bases hold
+unchanged is read once for all of them (``_origin_entry``); and per base the verdicts of
+the stat walk, so a long-lived process (the TUI, the MCP server) hashes only what moved
+since its last look; a one-shot command hashes what moved since the base. Within
+``one_look(engine)`` (one listing) live is looked at once per base (once in all on btrfs
+as root, see above); outside it every call looks afresh.
 
 The sandbox side checks only the live-changed paths: by stat against the base where the
 backend shares inodes (``Backend.shares_inodes``: btrfs; content only where the keys
@@ -45,6 +52,12 @@ Caveats:
   record of earlier looks is no longer written to the store).
 - Ignored files (the workspace's ``.gitignore``) are left out, as in ``diff``; ``.git/``
   and the store always are.
+- A look at live within ``one_look`` is one look: a write to live while a listing runs,
+  outside the candidates of its first base, shows from the next look on (as it always did
+  for the rows sharing a base).
+- Paths a promotion and its undo rewrote (their old bytes in new inodes) stay candidates
+  against every older base and are read by content on each one-shot look: once per file
+  on each side, no longer once per base.
 """
 from __future__ import annotations
 
@@ -122,6 +135,39 @@ def entry_of(path: bytes) -> Ent | None:
     return (k, mode, None)
 
 
+# Content of snapshots' files by origin and stat key (``_origin_entry``), for the life of
+# the process: one look at live against several bases of one origin reads a file they all
+# hold unchanged once, not once per base.
+_ORIGIN_CIDS: dict[tuple, Ent] = {}
+
+
+def _origin_entry(path: bytes, st: os.stat_result, origin: tuple[Any, int]) -> Ent | None:
+    """entry_of(path) for a regular file ``st`` of a read-only snapshot whose ``origin`` is
+    (what it was taken of, when in ns; ``Backend.snapshot_origin``). Two snapshots of one
+    origin keep its inode numbers, and every write, chmod, rename or link moves the ctime of
+    the inode it touches (a new inode gets the time it is made): so where two of them hold
+    a file with the same stat key (inode, size, mtime_ns, ctime_ns, mode) whose ctime is
+    older than both snapshots (by the racy margin), the origin's inode did not change
+    between them and both hold the same content. Files within that margin of their
+    snapshot are neither kept nor taken from here."""
+    if st.st_ctime_ns >= origin[1] - RACY_NS:
+        return entry_of(path)
+    key = (origin[0], st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+    got = _ORIGIN_CIDS.get(key)
+    if got is not None:
+        return got
+    got_cid = read_content_id(path, st)
+    if got_cid is None:
+        return None
+    cid, steady = got_cid
+    ent = ("file", stat.S_IMODE(st.st_mode), cid)
+    if steady:
+        if len(_ORIGIN_CIDS) >= _CIDS_MAX:
+            _ORIGIN_CIDS.clear()
+        _ORIGIN_CIDS[key] = ent
+    return ent
+
+
 def read_content_id(path: bytes, st: os.stat_result) -> tuple[str, bool] | None:
     """The content id of the regular file at ``path``, and whether it is the content of the
     file as ``st`` saw it (the same inode, unmoved before and after the read); None: gone."""
@@ -156,10 +202,12 @@ class BaseSide:
         # A snapshot never changes: what was read of it holds for the look.
         self._entries: dict[bytes, Ent | None] = {}
         self._keys: dict[bytes, tuple[int, ...] | None] = {}
+        self._parents: _Parents | None = None
         self.layers = engine.backend.snapshot_layers(engine.store, base_id)
         if self.layers is not None:
             from snapshot.layers import layer_lookup
             self._lookup = layer_lookup
+        self.origin = snapshot_origin(engine, base_id)
 
     def root(self) -> bytes:
         if self._root is None:
@@ -167,20 +215,88 @@ class BaseSide:
                 self.engine.backend.read_view(self.engine.store, self.base_id)))
         return self._root
 
+    def parents(self) -> "_Parents":
+        if self._parents is None:
+            self._parents = _Parents(self.root())
+        return self._parents
+
     def entry(self, rel: bytes) -> Ent | None:
         if rel not in self._entries:
             if self.layers is not None:
                 p = self._lookup(self.layers, rel)
                 self._entries[rel] = None if p is None else entry_of(p)
             else:
-                self._entries[rel] = _entry_beneath(self.root(), rel)
+                parents = self.parents()
+                self._entries[rel] = _entry_at(parents, rel, _lstat_beneath(parents, rel), self.origin)
         return self._entries[rel]
 
     def key(self, rel: bytes) -> tuple[int, ...] | None:
         """The stat key of ``rel`` in the snapshot (its tree, not its layers)."""
         if rel not in self._keys:
-            self._keys[rel] = _key_beneath(self.root(), rel)
+            st = _lstat_beneath(self.parents(), rel)
+            self._keys[rel] = None if st is None else _stat_key(st)
         return self._keys[rel]
+
+
+def snapshot_origin(engine: "Engine", base_id: str) -> tuple[Any, int] | None:
+    """``Backend.snapshot_origin``, or None where the backend cannot say now."""
+    try:
+        return engine.backend.snapshot_origin(engine.store, base_id)
+    except Exception:  # noqa: BLE001 - without it every base is read on its own: slower, not wrong
+        return None
+
+
+class _Parents:
+    """Which directories of a tree, on the way to a path, are real directories (no symlink
+    followed), remembered for one compare: each directory is ``lstat``ed once, not once per
+    path beneath it."""
+
+    def __init__(self, root: bytes) -> None:
+        self.root = root
+        self._dirs: dict[bytes, bool] = {b"": True}
+
+    def of(self, rel: bytes) -> bool:
+        """Are all of ``rel``'s parents real directories?"""
+        return self._dir(rel.rpartition(b"/")[0])
+
+    def _dir(self, d: bytes) -> bool:
+        got = self._dirs.get(d)
+        if got is None:
+            got = self._dir(d.rpartition(b"/")[0])
+            if got:
+                try:
+                    got = stat.S_ISDIR(os.lstat(os.path.join(self.root, d)).st_mode)
+                except (FileNotFoundError, NotADirectoryError):
+                    got = False
+            self._dirs[d] = got
+        return got
+
+
+def _lstat_beneath(parents: _Parents, rel: bytes) -> os.stat_result | None:
+    """lstat(root/rel), None when nothing is there or a parent on the way is no real directory."""
+    if not parents.of(rel):
+        return None
+    try:
+        return os.lstat(os.path.join(parents.root, rel))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def _entry_at(parents: _Parents, rel: bytes, st: os.stat_result | None,
+              origin: tuple[Any, int] | None = None) -> Ent | None:
+    """entry_of(root/rel) given its ``st`` from ``_lstat_beneath`` (None: nothing there);
+    with the tree's ``origin`` (a snapshot's, ``Backend.snapshot_origin``), a file's content
+    is taken from another snapshot of that origin that holds it unchanged (``_origin_entry``)."""
+    if st is None:
+        return None
+    path = os.path.join(parents.root, rel)
+    if origin is not None and stat.S_ISREG(st.st_mode):
+        return _origin_entry(path, st, origin)
+    return entry_of(path)
 
 
 def _base_side(engine: "Engine", base_id: str, stack: ExitStack) -> BaseSide:
@@ -211,18 +327,6 @@ def _parents_are_dirs(root: bytes, rel: bytes) -> bool:
         except (FileNotFoundError, NotADirectoryError):
             return False
     return True
-
-
-def _key_beneath(root: bytes, rel: bytes) -> tuple[int, ...] | None:
-    """The stat key of root/rel (inode, size, mtime_ns, ctime_ns, mode), never through a
-    symlink on the way; None if nothing is there."""
-    if not _parents_are_dirs(root, rel):
-        return None
-    try:
-        st = os.lstat(os.path.join(root, rel))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
 def _same(a: Ent | None, b: Ent | None) -> bool:
@@ -427,10 +531,12 @@ def _subtree(root: bytes, rel: bytes) -> Iterator[bytes]:
 
 
 def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any,
-                        shared_inodes: bool = False) -> frozenset[bytes]:
+                        shared_inodes: bool = False, origin: tuple[Any, int] | None = None) -> frozenset[bytes]:
     """Non-directory paths at or beneath ``cands`` whose entries differ (O(candidates),
     plus the subtrees of candidates that are directories: renamed or new ones). With
-    ``shared_inodes`` (``Backend.shares_inodes``), equal stat keys are equal entries."""
+    ``shared_inodes`` (``Backend.shares_inodes``), equal stat keys are equal entries; with
+    the base's ``origin`` (``Backend.snapshot_origin``), a base file another base of that
+    origin holds unchanged is read once for both (``_origin_entry``)."""
     todo: set[bytes] = set()
     for c in cands:
         for root in (base, new):
@@ -443,12 +549,12 @@ def _compare_candidates(base: bytes, new: bytes, cands: set[bytes], rules: Any,
             else:
                 todo.add(c)
     out = set()
+    on_base, on_new = _Parents(base), _Parents(new)
     for p in todo:
-        if shared_inodes:
-            ka = _key_beneath(base, p)
-            if ka is not None and ka == _key_beneath(new, p):
-                continue
-        a, b = _entry_beneath(base, p), _entry_beneath(new, p)
+        sa, sb = _lstat_beneath(on_base, p), _lstat_beneath(on_new, p)
+        if shared_inodes and sa is not None and sb is not None and _stat_key(sa) == _stat_key(sb):
+            continue
+        a, b = _entry_at(on_base, p, sa, origin), _entry_at(on_new, p, sb)
         a = None if a is not None and a[0] == "dir" else a
         b = None if b is not None and b[0] == "dir" else b
         if _same(a, b):
@@ -478,20 +584,54 @@ def live_changes_fast(engine: "Engine", base_id: str, *, include_ignored: bool =
             # Candidates only narrow; content decides (a touch, a write of equal bytes).
             paths = _compare_candidates(os.fsencode(base), os.fsencode(live), set(cands.paths),
                                         None if include_ignored else IgnoreRules(live),
-                                        engine.backend.shares_inodes())
+                                        engine.backend.shares_inodes(), snapshot_origin(engine, base_id))
     except OSError:
         return None
     return LiveChanges(paths, cands.source, time.monotonic() - started)
 
 
+def live_changes_from(engine: "Engine", base_id: str, looked: Mapping[str, LiveChanges | None]
+                      ) -> LiveChanges | None:
+    """Live vs ``base_id`` from what a look already found against another base (``looked``),
+    where the backend can say cheaply where the two snapshots differ
+    (``Backend.snapshots_differ``); None where it cannot. Outside where they differ, the
+    base holds what the other does, so live differs from it exactly where it differed from
+    the other; where they differ, live and the base are compared by content."""
+    started = time.monotonic()
+    for ref_id, ref in looked.items():
+        if ref is None or ref_id == base_id or "+" in ref.method:
+            continue
+        try:
+            between = engine.backend.snapshots_differ(engine.store, ref_id, base_id, _not_compared)
+        except OSError:
+            between = None
+        if between is None or between.paths is None:
+            continue
+        try:
+            with ExitStack() as stack:
+                base = os.fsencode(stack.enter_context(engine.backend.read_view(engine.store, base_id)))
+                live = os.fsencode(engine.store.workspace)
+                there = _compare_candidates(base, live, set(between.paths), IgnoreRules(live),
+                                            engine.backend.shares_inodes(), snapshot_origin(engine, base_id))
+        except OSError:
+            return None
+        kept = frozenset(p for p in ref.paths if not between.covers(p))
+        return LiveChanges(kept | there, f"{ref.method}+{between.source}", time.monotonic() - started)
+    return None
+
+
 def live_changes(engine: "Engine", base_id: str) -> LiveChanges | None:
-    """Live vs the base snapshot: once per base within ``one_look``, afresh otherwise."""
+    """Live vs the base snapshot: once per base within ``one_look`` (and there, where the
+    backend can, from another base's verdicts: ``live_changes_from``), afresh otherwise."""
     memo = engine.__dict__.get("_live_changes_memo")
     if memo is not None and base_id in memo:
         return memo[base_id]
     got = None
     if engine.registry.snapshot(base_id) is not None:
-        got = live_changes_fast(engine, base_id)
+        if memo:
+            got = live_changes_from(engine, base_id, memo)
+        if got is None:
+            got = live_changes_fast(engine, base_id)
         if got is None:
             got = live_changes_statcache(engine, base_id)
     if memo is not None:

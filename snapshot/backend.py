@@ -286,6 +286,13 @@ class Backend(Protocol):
         where the keys differ."""
         return False
 
+    def snapshot_origin(self, store: Store, snap_id: str) -> tuple[object, int] | None:
+        """(what ``snap_id`` was taken of, when: ns of the wall clock) where snapshots of one
+        origin keep its inodes (``shares_inodes``): two of them holding a file with the same
+        stat key, its ctime older than both, hold the same content (staleness then reads it
+        once for all bases). None: no such promise (default)."""
+        return None
+
     def live_record(self, store: Store, snap_id: str, taken_at: float) -> tuple[StatKeys, dict[bytes, Any]] | None:
         """What live looked like when ``snap_id`` was taken (at ``taken_at``, epoch seconds):
         every path's stat key then, and a copy in which keys not trustworthy enough to say
@@ -300,6 +307,14 @@ class Backend(Protocol):
         walks live against ``live_record``). Reading, never writing: no snapshot, mount or
         file is made for it."""
         return contextlib.nullcontext(None)
+
+    def snapshots_differ(self, store: Store, a_id: str, b_id: str, skip_top: Callable[[bytes], bool]
+                         ) -> Candidates | None:
+        """Where two snapshots may differ (top-level names ``skip_top`` accepts left out), in
+        O(changes between them), reading no content; None where the backend cannot tell so
+        cheaply (default). Staleness then answers a second base from the first one's verdicts
+        (see ``orchestrator.staleness``) instead of looking at live again."""
+        return None
 
     def live_unchanged_since(self, store: Store, snap_id: str) -> bool:
         """Is live provably what snapshot ``snap_id`` (a snapshot of live) holds, cheaply

@@ -35,7 +35,7 @@ def test_the_protocol_is_what_callers_need():
     assert {"change_candidates", "shares_inodes", "live_record", "live_candidates", "live_unchanged_since",
             "snapshot_layers", "quiet_layers", "read_view", "quiet_view", "read_set", "disk_cap", "clone_usage",
             "note_usage", "remove_leftover", "reap_processes", "destroy_store", "convert",
-            "available"} <= set(protocol_members())
+            "available", "snapshot_origin", "snapshots_differ"} <= set(protocol_members())
 
 
 def _compatible(proto: inspect.Signature, impl: inspect.Signature) -> list[str]:
@@ -183,6 +183,8 @@ def test_defaults_say_cannot_tell(copy_store):
         assert tree == be.ensure_clone(store, "sb-1")
     with be.live_candidates(store, "s-1", lambda top: False) as got:
         assert got is None
+    assert be.snapshot_origin(store, "s-1") is None
+    assert be.snapshots_differ(store, "s-1", "s-1", lambda top: False) is None
     assert be.reap_processes(store, set()) == 0
     assert be.disk_refusals(store, "sb-1") is None and not be.enforces_disk_budget()
     assert DiskCap().hit(store, "sb-1", DiskCap().mark(store, "sb-1")) is False

@@ -332,3 +332,139 @@ def test_nested_gitignore_and_info_exclude(copy_ws):
     assert st["live_changed"] == 2, st
     (ws / ".git" / "info" / "exclude").unlink()
     assert fresh(e, sb)["live_changed"] == 3
+
+
+def _listing(ws: Path) -> dict[str, dict]:
+    """What `petri ls` computes: every sandbox's staleness within one look, by sandbox id."""
+    e2 = Engine.open(ws)
+    try:
+        with S.one_look(e2):
+            return {r.id: S.staleness(e2, r) for r in e2.registry.sandboxes()}
+    finally:
+        e2.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
+def test_btrfs_promote_and_undo_reads_each_file_once(btrfs_dir, monkeypatch):
+    """After a promotion and its undo, the paths it rewrote hold their old bytes in new
+    inodes: candidates against every older base, compared by content. A base file several
+    bases hold unchanged is read once for all of them, a live file once; the verdicts stay
+    content-based (a same-size edit between two bases, mtime put back, is still told apart)."""
+    import btrfsutil
+    ws = btrfs_dir / "ws"
+    btrfsutil.create_subvolume(ws)
+    make_tree(ws)
+    for i in range(30):
+        w(ws / "lib" / f"m{i}.txt", f"module {i}\n" * (i + 1))
+    w(ws / "x.txt", "AAAA\n")
+    time.sleep(0.1)  # older than the snapshots by the racy margin
+    e, _ = Engine.init(ws, "btrfs")
+    try:
+        sb0 = e.fork("live")[0]
+        # between the bases: x.txt edited in place, same size, its mtime put back
+        before = os.stat(ws / "x.txt")
+        with open(ws / "x.txt", "r+b") as f:
+            f.write(b"BBBB")
+        os.utime(ws / "x.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+        time.sleep(0.1)
+        sb1 = e.fork("live")[0]
+        w(ws / "moved.txt", "two\n")
+        time.sleep(0.1)
+        sb2 = e.fork("live")[0]
+        assert len({sb0.base, sb1.base, sb2.base}) == 3
+        prom = e.fork("live")[0]
+        for i in range(30):
+            w(Path(prom.path) / "lib" / f"m{i}.txt", f"changed {i}\n")
+        r = petri("--json", "promote", prom.id, cwd=ws)
+        assert r.rc == 0 and len(r.json["applied"]) == 30, r
+        assert petri("--json", "rollback", r.json["promotion"], cwd=ws).rc == 0
+        # x.txt back to what the first base holds, in a new inode (as the undo left lib/)
+        w(ws / ".x.tmp", "AAAA\n")
+        os.rename(ws / ".x.tmp", ws / "x.txt")
+        time.sleep(0.1)
+
+        reads: list[bytes] = []
+        real = S.read_content_id
+        monkeypatch.setattr(S, "read_content_id", lambda p, st: reads.append(p) or real(p, st))
+        from snapshot.backends.btrfs import BtrfsBackend
+        # each base compared on its own (as without the tree search: not root), then not
+        for per_base in (True, False):
+            with monkeypatch.context() as m:
+                m.setattr(S, "_CIDS", {})
+                m.setattr(S, "_ORIGIN_CIDS", {}, raising=False)
+                if per_base:
+                    m.setattr(BtrfsBackend, "snapshots_differ", lambda *a: None, raising=False)
+                reads.clear()
+                _check_reads(_listing(ws), reads, sb0, sb1, sb2)
+    finally:
+        e.deinit(force=True)
+
+
+def _check_reads(docs: dict, reads: list[bytes], sb0, sb1, sb2) -> None:
+    # sb0's base holds x.txt as AAAA (fresh), moved.txt is new since; sb1's holds BBBB
+    assert docs[sb0.id]["live_changed"] == 1, docs[sb0.id]
+    assert docs[sb1.id]["live_changed"] == 2, docs[sb1.id]
+    assert docs[sb2.id]["live_changed"] == 1, docs[sb2.id]
+    lib = [p for p in reads if b"/lib/" in p]
+    on_base = [p for p in lib if b"/.petri/" in p]
+    on_live = [p for p in lib if b"/.petri/" not in p]
+    assert len(on_live) == 30 and len(set(on_live)) == 30, sorted(on_live)
+    # one read of each base file, whichever base it was found in (before: one per base)
+    assert len({os.path.basename(p) for p in on_base}) == 30
+    assert len(on_base) == 30, len(on_base)
+    # x.txt: the two bases hold two contents under one inode number, both read
+    assert len([p for p in reads if p.endswith(b"/x.txt") and b"/.petri/" in p]) >= 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")
+def test_btrfs_one_look_walks_live_once_for_bases_of_live(btrfs_dir, monkeypatch):
+    """Within one listing, live is walked against one base; every other base of live is
+    answered from that base's verdicts and where the two snapshots differ (their tree
+    search). The verdicts are those of a walk per base, through renamed, new and removed
+    directories, a chmod, a retargeted symlink and edits between the bases and after them."""
+    import btrfsutil
+    from snapshot.backends.btrfs import BtrfsBackend
+    ws = btrfs_dir / "ws"
+    btrfsutil.create_subvolume(ws)
+    make_tree(ws)
+    w(ws / "pkg" / "a" / "one.txt", "one\n")
+    w(ws / "pkg" / "b" / "two.txt", "two\n")
+    e, _ = Engine.init(ws, "btrfs")
+    try:
+        sbs = [e.fork("live")[0]]
+        os.rename(ws / "pkg" / "a", ws / "pkg" / "a2")
+        (ws / "deleted.txt").unlink()
+        w(ws / "newdir" / "n.txt", "n\n")
+        os.chmod(ws / "src" / "f3.txt", 0o600)
+        sbs.append(e.fork("live")[0])
+        w(ws / "editor.txt", "edited\n")
+        import shutil
+        shutil.rmtree(ws / "newdir")
+        os.unlink(ws / "link")
+        os.symlink("src/f4.txt", ws / "link")
+        w(ws / "pkg" / "b" / "three.txt", "three\n")
+        sbs.append(e.fork("live")[0])
+        assert len({sb.base for sb in sbs}) == 3
+        # live moves on after the last base
+        w(ws / "src" / "f9.txt", "nine\n")
+        os.rename(ws / "pkg" / "b", ws / "pkg" / "b2")
+        w(ws / "deleted.txt", "bye\n")
+        w(Path(sbs[1].path) / "editor.txt", "sandbox\n")
+        # the oracle: each sandbox on its own, one walk of live each
+        single = {sb.id: fresh(e, sb) for sb in sbs}
+        walks = []
+        real = BtrfsBackend._candidates
+        monkeypatch.setattr(BtrfsBackend, "_candidates", lambda self, *a: walks.append(a) or real(self, *a))
+        docs = _listing(ws)
+        assert len(walks) == 1, walks
+        assert sorted("+" in d["method"] for d in docs.values()) == [False, True, True], docs
+        for sb in sbs:
+            one, look = dict(single[sb.id]), dict(docs[sb.id])
+            assert one.pop("method") in ("inode-keys", "btrfs-generation")
+            assert look.pop("method").split("+")[0] in ("inode-keys", "btrfs-generation")
+            assert look == one, (sb.id, look, one)
+        # deleted.txt is back as the first base holds it: fresh there
+        assert [single[sb.id]["live_changed"] for sb in sbs] == [9, 8, 6], single
+        assert single[sbs[1].id]["overlapping"] == ["editor.txt"]
+    finally:
+        e.deinit(force=True)

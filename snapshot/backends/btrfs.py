@@ -22,7 +22,10 @@ found by generation, O(changes), with the tree search (``btrfs_generations``) wh
 everything the subvolume holds (root, nothing of it waiting for a commit or a write-back),
 and otherwise by an ``lstat`` walk that compares each inode's key with the snapshot's
 (``snapshot.candidates.inode_key_candidates``: O(files) stats, no reads), which sees writes
-still in the page cache. Either only narrows a compare by content. A fork from live clones
+still in the page cache. Either only narrows a compare by content. Two read-only snapshots
+of one subvolume are always compared by generation (``snapshots_differ``), so a listing
+compares live with one base and answers the others from it; and since they keep its inode
+numbers (``snapshot_origin``), a file two bases hold with one old stat key is read once. A fork from live clones
 the newest implicit snapshot again when live is provably unchanged since it
 (``live_unchanged_since``: its ``ctransid`` and no write waiting, else a short walk), so
 forks stop committing the filesystem's transaction and piling up snapshots.
@@ -669,6 +672,17 @@ class BtrfsBackend(Backend):
     def shares_inodes(self) -> bool:
         return True  # a snapshot shares its inode items with what it was taken of or cloned into
 
+    def snapshot_origin(self, store: Store, snap_id: str) -> tuple[object, int] | None:
+        """The uuid of the subvolume the snapshot was taken of (live, or a sandbox) and its
+        ``otime``: snapshots of one subvolume hold its inode numbers."""
+        try:
+            info = G.subvol_info(self._tree(store, snap_id))
+        except OSError:
+            return None
+        if info.parent_uuid == bytes(16) or not info.otime_ns:
+            return None
+        return (info.parent_uuid, info.otime_ns)
+
     def _candidates(self, base: Path, tree: Path, skip_top: Callable[[bytes], bool]) -> Candidates:
         """Where subvolume ``tree`` may differ from snapshot ``base`` (one of its lineage):
         by generation where the tree search sees all of ``tree`` (root, nothing of it waiting
@@ -710,6 +724,28 @@ class BtrfsBackend(Backend):
             return
         yield base, store.workspace, cands
 
+    def snapshots_differ(self, store: Store, a_id: str, b_id: str, skip_top: Callable[[bytes], bool]
+                         ) -> Candidates | None:
+        """Where two read-only snapshots of one subvolume may differ: by generation, the later
+        one's tree search since the earlier was taken (read-only, so the search sees all of
+        it; the store and a promotion's staging left out). None where the tree search is out
+        of reach (not root) or they are snapshots of different subvolumes."""
+        if os.geteuid() != 0:
+            return None
+        ta, tb = self._tree(store, a_id), self._tree(store, b_id)
+        try:
+            ia, ib = G.subvol_info(ta), G.subvol_info(tb)
+            if ia.parent_uuid != ib.parent_uuid or ia.parent_uuid == bytes(16):
+                return None
+            (old, since), new = ((ta, ia.otransid), tb) if ia.otransid <= ib.otransid else ((tb, ib.otransid), ta)
+            if not (_is_ro_subvolume(old) and _is_ro_subvolume(new)):
+                return None
+            paths, whole = G.changed_paths(new, old, since)
+        except OSError:
+            return None
+        kept = {p for p in paths | whole if not _skipped(p.split(b"/", 1)[0], skip_top)}
+        return Candidates(frozenset(prune_dirs(old, new, kept, whole)), "btrfs-generation")
+
     def live_unchanged_since(self, store: Store, snap_id: str, budget_s: float = LIVE_CHECK_BUDGET_S) -> bool:
         """By generation, O(1): live's ``ctransid`` (in memory) is still the snapshot's (no
         transaction touched it since) and no write waits in the page cache
@@ -727,6 +763,10 @@ class BtrfsBackend(Backend):
                                             deadline=time.monotonic() + budget_s)
         except (OSError, WalkBudget):
             return False
+
+
+def _skipped(top: bytes, skip_top: Callable[[bytes], bool]) -> bool:
+    return skip_top(top) or _store_or_staging(top)
 
 
 def _store_or_staging(name: bytes) -> bool:

@@ -68,6 +68,8 @@ class SubvolInfo:
     generation: int  # the root's generation as last committed
     ctransid: int    # the transaction of its last change, uncommitted ones included
     otransid: int    # the transaction that made it (a snapshot: when it was taken)
+    parent_uuid: bytes = bytes(16)  # a snapshot: the uuid of the subvolume it was taken of
+    otime_ns: int = 0  # when it was made (wall clock)
 
 
 def subvol_info(path: PathLike) -> SubvolInfo:
@@ -82,7 +84,9 @@ def subvol_info(path: PathLike) -> SubvolInfo:
     (treeid,) = struct.unpack_from("=Q", buf, 0)
     _parent, _dirid, generation, _flags = struct.unpack_from("=4Q", buf, 264)
     ctransid, otransid = struct.unpack_from("=2Q", buf, 344)
-    return SubvolInfo(treeid, generation, ctransid, otransid)
+    parent_uuid = bytes(buf[312:328])
+    osec, onsec = struct.unpack_from("=QI", buf, 392)  # otime: struct btrfs_ioctl_timespec (16 bytes)
+    return SubvolInfo(treeid, generation, ctransid, otransid, parent_uuid, osec * 1_000_000_000 + onsec)
 
 
 def _search(fd: int, tree: int, min_transid: int, min_obj: int = 0, max_obj: int = _U64_MAX,
