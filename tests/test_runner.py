@@ -299,3 +299,25 @@ def test_prepare_gives_the_wrapper_argv_and_undoes_itself(tmp_path):
     with pytest.raises(OSError):
         os.fstat(fd)
     assert cgroups.list_cgroups(f"{PREFIX}/sb") == []
+
+
+def test_a_masked_path_gone_before_bwrap_started_is_a_new_start(tmp_path):
+    """A host socket or credential path read when the run was prepared and removed before
+    bwrap bound over it fails the start ("Can't create file at ..."): started again only when
+    the path is really gone, and only for petri's own setup failure."""
+    from types import SimpleNamespace
+
+    from orchestrator.sandbox.runner import EXIT_PETRI, _mount_table_moved
+    gone = tmp_path / "agent.sock"
+    there = tmp_path / "there.sock"
+    there.write_text("")
+
+    def res(err: str, code: int = EXIT_PETRI):
+        return SimpleNamespace(exit_code=code, setup_error=err)
+    assert _mount_table_moved(res(f"bwrap: Can't create file at {gone}: Read-only file system"))
+    assert _mount_table_moved(res(f"bwrap: Can't mkdir {gone}: Read-only file system"))
+    assert not _mount_table_moved(res(f"bwrap: Can't create file at {there}: Read-only file system"))
+    assert not _mount_table_moved(res(f"bwrap: Can't create file at {gone}: Read-only file system", code=1))
+    assert not _mount_table_moved(res("bwrap: setting up uid map: Permission denied"))
+    assert _mount_table_moved(res("bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
+                                  "remount ro"))

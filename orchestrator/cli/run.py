@@ -110,7 +110,9 @@ def run(
     if G.json:
         o.doc(doc)
     else:
-        if doc.get("setup_error"):
+        # A sandbox destroyed (or a run stopped) while bwrap was still setting up ends that
+        # setup too: the one line says what ended it, not the setup's own failure.
+        if doc.get("setup_error") and doc.get("ended_by") not in ENDED:
             hint = f"; {doc['setup_hint']}" if doc.get("setup_hint") else ""
             print(f"petri: could not start the sandbox: {doc['setup_error']}{hint}", file=sys.stderr)
         if doc.get("ended_by") in ENDED:

@@ -350,12 +350,24 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
 # reproduced with bwrap alone against a loop of mounts coming and going). Nothing of the
 # command ran (the marker was not seen), so starting again is safe; the chance that it hits
 # the same instant again is small, and a third failure is reported as it is.
+# The same holds for what the sandbox masks: a host socket (/proc/net/unix) or a credential
+# path read when the run was prepared and gone from the host before bwrap bound over it
+# makes bwrap try to create it on the read-only root ("Can't create file at PATH: Read-only
+# file system", "Can't mkdir PATH"); a new start reads the host again. Only when PATH is
+# really gone now: a path that is there failed for another reason, reported as it is.
 SETUP_ATTEMPTS = 3
 _MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount")
+_VANISHED = re.compile(r"Can't (?:create file at|mkdir) (/[^:\n]*): (?:Read-only file system|Permission denied)")
 
 
 def _mount_table_moved(res: RunResult) -> bool:
-    return res.exit_code == EXIT_PETRI and _MOVED.search(res.setup_error or "") is not None
+    if res.exit_code != EXIT_PETRI:
+        return False
+    err = res.setup_error or ""
+    if _MOVED.search(err) is not None:
+        return True
+    gone = _VANISHED.search(err)
+    return gone is not None and not os.path.lexists(gone.group(1))
 
 
 def _no_warnings(on_event: Callable[[RunEvent], None] | None) -> Callable[[RunEvent], None] | None:
