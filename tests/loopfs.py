@@ -16,14 +16,17 @@ The images, their locks and the sweep of killed runs' leftovers are ``tests/loop
 (the benchmarks use it too); images here are named ``petri-test-…``. The test user is left
 in /etc/passwd (other sessions may be using it at the same moment).
 
-Under pytest-xdist the workers of one run share one btrfs and one XFS (the machine has few
-loop devices, and a run of four workers would otherwise take eight): the first worker that
-needs one makes it and owns it, the others use its mount, each worker's scratch directories
-are named by the worker, and the owner releases the image at the end of its session once
-every other worker has let go (each user holds a shared ``flock`` on ``<image>.users``; the
-owner waits for an exclusive one). A worker that needs one after its owner began to leave
-makes a fresh one. The owner's wait runs in ``pytest_sessionfinish``, outside any test's
-timeout.
+Under pytest-xdist each worker has a btrfs of its own, and the workers of one run share one
+XFS (the machine has few loop devices). btrfs is not shared because what it says about
+pending writes is filesystem-wide (sysfs ``allocation/data``): the tests that prove the
+O(1) generation path (``os.sync()``, then nothing waits anywhere) need their filesystem to
+themselves, as they had when one session ran one test at a time. The XFS is shared so: the
+first worker that needs it makes it and owns it, the others use its mount, each worker's
+scratch directories are named by the worker, and the owner releases the image at the end
+of its session once every other worker has let go (each user holds a shared ``flock`` on
+``<image>.users``; the owner waits for an exclusive one). A worker that needs it after its
+owner began to leave makes a fresh one. The owner's wait runs in ``pytest_sessionfinish``,
+outside any test's timeout.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from tests import loopimg
 from tests.loopimg import LoopFs, mount_options, unmount_under  # noqa: F401 (re-exported)
 
 PREFIX = "petri-test"
+SHARED = {"xfs"}  # kinds the xdist workers of one run share (see the module docstring)
 SIZES = {"btrfs": 2 << 30, "xfs": 1 << 30}
 MOUNT_OPTS = {"btrfs": (), "xfs": ("prjquota",)}
 TEST_USER = "petri-test"
@@ -179,7 +183,7 @@ _owned: list[_Shared] = []  # released in pytest_sessionfinish, after every test
 def _session_fs(kind: str) -> Iterator[Path]:
     _sweep_once()
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or "PYTEST_XDIST_WORKER" not in os.environ:
+    if run is None or "PYTEST_XDIST_WORKER" not in os.environ or kind not in SHARED:
         fs = make_loopfs(kind)
         try:
             assert fs.mount is not None
