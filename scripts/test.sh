@@ -2,8 +2,8 @@
 # The tests (README's second command): installs everything, then runs the suite, as root
 # (a normal user's run re-runs itself with sudo, or says to run it as root).
 # On several pytest-xdist workers (PETRI_TEST_WORKERS, default 3; 4 loop devices: a btrfs per
-# worker, one shared XFS): the tests mostly wait on
-# processes, mounts, fsync and the test VM, so even two cores run three of them at once.
+# worker, one shared XFS): the tests mostly wait on processes, mounts, fsync and the test VM,
+# so even two cores run three of them at once.
 # PETRI_TEST_WORKERS=0 runs them in this one process. `bash scripts/test.sh -m unit` runs
 # the unit tier alone; long suites are marked slow and left out (`-m slow` runs them).
 set -euo pipefail
