@@ -11,4 +11,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/scripts/need_root.sh"
 bash "$repo/scripts/setup.sh"
 cd "$repo"
-exec .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-3}" "$@"
+# --dist loadgroup: tests that share something machine-wide keep to one worker (XDIST_GROUPS
+# in tests/conftest.py). Not in pyproject's addopts: the test VM's guest runs pytest without
+# plugin autoload, where xdist's options do not exist.
+exec .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-3}" --dist loadgroup "$@"

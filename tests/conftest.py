@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     stale = sorted(m for m in (*UNIT, *XDIST_GROUPS) if not (here / m).is_file())
     if stale:  # a moved or renamed module would silently leave its tier
         raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(stale)}")
+    dist = getattr(config.option, "dist", "no")
+    if dist not in ("no", "loadgroup") and not config.option.markexpr.strip() == "unit":
+        raise pytest.UsageError(f"--dist {dist} would let XDIST_GROUPS' tests overlap: use --dist loadgroup "
+                                "(scripts/test.sh does)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
