@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # The tests (README's second command): installs everything, then runs the suite, as root
 # (a normal user's run re-runs itself with sudo, or says to run it as root).
-# Long suites are marked slow and left out; `bash scripts/test.sh -m slow` runs them.
+# On several pytest-xdist workers (PETRI_TEST_WORKERS, default 3; 4 loop devices: a btrfs per
+# worker, one shared XFS): the tests mostly wait on processes, mounts, fsync and the test VM,
+# so even two cores run three of them at once.
+# PETRI_TEST_WORKERS=0 runs them in this one process. `bash scripts/test.sh -m unit` runs
+# the unit tier alone; long suites are marked slow and left out (`-m slow` runs them).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/scripts/need_root.sh"
 bash "$repo/scripts/setup.sh"
 cd "$repo"
-exec .venv/bin/python -m pytest "$@"
+# --dist loadgroup: tests that share something machine-wide keep to one worker (XDIST_GROUPS
+# in tests/conftest.py). Not in pyproject's addopts: the test VM's guest runs pytest without
+# plugin autoload, where xdist's options do not exist.
+# nice: the test VM (tests/vm, emulated) runs at normal priority above the workers, so its
+# two passes end inside their deadline on a two-core machine (tests/vm/harness.py).
+exec nice -n 10 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-3}" --dist loadgroup "$@"

@@ -1,5 +1,10 @@
 """Shared test plumbing: real loop filesystems (tests/loopfs.py), the `petri` CLI as a
-subprocess, and a session sweep so nothing is left mounted or running."""
+subprocess, and a session sweep so nothing is left mounted or running.
+
+Also: the ``unit`` tier (the modules in ``UNIT``: no root, mount or sandbox; ``pytest -m
+unit``), the report header naming which real parts this machine has (the other tests skip
+naming what is missing), and the xdist groups of tests that share a machine-wide resource
+(``XDIST_GROUPS``): under ``-n`` each group runs in one worker, one test at a time."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +20,106 @@ import pytest
 pytest_plugins = ["tests.loopfs", "tests.vm.plugin"]
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The unit tier: modules whose tests need no root, mount, FUSE, cgroup or sandbox (pure logic,
+# parsers, records, the TUI's widgets...). A module joins when all of it runs as a normal user
+# without a skip; `pytest -m unit` runs them alone (also as a normal user, in parallel).
+UNIT = {
+    "test_error_templates.py", "test_exports.py", "test_fd_interrupts.py", "test_fork_signals.py",
+    "test_host_sockets.py", "test_import_graph.py", "test_lint.py", "test_mcp_jobs.py", "test_mcp_schema.py",
+    "test_merge3.py", "test_merge_changes.py", "test_merge_patch.py", "test_merge_replay.py",
+    "test_promote.py", "test_promote_attacks.py", "test_promote_durability.py", "test_results_deferred.py",
+    "test_runlog.py", "test_sandbox_layer.py", "test_split_imports.py", "test_tree.py",
+    "test_tui_snapshots.py", "test_tui_units.py", "test_undo_refusal.py",
+}
+
+# Tests that change something the whole machine shares, and so must not overlap under xdist
+# (each group runs in one worker, in order). Keyed by module; the reason beside each.
+XDIST_GROUPS: dict[str, str] = {
+    # its module fixture adds the account `petritest` and deletes it at the end: a second
+    # worker's half of the module would lose it mid-test
+    "test_isolation.py": "isolation-user",
+    # both open /dev/fuse to every user for a while and then put its mode back: overlapping,
+    # one puts back the other's widened mode, or narrows it under the other's test
+    "test_fuse_rootless.py": "dev-fuse",
+    "test_rootless_cli.py": "dev-fuse",
+}
+
+
+# Fixtures that bring root, a mount or a second account: a unit test may not use them.
+NOT_UNIT = {"btrfs_mount", "xfs_mount", "btrfs_dir", "xfs_dir", "unprivileged_user", "user_tmp"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    here = Path(__file__).parent
+    stale = sorted(m for m in (*UNIT, *XDIST_GROUPS) if not (here / m).is_file())
+    if stale:  # a moved or renamed module would silently leave its tier
+        raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(stale)}")
+    dist = getattr(config.option, "dist", "no")
+    if dist not in ("no", "loadgroup") and not config.option.markexpr.strip() == "unit":
+        raise pytest.UsageError(f"--dist {dist} would let XDIST_GROUPS' tests overlap: use --dist loadgroup "
+                                "(scripts/test.sh does)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+        if module in UNIT:
+            uses = NOT_UNIT.intersection(getattr(item, "fixturenames", ()))
+            if uses:
+                raise pytest.UsageError(f"{item.nodeid} is in the unit tier but uses {', '.join(sorted(uses))}")
+            item.add_marker(pytest.mark.unit)
+        if module in XDIST_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[module]))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which real parts this machine has: the tests use them, or skip naming what is missing."""
+    return [machine_line()]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001 - pytest's hook
+    if terminalreporter.verbosity < 0:  # -q (CI's run) shows no header: say it here
+        terminalreporter.write_line(machine_line())
+
+
+def machine_line() -> str:
+    import shutil
+
+    from tests.vm import harness
+
+    def have(ok: bool, what: str) -> str:
+        return what if ok else f"no {what}"
+
+    def fs_ok(kind: str) -> bool:
+        with open("/proc/filesystems") as f:
+            return kind in f.read().split()
+
+    root = os.geteuid() == 0
+    bwrap = shutil.which("bwrap")
+    try:
+        from orchestrator.sandbox import cgroups
+        cgroup = f"cgroup {cgroups.detect_cgroup_mode()[0]}"
+    except Exception as e:  # noqa: BLE001 - a header line, not a test
+        cgroup = f"cgroup: unknown ({e})"
+    loops = [p for p in os.listdir("/dev") if p.startswith("loop") and p[4:].isdigit()]
+    free = sum(not os.path.exists(f"/sys/block/{p}/loop/backing_file") for p in loops)
+    loopfs = [k for k in ("btrfs", "xfs") if fs_ok(k) and shutil.which(f"mkfs.{k}")]
+    fuse = os.access("/dev/fuse", os.R_OK | os.W_OK) and shutil.which("fusermount3") is not None
+    zfs = shutil.which("zfs") is not None and os.path.exists("/dev/zfs")
+    vm = harness.why_not()
+    return "petri test machine: " + ", ".join([
+        "root" if root else f"not root (uid {os.geteuid()}): root-only tests skip",
+        have(bwrap is not None, "bwrap"),
+        cgroup,
+        f"loop filesystems {'+'.join(loopfs) or 'none'} ({free} of {len(loops)} loop devices free)" if root
+        else "no loop filesystems (not root)",
+        have(fs_ok("overlay"), "overlayfs"),
+        have(fuse, "FUSE"),
+        have(zfs, "zfs"),
+        f"test VM ({harness.accel()[0]})" if vm is None else f"no test VM ({vm})",
+    ])
 
 
 class Result:

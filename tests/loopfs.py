@@ -15,9 +15,23 @@ Load it as a pytest plugin (``pytest_plugins = ["tests.loopfs"]`` in conftest, o
 The images, their locks and the sweep of killed runs' leftovers are ``tests/loopimg.py``
 (the benchmarks use it too); images here are named ``petri-test-…``. The test user is left
 in /etc/passwd (other sessions may be using it at the same moment).
+
+Under pytest-xdist each worker has a btrfs of its own, and the workers of one run share one
+XFS (the machine has few loop devices). btrfs is not shared because what it says about
+pending writes is filesystem-wide (sysfs ``allocation/data``): the tests that prove the
+O(1) generation path (``os.sync()``, then nothing waits anywhere) need their filesystem to
+themselves, as they had when one session ran one test at a time. The XFS is shared so: the
+first worker that needs it makes it and owns it, the others use its mount, each worker's
+scratch directories are named by the worker, and the owner releases the image at the end
+of its session once every other worker has let go (each user holds a shared ``flock`` on
+``<image>.users``; the owner waits for an exclusive one). A worker that needs it after its
+owner began to leave makes a fresh one. The owner's wait runs in ``pytest_sessionfinish``,
+outside any test's timeout.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -32,6 +46,7 @@ from tests import loopimg
 from tests.loopimg import LoopFs, mount_options, unmount_under  # noqa: F401 (re-exported)
 
 PREFIX = "petri-test"
+SHARED = {"xfs"}  # kinds the xdist workers of one run share (see the module docstring)
 SIZES = {"btrfs": 2 << 30, "xfs": 1 << 30}
 MOUNT_OPTS = {"btrfs": (), "xfs": ("prjquota",)}
 TEST_USER = "petri-test"
@@ -47,8 +62,27 @@ def has_prjquota(xfs_mount: Path) -> bool:
 
 
 def _detach_stale_images() -> None:
-    """Release the loop devices, mounts and images of our own killed runs."""
+    """Release the loop devices, mounts and images of our own killed runs, then the share
+    files (below) that nobody holds and whose filesystem is gone."""
     loopimg.sweep_stale_images(PREFIX)
+    for path in [*loopimg.IMAGE_DIR.glob(f"{PREFIX}-share-*.gate"), *loopimg.IMAGE_DIR.glob(f"{PREFIX}-*.img.users")]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if path.suffix == ".users":
+                stale = not path.with_suffix("").exists()
+            else:
+                mount = (json.loads(os.pread(fd, 4096, 0) or b"{}").get("mount"))
+                stale = not (mount and os.path.ismount(mount))
+            if stale:
+                path.unlink(missing_ok=True)
+        except (BlockingIOError, ValueError):
+            pass  # held: a live run's
+        finally:
+            os.close(fd)
 
 
 def _why_not(kind: str) -> str | None:
@@ -83,26 +117,104 @@ def _sweep_once() -> None:
         _detach_stale_images()
 
 
+def worker() -> str:
+    """This xdist worker's id (``gw0``...), or ``main`` without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _open_locked(path: Path, how: int) -> int:
+    """``path`` opened (made if absent) and flocked; again if it was unlinked or replaced
+    while we waited (the lock must be on the file the name points to now)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, how)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+class _Shared:
+    """This worker's hold on the run's ``kind`` filesystem (see the module docstring)."""
+
+    def __init__(self, kind: str, run: str) -> None:
+        self.gate = loopimg.IMAGE_DIR / f"{PREFIX}-share-{run}-{kind}.gate"
+        self.owned: LoopFs | None = None
+        gate = _open_locked(self.gate, fcntl.LOCK_EX)  # one maker at a time
+        try:
+            state = json.loads(os.pread(gate, 4096, 0) or b"{}")
+            if not (state.get("mount") and os.path.ismount(state["mount"])):
+                self.owned = make_loopfs(kind)
+                state = {"mount": str(self.owned.mount), "users": f"{self.owned.image}.users"}
+                os.ftruncate(gate, 0)
+                os.pwrite(gate, json.dumps(state).encode(), 0)
+            self.mount = Path(state["mount"])
+            self.users = Path(state["users"])
+            self.hold = _open_locked(self.users, fcntl.LOCK_SH)
+        except BaseException:
+            if self.owned is not None:
+                self.owned.release()
+                self.gate.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(gate)
+
+    def leave(self) -> None:
+        """Let go; the owner first hands the name over to later makers, then waits for the
+        other workers to let go too and releases the image."""
+        if self.owned is None:
+            os.close(self.hold)
+            return
+        gate = _open_locked(self.gate, fcntl.LOCK_EX)
+        self.gate.unlink(missing_ok=True)
+        os.close(gate)
+        os.close(self.hold)
+        last = _open_locked(self.users, fcntl.LOCK_EX)
+        self.users.unlink(missing_ok=True)
+        os.close(last)
+        self.owned.release()
+
+
+_owned: list[_Shared] = []  # released in pytest_sessionfinish, after every test's timeout
+
+
+def _session_fs(kind: str) -> Iterator[Path]:
+    _sweep_once()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or "PYTEST_XDIST_WORKER" not in os.environ or kind not in SHARED:
+        fs = make_loopfs(kind)
+        try:
+            assert fs.mount is not None
+            yield fs.mount
+        finally:
+            fs.release()
+        return
+    share = _Shared(kind, run)  # skips as make_loopfs does
+    try:
+        yield share.mount
+    finally:
+        if share.owned is None:
+            share.leave()
+        else:
+            _owned.append(share)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the session fixtures
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _owned:
+        _owned.pop().leave()
+
+
 @pytest.fixture(scope="session")
 def btrfs_mount() -> Iterator[Path]:
-    _sweep_once()
-    fs = make_loopfs("btrfs")
-    try:
-        assert fs.mount is not None
-        yield fs.mount
-    finally:
-        fs.release()
+    yield from _session_fs("btrfs")
 
 
 @pytest.fixture(scope="session")
 def xfs_mount() -> Iterator[Path]:
-    _sweep_once()
-    fs = make_loopfs("xfs")
-    try:
-        assert fs.mount is not None
-        yield fs.mount
-    finally:
-        fs.release()
+    yield from _session_fs("xfs")
 
 
 def remove_btrfs_tree(path: Path) -> None:
@@ -116,7 +228,7 @@ def remove_btrfs_tree(path: Path) -> None:
 
 def _scratch_dir(mount: Path, request: pytest.FixtureRequest, btrfs: bool) -> Iterator[Path]:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:60]
-    d = mount / f"t-{name}-{os.urandom(3).hex()}"
+    d = mount / f"t-{worker()}-{name}-{os.urandom(3).hex()}"  # workers share the mount
     d.mkdir()
     os.chmod(d, 0o755)
     try:

@@ -42,12 +42,15 @@ def renameat2(a, b, flags):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _sweep():
+def _sweep(tmp_path_factory):
+    # Only this session's (this xdist worker's) temporary tree: other workers and other runs
+    # on the machine have FUSE mounts of their own under their own pytest directories.
+    base = os.fsencode(tmp_path_factory.getbasetemp()) + b"/"
     yield
     for mnt, pid in _STARTED:
         D.stop(mnt, pid)
     for m in mounts():
-        if m.source == D.FSNAME and b"pytest" in m.mountpoint:
+        if m.source == D.FSNAME and m.mountpoint.startswith(base):
             D.unmount(os.fsdecode(m.mountpoint))
 
 

@@ -6,11 +6,21 @@ processes, sleeps and fsyncs); that module's tests wait for the result.
 The VM is stopped (its QEMU session SIGKILLed) when the session ends, whatever happened.
 Nothing starts for ``--collect-only``, when the module is not selected, or when the machine
 cannot run the VM (the tests then skip naming what is missing).
+
+Under pytest-xdist the controller boots the VM (once, as soon as the first worker reports
+its collection) and writes the outcome to a file that it names to each worker; the module's
+tests, wherever they run, wait for that file. They are put last in the collection, so that
+no worker sits waiting for the VM while tests are left to run.
 """
 from __future__ import annotations
 
+import os
+import pickle
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +33,8 @@ TIMEOUT_S = 1800.0
 class VmJob:
     """One VM run in a thread; ``result()`` waits for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, publish: Path | None = None) -> None:
+        self.publish = publish  # where the outcome goes for xdist's workers
         self.stop = threading.Event()
         self.outcome: harness.Outcome | None = None
         self.error: BaseException | None = None
@@ -37,6 +48,13 @@ class VmJob:
                                         progress=self.progress.append, stop=self.stop)
         except BaseException as e:  # noqa: BLE001 - handed to the waiting test
             self.error = e
+        if self.publish is not None:
+            tmp = self.publish.with_suffix(".tmp")
+            try:
+                tmp.write_bytes(pickle.dumps((self.outcome, self.error)))
+            except (pickle.PicklingError, TypeError, AttributeError):
+                tmp.write_bytes(pickle.dumps((None, RuntimeError(f"the test VM failed: {self.error!r}"))))
+            os.replace(tmp, self.publish)  # whole or absent, for the waiting worker
 
     def start(self) -> "VmJob":
         self.thread.start()
@@ -58,19 +76,72 @@ class VmJob:
         self.thread.join(60)
 
 
+class PublishedVmJob:
+    """A worker's view of the controller's VM run: its outcome file, waited for."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def result(self, timeout: float) -> harness.Outcome:
+        deadline = time.monotonic() + timeout
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the test VM did not finish within {timeout:.0f} s of waiting")
+            time.sleep(1)
+        outcome, error = pickle.loads(self.path.read_bytes())
+        if error is not None:
+            raise error
+        return outcome
+
+
 _job: VmJob | None = None
+_config: pytest.Config | None = None
+_published: Path | None = None  # the controller's outcome file (under xdist)
 
 
-def job() -> VmJob:
-    """The session's VM run, started now if collection did not start it."""
+def job() -> VmJob | PublishedVmJob:
+    """The session's VM run, started now if collection did not start it; under xdist (in
+    a worker) the controller's."""
     global _job
+    workerinput = getattr(_config, "workerinput", None)
+    if workerinput is not None and workerinput.get("petri_vm_outcome"):
+        return PublishedVmJob(Path(workerinput["petri_vm_outcome"]))
     if _job is None:
         _job = VmJob().start()
     return _job
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    global _config, _published
+    _config = config
+    if getattr(config, "workerinput", None) is None and getattr(config.option, "dist", "no") != "no" \
+            and not config.option.collectonly:
+        _published = Path(tempfile.mkdtemp(prefix="petri-test-vm-")) / "outcome.pickle"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    if _published is not None:
+        node.workerinput["petri_vm_outcome"] = str(_published)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:  # noqa: ANN001 - xdist's hook
+    """The controller: boot the VM as soon as a worker has collected the module."""
+    global _job
+    if _job is None and _published is not None and any(i.startswith(DRIVER) for i in ids) \
+            and harness.why_not() is None:
+        _job = VmJob(_published).start()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The VM's tests last: they wait for it, and it runs beside everything else."""
+    items.sort(key=lambda item: item.nodeid.startswith(DRIVER))  # stable: the rest keep their order
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly or harness.why_not() is not None:
+    if session.config.option.collectonly or getattr(session.config, "workerinput", None) is not None \
+            or harness.why_not() is not None:
         return
     if any(item.nodeid.startswith(DRIVER) for item in session.items):
         job()
@@ -99,7 +170,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _job
+    global _job, _published
     if _job is not None:
         _job.close()
         _job = None
+    if _published is not None:
+        shutil.rmtree(_published.parent, ignore_errors=True)
+        _published = None
