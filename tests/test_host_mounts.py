@@ -76,7 +76,11 @@ try:
     with open(os.path.join(late_dir, "new"), "w") as f:
         f.write("NEW\n")
     out["saw_late_mount"] = until("tick GONE NEW")
-    rest, err = proc.communicate(timeout=60)
+    # Through the same buffered reader as until(): communicate() reads the pipe's fd and
+    # would lose lines already buffered (the run's output comes in chunks of several lines).
+    rest = proc.stdout.read()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
     lines += rest.split()
     out["lines_after"] = rest.split()
     out["rc"], out["err"] = proc.returncode, err[-2000:]

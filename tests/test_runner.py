@@ -316,6 +316,7 @@ def test_a_masked_path_gone_before_bwrap_started_is_a_new_start(tmp_path):
         return SimpleNamespace(exit_code=code, setup_error=err)
     assert _mount_table_moved(res(f"bwrap: Can't create file at {gone}: Read-only file system"))
     assert _mount_table_moved(res(f"bwrap: Can't mkdir {gone}: Read-only file system"))
+    assert _mount_table_moved(res(f"bwrap: Can't mkdir parents for {gone}/.kde/kwallet: Read-only file system"))
     assert not _mount_table_moved(res(f"bwrap: Can't create file at {there}: Read-only file system"))
     assert not _mount_table_moved(res(f"bwrap: Can't create file at {gone}: Read-only file system", code=1))
     assert not _mount_table_moved(res("bwrap: setting up uid map: Permission denied"))

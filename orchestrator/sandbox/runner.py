@@ -357,7 +357,8 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
 # really gone now: a path that is there failed for another reason, reported as it is.
 SETUP_ATTEMPTS = 3
 _MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount")
-_VANISHED = re.compile(r"Can't (?:create file at|mkdir) (/[^:\n]*): (?:Read-only file system|Permission denied)")
+_VANISHED = re.compile(r"Can't (?:create file at|mkdir parents for|mkdir) (/[^:\n]*): "
+                       r"(?:Read-only file system|Permission denied)")
 
 
 def _mount_table_moved(res: RunResult) -> bool:
