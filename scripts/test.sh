@@ -15,5 +15,6 @@ cd "$repo"
 # in tests/conftest.py). Not in pyproject's addopts: the test VM's guest runs pytest without
 # plugin autoload, where xdist's options do not exist.
 # nice: the test VM (tests/vm, emulated) runs at normal priority above the workers, so its
-# two passes end inside their deadline on a two-core machine (tests/vm/harness.py).
-exec nice -n 10 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-3}" --dist loadgroup "$@"
+# two passes end inside their deadline on a two-core machine (tests/vm/harness.py); only a
+# little (5): the workers' own timeouts need their share too.
+exec nice -n 5 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-3}" --dist loadgroup "$@"

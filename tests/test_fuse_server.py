@@ -55,6 +55,10 @@ def ws(tmp_path):
     backends: list[FuseBackend] = []
 
     def make(**kw) -> FuseBackend:
+        # A loaded machine (the suite's workers beside the test VM) may take the default 15 s
+        # to start the server or a host, and then petri rightly serves the sandbox from a host
+        # of its own: these tests are about the server, so they give it time.
+        kw.setdefault("start_timeout", 60.0)
         b = FuseBackend(**kw)
         backends.append(b)
         return b
