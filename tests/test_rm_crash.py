@@ -209,8 +209,12 @@ def test_kill_9_of_mcp_with_runs_in_flight_leaves_no_cgroup(ws):
         while alive_with(marker) and time.monotonic() < deadline:  # bwrap --die-with-parent
             time.sleep(0.05)
         assert not alive_with(marker)
-        left = _cgroups_of(sb)
-        assert left, "the dead server's cgroups are there before the next command"
+        # Normally still there until the next command starts. But `petri gc` anywhere on the
+        # machine sweeps the cgroups of every dead petri (another workspace's too: a test on
+        # another xdist worker), and then there is nothing left to see reaped this time; the
+        # checks below (none left, the runs recorded as petri_died) hold either way.
+        if not _cgroups_of(sb) and os.environ.get("PYTEST_XDIST_WORKER") is None:
+            raise AssertionError("the dead server's cgroups are there before the next command")
         if then == "mcp":
             nxt = Raw(ws)
             try:
