@@ -100,19 +100,27 @@ class LogsScreen(PetriScreen):
         if lines:
             log.write(fmt.output_lines(lines))
 
+    def _set_head(self, t: Text) -> None:
+        from textual.css.query import NoMatches
+        try:
+            w = self.query_one("#log-head", Static)
+        except NoMatches:
+            return  # the screen closed while a read for it was on its way (a worker's late answer)
+        w.update(t)
+
     def head(self, n: int | None) -> None:
         t = Text()
         t.append(f"logs {self.sandbox}", style="bold")
         if self.title_text:
             t.append(f"  {fmt.one_line(self.title_text, 30)}")
         if n is None:
-            self.query_one("#log-head", Static).update(t)
+            self._set_head(t)
             return
         if self.showing_in != self.sandbox:  # the race's check, live in its throwaway fork
             t.append(f"  race check in {self.showing_in}, run {n}")
             t.append("  running (following)", style="bold yellow")
             t.append("   stderr is red", style="red dim")
-            self.query_one("#log-head", Static).update(t)
+            self._set_head(t)
             return
         run = next((r for r in self.runs if r.run == n), None)
         t.append(f"  run {n}/{len(self.runs) or n}")
@@ -130,7 +138,7 @@ class LogsScreen(PetriScreen):
             t.append("\n$ ", style="dim")
             t.append(fmt.one_line(cmd, 70))
         t.append("   stderr is red", style="red dim")
-        self.query_one("#log-head", Static).update(t)
+        self._set_head(t)
 
     def on_model(self, changes: Changes) -> None:
         if self.showing is not None:
