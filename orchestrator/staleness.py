@@ -114,20 +114,8 @@ def entry_of(path: bytes) -> Ent | None:
         return (k, 0, xxhash.xxh3_128_hexdigest(os.fsencode(os.readlink(path))))
     if k == "file":
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-        got = _CIDS.get(key)
-        if got is not None:
-            return got
-        got_cid = read_content_id(path, st)
-        if got_cid is None:
-            return None
-        cid, steady = got_cid
-        ent = (k, mode, cid)
         recent = time.time_ns() - RACY_NS
-        if steady and st.st_mtime_ns < recent and st.st_ctime_ns < recent:
-            if len(_CIDS) >= _CIDS_MAX:
-                _CIDS.clear()
-            _CIDS[key] = ent
-        return ent
+        return _cached_file(_CIDS, key, path, st, st.st_mtime_ns < recent and st.st_ctime_ns < recent)
     if k == "dir":
         return (k, mode, None)
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
@@ -153,18 +141,25 @@ def _origin_entry(path: bytes, st: os.stat_result, origin: tuple[Any, int]) -> E
     if st.st_ctime_ns >= origin[1] - RACY_NS:
         return entry_of(path)
     key = (origin[0], st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-    got = _ORIGIN_CIDS.get(key)
+    return _cached_file(_ORIGIN_CIDS, key, path, st, True)
+
+
+def _cached_file(cache: dict, key: tuple, path: bytes, st: os.stat_result, keepable: bool) -> Ent | None:
+    """The entry of the regular file ``st`` at ``path`` from ``cache`` under ``key``, else
+    read; kept (the cache bounded by ``_CIDS_MAX``) when ``keepable`` and the read saw the
+    file steady."""
+    got = cache.get(key)
     if got is not None:
         return got
     got_cid = read_content_id(path, st)
     if got_cid is None:
         return None
     cid, steady = got_cid
-    ent = ("file", stat.S_IMODE(st.st_mode), cid)
-    if steady:
-        if len(_ORIGIN_CIDS) >= _CIDS_MAX:
-            _ORIGIN_CIDS.clear()
-        _ORIGIN_CIDS[key] = ent
+    ent: Ent = ("file", stat.S_IMODE(st.st_mode), cid)
+    if steady and keepable:
+        if len(cache) >= _CIDS_MAX:
+            cache.clear()
+        cache[key] = ent
     return ent
 
 
