@@ -358,3 +358,28 @@ def test_cgexec_module_joins_the_cgroup_before_exec():
     finally:
         cg.kill_all()
         cg.remove()
+
+
+@needs_root
+def test_a_cgroup_removed_between_open_and_read_has_no_members(monkeypatch):
+    """Another petri's reaper removes an emptied cgroup while this one reads its members:
+    the kernel answers the read with ENODEV, which means "no members", not a failure (CI saw
+    `petri run` exit 1 "No such device" when `petri ls` reaped its expired sandbox)."""
+    sup = cgroups.support()
+    if sup.mode == "none":
+        pytest.skip("no cgroup hierarchy to write")
+    cg = cgroups.open_cgroup(f"{PREFIX}/enodev-{os.getpid()}", Limits(), sup)
+    assert cg is not None
+    real_read = cgroups._read
+
+    def read_after_rmdir(p: Path) -> str:
+        with open(p) as f:
+            cg.remove()  # what the other petri does, between our open and our read
+            return f.read()
+
+    monkeypatch.setattr(cgroups, "_read", read_after_rmdir)
+    try:
+        assert cg.pids() == set()
+    finally:
+        monkeypatch.setattr(cgroups, "_read", real_read)
+        cg.remove()

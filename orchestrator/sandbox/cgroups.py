@@ -232,8 +232,12 @@ def rlimit_fallback(limits: Limits) -> tuple[Rlimits | None, list[str]]:
 def _procs(d: Path) -> set[int]:
     try:
         return {int(x) for x in _read(d / "cgroup.procs").split()}
-    except FileNotFoundError:
-        return set()
+    except OSError as e:
+        # ENOENT: the cgroup is gone; ENODEV: it was removed (by another petri's reaper or
+        # gc, once empty) between our open and our read.
+        if e.errno in (errno.ENOENT, errno.ENODEV):
+            return set()
+        raise
 
 
 def _kv(p: Path) -> dict[str, int]:
