@@ -29,7 +29,7 @@ fi
 stamp=.venv/.petri-installed
 if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
   log=$(mktemp)
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[btrfs,fuse,test,cluster]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[btrfs,fuse,test,cluster,docs]'; } >"$log" 2>&1; then
     cat "$log" >&2; rm -f "$log"; echo "setup: pip install failed" >&2; exit 1
   fi
   rm -f "$log"

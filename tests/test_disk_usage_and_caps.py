@@ -191,7 +191,7 @@ def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):  # noqa: F811 - the fixture
     assert "disk" not in doc["limits_hit"], doc
     doc = run_json(ws, capped, "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync >/dev/null 2>&1; sync; true")
     assert doc["exit_code"] == 0 and "disk" in doc["limits_hit"], doc
-    # Switching quotas off (as the README says) lifts the cap, and a run says so.
+    # Switching quotas off (as docs/guide/sandboxes.md says) lifts the cap, and a run says so.
     subprocess.run(["btrfs", "quota", "disable", str(mount)], check=True)
     r = petri("run", capped, "--", "true", cwd=ws)
     assert r.rc == 0 and "no longer enforced" in r.err and "quotas were switched off" in r.err, r
