@@ -78,7 +78,9 @@ def _command(ctx: Any, cmd: Any, path: str) -> str:
         lines += [_paragraphs(inspect.cleandoc(cmd.help)), ""]
     lines += ["```text", usage, "```", ""]
     args = [p for p in cmd.get_params(ctx) if isinstance(p, click.Argument)]
-    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option) and not p.hidden]
+    # -h/--help is every command's, and said once at the top of the page
+    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option) and not p.hidden
+            and p is not cmd.get_help_option(ctx)]
     if args:
         lines += ["| argument | required | help |", "| --- | --- | --- |"]
         for p in args:
@@ -91,7 +93,8 @@ def _command(ctx: Any, cmd: Any, path: str) -> str:
             names = ", ".join(_code(n) for n in (*p.opts, *p.secondary_opts))
             value = "" if p.is_flag or p.count else _value(p)
             default = _default(p)
-            help_text = _cell(p.help) + (" (repeatable)" if p.multiple and "repeatable" not in (p.help or "") else "")
+            repeat = p.multiple and "repeat" not in (p.help or "").lower()
+            help_text = _cell(p.help) + (" (repeatable)" if repeat else "")
             lines.append(f"| {names} | {value} | {default} | {help_text} |")
         lines.append("")
     if isinstance(cmd, click.Group):
@@ -124,9 +127,18 @@ def _default(p: Any) -> str:
 
 
 def _paragraphs(text: str) -> str:
-    """click's help text (paragraphs of wrapped lines) as markdown paragraphs."""
-    paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
-    return "\n\n".join(re.sub(r"(?<![`\w])([*_])", r"\\\1", p) for p in paras)
+    """click's help text (paragraphs of wrapped lines) as markdown paragraphs; a paragraph
+    that starts with click's no-rewrap mark (a ``\\b`` line) keeps its lines, as a block."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        if not para.strip():
+            continue
+        if para.lstrip(" ").startswith("\b"):
+            lines = [line for line in para.splitlines() if line.strip() != "\b"]
+            out.append("```text\n" + inspect.cleandoc("\n".join(lines)) + "\n```")
+        else:
+            out.append(re.sub(r"(?<![`\w])([*_])", r"\\\1", " ".join(para.split())))
+    return "\n\n".join(out)
 
 
 # ---------------------------------------------------------------------- JSON documents

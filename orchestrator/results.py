@@ -191,7 +191,7 @@ class SandboxList(Record):
 class RunResult(Record):
     """One run of a command in a sandbox (``run``; a row of ``status``'s runs and of ``logs``).
 
-    A non-zero ``exit_code`` is a result, not an error. ``killed_by`` is SPEC's: None,
+    A non-zero ``exit_code`` is a result, not an error. ``killed_by`` is the limit that killed it: None,
     "timeout", "ttl" or "memory"; ``ended_by`` names every end: "exit" (by itself), one of
     those, "destroyed" (its sandbox was removed), "petri_died"; None while it runs. The
     output is saved, not printed: ``stdout()`` / ``stderr()`` read ``stdout_path`` /
@@ -600,7 +600,7 @@ class Evolution(Record):
 
 @dataclass(frozen=True)
 class Pipeline(PromoteResult):
-    """A graduated promotion (``promote --to STAGE``, ``--resume``): SPEC's ``promote``
+    """A graduated promotion (``promote --to STAGE``, ``--resume``): the ``promote``
     fields for the last stage reached, and where the pipeline stands (``state``: done,
     pending, failed, conflict, undone; ``pending``: the stage that waits and why;
     ``exit_code``: what ``petri`` exits with)."""
