@@ -11,7 +11,9 @@ replaces it with markdown made from the code itself:
   ``--json`` document;
 - ``<!-- petri:errors -->``: every ``PetriError`` class with its exit code and its message
   template (the class's docstring);
-- ``<!-- petri:events -->``: the closed set of event names and the keys each must carry.
+- ``<!-- petri:events -->``: the closed set of event names and the keys each must carry;
+- ``<!-- petri:config-unknown-key -->``: what petri says of an unknown key in the
+  configuration file, which lists every key it knows.
 
 On GitHub the markers are invisible and each page says where the list comes from. The
 hook imports petri from the environment mkdocs runs in (the project's ``.venv``).
@@ -28,13 +30,18 @@ import re
 import typing
 from typing import Any
 
-MARKER = re.compile(r"^<!-- petri:(\w+) -->$", re.M)
+MARKER = re.compile(r"^<!-- petri:([\w-]+) -->$", re.M)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def replace(m: re.Match[str]) -> str:
+        if m[1] not in GENERATORS:
+            raise ValueError(f"{page.file.src_path}: no generator for <!-- petri:{m[1]} -->")
         return GENERATORS[m[1]]()
-    return MARKER.sub(replace, markdown)
+    out = MARKER.sub(replace, markdown)
+    if "<!-- petri:" in out:  # a marker that is not alone on its line would stay an invisible comment
+        raise ValueError(f"{page.file.src_path}: a <!-- petri:... --> marker must be alone on its line")
+    return out
 
 
 def _cell(text: Any) -> str:
@@ -227,4 +234,22 @@ def _events() -> str:
     return "\n".join(out)
 
 
-GENERATORS = {"cli": _cli, "records": _records, "errors": _errors, "events": _events}
+# ---------------------------------------------------------------------- the config file
+
+
+def _config_unknown_key() -> str:
+    from pathlib import Path
+
+    from orchestrator.config import parse_config
+    from orchestrator.errors import ConfigError
+
+    path = Path("/home/me/.config/petri/config.toml")
+    try:
+        parse_config(b"[limits]\nmemory = \"1G\"\n", path)
+    except ConfigError as e:
+        return f"```text\npetri: {e}\n```\n"
+    raise AssertionError("an unknown key in the config file was accepted")
+
+
+GENERATORS = {"cli": _cli, "records": _records, "errors": _errors, "events": _events,
+              "config-unknown-key": _config_unknown_key}

@@ -75,6 +75,8 @@ def test_the_site_builds_strict_with_every_command_in_the_cli_reference(tmp_path
     assert all(f'id="{n.lower()}"' in page for n in petri.__all__ if n in ("RunResult", "Race", "PromoteResult"))
     page = (site / "reference/exit-codes/index.html").read_text()
     assert "orchestrator.errors.BadDuration" in page and "merge.errors.PromotionConflict" in page
+    page = (site / "reference/config/index.html").read_text()
+    assert "unknown key (known: limits." in page
     page = (site / "reference/api/index.html").read_text()
     assert 'id="petri.Workspace.fork"' in page and 'id="petri.Sandbox.run"' in page
 
@@ -98,6 +100,29 @@ def test_the_docs_examples_run(tmp_path, where, lang, body, allowed):
                            timeout=120)
         shutil.rmtree(work, ignore_errors=True)
     assert str(work) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_the_config_page_shows_a_valid_file_with_every_key():
+    from orchestrator.config import parse_config
+    from orchestrator.errors import ConfigError
+
+    page = (REPO / "docs/reference/config.md").read_text()
+    example = re.search(r"Every key is optional:\n\n```toml\n(.*?)^```", page, re.S | re.M)[1]
+    cfg = parse_config(example.encode(), Path("/nowhere/config.toml"))  # raises on a key or value it refuses
+    assert cfg.stages and cfg.kpi and cfg.env and cfg.masks
+    with pytest.raises(ConfigError) as e:
+        parse_config(b"no_such_key = 1\n", Path("/nowhere/config.toml"))
+    known = re.search(r"\(known: (.*)\)$", str(e.value))[1]
+    # "limits.{mem,cpus}, masks, kpi.*, stages[].{name,...}": each key, in its table where it has one
+    for item in re.split(r", (?![^{]*\})", known):
+        table, dot, rest = item.partition(".")
+        if not dot:  # a key at the top, or a table of free names ([env])
+            assert re.search(rf"^{re.escape(item)} *=", example, re.M) or f"[{item}]" in example, item
+            continue
+        table = table.removesuffix("[]")
+        assert f"[{table}]" in example or f"[[{table}]]" in example, item
+        for name in rest.strip("{}").split(","):
+            assert name == "*" or re.search(rf"^{re.escape(name)} *=", example, re.M), (item, name)
 
 
 def test_the_readme_example_is_one_that_runs():
