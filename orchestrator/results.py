@@ -84,7 +84,7 @@ class Record:
         return cls(**kw, extra=extra, _order=tuple(k for k in doc if k != "schema"))
 
     def to_json(self) -> dict[str, Any]:
-        """The SPEC document, ``"schema": 1`` first. A record read from a document gives
+        """The ``--json`` document, ``"schema": 1`` first. A record read from a document gives
         back exactly that document's keys, in its order; one built in code gives every field."""
         typed = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if f.name not in ("extra", "_order")}
         out: dict[str, Any] = {"schema": SCHEMA}

@@ -96,8 +96,8 @@ def test_the_docs_examples_run(tmp_path, where, lang, body, allowed):
             assert r.returncode in allowed, f"{where}: {argv[-1]!r} exited {r.returncode}\n{r.stdout}\n{r.stderr}"
     finally:
         if (work / ".petri").exists():  # what an example registered goes with everything it made
-            subprocess.run([str(VENV_BIN / "petri"), "deinit", "-y", "--force"], cwd=work, env=_env(), capture_output=True,
-                           timeout=120)
+            subprocess.run([str(VENV_BIN / "petri"), "deinit", "-y", "--force"], cwd=work, env=_env(),
+                           capture_output=True, timeout=120)
         shutil.rmtree(work, ignore_errors=True)
     assert str(work) not in Path("/proc/self/mountinfo").read_text()
 
