@@ -278,6 +278,14 @@ CASES = {
          b"ff.c": b"int f(void)\f\n{\n" + b"".join(b"    f%d();\n" % i for i in range(12) if i != 9) + b"}\n",
          b"vt.py": b"  a\n  B\n  c\n  d\ndef g():\v \n" + b"".join(b"  l%d\n" % i for i in range(12) if i != 9)},
     ),
+    # Text by git's rule (no NUL in the first 8000 bytes) however it looks: control bytes and
+    # escape sequences, a NUL past byte 8000. Binary or not is decided here, never by libgit2.
+    "text_by_gits_rule": (
+        {b"ansi.log": b"".join(b"\x1b[3%dmline %d\x1b[0m\x01\x02\x7f\n" % (i % 8, i) for i in range(30)),
+         b"late_nul.txt": b"pad\n" * 2500 + b"tail \0 nul\n" + b"end\n"},
+        {b"ansi.log": b"".join(b"\x1b[3%dmline %d\x1b[0m\x01\x02\x7f\n" % (i % 8, i) for i in range(30) if i != 12),
+         b"late_nul.txt": b"pad\n" * 2500 + b"tail \0 NUL\n" + b"end\n"},
+    ),
     # A big binary with a small edit: libgit2 sends it as a delta, both ways, as git does.
     "binary_delta": (
         {b"blob.bin": bytes(range(256)) * 64, b"moved.bin": b"\0" + bytes(range(200)) * 20},
