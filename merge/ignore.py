@@ -23,6 +23,20 @@ Files git tracks are never ignored (git's rule: ignore files only apply to untra
 paths), so a force-added file matching a rule still shows up; the tracked paths come from
 parsing ``.git/index`` (versions 2 to 4) directly, again without running git.
 
+Why hand-written, measured against the libraries that could do it (bench/bench_libswap.py):
+``pathspec.GitIgnoreSpec`` in place of ``Rules`` (one spec per ignore file, this class's
+sources and walk kept) disagrees with git on 4 of the 20 git-oracle cases of
+tests/test_merge_changes.py and on its random patterns: no POSIX classes
+(``[[:digit:]]``), not git's match_pathname (``d**/`` ignores the directory ``d``), a
+trailing tab stripped and ``sp\\  `` rejected, and ``dir/**`` or ``*`` taken to match the
+directory itself (so ``!dir/keep`` and the common ``*`` / ``!*/`` / ``!*.py`` never apply);
+on the bench's 10,000-file Node and Python tree it ignores 389 files git does not, and
+walks 2.3-5.9x slower. pygit2's ``Index`` reads an index file 6-39x slower (a cffi object
+per entry: 42-86 ms against 2.2-7 ms for 6,832 entries, two runs at load 10), costs
+``import pygit2`` where nothing else needs it (``petri ls``), opens its path following
+symlinks, and refuses a split index outright (libgit2: "unsupported mandatory extension:
+'link'").
+
 Caveats: a ``.git`` that is a file (worktrees, submodules) and split indexes are not
 followed, so there tracked-but-ignored files count as ignored; ``core.ignoreCase`` is taken
 as false (Linux); a sandbox's ``.gitignore`` in a directory where the workspace has one is

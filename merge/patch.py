@@ -4,28 +4,38 @@
 --git` headers with git's quoting of names, new/deleted file modes, old/new mode for the
 executable bit, symlinks as mode 120000 with the target as content, renames with their
 similarity, type changes as a deletion followed by an addition, `index` lines with real
-git blob ids (full ids for binaries), hunks from a port of git's own diff (so the text is
-byte for byte git's, function-name hunk headers included), and `GIT binary patch` with
-literal forward and reverse data so the patch can also be reverse-applied.
+git blob ids (full ids for binaries), hunks byte for byte git's (function-name hunk headers
+included), and `GIT binary patch` bodies with forward and reverse data so the patch can also
+be reverse-applied.
+
+The bodies come from libgit2 (``pygit2.Patch.create_from`` on the two blobs: xdiff's hunks,
+or a binary patch with ``GIT_DIFF_SHOW_BINARY``, a delta where it is smaller than the
+literal, as git chooses); the header is assembled here, because libgit2's patch of two
+buffers knows no modes, symlinks, renames or similarity and leaves out the TAB git puts
+after a `---`/`+++` name holding a space. libgit2 trims a hunk header's function name
+unlike git in two cases, repaired in ``_body``. Measured against the hand-written hunk and
+base85 code this replaced (bench/bench_libswap.py, 9,080 changes, text and binary, both in
+one process, at load 10): 0.71x the time for patch and stats (6.00 s against 8.51 s), 0.63x
+for the text files alone, 0.72x for the binaries, 0.67x for the stats alone, a patch 31 %
+smaller (binary deltas), its text parts byte for byte the same.
 
 Directories and ``other`` entries (fifos, sockets, devices) are not representable in a
 patch and are skipped; a file that became one of them appears as a deletion.
 
-Caveats: binary data is always sent as literals (git may choose a smaller delta); the
-abbreviated blob ids are 7 hex digits, where git may use more in a large repository (git
-apply only uses them for --3way); pure Python, so a change set with many large rewritten
-files takes a while. Blobs are read from the trees at call time, so the trees must not
-change between ``tree_changes`` and ``format_patch`` (read a point-in-time view).
+Caveats: binary bodies are compressed by libgit2 at zlib's default level (git uses level 1),
+so their bytes differ from git's while they apply the same; the abbreviated blob ids are 7
+hex digits, where git may use more in a large repository (git apply only uses them for
+--3way). Blobs are read from the trees at call time, so the trees must not change between
+``tree_changes`` and ``format_patch`` (read a point-in-time view).
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -33,12 +43,12 @@ from . import diffalgo
 from .errors import TreeChangedDuringScan
 from .changes import KIND_FILE, KIND_SYMLINK, Change, Entry, TreeReader
 
-CONTEXT = 3
+if TYPE_CHECKING:
+    import pygit2
+
 _FUNC_MAX = 80
 _NULL_SHA = "0" * 40
 _ABBREV = 7
-_B85_LINE = 52
-_NO_EOL = b"\\ No newline at end of file\n"
 
 
 @dataclass(frozen=True)
@@ -101,113 +111,65 @@ def quote_path(name: bytes, prefix: bytes = b"") -> bytes:
     return bytes(out)
 
 
-def _func_name(rec: bytes) -> bytes | None:
-    # git's default funcname rule (def_ff): a line starting with a letter, '_' or '$'.
-    if rec and (rec[:1].isalpha() or rec[0] in b"_$"):
-        line = rec[:_FUNC_MAX]
-        return line.rstrip(b" \t\n\r\f\v")
-    return None
+_FLAGS: list["pygit2.enums.DiffOption"] = []  # [text, binary], made on first use
 
 
-def _hunks(a: list[bytes], b: list[bytes], script: list[tuple[int, int, int, int]]) -> bytes:
-    out = bytearray()
+def _flags(binary: bool) -> "pygit2.enums.DiffOption":
+    if not _FLAGS:
+        from pygit2.enums import DiffOption
 
-    def line(prefix: bytes, rec: bytes) -> None:
-        out.extend(prefix)
-        out.extend(rec)
-        if not rec.endswith(b"\n"):
-            out.extend(b"\n" + _NO_EOL)
-
-    n1, n2 = len(a), len(b)
-    funclineprev = -1
-    func = b""
-    k = 0
-    while k < len(script):
-        # xdl_get_hunk: changes at most 2 * CONTEXT lines apart share a hunk.
-        first = k
-        while k + 1 < len(script) and script[k + 1][0] - (script[k][0] + script[k][1]) <= 2 * CONTEXT:
-            k += 1
-        last = k
-        k += 1
-        i1, _, i2, _ = script[first]
-        li1, lc1, li2, lc2 = script[last]
-        s1 = max(i1 - CONTEXT, 0)
-        s2 = max(i2 - CONTEXT, 0)
-        lctx = min(CONTEXT, n1 - (li1 + lc1), n2 - (li2 + lc2))
-        e1 = li1 + lc1 + lctx
-        e2 = li2 + lc2 + lctx
-        start = s1 - 1
-        if start != funclineprev:
-            step = -1 if start > funclineprev else 1
-            ln = start
-            while ln != funclineprev and 0 <= ln < n1:
-                got = _func_name(a[ln])
-                if got is not None:
-                    func = got
-                    break
-                ln += step
-        funclineprev = start
-        c1, c2 = e1 - s1, e2 - s2
-        hdr = b"@@ -%d" % ((s1 + 1) if c1 else s1)
-        if c1 != 1:
-            hdr += b",%d" % c1
-        hdr += b" +%d" % ((s2 + 1) if c2 else s2)
-        if c2 != 1:
-            hdr += b",%d" % c2
-        hdr += b" @@"
-        if func:
-            hdr += b" " + func
-        out += hdr + b"\n"
-        p2 = s2
-        while p2 < i2:
-            line(b" ", b[p2])
-            p2 += 1
-        p1, p2 = i1, i2
-        for j in range(first, last + 1):
-            ci1, cc1, ci2, cc2 = script[j]
-            while p1 < ci1 and p2 < ci2:
-                line(b" ", b[p2])
-                p1 += 1
-                p2 += 1
-            for q in range(ci1, ci1 + cc1):
-                line(b"-", a[q])
-            for q in range(ci2, ci2 + cc2):
-                line(b"+", b[q])
-            p1, p2 = ci1 + cc1, ci2 + cc2
-        for q in range(li2 + lc2, e2):
-            line(b" ", b[q])
-    return bytes(out)
+        # Binary or not is decided here (git's rule, diffalgo.is_binary), never by libgit2.
+        _FLAGS[:] = [DiffOption.FORCE_TEXT | DiffOption.INDENT_HEURISTIC,
+                     DiffOption.FORCE_BINARY | DiffOption.SHOW_BINARY]
+    return _FLAGS[binary]
 
 
-def _b85_block(data: bytes) -> bytes:
-    # One encode for the whole buffer: a line's 52 bytes are 13 whole 4-byte groups, so
-    # slicing the encoding every 65 characters gives each line's own (padded) encoding.
-    enc = base64.b85encode(data, pad=True)
-    out = bytearray()
-    per_line = _B85_LINE // 4 * 5
-    for k, i in enumerate(range(0, len(data), _B85_LINE)):
-        n = min(_B85_LINE, len(data) - i)
-        out.append(ord("A") + n - 1 if n <= 26 else ord("a") + n - 27)
-        out += enc[k * per_line:k * per_line + (n + 3) // 4 * 5]
-        out += b"\n"
-    return bytes(out)
+def _diff(a: bytes, b: bytes, binary: bool) -> "pygit2.Patch":
+    """libgit2's patch of two buffers (a ``pygit2.Patch``): hunks as git diff makes them
+    (xdiff, 3 lines of context, function names), or a ``GIT binary patch`` body."""
+    import pygit2
+
+    return pygit2.Patch.create_from(a, b, old_as_path="x", new_as_path="x", flag=_flags(binary))
 
 
-def _binary_body(new: bytes, old: bytes) -> bytes:
-    # Forward literal (the postimage) then reverse literal (the preimage), as git emits.
-    out = bytearray(b"GIT binary patch\n")
-    for data in (new, old):
-        out += b"literal %d\n" % len(data)
-        out += _b85_block(zlib.compress(data, 1))
-        out += b"\n"
-    return bytes(out)
+# A hunk header whose function name filled git's 80-byte buffer: see _body.
+_FULL_FUNC = re.compile(rb"^(@@ -[0-9,]+ \+[0-9,]+ @@ )(.{80})$", re.MULTILINE)
+_HUNK_HEAD = re.compile(rb"^(@@ -([0-9]+)(,[0-9]+)? \+[0-9,]+ @@)(?: .*)?$", re.MULTILINE)
+_GIT_SPACE = b" \t\n\r"  # git's isspace (sane_ctype): not \f, not \v
 
 
-@dataclass
-class _Side:
-    path: bytes
-    entry: Entry | None
-    data: bytes
+def _body(patch: "pygit2.Patch", a: bytes) -> bytes:
+    """The hunks (or ``GIT binary patch`` body) of ``_diff``'s patch, without libgit2's header.
+
+    libgit2 takes a hunk header's function name as the line right-trimmed, then cut to 80
+    bytes, trimming ``\f`` and ``\v`` too; git (xemit's def_ff) cuts to 80 bytes, then trims
+    space, tab, CR and LF only. Two repairs make the bytes git's: a name of a full 80 bytes
+    is re-trimmed (a long prose line with a space at byte 80: common), and when the old side
+    holds a ``\f`` or ``\v`` at all (rare) every name is taken again from its line."""
+    data = patch.data
+    cut = data.find(b"\n@@ ")
+    if cut < 0:
+        cut = data.find(b"\nGIT binary patch\n")
+        return data[cut + 1:] if cut >= 0 else b""
+    body = data[cut + 1:]
+    if b"\f" in a or b"\v" in a:
+        lines = diffalgo.split_lines(a)
+        return _HUNK_HEAD.sub(lambda m: _git_hunk_head(m, lines), body)
+    return _FULL_FUNC.sub(lambda m: m[1] + m[2].rstrip(_GIT_SPACE), body)
+
+
+def _git_hunk_head(m: re.Match[bytes], lines: list[bytes]) -> bytes:
+    # xemit's get_func_line: the nearest line at or before the one above the hunk's context
+    # that starts with a letter, '_' or '$' (the search from the previous hunk on gives the same).
+    # The hunk's first line, 0-based: the printed start is 1-based unless the count is 0.
+    start = int(m[2]) - (0 if m[3] == b",0" else 1)
+    head = m[1]
+    for ln in range(start - 1, -1, -1):
+        rec = lines[ln]
+        if rec[:1].isalpha() or rec[:1] in (b"_", b"$"):
+            name = rec[:_FUNC_MAX].rstrip(_GIT_SPACE)
+            return head + b" " + name if name else head
+    return head
 
 
 class _Blobs:
@@ -235,11 +197,8 @@ def _representable(e: Entry | None) -> Entry | None:
     return e if e is not None and e.kind in (KIND_FILE, KIND_SYMLINK) else None
 
 
-_Lines = tuple[list[bytes], list[bytes], list[tuple[int, int, int, int]]]
-
-
 def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, new: Entry | None,
-         a: bytes, b: bytes, similarity: int | None, lines: _Lines | None = None) -> None:
+         a: bytes, b: bytes, similarity: int | None, patch: "pygit2.Patch | None" = None) -> None:
     out += b"diff --git " + quote_path(old_path, b"a/") + b" " + quote_path(new_path, b"b/") + b"\n"
     # b"" for the absent side: the caller passes only files and symlinks, which have a mode.
     om, nm = (git_mode(old) or "").encode(), (git_mode(new) or "").encode()
@@ -265,19 +224,17 @@ def _one(out: bytearray, old_path: bytes, old: Entry | None, new_path: bytes, ne
         out += b" %s" % om
     out += b"\n"
     if binary:
-        out += _binary_body(b, a)
+        out += _body(patch if patch is not None else _diff(a, b, True), a)
         return
     if not a and not b:
         return
     la = quote_path(old_path, b"a/") if old is not None else b"/dev/null"
     lb = quote_path(new_path, b"b/") if new is not None else b"/dev/null"
-    # git adds a TAB after a name holding a space so GNU patch reads the whole name.
+    # git adds a TAB after a name holding a space so GNU patch reads the whole name (libgit2
+    # does not, one reason this header is assembled here).
     out += b"--- " + la + (b"\t" if b" " in la else b"") + b"\n"
     out += b"+++ " + lb + (b"\t" if b" " in lb else b"") + b"\n"
-    if lines is None:
-        ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
-        lines = ra, rb, diffalgo.diff_lines(ra, rb)
-    out += _hunks(*lines)
+    out += _body(patch if patch is not None else _diff(a, b, False), a)
 
 
 def patch_and_stats(changes: list[Change], base: Path, new: Path, *,
@@ -297,13 +254,14 @@ def patch_and_stats(changes: list[Change], base: Path, new: Path, *,
             b = blobs.read("new", c.path, newe)
             binary = diffalgo.is_binary(a) or diffalgo.is_binary(b)
             added = removed = 0
-            lines: _Lines | None = None
-            if not binary and a != b:
-                ra, rb = diffalgo.split_lines(a), diffalgo.split_lines(b)
-                lines = ra, rb, diffalgo.diff_lines(ra, rb)
-                for _, n1, _, n2 in lines[2]:
-                    removed += n1
-                    added += n2
+            # git shows a type change as a deletion followed by an addition: two patches of
+            # their own, so a and b are diffed only for the line counts (numstat's rule)
+            split = c.status == "type_changed" and old is not None and newe is not None
+            patch = None
+            if a != b and (not binary or (with_patch and not split)):
+                patch = _diff(a, b, binary)
+                if not binary:
+                    _, added, removed = patch.line_stats
             status = c.status
             if status == "type_changed" and (old is None or newe is None):
                 status = "added" if old is None else "deleted"
@@ -311,12 +269,11 @@ def patch_and_stats(changes: list[Change], base: Path, new: Path, *,
                                   git_mode(old), git_mode(newe), len(a), len(b)))
             if not with_patch:
                 continue
-            if c.status == "type_changed" and old is not None and newe is not None:
-                # git shows a type change as a deletion followed by an addition
+            if split:
                 _one(out, old_path, old, c.path, None, a, b"", None)
                 _one(out, c.path, None, c.path, newe, b"", b, None)
             else:
-                _one(out, old_path, old, c.path, newe, a, b, c.similarity, lines)
+                _one(out, old_path, old, c.path, newe, a, b, c.similarity, patch)
     finally:
         blobs.close()
     return bytes(out), stats

@@ -265,12 +265,23 @@ IGNORE_CASES = [
     (b"sub\n!sub/x.txt\n", {}),
     (b"doc/*.txt\n", {b"doc/.gitignore": b"!b.txt\n"}),
     (b"[[:digit:]]*\n[[:upper:]]*\n", {}),
+    # git trims trailing spaces (not tabs) unless escaped, drops a CR before LF, reads '#'
+    # inside a line literally, and skips a UTF-8 BOM at the start of the file
+    (b"\xef\xbb\xbftab\t\nsp\\  \ncrlf.txt\r\na#b\n", {}),
+    (b"onlydir/\n**/cache/\n", {}),  # directory-only: a file of that name stays
+    # an excluded directory is not entered, so its own .gitignore cannot re-include
+    (b"build/\n", {b"build/.gitignore": b"!out\n"}),
+    (b"\xc3\xa9*\n\xff*\n", {}),  # names as bytes: UTF-8 and not
+    # everything but directories and *.c, from a nested file
+    (b"", {b"sub/.gitignore": b"*\n!*/\n!*.txt\n", b"sub/inner/.gitignore": b"q.txt\n"}),
 ]
 PATHS = [b"a.txt", b"b.txt", b"c.txt", b"keep.log", b"x.log", b"build/out", b"src/build/o",
          b"top.txt", b"src/top.txt", b"a/z", b"a/b/c/z", b"x/deep", b"deep", b"dir/one", b"dir/keep",
          b"dir/sub/two", b"ab.md", b"bb.md", b"#hash", b"!bang", b"space ", b"trail", b"m.c",
          b"sub/a.txt", b"sub/keep.txt", b"sub/x.txt", b"sub/inner/q.txt", b"doc/a.txt", b"doc/b.txt",
-         b"doc/sub/c.txt", b"1file", b"Upper", b"lower"]
+         b"doc/sub/c.txt", b"1file", b"Upper", b"lower", b"tab\t", b"tab", b"sp ", b"sp", b"crlf.txt", b"a#b",
+         b"onlydir", b"x/onlydir/f", b"src/cache/c.txt", b"cache/top.txt", b"\xc3\xa9t\xc3\xa9.txt", b"\xffraw",
+         b"sub/inner/deeper/r.txt", b"sub/inner/r.bin"]
 
 
 def _ours_ignored(root: Path, files: list[bytes]) -> set[bytes]:

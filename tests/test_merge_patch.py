@@ -265,6 +265,33 @@ CASES = {
                     + b"}\nstatic void other(void)\n{\n" + b"".join(b"    y%d();\n" % i for i in range(20) if i != 15)
                     + b"    z();\n}\n"},
     ),
+    # A function line of over 80 bytes with a space at byte 80 (git cuts, then trims; libgit2
+    # trims, then cuts), and one ending in a form feed (git keeps \f, libgit2 drops it).
+    "funcname_edges": (
+        {b"doc.md": b"A paragraph that runs on past the eighty byte limit of the hunk header with" + b" " * 6
+                    + b"a space there\n" + b"".join(b"  line %d\n" % i for i in range(12)),
+         b"ff.c": b"int f(void)\f\n{\n" + b"".join(b"    f%d();\n" % i for i in range(12)) + b"}\n",
+         # a first hunk with no function line above it, then one under "def g():\v"
+         b"vt.py": b"  a\n  b\n  c\n  d\ndef g():\v \n" + b"".join(b"  l%d\n" % i for i in range(12))},
+        {b"doc.md": b"A paragraph that runs on past the eighty byte limit of the hunk header with" + b" " * 6
+                    + b"a space there\n" + b"".join(b"  line %d\n" % i for i in range(12) if i != 9),
+         b"ff.c": b"int f(void)\f\n{\n" + b"".join(b"    f%d();\n" % i for i in range(12) if i != 9) + b"}\n",
+         b"vt.py": b"  a\n  B\n  c\n  d\ndef g():\v \n" + b"".join(b"  l%d\n" % i for i in range(12) if i != 9)},
+    ),
+    # Text by git's rule (no NUL in the first 8000 bytes) however it looks: control bytes and
+    # escape sequences, a NUL past byte 8000. Binary or not is decided here, never by libgit2.
+    "text_by_gits_rule": (
+        {b"ansi.log": b"".join(b"\x1b[3%dmline %d\x1b[0m\x01\x02\x7f\n" % (i % 8, i) for i in range(30)),
+         b"late_nul.txt": b"pad\n" * 2500 + b"tail \0 nul\n" + b"end\n"},
+        {b"ansi.log": b"".join(b"\x1b[3%dmline %d\x1b[0m\x01\x02\x7f\n" % (i % 8, i) for i in range(30) if i != 12),
+         b"late_nul.txt": b"pad\n" * 2500 + b"tail \0 NUL\n" + b"end\n"},
+    ),
+    # A big binary with a small edit: libgit2 sends it as a delta, both ways, as git does.
+    "binary_delta": (
+        {b"blob.bin": bytes(range(256)) * 64, b"moved.bin": b"\0" + bytes(range(200)) * 20},
+        {b"blob.bin": bytes(range(256)) * 30 + b"\0edit" + bytes(range(256)) * 34,
+         b"moved/there.bin": b"\0" + bytes(range(200)) * 20 + b"\1"},
+    ),
     "indent_heuristic": (
         {b"py.py": b"def a():\n    pass\n\n\ndef c():\n    pass\n"},
         {b"py.py": b"def a():\n    pass\n\n\ndef b():\n    pass\n\n\ndef c():\n    pass\n"},
@@ -290,6 +317,17 @@ def test_binary_patch_has_full_index_and_both_literals(git_home, trees):
     sha_a, sha_b = blob_sha1(b"\0old"), blob_sha1(b"\0new data")
     assert f"index {sha_a}..{sha_b} 100644\n".encode() in patch
     assert patch.count(b"\nliteral ") == 2
+    check_roundtrip(git_home, base, new, work)
+
+
+def test_big_binary_edit_is_sent_as_deltas(git_home, trees):
+    base, new, work = trees
+    old = bytes(range(256)) * 64
+    build(base, {b"b.bin": old})
+    build(new, {b"b.bin": old[:5000] + b"\0changed" + old[5000:]})
+    patch = format_patch(tree_changes(base, new), base, new)
+    assert patch.count(b"\ndelta ") == 2 and b"\nliteral " not in patch
+    assert len(patch) < 400  # the literal would be ~16 KB before compression
     check_roundtrip(git_home, base, new, work)
 
 
@@ -495,7 +533,7 @@ def _git_numstat_and_hunks(home: Path, work: Path, a: bytes, b: bytes) -> tuple[
 def _hard_case(git_home, tmp_path, seed: int, symbols: int, n: int) -> None:
     import random
 
-    from merge.patch import _hunks
+    from merge.patch import _body, _diff
 
     rnd = random.Random(seed)
     a = b"".join(b"%d\n" % rnd.randrange(symbols) for _ in range(n))
@@ -504,7 +542,9 @@ def _hard_case(git_home, tmp_path, seed: int, symbols: int, n: int) -> None:
     script = diffalgo.diff_lines(ra, rb)
     (added, removed), hunks = _git_numstat_and_hunks(git_home, tmp_path, a, b)
     assert (sum(s[3] for s in script), sum(s[1] for s in script)) == (added, removed)
-    assert _hunks(ra, rb, script) == hunks
+    patch = _diff(a, b, False)
+    assert patch.line_stats[1:] == (added, removed)
+    assert _body(patch, a) == hunks
 
 
 @pytest.mark.parametrize("seed,symbols", [(0, 10), (1, 3)])
