@@ -129,3 +129,31 @@ def test_a_rows_clock_cells_are_looked_at_when_they_are_due_to_change():
     assert _next_change(row("2025-01-01T11:59:30Z"), now) < 1  # 30s: every second
     assert 29 < _next_change(row("2025-01-01T11:58:30Z"), now) < 30  # 1m30s: at 2m
     assert 4 < _next_change(row("2025-01-01T11:00:00Z", "2025-01-01T12:02:05Z"), now) < 5  # 2m05s left: at 2m
+
+
+def test_status_tab_lists_the_sandboxs_services_and_keeps_them_across_table_records():
+    import dataclasses
+
+    from rich.console import Console
+
+    from tests.tui_fixtures import SANDBOXES
+    from tui.widgets.detail_pane import status_table
+
+    web = {"sandbox": "sb-0001c0de", "name": "web", "command": "python3 -m http.server 8765", "state": "running",
+           "pid": 4242, "started_at": "2025-01-01T11:19:00Z", "exit_code": None, "restarts": 1, "ports": [8765]}
+    db = {**web, "name": "db", "command": "sleep 1", "state": "exited", "pid": None, "exit_code": 3,
+          "restarts": 0, "ports": []}
+    info = dataclasses.replace(SANDBOXES[0], extra={**SANDBOXES[0].extra, "services": [web, db]})
+    now = fmt.ts("2025-01-01T11:20:00Z")
+
+    def text(table) -> str:
+        c = Console(width=160, record=True)
+        c.print(table)
+        return c.export_text()
+
+    out = text(status_table(info, Model(), now))
+    assert "service web" in out and "running  pid 4242  up 1m" in out and "restarts 1" in out and "ports 8765" in out
+    assert "service db" in out and "exited  exit 3" in out and "pid" not in out.split("service db")[1].split("\n")[0]
+    # The table's own records carry no services: the pane passes the last ones read in full.
+    out = text(status_table(SANDBOXES[0], Model(), now, services=[web]))
+    assert "service web" in out and "service db" not in out

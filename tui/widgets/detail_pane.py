@@ -36,6 +36,7 @@ class DetailPane(Vertical):
         self._tabs = False  # compose them (after the first paint)
         self._active = "tab-status"  # the tab to open with (a key may choose one before the tabs are built)
         self._runs: dict[str, list[Any]] = {}  # sandbox -> its runs, as last read in full
+        self._services: dict[str, list[Any]] = {}  # sandbox -> its services, as last read in full
         self._status: tuple[Any, Any] | None = None  # what the Status tab shows (for the clock)
         self._clock: tuple[str, str, str] | None = None  # its age and time left as last drawn
 
@@ -89,9 +90,13 @@ class DetailPane(Vertical):
         runs = info.extra.get("runs")
         if runs is not None:
             self._runs[info.id] = runs
+        services = info.extra.get("services")
+        if services is not None:
+            self._services[info.id] = services
         self._status = (info, model)
         self._clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
-        self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
+        self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id),
+                                                                       self._services.get(info.id)))
 
     def tick(self, now: float) -> None:
         """Once a second, while the Status tab shows: age and time left move."""
@@ -100,7 +105,8 @@ class DetailPane(Vertical):
             clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
             if clock != self._clock:  # past a minute both move once a minute: no repaint in between
                 self._clock = clock
-                self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id)))
+                self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id),
+                                                                       self._services.get(info.id)))
 
     def show_diff(self, diff: Any) -> None:
         if diff is None:
@@ -138,7 +144,8 @@ class DetailPane(Vertical):
         self.query_one("#lineage-body", Static).update(lineage_text(info, model))
 
 
-def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = None) -> Table:
+def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = None,
+                 services: list[Any] | None = None) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
@@ -167,9 +174,28 @@ def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = Non
         cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
         rows.append((f"run {r.get('run')}", Text(f"exit {r.get('exit_code')}  {fmt.seconds(r.get('duration_s'))}  ")
                      .append(fmt.one_line(cmd, 60), style="dim")))
+    for sv in (services if services is not None else info.extra.get("services") or []):
+        rows.append((f"service {sv.get('name')}", _service_line(sv, now)))
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _service_line(sv: dict[str, Any], now: float) -> Text:
+    """A service as ``petri services`` lists it: state, pid or exit, uptime, restarts, ports."""
+    state = str(sv.get("state") or "?")
+    line = Text(state, style="green" if state == "running" else "yellow" if state == "restarting" else "dim")
+    if state == "running":
+        line.append(f"  pid {sv.get('pid')}")
+        if sv.get("started_at"):
+            line.append(f"  up {fmt.age(sv['started_at'], now)}")
+    elif sv.get("exit_code") is not None:
+        line.append("  exit ").append_text(fmt.exit_code(sv.get("exit_code")))
+    if sv.get("restarts"):
+        line.append(f"  restarts {sv['restarts']}")
+    if sv.get("ports"):
+        line.append("  ports " + ", ".join(map(str, sv["ports"])))
+    return line.append("  ").append(fmt.one_line(str(sv.get("command") or ""), 50), style="dim")
 
 
 def lineage_text(info: Any, model: Any) -> Text:
