@@ -1,7 +1,7 @@
 """Errors of the merge layer (change sets, patches, promotion).
 
 Each class's docstring is its message template (``str.format`` over the keyword arguments
-given at raise time) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+given at raise time) and each carries the exit code the CLI turns it into (docs/reference/exit-codes.md).
 """
 from __future__ import annotations
 

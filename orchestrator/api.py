@@ -499,7 +499,7 @@ class Workspace:
              promote: bool = False, say: Callable[[str], None] | None = None,
              on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
-        (SPEC). ``winner`` is None when no check passed (a result, not an error).
+        (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
         ``label``: the name the winner's sandbox gets (``winner_label`` in the document), to
         use instead of its id.
         ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
@@ -1054,7 +1054,7 @@ def race_rank_key(c: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class RaceTracker:
-    """Folds event documents (``feed``) into race documents (``doc``): the SPEC's race
+    """Folds event documents (``feed``) into race documents (``doc``): the ``race``
     shape plus ``state`` (running|done|interrupted), and per candidate ``state``
     (waiting|applying|checking|passed|failed|not_applied), ``check_sandbox`` and
     ``last_line`` (its newest output line). Pure: no I/O except ``alive`` (is the racing
@@ -1375,7 +1375,7 @@ def _b64(p: bytes) -> str:
 
 
 def file_doc(s: Any) -> dict[str, Any]:
-    """One file of a diff (a ``merge.patch.FileStat``) as SPEC's ``files`` row."""
+    """One file of a diff (a ``merge.patch.FileStat``) as the ``files`` row of ``diff``."""
     d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
                          "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
                          "binary": s.binary, "lines_added": s.lines_added, "lines_removed": s.lines_removed,
@@ -1390,7 +1390,7 @@ def file_doc(s: Any) -> dict[str, Any]:
 
 
 def sandbox_runs(e: Any, row: Any) -> list[dict[str, Any]]:
-    """The sandbox's runs (SPEC run documents), each of petri's own steps saying what it
+    """The sandbox's runs (run documents), each of petri's own steps saying what it
     was (``role``: a race's apply and check, ``orchestrator.race.run_roles``)."""
     from .race import run_roles
 

@@ -192,7 +192,7 @@ def append(root: Path, scope: Scope, exit_code: int, result: str, *, durable: bo
 
 def entries(registry: Any, *, since: float | None = None, limit: int | None = None,
             op: str | None = None) -> list[dict[str, Any]]:
-    """SPEC's ``log`` entries, oldest first (``limit``: the newest N; ``op``: only those of
+    """The ``log`` entries, oldest first (``limit``: the newest N; ``op``: only those of
     that operation). A ``limit`` SQLite cannot hold or an ``op`` that no row has and petri
     never writes is a usage error (exit 2), not an empty answer: it is a typo."""
     from .registry import rfc3339

@@ -340,7 +340,7 @@ class Engine:
 
     def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
                     fresh_usage: bool = True) -> dict[str, Any]:
-        """The SPEC's sandbox document. ``fresh_usage`` False (``petri ls``): a backend whose
+        """The sandbox document. ``fresh_usage`` False (``petri ls``): a backend whose
         usage measure is a walk of the whole tree may give its figure from after the
         sandbox's last run instead of walking again."""
         usage = None

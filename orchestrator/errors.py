@@ -128,7 +128,7 @@ class SandboxUserUnavailable(OrchestratorError, Unsupported):
 
 class OwnersCannotBeMapped(OrchestratorError, Unsupported):
     """cannot run commands of the root-owned workspace {workspace}: {why}; petri does not run them as host root
-    (README: who runs the command)"""
+    (docs/guide/environment.md, "Who runs the command")"""
 
     exit_code = 4
 

@@ -72,7 +72,7 @@ ROTATED_NAME = "events.jsonl.1"
 ROTATE_BYTES = 32 << 20
 READ_BYTES = 1 << 20
 
-# The closed set of event names, with the keys each must carry (SPEC "Events").
+# The closed set of event names, with the keys each must carry (docs/reference/events.md is generated from it).
 KEYS: dict[str, tuple[str, ...]] = {
     "sandbox.created": ("sandbox",), "sandbox.destroyed": ("sandbox",), "sandbox.expired": ("sandbox",),
     "run.started": ("sandbox", "run"), "run.output": ("sandbox", "run"), "run.finished": ("sandbox", "run"),

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def collect(engine: "Engine") -> dict[str, Any]:
-    """The SPEC's ``gc`` document: ``removed`` (sandbox and snapshot ids), ``reaped``
+    """The ``gc`` document: ``removed`` (sandbox and snapshot ids), ``reaped``
     (counts), ``reclaimed_bytes``, ``pruned_promotions``."""
     from .runs import gc_processes  # the runner's module: only when gc runs
 

@@ -76,7 +76,7 @@ def _rate(count: int, of: int) -> dict[str, Any]:
 
 
 def stats(registry: Any, *, since: float | None = None) -> dict[str, Any]:
-    """SPEC's ``stats`` document (without the ``since`` text, which the caller adds)."""
+    """The ``stats`` document (without the ``since`` text, which the caller adds)."""
     q = "SELECT op, duration_s, ok, detail FROM timings"
     args: list[Any] = []
     if since is not None:

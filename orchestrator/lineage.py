@@ -130,7 +130,7 @@ def _is_throwaway(row: "SandboxRow") -> bool:
 
 
 def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
-    """SPEC's ``lineage`` document: snapshots of live and the sandboxes forked from them,
+    """The ``lineage`` document: snapshots of live and the sandboxes forked from them,
     forks of forks under their parents. ``ident`` (a snapshot or sandbox): only the tree
     it belongs to (a sandbox's ancestors and descendants; a snapshot's descendants)."""
 

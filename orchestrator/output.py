@@ -55,7 +55,7 @@ class Output:
 def json_line(doc: Any) -> str:
     """``doc`` as one line of valid UTF-8 JSON. Text that came from bytes that were not UTF-8
     (argv, environment, file names: Python keeps them as lone surrogates) is written with
-    \\xNN escapes, as SPEC says for names; everything else is left as it is."""
+    \\xNN escapes, as docs/reference/json.md says for names; everything else is left as it is."""
     try:
         line = json.dumps(doc, ensure_ascii=False, default=str)
         line.encode("utf-8")

@@ -100,7 +100,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
             paths: Sequence[bytes | str] = (), dry_run: bool = False, verify: str | None = None,
             echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
             promo_id: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Promote the sandbox into the workspace; the SPEC ``promote`` document.
+    """Promote the sandbox into the workspace; the ``promote`` document.
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
     ``SandboxBusy`` (exit 1) while a command runs in it. ``markers: true`` in the result
@@ -256,7 +256,7 @@ def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str |
 
 
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
-    """Undo a finished promotion (``petri rollback p-…``): the SPEC ``rollback`` document.
+    """Undo a finished promotion (``petri rollback p-…``): the ``rollback`` document.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
     from merge.promote import undo_promotion
 
@@ -356,7 +356,7 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
 
 
 def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict[str, Any]]:
-    """The SPEC's ``promotions`` rows. States: ``done``, ``undone``, ``interrupted`` (a row
+    """The ``promotions`` rows. States: ``done``, ``undone``, ``interrupted`` (a row
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""

@@ -24,7 +24,7 @@ End to end (DESIGN "The race"):
    paths (``conflicts``: promoting one after the other is not independent); optionally
    promote the winner.
 
-Why a throwaway fork (SPEC "race candidates and their checks"): what a race promotes is the
+Why a throwaway fork (docs/guide/races.md): what a race promotes is the
 candidate's state right after it applied, never what its check left behind
 (``__pycache__``, ``.pytest_cache``, build outputs, files a test suite writes and does not
 ignore). So the candidate's sandbox is never touched after the apply, and a later
@@ -401,7 +401,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
                    seccomp: str | None = None, cluster: Any = None, label: str | None = None) -> dict[str, Any]:
-    """Race the candidates; return the SPEC's race document (``winner`` None: none passed).
+    """Race the candidates; return the ``race`` document (``winner`` None: none passed).
     ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
     run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
     the winner's sandbox are here all the same.

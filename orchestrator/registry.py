@@ -513,11 +513,11 @@ class Registry:
         return settled
 
     def runs(self, sandbox: str) -> list[dict[str, Any]]:
-        """Every run of the sandbox, each as the SPEC's run document."""
+        """Every run of the sandbox, each as the run document."""
         return [_run_doc(r) for r in self.db.execute("SELECT * FROM runs WHERE sandbox = ? ORDER BY n", (sandbox,))]
 
     def run(self, sandbox: str, n: int) -> dict[str, Any] | None:
-        """Run ``n`` of the sandbox as the SPEC's run document (``run``, RFC 3339 times)."""
+        """Run ``n`` of the sandbox as the run document (``run``, RFC 3339 times)."""
         r = self.db.execute("SELECT * FROM runs WHERE sandbox = ? AND n = ?", (sandbox, n)).fetchone()
         return _run_doc(r) if r else None
 
@@ -633,11 +633,11 @@ def _plausible_ident(ident: str) -> bool:
     return ident.isprintable()
 
 
-# SPEC's ``killed_by`` is one of null, "timeout", "ttl", "memory". What else can end a run
+# The documented ``killed_by`` is one of null, "timeout", "ttl", "memory". What else can end a run
 # (``rm`` destroying its sandbox, its petri dying) is stored in the same column but shown in
 # ``ended_by``, which names every end: "exit" (by itself), a killed_by value, "destroyed",
 # "petri_died"; null while it runs.
-SPEC_KILLED_BY = frozenset({"timeout", "ttl", "memory"})
+DOC_KILLED_BY = frozenset({"timeout", "ttl", "memory"})
 
 
 def _ended_by(r: sqlite3.Row) -> str | None:
@@ -648,7 +648,7 @@ def _ended_by(r: sqlite3.Row) -> str | None:
 
 def _run_doc(r: sqlite3.Row) -> dict[str, Any]:
     """One shape for a run everywhere (``run --json``, ``status``, ``logs``, events)."""
-    killed_by = r["killed_by"] if r["killed_by"] in SPEC_KILLED_BY else None
+    killed_by = r["killed_by"] if r["killed_by"] in DOC_KILLED_BY else None
     return {"id": r["sandbox"], "run": r["n"], "argv": json.loads(r["argv"]), "exit_code": r["exit_code"],
             "duration_s": r["duration_s"], "killed_by": killed_by, "ended_by": _ended_by(r),
             "limits_hit": json.loads(r["limits_hit"] or "[]"), "stdout_path": r["stdout_path"],

@@ -1,9 +1,9 @@
-"""Typed, frozen records of what petri did: one per SPEC JSON shape.
+"""Typed, frozen records of what petri did: one per JSON shape of docs/reference/json.md.
 
 Each record's ``to_json()`` is exactly the document ``petri <command> --json`` prints (the
 CLI prints ``to_json()``; the MCP server returns it as structured content), so there is one
-schema for the CLI, the Python API and MCP. A record keeps the SPEC's fields as typed
-attributes and everything else the engine reported in ``extra`` (SPEC: "more fields are
+schema for the CLI, the Python API and MCP. A record keeps the documented fields as typed
+attributes and everything else the engine reported in ``extra`` (the JSON contract: "more fields are
 welcome"), in the order the engine wrote it.
 
 Records are plain frozen dataclasses, not pydantic models: the CLI builds one on every

@@ -1,4 +1,4 @@
-"""Who runs a sandboxed command: the policy (README, "who runs the command").
+"""Who runs a sandboxed command: the policy (docs/guide/environment.md, "Who runs the command").
 
 - petri run by a normal user: that user (it can be nobody else).
 - A workspace whose owner (registry meta ``owner``) is a normal user: that user, with its

@@ -291,7 +291,7 @@ def _say_seccomp_off(profile: str) -> None:
 
 
 def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
-    """The SPEC's run document for run ``n`` of a sandbox (one shape: ``Registry.run``)."""
+    """The run document for run ``n`` of a sandbox (one shape: ``Registry.run``)."""
     doc = engine.registry.run(sb_id, n)
     if doc is None:
         raise KeyError(n)
@@ -421,7 +421,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
 
 def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], *, forward_signals: bool = False,
              **kw: Any) -> dict[str, Any]:
-    """Run ``argv`` isolated in the sandbox, in this thread; return the run document (SPEC
+    """Run ``argv`` isolated in the sandbox, in this thread; return the run document (docs/reference/json.md
     ``run``). Every process of the run is gone when this returns; a KeyboardInterrupt kills
     the run. ``forward_signals`` (the main thread; ``petri run``): SIGINT, SIGTERM and
     SIGHUP go to the command (see ``runner``). ``on_started(n)`` is told the run's number as

@@ -108,7 +108,7 @@ def _settled(store_root: Path, sb_id: str, rec: dict[str, Any]) -> dict[str, Any
 
 
 def doc(rec: dict[str, Any], port_list: Sequence[dict] = ()) -> dict[str, Any]:
-    """The SPEC's ``services`` row."""
+    """The ``services`` row."""
     return {"sandbox": rec["sandbox"], "name": rec["name"], "command": rec["command"], "state": rec["state"],
             "pid": rec.get("pid") if rec["state"] in LIVE else None, "started_at": rec.get("started_at"),
             "uptime_s": round(time.time() - rec["started_ts"], 3) if rec["state"] == "running" and rec.get("started_ts")

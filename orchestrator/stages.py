@@ -308,7 +308,7 @@ def _index(stages: tuple["Stage", ...], name: str) -> int:
     for i, st in enumerate(stages):
         if st.name == name:
             return i
-    known = ", ".join(s.name for s in stages) if stages else "no [[stages]] are configured (see the README)"
+    known = ", ".join(s.name for s in stages) if stages else "no [[stages]] are configured (see docs/guide/stages.md)"
     raise NoStages(name=name, known=f"the stages are {known}" if stages else known)
 
 
@@ -540,7 +540,7 @@ def _in_place(r: dict[str, Any]) -> bool:
 
 
 def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
-    """Where a pipeline stands: SPEC's ``promote`` fields for its last stage reached, and
+    """Where a pipeline stands: the ``promote`` document's fields (docs/reference/json.md) for its last stage reached, and
     every stage. ``state``: ``done`` (every stage up to the target passed), ``pending``
     (a gate or an inconclusive or interrupted stage waits: ``pending``), ``failed``,
     ``conflict``, ``undone``; ``exit_code`` is what the CLI exits with."""

@@ -1,7 +1,7 @@
 """Errors of the snapshot layer.
 
 Each class's docstring is its message template (``str.format`` over the keyword arguments
-given at raise time) and each carries the exit code the CLI turns it into (SPEC "Exit codes").
+given at raise time) and each carries the exit code the CLI turns it into (docs/reference/exit-codes.md).
 The template is the docstring's first paragraph, its lines joined by one space, so that a
 long message can wrap in the source and still be one line.
 """

@@ -114,7 +114,7 @@ def test_workspace_fork_is_always_a_set_and_sandbox_fork_of_one_is_the_sandbox(t
     (tmp_path / "p" / "f").write_text("x\n")
     with api_workspace(tmp_path / "p") as ws:
         with ws.fork() as one:
-            assert isinstance(one, petri.SandboxSet) and len(one) == 1  # as SPEC's `sandboxes[0]` wants
+            assert isinstance(one, petri.SandboxSet) and len(one) == 1  # as the documented `sandboxes[0]` wants
             child = one[0].fork()
             assert isinstance(child, petri.Sandbox) and child.parent == one[0].id and child.generation == 1
             kids = one[0].fork(2)

@@ -1,7 +1,7 @@
 """Bad input, as a fault-and-attack run throws it (issue 20, "Bad input" 7-10): generated bad
 values for every command's options (huge, negative, NaN and infinite numbers, empty strings,
 control characters, bytes that are not UTF-8, unknown choices, bad durations and sizes,
-missing arguments) and config files with wrong types, checked against SPEC's contract: one
+missing arguments) and config files with wrong types, checked against the documented contract: one
 line on stderr and no traceback, exit 2 for a usage error, under `--json` also
 `{"error", "exit_code"}` on stdout, and nothing created. Then each item of the issue on its
 own: a NaN stage timeout, `log -n` past SQLite, `--json -h`, the words of a missing

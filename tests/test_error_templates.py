@@ -30,7 +30,7 @@ WRAPPED = [
      " petri does not run them as host root"),
     (E.OwnersCannotBeMapped(workspace="/w", why="y"),
      "cannot run commands of the root-owned workspace /w: y; petri does not run them as host root"
-     " (README: who runs the command)"),
+     " (docs/guide/environment.md, \"Who runs the command\")"),
     (E.OwnerCannotRunPetri(owner="u", path="/p"),
      "this workspace's store belongs to u: petri run as root acts as that user there (so nothing it makes is root's),"
      " but /p is not readable by u; run petri as u"),

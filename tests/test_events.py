@@ -1,5 +1,5 @@
 """The event stream (orchestrator/events.py) on a real file: concurrent writers, a follower,
-rotation by `petri gc`; and SPEC "Events": a closed set of names, one emitter each, the five
+rotation by `petri gc`; and docs/reference/events.md: a closed set of names, one emitter each, the five
 common keys (``schema``, ``ts``, ``event``, ``pid``, ``via``) on every line, and each
 occurrence written exactly once (real ``petri`` processes on the copy backend)."""
 from __future__ import annotations

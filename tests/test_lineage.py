@@ -187,7 +187,7 @@ def test_race_from_a_sandbox_seeds_the_next_generation(ws):
 @needs_sandbox
 def test_lineage_leaves_out_verify_forks_and_keeps_races_in_time_order(ws):
     """``promote --verify``'s throwaway sandbox is petri's own (not in the lineage, as the
-    README says); a race whose base snapshot is gone (no winner: it went with the losers)
+    docs/guide/lineage.md says); a race whose base snapshot is gone (no winner: it went with the losers)
     stays where it happened in time, its candidates in command-line order."""
     first = ws.fork().keep()[0]
     Path(first.path, "app.py").write_text("x = 1\n")

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is No
 anyio = pytest.importorskip("anyio")
 mcp_types = pytest.importorskip("mcp_types")
 
-SPEC_TOOLS = {"workspace_status", "snapshot_create", "sandbox_fork", "sandbox_list", "sandbox_status", "sandbox_run",
+DOC_TOOLS = {"workspace_status", "snapshot_create", "sandbox_fork", "sandbox_list", "sandbox_status", "sandbox_run",
               "sandbox_run_start", "sandbox_run_poll", "sandbox_run_kill", "sandbox_read_file", "sandbox_write_file",
               "sandbox_edit_file", "sandbox_diff", "race", "race_status", "sandbox_remove", "sandbox_list_files",
               "sandbox_grep", "sandbox_delete_file", "sandbox_move_file", "sandbox_service_start",
@@ -160,7 +160,7 @@ def test_tools_schemas_annotations_and_live_tools_only_with_the_flag(overlay_ws)
     async def main():
         async with client(overlay_ws) as c:
             tools = {t.name: t for t in (await c.s.list_tools()).tools}
-            assert set(tools) == SPEC_TOOLS  # promote and rollback are not even listed
+            assert set(tools) == DOC_TOOLS  # promote and rollback are not even listed
             for t in tools.values():
                 assert t.input_schema["type"] == "object" and t.output_schema["type"] == "object", t.name
                 assert t.description and len(t.description) < 300, t.name
@@ -181,7 +181,7 @@ def test_tools_schemas_annotations_and_live_tools_only_with_the_flag(overlay_ws)
             assert st["via"] == "mcp" and st["client"] == "petri-tests" and st["allow_live"] is False
         async with client(overlay_ws, "--allow-live") as c:
             tools = {t.name: t for t in (await c.s.list_tools()).tools}
-            assert set(tools) == SPEC_TOOLS | LIVE_TOOLS
+            assert set(tools) == DOC_TOOLS | LIVE_TOOLS
             assert tools["promote"].annotations.destructive_hint and not tools["promote"].annotations.read_only_hint
 
     run(main)
@@ -456,7 +456,7 @@ def test_stdout_is_only_json_rpc_and_a_disconnect_leaves_nothing(overlay_ws):
     raw = Raw(overlay_ws)
     try:
         raw.handshake()
-        assert len(raw.answer(raw.send("tools/list"))["result"]["tools"]) == len(SPEC_TOOLS)
+        assert len(raw.answer(raw.send("tools/list"))["result"]["tools"]) == len(DOC_TOOLS)
         sb = raw.call("sandbox_fork", {})["structuredContent"]["sandboxes"][0]["id"]
         # a command that writes lots, binary garbage and on both streams; petri errors; bad input
         noisy = raw.call("sandbox_run", {"sandbox": sb, "command":

@@ -212,7 +212,7 @@ def test_events_stream_records_runs(ws):
     lines = [json.loads(x) for x in (ws / ".petri" / "events.jsonl").read_text().splitlines()]
     mine = [e for e in lines if e.get("sandbox") == sb["id"]]
     kinds = [e["event"] for e in mine]
-    # keyed by ``sandbox`` like every sandbox event (SPEC "Events"), so its creation is in the list
+    # keyed by ``sandbox`` like every sandbox event (docs/reference/events.md), so its creation is in the list
     assert kinds[:2] == ["sandbox.created", "run.started"] and kinds[-1] == "run.finished", kinds
     # coalesced (at most ten a second, not one per line): the last one has the final counts
     outs = [e for e in mine if e["event"] == "run.output"]

@@ -223,7 +223,7 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
 
 
 def test_a_process_a_run_leaves_running_ends_with_the_run(project):
-    """A run keeps its own pid namespace (SPEC): `&` does not outlive it; a service does."""
+    """A run keeps its own pid namespace (as documented): `&` does not outlive it; a service does."""
     ws, _ = project
     petri("fork", "--label", "bg", cwd=ws)
     r = petri("run", "bg", "--", "sh", "-c", f"{PY} -m http.server 8001 --bind 127.0.0.1 >/dev/null 2>&1 & "

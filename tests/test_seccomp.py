@@ -1,4 +1,4 @@
-"""The syscall filter (SPEC "Syscall filter"): the profiles as data, the compiled BPF and its
+"""The syscall filter (docs/guide/sandboxes.md): the profiles as data, the compiled BPF and its
 cache, and the filter in real sandboxes: a C probe (tests/seccomp_probe.c, built with gcc
 here) makes each denied call under ``default``, ``strict`` and ``off``; ``run``, ``shell``,
 race checks and ``promote --verify`` each show ``Seccomp: 2``; and real work (gcc, git,

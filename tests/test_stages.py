@@ -1,4 +1,4 @@
-"""Graduated promotion (SPEC "Graduated promotion") on two real workspaces: a "dev" and a
+"""Graduated promotion (docs/guide/stages.md) on two real workspaces: a "dev" and a
 "staging" git checkout of one project, each its own petri workspace. Every stage outcome:
 pass, fail (rolled back), inconclusive (timed out, pending, resumed), a manual gate, a
 conflict, rollback of an earlier stage undoing the later ones first, and SIGKILL in the

@@ -77,7 +77,7 @@ class PetriApp(App):
         Binding("r", "race_screen", "Race"),
         Binding("P", "promotions", "Promotions", show=False),
         Binding("R", "race", "New race", show=False),
-        # What changes something is on a capital (or on p and u, which SPEC names and which
+        # What changes something is on a capital (or on p and u, which the docs name and which
         # confirm first): x, f, s, e and g are what vim users type by habit. gc is in the
         # command palette only.
         Binding("F", "fork", "Fork", show=False),

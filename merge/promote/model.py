@@ -3,7 +3,7 @@
 ``State`` is what a path holds (kind, permission bits, content id, link target); ``Op`` one
 write of the plan with the state it expects before and leaves after; ``Conflict`` a path the
 3-way merge could not settle on its own; ``Plan`` and ``PromotionResult`` the planner's and
-the executor's answers, whose ``to_json`` is the merge layer's part of SPEC's documents.
+the executor's answers, whose ``to_json`` is the merge layer's part of the JSON documents.
 Planning, executing and undoing all compare states with ``same`` / ``matches`` so the three
 agree on what "unchanged" means.
 
@@ -116,7 +116,7 @@ class PromotionResult:
     markers: bool = False  # conflict markers were written (caller exits 5)
 
     def to_json(self) -> dict[str, Any]:
-        """The merge layer's part of SPEC's ``promote`` document (the CLI adds
+        """The merge layer's part of the ``promote`` document (the CLI adds
         ``verified`` and ``rolled_back``)."""
         return {"promotion": self.promotion,
                 "applied": [display(p) for p in self.applied],

@@ -1,7 +1,7 @@
 """The ``petri`` typer app: the root (global flags, ``--help``), and every command loaded
 lazily from its own module, as click's "lazy loading of subcommands" pattern does.
 
-``COMMANDS`` names each command's module and one-line help (SPEC's command table), so
+``COMMANDS`` names each command's module and one-line help (docs/reference/cli.md is generated from it), so
 ``petri --help`` lists every command without importing one, and ``petri ls`` imports only
 the module of ``ls``: the MCP SDK, Textual, Ray, trio and the merge engine load only with
 the commands that use them. Each command module declares its commands on a ``command_app()``
@@ -82,7 +82,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        " result."),
     "stats": ("lineage", "p50/p95/p99 of fork, time to first command, run, race, promote, staleness; and rates."),
     "doctor": ("doctor", "What works on this machine for PATH and why not, with the fix for each missing piece."),
-    "mcp": ("mcp", "A Model Context Protocol server on stdio for agents (see the README for registering it)."),
+    "mcp": ("mcp", "A Model Context Protocol server on stdio for agents (docs/guide/mcp.md says how to register it)."),
     "tui": ("tui", "The terminal UI: sandboxes side by side, races ranked, two candidates compared."),
 }
 

@@ -173,7 +173,7 @@ def fail(message: str, code: int) -> int:
 def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[[], Any], *,
                 read_only: bool = False, durable: bool = False) -> int:
     """Run one command: ``parse()`` (argv; returns the command's name), its audit row
-    (mutating commands), ``body()``, and every error as one line on stderr plus the SPEC
+    (mutating commands), ``body()``, and every error as one line on stderr plus the
     exit code (``{"error", "exit_code"}`` under ``--json``). ``durable``: the audit row's
     commit syncs the registry (for a process that will not close it: ``orchestrator.cli``)."""
     scope = token = None
@@ -183,7 +183,7 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
         if op not in SHORT:
             import gc
             gc.enable()
-        # read_only: a command SPEC says changes nothing (the fast paths), so not even
+        # read_only: a command documented to change nothing (the fast paths), so not even
         # orchestrator.audit is imported to ask.
         if not read_only and op in _mutating():
             from .. import audit

@@ -19,7 +19,7 @@ def mcp(
     allow_live: Annotated[bool, typer.Option("--allow-live", help="Also offer promote and rollback, which change"
                                                                   " the live workspace.")] = False,
 ) -> int:
-    """A Model Context Protocol server on stdio for agents (see the README for registering it).
+    """A Model Context Protocol server on stdio for agents (docs/guide/mcp.md says how to register it).
 
     Serves the workspace found from the current directory (or --workspace). Sandboxes,
     runs, files, diffs and races are tools; promote and rollback exist only with

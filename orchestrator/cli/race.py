@@ -124,7 +124,7 @@ def race(
                    (doc["promotion_error"], doc.get("promotion_exit_code", 1)) if doc.get("promotion_error") else
                    (None, 0))
     if G.json:
-        o.doc({**doc, "error": error, "exit_code": code} if error else doc)  # SPEC: an error is in the document too
+        o.doc({**doc, "error": error, "exit_code": code} if error else doc)  # an error is in the document too
     else:
         render_table(o, doc)
     if error:

@@ -1,4 +1,4 @@
-"""A race whose candidates run on a Ray cluster, ranked and promoted here (SPEC "Running a
+"""A race whose candidates run on a Ray cluster, ranked and promoted here (docs/guide/cluster.md, "Running a
 race on a cluster").
 
 End to end, from ``race.run_race(..., cluster=...)``:

@@ -18,7 +18,7 @@ object store, one chunk per object, once per race whatever number of nodes pull 
 Caveats:
 - A base made of one full layer (non-layered backends) is shipped whole for every new base.
 - While chunks are in the object store they take its memory; past its size Ray spills them
-  to its spilling directory (see the README for where to put it).
+  to its spilling directory (docs/guide/cluster.md says where to put it).
 """
 from __future__ import annotations
 

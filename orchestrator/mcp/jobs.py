@@ -257,7 +257,7 @@ class RaceJob:
         self.error: BaseException | None = None
         self.base: str | None = None
         self.t0 = time.monotonic()
-        # what is known before the end, one row per candidate (SPEC's race candidate fields)
+        # what is known before the end, one row per candidate (the race document's candidate fields)
         self.rows: list[dict[str, Any]] = [{"candidate": c["candidate"], "kind": c["kind"], "sandbox": None,
                                             "applied": None, "exit_code": None, "duration_s": None,
                                             "rank": None, "finished": False} for c in candidates]

@@ -3,7 +3,7 @@
 One set of models serves the CLI, the API and MCP: a tool's ``outputSchema`` is made here
 from the record class whose ``to_json()`` the tool returns, so the schema cannot drift from
 the document. Each record's typed fields become ``properties`` (those without a default are
-``required``, with ``schema``); more keys are allowed, as SPEC's JSON shapes say ("fields
+``required``, with ``schema``); more keys are allowed, as the JSON shapes say ("fields
 that must exist; more are welcome").
 
 Pure: imports neither the SDK nor anything that touches a workspace.

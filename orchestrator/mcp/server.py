@@ -46,7 +46,7 @@ from .handshake import NAME, TITLE
 from .jobs import Jobs, RaceJob, RunJob, split_failure
 from .tools import BY_NAME, INSTRUCTIONS, TOOLS, Tool
 
-PROGRESS_S = 2.0           # heartbeat period (SPEC: at least every 5 s)
+PROGRESS_S = 2.0           # heartbeat period (promised: at least every 5 s)
 SHUTDOWN_WAIT_S = 30.0     # after a signal: how long the runs' clean-up may take before exiting anyway
 
 

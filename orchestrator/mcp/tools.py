@@ -1,7 +1,7 @@
 """The MCP tools: name, description, argument and result schemas, annotations, handler.
 
 Each handler takes the server's ``State`` and the (already validated) arguments and returns
-the CLI's ``--json`` document for that operation (SPEC, "MCP server"), built from the
+the CLI's ``--json`` document for that operation (docs/guide/mcp.md), built from the
 public API (``petri.aio``): the same records the CLI prints. Failures are ``PetriError``s
 (the server turns them into tool errors whose text is the CLI's error line).
 

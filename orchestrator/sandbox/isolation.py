@@ -84,7 +84,7 @@ from typing import Iterable, Literal, Sequence
 BWRAP = "bwrap"
 
 # What holds secrets, relative to a home directory: hidden in every home (root's included)
-# inside every sandbox. The README lists them; the config's ``masks`` adds more ("~/x" masks
+# inside every sandbox. docs/guide/environment.md lists them; the config's ``masks`` adds more ("~/x" masks
 # x in every home). Toolchains (pyenv, uv, nvm, rustup, ...) stay readable.
 CREDENTIAL_PATHS: tuple[str, ...] = (
     # keys and keyrings

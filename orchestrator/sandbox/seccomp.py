@@ -7,7 +7,7 @@ ctypes over Debian's ``libseccomp2``) and exports classic BPF. ``filter_fd`` put
 on a pipe for one bwrap to read with ``--seccomp FD``; bwrap loads it (with no_new_privs)
 right before it execs the command, so the command and everything it starts run under it.
 
-The profiles (SPEC "Syscall filter"), learnt from Flatpak's ``setup_seccomp``
+The profiles (docs/guide/sandboxes.md, the seccomp filter), learnt from Flatpak's ``setup_seccomp``
 (flatpak-run.c) and Codex's ``linux-sandbox/src/seccomp.rs``:
 
 - ``default``: allow everything except what no build or test needs, what has a long
