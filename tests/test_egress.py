@@ -351,3 +351,16 @@ def test_as_a_normal_user_on_fuse(user_tmp, unprivileged_user, servers):
         assert b.seen == []
     finally:
         p("deinit", "--force")
+
+
+def test_a_races_candidates_get_the_allow_list(ws, servers):
+    a, b = servers
+    check = f"curl -sf --noproxy '' http://127.0.0.1:{a.server_port}/race"
+    r = petri("race", "--net", f"allow:127.0.0.1:{a.server_port}", "--check", check, "--cmd", "true", "--json",
+              cwd=ws, timeout=300)
+    assert r.rc == 0 and r.json["winner"], r
+    check = f"curl -sf --noproxy '' http://127.0.0.1:{b.server_port}/race"
+    r = petri("race", "--net", f"allow:127.0.0.1:{a.server_port}", "--check", check, "--cmd", "true", "--json",
+              cwd=ws, timeout=300)
+    assert r.rc == 1 and r.json["winner"] is None, r
+    assert "/race" in a.seen and b.seen == []

@@ -230,3 +230,13 @@ def test_the_address_of_an_allowed_name_and_a_name_for_an_allowed_address_are_re
     got = ask(port, f"CONNECT localhost:{a.server_port} HTTP/1.1\r\n\r\n".encode(),
               then=b"GET /l HTTP/1.1\r\nConnection: close\r\n\r\n")
     assert got.endswith(b"A /l")
+
+
+def test_the_mcp_fork_tool_takes_an_allow_list_or_a_boolean():
+    from orchestrator.mcp.tools import BY_NAME, _limits
+
+    assert _limits({"net": "allow:pypi.org:443"}).net_allow == ("pypi.org:443",)
+    assert _limits({"net": True}).net is True and _limits({}).net is False
+    with pytest.raises(UsageError, match="no scheme"):
+        _limits({"net": "allow:https://pypi.org"})
+    assert BY_NAME["sandbox_fork"].args["net"]["type"] == ["boolean", "string"]
