@@ -173,7 +173,12 @@ except OSError as e:
     assert lines[3] == "A /urllib", r.out
     assert lines[4] == "direct-B 7", r.out  # the sandbox's own loopback: nothing listens there
     assert lines[5] == "direct-out ENETUNREACH", r.out  # no route out of the namespace at all
-    assert b.seen == [] and sorted(a.seen) == ["/curl", "/urllib"]
+    # strict's "no socket but AF_UNIX" is for a sandbox without network: an allow-list's
+    # commands still reach their proxy (and through it A only)
+    r = petri("run", "--seccomp", "strict", sb, "--", "sh", "-c", CURL + f"code --noproxy '' http://127.0.0.1:{A}/strict",
+              cwd=ws)
+    assert r.rc == 0 and r.out == "200 A /strict\n", r
+    assert b.seen == [] and sorted(a.seen) == ["/curl", "/strict", "/urllib"]
     ev = denied_events(ws)
     assert [(e["sandbox"], e["host"], e["port"]) for e in ev] == [(sb, "127.0.0.1", B), (sb, "localhost", A)], ev
     assert all(e["via"] == "cli" and e["reason"] for e in ev)

@@ -419,8 +419,10 @@ def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> in
     """Start ``argv`` (a relay), which detaches itself (a double fork: it is no child of
     ours, so no petri process has to reap it) and says ``ok PID`` on ``w``, or why not."""
     try:
+        # cwd /: a process that lives as long as the sandbox must not hold petri's working
+        # directory (a workspace on a filesystem someone unmounts, a sandbox's tree) busy.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=(w, *pass_fds), close_fds=True, start_new_session=True,
+                                pass_fds=(w, *pass_fds), close_fds=True, start_new_session=True, cwd="/",
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except OSError as e:
         os.close(r)

@@ -123,7 +123,9 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
         new_session=new_session, marker=marker, seccomp=spec.seccomp,
         shared=env.dirs if env is not None else (), net_joined=join_net,
     )
-    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
+    # An allow-list's commands reach their proxy over TCP on the sandbox's loopback: for the
+    # filter's ``strict`` that is a sandbox with network (the namespace still has no route out).
+    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net or bool(spec.limits.net_allow))
     try:
         cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, support)
     except BaseException as e:
