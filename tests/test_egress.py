@@ -369,3 +369,18 @@ def test_a_races_candidates_get_the_allow_list(ws, servers):
               cwd=ws, timeout=300)
     assert r.rc == 1 and r.json["winner"] is None, r
     assert "/race" in a.seen and b.seen == []
+
+
+def test_the_api_takes_an_allow_list_in_limits(ws, servers):
+    import petri as api
+
+    a, b = servers
+    w = api.open(ws)
+    with w.fork(limits=api.Limits(net=f"allow:127.0.0.1:{a.server_port}")) as sbs:
+        assert w.status(sbs[0]).to_json()["sandboxes"][0]["limits"]["net_allow"] == [f"127.0.0.1:{a.server_port}"]
+        r = sbs[0].run(["sh", "-c", CURL + f"code --noproxy '' http://127.0.0.1:{a.server_port}/api; "
+                        f"code --noproxy '' http://127.0.0.1:{b.server_port}/api"], timeout=60)
+        assert r.exit_code == 0
+        out = r.stdout().splitlines()
+        assert out[0] == "200 A /api" and out[1].startswith("403 "), out
+    assert b.seen == []

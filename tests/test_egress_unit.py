@@ -202,6 +202,8 @@ def test_a_plain_request_whose_host_header_names_another_destination_is_refused(
               .encode())
     assert got.startswith(b"HTTP/1.1 400") and b"Host header" in got
     assert a.seen == [] and b.seen == []
+    assert denied == [("GET", "127.0.0.1", b.server_port,
+                       f"the Host header names another destination than 127.0.0.1:{a.server_port}")]
     got = ask(port, f"GET http://127.0.0.1:{a.server_port}/ok HTTP/1.1\r\nHost: 127.0.0.1:{a.server_port}\r\n\r\n"
               .encode())
     assert got.startswith(b"HTTP/1.0 200") and got.endswith(b"A /ok")  # http.server speaks 1.0

@@ -23,7 +23,8 @@ proxy forwards it with ``Connection: close``). It decides on the request's targe
   what DNS rebinding aims at) is refused unless the entry is ``localhost`` or the address
   itself, written as an IP literal;
 - a plain request whose ``Host`` header names another destination than its target is
-  refused (400): no server behind an allowed name is handed a request meant for another.
+  refused (400, and a ``net.denied`` naming the header's host): no server behind an allowed
+  name is handed a request meant for another.
 Anything refused gets ``403`` with a one-line body naming the destination and why, and is a
 ``net.denied`` event (``sandbox``, ``host``, ``port``, ``reason``), which ``petri stats`` counts.
 
@@ -302,6 +303,12 @@ class Proxy:
             path = "/" + tail if slash else "/"
             for k, v in headers:
                 if k.lower() == "host" and not self._same(v, host, port):
+                    try:
+                        hh, hp = split_host_port(v.strip(), need_port=False)
+                    except BadAllowList:
+                        hh, hp = v, None
+                    self.denied(method, hh, 80 if hp is None else hp,
+                                f"the Host header names another destination than {host}:{port}")
                     return self._reply(conn, "400 Bad Request",
                                        f"petri: the Host header ({v}) names another destination than the request"
                                        f" ({host}:{port})")
