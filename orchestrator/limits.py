@@ -4,7 +4,7 @@ MCP server, the config file) down to the registry row and each run's cgroup.
 ``Limits(mem="1G", ttl="2h")`` takes what a person writes (sizes with K/M/G/T/P, durations
 with ms/s/m/h/d/w, numbers as they are; the CLI hands its flags over as given, so an empty
 one is refused, not taken for "none") as well as the exact fields (``mem_bytes=...``);
-``as_dict()`` is the row's and the JSON's ``limits`` object.
+``as_dict()`` is the row's and the JSON's ``limits`` object (``net_allow`` only when there is one).
 
 ``net`` is ``True`` (the host's network), ``False`` (loopback only), or an allow-list as written
 on the command line, ``"allow:HOST[:PORT],..."`` (``orchestrator.sandbox.egress``), which
@@ -82,7 +82,10 @@ class Limits:
 
     def as_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["net_allow"] = list(self.net_allow)
+        if self.net_allow:
+            d["net_allow"] = list(self.net_allow)
+        else:  # only a sandbox with an allow-list has the key: every other document stays as it was
+            del d["net_allow"]
         return d
 
     def replace(self, **changes: Any) -> "Limits":

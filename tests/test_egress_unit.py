@@ -62,6 +62,8 @@ def test_limits_take_an_allow_list_and_keep_net_false():
     assert d["net"] is False and d["net_allow"] == ["localhost:8000"]
     assert Limits.from_dict(d) == lim
     assert Limits.from_dict({"net": True}).net_allow == ()
+    assert "net_allow" not in Limits(net=True).as_dict() and "net_allow" not in Limits().as_dict()
+    assert Limits(net="allow:a.b").replace(mem_bytes=1 << 20).net_allow == ("a.b",)
     with pytest.raises(UsageError, match="bad --net"):
         Limits(net="allow:")
     with pytest.raises(UsageError, match="exclude each other"):

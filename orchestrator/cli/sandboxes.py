@@ -93,7 +93,8 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
         return
     for k in ("id", "label", "backend", "state", "base", "path", "created_at", "expires_at"):
         o.say(f"{k + ':':<12} {doc[k] if doc[k] is not None else '-'}")
-    lim = ", ".join(f"{k}={v}" for k, v in doc["limits"].items() if v not in (None, False))
+    lim = ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in doc["limits"].items()
+                    if v not in (None, False, []))
     o.say(f"{'limits:':<12} {lim or 'none'}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
     if doc.get("promoted"):
