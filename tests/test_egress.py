@@ -162,6 +162,10 @@ try:
     s.connect(('192.0.2.1', 80))
 except OSError as e:
     print('direct-out', errno.errorcode[e.errno])
+try:
+    socket.getaddrinfo('pypi.org', 443)
+except socket.gaierror:
+    print('no-dns')
 "
 """
     r = petri("run", sb, "--", "sh", "-c", script, cwd=ws)
@@ -173,6 +177,7 @@ except OSError as e:
     assert lines[3] == "A /urllib", r.out
     assert lines[4] == "direct-B 7", r.out  # the sandbox's own loopback: nothing listens there
     assert lines[5] == "direct-out ENETUNREACH", r.out  # no route out of the namespace at all
+    assert lines[6] == "no-dns", r.out  # and no name resolves inside: only the proxy resolves, what is listed
     # strict's "no socket but AF_UNIX" is for a sandbox without network: an allow-list's
     # commands still reach their proxy (and through it A only)
     r = petri("run", "--seccomp", "strict", sb, "--", "sh", "-c", CURL + f"code --noproxy '' http://127.0.0.1:{A}/strict",
@@ -384,3 +389,14 @@ def test_the_api_takes_an_allow_list_in_limits(ws, servers):
         out = r.stdout().splitlines()
         assert out[0] == "200 A /api" and out[1].startswith("403 "), out
     assert b.seen == []
+
+
+def test_the_proxy_ends_with_the_sandboxs_lifetime(ws, servers):
+    a, _ = servers
+    sb = fork(ws, "--net", f"allow:127.0.0.1:{a.server_port}", "--ttl", "4s")
+    assert petri("run", sb, "--", "curl", "-s", "--noproxy", "", f"http://127.0.0.1:{a.server_port}/t",
+                 cwd=ws).out == "A /t"
+    st = env_state(ws, sb)
+    time.sleep(5)
+    assert petri("ls", "--json", cwd=ws).rc == 0  # any command expires what is overdue
+    assert_gone(st)
