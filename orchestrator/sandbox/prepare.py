@@ -66,8 +66,9 @@ class RunSpec:
     # stream and per start (given the stream's name): see runlog.ChunkFilter.
     output_filters: tuple[Callable[[str], ChunkFilter], ...] = ()
     # The sandbox's lasting environment (``environment.Env``): its network namespace is
-    # joined (unless ``limits.net``), its directories are /tmp, /var/tmp and /run. None:
-    # fresh ones for this run alone.
+    # joined (unless ``limits.net``; with an allow-list the command gets its proxy's
+    # HTTP_PROXY & co, ``egress.proxy_env``), its directories are /tmp, /var/tmp and /run.
+    # None: fresh ones for this run alone.
     environment: Any = None
 
 
