@@ -244,3 +244,20 @@ def test_the_mcp_fork_tool_takes_an_allow_list_or_a_boolean():
     with pytest.raises(UsageError, match="no scheme"):
         _limits({"net": "allow:https://pypi.org"})
     assert BY_NAME["sandbox_fork"].args["net"]["type"] == ["boolean", "string"]
+
+
+def test_the_config_file_takes_an_allow_list_and_flags_override_it(tmp_path):
+    from orchestrator.config import parse_config
+    from orchestrator.errors import ConfigError
+
+    path = tmp_path / "config.toml"
+    cfg = parse_config(b'[limits]\nnet = "allow:PyPI.org:443, files.pythonhosted.org:443"\n', path)
+    lim = cfg.apply_defaults(Limits())
+    assert lim.net is False and lim.net_allow == ("pypi.org:443", "files.pythonhosted.org:443")
+    assert cfg.apply_defaults(Limits(net=True)) == Limits(net=True)  # --net wins
+    assert cfg.apply_defaults(Limits(net="allow:a.b")).net_allow == ("a.b",)  # so does the command's list
+    assert parse_config(b"[limits]\nnet = true\n", path).apply_defaults(Limits()).net is True
+    with pytest.raises(ConfigError, match="limits.net.*1-65535"):
+        parse_config(b'[limits]\nnet = "allow:pypi.org:0"\n', path)
+    with pytest.raises(ConfigError, match="limits.net"):
+        parse_config(b'[limits]\nnet = "yes"\n', path)
