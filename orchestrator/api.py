@@ -804,6 +804,8 @@ class Workspace:
         e = self.engine
         at = _since(since, self._name("since"))
         doc = {"since": rfc3339(at), **kpi.stats(e.registry, since=at)}
+        from .events import count
+        doc["counts"] = {"net_denied": count(e.store.root, "net.denied", since=at)}
         doc["breaches"] = kpi.breaches(doc, load_config(e.root).kpi)
         result = Stats.from_doc(doc)
         if check and doc["breaches"]:

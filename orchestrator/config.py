@@ -24,7 +24,7 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     pids = 512
     disk = "5G"
     ttl = "2h"           # duration: seconds or ms/s/m/h/d/w (or several: 1h30m)
-    net = false
+    net = false          # true: the host's network; "allow:pypi.org,files.pythonhosted.org:443": only those
 
     [env]                # set inside every run (a run's --env overrides)
     PIP_INDEX_URL = "https://pypi.example/simple"
@@ -83,7 +83,7 @@ class Config:
     pids: int | None = None
     disk_bytes: int | None = None
     ttl_s: float | None = None
-    net: bool | None = None
+    net: bool | str | None = None  # a string is an allow-list, "allow:HOST[:PORT],..." (checked when read)
     masks: tuple[Path, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     env_pass: tuple[str, ...] = ()  # host variables (names or globs) every run gets (orchestrator.run_env)
@@ -107,8 +107,12 @@ class Config:
                 if why is not None:  # what this machine has: known only here, not when the file is read
                     raise ConfigError(path=str(self.path), detail=f"key 'limits.{_LIMIT_KEYS[name]}' = {why}")
                 changes[name] = getattr(self, name)
-        if not limits.net and self.net:
-            changes["net"] = True
+        if not limits.net and not limits.net_allow and self.net:
+            if isinstance(self.net, str):
+                from .sandbox.egress import parse_allow
+                changes["net_allow"] = parse_allow(self.net)  # checked when the file was read
+            else:
+                changes["net"] = True
         return replace(limits, **changes) if changes else limits
 
 
@@ -278,7 +282,18 @@ def _model():
         pids: int | None = Field(default=None, ge=1, le=1 << 22)  # the kernel's PID_MAX_LIMIT
         disk: int | None = None
         ttl: float | None = None
-        net: bool | None = None
+        net: bool | str | None = None
+
+        @field_validator("net")
+        @classmethod
+        def _net(cls, v: Any) -> Any:
+            if isinstance(v, str):
+                from .sandbox.egress import BadAllowList, parse_allow
+                try:
+                    return "allow:" + ",".join(parse_allow(v))
+                except BadAllowList as e:
+                    raise ValueError(str(e)) from None
+            return v
 
         @field_validator("mem", "disk", mode="before")
         @classmethod

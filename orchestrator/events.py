@@ -36,6 +36,9 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
   the workspace whose stream it is / taken out again: a promotion or stage, a rollback, an
   undo after a failed check, a recovery that finished or undid one)
 - ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
+- ``net.denied``: ``sandbox``, ``host``, ``port``, ``method``, ``reason``: the egress proxy of a
+  sandbox with ``--net allow:...`` refused a destination (``orchestrator.sandbox.egress``; the
+  proxy is the writer, so ``pid`` is the proxy's and ``via`` that of the operation that made it)
 
 Rotation: the writer whose event takes the stream past ``ROTATE_BYTES`` renames it to
 ``events.jsonl.1`` (replacing the previous one) and a new stream starts; ``petri gc`` does
@@ -80,6 +83,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
     "snapshot.created": ("snapshot",),
     "service.started": ("sandbox", "service"), "service.exited": ("sandbox", "service"),
+    "net.denied": ("sandbox",),
 }
 NAMES = frozenset(KEYS)
 VIAS = frozenset({"cli", "api", "mcp", "tui"})
@@ -240,6 +244,10 @@ def service_started(to: Any, **fields: Any) -> None:
     _to(to).emit("service.started", **fields)
 
 
+def net_denied(to: Any, **fields: Any) -> None:
+    _to(to).emit("net.denied", **fields)
+
+
 def service_exited(to: Any, **fields: Any) -> None:
     _to(to).emit("service.exited", **fields)
 
@@ -291,6 +299,41 @@ def read_all(store_root: Path) -> Iterator[dict[str, Any]]:
                         yield json.loads(ln)
                     except ValueError:
                         continue  # the line being written right now
+
+
+def count(store_root: Path, event: str, *, since: float | None = None) -> dict[str, Any]:
+    """How many ``event`` the stream holds (since ``since``, a time.time()): ``{"n",
+    "by_sandbox"}``. Lines that cannot be it are skipped unparsed (the stream may be long)."""
+    needle = json.dumps(event).encode()
+    by: dict[str, int] = {}
+    n = 0
+    for name in (ROTATED_NAME, FILE_NAME):
+        try:
+            f = open(Path(store_root) / name, "rb")
+        except FileNotFoundError:
+            continue
+        with f:
+            for ln in f:
+                if needle not in ln:
+                    continue
+                try:
+                    doc = json.loads(ln)
+                except ValueError:
+                    continue
+                if doc.get("event") != event:
+                    continue
+                if since is not None:
+                    try:
+                        at = datetime.fromisoformat(doc["ts"].replace("Z", "+00:00")).timestamp()
+                    except (KeyError, ValueError, AttributeError):
+                        continue
+                    if at < since:
+                        continue
+                n += 1
+                sb = doc.get("sandbox")
+                if sb:
+                    by[sb] = by.get(sb, 0) + 1
+    return {"n": n, "by_sandbox": by}
 
 
 def follow(store_root: Path, *, from_start: bool = False, poll_s: float = 0.1,

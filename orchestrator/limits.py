@@ -4,7 +4,12 @@ MCP server, the config file) down to the registry row and each run's cgroup.
 ``Limits(mem="1G", ttl="2h")`` takes what a person writes (sizes with K/M/G/T/P, durations
 with ms/s/m/h/d/w, numbers as they are; the CLI hands its flags over as given, so an empty
 one is refused, not taken for "none") as well as the exact fields (``mem_bytes=...``);
-``as_dict()`` is the row's and the JSON's ``limits`` object.
+``as_dict()`` is the row's and the JSON's ``limits`` object (``net_allow`` only when there is one).
+
+``net`` is ``True`` (the host's network), ``False`` (loopback only), or an allow-list as written
+on the command line, ``"allow:HOST[:PORT],..."`` (``orchestrator.sandbox.egress``), which
+leaves ``net`` False (no host network) and sets ``net_allow`` to the parsed entries: every
+``if limits.net`` stays true to its word.
 
 Values are checked where they are applied (``units.validate_limits``: finite, within what
 the machine has), not here, so a row written by an older petri still loads.
@@ -26,10 +31,12 @@ class Limits:
     disk_bytes: int | None = None
     net: bool = False
     ttl_s: float | None = None
+    net_allow: tuple[str, ...] = ()  # the egress allow-list's entries (net is then False)
 
     def __init__(self, mem: Size = None, cpus: float | int | str | None = None, pids: int | None = None,
-                 disk: Size = None, net: bool = False, ttl: Duration = None, *, mem_bytes: int | None = None,
-                 disk_bytes: int | None = None, ttl_s: float | None = None) -> None:
+                 disk: Size = None, net: bool | str = False, ttl: Duration = None, *, mem_bytes: int | None = None,
+                 disk_bytes: int | None = None, ttl_s: float | None = None,
+                 net_allow: "tuple[str, ...] | list[str] | None" = None) -> None:
         from .errors import UsageError
         from .units import parse_cpus, parse_duration, parse_size
 
@@ -49,7 +56,19 @@ class Limits:
         set_(self, "pids", pids)
         set_(self, "disk_bytes",
              parse_size(disk_v, "--disk") if isinstance(disk_v, str) else _int_or_none("disk", disk_v))
+        if isinstance(net, str):
+            if net_allow:
+                raise UsageError(detail="Limits: give net='allow:...' or net_allow, not both")
+            from .sandbox.egress import BadAllowList, parse_allow
+            try:
+                net_allow = parse_allow(net)
+            except BadAllowList as e:
+                raise UsageError(detail=f"bad --net {e}") from None
+            net = False
+        elif net and net_allow:
+            raise UsageError(detail="Limits: --net (the host's network) and an allow-list exclude each other")
         set_(self, "net", bool(net))
+        set_(self, "net_allow", tuple(net_allow or ()))
         set_(self, "ttl_s",
              parse_duration(ttl_v, "--ttl") if isinstance(ttl_v, str) else (None if ttl_v is None else float(ttl_v)))
 
@@ -58,10 +77,16 @@ class Limits:
         """From a row's or a document's ``limits`` object (unknown keys ignored)."""
         d = d or {}
         return cls(mem_bytes=d.get("mem_bytes"), cpus=d.get("cpus"), pids=d.get("pids"),
-                   disk_bytes=d.get("disk_bytes"), net=bool(d.get("net")), ttl_s=d.get("ttl_s"))
+                   disk_bytes=d.get("disk_bytes"), net=bool(d.get("net")), ttl_s=d.get("ttl_s"),
+                   net_allow=d.get("net_allow"))
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.net_allow:
+            d["net_allow"] = list(self.net_allow)
+        else:  # only a sandbox with an allow-list has the key: every other document stays as it was
+            del d["net_allow"]
+        return d
 
     def replace(self, **changes: Any) -> "Limits":
         d = self.as_dict()

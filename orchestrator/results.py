@@ -583,6 +583,8 @@ class Stats(Record):
     ops: Mapping[str, Any] = field(default_factory=dict)
     rates: Mapping[str, Any] = field(default_factory=dict)
     breaches: tuple[Any, ...] | list[Any] = ()
+    # Events counted from the stream: ``net_denied`` ``{"n", "by_sandbox": {id: n}}``.
+    counts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

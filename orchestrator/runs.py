@@ -198,7 +198,8 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     from .sandbox.host_sockets import private_dirs
 
     env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
-                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs())
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(),
+                   allow=run_limits(row).net_allow)
     secrets = secret_values(engine, row)
     if secrets:
         from .run_env import install

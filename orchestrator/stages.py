@@ -540,7 +540,7 @@ def _in_place(r: dict[str, Any]) -> bool:
 
 
 def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
-    """Where a pipeline stands: the ``promote`` document's fields (docs/reference/json.md) for its last stage reached, and
+    """Where a pipeline stands: the ``promote`` document's fields for its last stage reached, and
     every stage. ``state``: ``done`` (every stage up to the target passed), ``pending``
     (a gate or an inconclusive or interrupted stage waits: ``pending``), ``failed``,
     ``conflict``, ``undone``; ``exit_code`` is what the CLI exits with."""

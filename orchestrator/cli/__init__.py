@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .common import G
+    from .common import G, net_allow_argv
     from .fastpath import parse, run
 
-    raw = list(sys.argv[1:] if argv is None else argv)
+    raw = net_allow_argv(list(sys.argv[1:] if argv is None else argv))
     if argv is None:  # the process's own: a signal from anyone is a Ctrl-C (in-process callers keep theirs)
         from .. import interrupts
         interrupts.install()

@@ -98,6 +98,29 @@ def take_global(argv: list[str], i: int) -> int:
     return 0
 
 
+# Commands whose --net may be an allow-list (``--net allow:HOST[:PORT],...``): click has no option
+# that is a flag or takes a value, so ``net_allow_argv`` gives that form its own option name.
+NET_ALLOW_COMMANDS = frozenset({"fork", "race"})
+
+
+def net_allow_argv(raw: list[str]) -> list[str]:
+    """``raw`` with ``--net allow:...`` / ``--net=allow:...`` of a ``NET_ALLOW_COMMANDS``
+    command written ``--net-allow allow:...`` (before ``--`` only: what follows is a command's)."""
+    out = list(raw)
+    i = 0
+    while i < len(out) and take_global(out, i):
+        i += take_global(out, i)
+    if i == len(out) or out[i] not in NET_ALLOW_COMMANDS:
+        return out
+    while i < len(out) and out[i] != "--":
+        if out[i] == "--net" and i + 1 < len(out) and out[i + 1].startswith("allow:"):
+            out[i] = "--net-allow"
+        elif out[i].startswith("--net=allow:"):
+            out[i] = "--net-allow=" + out[i][len("--net="):]
+        i += 1
+    return out
+
+
 def split_trailing(args: list[str], arity: dict[str, bool], name: str) -> list[str]:
     """``args`` of a command whose last argument is a command (``petri run SB ls -la``): its
     options and the sandbox, then ``--``, then the command exactly as given (its own flags

@@ -103,6 +103,10 @@ def _print_stats(o: Any, doc: dict[str, Any]) -> None:
     for name, r in doc["rates"].items():
         rate = "-" if r["rate"] is None else f"{r['rate'] * 100:.1f}%"
         o.say(f"{name}: {rate} ({r['count']} of {r['of']})")
+    denied = (doc.get("counts") or {}).get("net_denied")
+    if denied is not None:
+        per = ", ".join(f"{sb} {n}" for sb, n in sorted(denied["by_sandbox"].items()))
+        o.say(f"net_denied: {denied['n']}" + (f" ({per})" if per else ""))
     for name, note in (doc.get("notes") or {}).items():
         o.say(f"note: {name}: {note}")
     for b in doc.get("breaches", []):

@@ -66,7 +66,10 @@ def race(
     cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota per candidate.")] = None,
     pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes per candidate.")] = None,
     disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget per candidate.")] = None,
-    net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
+    net: Annotated[bool, typer.Option("--net", help="Allow network access (the host's); --net allow:HOST[:PORT],..."
+                                                    " only those destinations, through a filtering proxy.")] = False,
+    net_allow: Annotated[Optional[str], typer.Option("--net-allow", hidden=True,
+                                                     help="--net allow:... as petri rewrites it.")] = None,
     ttl: Annotated[Optional[str], typer.Option("--ttl", help="Lifetime of the candidates' sandboxes.")] = None,
     timeout: Annotated[Optional[str], typer.Option("--timeout",
                                                    help="Per step (apply, check) of each candidate.")] = None,
@@ -102,7 +105,10 @@ def race(
     if pids is not None and pids < 1:
         raise UsageError(detail=f"bad --pids {pids}: at least 1")
     cands = load_candidates(_candidate_order(list(patch or []), list(cmd or [])))
-    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
+    if net and net_allow is not None:
+        raise UsageError(detail="--net and --net allow:... exclude each other")
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
+                    ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     e = workspace().engine
     o = out()

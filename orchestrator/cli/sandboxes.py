@@ -26,7 +26,10 @@ def fork(
     cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota, e.g. 0.5.")] = None,
     pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes.")] = None,
     disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget, e.g. 1G.")] = None,
-    net: Annotated[bool, typer.Option("--net", help="Allow network access.")] = False,
+    net: Annotated[bool, typer.Option("--net", help="Allow network access (the host's); --net allow:HOST[:PORT],..."
+                                                    " only those destinations, through a filtering proxy.")] = False,
+    net_allow: Annotated[Optional[str], typer.Option("--net-allow", hidden=True,
+                                                     help="--net allow:... as petri rewrites it.")] = None,
     publish: Annotated[Optional[List[str]], typer.Option("--publish", "-p", help="PORT[:HOSTPORT]: the sandbox's TCP"
                                                          " PORT on the host's 127.0.0.1 (repeatable).")] = None,
     env_pass: Annotated[Optional[List[str]], typer.Option("--env-pass", help="A host variable (or a glob of names)"
@@ -40,7 +43,11 @@ def fork(
     --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
     a fork, whose row records its parent and generation (the parent's + 1)."""
     from ..limits import Limits
-    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
+    from ..errors import UsageError
+    if net and net_allow is not None:
+        raise UsageError(detail="--net and --net allow:... exclude each other")
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
+                    ttl=ttl)  # parsed there; "" is refused
     ws = workspace()
     try:
         made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired,
@@ -86,7 +93,8 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
         return
     for k in ("id", "label", "backend", "state", "base", "path", "created_at", "expires_at"):
         o.say(f"{k + ':':<12} {doc[k] if doc[k] is not None else '-'}")
-    lim = ", ".join(f"{k}={v}" for k, v in doc["limits"].items() if v not in (None, False))
+    lim = ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in doc["limits"].items()
+                    if v not in (None, False, []))
     o.say(f"{'limits:':<12} {lim or 'none'}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
     if doc.get("promoted"):

@@ -74,7 +74,9 @@ LIMITS = {
     "cpus": {"type": ["string", "number"], "description": "CPU quota, e.g. 0.5"},
     "pids": {"type": "integer", "minimum": 1, "description": "max processes"},
     "disk": {**SIZE, "description": "disk budget, e.g. 1G"},
-    "net": {"type": "boolean", "description": "allow network access (default off)"},
+    "net": {"type": ["boolean", "string"],
+            "description": "true: the host's network; \"allow:HOST[:PORT],...\": only those destinations, through"
+                           " a filtering proxy (HTTP_PROXY/HTTPS_PROXY inside); default off"},
 }
 RUN_ARGS = {
     "sandbox": SANDBOX,
@@ -126,7 +128,14 @@ def _limits(args: dict[str, Any]) -> Any:
     from ..limits import Limits
 
     return Limits(mem=args.get("mem"), cpus=args.get("cpus"), pids=args.get("pids"), disk=args.get("disk"),
-                  net=bool(args.get("net", False)), ttl=args.get("ttl"))
+                  net=_net(args.get("net", False)), ttl=args.get("ttl"))
+
+
+def _net(v: Any) -> "bool | str":
+    """``net``: a boolean, or an allow-list (``allow:...``; Limits checks it)."""
+    if isinstance(v, str):
+        return v
+    return bool(v)
 
 
 def _command(args: dict[str, Any]) -> Any:
@@ -520,7 +529,7 @@ builds and tests without touching the user's live tree.
 Workflow:
 1. sandbox_fork: make a sandbox (n > 1 for several attempts). It is a full copy of the workspace; \
 commands run inside see it at the workspace's own path, the rest of the machine read-only, network off \
-unless net: true.
+unless net: true (or net: "allow:HOST[:PORT],..." for only those destinations).
 2. Look with sandbox_list_files / sandbox_grep / sandbox_read_file and change files with sandbox_write_file / \
 sandbox_edit_file / sandbox_move_file / sandbox_delete_file (paths relative to the workspace root): cheaper \
 than a command, with structured results. Or run commands.

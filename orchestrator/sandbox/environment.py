@@ -36,7 +36,15 @@ namespace to the host's network (a tap with outbound routing), which a sandbox w
 ``--net`` must not have; the relay reaches nothing but the one port, and needs nothing
 installed.
 
-``destroy`` (``rm``, expiry, ``deinit``) kills the relays and the holder and removes the
+Egress (``--net allow:...``): the sandbox's proxy (``egress.py serve``) is made with the
+environment (and again at the next run if it died): a detached process on the host's network
+whose listening socket petri made inside the namespace (as root a thread joins it for the
+``socket()`` call; rootless a helper under ``nsenter`` makes the socket and sends it back),
+so the namespace keeps no route out and the proxy is its only way to a listed destination.
+Its pid, start time and port are in the state; every run gets ``HTTP_PROXY`` & co for it
+(``prepare``).
+
+``destroy`` (``rm``, expiry, ``deinit``) kills the relays, the proxy and the holder and removes the
 directories; ``sweep`` does it for every environment whose sandbox is gone (``gc``, also
 after petri was killed).
 
@@ -94,6 +102,7 @@ class Env:
     holder_pid: int
     own_userns: bool
     dirs: tuple[tuple[bytes, bytes], ...]  # (host directory, path inside)
+    proxy_port: int | None = None  # the egress proxy's port on the sandbox's 127.0.0.1 (allow-list)
 
     @property
     def netns(self) -> bytes:
@@ -204,8 +213,10 @@ def _write(store_root: Path, sb_id: str, state: dict) -> None:
 
 
 def _env_of(sb_id: str, state: dict) -> Env:
+    proxy = state.get("proxy") or {}
     return Env(sb_id, state["holder_pid"], state["own_userns"],
-               tuple((os.fsencode(src), os.fsencode(dest)) for src, dest in state["dirs"]))
+               tuple((os.fsencode(src), os.fsencode(dest)) for src, dest in state["dirs"]),
+               proxy["port"] if _alive(proxy.get("pid"), proxy.get("start")) else None)
 
 
 def current(store_root: Path, sb_id: str) -> Env | None:
@@ -217,16 +228,22 @@ def current(store_root: Path, sb_id: str) -> Env | None:
 
 
 def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_bytes: int,
-           until: float | None, private: Iterable[bytes]) -> Env:
+           until: float | None, private: Iterable[bytes], allow: tuple[str, ...] = ()) -> Env:
     """The sandbox's environment, made now if it does not exist (or its holder died).
     ``private``: the host directories a run hides behind a private one (``/run``, ``/var/tmp``,
-    ``/var/run`` where it is a directory of its own; ``/tmp`` always)."""
+    ``/var/run`` where it is a directory of its own; ``/tmp`` always). ``allow``: the egress
+    allow-list (``egress.parse_allow``'s entries): its proxy is made with the environment, and
+    again if it died."""
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         if state is not None and _alive(state.get("holder_pid"), state.get("holder_start")) \
                 and all(os.path.isdir(src) for src, _ in state["dirs"]):
             if state.get("owner") != [host_uid, host_gid] and os.geteuid() == 0:
                 _reown(state, host_uid, host_gid)
+                _write(store_root, sb_id, state)
+            proxy = state.get("proxy") or {}
+            if allow and not _alive(proxy.get("pid"), proxy.get("start")):
+                state["proxy"] = _start_proxy(store_root, sb_id, _env_of(sb_id, state), allow)
                 _write(store_root, sb_id, state)
             return _env_of(sb_id, state)
         if state is not None:
@@ -241,6 +258,9 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
                                 state["root"] if state["mounted"] else "")
             state["holder_pid"], state["holder_start"] = pid, _start_time(pid)
             _write(store_root, sb_id, state)
+            if allow:
+                state["proxy"] = _start_proxy(store_root, sb_id, _env_of(sb_id, state), allow)
+                _write(store_root, sb_id, state)
         except BaseException:
             _teardown(store_root, sb_id, state)
             raise
@@ -399,8 +419,10 @@ def _spawn_detached(argv: list, r: int, w: int, pass_fds: tuple[int, ...]) -> in
     """Start ``argv`` (a relay), which detaches itself (a double fork: it is no child of
     ours, so no petri process has to reap it) and says ``ok PID`` on ``w``, or why not."""
     try:
+        # cwd /: a process that lives as long as the sandbox must not hold petri's working
+        # directory (a workspace on a filesystem someone unmounts, a sandbox's tree) busy.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=(w, *pass_fds), close_fds=True, start_new_session=True,
+                                pass_fds=(w, *pass_fds), close_fds=True, start_new_session=True, cwd="/",
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except OSError as e:
         os.close(r)
@@ -450,6 +472,8 @@ def _kill(pid: int | None, start: int | None) -> int:
 def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
     """Relays, holder, directories, state: (processes killed, mounts removed)."""
     killed = sum(_kill(p.get("pid"), p.get("start")) for p in state.get("ports", []))
+    proxy = state.get("proxy") or {}
+    killed += _kill(proxy.get("pid"), proxy.get("start"))
     killed += _kill(state.get("holder_pid"), state.get("holder_start"))
     mounts = 0
     root = state.get("root")
@@ -490,6 +514,81 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
             k, m = destroy(store_root, name[:-5])
             killed, mounts = killed + k, mounts + m
     return killed, mounts
+
+
+# ------------------------------------------------------------------------------ egress
+
+EGRESS = Path(__file__).with_name("egress.py")
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where ``orchestrator`` is, for the proxy's events
+
+
+def _listener_inside(env: Env) -> "socket.socket":
+    """A TCP socket listening on the sandbox's 127.0.0.1 (any free port), made in its network
+    namespace, for a process that stays on the host's: as root a thread of petri joins the
+    namespace for the socket() call; rootless (its user namespace is not ours to join from a
+    thread) a helper under ``nsenter`` makes it and sends it back (SCM_RIGHTS)."""
+    import socket
+
+    if not env.own_userns:
+        with thread_in_netns(env.netns):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", 0))
+            s.listen(128)
+        except BaseException:
+            s.close()
+            raise
+        return s
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with theirs:
+            argv = [*env.join_argv(), sys.executable, "-I", "-S", str(EGRESS), "listen", "--send-fd",
+                    str(theirs.fileno())]
+            try:
+                done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), timeout=READY_S,
+                                      env={"PATH": HOLDER_PATH})
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise SandboxSetupFailed(detail=f"cannot make the sandbox's egress proxy: {e}") from None
+        ours.settimeout(1.0)
+        try:
+            _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+        except OSError:
+            fds = []
+        if not fds:
+            why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["it said nothing"]
+            raise SandboxSetupFailed(detail=f"cannot make the sandbox's egress proxy: {why[0]}")
+        return socket.socket(fileno=fds[0])
+    finally:
+        ours.close()
+
+
+def _start_proxy(store_root: Path, sb_id: str, env: Env, allow: tuple[str, ...]) -> dict:
+    """Start the sandbox's egress proxy (``egress.py serve``: detached, on the host's network,
+    listening inside the sandbox's); its state entry."""
+    from orchestrator import events
+
+    lsock = _listener_inside(env)
+    try:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        fd = lsock.fileno()
+        argv = [sys.executable, "-I", "-S", str(EGRESS), "serve", "--listen-fd", str(fd),
+                "--holder-pid", str(env.holder_pid), "--ready-fd", str(w), "--allow", ",".join(allow),
+                "--sandbox", sb_id, "--root", str(PACKAGE_ROOT), "--events", str(store_root),
+                "--via", events._via.get()]
+        pid = _spawn_detached(argv, r, w, (fd,))
+        port = lsock.getsockname()[1]
+    finally:
+        lsock.close()  # the proxy has its copy
+    return {"pid": pid, "start": _start_time(pid), "port": port, "allow": list(allow)}
+
+
+def proxy(store_root: Path, sb_id: str) -> dict | None:
+    """The sandbox's egress proxy if it lives: ``{"pid", "port", "allow"}``."""
+    p = (_read(store_root, sb_id) or {}).get("proxy") or {}
+    if not _alive(p.get("pid"), p.get("start")):
+        return None
+    return {"pid": p["pid"], "port": p["port"], "allow": p.get("allow", [])}
 
 
 # ------------------------------------------------------------------------------ ports

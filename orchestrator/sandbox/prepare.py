@@ -66,8 +66,9 @@ class RunSpec:
     # stream and per start (given the stream's name): see runlog.ChunkFilter.
     output_filters: tuple[Callable[[str], ChunkFilter], ...] = ()
     # The sandbox's lasting environment (``environment.Env``): its network namespace is
-    # joined (unless ``limits.net``), its directories are /tmp, /var/tmp and /run. None:
-    # fresh ones for this run alone.
+    # joined (unless ``limits.net``; with an allow-list the command gets its proxy's
+    # HTTP_PROXY & co, ``egress.proxy_env``), its directories are /tmp, /var/tmp and /run.
+    # None: fresh ones for this run alone.
     environment: Any = None
 
 
@@ -112,14 +113,20 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
     drop_to = resolve_identity(*(spec.host_ids or (spec.uid, spec.gid)))
     env = spec.environment
     join_net = env is not None and not spec.limits.net
+    run_env = spec.env
+    if join_net and env.proxy_port:  # an allow-list: its proxy, unless the run's own --env says otherwise
+        from orchestrator.sandbox.egress import proxy_env
+        run_env = {**proxy_env(env.proxy_port), **spec.env}
     plan = isolation.plan_for_run(
         workspace=spec.workspace, tree=spec.tree, store=spec.store, argv=argv, cwd=spec.cwd,
-        env=isolation.base_env(spec.uid, spec.env), uid=spec.uid, gid=spec.gid, net=spec.limits.net,
+        env=isolation.base_env(spec.uid, run_env), uid=spec.uid, gid=spec.gid, net=spec.limits.net,
         tmp_bytes=spec.tmp_bytes, extra_masks=spec.extra_masks, allow_sockets=spec.allow_sockets,
         new_session=new_session, marker=marker, seccomp=spec.seccomp,
         shared=env.dirs if env is not None else (), net_joined=join_net,
     )
-    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net)
+    # An allow-list's commands reach their proxy over TCP on the sandbox's loopback: for the
+    # filter's ``strict`` that is a sandbox with network (the namespace still has no route out).
+    filter_fd = seccomp.filter_fd(plan.seccomp, net=plan.net or bool(spec.limits.net_allow))
     try:
         cg = cgroups.open_cgroup(spec.cgroup_name, spec.limits, support)
     except BaseException as e:

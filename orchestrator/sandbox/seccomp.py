@@ -17,7 +17,9 @@ The profiles (docs/guide/sandboxes.md, the seccomp filter), learnt from Flatpak'
   (clone3 -> clone for threads), libmount and openat2's callers fall back to the calls the
   filter can inspect.
 - ``strict``: ``default``, and when the sandbox has no ``--net``, no socket of a family
-  other than AF_UNIX (``NO_NET_GROUPS``). With ``--net`` it is ``default``.
+  other than AF_UNIX (``NO_NET_GROUPS``). With ``--net`` it is ``default``, and with an
+  allow-list too (``--net allow:...``: its commands reach their proxy over TCP on the
+  sandbox's loopback; the namespace still has no route out).
 - ``off``: no filter; ``OFF_NOTICE`` and ``turned_off()`` say what that allows.
 
 Why each mask is what it is (the 64-bit pitfall Flatpak documents): seccomp compares the
