@@ -113,6 +113,14 @@ class SandboxesScreen(PetriScreen):
             self.run_worker(partial(self._load_tab, sid, tab), exclusive=True, group="detail")
 
     async def _load_tab(self, sid: str, tab: str) -> None:
+        from textual.css.query import NoMatches
+
+        try:
+            await self._load_tab_now(sid, tab)
+        except NoMatches:
+            return  # the screen closed (the app quit) while a read for its pane was on its way
+
+    async def _load_tab_now(self, sid: str, tab: str) -> None:
         papp = self.papp
         full = await papp.call(papp.source.sandbox, sid)
         if full is None or self.detail.sandbox != sid:

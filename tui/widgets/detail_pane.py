@@ -6,16 +6,19 @@ The tabs are composed just after the first paint (``Built`` says when): the sand
 shows first, and the pane's widgets (and their imports and CSS) do not delay it."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Static
 
 from .. import format as fmt
+
+_W = TypeVar("_W", bound=Widget)
 
 
 class DetailPane(Vertical):
@@ -85,6 +88,20 @@ class DetailPane(Vertical):
             self._active = tab
 
     # -- attributes down ------------------------------------------------------------------------
+    def _widget(self, selector: str, kind: type[_W]) -> _W | None:
+        """The tab's body, or None once the pane is gone: a worker's answer may arrive after
+        its screen closed (CI's parallel run saw NoMatches fail the app's worker)."""
+        from textual.css.query import NoMatches
+        try:
+            return self.query_one(selector, kind)
+        except NoMatches:
+            return None
+
+    def _update(self, selector: str, body: Any) -> None:
+        w = self._widget(selector, Static)
+        if w is not None:
+            w.update(body)
+
     def show_status(self, info: Any, model: Any, now: float) -> None:
         """The Status tab; a record without runs (the table's) keeps the runs last read in full."""
         runs = info.extra.get("runs")
@@ -95,8 +112,8 @@ class DetailPane(Vertical):
             self._services[info.id] = services
         self._status = (info, model)
         self._clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
-        self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id),
-                                                                       self._services.get(info.id)))
+        self._update("#status-body", status_table(info, model, now, self._runs.get(info.id),
+                                                   self._services.get(info.id)))
 
     def tick(self, now: float) -> None:
         """Once a second, while the Status tab shows: age and time left move."""
@@ -105,8 +122,8 @@ class DetailPane(Vertical):
             clock = (info.id, fmt.age(info.created_at, now), fmt.time_left(info.expires_at, now, info.state).plain)
             if clock != self._clock:  # past a minute both move once a minute: no repaint in between
                 self._clock = clock
-                self.query_one("#status-body", Static).update(status_table(info, model, now, self._runs.get(info.id),
-                                                                       self._services.get(info.id)))
+                self._update("#status-body", status_table(info, model, now, self._runs.get(info.id),
+                                                           self._services.get(info.id)))
 
     def show_diff(self, diff: Any) -> None:
         if diff is None:
@@ -122,12 +139,14 @@ class DetailPane(Vertical):
                 body.append("\n")
             body.append("\n")
             body.append_text(fmt.patch(diff.patch))
-        self.query_one("#diff-body", Static).update(body)
+        self._update("#diff-body", body)
 
     def show_logs(self, lines: Sequence[tuple[str, str]], header: str) -> None:
         from textual.widgets import RichLog
 
-        log = self.query_one("#logs-body", RichLog)
+        log = self._widget("#logs-body", RichLog)
+        if log is None:
+            return
         log.clear()
         log.write(Text(header, style="bold"))
         if lines:
@@ -136,12 +155,12 @@ class DetailPane(Vertical):
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
         from textual.widgets import RichLog
 
-        log = self.query_one("#logs-body", RichLog)
-        if lines:
+        log = self._widget("#logs-body", RichLog)
+        if log is not None and lines:
             log.write(fmt.output_lines(lines))
 
     def show_lineage(self, info: Any, model: Any) -> None:
-        self.query_one("#lineage-body", Static).update(lineage_text(info, model))
+        self._update("#lineage-body", lineage_text(info, model))
 
 
 def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = None,
