@@ -1,7 +1,9 @@
 """Staleness: how far live has moved since a sandbox's base, and whether that matters to it.
 
 ``staleness(engine, row)`` gives ``{"live_changed": n, "overlapping": [paths],
-"read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool}``:
+"read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool,
+"base_created_at", "base_age_s"}`` (the last two: staleness in time, from the base's registry
+row, ``base_age``):
 the number of live files (files and symlinks; directories count through their contents)
 whose content, kind or permission bits differ from the base snapshot, which of those the
 sandbox changed too (a certain conflict risk) and, where the backend records what the
@@ -77,7 +79,7 @@ from merge.ignore import IgnoreRules
 
 from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
-from .registry import LIVE_STATES
+from .registry import LIVE_STATES, now, rfc3339
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -757,6 +759,15 @@ def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
+def base_age(engine: "Engine", base_id: str) -> dict[str, Any]:
+    """Staleness in time: when the base (the snapshot of live the sandbox is compared with)
+    was taken, and how long ago. One registry row: no look at any tree."""
+    snap = engine.registry.snapshot(base_id)
+    if snap is None:
+        return {"base_created_at": None, "base_age_s": None}
+    return {"base_created_at": rfc3339(snap.created_at), "base_age_s": max(0.0, now() - snap.created_at)}
+
+
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
         return None
@@ -767,6 +778,7 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
+    doc.update(base_age(engine, base_id))
     try:
         # Before the compares below, which read the sandbox (they must not count as the
         # sandbox's own reads).

@@ -96,7 +96,8 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     stale = doc["stale"]
     if stale is not None:
         own = f" (besides its own {stale['own_promoted']} promoted)" if stale.get("own_promoted") else ""
-        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}{own}")
+        from .listing import stale_sentence
+        o.say(f"{'stale:':<12} {stale_sentence(stale)} ({doc['base']}){own}")
         for p in stale["overlapping"]:
             o.say(f"  also changed here: {p}")
         for p in stale.get("read_changed", []) or []:
