@@ -523,10 +523,9 @@ TOOLS: list[Tool] = [
          ("sandbox", "port"), obj({"schema": {"type": "integer"}, "sandbox": S, "port": {"type": "integer"},
                                    "host_port": {"type": "integer"}}, ("sandbox", "port", "host_port")),
          sandbox_port, idempotent=True),
-    Tool("try", "Try a risky command (a dependency upgrade, a migration) on a fresh copy of the workspace: run it, "
-         "then the check on the result; returns what changed and both exit codes. Promotes into the LIVE workspace "
-         "only with promote: true on a server started with --allow-live; otherwise nothing reaches live (keep: true "
-         "keeps the sandbox for the user to promote).",
+    Tool("try", "Try a risky command (an upgrade, a migration) on a fresh copy of the workspace, then the check; "
+         "returns what changed and both exit codes. Promotes into LIVE only with promote: true on a server with "
+         "--allow-live; keep: true keeps the sandbox for the user.",
          {"command": {"type": "string", "minLength": 1, "description": "the shell command to try"},
           "check": {"type": "string", "minLength": 1, "description": "a shell command that must pass on the result"},
           "promote": {"type": "boolean", "default": False,
