@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -225,6 +226,32 @@ def test_try_asks_at_a_terminal(ws):
     assert (ws / "f.txt").read_text() == "one\ntwo\nthree\nfour\n"
 
 
+def test_live_moved_while_the_command_ran(ws):
+    """The promotion merges 3-way against live as it is when the try ends: a conflicting edit
+    made meanwhile stops it (exit 3, nothing written), or --on-conflict decides."""
+    for mode, code, want in (("fail", 3, "live\n"), ("theirs", 0, "sandbox\n")):
+        (ws / "f.txt").write_text("one\ntwo\nthree\n")
+        token = os.urandom(6).hex()
+        proc = _start(["--json", "try", "--yes", "--on-conflict", mode, "--",
+                       "sh", "-c", f"echo sandbox > f.txt; echo {token}; sleep 3"], ws)
+        try:
+            deadline = time.monotonic() + 60
+            while not _run_started(ws, token) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            (ws / "f.txt").write_text("live\n")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == code, (out, err)
+        doc = json.loads(out)
+        assert doc["outcome"] == ("conflict" if code else "promoted"), doc
+        if code:
+            assert doc["promotion"]["conflicts"][0]["path"] == "f.txt" and "conflict: f.txt" in err
+        assert (ws / "f.txt").read_text() == want and _live_sandboxes(ws) == []
+
+
 # ---------------------------------------------------------------------------- signals
 
 
@@ -280,7 +307,7 @@ def test_age_words():
 # ---------------------------------------------------------------------------- rebase
 
 
-@pytest.fixture(params=["copy", "btrfs"])
+@pytest.fixture(params=["copy", "btrfs", "overlay", "fuse"])
 def rws(request, tmp_path):
     root = request.getfixturevalue("btrfs_dir") if request.param == "btrfs" else tmp_path
     w = root / "rws"

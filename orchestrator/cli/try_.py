@@ -93,6 +93,11 @@ def try_(
                      include_ignored=include_ignored, on_conflict=on_conflict, timeout_s=timeout_s, seccomp=seccomp,
                      echo=not G.json, say=o.note, report=lambda d: _report(o, d, verbose), hold=interrupts.hold)
     code = doc["exit_code"]
+    for c in (doc["promotion"] or {}).get("conflicts", []):  # as promote says them
+        if doc["outcome"] == "conflict":
+            print(f"petri: conflict: {c['path']}: {c['reason']}", file=sys.stderr)
+        else:
+            o.say(f"conflict {c['path']}: {c['reason']} -> {c.get('resolution')}")
     if G.json:
         if code:
             doc["error"] = _why(doc)
@@ -167,9 +172,6 @@ def _why(doc: dict[str, Any]) -> str:
 
 def _outcome(o: Any, doc: dict[str, Any]) -> None:
     outcome = doc["outcome"]
-    if doc["promotion"] is not None:
-        for c in doc["promotion"].get("conflicts", []):
-            print(f"petri: conflict: {c['path']}: {c['reason']}", file=sys.stderr)
     if outcome in ("promoted", "markers"):
         p = doc["promotion"]
         o.say(f"promoted {doc['sandbox']} as {p['promotion']}: {len(p['applied'])} path(s); undo with "
