@@ -20,8 +20,10 @@ Caveats:
   directory, removed once done): on a backend whose trees live on another filesystem than
   the store (btrfs subvolumes), staging happens inside the new tree and pre-images are
   copied out once, as for a promotion into live.
-- What the new sandbox's processes or services did is not carried: it is a new sandbox,
-  with no runs.
+- What the old sandbox's processes or services did is not carried: it is a new sandbox,
+  with no runs, and its lifetime (``ttl``) starts again. Its limits are the old one's;
+  its ``--env-pass`` patterns and ``--secret`` values are not carried (secrets are never
+  stored where petri could read them back): give them to the new sandbox's runs again.
 """
 from __future__ import annotations
 
