@@ -271,6 +271,19 @@ def test_sigterm_during_the_command(ws):
     assert row["exit_code"] == 143 and row["result"] == last[len("petri: "):], row
 
 
+def test_a_killed_try_is_left_to_gc(ws):
+    """SIGKILL (no settling possible): the try's sandbox is petri's scaffolding, so the next
+    `petri gc` removes it; live was never written."""
+    before = _tree(ws)
+    token = os.urandom(6).hex()
+    proc = _start(["try", "--yes", "--", "sh", "-c", f"echo changed > f.txt; echo {token}; exec sleep 300"], ws)
+    _signal_when(proc, lambda: _run_started(ws, token), signal.SIGKILL, "the tried command")
+    assert [s["state"] for s in _live_sandboxes(ws)] != [], "the killed petri left its sandbox"
+    assert petri("gc", cwd=ws).rc == 0
+    assert _tree(ws) == before
+    _nothing_left(ws, [], token)
+
+
 # ---------------------------------------------------------------------------- staleness in time
 
 
