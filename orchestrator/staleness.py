@@ -2,8 +2,8 @@
 
 ``staleness(engine, row)`` gives ``{"live_changed": n, "overlapping": [paths],
 "read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool,
-"base_created_at", "base_age_s"}`` (the last two: staleness in time, from the base's registry
-row, ``base_age``):
+"base_created_at"}`` (staleness in time, from the base's registry row; ``Engine.staleness``
+adds ``base_age_s``, ``base_age``):
 the number of live files (files and symlinks; directories count through their contents)
 whose content, kind or permission bits differ from the base snapshot, which of those the
 sandbox changed too (a certain conflict risk) and, where the backend records what the
@@ -759,13 +759,25 @@ def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
-def base_age(engine: "Engine", base_id: str) -> dict[str, Any]:
+def base_created_at(engine: "Engine", base_id: str) -> str | None:
     """Staleness in time: when the base (the snapshot of live the sandbox is compared with)
-    was taken, and how long ago. One registry row: no look at any tree."""
+    was taken. One registry row: no look at any tree. (How long ago is added by the engine's
+    ``staleness``, ``base_age``: this document stays the same from one look to the next
+    while nothing moved.)"""
     snap = engine.registry.snapshot(base_id)
-    if snap is None:
-        return {"base_created_at": None, "base_age_s": None}
-    return {"base_created_at": rfc3339(snap.created_at), "base_age_s": max(0.0, now() - snap.created_at)}
+    return None if snap is None else rfc3339(snap.created_at)
+
+
+def base_age(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``doc`` (a ``staleness`` document) with ``base_age_s``: seconds since its base was taken."""
+    if doc is None:
+        return None
+    when = doc.get("base_created_at")
+    if when is None:
+        return {**doc, "base_age_s": None}
+    from datetime import datetime
+
+    return {**doc, "base_age_s": max(0.0, now() - datetime.fromisoformat(when).timestamp())}
 
 
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
@@ -778,7 +790,7 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
-    doc.update(base_age(engine, base_id))
+    doc["base_created_at"] = base_created_at(engine, base_id)
     try:
         # Before the compares below, which read the sandbox (they must not count as the
         # sandbox's own reads).
