@@ -69,17 +69,16 @@ class Engine(core.Engine):
         return check_limits(self, limits)
 
     def staleness(self, row: SandboxRow, *, timed: bool = False) -> dict[str, Any] | None:
-        """Live files changed since the sandbox's base, and which of them it changed too, and
-        how old that base is (``base_age_s``).
+        """Live files changed since the sandbox's base, and which of them it changed too.
         ``timed``: append the computation's timing (``petri stats``); only a command that
         writes anyway asks for it (a race, for its winner): reading (``ls``, ``status``,
         the TUI, MCP) writes nothing, not even a timing row."""
-        from .staleness import base_age, staleness  # xxhash and the merge walkers: only for ls/status/race
+        from .staleness import staleness  # xxhash and the merge walkers: only for ls/status/race
         started = now()
         got = staleness(self, row)
         if timed:
             kpi.record(self.registry, "staleness", now() - started, subject=row.id)
-        return base_age(got)
+        return got
 
     @contextmanager
     def one_look(self) -> Iterator[None]:

@@ -2,8 +2,8 @@
 
 ``staleness(engine, row)`` gives ``{"live_changed": n, "overlapping": [paths],
 "read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool,
-"base_created_at"}`` (staleness in time, from the base's registry row; ``Engine.staleness``
-adds ``base_age_s``, ``base_age``):
+"base_created_at"}`` (staleness in time, from the base's registry row; ``ls`` and ``status``
+add ``base_age_s``):
 the number of live files (files and symlinks; directories count through their contents)
 whose content, kind or permission bits differ from the base snapshot, which of those the
 sandbox changed too (a certain conflict risk) and, where the backend records what the
@@ -79,7 +79,7 @@ from merge.ignore import IgnoreRules
 
 from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
-from .registry import LIVE_STATES, now, rfc3339
+from .registry import LIVE_STATES, rfc3339
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -761,23 +761,12 @@ def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
 
 def base_created_at(engine: "Engine", base_id: str) -> str | None:
     """Staleness in time: when the base (the snapshot of live the sandbox is compared with)
-    was taken. One registry row: no look at any tree. (How long ago is added by the engine's
-    ``staleness``, ``base_age``: this document stays the same from one look to the next
-    while nothing moved.)"""
+    was taken. One registry row: no look at any tree. How long ago is said by the commands
+    that print it (``ls``, ``status``: ``base_age_s``), not kept here: this document stays
+    the same from one look to the next while nothing moved (the TUI redraws a row only when
+    its record changed)."""
     snap = engine.registry.snapshot(base_id)
     return None if snap is None else rfc3339(snap.created_at)
-
-
-def base_age(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``doc`` (a ``staleness`` document) with ``base_age_s``: seconds since its base was taken."""
-    if doc is None:
-        return None
-    when = doc.get("base_created_at")
-    if when is None:
-        return {**doc, "base_age_s": None}
-    from datetime import datetime
-
-    return {**doc, "base_age_s": max(0.0, now() - datetime.fromisoformat(when).timestamp())}
 
 
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:

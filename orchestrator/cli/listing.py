@@ -10,6 +10,8 @@ def show_ls(all_: bool) -> None:
     rec = workspace().sandbox_list(all=all_)
     o = out()
     doc = rec.to_json()
+    for d in doc["sandboxes"]:
+        with_base_age(d)
     if G.json:
         doc.pop("schema", None)
         o.doc(doc)
@@ -29,6 +31,19 @@ def show_ls(all_: bool) -> None:
                       human_bytes(d["usage"]["disk_bytes"]) if d["usage"]["disk_bytes"] is not None else "-",
                       "-" if d["last_exit_code"] is None else d["last_exit_code"], stale_txt])
     o.table(["id", "label", "backend", "state", "age", "left", "disk", "exit", "stale"], table)
+
+
+def with_base_age(d: dict) -> dict:
+    """The sandbox document ``d`` with ``stale.base_age_s``: seconds since its base
+    (``stale.base_created_at``) was taken, as of now."""
+    stale = d.get("stale")
+    if stale is not None and "base_created_at" in stale:
+        from datetime import datetime
+
+        from ..registry import now
+        when = stale["base_created_at"]
+        stale["base_age_s"] = None if when is None else max(0.0, now() - datetime.fromisoformat(when).timestamp())
+    return d
 
 
 def stale_text(d: dict) -> str:
