@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Se
 from .limits import Limits
 from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
                       FileWritten, Forked, GrepResult, InitResult, Lineage, PathConflict, Pipeline, PromoteResult,
-                      Promotion, PromotionList, Race, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot,
-                      SnapshotList, Stats)
+                      Promotion, PromotionList, Race, Rebased, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot,
+                      SnapshotList, Stats, TryResult)
 
 if TYPE_CHECKING:
     from .doctor import Report as DoctorReport
@@ -565,6 +565,52 @@ class Workspace:
             err.result = result
             raise err
         return result
+
+    @_audited("try")
+    def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
+             confirm: Callable[[dict[str, Any]], bool] | None = None, keep: bool = False, label: str | None = None,
+             limits: Limits | None = None, timeout: float | str | None = None, on_conflict: str = "fail",
+             include_ignored: bool = False, env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
+             say: Callable[[str], None] | None = None) -> TryResult:
+        """``petri try``: fork live, run ``command`` (a list, or a string for ``/bin/sh -c``)
+        there, then ``check`` (a shell command) on the changed state; promote when both passed
+        and ``promote`` is true or ``confirm(doc)`` (given the document so far: ``files``,
+        ``patch``, the runs) says yes; else nothing reaches live. The sandbox is removed
+        unless ``keep``. A failed command or check, a conflict with live, a declined
+        promotion are results (``outcome``, ``exit_code``), not exceptions. ``limits``,
+        ``label``, ``env_pass``, ``secrets``: the fork's (``fork``); ``timeout``: per step."""
+        from .trying import try_change
+
+        if label is not None:
+            self._check_label(label)
+
+        def fork(source: str, name: str | None) -> str:
+            return self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets)[0].id
+
+        def decide(doc: dict[str, Any]) -> bool:
+            return bool(promote or (confirm is not None and confirm(doc)))
+
+        doc = try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
+                         check=check, label=label, keep=keep, include_ignored=include_ignored,
+                         on_conflict=on_conflict, timeout_s=_seconds(timeout), say=say or (lambda s: None))
+        return TryResult.from_doc(doc)
+
+    @_audited("rebase")
+    def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False) -> Rebased:
+        """``petri rebase``: a new sandbox on a fresh snapshot of live carrying the sandbox's
+        change, merged 3-way as a promotion would merge it (``petri.Conflict``, exit 3, when
+        a hunk conflicts and ``on_conflict`` is "fail": no sandbox is made; "markers" writes
+        diff3 markers into the new one). The old sandbox stays; its label moves to the new
+        one, whose ``parent`` it is."""
+        from .rebasing import rebase
+
+        def fork(limits: dict[str, Any]) -> str:
+            return self.fork(1, limits=Limits.from_dict(limits))[0].id
+
+        with _text_conflicts():
+            doc = rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
+                         include_ignored=include_ignored)
+        return Rebased.from_doc(doc)
 
     @_audited("promote")
     def resume(self, promotion: "str | Promotion | PromoteResult", *,

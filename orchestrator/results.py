@@ -614,3 +614,43 @@ class Pipeline(PromoteResult):
     pending: Mapping[str, Any] | None = None
     stages: tuple[Any, ...] | list[Any] = ()
     exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class TryResult(Record):
+    """``try``: a command tried on a fork of live. ``command`` and ``check`` (None without
+    one) are its runs (``exit_code``, ``duration_s``, ``killed_by``, log paths); ``files``
+    and ``patch`` what it changed; ``outcome``: "promoted", "markers", "conflict",
+    "declined", "unchanged", "command_failed" or "check_failed"; ``promotion`` the
+    ``promote`` document when it was promoted (``ws.rollback(r.promotion["promotion"])``
+    undoes it); ``kept``: the
+    sandbox was kept (else removed); ``exit_code``: what ``petri try`` exits with."""
+
+    sandbox: str | None
+    base: str | None = None
+    command: Mapping[str, Any] | None = None
+    check: Mapping[str, Any] | None = None
+    files: tuple[Any, ...] | list[Any] = ()
+    patch: str = ""
+    outcome: str | None = None
+    promoted: bool = False
+    promotion: Mapping[str, Any] | None = None
+    kept: bool = False
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class Rebased(Record):
+    """``rebase``: the new ``sandbox`` (on a fresh snapshot of live, ``base``) carrying the
+    change of the old one (``from``, kept as it was: its label moved to the new one, which
+    records it as ``parent``); the paths ``applied`` and the ``conflicts`` settled by
+    ``on_conflict``; ``markers``: diff3 markers were written into the new sandbox."""
+
+    sandbox: str
+    base: str | None = None
+    path: str | None = None
+    label: str | None = None
+    parent: str | None = None
+    applied: tuple[str, ...] | list[str] = ()
+    conflicts: tuple[Any, ...] | list[Any] = ()
+    markers: bool = False

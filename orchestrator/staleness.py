@@ -1,7 +1,9 @@
 """Staleness: how far live has moved since a sandbox's base, and whether that matters to it.
 
 ``staleness(engine, row)`` gives ``{"live_changed": n, "overlapping": [paths],
-"read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool}``:
+"read_changed": [paths] (where the backend records reads), "results_may_not_hold": bool,
+"base_created_at"}`` (staleness in time, from the base's registry row; ``ls`` and ``status``
+add ``base_age_s``):
 the number of live files (files and symlinks; directories count through their contents)
 whose content, kind or permission bits differ from the base snapshot, which of those the
 sandbox changed too (a certain conflict risk) and, where the backend records what the
@@ -77,7 +79,7 @@ from merge.ignore import IgnoreRules
 
 from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
-from .registry import LIVE_STATES
+from .registry import LIVE_STATES, rfc3339
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -757,6 +759,16 @@ def _safe_key(tree: Any, rel: bytes) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
+def base_created_at(engine: "Engine", base_id: str) -> str | None:
+    """Staleness in time: when the base (the snapshot of live the sandbox is compared with)
+    was taken. One registry row: no look at any tree. How long ago is said by the commands
+    that print it (``ls``, ``status``: ``base_age_s``), not kept here: this document stays
+    the same from one look to the next while nothing moved (the TUI redraws a row only when
+    its record changed)."""
+    snap = engine.registry.snapshot(base_id)
+    return None if snap is None else rfc3339(snap.created_at)
+
+
 def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if row.state not in LIVE_STATES and not (row.state == "expired" and row.keep_expired):
         return None
@@ -767,6 +779,7 @@ def staleness(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     if live is None:
         return None
     doc: dict[str, Any] = {"live_changed": len(live.paths), "overlapping": [], "method": live.method}
+    doc["base_created_at"] = base_created_at(engine, base_id)
     try:
         # Before the compares below, which read the sandbox (they must not count as the
         # sandbox's own reads).

@@ -32,7 +32,8 @@ from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
 from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved,
                                   FileRemoved, FileWritten, GrepResult, Lineage, Pipeline, PromoteResult, Promotion,
-                                  Race, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats)
+                                  Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats,
+                                  TryResult)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 __all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
@@ -260,6 +261,16 @@ class Workspace:
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
                              reason=reason)
+
+    async def try_(self, command: Sequence[str | bytes] | str, **kw: Any) -> TryResult:
+        """``petri.Workspace.try_`` in a worker thread (``confirm`` and ``say`` are called
+        from it). Not cancellable: a cancelled caller stops waiting, the try goes on to its
+        end (its runs end by themselves or by ``timeout``)."""
+        return await _thread(self.sync.try_, command, **kw)
+
+    async def rebase(self, sandbox: "str | Sandbox", **kw: Any) -> Rebased:
+        """``petri.Workspace.rebase`` in a worker thread."""
+        return await _thread(self.sync.rebase, _sid(sandbox), **kw)
 
     async def resume(self, promotion: Any, **kw: Any) -> Pipeline:
         return await _thread(self.sync.resume, promotion, **kw)

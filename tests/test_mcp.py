@@ -31,7 +31,7 @@ DOC_TOOLS = {"workspace_status", "snapshot_create", "sandbox_fork", "sandbox_lis
               "sandbox_run_start", "sandbox_run_poll", "sandbox_run_kill", "sandbox_read_file", "sandbox_write_file",
               "sandbox_edit_file", "sandbox_diff", "race", "race_status", "sandbox_remove", "sandbox_list_files",
               "sandbox_grep", "sandbox_delete_file", "sandbox_move_file", "sandbox_service_start",
-              "sandbox_service_list", "sandbox_service_stop", "sandbox_port"}
+              "sandbox_service_list", "sandbox_service_stop", "sandbox_port", "try"}
 LIVE_TOOLS = {"promote", "rollback"}
 
 FIX = """--- a/pkg/calc.py

@@ -165,7 +165,8 @@ def test_ls_and_status_show_staleness(copy_ws):
     stale = r.json["sandboxes"][0]["stale"]
     assert stale["live_changed"] == 1 and stale["overlapping"] == ["editor.txt"]
     r = petri("status", "one", cwd=ws)
-    assert r.rc == 0 and "1 live file(s) changed" in r.out and "also changed here: editor.txt" in r.out
+    assert r.rc == 0 and "live changed 1 file since, 1 of them yours" in r.out and " s old; " in r.out, r
+    assert "also changed here: editor.txt" in r.out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tree search and loop mounts need root")

@@ -77,6 +77,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("merge", "The sandbox's changes against its base, as a git-format patch."),
     "promote": ("merge", "Apply the sandbox's changes to the workspace, 3-way against live."),
     "promotions": ("merge", "Promotions: id, sandbox, paths, time, state, whether it can still be undone."),
+    "try": ("try_", "Fork live, run CMD there, then the check; show what changed; promote on --yes or when"
+                    " confirmed."),
+    "rebase": ("try_", "A new sandbox on a fresh snapshot of live carrying SANDBOX's change (3-way)."),
     "lineage": ("lineage", "The tree snapshot -> sandbox -> fork of a fork, with generation and race results."),
     "log": ("lineage", "The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason,"
                        " result."),

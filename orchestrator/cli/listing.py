@@ -10,6 +10,8 @@ def show_ls(all_: bool) -> None:
     rec = workspace().sandbox_list(all=all_)
     o = out()
     doc = rec.to_json()
+    for d in doc["sandboxes"]:
+        with_base_age(d)
     if G.json:
         doc.pop("schema", None)
         o.doc(doc)
@@ -31,9 +33,23 @@ def show_ls(all_: bool) -> None:
     o.table(["id", "label", "backend", "state", "age", "left", "disk", "exit", "stale"], table)
 
 
+def with_base_age(d: dict) -> dict:
+    """The sandbox document ``d`` with ``stale.base_age_s``: seconds since its base
+    (``stale.base_created_at``) was taken, as of now."""
+    stale = d.get("stale")
+    if stale is not None and "base_created_at" in stale:
+        from datetime import datetime
+
+        from ..registry import now
+        when = stale["base_created_at"]
+        stale["base_age_s"] = None if when is None else max(0.0, now() - datetime.fromisoformat(when).timestamp())
+    return d
+
+
 def stale_text(d: dict) -> str:
     """The STALE column: ``fresh``, ``N live, M overlap``, led by ``promoted as p-… (done)``
-    once the sandbox's changes are in live (its own changes are not counted against it)."""
+    once the sandbox's changes are in live (its own changes are not counted against it), after
+    how old the base is (``base 17m old; 2 live, 1 overlap``)."""
     from ..promoted import describe
 
     stale = d["stale"]
@@ -41,9 +57,36 @@ def stale_text(d: dict) -> str:
     if stale is None:
         return promoted or "-"
     moved = f"{stale['live_changed']} live, {len(stale['overlapping'] or [])} overlap" if stale["live_changed"] else ""
-    if promoted:
-        return f"{promoted}; {moved}" if moved else promoted
-    return moved or "fresh"
+    text = (f"{promoted}; {moved}" if moved else promoted) if promoted else moved or "fresh"
+    age = stale.get("base_age_s")
+    return text if age is None else f"base {age_words(age, short=True)} old; {text}"
+
+
+def age_words(seconds: float, *, short: bool = False) -> str:
+    """How old, for people: ``40 s``, ``17 min``, ``3 h 5 min``, ``2 days`` (``short``: ``17m``)."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s" if short else f"{s} s"
+    if s < 3600:
+        return f"{s // 60}m" if short else f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return (f"{h}h{m:02d}m" if short else f"{h} h {m} min") if m else (f"{h}h" if short else f"{h} h")
+    days = s // 86400
+    return f"{days}d" if short else f"{days} day{'s' if days != 1 else ''}"
+
+
+def stale_sentence(stale: dict) -> str:
+    """Staleness in time, in words: ``base 17 min old; live changed 2 files since, 1 of them
+    yours`` (``yours``: files this sandbox changed too)."""
+    age = stale.get("base_age_s")
+    head = "base" if age is None else f"base {age_words(age)} old"
+    n = stale["live_changed"]
+    if not n:
+        return f"{head}; live unchanged since"
+    over = stale.get("overlapping")
+    mine = "" if over is None else f", {len(over)} of them yours" if over else ", none of them yours"
+    return f"{head}; live changed {n} file{'s' if n != 1 else ''} since{mine}"
 
 
 def paint_state(o: Output, state: str) -> str:

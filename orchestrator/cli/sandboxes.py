@@ -8,7 +8,7 @@ from typing import Annotated, Any, List, Optional
 
 from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
-from .listing import show_ls
+from .listing import show_ls, stale_sentence
 
 app = command_app()
 
@@ -86,7 +86,8 @@ def ls_(all_: Annotated[bool, typer.Option("--all", "-a",
 @app.command()
 def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")]) -> None:
     """One sandbox in full, staleness included."""
-    doc = workspace().status(sandbox).to_json()["sandboxes"][0]
+    from .listing import with_base_age
+    doc = with_base_age(workspace().status(sandbox).to_json()["sandboxes"][0])
     o = out()
     if G.json:
         o.doc({"sandboxes": [doc]})
@@ -104,7 +105,7 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     stale = doc["stale"]
     if stale is not None:
         own = f" (besides its own {stale['own_promoted']} promoted)" if stale.get("own_promoted") else ""
-        o.say(f"{'stale:':<12} {stale['live_changed']} live file(s) changed since {doc['base']}{own}")
+        o.say(f"{'stale:':<12} {stale_sentence(stale)} ({doc['base']}){own}")
         for p in stale["overlapping"]:
             o.say(f"  also changed here: {p}")
         for p in stale.get("read_changed", []) or []:

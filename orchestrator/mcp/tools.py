@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..results import (Cleanup, Diff, FileContent, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepResult,
-                       PromoteResult, Race, Rollback, RunResult, SandboxList, Snapshot)
+                       PromoteResult, Race, Rollback, RunResult, SandboxList, Snapshot, TryResult)
 from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
 
@@ -336,6 +336,29 @@ async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+async def try_(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    """``petri try``: promotion only when the server runs with ``--allow-live`` (asked for with
+    ``promote: true``; refused before anything is made otherwise)."""
+    from ..errors import UsageError
+
+    promote = bool(args.get("promote", False))
+    if promote and not st.allow_live:
+        raise UsageError(detail="promote: true needs `petri mcp --allow-live`; without it, try with keep: true and "
+                                "tell the user the sandbox id (`petri promote SB`)")
+    got = await st.ws.try_(args["command"], check=args.get("check"), promote=promote, keep=bool(args.get("keep")),
+                           label=args.get("label"), limits=_limits(args),
+                           timeout=_duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
+                           include_ignored=bool(args.get("include_ignored", False)))
+    doc = got.to_json()
+    cap = args.get("max_patch_bytes", DEFAULT_PATCH_BYTES)
+    raw = doc["patch"].encode("utf-8", "surrogateescape")
+    if len(raw) > cap:
+        doc["patch"] = raw[:cap].decode("utf-8", "ignore")
+        doc["patch_truncated_bytes"] = len(raw) - len(doc["patch"].encode("utf-8", "surrogateescape"))
+        doc.pop("patch_b64", None)
+    return doc
+
+
 async def rollback(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.rollback(args["id"])).to_json()
 
@@ -509,6 +532,20 @@ TOOLS: list[Tool] = [
          ("sandbox", "port"), obj({"schema": {"type": "integer"}, "sandbox": S, "port": {"type": "integer"},
                                    "host_port": {"type": "integer"}}, ("sandbox", "port", "host_port")),
          sandbox_port, idempotent=True),
+    Tool("try", "Try a risky command (an upgrade, a migration) on a fresh copy of the workspace, then the check; "
+         "returns what changed and both exit codes. Promotes into LIVE only with promote: true on a server with "
+         "--allow-live; keep: true keeps the sandbox for the user.",
+         {"command": {"type": "string", "minLength": 1, "description": "the shell command to try"},
+          "check": {"type": "string", "minLength": 1, "description": "a shell command that must pass on the result"},
+          "promote": {"type": "boolean", "default": False,
+                      "description": "promote when command and check passed (needs --allow-live)"},
+          "keep": {"type": "boolean", "default": False, "description": "keep the sandbox (its id is in the result)"},
+          "label": {"type": "string"},
+          "timeout_s": {**DURATION, "default": DEFAULT_TIMEOUT_S,
+                        "description": "kill the command (and the check) after this long"},
+          "include_ignored": {"type": "boolean", "description": "also files .gitignore ignores"},
+          "max_patch_bytes": {"type": "integer", "minimum": 0, "default": DEFAULT_PATCH_BYTES}, **LIMITS},
+         ("command",), record_schema(TryResult), try_, destructive=True, open_world=True),
     Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback).",
          {"sandbox": SANDBOX, "paths": {"type": "array", "items": S}, "dry_run": {"type": "boolean"},
           "on_conflict": {"enum": ["fail", "markers", "theirs", "ours"], "default": "fail"},
