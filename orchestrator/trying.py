@@ -16,7 +16,7 @@ its ``sandbox``), ``files`` and ``patch`` (the ``diff``), ``outcome`` (``promote
 ``markers``, ``conflict``, ``declined``, ``unchanged``, ``command_failed``,
 ``check_failed``), ``promoted``, ``promotion`` (the ``promote`` document, or None),
 ``kept`` and ``exit_code`` (0, or 1 for a failed command or check, 3 for a conflict, 5 for
-markers: SPEC's codes).
+markers: docs/reference/exit-codes.md).
 
 The sandboxes are marked as petri's own scaffolding while the try runs
 (``lineage.mark_scaffold``), so a petri killed with SIGKILL leaves them to ``gc``; the try

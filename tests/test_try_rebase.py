@@ -208,6 +208,21 @@ def test_try_without_yes_on_a_non_tty_discards(ws):
     assert failed.rc == 1 and "the command failed (exit 7" in failed.err and _live(ws) == before, failed
 
 
+def test_try_takes_an_egress_allow_list_as_fork_does(ws):
+    bad = petri("try", "--net", "allow:", "--", "true", cwd=ws)
+    assert bad.rc == 2 and len(bad.err.strip().splitlines()) == 1 and _live_sandboxes(ws) == [], bad
+    both = petri("try", "--net", "--net-allow", "allow:127.0.0.1:9", "--", "true", cwd=ws)
+    assert both.rc == 2 and "exclude each other" in both.err, both
+    # the command gets the sandbox's proxy (and nothing of the host's network)
+    r = petri("--json", "try", "--keep", "--net", "allow:127.0.0.1:9", "--", "sh", "-c",
+              'echo "$HTTPS_PROXY" > proxy.txt', cwd=ws)
+    assert r.rc == 0, r
+    sb = r.json["sandbox"]
+    assert "proxy.txt" in petri("diff", "--stat", sb, cwd=ws).out
+    line = petri("run", sb, "--", "cat", "proxy.txt", cwd=ws).out.strip()
+    assert line.startswith("http://127.0.0.1:"), line
+
+
 def test_try_asks_at_a_terminal(ws):
     import pty
 

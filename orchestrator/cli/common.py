@@ -100,7 +100,7 @@ def take_global(argv: list[str], i: int) -> int:
 
 # Commands whose --net may be an allow-list (``--net allow:HOST[:PORT],...``): click has no option
 # that is a flag or takes a value, so ``net_allow_argv`` gives that form its own option name.
-NET_ALLOW_COMMANDS = frozenset({"fork", "race"})
+NET_ALLOW_COMMANDS = frozenset({"fork", "race", "try"})
 
 
 def net_allow_argv(raw: list[str]) -> list[str]:

@@ -40,7 +40,10 @@ def try_(
     cpus: Annotated[Optional[str], typer.Option("--cpus", help="CPU quota, e.g. 0.5.")] = None,
     pids: Annotated[Optional[int], typer.Option("--pids", help="Max processes.")] = None,
     disk: Annotated[Optional[str], typer.Option("--disk", help="Disk budget, e.g. 1G.")] = None,
-    net: Annotated[bool, typer.Option("--net", help="Allow network access (a package index, say).")] = False,
+    net: Annotated[bool, typer.Option("--net", help="Allow network access (the host's); --net allow:HOST[:PORT],..."
+                                                    " only those destinations, through a filtering proxy.")] = False,
+    net_allow: Annotated[Optional[str], typer.Option("--net-allow", hidden=True,
+                                                     help="--net allow:... as petri rewrites it.")] = None,
     env_pass: Annotated[Optional[List[str]], typer.Option("--env-pass", help="A host variable (or a glob of names)"
                                                           " the command gets (repeatable).")] = None,
     secret: Annotated[Optional[List[str]], typer.Option("--secret", help="NAME=@FILE or NAME=env:VAR: at"
@@ -70,8 +73,13 @@ def try_(
     from ..limits import Limits
     from ..trying import try_change
 
+    from ..errors import UsageError
+
+    if net and net_allow is not None:
+        raise UsageError(detail="--net and --net allow:... exclude each other")
     argv = list(cmd or [])
-    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net, ttl=ttl)  # parsed there; "" is refused
+    limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
+                    ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     ws = workspace()
     o = out()
