@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import threading
 from pathlib import Path
@@ -77,6 +78,11 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
             with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
                                  client=self.client, root=self.root):
                 return fn(self, *args, **kw)
+        # What ``inspect.signature`` (help(), the docs, petri.aio's conformance test) shows:
+        # the method's own parameters and the ``reason`` keyword this wrapper takes.
+        sig = inspect.signature(fn)
+        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), inspect.Parameter(  # type: ignore[attr-defined]
+            "reason", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
         return wrapper
     return deco
 

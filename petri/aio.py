@@ -32,8 +32,8 @@ from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
 from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved,
                                   FileRemoved, FileWritten, GrepResult, Lineage, Pipeline, PromoteResult, Promotion,
-                                  Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, Stats,
-                                  TryResult)
+                                  PromotionList, Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList,
+                                  Snapshot, SnapshotList, Stats, TryResult)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 __all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
@@ -84,12 +84,16 @@ async def _trio_call(make: Callable[[], Awaitable[T]]) -> T:
         raise
 
 
-async def init(path: str | os.PathLike[str] = ".", **kw: Any) -> "Workspace":
-    return Workspace(await _thread(_api.init, path, **kw))
+async def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: bool = False,
+               progress: Any = None, say: Callable[[str], None] | None = None, via: str = "api",
+               reason: str | None = None) -> "Workspace":
+    return Workspace(await _thread(_api.init, path, backend=backend, convert=convert, progress=progress, say=say,
+                                   via=via, reason=reason))
 
 
-async def open(path: str | os.PathLike[str] | None = None, *, via: str = "api") -> "Workspace":  # noqa: A001
-    return Workspace(await _thread(_api.open, path, via=via))
+async def open(path: str | os.PathLike[str] | None = None, *, via: str = "api",  # noqa: A001
+               override: str | None = None) -> "Workspace":
+    return Workspace(await _thread(_api.open, path, via=via, override=override))
 
 
 async def doctor(path: str | os.PathLike[str] = ".") -> Any:
@@ -117,11 +121,14 @@ class Workspace:
     def __repr__(self) -> str:
         return f"<petri.aio.Workspace {str(self.root)!r}>"
 
-    async def snapshot(self, message: str = "", **kw: Any) -> Snapshot:
-        return await _thread(self.sync.snapshot, message, **kw)
+    async def snapshot(self, message: str = "", *, progress: Any = None, reason: str | None = None) -> Snapshot:
+        return await _thread(self.sync.snapshot, message, progress=progress, reason=reason)
 
     async def snapshots(self) -> list[Snapshot]:
         return await _thread(self.sync.snapshots)
+
+    async def snapshot_list(self) -> SnapshotList:
+        return await _thread(self.sync.snapshot_list)
 
     async def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox | _api.Sandbox" = "live",
                    label: str | None = None, limits: Limits | None = None, keep_expired: bool = False,
@@ -137,36 +144,41 @@ class Workspace:
     async def sandbox(self, ident: str) -> "Sandbox":
         return Sandbox(self, await _thread(self.sync.sandbox, ident))
 
-    async def sandboxes(self, **kw: Any) -> list["Sandbox"]:
-        return [Sandbox(self, s) for s in await _thread(self.sync.sandboxes, **kw)]
+    async def sandboxes(self, *, all: bool = False, staleness: bool = True) -> list["Sandbox"]:  # noqa: A002
+        return [Sandbox(self, s) for s in await _thread(self.sync.sandboxes, all=all, staleness=staleness)]
 
-    async def sandbox_list(self, **kw: Any) -> SandboxList:
-        return await _thread(self.sync.sandbox_list, **kw)
+    async def sandbox_list(self, *, all: bool = False, staleness: bool = True) -> SandboxList:  # noqa: A002
+        return await _thread(self.sync.sandbox_list, all=all, staleness=staleness)
 
     async def status(self, sandbox: "str | Sandbox") -> SandboxList:
         return await _thread(self.sync.status, _sid(sandbox))
 
-    async def start_service(self, sandbox: "str | Sandbox", argv: Any, **kw: Any) -> dict[str, Any]:
+    async def start_service(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
+                            name: str | None = None, restart: str = "no", env: dict[str, str] | None = None,
+                            cwd: str | os.PathLike[str] | None = None, reason: str | None = None) -> dict[str, Any]:
         """``petri.Workspace.start_service`` (``run --detach``)."""
-        return await _thread(self.sync.start_service, _sid(sandbox), argv, **kw)
+        return await _thread(self.sync.start_service, _sid(sandbox), argv, name=name, restart=restart, env=env,
+                             cwd=cwd, reason=reason)
 
     async def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
         return await _thread(self.sync.services, None if sandbox is None else _sid(sandbox))
 
-    async def stop_service(self, sandbox: "str | Sandbox", name: str, **kw: Any) -> dict[str, Any]:
-        return await _thread(self.sync.stop_service, _sid(sandbox), name, **kw)
+    async def stop_service(self, sandbox: "str | Sandbox", name: str, *, reason: str | None = None) -> dict[str, Any]:
+        return await _thread(self.sync.stop_service, _sid(sandbox), name, reason=reason)
 
-    async def publish(self, sandbox: "str | Sandbox", port: int, **kw: Any) -> dict[str, Any]:
-        return await _thread(self.sync.publish, _sid(sandbox), port, **kw)
+    async def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None,
+                      reason: str | None = None) -> dict[str, Any]:
+        return await _thread(self.sync.publish, _sid(sandbox), port, host_port=host_port, reason=reason)
 
     async def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
         return await _thread(self.sync.ports, _sid(sandbox))
 
-    async def remove(self, *idents: Any, **kw: Any) -> Cleanup:
-        return await _thread(self.sync.remove, *[_sid(i) for i in idents], **kw)
+    async def remove(self, *idents: "str | Sandbox | Snapshot | _api.Sandbox", all: bool = False,  # noqa: A002
+                     expired: bool = False, reason: str | None = None) -> Cleanup:
+        return await _thread(self.sync.remove, *[_sid(i) for i in idents], all=all, expired=expired, reason=reason)
 
-    async def gc(self, **kw: Any) -> Cleanup:
-        return await _thread(self.sync.gc, **kw)
+    async def gc(self, *, keep_generations: int | None = None, reason: str | None = None) -> Cleanup:
+        return await _thread(self.sync.gc, keep_generations=keep_generations, reason=reason)
 
     async def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *,
                   timeout: float | str | None = None, env: dict[str, str] | None = None,
@@ -198,13 +210,15 @@ class Workspace:
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))
 
-    async def output(self, sandbox: "str | Sandbox", run: int | None = None, **kw: Any
+    async def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
+                     start: dict[str, int] | None = None, tail: int | None = None
                      ) -> AsyncIterator[tuple[str, int, bytes]]:
         """``petri.Workspace.output``: a run's output as ``(stream, offset, data)``, read by
         offset from its log files; with ``follow=True`` until the run ends (closing the
         iterator, or cancelling the task, stops it)."""
         stop = threading.Event()
-        gen = await _thread(self.sync.output, _sid(sandbox), run, stop=stop.is_set, **kw)
+        gen = await _thread(self.sync.output, _sid(sandbox), run, follow=follow, start=start, tail=tail,
+                            stop=stop.is_set)
         try:
             while True:
                 got = await anyio.to_thread.run_sync(next, gen, None, abandon_on_cancel=True)
@@ -214,8 +228,12 @@ class Workspace:
         finally:
             stop.set()
 
-    async def race(self, check: str, candidates: Sequence[Any], *, promote: bool = False, reason: str | None = None,
-                   label: str | None = None, **kw: Any) -> Race:
+    async def race(self, check: str, candidates: Sequence[Patch | Cmd], *,
+                   source: "str | Snapshot | Sandbox | _api.Sandbox" = "live", jobs: int = 8,
+                   limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
+                   promote: bool = False, say: Callable[[str], None] | None = None,
+                   on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
+                   reason: str | None = None) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
         candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
@@ -231,14 +249,14 @@ class Workspace:
         if label is not None:
             self.sync._check_label(label)
         cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
-        limits = kw.pop("limits", None) or Limits()
-        timeout_s = _api._seconds(kw.pop("timeout", None))
-        source = _api._source_id(kw.pop("source", "live"))
+        limits = limits or Limits()
+        timeout_s = _api._seconds(timeout)
+        source_id = _api._source_id(_sid(source))
         ws = self.sync
 
         async def go() -> dict[str, Any]:
-            return await run_race(ws.engine, cands, check, source=source, limits=limits, timeout_s=timeout_s,
-                                  label=label, **kw)
+            return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
+                                  label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -262,38 +280,60 @@ class Workspace:
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
                              reason=reason)
 
-    async def try_(self, command: Sequence[str | bytes] | str, **kw: Any) -> TryResult:
+    async def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
+                   confirm: Callable[[dict[str, Any]], bool] | None = None, keep: bool = False,
+                   label: str | None = None, limits: Limits | None = None, timeout: float | str | None = None,
+                   on_conflict: str = "fail", include_ignored: bool = False, env_pass: Sequence[str] = (),
+                   secrets: Sequence[str] = (), say: Callable[[str], None] | None = None,
+                   reason: str | None = None) -> TryResult:
         """``petri.Workspace.try_`` in a worker thread (``confirm`` and ``say`` are called
         from it). Not cancellable: a cancelled caller stops waiting, the try goes on to its
         end (its runs end by themselves or by ``timeout``)."""
-        return await _thread(self.sync.try_, command, **kw)
+        return await _thread(self.sync.try_, command, check=check, promote=promote, confirm=confirm, keep=keep,
+                             label=label, limits=limits, timeout=timeout, on_conflict=on_conflict,
+                             include_ignored=include_ignored, env_pass=env_pass, secrets=secrets, say=say,
+                             reason=reason)
 
-    async def rebase(self, sandbox: "str | Sandbox", **kw: Any) -> Rebased:
+    async def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False,
+                     reason: str | None = None) -> Rebased:
         """``petri.Workspace.rebase`` in a worker thread."""
-        return await _thread(self.sync.rebase, _sid(sandbox), **kw)
+        return await _thread(self.sync.rebase, _sid(sandbox), on_conflict=on_conflict,
+                             include_ignored=include_ignored, reason=reason)
 
-    async def resume(self, promotion: Any, **kw: Any) -> Pipeline:
-        return await _thread(self.sync.resume, promotion, **kw)
+    async def resume(self, promotion: "str | Promotion | PromoteResult", *, say: Callable[[str], None] | None = None,
+                     reason: str | None = None) -> Pipeline:
+        return await _thread(self.sync.resume, promotion, say=say, reason=reason)
 
-    async def promotions(self, **kw: Any) -> list[Promotion]:
-        return await _thread(self.sync.promotions, **kw)
+    async def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
+        return await _thread(self.sync.promotions, include_conflicts=include_conflicts)
 
-    async def rollback(self, target: Any, **kw: Any) -> Rollback:
-        return await _thread(self.sync.rollback, _sid(target), **kw)
+    async def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
+        return await _thread(self.sync.promotion_list, include_conflicts=include_conflicts)
+
+    async def rollback(self, target: "str | Snapshot | Promotion | PromoteResult", *,
+                       reason: str | None = None) -> Rollback:
+        return await _thread(self.sync.rollback, _sid(target), reason=reason)
 
     async def lineage(self, ident: Any = None) -> Lineage:
         return await _thread(self.sync.lineage, _sid(ident))
 
-    async def evolve(self, seed: Any, mutate: Any, check: str, **kw: Any) -> Evolution:
+    async def evolve(self, seed: "str | Sandbox | Snapshot | _api.Sandbox",
+                     mutate: "str | Callable[..., Sequence[Any]]", check: str, *, population: int = 4,
+                     generations: int = 3, keep: int = 1, fitness: Callable[[dict[str, Any]], float] | None = None,
+                     jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None,
+                     say: Callable[[str], None] | None = None, reason: str | None = None) -> Evolution:
         """The population loop (``petri.Workspace.evolve``) in a worker thread; a Python
         ``mutate`` is called from that thread."""
-        return await _thread(self.sync.evolve, _sid(seed) if isinstance(seed, Sandbox) else seed, mutate, check, **kw)
+        return await _thread(self.sync.evolve, _sid(seed) if isinstance(seed, Sandbox) else seed, mutate, check,
+                             population=population, generations=generations, keep=keep, fitness=fitness, jobs=jobs,
+                             limits=limits, timeout=timeout, say=say, reason=reason)
 
-    async def log(self, **kw: Any) -> AuditLog:
-        return await _thread(self.sync.log, **kw)
+    async def log(self, *, since: float | str | None = None, limit: int | None = None,
+                  op: str | None = None) -> AuditLog:
+        return await _thread(self.sync.log, since=since, limit=limit, op=op)
 
-    async def stats(self, **kw: Any) -> Stats:
-        return await _thread(self.sync.stats, **kw)
+    async def stats(self, *, since: float | str | None = None, check: bool = False) -> Stats:
+        return await _thread(self.sync.stats, since=since, check=check)
 
     async def read_file(self, sandbox: "str | Sandbox", path: str | bytes, *, base: bool = False,
                         max_bytes: int | None = None, start_line: int | None = None,
@@ -368,6 +408,10 @@ class Workspace:
 
     async def rollback_plan(self, target: Any) -> Rollback:
         return await _thread(self.sync.rollback_plan, _sid(target))
+
+    async def deinit(self, *, force: bool = False, reason: str | None = None) -> dict[str, Any]:
+        """``petri.Workspace.deinit``: remove the store (``force``: and every sandbox)."""
+        return await _thread(self.sync.deinit, force=force, reason=reason)
 
     async def close(self) -> None:
         self.sync.close()
