@@ -328,6 +328,11 @@ class Workspace:
         with e.one_look():  # the rows share one look at live per base
             docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
                     for r in rows]
+        if any(True for _ in _services_root(e).glob("*/*.json")):  # most workspaces have none: one listdir
+            from .service_runs import live_names
+
+            for d in docs:
+                d["services_running"] = len(live_names(e.store.root, d["id"]))
         return SandboxList.from_doc({"sandboxes": docs})
 
     def status(self, sandbox: "str | Sandbox") -> SandboxList:
@@ -1307,6 +1312,10 @@ def _any_id(x: Any) -> str:
     if hasattr(x, "id"):
         return str(x.id)
     return str(x)
+
+
+def _services_root(e: "Engine") -> Path:
+    return e.store.root / "services"
 
 
 def _source_id(source: Any) -> str:

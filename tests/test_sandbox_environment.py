@@ -284,9 +284,17 @@ def test_restart_on_failure_then_stop(project):
     assert petri("run", "--detach", "--name", "srv", "rs", "--", PY, "-m", "http.server", "8003", "--bind",
                  "127.0.0.1", cwd=ws).rc == 0
     assert wait_served(ws, "rs", "http://127.0.0.1:8003/").rc == 0
+    # ls counts the running services (flaky was stopped, srv runs), in JSON and in its SVC column
+    (row,) = [d for d in petri("ls", "--json", cwd=ws).json["sandboxes"] if d["label"] == "rs"]
+    assert row["services_running"] == 1, row
+    head, *rows = petri("ls", cwd=ws).out.splitlines()
+    cells = dict(zip(head.split(), next(r for r in rows if " rs " in r).split(), strict=False))
+    assert cells["SVC"] == "1", (head, rows)
     r = petri("stop", "rs", "srv", "--json", cwd=ws)
     assert r.rc == 0 and r.json["state"] == "stopped", r
     assert fetch_in(ws, "rs", "http://127.0.0.1:8003/").rc == 7
+    (row,) = [d for d in petri("ls", "--json", cwd=ws).json["sandboxes"] if d["label"] == "rs"]
+    assert row["services_running"] == 0 and "SVC" not in petri("ls", cwd=ws).out.splitlines()[0], row
     r = petri("logs", "rs", "--service", "srv", cwd=ws)
     assert r.rc == 0 and "GET / HTTP" in r.err, r
     r = petri("stop", "rs", "nope", cwd=ws)

@@ -30,7 +30,12 @@ def show_ls(all_: bool) -> None:
                       human_duration(d["time_left_s"]) if d["time_left_s"] is not None else "-",
                       human_bytes(d["usage"]["disk_bytes"]) if d["usage"]["disk_bytes"] is not None else "-",
                       "-" if d["last_exit_code"] is None else d["last_exit_code"], stale_txt])
-    o.table(["id", "label", "backend", "state", "age", "left", "disk", "exit", "stale"], table)
+    head = ["id", "label", "backend", "state", "age", "left", "disk", "exit", "stale"]
+    if any(d.get("services_running") for d in doc["sandboxes"]):  # the column only where a service runs
+        head.insert(8, "svc")
+        for row, d in zip(table, doc["sandboxes"], strict=True):
+            row.insert(8, d.get("services_running") or "-")
+    o.table(head, table)
 
 
 def with_base_age(d: dict) -> dict:
