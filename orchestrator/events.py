@@ -36,6 +36,8 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
   the workspace whose stream it is / taken out again: a promotion or stage, a rollback, an
   undo after a failed check, a recovery that finished or undid one)
 - ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
+- ``sandbox.rejected``: ``sandbox``, ``reason``, ``kept`` (``petri reject``; a
+  ``sandbox.destroyed`` follows unless it was kept)
 
 Rotation: the writer whose event takes the stream past ``ROTATE_BYTES`` renames it to
 ``events.jsonl.1`` (replacing the previous one) and a new stream starts; ``petri gc`` does
@@ -79,6 +81,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "race.started": ("race",), "race.candidate_finished": ("race",), "race.finished": ("race",),
     "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
     "snapshot.created": ("snapshot",),
+    "sandbox.rejected": ("sandbox",),
     "service.started": ("sandbox", "service"), "service.exited": ("sandbox", "service"),
 }
 NAMES = frozenset(KEYS)
@@ -195,6 +198,10 @@ def sandbox_destroyed(to: Any, sandbox: str) -> None:
 
 def sandbox_expired(to: Any, sandbox: str) -> None:
     _to(to).emit("sandbox.expired", sandbox=sandbox)
+
+
+def sandbox_rejected(to: Any, **fields: Any) -> None:
+    _to(to).emit("sandbox.rejected", **fields)
 
 
 def run_started(to: Any, **fields: Any) -> None:

@@ -77,6 +77,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("merge", "The sandbox's changes against its base, as a git-format patch."),
     "promote": ("merge", "Apply the sandbox's changes to the workspace, 3-way against live."),
     "promotions": ("merge", "Promotions: id, sandbox, paths, time, state, whether it can still be undone."),
+    "review": ("review", "A review report: changes, checks, staleness, policy, risk, the commands to approve or"
+                         " reject."),
+    "reject": ("review", "Record a rejection (--reason TEXT, required) and destroy the sandbox, or keep it."),
     "lineage": ("lineage", "The tree snapshot -> sandbox -> fork of a fork, with generation and race results."),
     "log": ("lineage", "The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason,"
                        " result."),
