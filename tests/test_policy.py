@@ -498,7 +498,7 @@ def test_race_on_chardet_never_names_a_violator(chardet_ws, tmp_path):
     from tests import realproj as R
 
     ws = chardet_ws
-    _config(ws, "[policy]\ndeny_patterns = ['#\\\\s*noqa']\nprotect = ['setup.py', '.venv/**']\n")
+    _config(ws, "[policy]\ndeny_patterns = ['#\\s*noqa']\nprotect = ['setup.py', '.venv/**']\n")
     buggy = (ws / R.BUGGY_FILE).read_text()
     good = tmp_path / "good.patch"
     # the right fix, plus a comment saying why: one line more than the bare fix
@@ -522,7 +522,8 @@ def test_race_on_chardet_never_names_a_violator(chardet_ws, tmp_path):
     assert doc["promotion"]["promotion"], doc
     fixed = (ws / R.BUGGY_FILE).read_text()
     assert R.GOOD_LINE in fixed and "noqa" not in fixed
-    # the text output marks the violator
+    # the text output marks the violator (live holds the fix now: this one only adds the noqa)
+    noqa = "sed -i 's/get_current_charlen() >= 2:/get_current_charlen() >= 2:  # noqa/' " + R.BUGGY_FILE
     r = petri("race", "--check", check, "--cmd", noqa, cwd=ws, timeout=900)
     assert r.rc == 1 and "violates policy" in r.out and "no winner" in r.out, r
     # a review of a sandbox on the real project: its real check, its policy verdicts
