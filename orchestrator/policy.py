@@ -308,7 +308,8 @@ def blocking(ev: Evaluation, *, stage_to: str | None = None, stages: Sequence[st
     names, in order); ``gated``: that promotion waits at a manual gate first."""
     out = [f"{v.detail} ({v.source})" for v in ev.violations]
     for i, r, why in ev.risk_rules:
-        src = f"[policy].risk[{i}]"
+        key = f"[policy].risk[{i}]"
+        src = next((v.source for v in ev.verdicts if v.rule == "risk" and v.source.endswith(key)), key)
         st = r.stage
         if st is None:
             if not gated:

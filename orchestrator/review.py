@@ -28,6 +28,7 @@ gone); its runs and lineage are still there.
 """
 from __future__ import annotations
 
+import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -60,9 +61,10 @@ def _checks(engine: "Engine", row: "SandboxRow") -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for r in sandbox_runs(engine, row):
-        argv = r.get("argv") or []
-        out.append({"kind": r.get("role") or "run", "run": r.get("run"),
-                    "command": " ".join(str(a) for a in argv) if isinstance(argv, list) else str(argv),
+        argv = [str(a) for a in r.get("argv") or []]
+        # a shell command line (a race's check, `run -- sh -c ...`) as it was written
+        command = argv[2] if len(argv) == 3 and argv[1] == "-c" and argv[0].endswith("sh") else shlex.join(argv)
+        out.append({"kind": r.get("role") or "run", "run": r.get("run"), "command": command,
                     "exit_code": r.get("exit_code"), "duration_s": r.get("duration_s"),
                     "killed_by": r.get("killed_by"),
                     "ok": None if r.get("exit_code") is None else r.get("exit_code") == 0})
