@@ -31,6 +31,13 @@ interrupted stage. A conflict stops the pipeline (exit 3, nothing written by tha
 ``rollback_promotion`` of a stage first undoes the later stages of its pipeline, newest
 first (each in its own workspace), then it.
 
+Policy (``orchestrator.policy``): the config's ``[policy]`` is judged once, on the pinned
+fork, before the first stage; a violation stops the pipeline before any row exists (exit 3)
+unless ``--override-policy``; a risk rule ``require = "manual"`` makes the first stage wait at
+a manual gate (``gate_forced_by``) when none of the stages up to STAGE has one, and
+``require = "stage:NAME"`` refuses ``--to`` a stage before NAME. The stages' own promotions
+are not judged again (the pinned state cannot change).
+
 Crash safety: each stage's promotion is the journaled one (all or nothing, settled by the
 next command in that workspace); a stage row records its step (``promoting``,
 ``checking``) and its owner's pid before each step, so ``recover`` (run by every stage
@@ -345,8 +352,10 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
             gated = any(s.gate == "manual" for s in stages[:last + 1])
             manual = [f"[policy].risk[{i}]" for i, r, _w in ev.risk_rules if r.require == "manual"]
             # a manual gate the risk asks for is not a violation: the pipeline waits at one
+            # (made below when no stage has one); an override passes that requirement too,
+            # and is recorded for it
             lines = P.check(pol, ev, row.id, override=override_policy, stage_to=to,
-                            stages=[s.name for s in stages], gated=True)
+                            stages=[s.name for s in stages], gated=gated or override_policy is None)
         except BaseException:
             _end(engine, pinned.id)
             raise

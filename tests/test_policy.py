@@ -336,6 +336,13 @@ def test_risk_forces_a_manual_gate_or_a_stage_path(tmp_path):
         r = petri("promote", "--resume", gate, "--json", cwd=ws)
         assert r.rc == 0 and r.json["state"] == "done", r
         assert (ws / "migrations" / "m1.py").read_text() == "up = 1\n"
+        # an override is the approval: no gate is made, and the trail says who and why
+        sb, tree = _fork(ws)
+        (tree / "migrations" / "m2.py").write_text("up = 2\n")
+        r = petri("promote", sb, "--to", "dev", "--override-policy", "DBA approved", "--json", cwd=ws)
+        assert r.rc == 0 and r.json["state"] == "done" and "gate_forced_by" not in r.json, r
+        ov = [e for e in petri("log", "--json", cwd=ws).json["entries"] if e["op"] == "override_policy"]
+        assert len(ov) == 1 and ov[0]["reason"] == "DBA approved" and "needs a person's approval" in ov[0]["result"]
         # a rule naming a stage: only `--to` that stage (or past it) will do
         sb, tree = _fork(ws)
         (tree / "schema.sql").write_text("create table t;\n")
