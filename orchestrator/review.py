@@ -1,6 +1,6 @@
 """``petri review SB`` and ``petri reject SB --reason TEXT``: a sandbox judged by a person.
 
-``review_doc`` gathers what a reviewer needs in one document (SPEC's ``review`` shape plus
+``review_doc`` gathers what a reviewer needs in one document (the ``review`` JSON shape plus
 more): what changed (``files``, a git-style ``stat``, the ``patch``), the checks that ran and
 how they ended (``checks``: the sandbox's runs, its race result, the stages of a graduated
 promotion of it), staleness against live (``stale``), the config's policy verdicts and the

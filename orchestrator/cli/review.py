@@ -25,7 +25,7 @@ def review(
 ) -> None:
     """A review report: changes, checks, staleness, policy, risk, the commands to approve or reject.
 
-    Reads only. With --json, SPEC's review document; with --markdown, the same as Markdown."""
+    Reads only. With --json, the review document; with --markdown, the same as Markdown."""
     from ..review import markdown as render
 
     doc = workspace().review(sandbox).to_json()
