@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Se
 from .limits import Limits
 from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
                       FileWritten, Forked, GrepResult, InitResult, Lineage, PathConflict, Pipeline, PromoteResult,
-                      Promotion, PromotionList, Race, Rebased, RunResult, Rollback, SandboxInfo, SandboxList, Snapshot,
-                      SnapshotList, Stats, TryResult)
+                      Promotion, PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo,
+                      SandboxList, Snapshot, SnapshotList, Stats, TryResult)
 
 if TYPE_CHECKING:
     from .doctor import Report as DoctorReport
@@ -545,9 +545,12 @@ class Workspace:
     @_audited("promote")
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
-                say: Callable[[str], None] | None = None, to: str | None = None) -> PromoteResult:
+                say: Callable[[str], None] | None = None, to: str | None = None,
+                override_policy: str | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
-        journaled transaction. ``petri.Conflict`` (exit 3: nothing written);
+        journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
+        ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
+        ``override_policy`` gives the reason, which goes into the audit trail);
         ``petri.MarkersWritten`` (exit 5) carries the result in ``.result``; a failed
         ``verify`` is a result (``verified: false, rolled_back: true``).
 
@@ -558,17 +561,26 @@ class Workspace:
 
         from .promotions import promote as do_promote
 
+        if override_policy is not None:
+            from .errors import UsageError
+            from .units import MAX_NOTE, check_text
+
+            name = "--override-policy" if self.via == "cli" else "override_policy"
+            check_text(name, override_policy, max_len=MAX_NOTE)
+            if not override_policy.strip():
+                raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
         e = self.engine
         if to is not None:
             from .stages import promote_to
             with _text_conflicts():
-                doc = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None))
+                doc = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
+                                 override_policy=override_policy)
             return _with_ws(Pipeline.from_doc(doc), self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         with _text_conflicts():
             doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
                              paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                             say=say or (lambda s: None))
+                             say=say or (lambda s: None), override_policy=override_policy)
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -596,7 +608,7 @@ class Workspace:
             self._check_label(label)
 
         def fork(source: str, name: str | None) -> str:
-            return self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets)[0].id
+            return str(self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets)[0].id)
 
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))
@@ -616,7 +628,7 @@ class Workspace:
         from .rebasing import rebase
 
         def fork(limits: dict[str, Any]) -> str:
-            return self.fork(1, limits=Limits.from_dict(limits))[0].id
+            return str(self.fork(1, limits=Limits.from_dict(limits))[0].id)
 
         with _text_conflicts():
             doc = rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
@@ -816,6 +828,29 @@ class Workspace:
         with self._writing(row) as tree:
             return files.move(tree, a, b, where, overwrite=overwrite)
 
+    # -- review, reject (orchestrator.review) ------------------------------------------------
+    def review(self, sandbox: "str | Sandbox") -> Review:
+        """``review``: the sandbox's change, its checks, staleness, the policy's verdicts and
+        risk, lineage, and the commands to approve or reject it. Reads only."""
+        from .review import review_doc
+
+        return Review.from_doc(review_doc(self.engine, _sandbox_id(sandbox)))
+
+    def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Rejection:
+        """``reject``: record why the sandbox is rejected (the audit trail, a
+        ``sandbox.rejected`` event, ``stats``' rejections) and destroy it unless ``keep``."""
+        from . import audit
+        from .errors import UsageError
+        from .review import reject
+        from .units import MAX_NOTE, check_text
+
+        if not isinstance(reason, str) or not reason.strip():
+            raise UsageError(detail=f"{self._name('reason')} is needed: why the sandbox is rejected")
+        check_text(self._name("reason"), reason, max_len=MAX_NOTE)
+        with audit.operation("reject", audit.api_argv("reject", [_sandbox_id(sandbox)], {"keep": keep}), self.via,
+                             reason=reason, client=self.client, root=self.root):
+            return Rejection.from_doc(reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via))
+
     # -- lineage, population, audit trail, KPIs ---------------------------------------------
     def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
         """``lineage``: snapshots of live, the sandboxes forked from them, forks of forks
@@ -1013,7 +1048,7 @@ class Sandbox:
     def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                 include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
-                reason: str | None = None) -> PromoteResult:
+                override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
         """Apply this sandbox's changes to the workspace (``Workspace.promote``).
 
         ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
@@ -1021,9 +1056,11 @@ class Sandbox:
         the result, which is undone if it fails; ``dry_run``: plan only; ``include_ignored``:
         also files ``.gitignore`` ignores; ``paths``: only these; ``say``: progress lines;
         ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
-        kept in the audit trail."""
+        kept in the audit trail; ``override_policy``: the reason to promote although the
+        config's ``[policy]`` stops it (recorded)."""
         return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
-                                      include_ignored=include_ignored, paths=paths, say=say, to=to, reason=reason)
+                                      include_ignored=include_ignored, paths=paths, say=say, to=to,
+                                      override_policy=override_policy, reason=reason)
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

@@ -40,12 +40,14 @@ from . import events
 # session a scope, every tool call would nest in it and be folded into its one row.
 MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "shell", "race", "promote", "rollback",
                                "rm", "gc", "stop", "port",
-                               "try", "rebase"})
+                               "try", "rebase", "reject"})
 # Every ``op`` a row can have: the commands above, and the API's operations that are no
 # command (``Workspace.write_file``, ``edit_file``, ``delete_file``, ``move_file``,
-# ``evolve``). tests/test_bad_input.py checks that every op the code opens a scope with is
-# here, so `petri log --op` knows them.
-OPS = MUTATING_COMMANDS | {"write_file", "edit_file", "delete_file", "move_file", "evolve"}
+# ``evolve``), and ``override_policy`` (a promotion let through despite the policy).
+# tests/test_bad_input.py checks that every op the code opens a scope with is here, so
+# `petri log --op` knows them.
+OPS = MUTATING_COMMANDS | {"write_file", "edit_file", "delete_file", "move_file", "evolve",
+                           "override_policy"}  # orchestrator.policy.record_override: its own row
 
 
 class Scope:

@@ -38,6 +38,16 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     race_success = 0.5   # a rate: the least it may be
     conflicts = 0.2      # rates: the most they may be (also verify_failures, rollbacks)
 
+    [policy]             # checked wherever a change reaches live (orchestrator.policy)
+    protect = ["*.pem", ".github/**"]   # globs no promotion may change
+    deny_patterns = ['eval\\(']          # regexes no added line may match
+    max_files = 50
+    max_lines = 2000
+    [[policy.risk]]      # what makes a change high-risk, and what that requires
+    paths = ["migrations/**"]
+    min_lines = 500
+    require = "manual"   # or "stage:NAME"
+
     [[stages]]           # graduated promotion: `petri promote SB --to NAME` walks them in order
     name = "fresh"
     target = "fresh"     # fresh | workspace | the path of another petri workspace
@@ -69,10 +79,13 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .runlog import DEFAULT_CAP
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,7 @@ class Config:
     allow_sockets: tuple[Path, ...] = ()
     toolchains: tuple[str, ...] = ()  # relative to root's home (the config wrote "~/x")
     log_cap: int | None = DEFAULT_CAP  # bytes per stream of a run's saved log (None: no cap)
+    policy: "Policy | None" = None  # [policy] (orchestrator.policy); None: the file has none
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -190,11 +204,20 @@ def parse_config(data: bytes, path: Path) -> Config:
         err = e.errors()[0]
         key = _key(err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
+        at = msg.startswith("[") and msg.find("] ")
+        if at and msg[1:at].isdigit():  # a list's validator names the entry: part of the key
+            key, msg = f"{key}[{msg[1:at]}]", msg[at + 2:]
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, env_pass, seccomp,"
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
-                   " stages[].{name,target,checks,gate,timeout})")
+                   " stages[].{name,target,checks,gate,timeout},"
+                   " policy.{protect,deny_patterns,max_files,max_lines,risk[].{paths,min_files,min_lines,require}})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
+    names = [st.name for st in m.stages]
+    for i, r in enumerate(m.policy.risk):
+        if r.require.startswith("stage:") and r.require[6:] not in names:
+            raise ConfigError(path=str(path), detail=f"key 'policy.risk[{i}].require': no stage named "
+                                                     f"{r.require[6:]!r} in [[stages]] ({', '.join(names) or 'none'})")
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
                          timeout_s=st.timeout) for st in m.stages)
@@ -206,7 +229,17 @@ def parse_config(data: bytes, path: Path) -> Config:
                   sandbox_user=m.sandbox_user,
                   allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
                   kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages,
-                  log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None))
+                  log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None),
+                  policy=_policy(m.policy, path))
+
+
+def _policy(m: Any, path: Path) -> "Policy":
+    from .policy import Policy, RiskRule
+
+    return Policy(source=str(path), protect=tuple(m.protect), deny_patterns=tuple(m.deny_patterns),
+                  max_files=m.max_files, max_lines=m.max_lines,
+                  risk=tuple(RiskRule(paths=tuple(r.paths), min_files=r.min_files, min_lines=r.min_lines,
+                                      require=r.require) for r in m.risk))
 
 
 def _key(loc: Any) -> str:
@@ -253,9 +286,10 @@ def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
+    import re
     from typing import Literal
 
-    from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
     from .errors import UsageError
     from .sandbox.seccomp import Profile
@@ -383,8 +417,69 @@ def _model():
         def _dur(cls, v: Any) -> Any:
             return duration_value(v)
 
+    class RiskModel(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        paths: list[str] = Field(default_factory=list)
+        min_files: int | None = Field(default=None, ge=1)
+        min_lines: int | None = Field(default=None, ge=1)
+        require: str = "manual"
+
+        @field_validator("paths")
+        @classmethod
+        def _globs(cls, v: list[str]) -> list[str]:
+            return _check_globs(v)
+
+        @field_validator("require")
+        @classmethod
+        def _require(cls, v: str) -> str:
+            if v != "manual" and not re.fullmatch(r"stage:[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+                raise ValueError(f"require {v!r}: \"manual\" or \"stage:NAME\" (a [[stages]] name)")
+            return v
+
+        @model_validator(mode="after")
+        def _something(self) -> "RiskModel":
+            if not self.paths and self.min_files is None and self.min_lines is None:
+                raise ValueError("a risk rule needs paths, min_files or min_lines: it would match every change")
+            return self
+
+    class PolicyModel(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        protect: list[str] = Field(default_factory=list)
+        deny_patterns: list[str] = Field(default_factory=list)
+        max_files: int | None = Field(default=None, ge=0)
+        max_lines: int | None = Field(default=None, ge=0)
+        risk: list[RiskModel] = Field(default_factory=list)
+
+        @field_validator("protect")
+        @classmethod
+        def _globs(cls, v: list[str]) -> list[str]:
+            return _check_globs(v)
+
+        @field_validator("deny_patterns")
+        @classmethod
+        def _regexes(cls, v: list[str]) -> list[str]:
+            for i, p in enumerate(v):
+                if not p:
+                    raise ValueError(f"[{i}] is empty: it would match every added line")
+                try:
+                    re.compile(p)
+                except re.error as e:
+                    raise ValueError(f"[{i}] {p!r} is not a valid regular expression: {e}") from None
+            return v
+
+    def _check_globs(v: list[str]) -> list[str]:
+        from .policy import compile_glob
+
+        for i, g in enumerate(v):
+            try:
+                compile_glob(g)
+            except ValueError as e:
+                raise ValueError(f"[{i}] {e}") from None
+        return v
+
     class ConfigModel(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
+        policy: PolicyModel = Field(default_factory=PolicyModel)
         limits: LimitsModel = Field(default_factory=LimitsModel)
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         kpi: KpiModel = Field(default_factory=KpiModel)

@@ -39,6 +39,8 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
 - ``net.denied``: ``sandbox``, ``host``, ``port``, ``method``, ``reason``: the egress proxy of a
   sandbox with ``--net allow:...`` refused a destination (``orchestrator.sandbox.egress``; the
   proxy is the writer, so ``pid`` is the proxy's and ``via`` that of the operation that made it)
+- ``sandbox.rejected``: ``sandbox``, ``reason``, ``kept`` (``petri reject``; a
+  ``sandbox.destroyed`` follows unless it was kept)
 
 Rotation: the writer whose event takes the stream past ``ROTATE_BYTES`` renames it to
 ``events.jsonl.1`` (replacing the previous one) and a new stream starts; ``petri gc`` does
@@ -82,6 +84,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "race.started": ("race",), "race.candidate_finished": ("race",), "race.finished": ("race",),
     "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
     "snapshot.created": ("snapshot",),
+    "sandbox.rejected": ("sandbox",),
     "service.started": ("sandbox", "service"), "service.exited": ("sandbox", "service"),
     "net.denied": ("sandbox",),
 }
@@ -199,6 +202,10 @@ def sandbox_destroyed(to: Any, sandbox: str) -> None:
 
 def sandbox_expired(to: Any, sandbox: str) -> None:
     _to(to).emit("sandbox.expired", sandbox=sandbox)
+
+
+def sandbox_rejected(to: Any, **fields: Any) -> None:
+    _to(to).emit("sandbox.rejected", **fields)
 
 
 def run_started(to: Any, **fields: Any) -> None:

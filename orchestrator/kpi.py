@@ -17,7 +17,9 @@ percentile is just the maximum again) and max, by the nearest-rank method (the v
 rank ceil(p/100 * n) of the sorted durations: always one that was measured), and the
 rates: ``race_success`` (races with a winner / races), ``conflicts`` (promotions stopped
 on a conflict / promotions tried), ``verify_failures`` (checks that failed / promotions
-checked), ``rollbacks`` (promotions rolled back / promotions done). ``check`` compares
+checked), ``rollbacks`` (promotions rolled back / promotions done), ``rejections``
+(sandboxes rejected by ``petri reject`` / rejected and promoted; a ``reject`` row is a
+count, not a duration, and has no threshold key). ``check`` compares
 them with the config's ``[kpi]`` thresholds (orchestrator.config): a duration is a maximum
 (``fork_p95 = "2s"``), ``race_success`` a minimum, the other rates maxima; a threshold
 on a figure that has no value yet (p99 with n < 100, a rate of nothing) is not a breach.
@@ -84,7 +86,11 @@ def stats(registry: Any, *, since: float | None = None) -> dict[str, Any]:
         args.append(since)
     by_op: dict[str, list[float]] = {op: [] for op in OPS}
     details: dict[str, list[dict[str, Any]]] = {op: [] for op in OPS}
+    rejected = 0
     for op, dur, ok, detail in registry.db.execute(q, args):
+        if op == "reject":  # a decision, not a timed operation: counted, never a duration
+            rejected += 1
+            continue
         if op not in by_op:
             continue
         d = json.loads(detail or "{}")
@@ -102,6 +108,8 @@ def stats(registry: Any, *, since: float | None = None) -> dict[str, Any]:
         "conflicts": _rate(sum(1 for d in tried if d.get("outcome") == "conflict"), len(tried)),
         "verify_failures": _rate(sum(1 for d in checked if d.get("verified") is False), len(checked)),
         "rollbacks": _rate(len(undone), len(done)),
+        # sandboxes a person rejected (`petri reject`) / those decided: rejected or promoted
+        "rejections": _rate(rejected, rejected + len(done)),
     }
     return {"ops": {op: summary(by_op[op]) for op in OPS}, "rates": rates, "notes": dict(NOTES)}
 

@@ -99,7 +99,8 @@ def _plan_doc(plan: "Plan") -> dict[str, Any]:
 def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", include_ignored: bool = False,
             paths: Sequence[bytes | str] = (), dry_run: bool = False, verify: str | None = None,
             echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
-            promo_id: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            promo_id: str | None = None, extra: dict[str, Any] | None = None, override_policy: str | None = None,
+            check_policy: bool = True) -> dict[str, Any]:
     """Promote the sandbox into the workspace; the ``promote`` document.
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
@@ -109,10 +110,17 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     ``into``: another workspace's engine (a stage of a graduated promotion): the same
     3-way promotion against the sandbox's base, into that workspace, journaled, locked
     and recorded there. ``promo_id`` and ``extra`` (fields kept in the row's doc): the
-    stage's."""
+    stage's.
+
+    The workspace's ``[policy]`` (``orchestrator.policy``) is checked on the same view of
+    the sandbox the plan reads, under the lock, before anything is written:
+    ``PolicyViolation`` (exit 3) unless ``override_policy`` (a reason, recorded in the audit
+    trail) is given; ``check_policy`` False: the caller checked it (a stage of a pipeline).
+    The document carries the verdicts (``policy``) and ``risk``."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
 
+    from .policy import PolicyViolation
 
     mode = _on_conflict_mode(on_conflict)
     user = [normalize_path(p) for p in paths]
@@ -136,9 +144,10 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     # and the next command settles the journal and unmounts what it left. A conflict wrote
     # nothing (its row, if any, says "conflict").
     try:
-        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict,)):
+        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict, PolicyViolation)):
             _promote_locked(engine, row, promo_id, doc, on_conflict=mode, include_ignored=include_ignored,
-                            paths=user, dry_run=dry_run, target=target, extra=extra or {})
+                            paths=user, dry_run=dry_run, target=target, extra=extra or {},
+                            override_policy=override_policy if check_policy else None, check_policy=check_policy)
     except PromotionConflict:
         kpi.record(target.registry, "promote", time.monotonic() - started, subject=row.id,
                    detail={"outcome": "conflict", "verified": None, "dry_run": dry_run})
@@ -165,11 +174,14 @@ def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | N
 
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
                     on_conflict: OnConflict, include_ignored: bool, paths: list[bytes], dry_run: bool,
-                    target: "Engine", extra: dict[str, Any]) -> None:
+                    target: "Engine", extra: dict[str, Any], override_policy: str | None = None,
+                    check_policy: bool = True) -> None:
     from merge.errors import PromotionConflict
     from merge.promote import _conflict_error, execute_promotion
 
     with sandbox_views(engine, row) as (base, tree):
+        overridden = _policy_gate(engine, row, doc, base, tree, include_ignored=include_ignored, paths=paths,
+                                  override=override_policy) if check_policy else []
         plan = plan_for(engine, row, base, tree, on_conflict=on_conflict,
                         include_ignored=include_ignored, paths=paths, live=target.root)
         doc.update(_plan_doc(plan))
@@ -184,6 +196,9 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
         if not plan.ops:
             doc["applied"], doc["applied_b64"] = [], []
             return
+        if overridden and override_policy is not None:
+            from .policy import record_override
+            record_override(target.root, row.id, overridden, override_policy)
         target.registry.add_promotion(promo_id, row.id, "running",
                                       {**extra, "base": doc["base"], "on_conflict": on_conflict})
         try:
@@ -199,6 +214,29 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
                     "conflicts": js["conflicts"], "skipped": js["skipped"], "markers": js["markers"]})
         set_promotion_state(target, promo_id, "done", extra | {k: doc[k] for k in (
             "base", "applied", "applied_b64", "conflicts", "markers")} | {"on_conflict": on_conflict})
+
+
+def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base: Path, tree: Path, *,
+                 include_ignored: bool, paths: list[bytes], override: str | None) -> list[str]:
+    """The policy's verdicts on what this promotion carries, into ``doc``; raises
+    ``PolicyViolation`` unless it passes or ``override`` is given (then the lines it let
+    through are returned, for the audit trail)."""
+    from . import policy as P
+
+    pol = P.policy_of(engine.root)
+    if pol.empty:
+        return []
+    ev = P.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,
+                            views=(base, tree))
+    doc.update(ev.to_json())
+    try:
+        lines = P.check(pol, ev, row.id, override=override)
+    except P.PolicyViolation as err:
+        err.doc = doc
+        raise
+    if lines:
+        doc["policy_overridden"] = {"reason": override, "rules": lines}
+    return lines
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:

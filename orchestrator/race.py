@@ -17,8 +17,11 @@ End to end (DESIGN "The race"):
    (``petri logs <candidate>``), which stays when the fork goes. The candidate's row says
    which of its runs were the race's steps (``run_roles``). Both under the race's limits
    and ``--timeout``.
-3. Rank (pure, ``rank``): check passed, fewest changed lines, fastest check, command-line
-   order; a candidate that did not apply is last. The winner is the first if it passed.
+3. Judge each applied candidate's change by the config's ``[policy]`` (``judge_policy``:
+   ``policy_ok``, ``policy_violations`` and ``risk`` per candidate). Rank (pure, ``rank``):
+   check passed, within the policy, fewest changed lines, fastest check, command-line
+   order; a candidate that did not apply is last. The winner is the first if it passed and
+   does not violate the policy: a violating candidate is never the winner (``winner_of``).
 4. Destroy the throwaway forks, and the losers unless ``--keep``; and the implicit base
    snapshot when no sandbox is left on it; report which pairs of candidates changed the same
    paths (``conflicts``: promoting one after the other is not independent); optionally
@@ -64,6 +67,9 @@ larger repository still applies paths relative to itself. Outside a repository `
 patches the working directory, like ``patch -p1`` without fuzz.
 
 Caveats:
+- A cluster race (``--cluster``) does not judge its candidates by the policy (their
+  sandboxes are on other machines); ``--promote`` of its winner is checked as every
+  promotion is.
 - A ``--cmd`` candidate that exits non-zero counts as not applied (its check is not run).
 - ``telling_line`` reads the last 4 KiB of stderr and 8 KiB of stdout: a test runner whose
   verdict is further from the end, or a format it does not know, gets its last line.
@@ -132,6 +138,9 @@ class Outcome:
     stderr_path: str | None = None
     logs_run: int | None = None  # that step as a run of the candidate's sandbox (``petri logs SB --run N``)
     metrics: dict[str, Any] | None = None  # what the check left in .petri-metrics.json (orchestrator.evolve)
+    policy_ok: bool | None = None  # the config's [policy] on its change (None: no policy, or not applied)
+    policy: list[dict[str, Any]] = field(default_factory=list)  # its verdicts that failed
+    risk: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -194,15 +203,40 @@ def load_candidates(pairs: Sequence[tuple[str, str]], texts: Sequence[bytes | No
 
 
 def rank(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """Best first: passed, fewest changed lines, fastest, command-line order; not applied last."""
+    """Best first: passed, within the config's [policy], fewest changed lines, fastest,
+    command-line order; not applied last. A candidate that violates the policy ranks after
+    every passing one that does not, and is never the winner (``winner_of``)."""
     def key(o: Outcome):
         dur = o.duration_s if o.duration_s is not None else float("inf")
-        return (not o.applied, not o.passed, o.lines_added + o.lines_removed, dur, o.index)
+        return (not o.applied, not o.passed, o.policy_ok is False, o.lines_added + o.lines_removed, dur, o.index)
 
     ordered = sorted(outcomes, key=key)
     for i, o in enumerate(ordered, 1):
         o.rank = i
     return ordered
+
+
+def winner_of(ordered: Sequence[Outcome]) -> Outcome | None:
+    """The first of the ranked outcomes if it passed and the policy allows it, else None."""
+    first = ordered[0] if ordered else None
+    return first if first is not None and first.passed and first.policy_ok is not False else None
+
+
+def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
+    """The config's [policy] on each applied candidate's change (its sandbox holds exactly
+    the applied state: the check ran in a fork), before ranking."""
+    from . import policy as P
+
+    pol = P.policy_of(engine.root)
+    if pol.empty:
+        return
+    for o in outcomes:
+        if not o.applied:
+            continue
+        ev = P.evaluate_sandbox(engine, engine.sandbox_by_id(o.sandbox), policy=pol)
+        o.policy_ok = ev.ok
+        o.policy = [v.to_json() for v in ev.violations]
+        o.risk = ev.risk
 
 
 def conflicts(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
@@ -585,8 +619,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         events.race_finished(log, race=race.id, winner=None, error=str(exc) or type(exc).__name__,
                  duration_s=time.monotonic() - t0)
         raise
+    judge_policy(engine, outcomes)
     ordered = rank(outcomes)
-    winner = ordered[0] if ordered and ordered[0].passed else None
+    winner = winner_of(ordered)
     destroyed = set(_destroy_all(engine, race, [o.check_sandbox for o in outcomes if o.check_sandbox]))
     for o in outcomes:
         if o is not winner and not keep:
@@ -808,7 +843,8 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
             "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
             "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
             "check_sandbox": o.check_sandbox, "check_run": o.check_run, "logs_run": o.logs_run,
-            "runs": o.runs, "kept": not destroyed, "metrics": o.metrics}
+            "runs": o.runs, "kept": not destroyed, "metrics": o.metrics,
+            "policy_ok": o.policy_ok, "policy_violations": o.policy, "risk": o.risk}
 
 
 def _where_logs(c: dict[str, Any]) -> str:
@@ -879,6 +915,8 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         lines = f"+{c['lines_added']} -{c['lines_removed']}" if c["applied"] else "-"
         took = f"{c['duration_s']:.2f}s" if c["duration_s"] is not None else "-"
         mark = "*" if c["sandbox"] == doc["winner"] else ""
+        if c.get("policy_ok") is False:
+            check += o.paint(", violates policy", "red")
         where = c["sandbox"] + ("" if c["kept"] else " (removed)")
         rows.append([f"{c['rank']}{mark}", c["candidate"], c["kind"], check, lines,
                      c["files_changed"] if c["applied"] else "-", took, where])
@@ -890,6 +928,8 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
     elif doc["winner"]:
         o.say(f"winner: {o.paint(doc['winner'], 'bold')} ({doc['winner_candidate']}) at {doc.get('winner_path')}")
         o.say(f"  see it with `petri diff {doc['winner']}`, apply it with `petri promote {doc['winner']}`")
+    elif any(c.get("passed") and c.get("policy_ok") is False for c in doc["candidates"]):
+        o.say(o.paint("no winner: every candidate that passed the check violates the policy", "yellow"))
     else:
         o.say(o.paint("no winner: no candidate passed the check", "yellow"))
     by_path: dict[str, list[str]] = {}
@@ -909,6 +949,8 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         if c.get("error"):
             step = "check failed" if c["applied"] else "did not apply"
             o.say(f"{c['candidate']}: {step}: {c['error']}{_where_logs(c)}")
+        for v in c.get("policy_violations") or []:
+            o.say(f"{c['candidate']}: violates policy: {v['detail']} ({v['source']})")
     if doc.get("promotion"):
         p = doc["promotion"]
         o.say(f"promoted {doc['winner']} into the workspace as {p.get('promotion')}: "

@@ -654,3 +654,31 @@ class Rebased(Record):
     applied: tuple[str, ...] | list[str] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
     markers: bool = False
+
+
+@dataclass(frozen=True)
+class Review(Record):
+    """``review``: what a sandbox changed (``files``, ``stat``, ``patch``), the checks that ran
+    (``checks``), staleness (``stale``), the policy's verdicts (``policy``: each ``{"rule",
+    "ok", "detail", "source"}``) and ``risk``, the ``lineage``, and the exact commands to
+    ``approve`` or ``reject`` it (``orchestrator.review``)."""
+
+    sandbox: str
+    base: str | None = None
+    files: tuple[Any, ...] | list[Any] = ()
+    checks: tuple[Any, ...] | list[Any] = ()
+    stale: Mapping[str, Any] | None = None
+    policy: tuple[Any, ...] | list[Any] = ()
+    risk: str | None = None
+    approve: tuple[str, ...] | list[str] = ()
+    reject: tuple[str, ...] | list[str] = ()
+
+
+@dataclass(frozen=True)
+class Rejection(Record):
+    """``reject``: the sandbox, why, and whether it was kept or destroyed."""
+
+    sandbox: str
+    reason: str
+    kept: bool = False
+    destroyed: bool = False

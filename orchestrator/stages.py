@@ -31,6 +31,13 @@ interrupted stage. A conflict stops the pipeline (exit 3, nothing written by tha
 ``rollback_promotion`` of a stage first undoes the later stages of its pipeline, newest
 first (each in its own workspace), then it.
 
+Policy (``orchestrator.policy``): the config's ``[policy]`` is judged once, on the pinned
+fork, before the first stage; a violation stops the pipeline before any row exists (exit 3)
+unless ``--override-policy``; a risk rule ``require = "manual"`` makes the first stage wait at
+a manual gate (``gate_forced_by``) when none of the stages up to STAGE has one, and
+``require = "stage:NAME"`` refuses ``--to`` a stage before NAME. The stages' own promotions
+are not judged again (the pinned state cannot change).
+
 Crash safety: each stage's promotion is the journaled one (all or nothing, settled by the
 next command in that workspace); a stage row records its step (``promoting``,
 ``checking``) and its owner's pid before each step, so ``recover`` (run by every stage
@@ -247,7 +254,8 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
             extra = ({**doc, "step": "checking", "in_place": True} if target is engine else
                      {"pipeline_of": str(engine.root), "pipeline": doc["pipeline"], "stage_name": stage.name})
             try:
-                got = promote(engine, pinned, echo=False, into=target, promo_id=promo_id, extra=extra)
+                got = promote(engine, pinned, echo=False, into=target, promo_id=promo_id, extra=extra,
+                              check_policy=False)  # judged once, when the pipeline began (promote_to)
             except Exception as e:
                 conflicts = getattr(e, "conflicts", None)
                 if getattr(e, "exit_code", 1) == 3:
@@ -312,8 +320,18 @@ def _index(stages: tuple["Stage", ...], name: str) -> int:
     raise NoStages(name=name, known=f"the stages are {known}" if stages else known)
 
 
-def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None) -> dict[str, Any]:
-    """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``)."""
+def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None,
+               override_policy: str | None = None) -> dict[str, Any]:
+    """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``).
+
+    The config's ``[policy]`` is judged first, on the sandbox as it is pinned: a violation
+    stops before anything is made (``PolicyViolation``, exit 3) unless ``override_policy``;
+    a high-risk change whose risk rule asks for a manual gate waits at one before its first
+    stage (``gate_forced_by`` in that row), one that names a stage must go ``--to`` it or
+    past it."""
+    from dataclasses import replace
+
+    from . import policy as P
 
     stages = _stages(engine)
     last = _index(stages, to)
@@ -321,12 +339,39 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     for st in stages[:last + 1]:
         _check_target(engine, st)  # refused (exit 4) before anything is made: no row, no pinned fork
     recover(engine)
+    pol = P.policy_of(engine.root)
     pipeline = new_id("p")
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
     snap = snapshot_of_sandbox(engine, row)
     pinned = engine.fork(snap.id, 1, label=f"pinned-for-{pipeline[2:]}")[0]
     mark_scaffold(engine, pinned, "pinned", pipeline=pipeline)
-    return _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
+    forced = None
+    if not pol.empty:
+        try:
+            ev = P.evaluate_sandbox(engine, engine.sandbox_by_id(pinned.id), policy=pol)
+            gated = any(s.gate == "manual" for s in stages[:last + 1])
+            manual = [f"[policy].risk[{i}]" for i, r, _w in ev.risk_rules if r.require == "manual"]
+            # a manual gate the risk asks for is not a violation: the pipeline waits at one
+            # (made below when no stage has one); an override passes that requirement too,
+            # and is recorded for it
+            lines = P.check(pol, ev, row.id, override=override_policy, stage_to=to,
+                            stages=[s.name for s in stages], gated=gated or override_policy is None)
+        except BaseException:
+            _end(engine, pinned.id)
+            raise
+        if lines and override_policy is not None:
+            P.record_override(engine.root, row.id, lines, override_policy)
+        if manual and not gated and override_policy is None:
+            forced = ", ".join(manual)
+            stages = (replace(stages[0], gate="manual"), *stages[1:])
+    doc = _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
+    if forced is not None:
+        first = pipeline_rows(engine, pipeline)[0]
+        _save(engine, first["id"], first["state"], {**first["doc"], "gate_forced_by": forced})
+        say(f"the change is high-risk ({forced}): a person approves it with `petri promote --resume {first['id']}`")
+        doc = pipeline_doc(engine, pipeline)
+        doc["gate_forced_by"] = forced
+    return doc
 
 
 def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage", ...], start: int, last: int,

@@ -274,11 +274,19 @@ class Workspace:
     async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                       dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
-                             reason=reason)
+                             override_policy=override_policy, reason=reason)
+
+    async def review(self, sandbox: "str | Sandbox") -> Any:
+        """``petri.Workspace.review`` in a worker thread."""
+        return await _thread(self.sync.review, _sid(sandbox))
+
+    async def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Any:
+        """``petri.Workspace.reject`` in a worker thread."""
+        return await _thread(self.sync.reject, _sid(sandbox), reason, keep=keep)
 
     async def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
                    confirm: Callable[[dict[str, Any]], bool] | None = None, keep: bool = False,
@@ -457,11 +465,11 @@ class Sandbox:
     async def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                       include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
-                                            to=to, reason=reason)
+                                            to=to, override_policy=override_policy, reason=reason)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

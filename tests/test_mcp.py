@@ -31,7 +31,7 @@ DOC_TOOLS = {"workspace_status", "snapshot_create", "sandbox_fork", "sandbox_lis
               "sandbox_run_start", "sandbox_run_poll", "sandbox_run_kill", "sandbox_read_file", "sandbox_write_file",
               "sandbox_edit_file", "sandbox_diff", "race", "race_status", "sandbox_remove", "sandbox_list_files",
               "sandbox_grep", "sandbox_delete_file", "sandbox_move_file", "sandbox_service_start",
-              "sandbox_service_list", "sandbox_service_stop", "sandbox_port", "try"}
+              "sandbox_service_list", "sandbox_service_stop", "sandbox_port", "try", "review", "reject"}
 LIVE_TOOLS = {"promote", "rollback"}
 
 FIX = """--- a/pkg/calc.py
@@ -171,7 +171,7 @@ def test_tools_schemas_annotations_and_live_tools_only_with_the_flag(overlay_ws)
             assert tools["sandbox_run_poll"].input_schema["properties"]["wait_s"]["maximum"] == 25
             assert {n for n, t in tools.items() if t.annotations.read_only_hint} == {
                 "workspace_status", "sandbox_list", "sandbox_status", "sandbox_run_poll", "sandbox_read_file",
-                "sandbox_diff", "race_status", "sandbox_list_files", "sandbox_grep", "sandbox_service_list"}
+                "sandbox_diff", "race_status", "sandbox_list_files", "sandbox_grep", "sandbox_service_list", "review"}
             assert tools["sandbox_remove"].annotations.destructive_hint
             assert not tools["sandbox_fork"].annotations.destructive_hint
             # refused: a tool error naming the flag, nothing written

@@ -1,4 +1,4 @@
-"""Reading never writes: ``ls``, ``status``, ``diff``, ``logs``, ``lineage``, ``log``, ``stats``,
+"""Reading never writes: ``ls``, ``status``, ``diff``, ``review``, ``logs``, ``lineage``, ``log``, ``stats``,
 ``snapshots``, ``promotions``, ``doctor`` (CLI), the API's reads, the MCP read tools and a TUI refresh make
 no subvolume, no mount, no file in the store, no registry row and no event, on every backend
 that runs here (btrfs, overlay, fuse, copy, reflink on XFS).
@@ -167,6 +167,9 @@ def busy_workspace(request, tmp_path):
     make_project(ws)
     r = petri("init", "--backend", backend, "--json", cwd=ws)
     assert r.rc == 0, r
+    # a policy, so that `review` has verdicts to compute (and must still write nothing)
+    (ws / ".petri" / "config.toml").write_text('[policy]\nprotect = ["gone.txt"]\ndeny_patterns = ["333"]\n'
+                                               'max_files = 2\n[[policy.risk]]\npaths = ["pkg/**"]\n')
     runner = None
     try:
         for label in ("edited", "clean", "busy"):
@@ -228,6 +231,7 @@ def _api_reads(ws: Path, ids: dict[str, str]) -> None:
             if label != "busy":
                 w.diff(sb, stat_only=True)
                 w.diff(sb)
+                w.review(sb)
         w.snapshots()
         w.promotions()
         w.lineage()
@@ -253,6 +257,7 @@ def _mcp_reads(ws: Path, ids: dict[str, str]) -> None:
                 if label != "busy":
                     await c.call("sandbox_diff", {"sandbox": sb, "stat_only": True})
                     await c.call("sandbox_diff", {"sandbox": sb})
+                    await c.call("review", {"sandbox": sb})
             await c.call("sandbox_run_poll", {"sandbox": ids["busy"], "run": 1, "wait_s": 0})
 
     anyio.run(main, backend="trio")
@@ -294,9 +299,13 @@ def test_reading_makes_nothing(busy_workspace):
         stale = r.json["sandboxes"][0]["stale"]
         assert stale["live_changed"] == 3, (label, stale)
         if label != "busy":
-            for argv in (["diff", "--stat", sb], ["diff", sb], ["--json", "diff", sb]):
+            for argv in (["diff", "--stat", sb], ["diff", sb], ["--json", "diff", sb], ["review", sb],
+                         ["--json", "review", sb], ["review", "--markdown", sb]):
                 r = petri(*argv, cwd=ws)
                 assert r.rc == 0, (argv, r)
+            if label == "edited":  # the policy was judged, not skipped
+                doc = petri("--json", "review", sb, cwd=ws).json
+                assert doc["risk"] == "high" and doc["policy_ok"] is False, doc["policy"]
     got = _diff_state(before, state(ws, backend))
     assert not got, f"the CLI's reads made or changed:\n{got}"
     _api_reads(ws, ids)

@@ -80,6 +80,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "try": ("try_", "Fork live, run CMD there, then the check; show what changed; promote on --yes or when"
                     " confirmed."),
     "rebase": ("try_", "A new sandbox on a fresh snapshot of live carrying SANDBOX's change (3-way)."),
+    "review": ("review", "A review report: changes, checks, staleness, policy, risk, the commands to approve or"
+                         " reject."),
+    "reject": ("review", "Record a rejection (--reason TEXT, required) and destroy the sandbox, or keep it."),
     "lineage": ("lineage", "The tree snapshot -> sandbox -> fork of a fork, with generation and race results."),
     "log": ("lineage", "The audit trail: every mutating operation, who (uid, via cli/api/mcp/tui), argv, reason,"
                        " result."),

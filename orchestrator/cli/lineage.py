@@ -114,7 +114,8 @@ def _print_stats(o: Any, doc: dict[str, Any]) -> None:
 
 
 def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[str], *, dry_run: bool,
-                   verify: Optional[str], paths: Optional[List[str]], on_conflict: str, include_ignored: bool) -> None:
+                   verify: Optional[str], paths: Optional[List[str]], on_conflict: str, include_ignored: bool,
+                   override_policy: Optional[str] = None) -> None:
     """``promote --to STAGE`` / ``--resume p-…``: run the pipeline, print where it stands,
     exit with its code (0 done or at a manual gate, 1 failed or inconclusive, 3 conflict)."""
     from ..errors import UsageError
@@ -134,7 +135,10 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
     ws = workspace()
     o = out()
     say = None if G.json else o.note
-    rec = ws.promote(sandbox, to=to, say=say) if to is not None else ws.resume(resume, say=say)
+    if override_policy is not None and resume is not None:
+        raise UsageError(detail="--override-policy goes with --to: the policy is checked when a pipeline begins")
+    rec = (ws.promote(sandbox, to=to, say=say, override_policy=override_policy) if to is not None
+           else ws.resume(resume, say=say))
     doc = rec.to_json()
     doc.pop("schema", None)
     code = int(doc["exit_code"])

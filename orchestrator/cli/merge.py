@@ -76,24 +76,36 @@ def promote(
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="p-…",
                                                   help="Go on with a graduated promotion waiting at a stage (a "
                                                        "manual gate, an inconclusive or interrupted check).")] = None,
+    override_policy: Annotated[Optional[str], typer.Option("--override-policy", metavar="REASON",
+                                                           help="Promote although the [policy] of the config "
+                                                                "stops it; who, which rules and REASON go into "
+                                                                "`petri log`.")] = None,
 ) -> None:
     """Apply the sandbox's changes to the workspace, 3-way against live.
 
     With --to STAGE, through the stages of the config file (`[[stages]]`: fresh, workspace,
     or another petri workspace), each with its checks; `petri promote --resume p-…` goes on
     where one stopped. Exit 0: done, or waiting at a manual gate; 1: a check failed (that
-    stage was rolled back) or was inconclusive (timed out: the stage waits); 3: a conflict."""
+    stage was rolled back) or was inconclusive (timed out: the stage waits); 3: a conflict, or
+    the config's [policy] stops it (nothing written; --override-policy REASON lets it through)."""
     from merge.errors import PromotionConflict
 
+    from ..policy import PolicyViolation
     from ..promotions import promote as do_promote
     o = out()
+    if override_policy is not None:
+        from ..units import MAX_NOTE, check_text
+        check_text("--override-policy", override_policy, max_len=MAX_NOTE)
+        if not override_policy.strip():
+            from ..errors import UsageError
+            raise UsageError(detail="--override-policy needs a REASON (it goes into the audit trail)")
     if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
         from ..errors import EmptyCommand
         raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
     if to is not None or resume is not None:
         from .lineage import promote_staged
         promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,
-                       include_ignored=include_ignored)
+                       include_ignored=include_ignored, override_policy=override_policy)
         return
     if sandbox is None:
         from ..errors import UsageError
@@ -104,13 +116,16 @@ def promote(
     started = time.time()
     try:
         doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
-                         dry_run=dry_run, verify=verify, echo=not G.json, say=o.note)
+                         dry_run=dry_run, verify=verify, echo=not G.json, say=o.note,
+                         override_policy=override_policy)
     except BaseExceptionGroup as group:  # --verify runs under trio: its interrupt comes grouped
         if group.split(KeyboardInterrupt)[1] is not None:
             raise
         _interrupted(e, row.id, started, verify)
     except KeyboardInterrupt:
         _interrupted(e, row.id, started, verify)
+    except PolicyViolation as err:
+        _policy_refused(o, err, dry_run)
     except PromotionConflict as err:
         conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
         for c in conflicts:
@@ -144,6 +159,30 @@ def promote(
         _print_promote(o, doc, dry_run)
     if code:
         raise typer.Exit(code)
+
+
+def _policy_refused(o: Any, err: Any, dry_run: bool) -> None:
+    """The policy stopped the promotion: its verdicts (under --json, in the document; for
+    people, with --dry-run, one line each), then the one error line, exit 3."""
+    doc = dict(getattr(err, "doc", None) or {})
+    if G.json:
+        doc.update({"promotion": None, "applied": [], "conflicts": [], "verified": None, "rolled_back": False,
+                    "error": str(err), "exit_code": 3})
+        o.doc(doc)
+        print(f"petri: {err}", file=sys.stderr, flush=True)
+        raise typer.Exit(3) from None
+    if dry_run:
+        print_verdicts(o, doc)
+    raise err
+
+
+def print_verdicts(o: Any, doc: dict[str, Any]) -> None:
+    """The policy's verdicts, one line each (``ok`` or ``FAIL``, the rule, the detail), then the risk."""
+    for v in doc.get("policy", []):
+        mark = "ok  " if v["ok"] else ("HIGH" if v["rule"] == "risk" else "FAIL")
+        o.say(f"policy {mark} {v['rule']:<13} {v['detail']}  ({v['source']})")
+    if doc.get("policy"):
+        o.say(f"risk: {doc.get('risk', 'low')}")
 
 
 def _check_paths_exist(e: Any, row: Any, wanted: list[bytes]) -> list[str]:
@@ -214,7 +253,11 @@ def nothing_to_promote(doc: dict[str, Any]) -> str:
 
 
 def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
+    if doc.get("policy_overridden"):
+        ov = doc["policy_overridden"]
+        print(f"petri: policy overridden ({ov['reason']}): " + "; ".join(ov["rules"]), file=sys.stderr, flush=True)
     if dry_run:
+        print_verdicts(o, doc)
         ops = doc.get("plan", {}).get("ops", [])
         if not ops and not doc["conflicts"]:
             o.say(nothing_to_promote(doc))

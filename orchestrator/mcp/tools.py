@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..results import (Cleanup, Diff, FileContent, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepResult,
-                       PromoteResult, Race, Rollback, RunResult, SandboxList, Snapshot, TryResult)
+                       PromoteResult, Race, Rejection, Review, Rollback, RunResult, SandboxList, Snapshot,
+                       TryResult)
 from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
 
@@ -276,13 +277,7 @@ async def sandbox_edit_file(st: "State", args: dict[str, Any]) -> dict[str, Any]
 async def sandbox_diff(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     doc = (await st.ws.diff(args["sandbox"], args.get("paths", []), stat_only=bool(args.get("stat_only", False)),
                             include_ignored=bool(args.get("include_ignored", False)))).to_json()
-    cap = args.get("max_patch_bytes", DEFAULT_PATCH_BYTES)
-    raw = doc["patch"].encode("utf-8", "surrogateescape")
-    if len(raw) > cap:
-        doc["patch"] = raw[:cap].decode("utf-8", "ignore")
-        doc["patch_truncated_bytes"] = len(raw) - len(doc["patch"].encode("utf-8", "surrogateescape"))
-        doc.pop("patch_b64", None)  # a cut patch is for reading, not applying
-    return doc
+    return _capped_patch(doc, args)
 
 
 async def race(st: "State", args: dict[str, Any]) -> dict[str, Any]:
@@ -321,11 +316,15 @@ async def sandbox_port(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
-    from ..errors import OrchestratorError
+    from ..errors import OrchestratorError, UsageError
 
+    override = args.get("override_policy")
+    if override is not None and not st.allow_live:  # the tool is listed only then; never trust that alone
+        raise UsageError(detail="override_policy needs `petri mcp --allow-live`: only a server a person started "
+                                "that way may let a change past the policy")
     got = await st.ws.promote(args["sandbox"], paths=args.get("paths", []), dry_run=bool(args.get("dry_run", False)),
                               on_conflict=args.get("on_conflict", "fail"), verify=args.get("verify"),
-                              include_ignored=bool(args.get("include_ignored", False)))
+                              include_ignored=bool(args.get("include_ignored", False)), override_policy=override)
     doc = got.to_json()
     if doc.get("verified") is False:  # the CLI exits 1 here: a failure, with the document
         msg = "verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
@@ -349,14 +348,26 @@ async def try_(st: "State", args: dict[str, Any]) -> dict[str, Any]:
                            label=args.get("label"), limits=_limits(args),
                            timeout=_duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
                            include_ignored=bool(args.get("include_ignored", False)))
-    doc = got.to_json()
+    return _capped_patch(got.to_json(), args)
+
+
+async def review(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return _capped_patch((await st.ws.review(args["sandbox"])).to_json(), args)
+
+
+def _capped_patch(doc: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with its patch cut at ``max_patch_bytes`` (and the cut counted)."""
     cap = args.get("max_patch_bytes", DEFAULT_PATCH_BYTES)
     raw = doc["patch"].encode("utf-8", "surrogateescape")
     if len(raw) > cap:
         doc["patch"] = raw[:cap].decode("utf-8", "ignore")
         doc["patch_truncated_bytes"] = len(raw) - len(doc["patch"].encode("utf-8", "surrogateescape"))
-        doc.pop("patch_b64", None)
+        doc.pop("patch_b64", None)  # a cut patch is for reading, not applying
     return doc
+
+
+async def reject(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+    return (await st.ws.reject(args["sandbox"], args["reason"], keep=bool(args.get("keep", False)))).to_json()
 
 
 async def rollback(st: "State", args: dict[str, Any]) -> dict[str, Any]:
@@ -546,11 +557,24 @@ TOOLS: list[Tool] = [
           "include_ignored": {"type": "boolean", "description": "also files .gitignore ignores"},
           "max_patch_bytes": {"type": "integer", "minimum": 0, "default": DEFAULT_PATCH_BYTES}, **LIMITS},
          ("command",), record_schema(TryResult), try_, destructive=True, open_world=True),
+    Tool("review", "A review report of a sandbox for a person: files changed and the patch, the checks that ran, "
+         "staleness against live, the config's policy verdicts and risk, lineage, and the exact petri commands to "
+         "approve or reject it.",
+         {"sandbox": SANDBOX, "max_patch_bytes": {"type": "integer", "minimum": 0, "default": DEFAULT_PATCH_BYTES}},
+         ("sandbox",), record_schema(Review), review, **_RO),
+    Tool("reject", "Reject a sandbox: record why (audit trail, event, stats) and destroy it (keep: true keeps it). "
+         "Never touches the live workspace.",
+         {"sandbox": SANDBOX, "reason": {"type": "string", "minLength": 1, "description": "why it is rejected"},
+          "keep": {"type": "boolean", "description": "keep the sandbox (default: destroy it)"}},
+         ("sandbox", "reason"), record_schema(Rejection), reject, destructive=True),
     Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback).",
          {"sandbox": SANDBOX, "paths": {"type": "array", "items": S}, "dry_run": {"type": "boolean"},
           "on_conflict": {"enum": ["fail", "markers", "theirs", "ours"], "default": "fail"},
           "verify": {"type": "string", "description": "a check run on the result; undone if it fails"},
-          "include_ignored": {"type": "boolean"}},
+          "include_ignored": {"type": "boolean"},
+          "override_policy": {"type": "string", "minLength": 1,
+                              "description": "promote although the config's [policy] stops it: the reason, "
+                                             "recorded in the audit trail (ask the user first)"}},
          ("sandbox",), record_schema(PromoteResult), promote, destructive=True, live_only=True),
     Tool("rollback", "Undo a promotion (p-…) or restore the LIVE workspace to a snapshot (s-…).",
          {"id": {"type": "string", "description": "p-… promotion or s-… snapshot"}}, ("id",),
@@ -576,7 +600,8 @@ then sandbox_run_poll with the returned next_cursor until done, and sandbox_run_
 4. sandbox_diff shows what changed as a git patch.
 5. To compare candidate fixes, race runs a check in one sandbox per candidate and ranks them (label names \
 the winner's sandbox); follow it with race_status.
-6. sandbox_remove when done with a sandbox.
+6. sandbox_remove when done with a sandbox; review gives a report to hand to the user, reject records why \
+a sandbox is dropped.
 
 Only when the server was started with --allow-live: promote applies a sandbox's changes to the live \
 workspace (rollback undoes it). Otherwise tell the user the sandbox id and the diff, and let them promote \
