@@ -114,15 +114,32 @@ def test_the_config_page_shows_a_valid_file_with_every_key():
         parse_config(b"no_such_key = 1\n", Path("/nowhere/config.toml"))
     known = re.search(r"\(known: (.*)\)$", str(e.value))[1]
     # "limits.{mem,cpus}, masks, kpi.*, stages[].{name,...}": each key, in its table where it has one
-    for item in re.split(r", (?![^{]*\})", known):
+    def split(text: str, sep: str) -> list[str]:  # at sep, outside braces
+        out, depth, i, last = [], 0, 0, 0
+        while i < len(text):
+            depth += (text[i] == "{") - (text[i] == "}")
+            if depth == 0 and text.startswith(sep, i):
+                out.append(text[last:i])
+                i = last = i + len(sep)
+                continue
+            i += 1
+        return [*out, text[last:]]
+
+    def check(item: str, prefix: str = "") -> None:
         table, dot, rest = item.partition(".")
         if not dot:  # a key at the top, or a table of free names ([env])
-            assert re.search(rf"^{re.escape(item)} *=", example, re.M) or f"[{item}]" in example, item
-            continue
-        table = table.removesuffix("[]")
+            assert re.search(rf"^{re.escape(item)} *=", example, re.M) or f"[{prefix}{item}]" in example, item
+            return
+        table = prefix + table.removesuffix("[]")
         assert f"[{table}]" in example or f"[[{table}]]" in example, item
-        for name in rest.strip("{}").split(","):
-            assert name == "*" or re.search(rf"^{re.escape(name)} *=", example, re.M), (item, name)
+        for name in split(rest[1:-1] if rest.startswith("{") else rest, ","):
+            if "." in name:  # a table inside the table: policy.{..., risk[].{paths,...}}
+                check(name, table + ".")
+            else:
+                assert name == "*" or re.search(rf"^{re.escape(name)} *=", example, re.M), (item, name)
+
+    for item in split(known, ", "):
+        check(item)
 
 
 def test_the_readme_example_is_one_that_runs():

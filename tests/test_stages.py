@@ -407,6 +407,8 @@ def _everything(ws: Path) -> tuple[list, list, list]:
     """Every promotion row (conflicts too), every sandbox (destroyed ones too), every snapshot."""
     promos = petri("promotions", "--all", "--json", cwd=ws).json["promotions"]
     sbs = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
+    for d in sbs:  # a clock reading (seconds since the base was taken), not state
+        (d.get("stale") or {}).pop("base_age_s", None)
     snaps = petri("snapshots", "--json", cwd=ws).json["snapshots"]
     return promos, sbs, snaps
 
