@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 OUTCOME_EXIT = {"promoted": 0, "declined": 0, "unchanged": 0, "command_failed": 1, "check_failed": 1,
-                "conflict": 3, "markers": 5}
+                "conflict": 3, "policy": 3, "markers": 5}
 
 
 def _step(run: dict[str, Any], text: str) -> dict[str, Any]:
@@ -170,11 +170,18 @@ def _promote(engine: "Engine", sb: str, doc: dict[str, Any], *, on_conflict: str
              echo: bool, say: Callable[[str], None]) -> None:
     from merge.errors import PromotionConflict
 
+    from .policy import PolicyViolation
     from .promotions import promote
 
     row = engine.sandbox_by_id(sb)
     try:
         got = promote(engine, row, on_conflict=on_conflict, include_ignored=include_ignored, echo=echo, say=say)
+    except PolicyViolation as err:  # the config's [policy] refused it before anything was written
+        doc["promotion"] = {"promotion": None, "applied": [], "conflicts": []}
+        doc["policy"] = [v.to_json() for v in err.evaluation.verdicts]
+        doc["outcome"] = "policy"
+        doc["error"] = "; ".join(v.detail + f" ({v.source})" for v in err.evaluation.violations) or str(err)
+        return
     except PromotionConflict as err:
         conflicts = [c.to_json() for c in getattr(err, "conflicts", [])]
         doc["promotion"] = {**(getattr(err, "doc", None) or {}), "promotion": None, "applied": [],

@@ -223,6 +223,21 @@ def test_try_takes_an_egress_allow_list_as_fork_does(ws):
     assert line.startswith("http://127.0.0.1:"), line
 
 
+def test_a_policy_stop_is_an_outcome_of_try(ws):
+    """[policy] refuses the promotion: exit 3, the verdicts in the document, live untouched, and
+    the line says how to keep the sandbox for a review (or names the kept one)."""
+    (ws / ".petri" / "config.toml").open("a").write("\n[policy]\ndeny_patterns = ['eval\\(']\n")
+    before = _live(ws)
+    r = petri("--json", "try", "--yes", "--", "sh", "-c", "echo 'x = eval(1)' >> f.txt", cwd=ws)
+    assert r.rc == 3 and r.json["outcome"] == "policy" and r.json["promoted"] is False, r
+    assert [v["rule"] for v in r.json["policy"] if not v["ok"]] == ["deny_patterns"], r.json
+    assert "petri try --keep" in r.err and _live(ws) == before and _live_sandboxes(ws) == [], r
+    kept = petri("try", "--yes", "--keep", "--", "sh", "-c", "echo 'x = eval(1)' >> f.txt", cwd=ws)
+    (sb,) = [s["id"] for s in _live_sandboxes(ws)]
+    assert kept.rc == 3 and f"petri promote {sb} --override-policy REASON" in kept.err, kept
+    assert petri("promote", sb, "--override-policy", "reviewed", cwd=ws).rc == 0 and _live(ws) != before
+
+
 def test_try_asks_at_a_terminal(ws):
     import pty
 

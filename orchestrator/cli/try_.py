@@ -172,6 +172,12 @@ def _why(doc: dict[str, Any]) -> str:
     if doc["outcome"] == "conflict":
         n = len(doc["promotion"]["conflicts"])
         return f"promotion stopped on {n} conflict(s) with live; nothing was written{kept}"
+    if doc["outcome"] == "policy":
+        again = ("`petri review " + doc["sandbox"] + "` shows every verdict; `petri promote " + doc["sandbox"]
+                 + " --override-policy REASON` lets it through" if doc["kept"]
+                 else "the sandbox was removed: `petri try --keep` keeps it for `petri review` and "
+                      "`petri promote --override-policy REASON`")
+        return f"policy: {doc['error']}; nothing was written ({again})"
     if doc["outcome"] == "markers":
         p = doc["promotion"]["promotion"]
         return f"conflict markers were written; resolve them, or `petri rollback {p}`"
