@@ -63,15 +63,16 @@ def _b64(p: bytes) -> str:
 
 # --------------------------------------------------------------------------- promote
 
-_ON_CONFLICT: tuple[OnConflict, ...] = ("fail", "markers", "theirs", "ours")
 
 
 def _on_conflict_mode(text: str) -> OnConflict:
     """``--on-conflict``'s value as the merge layer's mode, or a usage error (exit 2)."""
-    for mode in _ON_CONFLICT:
+    from merge.on_conflict import ON_CONFLICT
+
+    for mode in ON_CONFLICT:
         if text == mode:
             return mode
-    raise UsageError(detail=f"--on-conflict must be fail, markers, theirs or ours, not {text!r}")
+    raise UsageError(detail=f"--on-conflict must be {', '.join(ON_CONFLICT[:-1])} or {ON_CONFLICT[-1]}, not {text!r}")
 
 
 def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: OnConflict,

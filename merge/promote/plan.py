@@ -28,10 +28,10 @@ from typing import Iterable, Literal
 from ..changes import Change, Entry, tree_changes
 from ..errors import PathThroughSymlink
 from ..merge3 import ConflictHunk, merge3
+from ..on_conflict import ON_CONFLICT, OnConflict
 from ..safefs import SafeTree, content_id_bytes, safe_mode, split_rel
 from .model import Conflict, Op, Plan, State, ancestors, depth, same, state_of_node, display
 
-OnConflict = Literal["fail", "markers", "theirs", "ours"]
 # What a check leaves for ``petri evolve`` to read (orchestrator.evolve): never a change.
 METRICS_FILE = b".petri-metrics.json"
 PROTECTED_TOP = (b".git", b".petri", METRICS_FILE)
@@ -286,8 +286,8 @@ def plan_promotion(base: Path, live: Path, theirs: Path, *, on_conflict: OnConfl
     """What promoting ``theirs`` (descended from ``base``) into ``live`` would do. Reads the
     three trees, writes nothing. Conflicts are in ``Plan.conflicts``; ``Plan.blocking``
     are the ones that stop ``execute_promotion``."""
-    if on_conflict not in ("fail", "markers", "theirs", "ours"):
-        raise ValueError(f"on_conflict must be fail, markers, theirs or ours: {on_conflict!r}")
+    if on_conflict not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}: {on_conflict!r}")
     base, live, theirs = Path(base), Path(live), Path(theirs)
     changes = tree_changes(base, theirs, include_ignored=include_ignored, ignore_root=live,
                            paths=[os.fsencode(p) for p in paths], detect_renames=False)

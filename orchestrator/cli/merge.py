@@ -17,6 +17,8 @@ from typing import Annotated, Any, List, Optional
 import click
 import typer
 
+from merge.on_conflict import ON_CONFLICT
+
 from .app import command_app
 from .common import G, out, workspace
 
@@ -62,7 +64,7 @@ def promote(
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
     on_conflict: Annotated[str, typer.Option("--on-conflict",
-                                             click_type=click.Choice(["fail", "markers", "theirs", "ours"]),
+                                             click_type=click.Choice(list(ON_CONFLICT)),
                                              help="On a conflicting hunk: fail (exit 3, nothing written),"
                                                   " markers (write diff3 markers, exit 5), theirs (the"
                                                   " sandbox's side) or ours (the workspace's side).")] = "fail",

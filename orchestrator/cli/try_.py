@@ -13,12 +13,14 @@ from typing import Annotated, Any, List, Optional
 import click
 import typer
 
+from merge.on_conflict import ON_CONFLICT as _CHOICES
+
 from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 
 app = command_app()
 
-ON_CONFLICT = click.Choice(["fail", "markers", "theirs", "ours"])
+ON_CONFLICT = click.Choice(list(_CHOICES))
 
 
 @app.command("try", context_settings={"allow_interspersed_args": False})

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from ..results import (Cleanup, Diff, FileContent, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepResult,
                        PromoteResult, Race, Rejection, Review, Rollback, RunResult, SandboxList, Snapshot,
                        TryResult)
+from merge.on_conflict import ON_CONFLICT
+
 from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
 
@@ -569,7 +571,7 @@ TOOLS: list[Tool] = [
          ("sandbox", "reason"), record_schema(Rejection), reject, destructive=True),
     Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback).",
          {"sandbox": SANDBOX, "paths": {"type": "array", "items": S}, "dry_run": {"type": "boolean"},
-          "on_conflict": {"enum": ["fail", "markers", "theirs", "ours"], "default": "fail"},
+          "on_conflict": {"enum": list(ON_CONFLICT), "default": "fail"},
           "verify": {"type": "string", "description": "a check run on the result; undone if it fails"},
           "include_ignored": {"type": "boolean"},
           "override_policy": {"type": "string", "minLength": 1,
