@@ -191,15 +191,28 @@ def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
     return load_config(engine.root).allow_sockets
 
 
+def _egress_proxy(engine: "Engine", sb_id: str) -> list[str]:
+    """The command that serves a sandbox's egress proxy: the mechanism's proxy with its
+    refusals written to this workspace's event feed (``orchestrator.egress_feed``)."""
+    from pathlib import Path
+
+    from . import egress_feed, events
+
+    root = Path(egress_feed.__file__).resolve().parents[1]  # where ``orchestrator`` is
+    return [sys.executable, "-I", "-S", egress_feed.__file__, "--sandbox", sb_id, "--root", str(root),
+            "--events", str(engine.store.root), "--via", events._via.get()]
+
+
 def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     """The sandbox's lasting environment (``sandbox.environment``), made at its first use:
     every run, shell, check and service of the sandbox joins it."""
     from .sandbox import environment as E
     from .sandbox.host_sockets import private_dirs
 
+    allow = run_limits(row).net_allow
     env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
-                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(),
-                   allow=run_limits(row).net_allow)
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(), allow=allow,
+                   proxy=_egress_proxy(engine, row.id) if allow else None)
     secrets = secret_values(engine, row)
     if secrets:
         from .run_env import install

@@ -150,8 +150,7 @@ def proxy(two_servers):
     a, _ = two_servers
     pol = Policy(parse_allow(f"allow:127.0.0.1:{a.server_port},localhost:{a.server_port}"))
     denied: list = []
-    px = egress.Proxy(pol, sandbox="sb-test", events=None, via="api", root="")
-    px.denied = lambda method, host, port, reason: denied.append((method, host, port, reason))  # no store here
+    px = egress.Proxy(pol, on_denied=lambda method, host, port, reason: denied.append((method, host, port, reason)))
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen()

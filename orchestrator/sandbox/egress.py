@@ -1,7 +1,9 @@
 """The egress allow-list: ``--net allow:HOST[:PORT],...`` lets a sandbox reach only those
 destinations, through an HTTP(S) proxy petri owns (the way Codex's network proxy and
 Anthropic's sandbox-runtime do it). Stdlib only: the proxy runs as
-``python3 -I -S egress.py serve ...`` (no package import until it writes an event).
+``python3 -I -S egress.py serve ...``; the layer above starts it through its own script
+(``orchestrator/egress_feed.py``), which gives each refusal to the event feed: this module
+imports nothing of petri's.
 
 The sandbox keeps its own network namespace, loopback only (``environment``): no route out,
 no DNS. The proxy is a process on the host's network (so it reaches what the host reaches)
@@ -57,6 +59,7 @@ import signal
 import socket
 import sys
 import threading
+from typing import Callable
 
 READ_HEAD = 64 << 10  # the longest request head the proxy reads
 HEAD_TIMEOUT_S = 30.0
@@ -199,30 +202,20 @@ def resolve(host: str, port: int, kind: str) -> tuple[list[tuple], str | None]:
 
 # ------------------------------------------------------------------ the proxy (a process)
 
+Denied = Callable[[str, str, "int | None", str], None]  # (method, host, port, why)
+
+
 class Proxy:
-    def __init__(self, policy: Policy, *, sandbox: str, events: str | None, via: str, root: str) -> None:
-        self.policy, self.sandbox, self.events, self.via, self.root = policy, sandbox, events, via, root
+    def __init__(self, policy: Policy, *, on_denied: Denied | None = None) -> None:
+        self.policy, self.on_denied = policy, on_denied
         self._emit_lock = threading.Lock()
-        self._log = None
 
     def denied(self, method: str, host: str, port: int | None, reason: str) -> None:
-        if not self.events:
+        if self.on_denied is None:
             return
-        with self._emit_lock:
+        with self._emit_lock:  # one writer at a time (each connection has its thread)
             try:
-                if self._log is None:
-                    if self.root not in sys.path:
-                        sys.path.insert(0, self.root)
-                    from orchestrator import events  # the one emitter of net.denied
-
-                    self._log = events.EventLog(self.events)  # type: ignore[assignment,arg-type]
-                    self._events = events
-                token = self._events.set_via(self.via)  # a context variable: each handler thread's own
-                try:
-                    self._events.net_denied(self._log, sandbox=self.sandbox, host=host, port=port, method=method,
-                                            reason=reason)
-                finally:
-                    self._events.reset_via(token)
+                self.on_denied(method, host, port, reason)
             except Exception:  # noqa: BLE001 - the refusal stands whether or not the feed took it
                 pass
 
@@ -406,7 +399,7 @@ def listen_in_netns(send_fd: int) -> None:
     socket.send_fds(chan, [b"ok"], [s.fileno()])
 
 
-def serve(args: dict[str, str]) -> None:
+def serve(args: dict[str, str], on_denied: Denied | None = None) -> None:
     policy = Policy([e for e in args["--allow"].split(",") if e])
     ready = int(args["--ready-fd"])
     if os.fork():  # detach: the caller's wait returns, and no petri process has to reap the proxy
@@ -425,8 +418,7 @@ def serve(args: dict[str, str]) -> None:
     os.write(ready, b"ok %d" % os.getpid())
     os.close(ready)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    Proxy(policy, sandbox=args["--sandbox"], events=args.get("--events") or None, via=args.get("--via", "api"),
-          root=args["--root"]).serve(lsock, pidfd)
+    Proxy(policy, on_denied=on_denied).serve(lsock, pidfd)
 
 
 def main(argv: list[str]) -> None:
@@ -437,7 +429,7 @@ def main(argv: list[str]) -> None:
         serve(args)
     else:
         sys.exit("usage: egress.py listen --send-fd N | serve --listen-fd N --holder-pid H --ready-fd N"
-                 " --allow E,... --sandbox SB --root DIR [--events DIR] [--via V]")
+                 " --allow E,...")
 
 
 if __name__ == "__main__":

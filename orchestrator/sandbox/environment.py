@@ -78,7 +78,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:
     import socket
@@ -228,12 +228,15 @@ def current(store_root: Path, sb_id: str) -> Env | None:
 
 
 def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_bytes: int,
-           until: float | None, private: Iterable[bytes], allow: tuple[str, ...] = ()) -> Env:
+           until: float | None, private: Iterable[bytes], allow: tuple[str, ...] = (),
+           proxy: Sequence[str] | None = None) -> Env:
     """The sandbox's environment, made now if it does not exist (or its holder died).
     ``private``: the host directories a run hides behind a private one (``/run``, ``/var/tmp``,
     ``/var/run`` where it is a directory of its own; ``/tmp`` always). ``allow``: the egress
     allow-list (``egress.parse_allow``'s entries): its proxy is made with the environment, and
-    again if it died."""
+    again if it died. ``proxy``: the command that serves it (the caller's: the layer above
+    gives its refusals to the event feed); ``egress.py serve`` itself by default, which tells
+    no one."""
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         if state is not None and _alive(state.get("holder_pid"), state.get("holder_start")) \
@@ -241,9 +244,9 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
             if state.get("owner") != [host_uid, host_gid] and os.geteuid() == 0:
                 _reown(state, host_uid, host_gid)
                 _write(store_root, sb_id, state)
-            proxy = state.get("proxy") or {}
-            if allow and not _alive(proxy.get("pid"), proxy.get("start")):
-                state["proxy"] = _start_proxy(store_root, sb_id, _env_of(sb_id, state), allow)
+            running = state.get("proxy") or {}
+            if allow and not _alive(running.get("pid"), running.get("start")):
+                state["proxy"] = _start_proxy(_env_of(sb_id, state), allow, proxy)
                 _write(store_root, sb_id, state)
             return _env_of(sb_id, state)
         if state is not None:
@@ -259,7 +262,7 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
             state["holder_pid"], state["holder_start"] = pid, _start_time(pid)
             _write(store_root, sb_id, state)
             if allow:
-                state["proxy"] = _start_proxy(store_root, sb_id, _env_of(sb_id, state), allow)
+                state["proxy"] = _start_proxy(_env_of(sb_id, state), allow, proxy)
                 _write(store_root, sb_id, state)
         except BaseException:
             _teardown(store_root, sb_id, state)
@@ -519,7 +522,6 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ egress
 
 EGRESS = Path(__file__).with_name("egress.py")
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where ``orchestrator`` is, for the proxy's events
 
 
 def _listener_inside(env: Env) -> "socket.socket":
@@ -563,19 +565,15 @@ def _listener_inside(env: Env) -> "socket.socket":
         ours.close()
 
 
-def _start_proxy(store_root: Path, sb_id: str, env: Env, allow: tuple[str, ...]) -> dict:
-    """Start the sandbox's egress proxy (``egress.py serve``: detached, on the host's network,
-    listening inside the sandbox's); its state entry."""
-    from orchestrator import events
-
+def _start_proxy(env: Env, allow: tuple[str, ...], proxy: Sequence[str] | None) -> dict:
+    """Start the sandbox's egress proxy (``proxy`` + ``serve ...``, by default ``egress.py
+    serve``: detached, on the host's network, listening inside the sandbox's); its state entry."""
     lsock = _listener_inside(env)
     try:
         r, w = os.pipe2(os.O_CLOEXEC)
         fd = lsock.fileno()
-        argv = [sys.executable, "-I", "-S", str(EGRESS), "serve", "--listen-fd", str(fd),
-                "--holder-pid", str(env.holder_pid), "--ready-fd", str(w), "--allow", ",".join(allow),
-                "--sandbox", sb_id, "--root", str(PACKAGE_ROOT), "--events", str(store_root),
-                "--via", events._via.get()]
+        argv = [*(proxy or (sys.executable, "-I", "-S", str(EGRESS))), "serve", "--listen-fd", str(fd),
+                "--holder-pid", str(env.holder_pid), "--ready-fd", str(w), "--allow", ",".join(allow)]
         pid = _spawn_detached(argv, r, w, (fd,))
         port = lsock.getsockname()[1]
     finally:
