@@ -261,7 +261,7 @@ class Workspace:
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False,
              publish: Sequence[str | int] = (), env_pass: Sequence[str] = (),
-             secrets: Sequence[str] = ()) -> "SandboxSet":
+             secrets: Sequence[str] = (), profile: str | None = None) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -274,7 +274,10 @@ class Workspace:
         (``publish()``); with ``n`` > 1 only the first gets a HOSTPORT asked for, the others a
         free port. ``env_pass``: names (or globs) of this process's environment variables its
         commands get; ``secrets``: ``NAME=@FILE`` or ``NAME=env:VAR``, read now, at
-        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``)."""
+        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``).
+        ``profile``: a ``[profiles.NAME]`` of the config, layered under the arguments (they
+        win) and over the config's top-level defaults; the sandbox records it, and its
+        promotions are held to that profile's policy (``orchestrator.profiles``)."""
         from .config import load_config
         from .errors import UsageError
         from .runs import parse_publish
@@ -286,16 +289,18 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         e = self.engine
-        lim = load_config(e.root).apply_defaults(limits or Limits())
+        cfg = load_config(e.root)
+        prof = cfg.profile(profile)  # an unknown name: exit 2, before anything is made
+        lim = cfg.with_profile(profile).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
         wanted = [parse_publish(p) for p in publish]
         from . import run_env
+        from .profiles import fork_env
 
-        passes = run_env.check_patterns(env_pass)
-        secret_values = run_env.read_secrets(secrets)
+        passes, secret_values = fork_env(prof, env_pass, secrets)
         if wanted and lim.net:
             raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
-        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, profile=profile)
         if passes or secret_values:
             for r in rows:
                 run_env.save(e.store.root, r.id, secret_values)
@@ -508,7 +513,8 @@ class Workspace:
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
-             on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None) -> Race:
+             on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
+             profile: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
         ``label``: the name the winner's sandbox gets (``winner_label`` in the document), to
@@ -517,7 +523,9 @@ class Workspace:
         its events (``race.started``, ``race.candidate_finished``) carry that id.
         ``cluster``: run the candidates on a Ray cluster (its address, ``"local:N"`` for a
         throwaway one here, or a started ``orchestrator.cluster.LocalCluster``); the
-        winner's sandbox is rebuilt here, so ``promote`` works as after a local race."""
+        winner's sandbox is rebuilt here, so ``promote`` works as after a local race.
+        ``profile``: a ``[profiles.NAME]`` of the config for the candidates' limits, seccomp
+        and policy (``fork``; not with ``cluster``)."""
         from .errors import EmptyCommand, NoCandidates, UsageError
         from .race import load_candidates, race_sync
 
@@ -532,7 +540,7 @@ class Workspace:
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label)
+                        cluster=cluster, label=label, profile=profile)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
@@ -594,21 +602,24 @@ class Workspace:
              confirm: Callable[[dict[str, Any]], bool] | None = None, keep: bool = False, label: str | None = None,
              limits: Limits | None = None, timeout: float | str | None = None, on_conflict: str = "fail",
              include_ignored: bool = False, env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             say: Callable[[str], None] | None = None) -> TryResult:
+             say: Callable[[str], None] | None = None, profile: str | None = None) -> TryResult:
         """``petri try``: fork live, run ``command`` (a list, or a string for ``/bin/sh -c``)
         there, then ``check`` (a shell command) on the changed state; promote when both passed
         and ``promote`` is true or ``confirm(doc)`` (given the document so far: ``files``,
         ``patch``, the runs) says yes; else nothing reaches live. The sandbox is removed
         unless ``keep``. A failed command or check, a conflict with live, a declined
         promotion are results (``outcome``, ``exit_code``), not exceptions. ``limits``,
-        ``label``, ``env_pass``, ``secrets``: the fork's (``fork``); ``timeout``: per step."""
+        ``label``, ``env_pass``, ``secrets``, ``profile``: the fork's (``fork``); ``timeout``: per step."""
+        from .config import load_config
         from .trying import try_change
 
         if label is not None:
             self._check_label(label)
+        load_config(self.engine.root).profile(profile)  # an unknown one: exit 2 before anything
 
         def fork(source: str, name: str | None) -> str:
-            return str(self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets)[0].id)
+            return str(self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets,
+                                 profile=profile)[0].id)
 
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))
@@ -1464,7 +1475,7 @@ def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
     from .registry import rfc3339
 
     return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-            "expires_at": rfc3339(r.expires_at), "limits": r.limits,
+            "expires_at": rfc3339(r.expires_at), "limits": r.limits, "profile": r.profile,
             "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
 
 

@@ -109,6 +109,30 @@ class Config:
     toolchains: tuple[str, ...] = ()  # relative to root's home (the config wrote "~/x")
     log_cap: int | None = DEFAULT_CAP  # bytes per stream of a run's saved log (None: no cap)
     policy: "Policy | None" = None  # [policy] (orchestrator.policy); None: the file has none
+    profiles: dict[str, "Profile"] = field(default_factory=dict)  # [profiles.NAME]
+
+    def profile(self, name: str | None) -> "Profile | None":
+        """The profile called ``name`` (None: none asked); an unknown name is exit 2."""
+        if name is None:
+            return None
+        got = self.profiles.get(name)
+        if got is None:
+            from .errors import UsageError
+            defined = ", ".join(sorted(self.profiles)) or "none"
+            where = f" in {self.path}" if self.path is not None else " (no config file)"
+            raise UsageError(detail=f"unknown profile {name!r}{where}; defined: {defined}")
+        return got
+
+    def with_profile(self, name: str | None) -> "Config":
+        """This config with profile ``name`` layered over its top-level defaults: a key the
+        profile sets wins (its policy is already merged with ``[policy]``)."""
+        p = self.profile(name)
+        if p is None:
+            return self
+        over = {k: v for k, v in p.limits.items() if v is not None}
+        if p.seccomp is not None:
+            over["seccomp"] = p.seccomp
+        return replace(self, policy=p.policy, **over)
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
@@ -131,6 +155,35 @@ class Config:
 
 
 _LIMIT_KEYS = {"mem_bytes": "mem", "cpus": "cpus", "pids": "pids", "disk_bytes": "disk", "ttl_s": "ttl"}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """``[profiles.NAME]``: what ``--profile NAME`` layers over the top-level defaults."""
+
+    name: str
+    limits: dict[str, Any] = field(default_factory=dict)  # Config's field names: mem_bytes, ..., net
+    seccomp: str | None = None
+    env_pass: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()  # NAME=@FILE / NAME=env:VAR, read at each fork
+    policy: "Policy | None" = None  # [policy] extended by the profile's own (``merge_policy``)
+
+
+def merge_policy(top: "Policy | None", own: "Policy | None", source: str) -> "Policy | None":
+    """A profile's policy extends ``[policy]``: its lists are added, and each of max_files,
+    max_lines is the stricter of the two, so a profile can tighten but never loosen."""
+    if own is None:
+        return top
+    if top is None:
+        return own
+    from .policy import Policy
+
+    def least(a: int | None, b: int | None) -> int | None:
+        return a if b is None else b if a is None else min(a, b)
+
+    return Policy(source=source, protect=top.protect + own.protect, deny_patterns=top.deny_patterns + own.deny_patterns,
+                  max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
+                  risk=top.risk + own.risk)
 
 
 @dataclass(frozen=True)
@@ -211,13 +264,25 @@ def parse_config(data: bytes, path: Path) -> Config:
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, env_pass, seccomp,"
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
                    " stages[].{name,target,checks,gate,timeout},"
-                   " policy.{protect,deny_patterns,max_files,max_lines,risk[].{paths,min_files,min_lines,require}})")
+                   " policy.{protect,deny_patterns,max_files,max_lines,risk[].{paths,min_files,min_lines,require}},"
+                   " profiles.<name>.{seccomp,env_pass,secrets,limits.{mem,cpus,pids,disk,ttl,net},policy.{...}})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     names = [st.name for st in m.stages]
-    for i, r in enumerate(m.policy.risk):
-        if r.require.startswith("stage:") and r.require[6:] not in names:
-            raise ConfigError(path=str(path), detail=f"key 'policy.risk[{i}].require': no stage named "
-                                                     f"{r.require[6:]!r} in [[stages]] ({', '.join(names) or 'none'})")
+    tables = [("policy", m.policy)] + [(f"profiles.{k}.policy", p.policy) for k, p in m.profiles.items() if p.policy]
+    for where, pol in tables:
+        for i, r in enumerate(pol.risk):
+            if r.require.startswith("stage:") and r.require[6:] not in names:
+                raise ConfigError(path=str(path), detail=f"key '{where}.risk[{i}].require': no stage named "
+                                  f"{r.require[6:]!r} in [[stages]] ({', '.join(names) or 'none'})")
+    top = _policy(m.policy, path)
+    profiles = {}
+    for k, p in m.profiles.items():
+        pl = p.limits
+        own = _policy(p.policy, path) if p.policy is not None else None
+        profiles[k] = Profile(name=k, limits={"mem_bytes": pl.mem, "cpus": pl.cpus, "pids": pl.pids,
+                                              "disk_bytes": pl.disk, "ttl_s": pl.ttl, "net": pl.net},
+                              seccomp=p.seccomp, env_pass=tuple(p.env_pass), secrets=tuple(p.secrets),
+                              policy=merge_policy(top, own, str(path)))
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
                          timeout_s=st.timeout) for st in m.stages)
@@ -230,13 +295,14 @@ def parse_config(data: bytes, path: Path) -> Config:
                   allow_sockets=tuple(Path(os.path.expanduser(p)) for p in m.allow_sockets),
                   kpi={k: v for k, v in m.kpi.model_dump().items() if v is not None}, stages=stages,
                   log_cap=DEFAULT_CAP if m.log_cap is None else (m.log_cap or None),
-                  policy=_policy(m.policy, path))
+                  policy=top, profiles=profiles)
 
 
 def _policy(m: Any, path: Path) -> "Policy":
     from .policy import Policy, RiskRule
 
-    return Policy(source=str(path), protect=tuple(m.protect), deny_patterns=tuple(m.deny_patterns),
+    return Policy(source=str(path), protect=tuple(m.protect),
+                  deny_patterns=tuple(m.deny_patterns),
                   max_files=m.max_files, max_lines=m.max_lines,
                   risk=tuple(RiskRule(paths=tuple(r.paths), min_files=r.min_files, min_lines=r.min_lines,
                                       require=r.require) for r in m.risk))
@@ -292,7 +358,7 @@ def _model():
     from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
     from .errors import UsageError
-    from .sandbox.seccomp import Profile
+    from .sandbox.seccomp import Profile as SeccompProfile
     from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
 
     # The same checks as the command line's (orchestrator.units), so a value means the same
@@ -477,9 +543,44 @@ def _model():
                 raise ValueError(f"[{i}] {e}") from None
         return v
 
+    def _env_patterns(v: list[str]) -> list[str]:
+        for p in v:
+            if not p or "=" in p or "\0" in p:
+                raise ValueError(f"bad pattern {p!r}: a variable name or a glob of names, e.g. CI or PYTHON*")
+        return v
+
+    class ProfileModel(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        limits: LimitsModel = Field(default_factory=LimitsModel)
+        seccomp: SeccompProfile | None = None
+        env_pass: list[str] = Field(default_factory=list)
+        secrets: list[str] = Field(default_factory=list)
+        policy: PolicyModel | None = None
+
+        @field_validator("env_pass")
+        @classmethod
+        def _patterns(cls, v: list[str]) -> list[str]:
+            return _env_patterns(v)
+
+        @field_validator("secrets")
+        @classmethod
+        def _secrets(cls, v: list[str]) -> list[str]:
+            from .run_env import NAME_RE
+            names: list[str] = []
+            for i, spec in enumerate(v):  # the form only: the values are read at each fork
+                name, sep, ref = spec.partition("=")
+                if not sep or not NAME_RE.match(name) or not (ref.startswith("@") and len(ref) > 1 or
+                                                               ref.startswith("env:") and len(ref) > 4):
+                    raise ValueError(f"[{i}] {spec!r}: NAME=@FILE or NAME=env:VAR (NAME: letters, digits, _ . -)")
+                if name in names:
+                    raise ValueError(f"[{i}] {name} is given twice")
+                names.append(name)
+            return v
+
     class ConfigModel(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
         policy: PolicyModel = Field(default_factory=PolicyModel)
+        profiles: dict[str, ProfileModel] = Field(default_factory=dict)
         limits: LimitsModel = Field(default_factory=LimitsModel)
         promotions: PromotionsModel = Field(default_factory=PromotionsModel)
         kpi: KpiModel = Field(default_factory=KpiModel)
@@ -487,7 +588,7 @@ def _model():
         masks: list[str] = Field(default_factory=list)
         env: dict[str, str] = Field(default_factory=dict)
         env_pass: list[str] = Field(default_factory=list)
-        seccomp: Profile | None = None
+        seccomp: SeccompProfile | None = None
         sandbox_user: str | None = None
         allow_sockets: list[str] = Field(default_factory=list)
         toolchains: list[str] = Field(default_factory=list)
@@ -541,9 +642,14 @@ def _model():
         @field_validator("env_pass")
         @classmethod
         def _patterns(cls, v: list[str]) -> list[str]:
-            for p in v:
-                if not p or "=" in p or "\0" in p:
-                    raise ValueError(f"bad pattern {p!r}: a variable name or a glob of names, e.g. CI or PYTHON*")
+            return _env_patterns(v)
+
+        @field_validator("profiles")
+        @classmethod
+        def _profile_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+            for k in v:
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", k):
+                    raise ValueError(f"bad profile name {k!r}: letters, digits, _ . - (at most 64)")
             return v
 
         @field_validator("env")

@@ -245,7 +245,7 @@ class Engine:
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = NO_LIMITS, keep_expired: bool = False,
-             ids: "list[str] | None" = None) -> list[SandboxRow]:
+             ids: "list[str] | None" = None, profile: str | None = None) -> list[SandboxRow]:
         """``ids``: the new sandboxes' ids, made by the caller (a cluster race names a
         candidate's sandbox before any machine makes it, and keeps the name when the
         winner is rebuilt here); by default fresh ones."""
@@ -279,7 +279,8 @@ class Engine:
             rows.append(SandboxRow(id=sb_id, label=labels[i], backend=self.backend_name, state="creating",
                                    base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
                                    expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,
-                                   owner_pid=os.getpid(), meta={**lineage, "fork_started_at": started}))
+                                   owner_pid=os.getpid(), meta={**lineage, "fork_started_at": started},
+                                   profile=profile))
         self.forking = [r.id for r in rows]
         try:
             self.registry.add_sandboxes(rows)
@@ -354,7 +355,7 @@ class Engine:
         return {"id": row.id, "label": row.label, "backend": row.backend, "state": row.state,
                 "base": row.base, "path": row.path, "created_at": rfc3339(row.created_at),
                 "expires_at": rfc3339(row.expires_at), "time_left_s": left, "limits": row.limits,
-                "keep_expired": row.keep_expired,
+                "keep_expired": row.keep_expired, "profile": row.profile,
                 "usage": {"disk_bytes": usage.bytes if usage else None,
                           "disk_measure": usage.measure if usage else None,
                           "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,

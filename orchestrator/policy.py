@@ -348,11 +348,12 @@ def record_override(root: Path, sandbox: str, lines: Sequence[str], reason: str)
     audit.append(Path(root), scope, 0, "overrode: " + "; ".join(lines))
 
 
-def policy_of(root: Path | None) -> Policy:
-    """The workspace's policy (an empty one when the config has no ``[policy]``)."""
-    from .config import load_config
+def policy_of(root: Path | None, profile: str | None = None) -> Policy:
+    """The workspace's policy (an empty one when the config has no ``[policy]``); with
+    ``profile``, that named profile's (``orchestrator.profiles``)."""
+    from .profiles import policy_for
 
-    return load_config(root).policy or Policy()
+    return policy_for(root, profile)
 
 
 def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
@@ -364,7 +365,7 @@ def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
 
     from .changesets import changes, sandbox_views
 
-    pol = policy if policy is not None else policy_of(engine.root)
+    pol = policy if policy is not None else policy_of(engine.root, getattr(row, "profile", None))
     if pol.empty:
         return Evaluation((), "low")
 

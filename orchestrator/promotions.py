@@ -224,7 +224,7 @@ def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base:
     through are returned, for the audit trail)."""
     from . import policy as P
 
-    pol = P.policy_of(engine.root)
+    pol = P.policy_of(engine.root, row.profile)  # the sandbox's profile's, when it was forked with one
     if pol.empty:
         return []
     ev = P.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,

@@ -227,13 +227,14 @@ def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
     the applied state: the check ran in a fork), before ranking."""
     from . import policy as P
 
-    pol = P.policy_of(engine.root)
-    if pol.empty:
-        return
     for o in outcomes:
         if not o.applied:
             continue
-        ev = P.evaluate_sandbox(engine, engine.sandbox_by_id(o.sandbox), policy=pol)
+        row = engine.sandbox_by_id(o.sandbox)
+        pol = P.policy_of(engine.root, row.profile)  # the race's --profile, if any
+        if pol.empty:
+            continue
+        ev = P.evaluate_sandbox(engine, row, policy=pol)
         o.policy_ok = ev.ok
         o.policy = [v.to_json() for v in ev.violations]
         o.risk = ev.risk
@@ -434,7 +435,8 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    jobs: int = 8, limits: "Limits | None" = None, timeout_s: float | None = None,
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
-                   seccomp: str | None = None, cluster: Any = None, label: str | None = None) -> dict[str, Any]:
+                   seccomp: str | None = None, cluster: Any = None, label: str | None = None,
+                   profile: str | None = None) -> dict[str, Any]:
     """Race the candidates; return the ``race`` document (``winner`` None: none passed).
     ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
     run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
@@ -457,11 +459,17 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     from .engine import Limits
     from .runs import seccomp_profile
 
-    seccomp = seccomp_profile(engine, seccomp)  # a bad one fails before anything is forked
+    from .errors import UsageError
+    from .profiles import seccomp_for
+
+    cfg = load_config(engine.root).with_profile(profile)  # an unknown --profile: exit 2, nothing forked
+    if profile is not None and cluster is not None:
+        raise UsageError(detail="--profile does not go with --cluster (the cluster's forks do not record it)")
+    seccomp = seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root, profile))
     if cluster is not None:
         from .cluster.connect import parse_address
         parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
-    limits = load_config(engine.root).apply_defaults(limits or Limits())
+    limits = cfg.apply_defaults(limits or Limits())
     engine.check_limits(limits)
     if label is not None:
         _check_winner_label(engine, label)
@@ -496,7 +504,8 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                                                  seccomp=seccomp, cluster=cluster)
                     else:
                         doc = await _race(engine, race, candidates, check, source=source, jobs=jobs,
-                                          limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp)
+                                          limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp,
+                                          profile=profile)
                     guard.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 leaf = _single(group)
@@ -565,7 +574,7 @@ def _interrupted(race: _Race) -> RaceInterrupted:
 
 async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], check: str, *, source: str,
                 jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
-                say: Callable[[str], None] | None, seccomp: str) -> dict[str, Any]:
+                say: Callable[[str], None] | None, seccomp: str, profile: str | None = None) -> dict[str, Any]:
     import trio
 
     from merge.changes import scan_tree
@@ -576,7 +585,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     n = len(candidates)
     # One fork call: each candidate's sandbox, then a throwaway fork per candidate for its
     # check (it gets the applied state replayed into it; see the module docstring).
-    rows = engine.fork(source, 2 * n, limits=limits)
+    rows = engine.fork(source, 2 * n, limits=limits, profile=profile)
     race.base = rows[0].base
     base_row = engine.registry.snapshot(race.base)
     # made for this race: of live, or of the sandbox it starts from (a fork of a fork)

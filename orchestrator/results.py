@@ -169,6 +169,7 @@ class SandboxInfo(Record):
     stale: Mapping[str, Any] | None = None
     parent: str | None = None
     generation: int = 0
+    profile: str | None = None  # the config's [profiles.NAME] it was forked with
 
 
 @dataclass(frozen=True)

@@ -273,15 +273,18 @@ def warn_once(engine: "Engine", text: str) -> None:
     print(f"petri: warning: {text}", file=sys.stderr, flush=True)
 
 
-def seccomp_profile(engine: "Engine", asked: str | None) -> str:
+def seccomp_profile(engine: "Engine", asked: str | None, row: "SandboxRow | None" = None) -> str:
     """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
-    not a profile), else the config's, else ``default``."""
+    not a profile), else the sandbox's named profile's (``orchestrator.profiles``), else the
+    config's, else ``default``."""
     from .config import load_config
+    from .profiles import seccomp_for
     from .sandbox.seccomp import DEFAULT_PROFILE, parse_profile
 
     if asked is not None:
         return parse_profile(asked)
-    return load_config(engine.root).seccomp or DEFAULT_PROFILE
+    own = seccomp_for(engine.root, row.profile) if row is not None else None
+    return own or load_config(engine.root).seccomp or DEFAULT_PROFILE
 
 
 def seccomp_fields(profile: str) -> dict[str, Any]:
@@ -343,8 +346,9 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
-    profile = seccomp_profile(engine, seccomp)
+    profile = seccomp_profile(engine, seccomp)  # a bad one is refused before the sandbox is looked up
     row = runnable_row(engine, sandbox)
+    profile = seccomp_profile(engine, seccomp, row)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
     disk_mark = disk_limit_mark(engine, row)
@@ -545,8 +549,9 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     from .sandbox.pty_shell import run_shell
     from .sandbox.runner import RunSpec
 
-    profile = seccomp_profile(engine, seccomp)
+    profile = seccomp_profile(engine, seccomp)  # a bad one is refused before the sandbox is looked up
     row = runnable_row(engine, sandbox)
+    profile = seccomp_profile(engine, seccomp, row)
     tree = engine.sandbox_tree(row)
     ensure_disk_limit(engine, row)
     who = run_as(engine)

@@ -410,7 +410,7 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                                limits=Limits.from_dict(row.limits), timeout_s=None, deadline=row.expires_at,
                                stdout_path=out, stderr_path=err, uid=who.uid, gid=who.gid, cgroup_name=cg,
                                echo=False, extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
-                               allow_sockets=_allowed_sockets(engine), seccomp=seccomp_profile(engine, None),
+                               allow_sockets=_allowed_sockets(engine), seccomp=seccomp_profile(engine, None, row),
                                log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
                 res = run_blocking(spec, on_event=on_event, cancel=cancel)
             rec["exit_code"] = res.exit_code

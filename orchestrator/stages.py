@@ -339,7 +339,7 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     for st in stages[:last + 1]:
         _check_target(engine, st)  # refused (exit 4) before anything is made: no row, no pinned fork
     recover(engine)
-    pol = P.policy_of(engine.root)
+    pol = P.policy_of(engine.root, row.profile)
     pipeline = new_id("p")
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
     snap = snapshot_of_sandbox(engine, row)

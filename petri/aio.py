@@ -133,12 +133,12 @@ class Workspace:
     async def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox | _api.Sandbox" = "live",
                    label: str | None = None, limits: Limits | None = None, keep_expired: bool = False,
                    publish: Sequence[str | int] = (), env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-                   reason: str | None = None) -> "SandboxSet":
+                   profile: str | None = None, reason: str | None = None) -> "SandboxSet":
         """``petri.Workspace.fork``: always a ``SandboxSet`` (``async with`` destroys what was
         not kept), also for ``n=1``."""
         src = source.sync if isinstance(source, Sandbox) else source
         got = await _thread(self.sync.fork, n, source=src, label=label, limits=limits, keep_expired=keep_expired,
-                            publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
+                            publish=publish, env_pass=env_pass, secrets=secrets, profile=profile, reason=reason)
         return SandboxSet(self, got)
 
     async def sandbox(self, ident: str) -> "Sandbox":
@@ -233,7 +233,7 @@ class Workspace:
                    limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
                    promote: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
-                   reason: str | None = None) -> Race:
+                   profile: str | None = None, reason: str | None = None) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
         candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
@@ -256,7 +256,8 @@ class Workspace:
 
         async def go() -> dict[str, Any]:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
-                                  label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster)
+                                  label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
+                                  profile=profile)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -293,14 +294,14 @@ class Workspace:
                    label: str | None = None, limits: Limits | None = None, timeout: float | str | None = None,
                    on_conflict: str = "fail", include_ignored: bool = False, env_pass: Sequence[str] = (),
                    secrets: Sequence[str] = (), say: Callable[[str], None] | None = None,
-                   reason: str | None = None) -> TryResult:
+                   profile: str | None = None, reason: str | None = None) -> TryResult:
         """``petri.Workspace.try_`` in a worker thread (``confirm`` and ``say`` are called
         from it). Not cancellable: a cancelled caller stops waiting, the try goes on to its
         end (its runs end by themselves or by ``timeout``)."""
         return await _thread(self.sync.try_, command, check=check, promote=promote, confirm=confirm, keep=keep,
                              label=label, limits=limits, timeout=timeout, on_conflict=on_conflict,
                              include_ignored=include_ignored, env_pass=env_pass, secrets=secrets, say=say,
-                             reason=reason)
+                             profile=profile, reason=reason)
 
     async def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False,
                      reason: str | None = None) -> Rebased:

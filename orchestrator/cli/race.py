@@ -81,6 +81,9 @@ def race(
                                                         "(HOST:PORT, ray://HOST:PORT, auto), or local:N for a "
                                                         "throwaway cluster of N nodes here (needs "
                                                         "petridish[cluster]).")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
+                                                    " config: its limits, network, seccomp, and policy"
+                                                    " (flags win over it).")] = None,
 ) -> None:
     """Fork one sandbox per candidate, apply it, run the check in all at once, rank, name a winner.
 
@@ -115,7 +118,7 @@ def race(
     progress = None if G.json else (lambda text: o.note(text))
     try:
         doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                        say=progress, seccomp=seccomp, cluster=cluster)
+                        say=progress, seccomp=seccomp, cluster=cluster, profile=profile)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         from .. import interrupts

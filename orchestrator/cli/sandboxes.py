@@ -37,6 +37,9 @@ def fork(
     secret: Annotated[Optional[List[str]], typer.Option("--secret", help="NAME=@FILE or NAME=env:VAR: at"
                                                         " /run/secrets/NAME inside, never stored in the registry,"
                                                         " *** in saved output (repeatable).")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
+                                                    " config: its limits, network, seccomp, env, secrets and policy"
+                                                    " (flags win over it).")] = None,
 ) -> None:
     """Create N sandboxes from live, a snapshot, or a sandbox; print ids and paths.
 
@@ -51,7 +54,8 @@ def fork(
     ws = workspace()
     try:
         made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired,
-                       publish=publish or (), env_pass=env_pass or (), secrets=secret or ())
+                       publish=publish or (), env_pass=env_pass or (), secrets=secret or (),
+                       profile=profile)
         o = out()
         if G.json:
             o.doc(made.to_json())
@@ -97,6 +101,8 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     lim = ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in doc["limits"].items()
                     if v not in (None, False, []))
     o.say(f"{'limits:':<12} {lim or 'none'}")
+    if doc.get("profile"):
+        o.say(f"{'profile:':<12} {doc['profile']}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
     if doc.get("promoted"):
         from ..promoted import describe

@@ -59,6 +59,9 @@ def try_(
                                                   help="Also files the workspace's .gitignore ignores (a "
                                                        "virtualenv listed there).")] = False,
     seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
+                                                    " config: its limits, network, seccomp, env, secrets and policy"
+                                                    " (flags win over it).")] = None,
 ) -> None:
     """Fork live, run CMD there, then the check; show what changed; promote on --yes or when confirmed.
 
@@ -84,12 +87,14 @@ def try_(
                     ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     ws = workspace()
+    from ..config import load_config
+    load_config(ws.engine.root).profile(profile)  # an unknown one: exit 2 before anything is forked
     o = out()
     ask = not yes and not G.json and sys.stdin.isatty()
 
     def fork(source: str, name: Optional[str]) -> str:
         return ws.fork(1, source=source, label=name, limits=limits, env_pass=env_pass or (),
-                       secrets=secret or ())[0].id
+                       secrets=secret or (), profile=profile)[0].id
 
     def decide(doc: dict[str, Any]) -> bool:
         if yes:

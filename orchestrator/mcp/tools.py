@@ -80,6 +80,8 @@ LIMITS = {
     "net": {"type": ["boolean", "string"],
             "description": "true: the host's network; \"allow:HOST[:PORT],...\": only those destinations, through"
                            " a filtering proxy (HTTP_PROXY/HTTPS_PROXY inside); default off"},
+    "profile": {"type": "string", "description": "a [profiles.NAME] of the config: its limits, network, seccomp,"
+                                                 " env, secrets and policy (the arguments above win over it)"},
 }
 RUN_ARGS = {
     "sandbox": SANDBOX,
@@ -182,7 +184,8 @@ async def snapshot_create(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 
 async def sandbox_fork(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.fork(args.get("n", 1), source=args.get("from", "live"), label=args.get("label"),
-                           limits=_limits(args), keep_expired=bool(args.get("keep_expired", False)))
+                           limits=_limits(args), keep_expired=bool(args.get("keep_expired", False)),
+                           profile=args.get("profile"))
     return got.to_json()
 
 
@@ -349,7 +352,7 @@ async def try_(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.try_(args["command"], check=args.get("check"), promote=promote, keep=bool(args.get("keep")),
                            label=args.get("label"), limits=_limits(args),
                            timeout=_duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
-                           include_ignored=bool(args.get("include_ignored", False)))
+                           include_ignored=bool(args.get("include_ignored", False)), profile=args.get("profile"))
     return _capped_patch(got.to_json(), args)
 
 
