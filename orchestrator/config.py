@@ -48,6 +48,13 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     min_lines = 500
     require = "manual"   # or "stage:NAME"
 
+    [profiles.strict]    # --profile strict (fork, race, try, MCP, API): orchestrator.profiles
+    seccomp = "strict"   # also env_pass, secrets (as --secret takes them)
+    [profiles.strict.limits]   # the keys of [limits]; a flag wins over them, they over [limits]
+    mem = "512M"
+    [profiles.strict.policy]   # the keys of [policy]: added to it, max_* the stricter (never looser)
+    protect = ["setup.py"]
+
     [[stages]]           # graduated promotion: `petri promote SB --to NAME` walks them in order
     name = "fresh"
     target = "fresh"     # fresh | workspace | the path of another petri workspace
@@ -265,7 +272,7 @@ def parse_config(data: bytes, path: Path) -> Config:
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
                    " stages[].{name,target,checks,gate,timeout},"
                    " policy.{protect,deny_patterns,max_files,max_lines,risk[].{paths,min_files,min_lines,require}},"
-                   " profiles.<name>.{seccomp,env_pass,secrets,limits.{mem,cpus,pids,disk,ttl,net},policy.{...}})")
+                   " profiles.<name>.{seccomp,env_pass,secrets,limits.{mem,cpus,pids,disk,ttl,net},policy.*})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
     names = [st.name for st in m.stages]
     tables = [("policy", m.policy)] + [(f"profiles.{k}.policy", p.policy) for k, p in m.profiles.items() if p.policy]
