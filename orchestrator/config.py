@@ -176,21 +176,27 @@ class Profile:
     policy: "Policy | None" = None  # [policy] extended by the profile's own (``merge_policy``)
 
 
-def merge_policy(top: "Policy | None", own: "Policy | None", source: str) -> "Policy | None":
+def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table: str) -> "Policy | None":
     """A profile's policy extends ``[policy]``: its lists are added, and each of max_files,
     max_lines is the stricter of the two, so a profile can tighten but never loosen."""
     if own is None:
         return top
-    if top is None:
-        return own
-    from .policy import Policy
+    from .profiles import ProfilePolicy
+
+    top = top or ProfilePolicy(source=own.source)
 
     def least(a: int | None, b: int | None) -> int | None:
         return a if b is None else b if a is None else min(a, b)
 
-    return Policy(source=source, protect=top.protect + own.protect, deny_patterns=top.deny_patterns + own.deny_patterns,
-                  max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
-                  risk=top.risk + own.risk)
+    from_profile = tuple(k for k in ("max_files", "max_lines")
+                         if getattr(own, k) is not None and getattr(own, k) == least(getattr(top, k), getattr(own, k))
+                         and getattr(top, k) != getattr(own, k))
+    return ProfilePolicy(source=source, protect=top.protect + own.protect,
+                         deny_patterns=top.deny_patterns + own.deny_patterns,
+                         max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
+                         risk=top.risk + own.risk, table=table,
+                         top_counts=(len(top.protect), len(top.deny_patterns), len(top.risk)),
+                         from_profile=from_profile)
 
 
 @dataclass(frozen=True)
@@ -289,7 +295,7 @@ def parse_config(data: bytes, path: Path) -> Config:
         profiles[k] = Profile(name=k, limits={"mem_bytes": pl.mem, "cpus": pl.cpus, "pids": pl.pids,
                                               "disk_bytes": pl.disk, "ttl_s": pl.ttl, "net": pl.net},
                               seccomp=p.seccomp, env_pass=tuple(p.env_pass), secrets=tuple(p.secrets),
-                              policy=merge_policy(top, own, str(path)))
+                              policy=merge_policy(top, own, str(path), f"profiles.{k}.policy"))
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
                          timeout_s=st.timeout) for st in m.stages)

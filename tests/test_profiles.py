@@ -66,7 +66,13 @@ def test_a_profile_layers_over_the_top_level_and_its_policy_only_tightens():
     loose = _parse('[policy]\nmax_files = 3\n[profiles.x.policy]\nmax_files = 99\ndeny_patterns = ["TODO"]\n')
     assert loose.with_profile("x").policy.max_files == 3 and loose.with_profile("x").policy.deny_patterns == ("TODO",)
     only = _parse('[profiles.x.policy]\nmax_lines = 7\n').with_profile("x").policy
-    assert only.max_lines == 7 and only.source == "/nowhere/config.toml"
+    assert only.max_lines == 7 and only.where("max_lines") == "/nowhere/config.toml [profiles.x.policy].max_lines"
+    # each rule's source names the table it is written in
+    pol = strict.policy
+    assert pol.where("protect[0]") == "/nowhere/config.toml [policy].protect[0]"
+    assert pol.where("protect[1]") == "/nowhere/config.toml [profiles.strict.policy].protect[0]"
+    assert pol.where("max_files") == "/nowhere/config.toml [profiles.strict.policy].max_files"
+    assert loose.with_profile("x").policy.where("max_files") == "/nowhere/config.toml [policy].max_files"
 
 
 def test_unknown_profile_and_bad_values_name_the_key_and_the_file():
@@ -227,6 +233,7 @@ def test_promote_holds_a_strict_sandbox_to_strict_and_a_default_one_passes(ws):
     # no --profile at promote: the sandbox's own profile decides
     r = petri("promote", strict_sb, cwd=ws)
     assert r.rc == 3 and "setup.py is protected by 'setup.py'" in r.err and r.err.count("\n") == 1, r
+    assert f"{ws}/.petri/config.toml [profiles.strict.policy].protect[0]" in r.err, r  # the rule's own table
     assert (ws / "setup.py").read_text() == "SETUP = 1\n"
     r = petri("promote", plain_sb, cwd=ws)
     assert r.rc == 0, r
@@ -238,6 +245,7 @@ def test_promote_holds_a_strict_sandbox_to_strict_and_a_default_one_passes(ws):
     (tree / "b.py").write_text("y = 3\n")
     r = petri("promote", r.json["sandboxes"][0]["id"], cwd=ws)
     assert r.rc == 3 and "2 file(s) changed, the limit is 1" in r.err, r
+    assert "[profiles.strict.policy].max_files" in r.err, r
     # a profile removed from the config since the fork: refused, naming it, nothing written
     sb = petri("fork", "--profile", "dev", "--json", cwd=ws).json["sandboxes"][0]
     (Path(sb["path"]) / "a.py").write_text("x = 4\n")
