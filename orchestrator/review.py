@@ -115,7 +115,7 @@ def review_doc(engine: "Engine", sandbox: str) -> dict[str, Any]:
 
     row = engine.resolve_sandbox(sandbox)
     cfg = load_config(engine.root)
-    pol = cfg.policy or Policy()
+    pol = (cfg.with_profile(row.profile).policy if row.profile else cfg.policy) or Policy()  # what promote holds it to
     stages = [s.name for s in cfg.stages]
     alive = row.state not in ("destroyed", "failed") and not (row.state == "expired" and not row.keep_expired)
     files: list[dict[str, Any]] = []

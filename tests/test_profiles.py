@@ -234,6 +234,12 @@ def test_promote_holds_a_strict_sandbox_to_strict_and_a_default_one_passes(ws):
     r = petri("promote", strict_sb, cwd=ws)
     assert r.rc == 3 and "setup.py is protected by 'setup.py'" in r.err and r.err.count("\n") == 1, r
     assert f"{ws}/.petri/config.toml [profiles.strict.policy].protect[0]" in r.err, r  # the rule's own table
+    # the review report judges it as promote does
+    r = petri("review", strict_sb, "--json", cwd=ws)
+    failed = [v for v in r.json["policy"] if not v["ok"]]
+    assert [(v["rule"], v["paths"]) for v in failed] == [("protect", ["setup.py"])], r.json["policy"]
+    assert failed[0]["source"].endswith("[profiles.strict.policy].protect[0]")
+    assert all(v["ok"] for v in petri("review", plain_sb, "--json", cwd=ws).json["policy"])
     assert (ws / "setup.py").read_text() == "SETUP = 1\n"
     r = petri("promote", plain_sb, cwd=ws)
     assert r.rc == 0, r
