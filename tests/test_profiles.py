@@ -343,3 +343,31 @@ def test_a_schema_3_registry_gains_the_profile_column(copy_ws):
     db.close()
     r = petri("fork", "--profile", "dev", "--json", cwd=ws)
     assert r.rc == 0 and json.loads(r.out)["sandboxes"][0]["profile"] == "dev", r
+
+
+@needs_sandbox
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("nsenter") is None, reason="needs curl and nsenter")
+def test_a_profiles_allow_list_reaches_one_host_server_and_not_another(copy_ws):
+    from tests.test_egress import Named, serve
+
+    ws = copy_ws
+    a, b = serve(Named, "A"), serve(Named, "B")
+    try:
+        (ws / ".petri" / "config.toml").write_text(
+            CONFIG + f'[profiles.web.limits]\nnet = "allow:127.0.0.1:{a.server_port}"\n')
+        sb = petri("fork", "--profile", "web", "--json", cwd=ws).json["sandboxes"][0]["id"]
+        script = "".join(f"curl -s -o /dev/null -w '%{{http_code}}\\n' --noproxy '' http://127.0.0.1:{p}/x;"
+                         for p in (a.server_port, b.server_port))
+        r = petri("run", sb, "--", "sh", "-c", script, cwd=ws)
+        assert r.rc == 0 and r.out.split() == ["200", "403"], r
+        assert a.seen == ["/x"] and b.seen == []
+        # --net on the command line replaces the profile's allow-list (the host's network)
+        sb = petri("fork", "--profile", "web", "--net", "--json", cwd=ws).json["sandboxes"][0]["id"]
+        r = petri("run", sb, "--", "sh", "-c", script.replace("--noproxy ''", "--noproxy '*'"), cwd=ws)
+        assert r.rc == 0 and r.out.split() == ["200", "200"], r
+        assert b.seen == ["/x"]
+    finally:
+        petri("rm", "--all", cwd=ws)
+        for s in (a, b):
+            s.shutdown()
+            s.server_close()
