@@ -323,10 +323,18 @@ def test_api_and_mcp_take_a_profile(copy_ws, monkeypatch):
             bad = await c.call("sandbox_fork", {"profile": "nope"}, error=True)
             assert "unknown profile 'nope'" in bad["error"] and "defined: dev, strict" in bad["error"]
             tried = await c.call("try", {"command": "echo 'S = 9' > setup.py", "profile": "strict", "keep": True})
-            return one["id"], tried["sandbox"]
+            raced = await c.call("race", {"check": "true", "candidates": [{"cmd": "true"}], "profile": "strict",
+                                          "wait_s": 25})
+            for _ in range(20):  # a loaded machine: follow it to its end
+                if raced["done"]:
+                    break
+                raced = await c.call("race_status", {"race": raced["race"], "wait_s": 25})
+            assert raced["done"] and raced["seccomp"] == "strict", raced
+            return one["id"], tried["sandbox"], raced["winner"]
 
-    mcp_sb, tried_sb = anyio.run(main, backend="trio")
-    assert _status(ws, mcp_sb)["profile"] == "strict" and _status(ws, tried_sb)["profile"] == "strict"
+    mcp_sb, tried_sb, winner = anyio.run(main, backend="trio")
+    for sb in (mcp_sb, tried_sb, winner):
+        assert _status(ws, sb)["profile"] == "strict"
 
 
 def test_a_schema_3_registry_gains_the_profile_column(copy_ws):
