@@ -289,13 +289,16 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         e = self.engine
+        from .profiles import fork_env, inherited
+
+        if profile is None:
+            profile = inherited(e, _source_id(source))
         cfg = load_config(e.root)
         prof = cfg.profile(profile)  # an unknown name: exit 2, before anything is made
         lim = cfg.with_profile(profile).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
         wanted = [parse_publish(p) for p in publish]
         from . import run_env
-        from .profiles import fork_env
 
         passes, secret_values = fork_env(prof, env_pass, secrets)
         if wanted and lim.net:

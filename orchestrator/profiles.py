@@ -15,7 +15,9 @@ parses and checks them). Layering, as git config or compose profiles: a command-
   ``max_files`` / ``max_lines`` are the stricter of the two, so a profile can tighten the
   policy but never loosen it.
 
-The sandbox records its profile's name (the registry's ``sandboxes.profile``): its runs use
+A fork of a sandbox (``--from sb-…``, a race from one) keeps its parent's profile unless
+``--profile`` names another (``inherited``). The sandbox records its profile's name (the
+registry's ``sandboxes.profile``): its runs use
 the profile's seccomp unless a run asks for another, and its promotions are held to the
 profile's policy (``policy_for``), also when promoted by a command without ``--profile``.
 
@@ -35,6 +37,7 @@ from .policy import Policy
 
 if TYPE_CHECKING:
     from .config import Profile
+    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,19 @@ def fork_env(profile: "Profile | None", env_pass: Sequence[str],
         from .errors import UsageError
         raise UsageError(detail=f"{e} (from [profiles.{profile.name if profile else ''}].secrets)") from None
     return passes, {**own, **given}
+
+
+def inherited(engine: "Engine", source: str) -> str | None:
+    """The profile a fork of ``source`` gets when none is asked for: a fork of a sandbox (or
+    of a snapshot of one) keeps its parent's, so forking is no way around its policy."""
+    if source == "live":
+        return None
+    kind, ident = engine.registry.resolve(source, ("snapshot", "sandbox"))
+    if kind == "snapshot":
+        snap = engine.registry.snapshot(ident)
+        ident = snap.sandbox if snap is not None and snap.kind == "sandbox" and snap.sandbox else ""
+    parent = engine.registry.sandbox(ident) if ident else None
+    return parent.profile if parent is not None else None
 
 
 def policy_for(root: Path | None, profile: str | None) -> "Policy":

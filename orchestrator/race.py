@@ -462,6 +462,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     from .errors import UsageError
     from .profiles import seccomp_for
 
+    from .profiles import inherited
+
+    profile = profile or inherited(engine, source)  # a race from a sandbox: its profile
     cfg = load_config(engine.root).with_profile(profile)  # an unknown --profile: exit 2, nothing forked
     if profile is not None and cluster is not None:
         raise UsageError(detail="--profile does not go with --cluster (the cluster's forks do not record it)")

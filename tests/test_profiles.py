@@ -234,6 +234,15 @@ def test_promote_holds_a_strict_sandbox_to_strict_and_a_default_one_passes(ws):
     r = petri("promote", strict_sb, cwd=ws)
     assert r.rc == 3 and "setup.py is protected by 'setup.py'" in r.err and r.err.count("\n") == 1, r
     assert f"{ws}/.petri/config.toml [profiles.strict.policy].protect[0]" in r.err, r  # the rule's own table
+    # a fork of it keeps its profile (no way around strict's policy), unless --profile names another
+    r = petri("fork", "--from", strict_sb, "--json", cwd=ws, env=ENV)
+    child = r.json["sandboxes"][0]
+    assert r.rc == 0 and child["profile"] == "strict" and child["limits"]["pids"] == 64, r
+    r = petri("promote", child["id"], cwd=ws)
+    assert r.rc == 3 and "[profiles.strict.policy].protect[0]" in r.err, r
+    r = petri("fork", "--from", strict_sb, "--profile", "dev", "--json", cwd=ws)
+    assert r.rc == 0 and r.json["sandboxes"][0]["profile"] == "dev", r
+    petri("rm", child["id"], r.json["sandboxes"][0]["id"], cwd=ws)
     # the review report judges it as promote does
     r = petri("review", strict_sb, "--json", cwd=ws)
     failed = [v for v in r.json["policy"] if not v["ok"]]
