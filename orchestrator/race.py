@@ -457,17 +457,15 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     from .config import load_config
     from .engine import Limits
-    from .runs import seccomp_profile
-
     from .errors import UsageError
-    from .profiles import seccomp_for
-
-    from .profiles import inherited
+    from .profiles import inherited, seccomp_for
+    from .runs import seccomp_profile
 
     profile = profile or inherited(engine, source)  # a race from a sandbox: its profile
     cfg = load_config(engine.root).with_profile(profile)  # an unknown --profile: exit 2, nothing forked
     if profile is not None and cluster is not None:
-        raise UsageError(detail="--profile does not go with --cluster (the cluster's forks do not record it)")
+        raise UsageError(detail=f"profile {profile!r} does not go with --cluster (the cluster's forks do not"
+                                " record it)")
     seccomp = seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root, profile))
     if cluster is not None:
         from .cluster.connect import parse_address
