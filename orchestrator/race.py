@@ -18,10 +18,14 @@ End to end (DESIGN "The race"):
    which of its runs were the race's steps (``run_roles``). Both under the race's limits
    and ``--timeout``.
 3. Judge each applied candidate's change by the config's ``[policy]`` (``judge_policy``:
-   ``policy_ok``, ``policy_violations`` and ``risk`` per candidate). Rank (pure, ``rank``):
-   check passed, within the policy, fewest changed lines, fastest check, command-line
-   order; a candidate that did not apply is last. The winner is the first if it passed and
-   does not violate the policy: a violating candidate is never the winner (``winner_of``).
+   ``policy_ok``, ``policy_violations`` and ``risk`` per candidate), and with ``--metric
+   FILE:KEY --max-regression N%`` its metric against the base's (``judge_metric``; the base's
+   check runs in a fork of the base beside the candidates, once per base snapshot:
+   ``_base_metric`` keeps it in the store). Rank (pure, ``rank``): check passed (and within
+   the metric's gate), within the policy, the better metric where one is given, fewest
+   changed lines, fastest check, command-line order; a candidate that did not apply is last.
+   The winner is the first if it passed and does not violate the policy: a violating
+   candidate is never the winner (``winner_of``).
 4. Destroy the throwaway forks, and the losers unless ``--keep``; and the implicit base
    snapshot when no sandbox is left on it; report which pairs of candidates changed the same
    paths (``conflicts``: promoting one after the other is not independent); optionally
@@ -45,7 +49,7 @@ runs on the loop's thread), and destroyed when the race ends.
 
 What a check leaves in ``.petri-metrics.json`` (a JSON object, at most 64 KiB) is read
 from its fork before the fork goes, and reported as the candidate's ``metrics``
-(``evolve`` ranks by it; a plain race does not).
+(``evolve`` ranks by it, and has its races rank by its ``score`` too: ``Metric``).
 
 Why a check failed is said in one line per candidate (``error``: the limit that killed it,
 ``command not found: NAME`` for exit 127, else the exit code and the line of its output that
@@ -71,6 +75,8 @@ Caveats:
   sandboxes are on other machines); ``--promote`` of its winner is checked as every
   promotion is.
 - A ``--cmd`` candidate that exits non-zero counts as not applied (its check is not run).
+- ``--metric`` is refused with ``--cluster``. The base's metric is keyed by the snapshot's
+  id: ``--from live`` snapshots anew each race, so it is measured each time.
 - ``telling_line`` reads the last 4 KiB of stderr and 8 KiB of stdout: a test runner whose
   verdict is further from the end, or a format it does not know, gets its last line.
 - The check's record on the candidate is written when the check ends: while it runs, its

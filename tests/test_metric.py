@@ -174,3 +174,19 @@ def test_lineage_ranks_evolves_best_individual_first_in_its_race(tmp_path):
         assert nodes[ev.best]["rank"] == 1 and nodes[ev.best]["winner"] is True
         line = next(ln for ln in render_tree(lineage_doc(ws.engine)) if ev.best in ln)
         assert "rank 1 (winner)" in line and "score 5" in line
+
+
+def test_the_api_takes_the_same_metric_and_refuses_a_bad_one_before_forking(tmp_path):
+    import petri as api
+    from tests.conftest import api_workspace
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "a.txt").write_text("x\n")
+    with api_workspace(root) as w:
+        for kw in ({"metric": "m.json"}, {"metric": "m.json:t", "max_regression": "10"},
+                   {"max_regression": "10%"}):
+            with pytest.raises(api.PetriError) as e:
+                w.race("true", [api.Cmd("true")], **kw)
+            assert e.value.exit_code == 2
+        assert w.sandboxes() == [] or list(w.sandboxes()) == []
