@@ -508,9 +508,14 @@ class Workspace:
     def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
-             on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None) -> Race:
+             on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
+             metric: str | None = None, max_regression: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
+        ``metric`` (``"FILE:KEY"``, ``":max"`` appended when higher is better) ranks passing
+        candidates by the number the check leaves there; ``max_regression`` (``"10%"``) also
+        runs the check on the base (once per base snapshot) and fails a candidate more than
+        that much worse (``petri race --metric``).
         ``label``: the name the winner's sandbox gets (``winner_label`` in the document), to
         use instead of its id.
         ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
@@ -529,10 +534,11 @@ class Workspace:
             raise UsageError(detail=f"bad jobs {jobs}: at least 1")
         if label is not None:
             self._check_label(label)
+        gate = _metric_gate(metric, max_regression)
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label)
+                        cluster=cluster, label=label, metric=gate)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
@@ -1411,6 +1417,16 @@ def _at_most(high: int, **named: int) -> None:
     if value > high:
         from .errors import UsageError
         raise UsageError(detail=f"bad {name} {value}: at most {high}")
+
+
+def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
+    """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
+    from .errors import UsageError
+    from .race import parse_metric
+
+    if max_regression is not None and metric is None:
+        raise UsageError(detail="max_regression needs metric (FILE:KEY)")
+    return parse_metric(metric, max_regression) if metric is not None else None
 
 
 def _seconds(t: float | str | None) -> float | None:

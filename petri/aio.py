@@ -233,7 +233,7 @@ class Workspace:
                    limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
                    promote: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
-                   reason: str | None = None) -> Race:
+                   metric: str | None = None, max_regression: str | None = None, reason: str | None = None) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
         candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
@@ -248,6 +248,7 @@ class Workspace:
             raise NoCandidates()
         if label is not None:
             self.sync._check_label(label)
+        gate = _api._metric_gate(metric, max_regression)
         cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
         limits = limits or Limits()
         timeout_s = _api._seconds(timeout)
@@ -256,7 +257,8 @@ class Workspace:
 
         async def go() -> dict[str, Any]:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
-                                  label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster)
+                                  label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
+                                  metric=gate)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
