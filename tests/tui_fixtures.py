@@ -171,7 +171,8 @@ class FixedSource(Source):
         bad = ident == "sb-0002c0de"
         policy = [
             {"rule": "protect", "ok": not bad, "source": f"{cfg} [policy].protect[0]",
-             "detail": "README.md is protected by 'README.md'" if bad else "nothing protected by 'README.md' is changed"},
+             "detail": "README.md is protected by 'README.md'" if bad
+             else "nothing protected by 'README.md' is changed"},
             {"rule": "max_lines", "ok": True, "detail": "3 line(s) changed, the limit is 400",
              "source": f"{cfg} [policy].max_lines"},
             {"rule": "risk", "ok": not bad, "source": f"{cfg} [policy].risk[0]",
