@@ -13,6 +13,10 @@ through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), 
 is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_back:
 true``, exit 1).
 
+``--watch CMD --for D``: after that, ``orchestrator.watch`` records the watch and starts its
+detached watcher (the promote document's ``watch``; ``promotion_docs`` shows each watch, and
+a rollback of a watched promotion by anyone but its watcher ends the watch).
+
 ``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
 (kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, within a total size
 budget, ``PREIMAGE_BUDGET`` or ``[promotions] preimage_budget`` in the config, oldest pruned

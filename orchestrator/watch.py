@@ -18,9 +18,12 @@ the watched promotion ended it), ``interrupted`` (its watcher died: every comman
 the promotion stays in place). Events: ``promotion.watch_started`` and
 ``promotion.watch_finished`` (with ``state``).
 
-Caveats: a check has at least ``--every``, and at most until the watch ends if that is
-later, to finish; one killed for that counts as failed. Checks do not overlap: one that takes
-longer than ``--every`` delays the next. An interrupted watch is reported, not resumed.
+Caveats: a check may run as long as ``--for``; one still running then is killed and counts
+as failed (so a hung check can make the watch end up to ``--for`` late). Checks do not overlap: one that takes
+longer than ``--every`` delays the next, and the slots it overran are skipped. An interrupted
+watch is reported, not resumed. The watcher's own output (a crash) goes to
+``.petri/watch/<p-id>.log``, which nothing prunes. ``deinit --force`` does not stop a
+watcher: it sees the store gone within a fraction of a second and exits.
 """
 from __future__ import annotations
 
@@ -213,15 +216,21 @@ def run_watch(engine: "Engine", promo_id: str) -> str:
             return "passed"
         while now() < due:
             time.sleep(min(0.2, max(0.0, due - now())))
+            if not engine.store.registry.exists():  # `deinit` removed the workspace's store
+                return "gone"
             cur = engine.registry.watch(promo_id)
             if cur is None or cur["state"] != "watching":
                 return cur["state"] if cur else "missing"
-        got = _check(engine, promo_id, w["command"], max(every, until - now()))
-        checks = k
+        # A hung check must not hold the watch forever; a slow one that would pass must not be
+        # killed for starting late: each may take as long as the whole watch.
+        got = _check(engine, promo_id, w["command"], until - float(w["started_at"]))
         cur = engine.registry.watch(promo_id)
         if cur is None or cur["state"] != "watching":  # ended while the check ran
             return cur["state"] if cur else "missing"
-        nxt = float(w["started_at"]) + (k + 1) * every
+        checks = int(cur["checks"]) + 1
+        # A check that took longer than --every skips the slots it missed: the watch ends on time.
+        k = max(k + 1, int((now() - float(w["started_at"])) // every) + 1)
+        nxt = float(w["started_at"]) + k * every
         engine.registry.update_watch(promo_id, checks=checks, next_at=max(nxt, now()),
                                      doc={**cur["doc"], "last": {**got, "at": rfc3339(now())}})
         if got["exit_code"] != 0:
@@ -241,7 +250,6 @@ def run_watch(engine: "Engine", promo_id: str) -> str:
                 return "rollback_refused"
             _finish(engine, promo_id, "rolled_back", {"failed": failed})
             return "rolled_back"
-        k += 1
 
 
 def main(argv: list[str]) -> int:

@@ -112,6 +112,24 @@ def test_a_watch_that_passes(ws):
     assert "passed" in human.out, human
 
 
+def test_a_check_slower_than_every_skips_the_slots_it_overran_and_the_watch_ends_on_time(ws):
+    sb = _changed_sandbox(ws)
+    started = time.monotonic()
+    r = petri("--json", "promote", sb, "--watch", "sleep 2.5", "--for", "4s", "--every", "1s", cwd=ws)
+    took = time.monotonic() - started
+    assert r.rc == 0 and r.json["watch"]["state"] == "passed", r
+    # four 1 s slots, each check 2.5 s or more: at most two fit; four in a row would take 10 s
+    assert 1 <= r.json["watch"]["checks"] <= 2 and took < 9.5, (r.json["watch"], took)
+
+
+def test_a_hung_check_is_killed_after_for_and_counts_as_failed(ws):
+    before = manifest(ws)
+    sb = _changed_sandbox(ws)
+    r = petri("promote", sb, "--watch", "sleep 100", "--for", "2s", "--every", "1s", cwd=ws)
+    assert r.rc == 1 and "exit 124, killed by timeout" in r.err and "rolled back" in r.err, r
+    assert manifest(ws) == before
+
+
 def test_a_check_that_starts_failing_rolls_the_promotion_back(ws):
     before = manifest(ws)
     sb = _changed_sandbox(ws)
