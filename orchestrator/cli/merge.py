@@ -306,8 +306,11 @@ def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> N
     if promo is None:
         msg = f"{how}: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
     else:
+        watched = e.registry.watch(promo)  # started just before the interrupt: it goes on
         msg = (f"{how} after the promotion was in place: {sb_id} was promoted as {promo}"
-               + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
+               + (" (--verify did not finish)" if verify and not watched else "")
+               + ("; its watch goes on (`petri promotions` shows it)" if watched else "")
+               + f"; undo with `petri rollback {promo}`")
     print(f"petri: {msg}", file=sys.stderr, flush=True)
     interrupts.say(msg)
     code = interrupts.exit_code()
