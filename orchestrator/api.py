@@ -552,7 +552,8 @@ class Workspace:
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
-                override_policy: str | None = None) -> PromoteResult:
+                override_policy: str | None = None, watch: str | None = None,
+                watch_for: float | str | None = None, watch_every: float | str | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
         ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
@@ -562,7 +563,12 @@ class Workspace:
 
         ``to``: a graduated promotion through the configured stages up to that one
         (orchestrator.stages); the result is a ``petri.Pipeline`` whose ``state`` and
-        ``exit_code`` say how far it got (a failed or inconclusive check is a result)."""
+        ``exit_code`` say how far it got (a failed or inconclusive check is a result).
+
+        ``watch``: a shell command run against live every ``watch_every`` (default 30 s) for
+        ``watch_for`` (seconds or "10m") after the promotion; the first failure rolls it back
+        (``orchestrator.watch``). A detached watcher runs it: this returns once it started,
+        with ``result.get("watch")``; ``promotions()`` shows how it stands."""
         from snapshot.errors import MarkersWritten
 
         from .promotions import promote as do_promote
@@ -575,6 +581,12 @@ class Workspace:
             check_text(name, override_policy, max_len=MAX_NOTE)
             if not override_policy.strip():
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
+        from .watch import parse_watch
+
+        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli")
+        if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
+            from .errors import UsageError
+            raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
             from .stages import promote_to
@@ -586,7 +598,8 @@ class Workspace:
         with _text_conflicts():
             doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
                              paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                             say=say or (lambda s: None), override_policy=override_policy)
+                             say=say or (lambda s: None), override_policy=override_policy, watch=watching,
+                             via=self.via)
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -1054,7 +1067,9 @@ class Sandbox:
     def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                 include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
-                override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                override_policy: str | None = None, watch: str | None = None,
+                watch_for: float | str | None = None, watch_every: float | str | None = None,
+                reason: str | None = None) -> PromoteResult:
         """Apply this sandbox's changes to the workspace (``Workspace.promote``).
 
         ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
@@ -1063,10 +1078,12 @@ class Sandbox:
         also files ``.gitignore`` ignores; ``paths``: only these; ``say``: progress lines;
         ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
         kept in the audit trail; ``override_policy``: the reason to promote although the
-        config's ``[policy]`` stops it (recorded)."""
+        config's ``[policy]`` stops it (recorded); ``watch``, ``watch_for``, ``watch_every``: a
+        watch after the promotion that rolls it back on the first failure."""
         return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
                                       include_ignored=include_ignored, paths=paths, say=say, to=to,
-                                      override_policy=override_policy, reason=reason)
+                                      override_policy=override_policy, watch=watch, watch_for=watch_for,
+                                      watch_every=watch_every, reason=reason)
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

@@ -276,11 +276,14 @@ class Workspace:
     async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                       dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, watch: str | None = None,
+                      watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
-                             override_policy=override_policy, reason=reason)
+                             override_policy=override_policy, watch=watch, watch_for=watch_for,
+                             watch_every=watch_every, reason=reason)
 
     async def review(self, sandbox: "str | Sandbox") -> Any:
         """``petri.Workspace.review`` in a worker thread."""
@@ -467,11 +470,14 @@ class Sandbox:
     async def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                       include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, watch: str | None = None,
+                      watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      reason: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
-                                            to=to, override_policy=override_policy, reason=reason)
+                                            to=to, override_policy=override_policy, watch=watch,
+                                            watch_for=watch_for, watch_every=watch_every, reason=reason)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
