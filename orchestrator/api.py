@@ -517,9 +517,14 @@ class Workspace:
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
              on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
+             metric: str | None = None, max_regression: str | None = None,
              profile: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
+        ``metric`` (``"FILE:KEY"``, ``":max"`` appended when higher is better) ranks passing
+        candidates by the number the check leaves there; ``max_regression`` (``"10%"``) also
+        runs the check on the base (once per base snapshot) and fails a candidate more than
+        that much worse (``petri race --metric``).
         ``label``: the name the winner's sandbox gets (``winner_label`` in the document), to
         use instead of its id.
         ``on_start(race_id)`` (front-end hook) gets the race's id before anything is forked;
@@ -540,10 +545,11 @@ class Workspace:
             raise UsageError(detail=f"bad jobs {jobs}: at least 1")
         if label is not None:
             self._check_label(label)
+        gate = _metric_gate(metric, max_regression)
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label, profile=profile)
+                        cluster=cluster, label=label, metric=gate, profile=profile)
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
@@ -557,7 +563,8 @@ class Workspace:
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
-                override_policy: str | None = None) -> PromoteResult:
+                override_policy: str | None = None, watch: str | None = None,
+                watch_for: float | str | None = None, watch_every: float | str | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
         ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
@@ -567,7 +574,12 @@ class Workspace:
 
         ``to``: a graduated promotion through the configured stages up to that one
         (orchestrator.stages); the result is a ``petri.Pipeline`` whose ``state`` and
-        ``exit_code`` say how far it got (a failed or inconclusive check is a result)."""
+        ``exit_code`` say how far it got (a failed or inconclusive check is a result).
+
+        ``watch``: a shell command run against live every ``watch_every`` (default 30 s) for
+        ``watch_for`` (seconds or "10m") after the promotion; the first failure rolls it back
+        (``orchestrator.watch``). A detached watcher runs it: this returns once it started,
+        with ``result.get("watch")``; ``promotions()`` shows how it stands."""
         from snapshot.errors import MarkersWritten
 
         from .promotions import promote as do_promote
@@ -580,6 +592,12 @@ class Workspace:
             check_text(name, override_policy, max_len=MAX_NOTE)
             if not override_policy.strip():
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
+        from .watch import parse_watch
+
+        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli")
+        if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
+            from .errors import UsageError
+            raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
             from .stages import promote_to
@@ -591,7 +609,8 @@ class Workspace:
         with _text_conflicts():
             doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
                              paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                             say=say or (lambda s: None), override_policy=override_policy)
+                             say=say or (lambda s: None), override_policy=override_policy, watch=watching,
+                             via=self.via)
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -1062,7 +1081,9 @@ class Sandbox:
     def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                 include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
-                override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                override_policy: str | None = None, watch: str | None = None,
+                watch_for: float | str | None = None, watch_every: float | str | None = None,
+                reason: str | None = None) -> PromoteResult:
         """Apply this sandbox's changes to the workspace (``Workspace.promote``).
 
         ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
@@ -1071,10 +1092,12 @@ class Sandbox:
         also files ``.gitignore`` ignores; ``paths``: only these; ``say``: progress lines;
         ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
         kept in the audit trail; ``override_policy``: the reason to promote although the
-        config's ``[policy]`` stops it (recorded)."""
+        config's ``[policy]`` stops it (recorded); ``watch``, ``watch_for``, ``watch_every``: a
+        watch after the promotion that rolls it back on the first failure."""
         return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
                                       include_ignored=include_ignored, paths=paths, say=say, to=to,
-                                      override_policy=override_policy, reason=reason)
+                                      override_policy=override_policy, watch=watch, watch_for=watch_for,
+                                      watch_every=watch_every, reason=reason)
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
@@ -1427,6 +1450,16 @@ def _at_most(high: int, **named: int) -> None:
     if value > high:
         from .errors import UsageError
         raise UsageError(detail=f"bad {name} {value}: at most {high}")
+
+
+def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
+    """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
+    from .errors import UsageError
+    from .race import parse_metric
+
+    if max_regression is not None and metric is None:
+        raise UsageError(detail="max_regression needs metric (FILE:KEY)")
+    return parse_metric(metric, max_regression) if metric is not None else None
 
 
 def _seconds(t: float | str | None) -> float | None:

@@ -35,6 +35,11 @@ here (``sandbox_created``, ``run_finished``, ...), and ``emit`` refuses any othe
 - ``promotion.done`` / ``promotion.undone``: ``promotion`` (its changes are now in place in
   the workspace whose stream it is / taken out again: a promotion or stage, a rollback, an
   undo after a failed check, a recovery that finished or undid one)
+- ``promotion.watch_started``: ``promotion``, ``command``, ``every_s``, ``until``, ``watcher`` (its
+  pid): ``promote --watch`` began watching it (``orchestrator.watch``)
+- ``promotion.watch_finished``: ``promotion``, ``state`` (``passed``, ``rolled_back``,
+  ``rollback_refused``, ``stopped``, ``interrupted``), ``checks``, and ``failed`` (the failing
+  check) or ``reason``; a rollback it made also writes ``promotion.undone``
 - ``snapshot.created``: ``snapshot``, ``kind`` (user, implicit, safety, sandbox), ``parent``
 - ``net.denied``: ``sandbox``, ``host``, ``port``, ``method``, ``reason``: the egress proxy of a
   sandbox with ``--net allow:...`` refused a destination (``orchestrator.sandbox.egress``; the
@@ -83,6 +88,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "run.started": ("sandbox", "run"), "run.output": ("sandbox", "run"), "run.finished": ("sandbox", "run"),
     "race.started": ("race",), "race.candidate_finished": ("race",), "race.finished": ("race",),
     "promotion.done": ("promotion",), "promotion.undone": ("promotion",),
+    "promotion.watch_started": ("promotion",), "promotion.watch_finished": ("promotion", "state"),
     "snapshot.created": ("snapshot",),
     "sandbox.rejected": ("sandbox",),
     "service.started": ("sandbox", "service"), "service.exited": ("sandbox", "service"),
@@ -241,6 +247,14 @@ def promotion_done(to: Any, promotion: str) -> None:
 
 def promotion_undone(to: Any, promotion: str) -> None:
     _to(to).emit("promotion.undone", promotion=promotion)
+
+
+def promotion_watch_started(to: Any, **fields: Any) -> None:
+    _to(to).emit("promotion.watch_started", **fields)
+
+
+def promotion_watch_finished(to: Any, **fields: Any) -> None:
+    _to(to).emit("promotion.watch_finished", **fields)
 
 
 def snapshot_created(to: Any, **fields: Any) -> None:

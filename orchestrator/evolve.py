@@ -43,19 +43,20 @@ METRICS_FILE = ".petri-metrics.json"  # merge.promote.METRICS_FILE: never in a d
 MAX_METRICS = 64 << 10
 
 
-def read_metrics(tree: Path | str | bytes) -> dict[str, Any] | None:
-    """The JSON object a check left at ``<tree>/.petri-metrics.json``, or None (never
-    following a symlink: the file is the sandbox's to write)."""
+def read_metrics(tree: Path | str | bytes, name: str = METRICS_FILE) -> dict[str, Any] | None:
+    """The JSON object a check left at ``<tree>/.petri-metrics.json`` (or ``name``, a path
+    in the tree: ``race --metric``), or None (never following a symlink: the file is the
+    sandbox's to write)."""
     import os
 
     from merge.safefs import SafeTree
 
     try:
         with SafeTree(os.fsencode(tree)) as t:
-            node = t.node(METRICS_FILE.encode())
+            node = t.node(name.encode())
             if node is None or node.kind != "file":
                 return None
-            fd = t.open_regular(METRICS_FILE.encode())
+            fd = t.open_regular(name.encode())
         try:
             data = os.read(fd, MAX_METRICS + 1)
         finally:
@@ -88,7 +89,7 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
     """Run the loop (see the module docstring); the ``Evolution`` document."""
     from .api import Cmd, Sandbox, _candidate_pair, _candidate_texts, _seconds
     from .errors import EmptyCommand, UsageError
-    from .race import load_candidates, race_sync
+    from .race import Metric, load_candidates, race_sync
 
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):
         if not isinstance(v, int) or v < least:
@@ -136,8 +137,10 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
             if not made:
                 continue
             cands = load_candidates([_candidate_pair(c) for c in made], texts=_candidate_texts(made))
+            # the race ranks by the score too (one rule: a race's rank 1 is its fittest)
+            score = None if fitness is not None else Metric(METRICS_FILE, "score", higher=True)
             doc = race_sync(e, cands, check, source=parent.id, jobs=jobs, limits=limits or _limits(), keep=True,
-                            timeout_s=timeout_s, say=None)
+                            timeout_s=timeout_s, say=None, metric=score)
             races.append(doc["race"])
             for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
                 fit = _fitness_of(c, fitness)

@@ -13,6 +13,10 @@ through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), 
 is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_back:
 true``, exit 1).
 
+``--watch CMD --for D``: after that, ``orchestrator.watch`` records the watch and starts its
+detached watcher (the promote document's ``watch``; ``promotion_docs`` shows each watch, and
+a rollback of a watched promotion by anyone but its watcher ends the watch).
+
 ``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
 (kept: the newest ``KEEP_LAST`` and any younger than ``KEEP_DAYS``, within a total size
 budget, ``PREIMAGE_BUDGET`` or ``[promotions] preimage_budget`` in the config, oldest pruned
@@ -101,7 +105,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
             paths: Sequence[bytes | str] = (), dry_run: bool = False, verify: str | None = None,
             echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
             promo_id: str | None = None, extra: dict[str, Any] | None = None, override_policy: str | None = None,
-            check_policy: bool = True) -> dict[str, Any]:
+            check_policy: bool = True, watch: tuple[str, float, float] | None = None,
+            via: str = "cli") -> dict[str, Any]:
     """Promote the sandbox into the workspace; the ``promote`` document.
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
@@ -117,7 +122,11 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     the sandbox the plan reads, under the lock, before anything is written:
     ``PolicyViolation`` (exit 3) unless ``override_policy`` (a reason, recorded in the audit
     trail) is given; ``check_policy`` False: the caller checked it (a stage of a pipeline).
-    The document carries the verdicts (``policy``) and ``risk``."""
+    The document carries the verdicts (``policy``) and ``risk``.
+
+    ``watch``: (command, for, every in seconds): once promoted (and verified), the watch
+    (``orchestrator.watch``) starts, run by its detached watcher; ``watch`` in the document
+    says how it stands (it is not waited for here)."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
 
@@ -158,6 +167,9 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
         doc["already_promoted"] = _already_promoted(engine, row)
     if verify and doc["promotion"]:
         doc.update(_verify(target, promo_id, verify, echo=echo, say=say))
+    if watch is not None and doc["promotion"] and not dry_run and doc.get("verified") is not False:
+        from .watch import start as start_watch
+        doc["watch"] = start_watch(target, promo_id, *watch, via=via)
     outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
     kpi.record(target.registry, "promote", doc["duration_s"], subject=row.id,
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
@@ -309,9 +321,20 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         # and settling the pending mark (on any exception) makes the row say so too.
         paths = undo_promotion(engine.root, engine.store.journal, promo_id)
         set_promotion_state(engine, promo_id, "undone")
+    _end_watch(engine, promo_id)
     paths = sorted(set(paths))
     return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
             "changed_b64": [_b64(p) for p in paths], "safety_snapshot": None}
+
+
+def _end_watch(engine: "Engine", promo_id: str) -> None:
+    """A rollback of a watched promotion (not by its own watcher) ends the watch."""
+    import os
+
+    w = engine.registry.watch(promo_id)
+    if w is not None and w["state"] == "watching" and w["pid"] != os.getpid():
+        from .watch import stop_for_rollback
+        stop_for_rollback(engine, promo_id)
 
 
 # --------------------------------------------------------------------------- gc
@@ -401,6 +424,9 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
     from .stages import recover
     recover(e)  # a stage whose petri died shows as pending, not running
+    from .watch import doc_of, settle_dead
+    settle_dead(e)
+    watches = {w["promotion"]: w for w in e.registry.watches()}
     pending = e.store.journal / ".pending"
     docs = []
     for r in e.registry.promotions():
@@ -421,7 +447,8 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
                      "parent": doc.get("parent"), "conflicts": doc.get("conflicts", []),
                      "pruned": r["state"] == "pruned", "pipeline": doc.get("pipeline"),
                      "outcome": doc.get("outcome"), "pending_reason": doc.get("pending_reason"),
-                     "target": doc.get("target")})
+                     "target": doc.get("target"), "watch": doc_of(watches[r["id"]]) if r["id"] in watches
+                     else None})
     return docs
 
 

@@ -18,10 +18,14 @@ End to end (DESIGN "The race"):
    which of its runs were the race's steps (``run_roles``). Both under the race's limits
    and ``--timeout``.
 3. Judge each applied candidate's change by the config's ``[policy]`` (``judge_policy``:
-   ``policy_ok``, ``policy_violations`` and ``risk`` per candidate). Rank (pure, ``rank``):
-   check passed, within the policy, fewest changed lines, fastest check, command-line
-   order; a candidate that did not apply is last. The winner is the first if it passed and
-   does not violate the policy: a violating candidate is never the winner (``winner_of``).
+   ``policy_ok``, ``policy_violations`` and ``risk`` per candidate), and with ``--metric
+   FILE:KEY --max-regression N%`` its metric against the base's (``judge_metric``; the base's
+   check runs in a fork of the base beside the candidates, once per base snapshot:
+   ``_base_metric`` keeps it in the store). Rank (pure, ``rank``): check passed (and within
+   the metric's gate), within the policy, the better metric where one is given, fewest
+   changed lines, fastest check, command-line order; a candidate that did not apply is last.
+   The winner is the first if it passed and does not violate the policy: a violating
+   candidate is never the winner (``winner_of``).
 4. Destroy the throwaway forks, and the losers unless ``--keep``; and the implicit base
    snapshot when no sandbox is left on it; report which pairs of candidates changed the same
    paths (``conflicts``: promoting one after the other is not independent); optionally
@@ -45,7 +49,7 @@ runs on the loop's thread), and destroyed when the race ends.
 
 What a check leaves in ``.petri-metrics.json`` (a JSON object, at most 64 KiB) is read
 from its fork before the fork goes, and reported as the candidate's ``metrics``
-(``evolve`` ranks by it; a plain race does not).
+(``evolve`` ranks by it, and has its races rank by its ``score`` too: ``Metric``).
 
 Why a check failed is said in one line per candidate (``error``: the limit that killed it,
 ``command not found: NAME`` for exit 127, else the exit code and the line of its output that
@@ -71,6 +75,8 @@ Caveats:
   sandboxes are on other machines); ``--promote`` of its winner is checked as every
   promotion is.
 - A ``--cmd`` candidate that exits non-zero counts as not applied (its check is not run).
+- ``--metric`` is refused with ``--cluster``. The base's metric is keyed by the snapshot's
+  id: ``--from live`` snapshots anew each race, so it is measured each time.
 - ``telling_line`` reads the last 4 KiB of stderr and 8 KiB of stdout: a test runner whose
   verdict is further from the end, or a format it does not know, gets its last line.
 - The check's record on the candidate is written when the check ends: while it runs, its
@@ -141,10 +147,13 @@ class Outcome:
     policy_ok: bool | None = None  # the config's [policy] on its change (None: no policy, or not applied)
     policy: list[dict[str, Any]] = field(default_factory=list)  # its verdicts that failed
     risk: str | None = None
+    metric: float | None = None  # --metric FILE:KEY as its check left it
+    regression: float | None = None  # against the base's (a fraction: 0.3 = 30 % worse)
+    metric_ok: bool | None = None  # False: regressed past --max-regression, or the check wrote no KEY
 
     @property
     def passed(self) -> bool:
-        return self.applied and self.exit_code == 0
+        return self.applied and self.exit_code == 0 and self.metric_ok is not False
 
     @property
     def changed_nothing(self) -> bool:
@@ -202,13 +211,97 @@ def load_candidates(pairs: Sequence[tuple[str, str]], texts: Sequence[bytes | No
     return out
 
 
-def rank(outcomes: Sequence[Outcome]) -> list[Outcome]:
-    """Best first: passed, within the config's [policy], fewest changed lines, fastest,
-    command-line order; not applied last. A candidate that violates the policy ranks after
-    every passing one that does not, and is never the winner (``winner_of``)."""
+@dataclass(frozen=True)
+class Metric:
+    """``--metric FILE:KEY[:max|:min] [--max-regression N%]``: the number KEY in the JSON
+    object the check leaves at FILE (relative to the tree; by default ``evolve``'s
+    ``.petri-metrics.json`` convention, read the same guarded way). Lower is better (a time,
+    a size) unless ``:max``. ``max_regression`` (a fraction) gates each candidate against
+    the base's value."""
+
+    file: str
+    key: str
+    higher: bool = False
+    max_regression: float | None = None
+
+    def sort_value(self, v: float | None) -> float:
+        """Smaller sorts first; no value last."""
+        if v is None:
+            return float("inf")
+        return -v if self.higher else v
+
+    def regression(self, base: float, v: float) -> float:
+        """How much worse ``v`` is than ``base``, as a fraction of ``|base|`` (negative: better)."""
+        worse = (base - v) if self.higher else (v - base)
+        if base == 0:
+            return 0.0 if worse <= 0 else float("inf")
+        return worse / abs(base)
+
+
+def parse_metric(spec: str, max_regression: str | None = None) -> Metric:
+    """``FILE:KEY``, ``FILE:KEY:max`` (higher is better) or ``FILE:KEY:min``, and ``N%``;
+    a bad one is a usage error (exit 2) before anything is forked."""
+    from .errors import UsageError
+
+    higher = False
+    body = spec
+    for suffix, hi in ((":max", True), (":min", False)):
+        if body.endswith(suffix):
+            body, higher = body[:-len(suffix)], hi
+            break
+    file, colon, key = body.rpartition(":")
+    if not colon or not file or not key:
+        raise UsageError(detail=f"bad --metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; "
+                                "append :max when higher is better)")
+    if file.startswith("/") or ".." in file.split("/"):
+        raise UsageError(detail=f"bad --metric {spec!r}: FILE is a path inside the tree")
+    frac = None
+    if max_regression is not None:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression)
+        if m is None:
+            raise UsageError(detail=f"bad --max-regression {max_regression!r}: a percentage at least 0, e.g. 10%")
+        frac = float(m.group(1)) / 100
+    return Metric(file, key, higher, frac)
+
+
+def read_metric(tree: Path | str, metric: Metric) -> float | None:
+    """KEY of the JSON object at ``<tree>/FILE`` as a finite number, else None."""
+    import math
+
+    from .evolve import read_metrics
+
+    v = (read_metrics(tree, metric.file) or {}).get(metric.key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def judge_metric(outcomes: Sequence[Outcome], metric: Metric, base: float | None) -> None:
+    """Each passing candidate's metric against the base's, before ranking: one that
+    regressed past ``max_regression``, or wrote no KEY while the gate is on, fails."""
+    for o in outcomes:
+        if not (o.applied and o.exit_code == 0) or metric.max_regression is None:
+            continue
+        if o.metric is None:
+            o.metric_ok = False
+            o.error = f"the check left no number {metric.key!r} in {metric.file}"
+        elif base is not None:
+            o.regression = metric.regression(base, o.metric)
+            o.metric_ok = o.regression <= metric.max_regression
+            if not o.metric_ok:
+                o.error = (f"{metric.key} regressed {o.regression:.1%} against the base ({o.metric:g} vs "
+                           f"{base:g}; at most {metric.max_regression:.0%})")
+
+
+def rank(outcomes: Sequence[Outcome], metric: Metric | None = None) -> list[Outcome]:
+    """Best first: passed, within the config's [policy], the better ``metric`` (where one is
+    given), fewest changed lines, fastest, command-line order; not applied last. A candidate
+    that violates the policy ranks after every passing one that does not, and is never the
+    winner (``winner_of``)."""
     def key(o: Outcome):
         dur = o.duration_s if o.duration_s is not None else float("inf")
-        return (not o.applied, not o.passed, o.policy_ok is False, o.lines_added + o.lines_removed, dur, o.index)
+        m = metric.sort_value(o.metric) if metric is not None else 0.0
+        return (not o.applied, not o.passed, o.policy_ok is False, m, o.lines_added + o.lines_removed, dur, o.index)
 
     ordered = sorted(outcomes, key=key)
     for i, o in enumerate(ordered, 1):
@@ -436,7 +529,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
                    seccomp: str | None = None, cluster: Any = None, label: str | None = None,
-                   profile: str | None = None) -> dict[str, Any]:
+                   metric: Metric | None = None, profile: str | None = None) -> dict[str, Any]:
     """Race the candidates; return the ``race`` document (``winner`` None: none passed).
     ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
     run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
@@ -470,6 +563,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     if cluster is not None:
         from .cluster.connect import parse_address
         parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
+        if metric is not None:
+            from .errors import UsageError
+            raise UsageError(detail="--metric is not supported with --cluster")
     limits = cfg.apply_defaults(limits or Limits())
     engine.check_limits(limits)
     if label is not None:
@@ -506,7 +602,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                     else:
                         doc = await _race(engine, race, candidates, check, source=source, jobs=jobs,
                                           limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp,
-                                          profile=profile)
+                                          metric=metric, profile=profile)
                     guard.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 leaf = _single(group)
@@ -524,6 +620,54 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     if label is not None:
         _label_winner(engine, doc, label)
     return doc  # an interrupt after the race ended changes nothing
+
+
+BASE_METRICS = "race-base-metrics.json"  # in the store: the base's metric per (snapshot, check, FILE:KEY)
+
+
+async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, *, limits: "Limits",
+                       timeout_s: float | None, seccomp: str) -> dict[str, Any]:
+    """The check's metric on the base itself, run once per base snapshot: a throwaway fork of
+    the base runs the check, and the value (or its absence, with the exit code) is kept in
+    the store under (snapshot, check, FILE, KEY); a later race on that snapshot reads it.
+    ``{"metric", "exit_code", "cached"}``."""
+    import json
+
+    import trio
+
+    from .lineage import mark_scaffold
+    from .runs import run_in_sandbox
+
+    path = Path(engine.store.root) / BASE_METRICS
+    key = json.dumps([base, check, metric.file, metric.key])
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache, dict) and isinstance(cache.get(key), dict):
+        return {**cache[key], "cached": True}
+    row = engine.fork(base, 1, limits=limits)[0]  # on the loop's thread, as the race's own forks
+    try:
+        mark_scaffold(engine, row, "race-base-check")
+        doc = await run_in_sandbox(engine, row.id, ["/bin/sh", "-c", check], echo=False, timeout_s=timeout_s,
+                                   seccomp=seccomp)
+        value = await trio.to_thread.run_sync(read_metric, engine.sandbox_tree(engine.sandbox_by_id(row.id)), metric)
+    finally:
+        with _shielded():
+            engine.destroy_sandbox(row.id)
+    got = {"metric": value, "exit_code": doc["exit_code"]}
+    if doc["killed_by"] is None:  # a check cut short measured nothing worth keeping
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        cache = cache if isinstance(cache, dict) else {}
+        cache[key] = got
+        # whole-file replace: two races writing at once lose an entry at worst (measured again)
+        tmp = path.with_name(path.name + f".{os.getpid()}")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, path)
+    return {**got, "cached": False}
 
 
 def _check_winner_label(engine: "Engine", label: str) -> None:
@@ -575,7 +719,8 @@ def _interrupted(race: _Race) -> RaceInterrupted:
 
 async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], check: str, *, source: str,
                 jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
-                say: Callable[[str], None] | None, seccomp: str, profile: str | None = None) -> dict[str, Any]:
+                say: Callable[[str], None] | None, seccomp: str, metric: Metric | None = None,
+                profile: str | None = None) -> dict[str, Any]:
     import trio
 
     from merge.changes import scan_tree
@@ -616,9 +761,22 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                 async with limiter:
                     await run_candidate(engine, o, check, base_view=base_view, manifest=manifest,
                                         ignore_root=engine.root, timeout_s=timeout_s, seccomp=seccomp)
+                    if metric is not None and o.applied and o.check_sandbox:
+                        o.metric = await trio.to_thread.run_sync(
+                            read_metric, engine.sandbox_tree(engine.sandbox_by_id(o.check_sandbox)), metric)
                 report_candidate(log, race.id, o, say)
 
+            base_metric: dict[str, Any] = {}
+
+            async def measure_base() -> None:
+                assert metric is not None and race.base is not None
+                async with limiter:
+                    base_metric.update(await _base_metric(engine, race.base, check, metric, limits=limits,
+                                                          timeout_s=timeout_s, seccomp=seccomp))
+
             async with trio.open_nursery() as nursery:
+                if metric is not None and metric.max_regression is not None:
+                    nursery.start_soon(measure_base)
                 for o in outcomes:
                     nursery.start_soon(one, o)
     except BaseException as exc:
@@ -630,7 +788,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                  duration_s=time.monotonic() - t0)
         raise
     judge_policy(engine, outcomes)
-    ordered = rank(outcomes)
+    if metric is not None:
+        judge_metric(outcomes, metric, base_metric.get("metric"))
+    ordered = rank(outcomes, metric)
     winner = winner_of(ordered)
     destroyed = set(_destroy_all(engine, race, [o.check_sandbox for o in outcomes if o.check_sandbox]))
     for o in outcomes:
@@ -654,6 +814,15 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         "jobs": jobs,
         "seccomp": seccomp,
     }
+    if metric is not None:
+        doc["metric_spec"] = {"file": metric.file, "key": metric.key, "higher_is_better": metric.higher,
+                              "max_regression": metric.max_regression}
+        doc["base_metric"] = base_metric.get("metric")
+        doc["base_metric_cached"] = base_metric.get("cached")
+        if metric.max_regression is not None and base_metric.get("metric") is None:
+            doc.setdefault("warnings", []).append(
+                f"the check left no number {metric.key!r} in {metric.file} on the base "
+                f"(exit {base_metric.get('exit_code')}): no regression was measured")
     if winner is not None:
         row = engine.registry.sandbox(winner.sandbox)
         doc["winner_path"] = row.path if row else None
@@ -854,7 +1023,8 @@ def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
             "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
             "check_sandbox": o.check_sandbox, "check_run": o.check_run, "logs_run": o.logs_run,
             "runs": o.runs, "kept": not destroyed, "metrics": o.metrics,
-            "policy_ok": o.policy_ok, "policy_violations": o.policy, "risk": o.risk}
+            "policy_ok": o.policy_ok, "policy_violations": o.policy, "risk": o.risk,
+            "metric": o.metric, "regression": o.regression, "metric_ok": o.metric_ok}
 
 
 def _where_logs(c: dict[str, Any]) -> str:
@@ -918,6 +1088,8 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
             check = o.paint("not applied", "red")
         elif c["killed_by"]:
             check = o.paint(f"killed ({c['killed_by']})", "red")
+        elif c["exit_code"] == 0 and c.get("metric_ok") is False:
+            check = o.paint("metric regressed" if c.get("regression") is not None else "no metric", "red")
         elif c["exit_code"] == 0:
             check = o.paint("passed (changed nothing)" if c.get("changed_nothing") else "passed", "green")
         else:
@@ -928,9 +1100,22 @@ def render_table(o: "Output", doc: dict[str, Any]) -> None:
         if c.get("policy_ok") is False:
             check += o.paint(", violates policy", "red")
         where = c["sandbox"] + ("" if c["kept"] else " (removed)")
-        rows.append([f"{c['rank']}{mark}", c["candidate"], c["kind"], check, lines,
-                     c["files_changed"] if c["applied"] else "-", took, where])
-    o.table(["rank", "candidate", "kind", "check", "lines", "files", "time", "sandbox"], rows)
+        row = [f"{c['rank']}{mark}", c["candidate"], c["kind"], check, lines,
+               c["files_changed"] if c["applied"] else "-", took, where]
+        if "metric_spec" in doc:
+            reg = c.get("regression")
+            row.insert(4, "-" if c.get("metric") is None else
+                       f"{c['metric']:g}" + (f" ({reg:+.1%})" if reg is not None else ""))
+        rows.append(row)
+    heads = ["rank", "candidate", "kind", "check", "lines", "files", "time", "sandbox"]
+    if "metric_spec" in doc:
+        heads.insert(4, doc["metric_spec"]["key"])
+        if doc.get("base_metric") is not None:
+            o.say(f"base {doc['metric_spec']['key']}: {doc['base_metric']:g}"
+                  f"{' (measured by an earlier race)' if doc.get('base_metric_cached') else ''}")
+    for w in doc.get("warnings") or []:
+        o.say(o.paint(f"warning: {w}", "yellow"))
+    o.table(heads, rows)
     win = next((c for c in doc["candidates"] if c["sandbox"] == doc["winner"]), None)
     if doc["winner"] and win is not None and win.get("changed_nothing"):
         o.say(f"winner: {o.paint(doc['winner'], 'bold')} ({doc['winner_candidate']}) changed nothing: the check "

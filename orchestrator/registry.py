@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 from .sandbox.procs import pid_alive  # noqa: F401 (its callers import it from here)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RESERVE_NAME = "reserve"
 RESERVE_BYTES = 8 << 20
 ROOM_FOR_RESERVE = 64 << 20  # (re)made only when this much is free besides it
@@ -550,6 +550,47 @@ class Registry:
             out.append(d)
         return out
 
+    # -- watches (orchestrator.watch) ---------------------------------------------------
+    def add_watch(self, promotion: str, command: str, every_s: float, started_at: float, until: float,
+                  next_at: float, pid: int, via: str) -> None:
+        with self.write() as db:
+            db.execute("INSERT OR REPLACE INTO watches(promotion, command, every_s, started_at, until, state, checks,"
+                       " next_at, pid, via) VALUES (?, ?, ?, ?, ?, 'watching', 0, ?, ?, ?)",
+                       (promotion, command, every_s, started_at, until, next_at, pid, via))
+
+    def update_watch(self, promotion: str, *, only_from: tuple[str, ...] = (), **values: Any) -> bool:
+        """Set columns of a watch (``doc`` as a dict); with ``only_from``, only while its state
+        is one of those (compare-and-set: a watch ended by one process is not ended twice)."""
+        if "doc" in values:
+            values["doc"] = json.dumps(values["doc"])
+        cols = ", ".join(f"{k} = ?" for k in values)
+        where, args = "", []
+        if only_from:
+            where = f" AND state IN ({','.join('?' * len(only_from))})"
+            args = list(only_from)
+        with self.write() as db:
+            return db.execute(f"UPDATE watches SET {cols} WHERE promotion = ?{where}",
+                              (*values.values(), promotion, *args)).rowcount == 1
+
+    def watches(self, *, state: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM watches", ()
+        if state is not None:
+            q, args = q + " WHERE state = ?", (state,)
+        out = []
+        for r in self.db.execute(q + " ORDER BY started_at", args):
+            d = dict(r)
+            d["doc"] = json.loads(d["doc"])
+            out.append(d)
+        return out
+
+    def watch(self, promotion: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM watches WHERE promotion = ?", (promotion,)).fetchone()
+        if r is None:
+            return None
+        d = dict(r)
+        d["doc"] = json.loads(d["doc"])
+        return d
+
     # -- ids ---------------------------------------------------------------------------
     def resolve(self, ident: str, kinds: tuple[str, ...] = ("snapshot", "sandbox", "promotion")) -> tuple[str, str]:
         """(kind, full id) for a unique prefix of an id, or a sandbox label."""
@@ -607,8 +648,18 @@ _V2 = [
 _V3 = [
     ("runs", "output", "ALTER TABLE runs ADD COLUMN output TEXT"),
 ]
-# Schema 4: the named profile a sandbox was forked with (orchestrator.config, [profiles.NAME]).
+# Schema 4: the watch after a promotion (``promote --watch``, orchestrator.watch): one row per
+# watched promotion, owned by its detached watcher process (``pid`` and its start time, so a
+# reused pid is not taken for it).
 _V4 = [
+    (None, None, """CREATE TABLE IF NOT EXISTS watches (
+        promotion TEXT PRIMARY KEY, command TEXT NOT NULL, every_s REAL NOT NULL, started_at REAL NOT NULL,
+        until REAL NOT NULL, state TEXT NOT NULL, checks INTEGER NOT NULL DEFAULT 0, next_at REAL,
+        pid INTEGER, pid_start TEXT, via TEXT NOT NULL DEFAULT 'cli', ended_at REAL,
+        doc TEXT NOT NULL DEFAULT '{}')"""),
+]
+# Schema 5: the named profile a sandbox was forked with (orchestrator.config, [profiles.NAME]).
+_V5 = [
     ("sandboxes", "profile", "ALTER TABLE sandboxes ADD COLUMN profile TEXT"),
 ]
 
@@ -616,7 +667,7 @@ _V4 = [
 def migrate(db: sqlite3.Connection) -> None:
     """Upgrade the registry in place to ``SCHEMA_VERSION`` (the caller holds a write
     transaction and sets ``user_version`` after)."""
-    for table, column, stmt in _V2 + _V3 + _V4:
+    for table, column, stmt in _V2 + _V3 + _V4 + _V5:
         if column is not None:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             if column in have:

@@ -33,6 +33,16 @@ class Engine(core.Engine):
         super().__init__(root)
         audit.bind(root, self.registry)  # the open audit scope learns which workspace it is about
 
+    @classmethod
+    def open(cls, start: Path | None = None, override: str | None = None, *, reap: bool = True) -> "Engine":
+        engine = super().open(start, override, reap=reap)
+        if reap:
+            # A watch whose watcher died is recorded ``interrupted`` by the next command, not lost.
+            if engine.registry.db.execute("SELECT 1 FROM watches WHERE state = 'watching' LIMIT 1").fetchone():
+                from .watch import settle_dead
+                engine.__dict__["_watches_interrupted"] = settle_dead(engine)
+        return engine
+
     def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
         row = super().record_snapshot(row)
         audit.touch(row.id)

@@ -13,8 +13,9 @@ from orchestrator.limits import Limits
 from orchestrator.results import (AuditEntry, AuditLog, Cleanup, Diff, DiffFile, Event, Evolution, FileContent,
                                   FileEntry, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepMatch,
                                   GrepResult, InitResult, Lineage, LineageNode, PathConflict, Pipeline, PromoteResult,
-                                  Promotion, PromotionList, Race, RaceCandidate, Rebased, Record, Rollback, RunResult,
-                                  SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats, TryResult)
+                                  Promotion, PromotionList, Race, RaceCandidate, Rebased, Record, Rejection, Review,
+                                  Rollback, RunResult, SandboxInfo, SandboxList, Snapshot, SnapshotList, Stats,
+                                  TryResult)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
 
 from orchestrator._version import VERSION as __version__
@@ -30,7 +31,7 @@ __all__ = [
     "Race", "RaceCandidate", "Diff", "DiffFile", "PromoteResult", "Promotion", "PromotionList", "Rollback",
     "Cleanup", "Event", "FileContent", "FileWritten", "Lineage", "LineageNode", "AuditLog", "AuditEntry", "Stats",
     "Evolution", "Pipeline", "FileEntry", "FileList", "GrepMatch", "GrepResult", "FileRemoved", "FileMoved",
-    "PathConflict", "TryResult", "Rebased",
+    "PathConflict", "TryResult", "Rebased", "Review", "Rejection",
     # errors (each carries .exit_code)
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ]

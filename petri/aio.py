@@ -233,7 +233,8 @@ class Workspace:
                    limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
                    promote: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
-                   profile: str | None = None, reason: str | None = None) -> Race:
+                   metric: str | None = None, max_regression: str | None = None, profile: str | None = None,
+                   reason: str | None = None) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
         candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
@@ -248,6 +249,7 @@ class Workspace:
             raise NoCandidates()
         if label is not None:
             self.sync._check_label(label)
+        gate = _api._metric_gate(metric, max_regression)
         cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
         limits = limits or Limits()
         timeout_s = _api._seconds(timeout)
@@ -257,7 +259,7 @@ class Workspace:
         async def go() -> dict[str, Any]:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
                                   label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
-                                  profile=profile)
+                                  metric=gate, profile=profile)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -275,11 +277,14 @@ class Workspace:
     async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                       dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, watch: str | None = None,
+                      watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
-                             override_policy=override_policy, reason=reason)
+                             override_policy=override_policy, watch=watch, watch_for=watch_for,
+                             watch_every=watch_every, reason=reason)
 
     async def review(self, sandbox: "str | Sandbox") -> Any:
         """``petri.Workspace.review`` in a worker thread."""
@@ -466,11 +471,14 @@ class Sandbox:
     async def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
                       include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
-                      override_policy: str | None = None, reason: str | None = None) -> PromoteResult:
+                      override_policy: str | None = None, watch: str | None = None,
+                      watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      reason: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
-                                            to=to, override_policy=override_policy, reason=reason)
+                                            to=to, override_policy=override_policy, watch=watch,
+                                            watch_for=watch_for, watch_every=watch_every, reason=reason)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

@@ -316,4 +316,5 @@ def test_one_emitter_per_name():
     assert events.NAMES == frozenset({
         "sandbox.created", "sandbox.destroyed", "sandbox.expired", "run.started", "run.output", "run.finished",
         "race.started", "race.candidate_finished", "race.finished", "promotion.done", "promotion.undone",
+        "promotion.watch_started", "promotion.watch_finished",
         "snapshot.created", "service.started", "service.exited", "net.denied", "sandbox.rejected"})

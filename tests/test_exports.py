@@ -19,8 +19,8 @@ PINNED = sorted([
     "Evolution", "Pipeline",
     # the file tools' records (list_files, grep, delete_file, move_file) and a Conflict's rows
     "FileEntry", "FileList", "GrepMatch", "GrepResult", "FileRemoved", "FileMoved", "PathConflict",
-    # petri try, petri rebase (issue 23)
-    "TryResult", "Rebased",
+    # petri try, petri rebase, petri review / reject (issue 23)
+    "TryResult", "Rebased", "Review", "Rejection",
     "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten",
 ])
 

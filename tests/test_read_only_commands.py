@@ -22,6 +22,8 @@ reads a point-in-time view (a frozen view), which is gone again afterwards.
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import signal
@@ -281,6 +283,16 @@ def _tui_refresh(ws: Path) -> None:
             await app.refresh_sandboxes_now()
             rows = app.model.sandboxes
             assert len(rows) == 4 and all(r.stale is not None for r in rows.values())
+            # the Review tab (petri review in the detail pane) reads the policy's verdicts, writes nothing
+            await pilot.press("5")
+            body = None
+            while time.monotonic() < deadline:
+                await pilot.pause(0.05)
+                with contextlib.suppress(Exception):
+                    body = str(app.screen.query_one("#review-body").render())
+                if body and "policy" in body:
+                    break
+            assert body and "policy" in body and "decide" in body and "no review" not in body, body
 
     asyncio.run(main())
 

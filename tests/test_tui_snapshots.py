@@ -38,6 +38,10 @@ def test_sandboxes_wide_with_diff_tab(snap_compare):
     assert snap_compare(fixed_app(), terminal_size=(130, 34), run_before=settle("2"))
 
 
+def test_sandboxes_review_tab_of_a_policy_violation(snap_compare):
+    assert snap_compare(fixed_app(), terminal_size=(130, 34), run_before=settle("j", "5"))
+
+
 def test_sandboxes_lineage_of_a_fork_of_a_fork(snap_compare):
     assert snap_compare(fixed_app(), terminal_size=(80, 24), run_before=settle("end", "4"))
 

@@ -165,6 +165,33 @@ class FixedSource(Source):
             {"path": p, "status": st, "old_path": None, "binary": False, "lines_added": a, "lines_removed": r,
              "old_mode": "100644", "new_mode": "100644"} for p, st, a, r in files]})
 
+    def review(self, ident: str) -> Any:
+        """rewrite (the second sandbox) breaks a policy and is high-risk; the others pass."""
+        cfg = "/home/dev/calc/.petri/config.toml"
+        bad = ident == "sb-0002c0de"
+        policy = [
+            {"rule": "protect", "ok": not bad, "source": f"{cfg} [policy].protect[0]",
+             "detail": "README.md is protected by 'README.md'" if bad
+             else "nothing protected by 'README.md' is changed"},
+            {"rule": "max_lines", "ok": True, "detail": "3 line(s) changed, the limit is 400",
+             "source": f"{cfg} [policy].max_lines"},
+            {"rule": "risk", "ok": not bad, "source": f"{cfg} [policy].risk[0]",
+             "detail": "high risk: pkg/calc.py matches 'pkg/**'; requires a person's approval" if bad
+             else "does not match"},
+        ]
+        patch, files = DIFFS[ident]
+        sb = next(s for s in SANDBOXES if s.id == ident)
+        name = sb.label or ident
+        return petri.Review.from_doc({
+            "sandbox": ident, "label": sb.label, "state": sb.state, "base": BASE,
+            "files": [{"path": p, "status": st, "lines_added": a, "lines_removed": r} for p, st, a, r in files],
+            "lines_added": sum(f[2] for f in files), "lines_removed": sum(f[3] for f in files),
+            "checks": [{"kind": "race", "race": RACE, "rank": 2 if bad else 1, "passed": True, "winner": not bad}],
+            "stale": sb.stale, "policy": policy, "risk": "high" if bad else "low",
+            "risk_requires": ["manual"] if bad else [], "patch": patch,
+            "approve": [f"petri promote {name} --override-policy REASON"] if bad else [f"petri promote {name}"],
+            "reject": [f"petri reject {name} --reason TEXT", f"petri reject {name} --reason TEXT --keep"]})
+
     def read_file(self, ident: str, path: str, *, base: bool = False) -> Any:
         text = BASE_FILES.get(path) if base else FILES.get(ident, BASE_FILES).get(path, BASE_FILES.get(path))
         if text is None:

@@ -66,6 +66,16 @@ class Source:
     def diff(self, ident: str) -> Any:
         return self.ws.diff(ident)
 
+    def review(self, ident: str) -> Any | None:
+        """The sandbox's review report (``petri review``: policy, risk, checks, the commands to
+        approve or reject), or None when it is gone. Reads only."""
+        import petri
+
+        try:
+            return self.ws.review(ident)
+        except petri.NotFound:
+            return None
+
     def read_file(self, ident: str, path: str, *, base: bool = False) -> Any | None:
         """The file's content, or None when it is not there (deleted, not yet made)."""
         import petri

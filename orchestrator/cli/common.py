@@ -48,7 +48,9 @@ def workspace() -> "Workspace":
     from ..api import open as open_workspace
 
     ws = open_workspace(override=workspace_flag(), via="cli")
-    ws.engine  # noqa: B018 - open it here: "not a workspace" is this command's error, exit 4
+    e = ws.engine  # open it here: "not a workspace" is this command's error, exit 4
+    for w in e.__dict__.get("_watches_interrupted", ()):  # orchestrator.watch: said once, by this command
+        print(f"petri: the watch of {w['promotion']} was interrupted: {w['reason']}", file=sys.stderr, flush=True)
     return ws
 
 

@@ -82,6 +82,15 @@ def promote(
                                                            help="Promote although the [policy] of the config "
                                                                 "stops it; who, which rules and REASON go into "
                                                                 "`petri log`.")] = None,
+    watch: Annotated[Optional[str], typer.Option("--watch", metavar="CMD",
+                                                 help="After the promotion (and --verify), run CMD against live "
+                                                      "every --every for --for; the first failure rolls the "
+                                                      "promotion back. Runs in a detached watcher: Ctrl-C stops "
+                                                      "following it, not the watch.")] = None,
+    for_: Annotated[Optional[str], typer.Option("--for", metavar="D",
+                                                help="How long --watch watches (10m, 1h).")] = None,
+    every: Annotated[Optional[str], typer.Option("--every", metavar="D",
+                                                 help="How often --watch checks (default 30s).")] = None,
 ) -> None:
     """Apply the sandbox's changes to the workspace, 3-way against live.
 
@@ -89,7 +98,11 @@ def promote(
     or another petri workspace), each with its checks; `petri promote --resume p-…` goes on
     where one stopped. Exit 0: done, or waiting at a manual gate; 1: a check failed (that
     stage was rolled back) or was inconclusive (timed out: the stage waits); 3: a conflict, or
-    the config's [policy] stops it (nothing written; --override-policy REASON lets it through)."""
+    the config's [policy] stops it (nothing written; --override-policy REASON lets it through).
+
+    With --watch: exit 0 when the watch ended clean, 1 when a check failed and the promotion
+    was rolled back (or the watch was interrupted or ended by a rollback), 3 when that
+    rollback was refused (live changed those files since; the promotion stays)."""
     from merge.errors import PromotionConflict
 
     from ..policy import PolicyViolation
@@ -104,6 +117,12 @@ def promote(
     if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
         from ..errors import EmptyCommand
         raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
+    from ..watch import parse_watch
+    watching = parse_watch(watch, for_, every)
+    if watching is not None and (to is not None or resume is not None or dry_run or on_conflict == "markers"):
+        from ..errors import UsageError
+        raise UsageError(detail="--watch goes with a plain promotion: not with --to, --resume, --dry-run or "
+                                "--on-conflict markers")
     if to is not None or resume is not None:
         from .lineage import promote_staged
         promote_staged(sandbox, to, resume, dry_run=dry_run, verify=verify, paths=paths, on_conflict=on_conflict,
@@ -119,7 +138,7 @@ def promote(
     try:
         doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note,
-                         override_policy=override_policy)
+                         override_policy=override_policy, watch=watching)
     except BaseExceptionGroup as group:  # --verify runs under trio: its interrupt comes grouped
         if group.split(KeyboardInterrupt)[1] is not None:
             raise
@@ -150,6 +169,17 @@ def promote(
         code = 1
     elif doc.get("markers") and not dry_run:
         code = 5
+    if doc.get("watch"):
+        if not G.json:
+            _print_promote(o, doc, dry_run)
+        code = _follow_watch(e, doc, o)
+        if G.json:
+            if code:
+                doc["exit_code"] = code
+            o.doc(doc)
+        if code:
+            raise typer.Exit(code)
+        return
     if G.json:
         if code == 1:
             doc.setdefault("error", "--verify failed"
@@ -161,6 +191,55 @@ def promote(
         _print_promote(o, doc, dry_run)
     if code:
         raise typer.Exit(code)
+
+
+def _follow_watch(e: Any, doc: dict[str, Any], o: Any) -> int:
+    """Follow the promotion's watch to its end (its detached watcher runs it) and say how it
+    ended: the exit code (0 passed; 1 rolled back, interrupted or stopped; 3 rollback refused).
+    Ctrl-C stops following, as ``docker logs -f`` does: the watch goes on (exit 130)."""
+    from .. import interrupts
+    from ..watch import doc_of, follow
+    promo = doc["promotion"]
+    w0 = doc["watch"]
+    try:
+        o.note(f"watching {promo}: `{w0['command']}` every {w0['every_s']:g}s until {w0['until']} "
+               f"(Ctrl-C stops following; the watch goes on)")
+        row = follow(e, promo, o.note)
+    except KeyboardInterrupt:
+        interrupts.hold()
+        msg = (f"{interrupts.interrupted_by()}: stopped following; the watch of {promo} goes on (watcher pid "
+               f"{w0['watcher']}) until {w0['until']}: `petri promotions` shows it, `petri rollback {promo}` "
+               "ends it and undoes the promotion")
+        print(f"petri: {msg}", file=sys.stderr, flush=True)
+        interrupts.say(msg)
+        code = interrupts.exit_code()
+        w = e.registry.watch(promo)
+        doc["watch"] = doc_of(w) if w else w0
+        doc.update({"error": msg})
+        return code
+    doc["watch"] = wd = doc_of(row)
+    state = wd.get("state")
+    f = wd.get("failed") or {}
+    failed = (f"check {f.get('check')} failed (exit {f.get('exit_code')}"
+              + (f", killed by {f['killed_by']}" if f.get("killed_by") else "") + ")"
+              + (f": {f['last_line']}" if f.get("last_line") else "")) if f else ""
+    if state == "passed":
+        o.note(f"watch of {promo} passed: {wd['checks']} check(s), none failed; the promotion stays")
+        return 0
+    if state == "rolled_back":
+        doc["rolled_back"] = True
+        msg = f"watch of {promo}: {failed}; the promotion was rolled back"
+        code = 1
+    elif state == "rollback_refused":
+        msg = (f"watch of {promo}: {failed}; the rollback was refused, the promotion stays in place: "
+               f"{wd.get('rollback_error')}")
+        code = 3
+    else:
+        msg = f"watch of {promo} {state}: {wd.get('reason') or failed}"
+        code = 1
+    print(f"petri: {msg}", file=sys.stderr, flush=True)
+    doc["error"] = msg
+    return code
 
 
 def _policy_refused(o: Any, err: Any, dry_run: bool) -> None:
@@ -227,8 +306,11 @@ def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> N
     if promo is None:
         msg = f"{how}: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
     else:
+        watched = e.registry.watch(promo)  # started just before the interrupt: it goes on
         msg = (f"{how} after the promotion was in place: {sb_id} was promoted as {promo}"
-               + (" (--verify did not finish)" if verify else "") + f"; undo with `petri rollback {promo}`")
+               + (" (--verify did not finish)" if verify and not watched else "")
+               + ("; its watch goes on (`petri promotions` shows it)" if watched else "")
+               + f"; undo with `petri rollback {promo}`")
     print(f"petri: {msg}", file=sys.stderr, flush=True)
     interrupts.say(msg)
     code = interrupts.exit_code()
@@ -315,7 +397,17 @@ def promotions(
     for d in docs:
         paths = d["applied"]
         shown_paths = ", ".join(paths[:3]) + (f" (+{len(paths) - 3})" if len(paths) > 3 else "")
+        wd = d.get("watch") or {}
+        watch = "-" if not wd else f"{wd['state']} ({wd['checks']} check(s))"
         rows.append([d["id"], d["sandbox"], d["stage"] or "-", d["state"], "yes" if d["can_undo"] else "no",
-                     human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), shown_paths or "-"])
-    o.table(["id", "sandbox", "stage", "state", "undo", "age", "paths"], rows)
+                     human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), watch,
+                     shown_paths or "-"])
+    o.table(["id", "sandbox", "stage", "state", "undo", "age", "watch", "paths"], rows)
+    for d in docs:
+        wd = d.get("watch") or {}
+        if wd.get("state") == "watching":
+            o.note(f"{d['id']} is watched: `{wd['command']}` every {wd['every_s']:g}s until {wd['until']}, "
+                   f"next check at {wd['next_at']}")
+        elif wd.get("state") == "interrupted":
+            o.note(f"the watch of {d['id']} was interrupted: {wd.get('reason')}")
 

@@ -81,6 +81,14 @@ def race(
                                                         "(HOST:PORT, ray://HOST:PORT, auto), or local:N for a "
                                                         "throwaway cluster of N nodes here (needs "
                                                         "petridish[cluster]).")] = None,
+    metric: Annotated[Optional[str], typer.Option("--metric", metavar="FILE:KEY[:max]",
+                                                  help="Rank passing candidates by the number KEY in the JSON file"
+                                                       " FILE the check writes (lower is better; :max for higher).")
+                      ] = None,
+    max_regression: Annotated[Optional[str], typer.Option("--max-regression", metavar="N%",
+                                                          help="With --metric: run the check on the base too (once"
+                                                               " per base) and fail a candidate more than N% worse."
+                                                          )] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
                                                     " config: its limits, network, seccomp, and policy"
                                                     " (flags win over it).")] = None,
@@ -92,9 +100,9 @@ def race(
 
     \b
     Ranking: 1. the check passed (exit 0)
-             2. fewest lines changed (counted right after applying, before the check)
-             3. fastest check
-             4. command-line order
+             2. within the [policy] and --max-regression
+             3. with --metric, the better metric
+             4. fewest lines changed, then fastest check, then command-line order
     A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
     from ..limits import Limits
@@ -107,6 +115,10 @@ def race(
     check_count("--jobs", jobs, 1, 1000)  # as fork's -n: more at once than that is no plan for one machine
     if pids is not None and pids < 1:
         raise UsageError(detail=f"bad --pids {pids}: at least 1")
+    from ..race import parse_metric
+    if max_regression is not None and metric is None:
+        raise UsageError(detail="--max-regression needs --metric FILE:KEY")
+    gate = parse_metric(metric, max_regression) if metric is not None else None
     cands = load_candidates(_candidate_order(list(patch or []), list(cmd or [])))
     if net and net_allow is not None:
         raise UsageError(detail="--net and --net allow:... exclude each other")
@@ -118,7 +130,7 @@ def race(
     progress = None if G.json else (lambda text: o.note(text))
     try:
         doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                        say=progress, seccomp=seccomp, cluster=cluster, profile=profile)
+                        say=progress, seccomp=seccomp, cluster=cluster, metric=gate, profile=profile)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         from .. import interrupts

@@ -60,6 +60,10 @@ def run(
                                                                " command's).")] = None,
     restart: Annotated[Optional[str], typer.Option("--restart", help="With --detach: no (default) or on-failure.")
                        ] = None,
+    each: Annotated[bool, typer.Option("--each", help="Run CMD in every sandbox listed before `--` (petri run --each"
+                                                      " SB SB... -- CMD); exit 123 if any failed.")] = False,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="With --each: runs at once (default: the"
+                                                                     " cores).")] = None,
 ) -> int:
     """Run CMD isolated inside SANDBOX; stream its output; exit with its exit code.
 
@@ -84,8 +88,22 @@ def run(
 
     --detach starts CMD as a service: it outlives petri, shares the sandbox's network and
     /tmp with every other run, and ends by itself, `petri stop`, the sandbox's lifetime,
-    `petri rm` or `deinit`. `petri logs SANDBOX --service NAME` shows its output."""
+    `petri rm` or `deinit`. `petri logs SANDBOX --service NAME` shows its output.
+
+    --each SB [SB...] -- CMD runs CMD in each sandbox, --jobs at a time, each line of its
+    output tagged with the sandbox id (as `parallel --tag`); exit 0 if every run exited 0,
+    123 if any did not (as xargs); --json: one run document per sandbox."""
     from ..runs import run_sync
+    if jobs is not None and not each:
+        raise UsageError(detail="--jobs goes with --each")
+    if each:
+        if detach:
+            raise UsageError(detail="--each does not go with --detach")
+        from .run_each import run_each, split_argv
+        sandboxes, argv, late_jobs = split_argv([sandbox, *(cmd or [])], sys.argv[1:])
+        jobs = late_jobs if late_jobs is not None else jobs
+        return run_each(workspace().engine, sandboxes, argv, jobs=jobs, timeout_s=parse_timeout(timeout),
+                        env=_parse_env(env), seccomp=seccomp, json_out=G.json)
     argv = list(cmd or [])
     if not argv or not argv[0]:
         raise EmptyCommand(what="the command", hint=": petri run SANDBOX -- CMD [ARGS...]")

@@ -227,7 +227,9 @@ class State:
         async def go(job: RaceJob) -> Any:
             return await self.ws.race(args["check"], cands, source=args.get("from", "live"), jobs=args.get("jobs", 8),
                                       limits=limits, timeout=timeout, keep=bool(args.get("keep")),
-                                      on_start=job.on_start, label=args.get("label"), profile=args.get("profile"))
+                                      on_start=job.on_start, label=args.get("label"), metric=args.get("metric"),
+                                      max_regression=args.get("max_regression"),
+                                      profile=args.get("profile"))
 
         store = self.ws.sync.engine.store.root
         self.spawn(job.execute, store, go, done=job)

@@ -518,6 +518,11 @@ TOOLS: list[Tool] = [
           "timeout_s": {**DURATION, "description": "kill each check after this long: seconds, or 90s, 10m"},
           "label": {"type": "string", "description": "a name for the winner's sandbox, to use instead of its id"},
           "keep": {"type": "boolean", "description": "keep the losers' sandboxes too"},
+          "metric": {"type": "string", "description": "FILE:KEY (append :max if higher is better): rank passing "
+                                                      "candidates by the number the check writes to FILE"},
+          "max_regression": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?%$",
+                             "description": "with metric: fail a candidate more than this much worse than the "
+                                            "base, e.g. 10%"},
           "wait_s": {**WAIT, "default": DEFAULT_WAIT_S}, **LIMITS},
          ("check", "candidates"), RACE_DOC, race, open_world=True),
     Tool("race_status", "A race started by `race`: candidates as known, ranked once done (waits up to wait_s "

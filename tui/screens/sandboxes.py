@@ -33,6 +33,7 @@ class SandboxesScreen(PetriScreen):
         Binding("2", "tab('tab-diff')", "Diff tab", show=False),
         Binding("3", "tab('tab-logs')", "Logs tab", show=False),
         Binding("4", "tab('tab-lineage')", "Lineage tab", show=False),
+        Binding("5", "tab('tab-review')", "Review tab", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -137,6 +138,14 @@ class SandboxesScreen(PetriScreen):
             lines, header = await papp.run_lines(sid)
             if self.detail.sandbox == sid:
                 self.detail.show_logs(lines, header)
+        elif tab == "tab-review":
+            error = None
+            try:
+                review = await papp.call(papp.source.review, sid)
+            except Exception as e:  # noqa: BLE001 - a broken config, say: said in the pane
+                review, error = None, str(e)
+            if self.detail.sandbox == sid:
+                self.detail.show_review(review, error)
 
     # -- keys ----------------------------------------------------------------------------------
     def current_sandbox(self) -> str | None:
@@ -152,7 +161,7 @@ class SandboxesScreen(PetriScreen):
         self.table.action_cursor_up()
 
     def action_open(self) -> None:
-        tabs = ["tab-status", "tab-diff", "tab-logs", "tab-lineage"]
+        tabs = ["tab-status", "tab-diff", "tab-logs", "tab-lineage", "tab-review"]
         cur = self.detail.active
         self.detail.active = tabs[(tabs.index(cur) + 1) % len(tabs)] if cur in tabs else tabs[0]
 

@@ -69,6 +69,9 @@ class DetailPane(Vertical):
             with TabPane("4 Lineage", id="tab-lineage"):
                 with VerticalScroll():
                     yield Static("", id="lineage-body")
+            with TabPane("5 Review", id="tab-review"):
+                with VerticalScroll():
+                    yield Static("", id="review-body")
 
     @property
     def active(self) -> str:
@@ -159,6 +162,15 @@ class DetailPane(Vertical):
         if log is not None and lines:
             log.write(fmt.output_lines(lines))
 
+    def show_review(self, review: Any, error: str | None = None) -> None:
+        if error is not None:
+            body = Text(f"no review: {error}", style="red")
+        elif review is None:
+            body = Text("the sandbox is gone: nothing to review", style="dim")
+        else:
+            body = review_text(review)
+        self._update("#review-body", body)
+
     def show_lineage(self, info: Any, model: Any) -> None:
         self._update("#lineage-body", lineage_text(info, model))
 
@@ -215,6 +227,53 @@ def _service_line(sv: dict[str, Any], now: float) -> Text:
     if sv.get("ports"):
         line.append("  ports " + ", ".join(map(str, sv["ports"])))
     return line.append("  ").append(fmt.one_line(str(sv.get("command") or ""), 50), style="dim")
+
+
+def review_text(r: Any) -> Text:
+    """``petri review`` for the pane: the policy's verdicts and risk, the checks, staleness, and
+    the commands to approve or reject (the patch is the Diff tab's)."""
+    t = Text()
+    t.append(f"{len(r.files)} file(s) changed, ", style="dim")
+    t.append_text(fmt.lines(r.extra.get("lines_added"), r.extra.get("lines_removed")))
+    rejected = r.extra.get("rejected")
+    if rejected:
+        t.append(f"\nrejected {rejected.get('at')}: {rejected.get('reason')}", style="bold red")
+    t.append("\n\npolicy\n", style="bold")
+    if not r.policy:
+        t.append("  no [policy] in the config\n" if r.risk is not None else "  the tree is gone\n", style="dim")
+    for v in r.policy:
+        bad = not v.get("ok")
+        mark = "high" if bad and v.get("rule") == "risk" else "FAIL" if bad else "ok"
+        t.append(f"  {mark:4} ", style="bold red" if bad else "green")
+        t.append(f"{v.get('rule'):<13} {fmt.one_line(v.get('detail'), 90)}\n")
+    if r.risk is not None:
+        req = r.extra.get("risk_requires") or []
+        t.append("  risk ", style="dim").append(str(r.risk), style="bold red" if r.risk == "high" else "")
+        t.append(f" (requires {', '.join(req)})\n" if req else "\n")
+    t.append("\nchecks\n", style="bold")
+    if not r.checks:
+        t.append("  no check has run in this sandbox\n", style="dim")
+    for c in r.checks:
+        if c.get("kind") == "race":
+            t.append(f"  race {c.get('race')}: rank {c.get('rank')}, "
+                     f"{'passed' if c.get('passed') else 'failed'}{', the winner' if c.get('winner') else ''}\n")
+            continue
+        ok = c.get("ok")
+        t.append("  pass " if ok else "  FAIL ", style="green" if ok else "bold red")
+        what = f"stage {c.get('stage')}" if c.get("kind") == "stage" else f"run {c.get('run')} ({c.get('kind')})"
+        t.append(f"{what}: ").append(fmt.one_line(str(c.get("command") or ""), 70), style="dim").append("\n")
+    st = r.stale
+    t.append("\nstale  ", style="bold")
+    t.append("unknown\n" if st is None else
+             f"{st.get('live_changed', 0)} live file(s) changed since the base, "
+             f"{len(st.get('overlapping') or [])} of them changed here too\n")
+    if r.approve or r.reject:
+        t.append("\ndecide\n", style="bold")
+        for c in r.approve:
+            t.append("  approve  ", style="green").append(f"{c}\n")
+        for c in r.reject:
+            t.append("  reject   ", style="red").append(f"{c}\n")
+    return t
 
 
 def lineage_text(info: Any, model: Any) -> Text:
