@@ -261,7 +261,7 @@ class Workspace:
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False,
              publish: Sequence[str | int] = (), env_pass: Sequence[str] = (),
-             secrets: Sequence[str] = ()) -> "SandboxSet":
+             secrets: Sequence[str] = (), system: bool = False) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -274,7 +274,8 @@ class Workspace:
         (``publish()``); with ``n`` > 1 only the first gets a HOSTPORT asked for, the others a
         free port. ``env_pass``: names (or globs) of this process's environment variables its
         commands get; ``secrets``: ``NAME=@FILE`` or ``NAME=env:VAR``, read now, at
-        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``)."""
+        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``).
+        ``system``: a writable layer over the host's system paths each (``fork --system``)."""
         from .config import load_config
         from .errors import UsageError
         from .runs import parse_publish
@@ -295,7 +296,7 @@ class Workspace:
         secret_values = run_env.read_secrets(secrets)
         if wanted and lim.net:
             raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
-        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, system=system)
         if passes or secret_values:
             for r in rows:
                 run_env.save(e.store.root, r.id, secret_values)
