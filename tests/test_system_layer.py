@@ -85,7 +85,7 @@ def fork_system(ws: Path) -> str:
     return r.json["sandboxes"][0]["id"]
 
 
-@pytest.fixture(params=["copy", "btrfs", "overlay"])
+@pytest.fixture(params=["copy", "btrfs", "overlay", "fuse"])
 def ws(request, tmp_path):
     if request.param == "btrfs":
         base = request.getfixturevalue("btrfs_dir")
@@ -103,8 +103,9 @@ def test_dpkg_install_lives_in_the_layer_and_the_host_is_unchanged(ws):
     sb = fork_system(ws)
     r = petri("run", sb, "--", "dpkg", "-i", "petri-test.deb", cwd=ws)
     assert r.rc == 0, r
-    r = petri("run", sb, "--", "sh", "-c", "echo y = 2 >> app.py", cwd=ws)
+    r = petri("run", sb, "--", "sh", "-c", "echo y = 2 >> app.py && rm /etc/debian_version", cwd=ws)
     assert r.rc == 0, r
+    assert Path("/etc/debian_version").exists()
     # A later run of the same sandbox sees the package.
     r = petri("run", sb, "--", "sh", "-c",
               "cat /usr/share/petri-test/hello.txt /etc/petri-test.conf; dpkg -s petri-test | grep Status", cwd=ws)
@@ -122,6 +123,7 @@ def test_dpkg_install_lives_in_the_layer_and_the_host_is_unchanged(ws):
     assert got["/usr/share/petri-test"] == "added"
     assert got["/etc/petri-test.conf"] == "added"
     assert got["/var/lib/dpkg/status"] == "modified"
+    assert got["/etc/debian_version"] == "deleted"  # a whiteout in the upper directory
     assert "/usr/share" not in got  # a directory only copied up is no change
     r = petri("diff", "--system", sb, cwd=ws)
     assert "A /usr/share/petri-test/hello.txt" in r.out.splitlines(), r
@@ -190,6 +192,26 @@ def test_without_system_usr_stays_read_only(tmp_path):
         assert r.rc == 2 and "not forked with --system" in r.err, r
         r = petri("status", sb, "--json", cwd=ws)
         assert "system" not in r.json["sandboxes"][0]
+    finally:
+        petri("rm", "--all", cwd=ws)
+        petri("deinit", "--force", cwd=ws)
+    assert str(ws) not in mountinfo()
+
+
+def test_gc_removes_the_layer_of_a_sandbox_that_is_gone(tmp_path):
+    ws = workspace(tmp_path, "copy")
+    try:
+        sb = fork_system(ws)
+        assert petri("run", sb, "--", "touch", "/etc/petri-gc", cwd=ws).rc == 0
+        # What a petri killed halfway through `rm` leaves: the record gone, the layer not.
+        stray = ws / ".petri" / "system" / "sb-0badc0de"
+        (stray / "upper" / "etc").mkdir(parents=True)
+        (stray / "upper" / "etc" / "x").write_text("x")
+        r = petri("gc", cwd=ws)
+        assert r.rc == 0, r
+        assert not stray.exists()
+        assert (ws / ".petri" / "system" / sb).is_dir()  # a living sandbox keeps its own
+        assert petri("run", sb, "--", "test", "-e", "/etc/petri-gc", cwd=ws).rc == 0
     finally:
         petri("rm", "--all", cwd=ws)
         petri("deinit", "--force", cwd=ws)
