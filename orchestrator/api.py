@@ -1066,23 +1066,25 @@ class Sandbox:
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), reason: str | None = None) -> "Sandbox": ...
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), system: bool = False,
+             reason: str | None = None) -> "Sandbox": ...
 
     @overload
     def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             reason: str | None = None) -> "Sandbox | SandboxSet": ...
+             system: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             reason: str | None = None) -> "Sandbox | SandboxSet":
+             system: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
         """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
         more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
         ``Workspace.fork`` always returns."""
         got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
+                                  publish=publish, env_pass=env_pass, secrets=secrets, system=system,
+                                  reason=reason)
         return got[0] if n == 1 else got
 
     def logs(self) -> list[RunResult]:
