@@ -198,6 +198,28 @@ def test_without_system_usr_stays_read_only(tmp_path):
     assert str(ws) not in mountinfo()
 
 
+def test_expiry_removes_the_layer_and_its_mounts(tmp_path):
+    import time
+
+    ws = workspace(tmp_path, "copy")
+    try:
+        r = petri("fork", "--system", "--ttl", "3s", "--json", cwd=ws)
+        assert r.rc == 0, r
+        sb = r.json["sandboxes"][0]["id"]
+        assert petri("run", sb, "--", "touch", "/opt/petri-exp", cwd=ws).rc == 0
+        layer = ws / ".petri" / "system" / sb
+        assert (layer / "upper" / "opt" / "petri-exp").exists() and sb in mountinfo()
+        time.sleep(3.5)
+        r = petri("ls", "--all", "--json", cwd=ws)  # any command expires what is overdue
+        assert r.rc == 0, r
+        assert [s["state"] for s in r.json["sandboxes"] if s["id"] == sb] == ["expired"]
+        assert not layer.exists() and sb not in mountinfo()
+    finally:
+        petri("rm", "--all", cwd=ws)
+        petri("deinit", "--force", cwd=ws)
+    assert str(ws) not in mountinfo()
+
+
 def test_gc_removes_the_layer_of_a_sandbox_that_is_gone(tmp_path):
     ws = workspace(tmp_path, "copy")
     try:
@@ -228,10 +250,12 @@ def test_masks_still_apply_over_the_layer(tmp_path):
         r = petri("run", sb, "--", "sh", "-c", "echo x > /etc/shadow", cwd=ws)
         assert r.rc != 0
         assert Path("/etc/shadow").stat().st_size > 0
+        assert sb in mountinfo()
     finally:
-        petri("rm", "--all", cwd=ws)
-        petri("deinit", "--force", cwd=ws)
-    assert str(ws) not in mountinfo()
+        r = petri("deinit", "--force", cwd=ws)  # with the sandbox still there: deinit ends it
+    assert r.rc == 0, r
+    assert str(ws) not in mountinfo() and sb not in mountinfo()
+    assert not (ws / ".petri").exists()
 
 
 def test_rootless_petri_refuses_system(unprivileged_user, user_tmp):
