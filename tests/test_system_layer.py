@@ -282,3 +282,27 @@ def test_rootless_petri_refuses_system(unprivileged_user, user_tmp):
         assert json.loads(r.stdout)["sandboxes"] == []  # nothing half-made
     finally:
         as_user("deinit", "--force")
+
+
+def test_a_user_owned_workspace_gets_a_layer_owned_by_its_user(unprivileged_user, user_tmp):
+    """petri as root, the workspace a normal user's: the command runs as that user, who sees
+    the layered paths as its own (host root's files through the idmap) and writes there."""
+    base = user_tmp / "home"
+    base.mkdir()
+    ws = base / "proj"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    for p in (base, ws, ws / "a.txt"):
+        os.chown(p, unprivileged_user.uid, unprivileged_user.gid)
+    assert petri("init", "--backend", "copy", cwd=ws).rc == 0
+    try:
+        sb = fork_system(ws)
+        r = petri("run", sb, "--", "sh", "-c", "id -u; stat -c %u /opt; touch /opt/petri-user", cwd=ws)
+        assert r.rc == 0, r
+        assert r.out.split() == [str(unprivileged_user.uid)] * 2, r
+        assert not Path("/opt/petri-user").exists()
+        up = ws / ".petri" / "system" / sb / "upper" / "opt" / "petri-user"
+        assert up.stat().st_uid == unprivileged_user.uid
+    finally:
+        petri("deinit", "--force", cwd=ws)
+    assert str(ws) not in mountinfo()
