@@ -261,7 +261,7 @@ class Workspace:
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False,
              publish: Sequence[str | int] = (), env_pass: Sequence[str] = (),
-             secrets: Sequence[str] = ()) -> "SandboxSet":
+             secrets: Sequence[str] = (), system: bool = False) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -274,7 +274,8 @@ class Workspace:
         (``publish()``); with ``n`` > 1 only the first gets a HOSTPORT asked for, the others a
         free port. ``env_pass``: names (or globs) of this process's environment variables its
         commands get; ``secrets``: ``NAME=@FILE`` or ``NAME=env:VAR``, read now, at
-        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``)."""
+        ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``).
+        ``system``: a writable layer over the host's system paths each (``fork --system``)."""
         from .config import load_config
         from .errors import UsageError
         from .runs import parse_publish
@@ -295,7 +296,7 @@ class Workspace:
         secret_values = run_env.read_secrets(secrets)
         if wanted and lim.net:
             raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
-        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired)
+        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, system=system)
         if passes or secret_values:
             for r in rows:
                 run_env.save(e.store.root, r.id, secret_values)
@@ -1088,23 +1089,25 @@ class Sandbox:
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), reason: str | None = None) -> "Sandbox": ...
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), system: bool = False,
+             reason: str | None = None) -> "Sandbox": ...
 
     @overload
     def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             reason: str | None = None) -> "Sandbox | SandboxSet": ...
+             system: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             reason: str | None = None) -> "Sandbox | SandboxSet":
+             system: bool = False, reason: str | None = None) -> "Sandbox | SandboxSet":
         """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
         more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
         ``Workspace.fork`` always returns."""
         got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  publish=publish, env_pass=env_pass, secrets=secrets, reason=reason)
+                                  publish=publish, env_pass=env_pass, secrets=secrets, system=system,
+                                  reason=reason)
         return got[0] if n == 1 else got
 
     def logs(self) -> list[RunResult]:
