@@ -261,7 +261,7 @@ class Workspace:
     def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox" = "live", label: str | None = None,
              limits: Limits | None = None, keep_expired: bool = False,
              publish: Sequence[str | int] = (), env_pass: Sequence[str] = (),
-             secrets: Sequence[str] = (), profile: str | None = None) -> "SandboxSet":
+             secrets: Sequence[str] = (), system: bool = False, profile: str | None = None) -> "SandboxSet":
         """Make ``n`` sandboxes in one call from ``source`` (``"live"``: a snapshot of the
         workspace now; a snapshot, by id or record; a sandbox, by id, label or handle: a fork
         of a fork). ``label``: their name (``NAME-1`` .. ``NAME-N`` when ``n`` > 1).
@@ -275,6 +275,7 @@ class Workspace:
         free port. ``env_pass``: names (or globs) of this process's environment variables its
         commands get; ``secrets``: ``NAME=@FILE`` or ``NAME=env:VAR``, read now, at
         ``/run/secrets/NAME`` inside, never stored in the registry (``orchestrator.run_env``).
+        ``system``: a writable layer over the host's system paths each (``fork --system``).
         ``profile``: a ``[profiles.NAME]`` of the config, layered under the arguments (they
         win) and over the config's top-level defaults; the sandbox records it, and its
         promotions are held to that profile's policy (``orchestrator.profiles``)."""
@@ -303,7 +304,8 @@ class Workspace:
         passes, secret_values = fork_env(prof, env_pass, secrets)
         if wanted and lim.net:
             raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
-        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, profile=profile)
+        rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, system=system,
+                      profile=profile)
         if passes or secret_values:
             for r in rows:
                 run_env.save(e.store.root, r.id, secret_values)
@@ -1102,24 +1104,25 @@ class Sandbox:
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), profile: str | None = None,
+             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), system: bool = False,
+             profile: str | None = None,
              reason: str | None = None) -> "Sandbox": ...
 
     @overload
     def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+             system: bool = False, profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
              keep_expired: bool = False, publish: Sequence[str | int] = (),
              env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet":
+             system: bool = False, profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet":
         """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
         more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
         ``Workspace.fork`` always returns."""
         got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  publish=publish, env_pass=env_pass, secrets=secrets, profile=profile,
+                                  publish=publish, env_pass=env_pass, secrets=secrets, system=system, profile=profile,
                                   reason=reason)
         return got[0] if n == 1 else got
 

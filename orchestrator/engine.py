@@ -245,10 +245,13 @@ class Engine:
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = NO_LIMITS, keep_expired: bool = False,
-             ids: "list[str] | None" = None, profile: str | None = None) -> list[SandboxRow]:
+             ids: "list[str] | None" = None, system: bool = False,
+             profile: str | None = None) -> list[SandboxRow]:
         """``ids``: the new sandboxes' ids, made by the caller (a cluster race names a
         candidate's sandbox before any machine makes it, and keeps the name when the
-        winner is rebuilt here); by default fresh ones."""
+        winner is rebuilt here); by default fresh ones. ``system``: each gets a writable
+        layer over the host's system paths (``sandbox.system_layer``), refused (exit 4) where
+        this petri cannot mount one."""
         if ids is not None and (len(ids) != n or len(set(ids)) != n or
                                 not all(isinstance(i, str) and _SANDBOX_ID.fullmatch(i) for i in ids)):
             raise UsageError(detail=f"fork: ids must be {n} distinct sandbox ids (sb-<8 hex>), not {ids!r}")
@@ -266,6 +269,13 @@ class Engine:
                     raise UsageError(detail=f"label {lb!r} is already used by a live sandbox")
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
+        if system:
+            from .errors import LimitsUnavailable
+            from .sandbox.system_layer import unavailable
+
+            why = unavailable(self.store.root)
+            if why:
+                raise LimitsUnavailable(what="--system (a writable system layer)", why=why)
         lineage: dict[str, Any] = {}
         if source == "live":
             base = self.snapshot_for_fork()
@@ -280,7 +290,7 @@ class Engine:
                                    base=base.id, path=str(self.store.sandbox_tree(sb_id)), created_at=created,
                                    expires_at=expires, limits=limits.as_dict(), keep_expired=keep_expired,
                                    owner_pid=os.getpid(), meta={**lineage, "fork_started_at": started},
-                                   profile=profile))
+                                   system=system, profile=profile))
         self.forking = [r.id for r in rows]
         try:
             self.registry.add_sandboxes(rows)
@@ -362,7 +372,15 @@ class Engine:
                           "peak_memory_bytes": row.peak_memory_bytes},
                 "last_exit_code": row.last_exit_code, "stale": staleness,
                 "promoted": promoted.summary(promoted.in_place(self.registry, row.id)),
-                "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0))}
+                "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0)),
+                **({"system": self._system_doc(row)} if row.system else {})}
+
+    def _system_doc(self, row: SandboxRow) -> dict[str, Any]:
+        """A ``--system`` sandbox's layer: its size, and how many paths it changed."""
+        from .sandbox import system_layer
+
+        return {"bytes": system_layer.size(self.store.root, row.id),
+                "changes": len(system_layer.changes(self.store.root, row.id))}
 
     def _last_activity(self, row: SandboxRow) -> float | None:
         """When the sandbox last changed through petri: its last run's end (None while one

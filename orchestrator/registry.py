@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 from .sandbox.procs import pid_alive  # noqa: F401 (its callers import it from here)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 RESERVE_NAME = "reserve"
 RESERVE_BYTES = 8 << 20
 ROOM_FOR_RESERVE = 64 << 20  # (re)made only when this much is free besides it
@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY, label TEXT, backend TEXT NOT NULL, state TEXT NOT NULL, base TEXT NOT NULL,
     path TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL, limits TEXT NOT NULL,
     keep_expired INTEGER NOT NULL DEFAULT 0, last_exit_code INTEGER, peak_memory_bytes INTEGER,
-    owner_pid INTEGER, meta TEXT NOT NULL DEFAULT '{}', profile TEXT);
+    owner_pid INTEGER, meta TEXT NOT NULL DEFAULT '{}', system INTEGER NOT NULL DEFAULT 0, profile TEXT);
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_label ON sandboxes(label)
     WHERE label IS NOT NULL AND state NOT IN ('destroyed', 'failed', 'expired');
 CREATE TABLE IF NOT EXISTS runs (
@@ -119,6 +119,7 @@ class SandboxRow:
     peak_memory_bytes: int | None = None
     owner_pid: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    system: bool = False  # fork --system: a writable layer over the host's system paths
     profile: str | None = None  # the config's [profiles.NAME] it was forked with (its policy at promote)
 
 
@@ -127,7 +128,7 @@ def _row(cls, r: sqlite3.Row):
     for k in ("limits", "meta"):
         if k in d and isinstance(d[k], str):
             d[k] = json.loads(d[k])
-    for k in ("implicit", "keep_expired"):
+    for k in ("implicit", "keep_expired", "system"):
         if k in d:
             d[k] = bool(d[k])
     names = {f.name for f in fields(cls)}
@@ -344,9 +345,10 @@ class Registry:
     def _insert_sandbox(self, db: sqlite3.Connection, row: SandboxRow) -> None:
         db.execute(
             "INSERT INTO sandboxes(id, label, backend, state, base, path, created_at, expires_at, limits,"
-            " keep_expired, owner_pid, meta, profile) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " keep_expired, owner_pid, meta, system, profile) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (row.id, row.label, row.backend, row.state, row.base, row.path, row.created_at, row.expires_at,
-             json.dumps(row.limits), int(row.keep_expired), row.owner_pid, json.dumps(row.meta), row.profile))
+             json.dumps(row.limits), int(row.keep_expired), row.owner_pid, json.dumps(row.meta), int(row.system),
+             row.profile))
 
     def add_sandboxes(self, rows: list[SandboxRow]) -> None:
         with self.write() as db:
@@ -658,8 +660,12 @@ _V4 = [
         pid INTEGER, pid_start TEXT, via TEXT NOT NULL DEFAULT 'cli', ended_at REAL,
         doc TEXT NOT NULL DEFAULT '{}')"""),
 ]
-# Schema 5: the named profile a sandbox was forked with (orchestrator.config, [profiles.NAME]).
+# Schema 5: a sandbox forked with --system (its layer lives in <store>/system/<sandbox>).
 _V5 = [
+    ("sandboxes", "system", "ALTER TABLE sandboxes ADD COLUMN system INTEGER NOT NULL DEFAULT 0"),
+]
+# Schema 6: the named profile a sandbox was forked with (orchestrator.config, [profiles.NAME]).
+_V6 = [
     ("sandboxes", "profile", "ALTER TABLE sandboxes ADD COLUMN profile TEXT"),
 ]
 
@@ -667,7 +673,7 @@ _V5 = [
 def migrate(db: sqlite3.Connection) -> None:
     """Upgrade the registry in place to ``SCHEMA_VERSION`` (the caller holds a write
     transaction and sets ``user_version`` after)."""
-    for table, column, stmt in _V2 + _V3 + _V4 + _V5:
+    for table, column, stmt in _V2 + _V3 + _V4 + _V5 + _V6:
         if column is not None:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             if column in have:

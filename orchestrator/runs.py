@@ -212,7 +212,7 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     allow = run_limits(row).net_allow
     env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
                    tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(), allow=allow,
-                   proxy=_egress_proxy(engine, row.id) if allow else None)
+                   proxy=_egress_proxy(engine, row.id) if allow else None, system=row.system)
     secrets = secret_values(engine, row)
     if secrets:
         from .run_env import install

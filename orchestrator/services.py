@@ -54,10 +54,11 @@ class Engine(core.Engine):
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = core.NO_LIMITS, keep_expired: bool = False,
-             ids: "list[str] | None" = None, profile: str | None = None) -> list[SandboxRow]:
+             ids: "list[str] | None" = None, system: bool = False,
+             profile: str | None = None) -> list[SandboxRow]:
         started = now()
         made = super().fork(source, n, label=label, limits=limits, keep_expired=keep_expired, ids=ids,
-                            profile=profile)
+                            system=system, profile=profile)
         if limits.disk_bytes:
             from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
             after_fork(self, made)

@@ -133,12 +133,13 @@ class Workspace:
     async def fork(self, n: int = 1, *, source: "str | Snapshot | Sandbox | _api.Sandbox" = "live",
                    label: str | None = None, limits: Limits | None = None, keep_expired: bool = False,
                    publish: Sequence[str | int] = (), env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-                   profile: str | None = None, reason: str | None = None) -> "SandboxSet":
+                   system: bool = False, profile: str | None = None, reason: str | None = None) -> "SandboxSet":
         """``petri.Workspace.fork``: always a ``SandboxSet`` (``async with`` destroys what was
         not kept), also for ``n=1``."""
         src = source.sync if isinstance(source, Sandbox) else source
         got = await _thread(self.sync.fork, n, source=src, label=label, limits=limits, keep_expired=keep_expired,
-                            publish=publish, env_pass=env_pass, secrets=secrets, profile=profile, reason=reason)
+                            publish=publish, env_pass=env_pass, secrets=secrets, system=system, profile=profile,
+                            reason=reason)
         return SandboxSet(self, got)
 
     async def sandbox(self, ident: str) -> "Sandbox":
@@ -484,21 +485,24 @@ class Sandbox:
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
                    keep_expired: bool = False, publish: Sequence[str | int] = (),
                    env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-                   profile: str | None = None, reason: str | None = None) -> "Sandbox": ...
+                   system: bool = False, profile: str | None = None, reason: str | None = None) -> "Sandbox": ...
 
     @overload
     async def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
                    keep_expired: bool = False, publish: Sequence[str | int] = (),
                    env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-                   profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet": ...
+                   system: bool = False, profile: str | None = None,
+                   reason: str | None = None) -> "Sandbox | SandboxSet": ...
 
     async def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
                    keep_expired: bool = False, publish: Sequence[str | int] = (),
                    env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-                   profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet":
+                   system: bool = False, profile: str | None = None,
+                   reason: str | None = None) -> "Sandbox | SandboxSet":
         """``petri.Sandbox.fork``: the new sandbox itself for ``n=1``, a ``SandboxSet`` for more."""
         got = await self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                        publish=publish, env_pass=env_pass, secrets=secrets, profile=profile,
+                                        publish=publish, env_pass=env_pass, secrets=secrets, system=system,
+                                        profile=profile,
                                         reason=reason)
         return got[0] if n == 1 else got
 

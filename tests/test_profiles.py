@@ -346,16 +346,16 @@ def test_api_and_mcp_take_a_profile(copy_ws, monkeypatch):
         assert _status(ws, sb)["profile"] == "strict"
 
 
-def test_a_schema_4_registry_gains_the_profile_column(copy_ws):
+def test_a_schema_5_registry_gains_the_profile_column(copy_ws):
     ws = copy_ws
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
     db = sqlite3.connect(ws / ".petri" / "registry.db", isolation_level=None)
     db.execute("ALTER TABLE sandboxes DROP COLUMN profile")
-    db.execute("PRAGMA user_version = 4")
+    db.execute("PRAGMA user_version = 5")
     db.close()
     assert _status(ws, sb)["profile"] is None  # upgraded on open, the row kept
     db = sqlite3.connect(ws / ".petri" / "registry.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 6
     assert "profile" in [c[1] for c in db.execute("PRAGMA table_info(sandboxes)")]
     db.close()
     r = petri("fork", "--profile", "dev", "--json", cwd=ws)

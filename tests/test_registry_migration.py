@@ -71,10 +71,12 @@ def test_a_schema_1_workspace_is_upgraded_in_place_and_works(tmp_path):
     assert [s["id"] for s in r.json["sandboxes"]] == [sb] and r.json["sandboxes"][0]["generation"] == 0
     reg = Registry(db_path)
     try:
-        assert reg.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert reg.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert {"sandbox", "origin"} <= {c[1] for c in reg.db.execute("PRAGMA table_info(snapshots)")}
         assert "output" in {c[1] for c in reg.db.execute("PRAGMA table_info(runs)")}  # schema 3
         assert "watches" in {r[0] for r in reg.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}  # 4
+        assert "system" in {c[1] for c in reg.db.execute("PRAGMA table_info(sandboxes)")}  # schema 5
+        assert reg.sandbox(sb).system is False
         assert reg.snapshot(first) is not None and reg.snapshot(first).origin is None
         reg.db.execute("INSERT INTO audit(ts, op, argv, via) VALUES (1, 'x', '[]', 'api')")
         for stmt in ("UPDATE audit SET op = 'y'", "DELETE FROM audit"):

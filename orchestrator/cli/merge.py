@@ -40,12 +40,26 @@ def diff(
     stat: Annotated[bool, typer.Option("--stat", help="A diffstat instead of the patch.")] = False,
     include_ignored: Annotated[bool, typer.Option("--include-ignored",
                                                   help="Also files the workspace's .gitignore ignores.")] = False,
+    system: Annotated[bool, typer.Option("--system", help="What a --system sandbox changed outside the workspace"
+                                                          " (never promoted), instead of the patch.")] = False,
 ) -> None:
     """The sandbox's changes against its base, as a git-format patch."""
     from merge.patch import format_stat
 
     from ..api import diff_parts
     ws = workspace()
+    if system:
+        from ..errors import UsageError
+        from ..sandbox.system_layer import changes
+        row = ws.engine.resolve_sandbox(sandbox)
+        if not row.system:
+            raise UsageError(detail=f"{row.id} has no system layer (it was not forked with --system)")
+        got = changes(ws.engine.store.root, row.id)
+        if G.json:
+            out().doc({"sandbox": row.id, "system": got})
+        for c in [] if G.json else got:
+            out().say(f"{c['status'][0].upper()} {c['path']}")
+        return
     if G.json:
         out().doc(ws.diff(sandbox, paths or (), include_ignored=include_ignored).to_json())
         return
@@ -56,6 +70,18 @@ def diff(
     else:
         sys.stdout.buffer.write(patch)
     sys.stdout.flush()
+
+
+def _system_not_promoted(e, row, doc: dict, o) -> None:
+    """A --system sandbox's layer is never promoted: say so where it changed anything."""
+    if not row.system:
+        return
+    from ..sandbox.system_layer import changes
+    n = len(changes(e.store.root, row.id))
+    if n:
+        doc["system_not_promoted"] = n
+        o.note(f"{n} change(s) of {row.id}'s system layer were not promoted (only the workspace's are); "
+               f"`petri diff --system {row.id}` lists them")
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -162,6 +188,7 @@ def promote(
             doc.update({"error": str(err), "exit_code": 3})
             o.doc(doc)
         raise typer.Exit(3) from None
+    _system_not_promoted(e, row, doc, o)
     if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
         doc["unchanged"] = _check_paths_exist(e, row, wanted)
     code = 0

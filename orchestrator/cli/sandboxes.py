@@ -37,6 +37,9 @@ def fork(
     secret: Annotated[Optional[List[str]], typer.Option("--secret", help="NAME=@FILE or NAME=env:VAR: at"
                                                         " /run/secrets/NAME inside, never stored in the registry,"
                                                         " *** in saved output (repeatable).")] = None,
+    system: Annotated[bool, typer.Option("--system", help="A writable layer over the host's /usr, /etc, /var, /opt"
+                                                          " (apt, pip --user, npm -g): never promoted; root only.")]
+    = False,
     profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
                                                     " config: its limits, network, seccomp, env, secrets and policy"
                                                     " (flags win over it).")] = None,
@@ -54,7 +57,7 @@ def fork(
     ws = workspace()
     try:
         made = ws.fork(n, source=source, label=label, limits=limits, keep_expired=keep_expired,
-                       publish=publish or (), env_pass=env_pass or (), secrets=secret or (),
+                       publish=publish or (), env_pass=env_pass or (), secrets=secret or (), system=system,
                        profile=profile)
         o = out()
         if G.json:
@@ -104,6 +107,8 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     if doc.get("profile"):
         o.say(f"{'profile:':<12} {doc['profile']}")
     o.say(f"{'last exit:':<12} {doc['last_exit_code'] if doc['last_exit_code'] is not None else '-'}")
+    if doc.get("system"):
+        o.say(f"{'system:':<12} yes, layer {doc['system']['bytes']} bytes, {doc['system']['changes']} path(s) changed")
     if doc.get("promoted"):
         from ..promoted import describe
         o.say(f"{'promoted:':<12} {describe(doc['promoted']).removeprefix('promoted ')} at {doc['promoted']['at']}"

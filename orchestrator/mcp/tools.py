@@ -185,7 +185,7 @@ async def snapshot_create(st: "State", args: dict[str, Any]) -> dict[str, Any]:
 async def sandbox_fork(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.fork(args.get("n", 1), source=args.get("from", "live"), label=args.get("label"),
                            limits=_limits(args), keep_expired=bool(args.get("keep_expired", False)),
-                           profile=args.get("profile"))
+                           system=bool(args.get("system", False)), profile=args.get("profile"))
     return got.to_json()
 
 
@@ -417,7 +417,10 @@ TOOLS: list[Tool] = [
                                                    "unique prefix or label"},
           "n": {"type": "integer", "minimum": 1, "maximum": 100, "default": 1},
           "label": {"type": "string", "description": "a name; with n > 1: NAME-1..NAME-N"},
-          "keep_expired": {"type": "boolean", "description": "keep the tree after the ttl"}, **LIMITS},
+          "keep_expired": {"type": "boolean", "description": "keep the tree after the ttl"},
+          "system": {"type": "boolean", "description": "a writable layer over the host's /usr, /etc, /var, /opt "
+                                                      "(apt, pip --user, npm -g), never promoted; root only"},
+          **LIMITS},
          (), record_schema(Forked), sandbox_fork),
     Tool("sandbox_list", "Every sandbox: state, base, limits, usage, last exit code, staleness.",
          {"all": {"type": "boolean", "description": "also destroyed and failed ones"}}, (),

@@ -55,6 +55,9 @@ Caveats:
 - The holder is a child of the petri process that made it until that process ends; a
   long-lived one (the API, MCP) reaps it after it is killed (``subprocess`` reaps abandoned
   children at its next start of a process).
+- A ``--system`` sandbox's layer (``system_layer``) is mounted with the environment, below
+  its ``/tmp`` tmpfs, and unmounted with it; its upper directories outlive the environment
+  (they are the sandbox's) until ``destroy`` or ``sweep``.
 - Rootless, ``/tmp`` & co are directories in the store: they count against the store's
   filesystem, not a size cap.
 - Rootless, the holder needs util-linux's ``unshare --keep-caps`` (2.36 and later): without
@@ -103,6 +106,10 @@ class Env:
     own_userns: bool
     dirs: tuple[tuple[bytes, bytes], ...]  # (host directory, path inside)
     proxy_port: int | None = None  # the egress proxy's port on the sandbox's 127.0.0.1 (allow-list)
+    # ``--system``: (merged overlay, host path) pairs bound read-write (``system_layer``), and
+    # the layer's home for root's (uid 0 commands)
+    system: tuple[tuple[bytes, bytes], ...] = ()
+    system_home: bytes | None = None
 
     @property
     def netns(self) -> bytes:
@@ -216,7 +223,9 @@ def _env_of(sb_id: str, state: dict) -> Env:
     proxy = state.get("proxy") or {}
     return Env(sb_id, state["holder_pid"], state["own_userns"],
                tuple((os.fsencode(src), os.fsencode(dest)) for src, dest in state["dirs"]),
-               proxy["port"] if _alive(proxy.get("pid"), proxy.get("start")) else None)
+               proxy["port"] if _alive(proxy.get("pid"), proxy.get("start")) else None,
+               tuple((os.fsencode(src), os.fsencode(dest)) for src, dest in state.get("system", [])),
+               os.fsencode(state["system_home"]) if state.get("system_home") else None)
 
 
 def current(store_root: Path, sb_id: str) -> Env | None:
@@ -229,14 +238,14 @@ def current(store_root: Path, sb_id: str) -> Env | None:
 
 def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_bytes: int,
            until: float | None, private: Iterable[bytes], allow: tuple[str, ...] = (),
-           proxy: Sequence[str] | None = None) -> Env:
+           proxy: Sequence[str] | None = None, system: bool = False) -> Env:
     """The sandbox's environment, made now if it does not exist (or its holder died).
     ``private``: the host directories a run hides behind a private one (``/run``, ``/var/tmp``,
     ``/var/run`` where it is a directory of its own; ``/tmp`` always). ``allow``: the egress
     allow-list (``egress.parse_allow``'s entries): its proxy is made with the environment, and
     again if it died. ``proxy``: the command that serves it (the caller's: the layer above
     gives its refusals to the event feed); ``egress.py serve`` itself by default, which tells
-    no one."""
+    no one. ``system``: mount the sandbox's system layer (``system_layer``; root only)."""
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         if state is not None and _alive(state.get("holder_pid"), state.get("holder_start")) \
@@ -257,6 +266,9 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
         try:
             _make_dirs(store_root, sb_id, state, host_uid, host_gid, tmp_bytes, wanted)
             _write(store_root, sb_id, state)  # what to undo, before the holder exists
+            if system:
+                _mount_system(store_root, sb_id, state, host_uid, host_gid)
+                _write(store_root, sb_id, state)
             pid = _spawn_holder(until, state["own_userns"], _state_path(store_root, sb_id),
                                 state["root"] if state["mounted"] else "")
             state["holder_pid"], state["holder_start"] = pid, _start_time(pid)
@@ -304,6 +316,14 @@ def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tm
             os.chown(d, uid, gid)  # /tmp and /var/tmp: root's and sticky, as on a host
         state["dirs"].append([str(d), os.fsdecode(dest)])
     state["owner"] = [uid, gid]
+
+
+def _mount_system(store_root: Path, sb_id: str, state: dict, uid: int, gid: int) -> None:
+    from . import system_layer
+
+    if not state.get("mounted"):
+        raise SandboxSetupFailed(detail=system_layer.unavailable(store_root) or "the system layer needs root")
+    state["system"], state["system_home"] = system_layer.mount(store_root, sb_id, Path(state["root"]), uid, gid)
 
 
 def _reown(state: dict, uid: int, gid: int) -> None:
@@ -480,6 +500,10 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
     killed += _kill(state.get("holder_pid"), state.get("holder_start"))
     mounts = 0
     root = state.get("root")
+    if state.get("system"):
+        from . import system_layer
+
+        mounts += system_layer.unmount(state["system"], state.get("system_home"))
     if root:
         if state.get("mounted"):
             from snapshot.osutil import libc
@@ -493,12 +517,17 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
 
 
 def destroy(store_root: Path, sb_id: str) -> tuple[int, int]:
-    """End the sandbox's environment (its runs are gone already): (processes, mounts)."""
+    """End the sandbox's environment (its runs are gone already) and delete its system
+    layer: (processes, mounts)."""
+    from . import system_layer
+
     if not _state_path(store_root, sb_id).exists():
+        system_layer.remove(store_root, sb_id)
         return 0, 0
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         out = _teardown(store_root, sb_id, state) if state is not None else (0, 0)
+        system_layer.remove(store_root, sb_id)
     with contextlib.suppress(FileNotFoundError):
         (env_dir(store_root) / f"{sb_id}.lock").unlink()
     return out
@@ -516,6 +545,9 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
         if name.endswith(".json") and name[:-5] not in keep:
             k, m = destroy(store_root, name[:-5])
             killed, mounts = killed + k, mounts + m
+    from . import system_layer
+
+    system_layer.sweep(store_root, keep)  # layers of sandboxes that are gone, unmounted above
     return killed, mounts
 
 

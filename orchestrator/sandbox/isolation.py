@@ -16,6 +16,9 @@ What a plan always contains:
   Unix socket is reachable through them, and every other one the host has bound is masked
   (``host_sockets``; with net, the config's ``allow_sockets`` are bound back);
 - the sandbox tree bound read-write at the workspace's own absolute path;
+- with ``--system`` (``system_layer``), the sandbox's overlays bound read-write over ``/usr``,
+  ``/etc``, ``/var`` and ``/opt`` right after ``/`` (private directories and masks go over
+  them), and a uid 0 command's home is the layer's writable one instead of an empty one;
 - masks: the store (``<workspace>/.petri``, only where the tree has one: a mount point that
   does not exist would be created *in the tree*), the credential folders and files of every
   home, root's included (``CREDENTIAL_PATHS``; homes themselves stay readable, so toolchains
@@ -358,6 +361,7 @@ def build_plan(
     symlinks: Sequence[tuple[bytes, bytes]] = (),
     shared: Sequence[tuple[bytes, bytes]] = (),
     net_joined: bool = False,
+    system: Sequence[tuple[bytes, bytes]] = (),
 ) -> SandboxPlan:
     """Pure: the plan for one sandboxed command.
 
@@ -368,7 +372,9 @@ def build_plan(
     that is a symlink); ``shared``: (host directory, destination) bound read-write instead
     of a fresh tmpfs at ``/tmp`` or a ``private`` directory: the sandbox's environment,
     which lasts between its runs (``environment``); ``net_joined``: bwrap starts in the
-    sandbox's own network namespace and keeps it.
+    sandbox's own network namespace and keeps it; ``system``: (host directory, destination)
+    bound read-write right after ``/`` (the ``--system`` layer's overlays, ``system_layer``),
+    so the private directories and masks below them still go over them.
 
     ``masks`` are paths as seen inside (from ``discover_masks``); one inside the workspace
     hides the tree's copy, and must exist there (the caller checked: bwrap would create a
@@ -389,6 +395,7 @@ def build_plan(
 
     fixed = [
         MountOp("ro-bind", b"/", src=b"/"),
+        *(MountOp("bind", dest, src=src) for src, dest in system),
         MountOp("dev", b"/dev"),
         MountOp("proc", b"/proc"),
         private_dir(b"/tmp", tmp_bytes),
@@ -512,12 +519,15 @@ def plan_for_run(
     allow_sockets: Iterable[Path] = (),
     shared: Sequence[tuple[bytes, bytes]] = (),
     net_joined: bool = False,
+    system: Sequence[tuple[bytes, bytes]] = (),
+    system_home: bytes | None = None,
 ) -> SandboxPlan:
     """Discover the masks on this host and build the plan (the IO-doing convenience).
 
     ``uid`` 0 is a root-owned workspace's command (uid 0 of a user namespace that is an
     unprivileged account on the host: ``orchestrator.run_as``): root's home is an empty
-    directory for it, with the toolchains ``run_view`` mounted for the run bound back."""
+    directory for it, with the toolchains ``run_view`` mounted for the run bound back; with
+    ``system_home`` (a ``--system`` sandbox's), that directory instead, writable."""
     from . import host_sockets, run_view
 
     share_host_mounts()
@@ -529,8 +539,12 @@ def plan_for_run(
     masks = masks + [Mask(s, "file", "socket") for s in sockets]
     toolchains: list[tuple[bytes, bytes]] = []
     symlinks: list[tuple[bytes, bytes]] = []
+    system = list(system)
     if uid == 0:
-        masks.append(Mask(root_home(), "dir", "root home"))
+        if system_home is None:
+            masks.append(Mask(root_home(), "dir", "root home"))
+        else:
+            system.append((system_home, root_home()))
         toolchains, symlinks = run_view.toolchain_binds(_b(tree))
     # Masks inside the workspace exist (if at all) in the tree: check there.
     inside: list[Mask] = []
@@ -573,6 +587,7 @@ def plan_for_run(
         symlinks=symlinks,
         shared=shared,
         net_joined=net_joined,
+        system=system,
     )
 
 

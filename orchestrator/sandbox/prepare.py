@@ -123,6 +123,7 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
         tmp_bytes=spec.tmp_bytes, extra_masks=spec.extra_masks, allow_sockets=spec.allow_sockets,
         new_session=new_session, marker=marker, seccomp=spec.seccomp,
         shared=env.dirs if env is not None else (), net_joined=join_net,
+        system=env.system if env is not None else (), system_home=env.system_home if env is not None else None,
     )
     # An allow-list's commands reach their proxy over TCP on the sandbox's loopback: for the
     # filter's ``strict`` that is a sandbox with network (the namespace still has no route out).
