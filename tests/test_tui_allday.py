@@ -297,7 +297,7 @@ def test_vim_keys_change_nothing_gg_G_move_tabs_show_keys_and_why_a_candidate_ra
             await pilot.press("g", "g")
             assert table.cursor_row == 0
             titles = [str(t.label) for t in app.screen.query(Tab)]
-            assert titles == ["1 Status", "2 Diff", "3 Logs", "4 Lineage"]
+            assert titles == ["1 Status", "2 Diff", "3 Logs", "4 Lineage", "5 Review"]
             await pilot.press("r")
             race = await until(pilot, lambda: type(app.screen).__name__ == "RaceScreen" and app.screen, "race")
             why = lambda: str(race.query_one("#why").render())  # noqa: E731
