@@ -353,12 +353,15 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
 # The same holds for what the sandbox masks: a host socket (/proc/net/unix) or a credential
 # path read when the run was prepared and gone from the host before bwrap bound over it
 # makes bwrap try to create it on the read-only root ("Can't create file at PATH: Read-only
-# file system", "Can't mkdir PATH"); a new start reads the host again. Only when PATH is
-# really gone now: a path that is there failed for another reason, reported as it is.
+# file system", "Can't mkdir PATH"), or to remount a bind whose host path went away
+# ("Can't remount readonly on /newroot/PATH: realpath(destination): No such file or
+# directory": a home another process removed); a new start reads the host again. Only when
+# PATH is really gone now: a path that is there failed for another reason, reported as it is.
 SETUP_ATTEMPTS = 3
 _MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount")
 _VANISHED = re.compile(r"Can't (?:create file at|mkdir parents for|mkdir) (/[^:\n]*): "
-                       r"(?:Read-only file system|Permission denied)")
+                       r"(?:Read-only file system|Permission denied)"
+                       r"|Can't remount readonly on /newroot(/[^:\n]*): realpath\(destination\): No such file")
 
 
 def _mount_table_moved(res: RunResult) -> bool:
@@ -368,7 +371,7 @@ def _mount_table_moved(res: RunResult) -> bool:
     if _MOVED.search(err) is not None:
         return True
     gone = _VANISHED.search(err)
-    return gone is not None and not os.path.lexists(gone.group(1))
+    return gone is not None and not os.path.lexists(gone.group(1) or gone.group(2))
 
 
 def _no_warnings(on_event: Callable[[RunEvent], None] | None) -> Callable[[RunEvent], None] | None:
