@@ -325,5 +325,8 @@ def test_a_masked_path_gone_before_bwrap_started_is_a_new_start(tmp_path):
                                       "realpath(destination): No such file or directory"))
     assert not _mount_table_moved(res(f"bwrap: Can't create file at {gone}: Read-only file system", code=1))
     assert not _mount_table_moved(res("bwrap: setting up uid map: Permission denied"))
+    assert _mount_table_moved(res("bwrap: Can't bind mount /oldroot/run/petri/v/x on /newroot/x: No such file or "
+                                  "directory"))  # another mount step the host's moving mount table failed
+    assert not _mount_table_moved(res("bwrap exited 137"))  # killed (rm during setup): not started again
     assert _mount_table_moved(res("bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
                                   "remount ro"))
