@@ -18,18 +18,18 @@ from __future__ import annotations
 import base64
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from ..results import (Cleanup, Diff, FileContent, FileList, FileMoved, FileRemoved, FileWritten, Forked, GrepResult,
                        PromoteResult, Race, Rejection, Review, Rollback, RunResult, SandboxList, Snapshot,
                        TryResult)
 from merge.on_conflict import ON_CONFLICT
 
+from .args import _command, _duration, _limits
 from .jobs import POLL_BYTES
 from .schema import extend, obj, record_schema
+from .state import State
 
-if TYPE_CHECKING:
-    from .server import State
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_OUTPUT_BYTES = 16384
@@ -51,7 +51,7 @@ class Tool:
     args: dict[str, Any]            # JSON Schema properties
     required: tuple[str, ...]
     result: dict[str, Any]          # the output schema
-    handler: Callable[["State", dict[str, Any]], Awaitable[dict[str, Any]]]
+    handler: Callable[[State, dict[str, Any]], Awaitable[dict[str, Any]]]
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
@@ -62,6 +62,24 @@ class Tool:
     def input_schema(self) -> dict[str, Any]:
         return {"type": "object", "properties": self.args, "required": list(self.required),
                 "additionalProperties": False}
+
+    def validate(self, args: dict[str, Any]) -> None:
+        """Check the arguments against the input schema: a usage error (exit 2) naming the
+        argument, as the CLI does for a bad flag."""
+        import jsonschema
+
+        from ..errors import UsageError
+
+        v = _VALIDATORS.get(self.name)
+        if v is None:
+            v = _VALIDATORS[self.name] = jsonschema.Draft202012Validator(self.input_schema)
+        err = jsonschema.exceptions.best_match(v.iter_errors(args))
+        if err is not None:
+            where = "/".join(str(p) for p in err.absolute_path)
+            raise UsageError(detail=f"{self.name}: {where + ': ' if where else ''}{err.message}")
+
+
+_VALIDATORS: dict[str, Any] = {}  # tool name -> its compiled validator
 
 
 # ---------------------------------------------------------------------------- argument shapes
@@ -129,75 +147,33 @@ STATUS_DOC = extend(SANDBOXES, {"workspace": S, "backend": S, "reason": S, "snap
 # ---------------------------------------------------------------------------- handlers
 
 
-def _limits(args: dict[str, Any]) -> Any:
-    from ..limits import Limits
-
-    return Limits(mem=args.get("mem"), cpus=args.get("cpus"), pids=args.get("pids"), disk=args.get("disk"),
-                  net=_net(args.get("net", False)), ttl=args.get("ttl"))
-
-
-def _net(v: Any) -> "bool | str":
-    """``net``: a boolean, or an allow-list (``allow:...``; Limits checks it)."""
-    if isinstance(v, str):
-        return v
-    return bool(v)
-
-
-def _command(args: dict[str, Any]) -> Any:
-    # One of the two, checked here (the descriptions say so): several model APIs refuse oneOf
-    # at a schema's top level.
-    from ..errors import UsageError
-
-    if ("command" in args) == ("argv" in args):
-        raise UsageError(detail="give the command as `command` (a shell string) or `argv` (a list), one of them")
-    return args["command"] if "command" in args else list(args["argv"])
-
-
-def _duration(args: dict[str, Any], key: str, default: float | None) -> float | None:
-    """A duration argument (seconds, or text such as "10m", as ``ttl`` takes) in seconds."""
-    from ..errors import UsageError
-    from ..units import parse_duration
-
-    value = args.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = parse_duration(value)
-        except UsageError as e:
-            raise UsageError(detail=f"{key}: {e}") from None
-    if value <= 0:
-        raise UsageError(detail=f"{key}: {value} is not more than 0 seconds")
-    return float(value)
-
-
-async def workspace_status(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def workspace_status(st: State, args: dict[str, Any]) -> dict[str, Any]:
     info = await st.ws.info()
     ls = (await st.ws.sandbox_list()).to_json()
     return {"schema": 1, **info, "via": st.ws.via, "client": st.ws.client, "allow_live": st.allow_live,
             "sandboxes": ls["sandboxes"]}
 
 
-async def snapshot_create(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def snapshot_create(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.snapshot(args.get("message", ""))).to_json()
 
 
-async def sandbox_fork(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_fork(st: State, args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.fork(args.get("n", 1), source=args.get("from", "live"), label=args.get("label"),
                            limits=_limits(args), keep_expired=bool(args.get("keep_expired", False)),
                            system=bool(args.get("system", False)), profile=args.get("profile"))
     return got.to_json()
 
 
-async def sandbox_list(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_list(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.sandbox_list(all=bool(args.get("all", False)))).to_json()
 
 
-async def sandbox_status(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_status(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.status(args["sandbox"])).to_json()
 
 
-async def sandbox_run(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_run(st: State, args: dict[str, Any]) -> dict[str, Any]:
     job = await st.run_now(args["sandbox"], _command(args), _duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
                            args.get("env"), args.get("cwd"))
     doc = job.result.to_json()
@@ -207,52 +183,52 @@ async def sandbox_run(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "stdout_tail": out, "stderr_tail": err, "truncated": {"stdout": out_cut, "stderr": err_cut}}
 
 
-async def sandbox_run_start(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_run_start(st: State, args: dict[str, Any]) -> dict[str, Any]:
     job = await st.start_run(args["sandbox"], _command(args), _duration(args, "timeout_s", DEFAULT_TIMEOUT_S),
                              args.get("env"), args.get("cwd"))
     return {"schema": 1, "sandbox": job.sandbox, "run": job.run}
 
 
-async def sandbox_run_poll(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_run_poll(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return await st.poll_run(args["sandbox"], args["run"], args.get("cursor", 0),
                              args.get("wait_s", DEFAULT_POLL_WAIT_S), args.get("min_bytes", DEFAULT_POLL_MIN_BYTES))
 
 
-async def sandbox_run_kill(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_run_kill(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return await st.kill_run(args["sandbox"], args["run"])
 
 
-async def sandbox_read_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_read_file(st: State, args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.read_file(args["sandbox"], args["path"], base=bool(args.get("base", False)),
                                 max_bytes=args.get("max_bytes", DEFAULT_READ_BYTES), start_line=args.get("start_line"),
                                 end_line=args.get("end_line"))
     return got.to_json()
 
 
-async def sandbox_list_files(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_list_files(st: State, args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.list_files(args["sandbox"], args.get("path", ""), glob=args.get("glob"),
                                  recursive=args.get("recursive"), include_ignored=bool(args.get("include_ignored")),
                                  max_entries=args.get("max_entries", DEFAULT_ENTRIES))
     return got.to_json()
 
 
-async def sandbox_grep(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_grep(st: State, args: dict[str, Any]) -> dict[str, Any]:
     got = await st.ws.grep(args["sandbox"], args["pattern"], args.get("path", ""), glob=args.get("glob"),
                            ignore_case=bool(args.get("ignore_case")), include_ignored=bool(args.get("include_ignored")),
                            max_matches=args.get("max_matches", DEFAULT_MATCHES))
     return got.to_json()
 
 
-async def sandbox_delete_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_delete_file(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.delete_file(args["sandbox"], args["path"], recursive=bool(args.get("recursive")))).to_json()
 
 
-async def sandbox_move_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_move_file(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.move_file(args["sandbox"], args["from"], args["to"],
                                   overwrite=bool(args.get("overwrite")))).to_json()
 
 
-async def sandbox_write_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_write_file(st: State, args: dict[str, Any]) -> dict[str, Any]:
     from ..errors import UsageError
 
     content = args["content"]
@@ -274,31 +250,31 @@ async def sandbox_write_file(st: "State", args: dict[str, Any]) -> dict[str, Any
     return (await st.ws.write_file(args["sandbox"], args["path"], data, mode=mode)).to_json()
 
 
-async def sandbox_edit_file(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_edit_file(st: State, args: dict[str, Any]) -> dict[str, Any]:
     count = None if args.get("replace_all") else args.get("count", 1)
     return (await st.ws.edit_file(args["sandbox"], args["path"], args["old"], args["new"], count=count)).to_json()
 
 
-async def sandbox_diff(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_diff(st: State, args: dict[str, Any]) -> dict[str, Any]:
     doc = (await st.ws.diff(args["sandbox"], args.get("paths", []), stat_only=bool(args.get("stat_only", False)),
                             include_ignored=bool(args.get("include_ignored", False)))).to_json()
     return _capped_patch(doc, args)
 
 
-async def race(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def race(st: State, args: dict[str, Any]) -> dict[str, Any]:
     job = await st.start_race(args)
     return await st.race_doc(job, args.get("wait_s", DEFAULT_WAIT_S))
 
 
-async def race_status(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def race_status(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return await st.race_doc(st.find_race(args["race"]), args.get("wait_s", DEFAULT_WAIT_S))
 
 
-async def sandbox_remove(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_remove(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.remove(*args["ids"])).to_json()
 
 
-async def sandbox_service_start(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_service_start(st: State, args: dict[str, Any]) -> dict[str, Any]:
     from ..errors import UsageError
 
     if ("command" in args) == ("argv" in args):
@@ -308,19 +284,19 @@ async def sandbox_service_start(st: "State", args: dict[str, Any]) -> dict[str, 
                                                       restart=args.get("restart", "no"), env=args.get("env"))}
 
 
-async def sandbox_service_list(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_service_list(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return {"schema": 1, **await st.ws.services(args.get("sandbox"))}
 
 
-async def sandbox_service_stop(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_service_stop(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return {"schema": 1, **await st.ws.stop_service(args["sandbox"], args["name"])}
 
 
-async def sandbox_port(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def sandbox_port(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return {"schema": 1, **await st.ws.publish(args["sandbox"], args["port"], host_port=args.get("host_port"))}
 
 
-async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def promote(st: State, args: dict[str, Any]) -> dict[str, Any]:
     from ..errors import OrchestratorError, UsageError
 
     override = args.get("override_policy")
@@ -340,7 +316,7 @@ async def promote(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-async def try_(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def try_(st: State, args: dict[str, Any]) -> dict[str, Any]:
     """``petri try``: promotion only when the server runs with ``--allow-live`` (asked for with
     ``promote: true``; refused before anything is made otherwise)."""
     from ..errors import UsageError
@@ -356,7 +332,7 @@ async def try_(st: "State", args: dict[str, Any]) -> dict[str, Any]:
     return _capped_patch(got.to_json(), args)
 
 
-async def review(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def review(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return _capped_patch((await st.ws.review(args["sandbox"])).to_json(), args)
 
 
@@ -371,11 +347,11 @@ def _capped_patch(doc: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-async def reject(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def reject(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.reject(args["sandbox"], args["reason"], keep=bool(args.get("keep", False)))).to_json()
 
 
-async def rollback(st: "State", args: dict[str, Any]) -> dict[str, Any]:
+async def rollback(st: State, args: dict[str, Any]) -> dict[str, Any]:
     return (await st.ws.rollback(args["id"])).to_json()
 
 
