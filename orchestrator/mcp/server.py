@@ -14,7 +14,9 @@ without waiting for the client (the stdin reader is a thread blocked in read(2))
 Start-up: ``initialize`` is answered before the SDK (~0.4 s of imports) and trio are loaded
 (``orchestrator.mcp.handshake``); the SDK then replays it and its answer, checked against the
 one sent, is dropped. So a client has the server initialized in a tenth of that time, and
-its first tool call waits for the SDK as before.
+its first tool call waits for the SDK as before. The tool table (its pydantic models, and
+the schemas made from them when tools are first listed) loads after that answer too
+(``build_server``).
 
 stdout carries MCP messages only: fd 1 points at stderr while the server runs
 (``handshake.Wire``, as the SDK's own stdio transport does), so a stray print (ours or a
@@ -34,15 +36,18 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ..output import json_line
 from .handshake import NAME, TITLE
 from .jobs import split_failure
+from .instructions import INSTRUCTIONS
 from .state import CURRENT, Call, State, error_doc
-from .tools import BY_NAME, INSTRUCTIONS, TOOLS, Tool
+
+if TYPE_CHECKING:  # the tool table (and pydantic with it) loads after the initialize answer (build_server)
+    from .tools import Tool
 
 __all__ = ["State", "build_server", "serve"]
 
@@ -68,7 +73,7 @@ def _tool(t: Tool) -> Any:
     import mcp_types as types
 
     return types.Tool(name=t.name, description=t.description, input_schema=t.input_schema,
-                      output_schema=t.result,
+                      output_schema=t.output_schema,
                       annotations=types.ToolAnnotations(read_only_hint=t.read_only, destructive_hint=t.destructive,
                                                         idempotent_hint=t.idempotent, open_world_hint=t.open_world))
 
@@ -90,6 +95,7 @@ def build_server(st: State) -> Any:
     from mcp.server import Server
 
     from ..cli.common import VERSION
+    from .tools import BY_NAME, TOOLS
 
     offered = {t.name: t for t in TOOLS if st.allow_live or not t.live_only}
     listed = [_tool(t) for t in offered.values()]
@@ -113,13 +119,13 @@ def build_server(st: State) -> Any:
                 raise UsageError(detail=f"no tool {params.name!r}" + (
                     ": it changes the live workspace and exists only with `petri mcp --allow-live`" if hidden
                     else "; tools/list names them"))
-            tool.validate(args)
+            parsed = tool.parse(args)
             with anyio.CancelScope() as scope:
                 st.calls.add(scope)
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_heartbeat, ctx, call)
-                        doc = await tool.handler(st, args)
+                        doc = await tool.handler(st, parsed)
                         tg.cancel_scope.cancel()
                 finally:
                     st.calls.discard(scope)

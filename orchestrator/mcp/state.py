@@ -14,12 +14,15 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from .args import _duration, _limits
+from .args import _limits, _seconds
 from .jobs import Jobs, RaceJob, RunJob
+
+if TYPE_CHECKING:  # the argument models load pydantic: not on the way to the initialize answer
+    from .params import Race
 
 
 @dataclass
@@ -162,27 +165,25 @@ class State:
         return {"schema": 1, "sandbox": sb, "run": run, "killed": killed}
 
     # -- races ---------------------------------------------------------------------------------
-    async def start_race(self, args: dict[str, Any]) -> RaceJob:
+    async def start_race(self, a: "Race") -> RaceJob:
         from ..api import Cmd, Patch
 
         cands: list[Any] = []
-        for i, c in enumerate(args["candidates"], 1):
-            if "cmd" in c:
-                cands.append(Cmd(c["cmd"]))
-            elif "patch_text" in c:
-                cands.append(Patch(text=c["patch_text"], name=f"patch_text#{i}"))
+        for i, c in enumerate(a.candidates, 1):
+            if c.cmd is not None:
+                cands.append(Cmd(c.cmd))
+            elif c.patch_text is not None:
+                cands.append(Patch(text=c.patch_text, name=f"patch_text#{i}"))
             else:
-                cands.append(Patch(os.path.join(self.ws.root, c["patch"]), name=c["patch"]))
-        job = RaceJob(args["check"], [{"candidate": c.name, "kind": c.kind} for c in cands])
-        limits = _limits(args)
-        timeout = _duration(args, "timeout_s", None)
+                cands.append(Patch(os.path.join(self.ws.root, str(c.patch)), name=c.patch))
+        job = RaceJob(a.check, [{"candidate": c.name, "kind": c.kind} for c in cands])
+        limits = _limits(a)
+        timeout = _seconds(a.timeout_s, "timeout_s")
 
         async def go(job: RaceJob) -> Any:
-            return await self.ws.race(args["check"], cands, source=args.get("from", "live"), jobs=args.get("jobs", 8),
-                                      limits=limits, timeout=timeout, keep=bool(args.get("keep")),
-                                      on_start=job.on_start, label=args.get("label"), metric=args.get("metric"),
-                                      max_regression=args.get("max_regression"),
-                                      profile=args.get("profile"))
+            return await self.ws.race(a.check, cands, source=a.from_, jobs=a.jobs, limits=limits, timeout=timeout,
+                                      keep=a.keep, on_start=job.on_start, label=a.label, metric=a.metric,
+                                      max_regression=a.max_regression, profile=a.profile)
 
         store = self.ws.sync.engine.store.root
         self.spawn(job.execute, store, go, done=job)
