@@ -3,7 +3,8 @@ each tool's inputSchema is its handler's argument model, its outputSchema the re
 TypedDict) its document is. These tests pin that derivation so it cannot drift: the schema's
 properties are the model's fields, a required argument has no default, a default in the
 schema is the one the handler gets, the output schema's properties are the record's fields
-and real documents validate against it. Pure: no SDK, no workspace."""
+and real documents validate against it, and the generated module the server reads is what
+the types make now. Pure: no SDK, no workspace."""
 from __future__ import annotations
 
 import dataclasses
@@ -141,3 +142,17 @@ def test_the_server_module_loads_neither_the_tools_nor_pydantic_before_initializ
             "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_generated_schemas_are_what_the_types_make_now():
+    # The server reads the schemas from a generated module (made ahead: start-up); a changed
+    # model, record or TypedDict must be followed by `python -m orchestrator.mcp.schema`.
+    from orchestrator.mcp import schema
+    from orchestrator.mcp._generated_schemas import SCHEMAS
+
+    made = schema.derived()
+    assert list(SCHEMAS) == [t.name for t in TOOLS]
+    for name, got in made.items():
+        assert SCHEMAS[name] == got, f"{name}: run `python -m orchestrator.mcp.schema` (the schemas are stale)"
+    assert schema.GENERATED.read_text() == schema.generated_text(made), "run `python -m orchestrator.mcp.schema`"
+    assert schema.main(["--check"]) == 0

@@ -46,7 +46,9 @@ Env = dict[str, str]
 # A model's docstring becomes its schema's description (Candidate's does; the tools' models
 # have none: a tool's description is in the table).
 class Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # defer_build: a model's validator is compiled when its tool is first called, not for all
+    # of them when the server starts
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class NoArgs(Args):
@@ -189,7 +191,8 @@ class SandboxDiff(SandboxArgs):
 class Candidate(Args):
     """One candidate: exactly one of patch, patch_text and cmd."""  # (the items' description)
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1})
+    model_config = ConfigDict(extra="forbid", defer_build=True,
+                              json_schema_extra={"minProperties": 1, "maxProperties": 1})
     patch: Annotated[str | None, Field(description="a patch file (git or -p1 format)")] = None
     patch_text: Annotated[str | None, Field(description="the patch itself")] = None
     cmd: Annotated[str | None, Field(description="a shell command that makes the change")] = None

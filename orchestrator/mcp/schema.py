@@ -19,19 +19,26 @@ left implicit; in an output schema no ``default``; an argument whose default is 
 left out rather than given as null (so no argument is nullable: none was, and the handlers
 read None as "not given").
 
-Imported when the server builds its tool list, after the ``initialize`` answer (pydantic is
-loaded then anyway: the SDK is built on it); each tool's schemas are made once.
+Run ahead of time, not when the server starts: ``python -m orchestrator.mcp.schema`` writes
+every tool's schemas into ``_generated_schemas.py``, which the server reads (``--check``
+only compares; tests/test_mcp_tool_schemas.py fails when the file is not what the types
+make now). Making them costs tens of milliseconds of CPU (pydantic's schema generation and
+the records' type hints), which would otherwise sit on the way to a client's first
+``tools/list``.
 
 Caveats: a record field typed with something pydantic cannot describe fails here, when the
-tool list is built (the unit tests build it), not when a tool is called; a recursive type
+module is generated (or checked), not when a tool is called; a recursive type
 would not end (``$ref``s are inlined; no record or model is recursive).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
@@ -143,3 +150,53 @@ def _union(node: dict[str, Any]) -> dict[str, Any]:
     if all(set(m) == {"type"} and isinstance(m["type"], str) for m in members):
         return {"type": [m["type"] for m in members], **node}
     return {"anyOf": members, **node}
+
+
+# ---------------------------------------------------------------------------- the generated module
+
+GENERATED = Path(__file__).with_name("_generated_schemas.py")
+
+
+def derived() -> dict[str, dict[str, Any]]:
+    """Every tool's schemas as made now from its model and result types (name -> inputSchema,
+    outputSchema)."""
+    from .tools import TOOLS
+
+    return {t.name: {"inputSchema": input_schema(t.params), "outputSchema": output_schema(*t.result, loose=t.loose)}
+            for t in TOOLS}
+
+
+def generated_text(schemas: dict[str, dict[str, Any]]) -> str:
+    body = json.dumps(schemas, indent=1, ensure_ascii=False)
+    return (f"{_HEADER}\nimport json\nfrom typing import Any\n\n"
+            f'SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""\n{body}\n""")\n')
+
+
+_HEADER = '''# ruff: noqa: E501
+"""The MCP tools' schemas (tool name -> inputSchema, outputSchema), generated from their
+argument models and result types by ``python -m orchestrator.mcp.schema``: do not edit.
+
+Made ahead rather than when the server starts: pydantic takes tens of milliseconds of CPU
+to make them, on the way to a client's first tools/list. tests/test_mcp_tool_schemas.py
+fails when this file is not what the types make now.
+"""'''
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrator.mcp.schema [--check]``: write the generated module (or only
+    check that it is current: exit 1 if not)."""
+    args = sys.argv[1:] if argv is None else argv
+    text = generated_text(derived())
+    if "--check" in args:
+        current = GENERATED.read_text() if GENERATED.exists() else ""
+        if current != text:
+            print(f"{GENERATED} is out of date: run `python -m orchestrator.mcp.schema`", file=sys.stderr)
+            return 1
+        return 0
+    GENERATED.write_text(text)
+    print(f"wrote {GENERATED}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,9 @@ the same records the CLI prints. Failures are ``PetriError``s (the server turns 
 tool errors whose text is the CLI's error line).
 
 Nothing here is a JSON Schema: a tool's ``inputSchema`` is made from the model its handler
-takes, its ``outputSchema`` from the record (and ``documents`` TypedDict) it returns
-(``schema``), when the server first lists its tools.
+takes, its ``outputSchema`` from the record (and ``documents`` TypedDict) it returns, by
+``schema`` ahead of time (``python -m orchestrator.mcp.schema`` writes
+``_generated_schemas``; a unit test fails when that is not what the types make now).
 
 Annotations, read as the MCP spec defines them (effects on the tool's environment): tools
 that only look are ``readOnlyHint``; tools that can overwrite or delete something (files in
@@ -57,17 +58,19 @@ class Tool:
         hints = typing.get_type_hints(self.handler)
         return hints[list(hints)[1]]  # type: ignore[no-any-return]
 
-    @cached_property
+    @property
     def input_schema(self) -> dict[str, Any]:
-        from .schema import input_schema
+        """Its ``inputSchema``: made from ``params`` ahead of time (``schema``, into ``_generated_schemas``)."""
+        from ._generated_schemas import SCHEMAS
 
-        return input_schema(self.params)
+        return SCHEMAS[self.name]["inputSchema"]
 
-    @cached_property
+    @property
     def output_schema(self) -> dict[str, Any]:
-        from .schema import output_schema
+        """Its ``outputSchema``: made from ``result`` ahead of time, as ``input_schema``."""
+        from ._generated_schemas import SCHEMAS
 
-        return output_schema(*self.result, loose=self.loose)
+        return SCHEMAS[self.name]["outputSchema"]
 
     @property
     def args(self) -> dict[str, Any]:
