@@ -26,10 +26,12 @@ REPO = Path(__file__).resolve().parent.parent
 # without a skip; `pytest -m unit` runs them alone (also as a normal user, in parallel).
 UNIT = {
     "test_aio_mirror.py", "test_one_vocabulary.py", "test_egress_unit.py", "test_error_templates.py",
-    "test_exports.py", "test_fd_interrupts.py",
+    "test_config_schema.py", "test_exports.py", "test_fd_interrupts.py",
     "test_fork_signals.py",
     "test_host_sockets.py", "test_import_graph.py", "test_lint.py", "test_mcp_jobs.py", "test_mcp_schema.py",
+    "test_mcp_tool_schemas.py",
     "test_merge3.py", "test_merge_changes.py", "test_merge_patch.py", "test_merge_replay.py",
+    "test_on_conflict_enum.py",
     "test_promote.py", "test_promote_attacks.py", "test_promote_durability.py", "test_results_deferred.py",
     "test_runlog.py", "test_sandbox_layer.py", "test_split_imports.py", "test_tree.py",
     "test_tui_snapshots.py", "test_tui_units.py", "test_undo_refusal.py",

@@ -14,10 +14,9 @@ import sys
 import time
 from typing import Annotated, Any, List, Optional
 
-import click
 import typer
 
-from merge.on_conflict import ON_CONFLICT
+from merge.on_conflict import OnConflictChoice
 
 from .app import command_app
 from .common import G, out, workspace
@@ -89,11 +88,11 @@ def promote(
     sandbox: Annotated[Optional[str], typer.Argument(help="Sandbox id, prefix or label.", show_default=False)] = None,
     paths: Annotated[Optional[List[str]], typer.Argument(help="After --: only these paths.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    on_conflict: Annotated[str, typer.Option("--on-conflict",
-                                             click_type=click.Choice(list(ON_CONFLICT)),
-                                             help="On a conflicting hunk: fail (exit 3, nothing written),"
-                                                  " markers (write diff3 markers, exit 5), theirs (the"
-                                                  " sandbox's side) or ours (the workspace's side).")] = "fail",
+    on_conflict: Annotated[OnConflictChoice, typer.Option("--on-conflict",
+                                                          help="On a conflicting hunk: fail (exit 3, nothing"
+                                                               " written), markers (write diff3 markers, exit 5),"
+                                                               " theirs (the sandbox's side) or ours (the"
+                                                               " workspace's side).")] = OnConflictChoice.fail,
     verify: Annotated[Optional[str], typer.Option("--verify", help="Run CMD in a sandbox forked from the result;"
                                                                    " undo on failure.")] = None,
     include_ignored: Annotated[bool, typer.Option("--include-ignored",

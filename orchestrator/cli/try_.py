@@ -10,17 +10,14 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any, List, Optional
 
-import click
 import typer
 
-from merge.on_conflict import ON_CONFLICT as _CHOICES
+from merge.on_conflict import OnConflictChoice
 
 from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 
 app = command_app()
-
-ON_CONFLICT = click.Choice(list(_CHOICES))
 
 
 @app.command("try", context_settings={"allow_interspersed_args": False})
@@ -52,9 +49,9 @@ def try_(
                                                         " /run/secrets/NAME inside (repeatable).")] = None,
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Kill the command (and the check) after this "
                                                                      "long, e.g. 10m.")] = None,
-    on_conflict: Annotated[str, typer.Option("--on-conflict", click_type=ON_CONFLICT,
-                                             help="If live changed meanwhile and a hunk conflicts: as `petri "
-                                                  "promote`.")] = "fail",
+    on_conflict: Annotated[OnConflictChoice, typer.Option("--on-conflict",
+                                                          help="If live changed meanwhile and a hunk conflicts: "
+                                                               "as `petri promote`.")] = OnConflictChoice.fail,
     include_ignored: Annotated[bool, typer.Option("--include-ignored",
                                                   help="Also files the workspace's .gitignore ignores (a "
                                                        "virtualenv listed there).")] = False,
@@ -210,10 +207,11 @@ def _outcome(o: Any, doc: dict[str, Any]) -> None:
 @app.command()
 def rebase(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
-    on_conflict: Annotated[str, typer.Option("--on-conflict", click_type=ON_CONFLICT,
-                                             help="On a conflicting hunk: fail (exit 3, no new sandbox), markers "
-                                                  "(diff3 markers in the new sandbox, exit 5), theirs (SANDBOX's "
-                                                  "side) or ours (live's side).")] = "fail",
+    on_conflict: Annotated[OnConflictChoice, typer.Option("--on-conflict",
+                                                          help="On a conflicting hunk: fail (exit 3, no new "
+                                                               "sandbox), markers (diff3 markers in the new "
+                                                               "sandbox, exit 5), theirs (SANDBOX's side) or ours "
+                                                               "(live's side).")] = OnConflictChoice.fail,
     include_ignored: Annotated[bool, typer.Option("--include-ignored",
                                                   help="Also carry files the workspace's .gitignore ignores.")
                                ] = False,
