@@ -94,6 +94,10 @@ class PetriApp(App):
     def __init__(self, source: Source, *, read_only: bool = False, race: str | None = None,
                  follow: bool = True, clock: Callable[[], float] | None = None) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            # The tabs' sliding underline is 15-20 repaints of the whole screen per tab key
+            # (300 ms of frames; bench_tui's `1`/`2`): none, unless the user asks for them.
+            self.animation_level = "none"
         self.source = source
         self.read_only = read_only
         self.initial_race = race
@@ -190,6 +194,8 @@ class PetriApp(App):
         await self.refresh_sandboxes_now()  # staleness, right after the first paint
         if self.follow:
             self._schedule_refresh()
+        self.call_after_refresh(freeze_heap)  # what start-up made (imports, screens, rows) stays
+
 
     def on_unmount(self) -> None:
         self._stop.set()
@@ -319,10 +325,13 @@ class PetriApp(App):
         if isinstance(top, PetriScreen):
             top.tick(now)  # a covered screen's clock cells catch up when it shows again
 
-    async def run_lines(self, sid: str, n: int | None = None) -> tuple[list[tuple[str, str]], str]:
+    async def run_lines(self, sid: str, n: int | None = None,
+                        runs: list[Any] | None = None) -> tuple[list[tuple[str, str]], str]:
         """A run's output as (stream, line): as it streamed, when this TUI saw it run;
-        else from its saved files (stdout, then stderr: the files do not keep the order)."""
-        runs = await self.call(self.source.runs, sid)
+        else from its saved files (stdout, then stderr: the files do not keep the order).
+        ``runs``: the sandbox's runs, when the caller has just read them."""
+        if runs is None:
+            runs = await self.call(self.source.runs, sid)
         if n is None:
             n = self.model.running.get(sid) or (runs[-1].run if runs else None)
         if n is None:
@@ -334,9 +343,11 @@ class PetriApp(App):
             return list(self.model.tails.get((sid, n)) or ()), header
         lines: list[tuple[str, str]] = []
         if run is not None:
-            out = await self.call(self.source.read_text, run.stdout_path)
-            err = await self.call(self.source.read_text, run.stderr_path)
-            lines = [("stdout", ln) for ln in out.splitlines()] + [("stderr", ln) for ln in err.splitlines()]
+            def read(out: str | None, err: str | None) -> list[tuple[str, str]]:
+                # both files and the split in one trip to the lane: the loop gets the lines made
+                return [("stdout", ln) for ln in self.source.read_text(out).splitlines()] + \
+                    [("stderr", ln) for ln in self.source.read_text(err).splitlines()]
+            lines = await self.call(read, run.stdout_path, run.stderr_path)
         return lines, header
 
     def follow_output(self, sid: str, n: int) -> None:
@@ -704,6 +715,22 @@ def main(source: Source, **kw: Any) -> int:
     finally:
         _end_after(0.0, code)
     return code
+
+
+def freeze_heap() -> None:
+    """Leave what exists now out of the garbage collector's full passes (``gc.freeze``).
+
+    Why: a full pass walks every object the process holds, and a TUI holds many (Textual,
+    petri, pydantic, the rows). Measured in bench_tui's ``l`` (2000 lines of a run's output:
+    a few tens of thousands of new objects, enough to set one off), a full pass took
+    290-750 ms of the event loop on a loaded two-core machine: the key, and every event,
+    waited for it. Frozen, a full pass walks only what was made since (a screen's lines, a
+    closed screen's widgets). Called once start-up is over (the first paint, the detail pane,
+    the spare Race screen, the first staleness read); what is frozen is never collected,
+    and start-up's garbage is a small part of it."""
+    import gc
+
+    gc.freeze()
 
 
 def _end_after(delay: float, code: int) -> None:

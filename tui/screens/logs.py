@@ -15,6 +15,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, RichLog, Static
 
+from ..widgets.output_log import OutputLog
+
 from .. import format as fmt
 from ..model import Changes
 from .base import PetriScreen
@@ -46,7 +48,7 @@ class LogsScreen(PetriScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("", id="log-head")
-        yield RichLog(id="log", max_lines=20000, wrap=False, markup=False)
+        yield OutputLog(id="log", max_lines=20000, wrap=False, markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -78,7 +80,7 @@ class LogsScreen(PetriScreen):
 
     async def load(self) -> None:
         papp = self.papp
-        log = self.query_one(RichLog)
+        log = self.query_one(OutputLog)
         try:
             self.runs = await papp.call(papp.source.runs, self.sandbox)
         except Exception as e:  # noqa: BLE001 - the sandbox is gone (its record too): said, not raised
@@ -95,10 +97,9 @@ class LogsScreen(PetriScreen):
             self.head(None)
             log.write(Text("no runs yet", style="dim"))
             return
-        lines, _ = await papp.run_lines(sid, n)
+        lines, _ = await papp.run_lines(sid, n, self.runs if sid == self.sandbox else None)
         self.head(n)
-        if lines:
-            log.write(fmt.output_lines(lines))
+        log.write_output(lines)
 
     def _set_head(self, t: Text) -> None:
         from textual.css.query import NoMatches
@@ -144,9 +145,7 @@ class LogsScreen(PetriScreen):
         if self.showing is not None:
             lines = changes.output.get((self.showing_in, self.showing))
             if lines:
-                log = self.query_one(RichLog)
-                if lines:
-                    log.write(fmt.output_lines(lines))
+                self.query_one(OutputLog).write_output(lines)
         c = self.candidate() if changes.races else None
         moved = c is not None and c.get("state") != self._cand_state
         if moved:

@@ -55,7 +55,9 @@ class DetailPane(Vertical):
     def compose(self) -> ComposeResult:
         if not self._tabs:
             return
-        from textual.widgets import RichLog, TabbedContent, TabPane
+        from textual.widgets import TabbedContent, TabPane
+
+        from .output_log import OutputLog
 
         with TabbedContent(initial=self._active):
             with TabPane("1 Status", id="tab-status"):
@@ -65,7 +67,7 @@ class DetailPane(Vertical):
                 with VerticalScroll():
                     yield Static("", id="diff-body")
             with TabPane("3 Logs", id="tab-logs"):
-                yield RichLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
+                yield OutputLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
             with TabPane("4 Lineage", id="tab-lineage"):
                 with VerticalScroll():
                     yield Static("", id="lineage-body")
@@ -145,22 +147,21 @@ class DetailPane(Vertical):
         self._update("#diff-body", body)
 
     def show_logs(self, lines: Sequence[tuple[str, str]], header: str) -> None:
-        from textual.widgets import RichLog
+        from .output_log import OutputLog
 
-        log = self._widget("#logs-body", RichLog)
+        log = self._widget("#logs-body", OutputLog)
         if log is None:
             return
         log.clear()
         log.write(Text(header, style="bold"))
-        if lines:
-            log.write(fmt.output_lines(lines))
+        log.write_output(lines)
 
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
-        from textual.widgets import RichLog
+        from .output_log import OutputLog
 
-        log = self._widget("#logs-body", RichLog)
-        if log is not None and lines:
-            log.write(fmt.output_lines(lines))
+        log = self._widget("#logs-body", OutputLog)
+        if log is not None:
+            log.write_output(lines)
 
     def show_review(self, review: Any, error: str | None = None) -> None:
         if error is not None:
