@@ -35,15 +35,27 @@ class LogsScreen(PetriScreen):
         Binding("j", "scroll(1)", "Down", show=False), Binding("k", "scroll(-1)", "Up", show=False),
     ]
 
-    def __init__(self, sandbox: str, title: str | None = None) -> None:
+    def __init__(self, sandbox: str | None, title: str | None = None) -> None:
         super().__init__()
-        self.sandbox = sandbox
+        self._reset(sandbox, title)
+
+    def _reset(self, sandbox: str | None, title: str | None) -> None:
+        self.sandbox = sandbox  # None: a screen composed ahead, not showing anything yet
         self.title_text = title
         self.run_n: int | None = None  # None: follow the newest
         self.runs: list[Any] = []
         self.showing: int | None = None
         self.showing_in = sandbox  # whose run that is: the sandbox's, or its race check's fork's
         self._cand_state: str | None = None  # its state as a race candidate, when last looked
+        self._deferred = None
+
+    def show_logs_of(self, sandbox: str, title: str | None = None) -> None:
+        """Show this sandbox's logs, as a new screen would (the app reuses a screen composed
+        ahead: composing one, its footer's keys and their styles, was most of ``l``)."""
+        self._reset(sandbox, title)
+        self.query_one(OutputLog).clear()
+        self.head(None)
+        self.run_worker(self.load, exclusive=True)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -52,7 +64,8 @@ class LogsScreen(PetriScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.run_worker(self.load, exclusive=True)
+        if self.sandbox is not None:
+            self.run_worker(self.load, exclusive=True)
 
     def candidate(self) -> dict[str, Any] | None:
         """This sandbox's row in the race it is a candidate of, if any."""
@@ -80,6 +93,8 @@ class LogsScreen(PetriScreen):
 
     async def load(self) -> None:
         papp = self.papp
+        if self.sandbox is None:
+            return
         log = self.query_one(OutputLog)
         try:
             self.runs = await papp.call(papp.source.runs, self.sandbox)
