@@ -215,6 +215,8 @@ def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, o
     race_keys: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
     idle_app: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
     race_app: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
+    idle_cpu: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
+    race_cpu: dict[str, list[float]] = {k: [] for k in KEY_CYCLE}
     info: dict[str, object] = {}
 
     def tab_shown(scr: object, tab: str) -> bool:
@@ -244,19 +246,20 @@ def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, o
     def timed_display(screen: object, renderable: object) -> None:
         display(screen, renderable)  # type: ignore[arg-type]
         if pending and renderable is not None and screen is app.screen:
-            key, t0, fut, cursor = pending
+            key, t0, fut, cursor, _cpu0 = pending
             if not fut.done() and done(key, screen, cursor):  # type: ignore[union-attr, arg-type]
-                fut.set_result(time.perf_counter() - t0)  # type: ignore[union-attr, operator]
+                # and the CPU the loop's thread (the app's, and this one's) spent meanwhile
+                fut.set_result((time.perf_counter() - t0, time.thread_time() - _cpu0))  # type: ignore
                 pending.clear()
     app._display = timed_display  # type: ignore[method-assign]
 
-    async def one(pilot: object, key: str) -> tuple[float, float]:
+    async def one(pilot: object, key: str) -> tuple[float, tuple[float, float]]:
         loop = asyncio.get_running_loop()
         scr = app.screen
         cursor = scr.table.cursor_row if isinstance(scr, SandboxesScreen) else None
-        shown: asyncio.Future[float] = loop.create_future()
+        shown: asyncio.Future[tuple[float, float]] = loop.create_future()
         t0 = time.perf_counter()
-        pending[:] = [key, t0, shown, cursor]
+        pending[:] = [key, t0, shown, cursor, time.thread_time()]
         await pilot.press(key)  # type: ignore[attr-defined]  # its key event is sent before its first await
         while not done(key, app.screen, cursor):
             await asyncio.sleep(0.002)
@@ -280,9 +283,10 @@ def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, o
             await pilot.pause(1.0)
             for _ in range(5):
                 for key in KEY_CYCLE:
-                    old, own = await one(pilot, key)
+                    old, (own, cpu) = await one(pilot, key)
                     idle_keys[key].append(old)
                     idle_app[key].append(own)
+                    idle_cpu[key].append(cpu)
                     await asyncio.sleep(0.1)  # as a person types: keys apart
             proc = await asyncio.create_subprocess_exec(*argv, cwd=root, env=cli_env(),
                                                         stdout=asyncio.subprocess.DEVNULL,
@@ -296,9 +300,10 @@ def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, o
             await pilot.press("escape")
             while proc.returncode is None:
                 for key in KEY_CYCLE:
-                    old, own = await one(pilot, key)
+                    old, (own, cpu) = await one(pilot, key)
                     race_keys[key].append(old)
                     race_app[key].append(own)
+                    race_cpu[key].append(cpu)
                     await asyncio.sleep(0.1)
                     if proc.returncode is not None:
                         break
@@ -315,6 +320,8 @@ def keys_during_race(root: Path, candidates: int, check_s: float) -> dict[str, o
     info["race"] = race_keys
     info["idle_app"] = idle_app
     info["race_app"] = race_app
+    info["idle_cpu"] = idle_cpu
+    info["race_cpu"] = race_cpu
     info["events"] = Samples(values=events)
     return info
 
@@ -473,20 +480,31 @@ def report_idle(report: Report, args: argparse.Namespace, idl: dict[str, float |
 
 
 def report_keys(report: Report, args: argparse.Namespace, keys: dict[str, object], load: str) -> None:
-    def table(race: str, idle: str) -> tuple[list[list[object]], Samples, Samples]:
+    def table(race: str, idle: str, cpu: bool = False) -> tuple[list[list[object]], Samples, Samples]:
         rows: list[list[object]] = []
+
+        def cpu_cells(key: str | None) -> list[object]:
+            if not cpu:
+                return []
+            out: list[object] = []
+            for part in ("race_cpu", "idle_cpu"):
+                vals = keys[part][key] if key else [v for vs in keys[part].values() for v in vs]  # type: ignore
+                s = Samples(values=vals)
+                out.append(f"{fmt_s(s.p50)} / {fmt_s(s.p99)}" if s.n else "-")
+            return out
         for key in dict.fromkeys(KEY_CYCLE):  # escape is pressed twice a cycle: one row
             a = Samples(values=keys[idle][key])  # type: ignore[index]
             b = Samples(values=keys[race][key])  # type: ignore[index]
             rows.append([f"`{key}`", b.n, fmt_s(b.p50), fmt_s(b.p99), fmt_s(max(b.values)) if b.values else "-",
-                         fmt_s(a.p50), fmt_s(a.p99)])
+                         fmt_s(a.p50), fmt_s(a.p99), *cpu_cells(key)])
         ia = Samples(values=[v for vs in keys[idle].values() for v in vs])  # type: ignore[attr-defined]
         ra = Samples(values=[v for vs in keys[race].values() for v in vs])  # type: ignore[attr-defined]
         rows.append(["every key", ra.n, fmt_s(ra.p50), fmt_s(ra.p99), fmt_s(max(ra.values)), fmt_s(ia.p50),
-                     fmt_s(ia.p99)])
+                     fmt_s(ia.p99), *cpu_cells(None)])
         return rows, ia, ra
 
     head = ["key", "n (race)", "p50 race", "p99 race", "max race", "p50 idle", "p99 idle"]
+    cpu_head = ["loop CPU race p50 / p99", "loop CPU idle p50 / p99"]
     report.section("Keys while a race streams",
                    f"In-process (headless, 160x48), {args.sandboxes} sandboxes. Baseline: the same keys on the "
                    f"idle app, just before. Then `petri race` of {args.race_candidates} candidates whose check "
@@ -495,9 +513,11 @@ def report_keys(report: Report, args: argparse.Namespace, keys: dict[str, object
                    f"{fmt_s(float(keys['race_screen_opened_s']))} after `petri race` started. "
                    f"Each key: from the key event handed to the app to the end of the first compositor update "
                    f"that shows what it asked for (`l`: the log's lines; `2`: the diff; `1`, `2`: the tab "
-                   f"switched), both taken in the app. Load average at the end: {load}.")
-    rows, ia, ra = table("race_app", "idle_app")
-    report.table(head, rows)
+                   f"switched), both taken in the app. Loop CPU: the CPU time the app's event-loop thread "
+                   f"spent over the same interval (its own work; the rest of the latency is waiting: for a "
+                   f"core on a loaded machine, for the GIL, for a read). Load average at the end: {load}.")
+    rows, ia, ra = table("race_app", "idle_app", cpu=True)
+    report.table(head + cpu_head, rows)
     ev = keys["events"]
     report.text(f"Every key, p99 during the race: {fmt_s(ra.p99)} against {fmt_s(ia.p99)} idle "
                 f"({ra.p99 / ia.p99:.1f}x); target p99 <= 100 ms: {verdict(ra.p99, 0.1)}. "

@@ -180,6 +180,7 @@ class PetriApp(App):
         # event stream's history, staleness and promotions come after it).
         infos = await self.call(self.source.sandboxes, staleness=False)
         self.apply(self.model.put_sandboxes(infos))
+        self.call_after_refresh(self._build_panes)  # once the rows are painted
         if self.follow:
             lanes.daemon(self.follow_events, "petri-tui-events")
         if not self.follow:  # fixed records (tests): races come from the source
@@ -198,6 +199,11 @@ class PetriApp(App):
         self.call_after_refresh(self.preload_logs_screen)
         self.call_after_refresh(freeze_heap)  # what start-up made (imports, screens, rows) stays
 
+
+    def _build_panes(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, SandboxesScreen) and screen.is_mounted:
+                screen.detail.build_soon()
 
     def on_unmount(self) -> None:
         self._stop.set()
@@ -721,6 +727,9 @@ def main(source: Source, **kw: Any) -> int:
     connection, and SQLite checkpoints the WAL then (writes and fsyncs into the workspace's
     store: 2 s on a busy disk, and a write the TUI, which only read, has no business making);
     and it would wait for nothing useful (the reads still in flight are abandoned anyway)."""
+    import gc
+
+    gc.disable()  # start-up makes many objects and few cycles: no collector passes until freeze_heap
     app = PetriApp(source, **kw)
     code = 1
     try:
@@ -745,10 +754,12 @@ def freeze_heap() -> None:
     waited for it. Frozen, a full pass walks only what was made since (a screen's lines, a
     closed screen's widgets). Called once start-up is over (the first paint, the detail pane,
     the spare Race screen, the first staleness read); what is frozen is never collected,
-    and start-up's garbage is a small part of it."""
+    and start-up's garbage is a small part of it. ``main`` turns the collector off until
+    then: start-up makes many objects and few cycles, and its passes delayed the first paint."""
     import gc
 
     gc.freeze()
+    gc.enable()  # main() turned it off for start-up
 
 
 def _end_after(delay: float, code: int) -> None:

@@ -2,8 +2,10 @@
 under the cursor. The screen loads what a tab shows (in a worker) and hands it down with
 ``show_*``; the pane only renders.
 
-The tabs are composed just after the first paint (``Built`` says when): the sandbox table
-shows first, and the pane's widgets (and their imports and CSS) do not delay it."""
+The tabs are composed just after the first paint of the rows (``build_soon``, ``Built`` says
+when): the sandbox table shows first, and the pane's widgets (and their imports and CSS,
+100-300 ms) do not delay it. They used to be composed after the first frame, which came before
+the registry's rows: the rows then waited for the pane."""
 from __future__ import annotations
 
 from typing import Any, Sequence, TypeVar
@@ -44,10 +46,17 @@ class DetailPane(Vertical):
         self._clock: tuple[str, str, str] | None = None  # its age and time left as last drawn
 
     def on_mount(self) -> None:
-        self.call_after_refresh(self._build)
+        # The app asks for the tabs once the first rows are painted (``build_soon``); the
+        # timer is for a pane whose rows never come (a read that failed, say).
+        self.set_timer(2.0, self.build_soon)
+
+    def build_soon(self) -> None:
+        """Compose the tabs after the next refresh (the one that paints the rows)."""
+        if not self._tabs:
+            self._tabs = True
+            self.call_after_refresh(self._build)
 
     async def _build(self) -> None:
-        self._tabs = True
         await self.recompose()
         self.built = True
         self.post_message(self.Built())

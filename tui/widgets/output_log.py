@@ -30,7 +30,7 @@ from textual.widgets import RichLog
 from .. import format as fmt
 
 _STYLES = {"stderr": Style(color="red")}
-_PLAIN = Style()
+_PLAIN = None  # as RichLog leaves a line without a style
 
 
 class _Lines(list):  # type: ignore[type-arg]
