@@ -31,17 +31,24 @@ default):
    first row (not ``?``).
 4. **keys**: the app in-process (headless, 160x48); a cycle of keys (``j``, ``k``, ``l``
    until its lines show, ``escape``, ``r``, ``escape``, ``2`` until the diff shows, ``1``),
-   each timed from the press to the first screen refresh after what it asked for is there;
-   first on the idle app (the baseline), then while ``petri race`` runs 4 candidates whose
-   check prints a line every 100 ms for ``--check-s`` (30) seconds, with the event-to-screen
-   latency of that race's events beside.
+   each timed in the app from its key event to the end of the first compositor update that
+   shows what it asked for, with the CPU the loop's thread spent meanwhile; first on the
+   idle app (the baseline), then while ``petri race`` runs 4 candidates whose check prints
+   a line every 100 ms for ``--check-s`` (30) seconds, with the event-to-screen latency of
+   that race's events beside. The same presses are also timed as issue 19 first did (to
+   Pilot's ``press`` returning, then to the next refresh), which holds Pilot's own waits for
+   the process to go idle and for animations (40 ms at least a key, up to seconds under
+   load): printed apart, not judged.
 5. **quit**: ``q`` in tmux at the end of the idle run, to the process gone.
 
 Caveats: ``ts`` has millisecond resolution; the headless driver composes the screen but
 writes it nowhere (a real terminal adds its own write, a few ms for a full 80x24 frame); the
 race's own processes share the machine's cores with the TUI, which is the situation being
 measured; tmux polling adds up to 5 ms to first paint. Key latency is measured in-process:
-the terminal's own input and output are not in it. ``write_bytes`` counts pages the process
+the terminal's own input and output are not in it (the headless driver renders each update
+but writes it nowhere), nor is the terminal driver's parsing of the key. ``--parts`` runs
+some parts only. A key's loop CPU is ``time.thread_time`` of the loop's thread: the app's
+work and this harness's (a few polls), not the race's processes. ``write_bytes`` counts pages the process
 dirtied, SQLite's shared-memory WAL index (``registry.db-shm``, which every reader of the
 registry takes) included.
 """
