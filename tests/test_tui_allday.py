@@ -325,6 +325,7 @@ def test_the_status_tab_moves_with_the_clock_and_keeps_the_runs():
         async with app.run_test(size=(100, 40)) as pilot:
             await until(pilot, lambda: app.loaded is not None and app.loaded.is_set(), "the first load")
             screen = app.screen
+            await until(pilot, lambda: screen.detail.built, "the detail tabs (built once the rows are painted)")
             def body() -> str:
                 from rich.console import Console
 

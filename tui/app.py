@@ -94,6 +94,10 @@ class PetriApp(App):
     def __init__(self, source: Source, *, read_only: bool = False, race: str | None = None,
                  follow: bool = True, clock: Callable[[], float] | None = None) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            # The tabs' sliding underline is 15-20 repaints of the whole screen per tab key
+            # (300 ms of frames; bench_tui's `1`/`2`): none, unless the user asks for them.
+            self.animation_level = "none"
         self.source = source
         self.read_only = read_only
         self.initial_race = race
@@ -112,6 +116,7 @@ class PetriApp(App):
         self.trace: Callable[[list[dict[str, Any]]], None] | None = None
         self.loaded: asyncio.Event | None = None  # made on mount (it needs the loop), set once loaded
         self._spare_race: Any = None  # a Race screen composed ahead (preload_race_screen)
+        self._spare_logs: Any = None  # a Logs screen composed ahead (preload_logs_screen)
         self._following: tuple[str, int] | None = None  # the run whose log files a thread follows
         self._follow_stop: threading.Event | None = None  # ends that thread
         self._follow_pos: dict[tuple[str, int], dict[str, int]] = {}  # where following a run got to
@@ -175,6 +180,7 @@ class PetriApp(App):
         # event stream's history, staleness and promotions come after it).
         infos = await self.call(self.source.sandboxes, staleness=False)
         self.apply(self.model.put_sandboxes(infos))
+        self.call_after_refresh(self._build_panes)  # once the rows are painted
         if self.follow:
             lanes.daemon(self.follow_events, "petri-tui-events")
         if not self.follow:  # fixed records (tests): races come from the source
@@ -190,6 +196,14 @@ class PetriApp(App):
         await self.refresh_sandboxes_now()  # staleness, right after the first paint
         if self.follow:
             self._schedule_refresh()
+        self.call_after_refresh(self.preload_logs_screen)
+        self.call_after_refresh(freeze_heap)  # what start-up made (imports, screens, rows) stays
+
+
+    def _build_panes(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, SandboxesScreen) and screen.is_mounted:
+                screen.detail.build_soon()
 
     def on_unmount(self) -> None:
         self._stop.set()
@@ -319,10 +333,13 @@ class PetriApp(App):
         if isinstance(top, PetriScreen):
             top.tick(now)  # a covered screen's clock cells catch up when it shows again
 
-    async def run_lines(self, sid: str, n: int | None = None) -> tuple[list[tuple[str, str]], str]:
+    async def run_lines(self, sid: str, n: int | None = None,
+                        runs: list[Any] | None = None) -> tuple[list[tuple[str, str]], str]:
         """A run's output as (stream, line): as it streamed, when this TUI saw it run;
-        else from its saved files (stdout, then stderr: the files do not keep the order)."""
-        runs = await self.call(self.source.runs, sid)
+        else from its saved files (stdout, then stderr: the files do not keep the order).
+        ``runs``: the sandbox's runs, when the caller has just read them."""
+        if runs is None:
+            runs = await self.call(self.source.runs, sid)
         if n is None:
             n = self.model.running.get(sid) or (runs[-1].run if runs else None)
         if n is None:
@@ -334,9 +351,11 @@ class PetriApp(App):
             return list(self.model.tails.get((sid, n)) or ()), header
         lines: list[tuple[str, str]] = []
         if run is not None:
-            out = await self.call(self.source.read_text, run.stdout_path)
-            err = await self.call(self.source.read_text, run.stderr_path)
-            lines = [("stdout", ln) for ln in out.splitlines()] + [("stderr", ln) for ln in err.splitlines()]
+            def read(out: str | None, err: str | None) -> list[tuple[str, str]]:
+                # both files and the split in one trip to the lane: the loop gets the lines made
+                return [("stdout", ln) for ln in self.source.read_text(out).splitlines()] + \
+                    [("stderr", ln) for ln in self.source.read_text(err).splitlines()]
+            lines = await self.call(read, run.stdout_path, run.stderr_path)
         return lines, header
 
     def follow_output(self, sid: str, n: int) -> None:
@@ -460,10 +479,26 @@ class PetriApp(App):
             return
         self.push_screen(CompareScreen(ids[-2], ids[-1]))
 
+    def preload_logs_screen(self) -> None:
+        """Compose a Logs screen ahead, as ``preload_race_screen`` does: ``l`` then shows it
+        instead of composing one (40-80 ms of the loop for its widgets and their styles)."""
+        from .screens.logs import LogsScreen
+
+        if self._spare_logs is not None or not hasattr(self, "_get_screen") or not self.alive:
+            return
+        self._spare_logs = LogsScreen(None)
+        self.install_screen(self._spare_logs, name="petri-logs")
+        self._get_screen(self._spare_logs)
+
     def open_logs(self, sid: str, title: str | None = None) -> None:
         from .screens.logs import LogsScreen
 
-        self.push_screen(LogsScreen(sid, title))
+        spare = self._spare_logs
+        if spare is not None and spare.is_running and spare not in self.screen_stack:
+            spare.show_logs_of(sid, title)
+            self.push_screen(spare)
+        else:
+            self.push_screen(LogsScreen(sid, title))
 
     def show_sandbox(self, sid: str) -> None:
         while len(self.screen_stack) > 2 and not isinstance(self.screen, SandboxesScreen):
@@ -692,6 +727,9 @@ def main(source: Source, **kw: Any) -> int:
     connection, and SQLite checkpoints the WAL then (writes and fsyncs into the workspace's
     store: 2 s on a busy disk, and a write the TUI, which only read, has no business making);
     and it would wait for nothing useful (the reads still in flight are abandoned anyway)."""
+    import gc
+
+    gc.disable()  # start-up makes many objects and few cycles: no collector passes until freeze_heap
     app = PetriApp(source, **kw)
     code = 1
     try:
@@ -704,6 +742,24 @@ def main(source: Source, **kw: Any) -> int:
     finally:
         _end_after(0.0, code)
     return code
+
+
+def freeze_heap() -> None:
+    """Leave what exists now out of the garbage collector's full passes (``gc.freeze``).
+
+    Why: a full pass walks every object the process holds, and a TUI holds many (Textual,
+    petri, pydantic, the rows). Measured in bench_tui's ``l`` (2000 lines of a run's output:
+    a few tens of thousands of new objects, enough to set one off), a full pass took
+    290-750 ms of the event loop on a loaded two-core machine: the key, and every event,
+    waited for it. Frozen, a full pass walks only what was made since (a screen's lines, a
+    closed screen's widgets). Called once start-up is over (the first paint, the detail pane,
+    the spare Race screen, the first staleness read); what is frozen is never collected,
+    and start-up's garbage is a small part of it. ``main`` turns the collector off until
+    then: start-up makes many objects and few cycles, and its passes delayed the first paint."""
+    import gc
+
+    gc.freeze()
+    gc.enable()  # main() turned it off for start-up
 
 
 def _end_after(delay: float, code: int) -> None:

@@ -15,6 +15,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, RichLog, Static
 
+from ..widgets.output_log import OutputLog
+
 from .. import format as fmt
 from ..model import Changes
 from .base import PetriScreen
@@ -33,24 +35,37 @@ class LogsScreen(PetriScreen):
         Binding("j", "scroll(1)", "Down", show=False), Binding("k", "scroll(-1)", "Up", show=False),
     ]
 
-    def __init__(self, sandbox: str, title: str | None = None) -> None:
+    def __init__(self, sandbox: str | None, title: str | None = None) -> None:
         super().__init__()
-        self.sandbox = sandbox
+        self._reset(sandbox, title)
+
+    def _reset(self, sandbox: str | None, title: str | None) -> None:
+        self.sandbox = sandbox  # None: a screen composed ahead, not showing anything yet
         self.title_text = title
         self.run_n: int | None = None  # None: follow the newest
         self.runs: list[Any] = []
         self.showing: int | None = None
         self.showing_in = sandbox  # whose run that is: the sandbox's, or its race check's fork's
         self._cand_state: str | None = None  # its state as a race candidate, when last looked
+        self._deferred = None
+
+    def show_logs_of(self, sandbox: str, title: str | None = None) -> None:
+        """Show this sandbox's logs, as a new screen would (the app reuses a screen composed
+        ahead: composing one, its footer's keys and their styles, was most of ``l``)."""
+        self._reset(sandbox, title)
+        self.query_one(OutputLog).clear()
+        self.head(None)
+        self.run_worker(self.load, exclusive=True)
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("", id="log-head")
-        yield RichLog(id="log", max_lines=20000, wrap=False, markup=False)
+        yield OutputLog(id="log", max_lines=20000, wrap=False, markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
-        self.run_worker(self.load, exclusive=True)
+        if self.sandbox is not None:
+            self.run_worker(self.load, exclusive=True)
 
     def candidate(self) -> dict[str, Any] | None:
         """This sandbox's row in the race it is a candidate of, if any."""
@@ -78,7 +93,9 @@ class LogsScreen(PetriScreen):
 
     async def load(self) -> None:
         papp = self.papp
-        log = self.query_one(RichLog)
+        if self.sandbox is None:
+            return
+        log = self.query_one(OutputLog)
         try:
             self.runs = await papp.call(papp.source.runs, self.sandbox)
         except Exception as e:  # noqa: BLE001 - the sandbox is gone (its record too): said, not raised
@@ -95,10 +112,9 @@ class LogsScreen(PetriScreen):
             self.head(None)
             log.write(Text("no runs yet", style="dim"))
             return
-        lines, _ = await papp.run_lines(sid, n)
+        lines, _ = await papp.run_lines(sid, n, self.runs if sid == self.sandbox else None)
         self.head(n)
-        if lines:
-            log.write(fmt.output_lines(lines))
+        log.write_output(lines)
 
     def _set_head(self, t: Text) -> None:
         from textual.css.query import NoMatches
@@ -144,9 +160,7 @@ class LogsScreen(PetriScreen):
         if self.showing is not None:
             lines = changes.output.get((self.showing_in, self.showing))
             if lines:
-                log = self.query_one(RichLog)
-                if lines:
-                    log.write(fmt.output_lines(lines))
+                self.query_one(OutputLog).write_output(lines)
         c = self.candidate() if changes.races else None
         moved = c is not None and c.get("state") != self._cand_state
         if moved:

@@ -12,6 +12,7 @@ from textual.widgets import Footer, Header, Static
 
 from .. import format as fmt
 from ..model import Changes
+from ..widgets.line import Line
 from ..widgets.overlap_matrix import OverlapMatrix
 from ..widgets.race_table import RaceTable
 from .base import PetriScreen
@@ -42,7 +43,7 @@ class RaceScreen(PetriScreen):
         yield Header()
         yield Static("", id="race-head")
         yield RaceTable(id="race-table")
-        yield Static("", id="why")
+        yield Line("", id="why")
         yield OverlapMatrix(id="overlaps")
         yield Footer()
 
@@ -115,7 +116,7 @@ class RaceScreen(PetriScreen):
         i = self.table.cursor_row
         text = "" if doc is None or not (0 <= i < len(doc["candidates"])) else \
             fmt.why_ranked(doc["candidates"], i, doc.get("winner"))
-        self.query_one("#why", Static).update(Text(fmt.one_line(text, max(20, self.size.width - 2))))
+        self.query_one("#why", Line).update(Text(fmt.one_line(text, max(20, self.size.width - 2))))
 
     def on_race_table_highlighted(self, _: RaceTable.Highlighted) -> None:
         self.show_why()

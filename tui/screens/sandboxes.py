@@ -2,8 +2,8 @@
 detail pane of the one under the cursor (Status, Diff, Logs, Lineage)."""
 from __future__ import annotations
 
+import asyncio
 from functools import partial
-
 from typing import Any
 
 from textual.app import ComposeResult
@@ -14,6 +14,8 @@ from ..model import Changes
 from ..widgets.detail_pane import DetailPane
 from ..widgets.sandbox_table import SandboxTable
 from .base import PetriScreen
+
+HIGHLIGHT_SETTLE_S = 0.08  # the cursor rests this long before the pane reads the sandbox in full
 
 
 class SandboxesScreen(PetriScreen):
@@ -35,6 +37,10 @@ class SandboxesScreen(PetriScreen):
         Binding("4", "tab('tab-lineage')", "Lineage tab", show=False),
         Binding("5", "tab('tab-review')", "Review tab", show=False),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._diffs: dict[str, Any] = {}  # sandbox -> its diff as last read (shown at once on 2)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -67,6 +73,8 @@ class SandboxesScreen(PetriScreen):
         t = self.table
         before = t.current_id()
         t.sync(self.papp.model, changes.sandboxes, changes.gone)
+        for sid in changes.gone | {k[0] for k in changes.runs}:
+            self._diffs.pop(sid, None)  # gone, or a run began or ended in it: its diff moves
         cur = t.current_id()
         ran = any(k[0] == cur for k in changes.runs)  # a run began or ended: its runs, diff and logs moved
         if cur != before or cur in changes.sandboxes or ran:
@@ -89,7 +97,7 @@ class SandboxesScreen(PetriScreen):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table is self.table:
-            self.load_detail(event.row_key.value if event.row_key else None)
+            self.load_detail(event.row_key.value if event.row_key else None, settle=HIGHLIGHT_SETTLE_S)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table is self.table:
@@ -98,7 +106,11 @@ class SandboxesScreen(PetriScreen):
     def on_tabbed_content_tab_activated(self, event: Any) -> None:
         self.load_detail(self.table.current_id())
 
-    def load_detail(self, sid: str | None, light: bool = False) -> None:
+    def load_detail(self, sid: str | None, light: bool = False, settle: float = 0.0) -> None:
+        """The pane for ``sid``: what the model has at once, the rest read in a worker
+        (``light``: no read). ``settle``: the read waits that long for the cursor to rest (a
+        held ``j`` passes rows without reading each one in full: staleness included, that
+        read competes with the keys for the interpreter)."""
         if sid is None:
             return
         model = self.papp.model
@@ -110,30 +122,55 @@ class SandboxesScreen(PetriScreen):
         tab = self.detail.active
         if tab == "tab-lineage":
             self.detail.show_lineage(info, model)
-        elif not light:
-            self.run_worker(partial(self._load_tab, sid, tab), exclusive=True, group="detail")
+            return
+        if tab == "tab-diff" and sid in self._diffs:
+            self.detail.show_diff(self._diffs[sid])  # as last read, at once; read anew below
+        if not light:
+            self.run_worker(partial(self._load_tab, sid, tab, settle), exclusive=True, group="detail")
 
-    async def _load_tab(self, sid: str, tab: str) -> None:
+    async def _load_tab(self, sid: str, tab: str, settle: float = 0.0) -> None:
         from textual.css.query import NoMatches
 
         try:
+            if settle:
+                await asyncio.sleep(settle)  # a newer highlight cancels this worker (exclusive) first
             await self._load_tab_now(sid, tab)
         except NoMatches:
             return  # the screen closed (the app quit) while a read for its pane was on its way
 
     async def _load_tab_now(self, sid: str, tab: str) -> None:
         papp = self.papp
-        full = await papp.call(papp.source.sandbox, sid)
+
+        async def diff() -> Any:
+            try:
+                return await papp.call(papp.source.diff, sid)
+            except Exception:  # noqa: BLE001 - an expired tree: said in the pane
+                return None
+        # the tab's own read goes beside the full record's, not after it
+        diffing = asyncio.ensure_future(diff()) if tab == "tab-diff" else None
+        try:
+            full = await papp.call(papp.source.sandbox, sid)
+        except BaseException:
+            if diffing is not None:
+                diffing.cancel()
+            raise
         if full is None or self.detail.sandbox != sid:
+            if diffing is not None:
+                diffing.cancel()
             return
         self.detail.show_status(full, papp.model, papp.now())
-        if tab == "tab-diff":
-            try:
-                diff = await papp.call(papp.source.diff, sid)
-            except Exception:  # noqa: BLE001 - an expired tree: said in the pane
-                diff = None
+        if diffing is not None:
+            d = await diffing
+            self._diffs[sid] = d
             if self.detail.sandbox == sid:
-                self.detail.show_diff(diff)
+                self.detail.show_diff(d)
+        elif tab == "tab-status" and sid not in self._diffs:
+            # the row the cursor rests on: its diff read ahead (background lane), so that 2
+            # shows it at once; 2 reads it anew all the same
+            try:
+                self._diffs[sid] = await papp.call_bg(papp.source.diff, sid)
+            except Exception:  # noqa: BLE001 - an expired tree: 2 says so when asked
+                pass
         elif tab == "tab-logs":
             lines, header = await papp.run_lines(sid)
             if self.detail.sandbox == sid:

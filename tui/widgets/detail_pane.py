@@ -2,8 +2,10 @@
 under the cursor. The screen loads what a tab shows (in a worker) and hands it down with
 ``show_*``; the pane only renders.
 
-The tabs are composed just after the first paint (``Built`` says when): the sandbox table
-shows first, and the pane's widgets (and their imports and CSS) do not delay it."""
+The tabs are composed just after the first paint of the rows (``build_soon``, ``Built`` says
+when): the sandbox table shows first, and the pane's widgets (and their imports and CSS,
+100-300 ms) do not delay it. They used to be composed after the first frame, which came before
+the registry's rows: the rows then waited for the pane."""
 from __future__ import annotations
 
 from typing import Any, Sequence, TypeVar
@@ -44,10 +46,17 @@ class DetailPane(Vertical):
         self._clock: tuple[str, str, str] | None = None  # its age and time left as last drawn
 
     def on_mount(self) -> None:
-        self.call_after_refresh(self._build)
+        # The app asks for the tabs once the first rows are painted (``build_soon``); the
+        # timer is for a pane whose rows never come (a read that failed, say).
+        self.set_timer(2.0, self.build_soon)
+
+    def build_soon(self) -> None:
+        """Compose the tabs after the next refresh (the one that paints the rows)."""
+        if not self._tabs:
+            self._tabs = True
+            self.call_after_refresh(self._build)
 
     async def _build(self) -> None:
-        self._tabs = True
         await self.recompose()
         self.built = True
         self.post_message(self.Built())
@@ -55,7 +64,9 @@ class DetailPane(Vertical):
     def compose(self) -> ComposeResult:
         if not self._tabs:
             return
-        from textual.widgets import RichLog, TabbedContent, TabPane
+        from textual.widgets import TabbedContent, TabPane
+
+        from .output_log import OutputLog
 
         with TabbedContent(initial=self._active):
             with TabPane("1 Status", id="tab-status"):
@@ -65,7 +76,7 @@ class DetailPane(Vertical):
                 with VerticalScroll():
                     yield Static("", id="diff-body")
             with TabPane("3 Logs", id="tab-logs"):
-                yield RichLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
+                yield OutputLog(id="logs-body", max_lines=2000, wrap=False, markup=False)
             with TabPane("4 Lineage", id="tab-lineage"):
                 with VerticalScroll():
                     yield Static("", id="lineage-body")
@@ -145,22 +156,21 @@ class DetailPane(Vertical):
         self._update("#diff-body", body)
 
     def show_logs(self, lines: Sequence[tuple[str, str]], header: str) -> None:
-        from textual.widgets import RichLog
+        from .output_log import OutputLog
 
-        log = self._widget("#logs-body", RichLog)
+        log = self._widget("#logs-body", OutputLog)
         if log is None:
             return
         log.clear()
         log.write(Text(header, style="bold"))
-        if lines:
-            log.write(fmt.output_lines(lines))
+        log.write_output(lines)
 
     def append_logs(self, lines: Sequence[tuple[str, str]]) -> None:
-        from textual.widgets import RichLog
+        from .output_log import OutputLog
 
-        log = self._widget("#logs-body", RichLog)
-        if log is not None and lines:
-            log.write(fmt.output_lines(lines))
+        log = self._widget("#logs-body", OutputLog)
+        if log is not None:
+            log.write_output(lines)
 
     def show_review(self, review: Any, error: str | None = None) -> None:
         if error is not None:

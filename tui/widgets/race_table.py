@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from .. import format as fmt
+from .line import Line
 
 # key, header, width (the cell text's; one space of gap is added); width 0: what is left
 COLUMNS = [("rank", "RANK", 4), ("candidate", "CANDIDATE", 16), ("sandbox", "SANDBOX", 11), ("state", "STATE", 10),
@@ -27,7 +28,7 @@ COLUMNS = [("rank", "RANK", 4), ("candidate", "CANDIDATE", 16), ("sandbox", "SAN
 MIN_OUT = 12
 
 
-class CandidateRow(Static):
+class CandidateRow(Line):
     DEFAULT_CSS = """
     CandidateRow { height: 1; width: 100%; }
     CandidateRow.-odd { background: $surface-lighten-1; }
@@ -36,7 +37,7 @@ class CandidateRow(Static):
     """
 
     def __init__(self, index: int) -> None:
-        super().__init__("", classes="-odd" if index % 2 else "")
+        super().__init__("", classes="-odd" if index % 2 else "")  # a Line: a new text repaints this row only
         self.index = index
         self.text_shown: Text | None = None
 

@@ -21,7 +21,7 @@ from textual.widgets import DataTable
 from .. import format as fmt
 
 WIDE = 104
-FIRST_ROWS = 8  # rows added before the first frame beyond the terminal's height, when many come at once
+FIRST_ROWS = 4  # rows added before the first frame beyond what the table shows, when many come at once
 # key, header, width (the cell text's; one space of gap is added)
 COLUMNS_WIDE = [("mark", " ", 1), ("id", "ID", 11), ("label", "LABEL", 12), ("state", "STATE", 8),
                 ("base", "BASE", 10), ("age", "AGE", 5), ("left", "LEFT", 5), ("mem", "MEM/LIMIT", 11),
@@ -139,8 +139,8 @@ class SandboxTable(DataTable):
         new = [s for s in order if s not in self.rows and s in model.sandboxes]
         if self._pending:
             first: set[str] = set()  # behind the rows still waiting
-        elif split and len(new) > self.app.size.height + FIRST_ROWS:
-            first = set(new[:self.app.size.height + FIRST_ROWS])
+        elif split and len(new) > self._screenful():
+            first = set(new[:self._screenful()])
             self.call_after_refresh(self._add_pending)
         else:
             first = set(new)
@@ -166,6 +166,19 @@ class SandboxTable(DataTable):
                 self.add_row(*(c[k] for k in self.keys), key=sid)
             self._shown[sid] = c
             self._due.pop(sid, None)  # its times are looked at again on the next tick
+
+    def _screenful(self) -> int:
+        """Rows to add before the first frame: what the table can show and a few more (each
+        row added is measured, 1-2 ms a row on a loaded machine; rows below the fold wait)."""
+        size = self.app.size
+        rows = size.height
+        max_height = self.styles.max_height  # the Sandboxes screen's: 55% of it
+        if max_height is not None:
+            try:
+                rows = min(rows, int(max_height.resolve(size, size)))
+            except Exception:  # noqa: BLE001 - a unit that needs a layout to resolve: the whole height
+                pass
+        return rows + FIRST_ROWS
 
     def _add_pending(self) -> None:
         pending, self._pending = list(self._pending), {}
