@@ -267,7 +267,11 @@ class PetriApp(App):
         for screen in self.screen_stack:
             if isinstance(screen, PetriScreen):
                 # the screen in view now (under a dialog too); the covered ones catch up later
-                if screen is top or (isinstance(top, ModalScreen) and screen is self.screen_stack[-2]):
+                # a screen pushed but not mounted yet has no widgets to update (CI's parallel run saw
+                # NoMatches for the PromotionTable fail a worker): it takes the changes at its resume,
+                # which Textual delivers after its mount
+                shown = screen is top or (isinstance(top, ModalScreen) and screen is self.screen_stack[-2])
+                if shown and screen.is_mounted:
                     screen.on_model(ch)
                 else:
                     screen.defer(ch)
