@@ -367,7 +367,9 @@ def test_a_candidates_check_log_live_then_as_its_own_run_and_exit_agrees(ws):  #
     """A race run by another petri: ``l`` on a candidate while its check runs follows the
     check live (in its throwaway fork); once the race ends the same screen shows the check as
     the candidate's own run; the Sandboxes table's EXIT of each candidate is its check's."""
-    check = "for i in 1 2 3 4 5 6 7 8; do echo tick-$i; sleep 0.4; done; test -f ok"
+    # 12 s: long enough that the check is still live when the Logs screen shows its first line on
+    # a loaded machine (3.2 s was not, at load 20: the check had become the candidate's own run)
+    check = "for i in $(seq 1 40); do echo tick-$i; sleep 0.3; done; test -f ok"
     result: dict[str, Any] = {}
 
     async def main() -> None:
@@ -387,7 +389,7 @@ def test_a_candidates_check_log_live_then_as_its_own_run_and_exit_agrees(ws):  #
             assert logs.showing_in != logs.sandbox and "race check in" in str(logs.query_one("#log-head").render())
             await asyncio.to_thread(racing.join)
             await until(pilot, lambda: logs.showing_in == logs.sandbox and logs.showing is not None
-                        and any("tick-8" in s.text for s in log.lines), "the check as the candidate's run")
+                        and any("tick-40" in s.text for s in log.lines), "the check as the candidate's run")
             doc = result["race"].to_json()
             await pilot.press("escape", "escape")
             table = await until(pilot, lambda: isinstance(app.screen, SandboxesScreen) and app.screen.table,
