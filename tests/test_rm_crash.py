@@ -151,7 +151,12 @@ def test_rm_killed_at_random_instants(ws, kills):
         assert subprocess.run(_petri_argv("rm", sb), cwd=ws, env=_env(), capture_output=True).returncode == 0
         took = min(took, time.monotonic() - t0)
     seen: dict[str, int] = {}
-    for _ in range(kills):
+    tries = 0
+    # at least `kills` kills, and more (up to three times as many) until a fifth of them landed
+    # mid-rm: a load that falls after the timing above makes rm quicker than `took` says, so
+    # each rm that finished before its kill shortens the wait (seen: 9 of 10 finished at load 20)
+    while tries < kills or (seen.get("destroyed", 0) < kills // 5 and tries < 3 * kills):
+        tries += 1
         sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
         tree = ws / ".petri" / "sandboxes" / sb / "tree"
         p = subprocess.Popen(_petri_argv("rm", sb), cwd=ws, env=_env(), stdout=subprocess.DEVNULL,
@@ -161,10 +166,12 @@ def test_rm_killed_at_random_instants(ws, kills):
         p.wait()
         state = _check_killed_rm(ws, sb, tree, N_FILES) if p.returncode == -signal.SIGKILL else "finished"
         seen[state] = seen.get(state, 0) + 1
+        if state == "finished":
+            took *= 0.8
         if state == "ready":
             assert petri("rm", sb, cwd=ws).rc == 0
     # the kills landed after the row was marked, some of them (and some before, likely)
-    assert seen.get("destroyed", 0) >= kills // 5 and sum(seen.values()) == kills, seen
+    assert seen.get("destroyed", 0) >= kills // 5 and sum(seen.values()) == tries, seen
 
 
 def test_fork_killed_while_it_makes_trees(ws):
