@@ -27,6 +27,13 @@ def settle(*keys: str):
             await pilot.pause()
         await app.workers.wait_for_complete()
         await pilot.pause()
+        # a focused Input's cursor blinks every 0.5 s: on a loaded machine the picture was taken
+        # in either phase (CI's parallel run); stopping the blink leaves the cursor shown
+        from textual.widgets import Input
+
+        for field in app.screen.query(Input):
+            field.cursor_blink = False
+        await pilot.pause()
     return run_before
 
 
