@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
+from .diskcap import DiskCap as DiskCap  # the contract disk_cap returns; defined beside the default cap
+from .diskcap import filesystem_disk_cap
 from .store import Store
 
 if TYPE_CHECKING:
@@ -91,40 +93,6 @@ FULL = Candidates(None, "manifest")
 
 # A read-only point-in-time view of live and the snapshot, with where they may differ.
 LiveCandidates = tuple[Path, Path, Candidates]  # (snapshot tree, live view, candidates)
-
-
-class DiskCap:
-    """How a workspace enforces ``--disk`` (``Backend.disk_cap``).
-
-    ``prepare`` once per fork or run makes the cap possible and returns warnings about what
-    that did (for the person and the ``--json`` document); ``apply`` caps one sandbox;
-    ``mark`` before a run and ``hit`` after it tell whether the cap refused anything
-    meanwhile, from the cap's own counters, never from a command's output (a message can be
-    faked, and a real overflow can be silenced); ``usage`` is (bytes counted against the
-    cap, the cap) where the cap keeps such counters; ``lapsed`` says why caps applied
-    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox;
-    ``needs_root``: ``prepare`` refuses a normal user (what ``petri doctor`` tells one)."""
-
-    kind: ClassVar[str] = "none"
-    needs_root: ClassVar[bool] = False
-
-    def prepare(self) -> list[str]:
-        return []
-
-    def apply(self, store: Store, sb_id: str, limit: int) -> None:
-        pass
-
-    def mark(self, store: Store, sb_id: str) -> object:
-        return None
-
-    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
-        return False
-
-    def usage(self, store: Store, sb_id: str) -> tuple[int, int] | None:
-        return None
-
-    def lapsed(self) -> str | None:
-        return None
 
 
 def refuse_clone_options(name: str, disk_budget: int | None, idmap: IdMap | None) -> None:
@@ -233,8 +201,6 @@ class Backend(Protocol):
         """How ``--disk`` is enforced for sandboxes of this store, or ``DiskLimitUnavailable``
         (exit 4) naming what would work. The default: an XFS project quota where the store's
         filesystem is mounted with ``prjquota``, else that refusal."""
-        from .diskcap import filesystem_disk_cap
-
         return filesystem_disk_cap(self.name, store)
 
     def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
