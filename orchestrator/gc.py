@@ -119,7 +119,7 @@ def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
 
     # Environments (holder, relays, /tmp) of sandboxes that are gone: a petri killed mid-rm.
     living = {s.id for s in engine.registry.sandboxes() if s.state in LIVE_STATES}  # expired: its lifetime is over
-    from .service_runs import sweep as sweep_services
+    from .service_records import sweep as sweep_services
 
     killed = sweep_services(engine.store.root, living)
     k, mounts = environment.sweep(engine.store.root, living)

@@ -137,7 +137,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    from .service_runs import live_names
+    from .service_records import live_names
 
     services = live_names(engine.store.root, row.id)
     if services:  # a service is a command running in the sandbox too (a dev server writes files)
@@ -379,7 +379,7 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     from merge.journal import PRE, _rmtree_counting
 
     recover_interrupted(engine)
-    from .stages import recover as recover_stages
+    from .stage_rows import recover as recover_stages
     recover_stages(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
@@ -422,7 +422,7 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
-    from .stages import recover
+    from .stage_rows import recover
     recover(e)  # a stage whose petri died shows as pending, not running
     from .watch import doc_of, settle_dead
     settle_dead(e)

@@ -24,7 +24,7 @@ chunks from Ray's object store, checks the digest, installs it: a layer crosses 
 most once, whatever number of candidates run there, and never again while the node store
 keeps it), ``import_base`` (the base as a snapshot of layers, its read-only view mounted and
 hashed once for every candidate), then ``run`` per candidate (two sandboxes forked in
-milliseconds from the imported base, ``race.run_candidate`` as a local race runs it, then the
+milliseconds from the imported base, ``race_steps.run_candidate`` as a local race runs it, then the
 patch and the log tails; both sandboxes destroyed), and ``close`` (nothing left: sandboxes,
 views, the fuse fork server).
 
@@ -276,13 +276,15 @@ class NodeAgent:
 
     # -- candidates ----------------------------------------------------------------------------
     def run(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """One candidate (see ``race.run_candidate``); its outcome, patch and log tails."""
+        """One candidate (``race_plan.RacePlan.candidate_spec``, run by ``race_steps.run_candidate``);
+        its outcome, patch and log tails."""
         import functools
 
         import trio
 
         from ..limits import Limits
-        from ..race import Candidate, Outcome, run_candidate
+        from ..race_plan import outcome_of_spec
+        from ..race_steps import run_candidate
 
         if self.closed or self.base_view is None or self.base is None:
             raise NodeRefused(node=os.uname().nodename, why="the race on this node is over or was never prepared")
@@ -295,8 +297,7 @@ class NodeAgent:
                 e.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
                     "id": self.race_id, "pid": os.getpid(), "done": False, "cluster": True,
                     "candidate": spec["index"], "role": "candidate" if i == 0 else "check"}})
-            o = Outcome(spec["index"], Candidate(spec["kind"], spec["text"], spec.get("data")), ids[0],
-                        check_sandbox=ids[1])
+            o = outcome_of_spec(spec)
             trio.run(functools.partial(run_candidate, e, o, spec["check"], base_view=self.base_view,
                                        manifest=self.manifest, ignore_root=self.base_view,
                                        timeout_s=spec.get("timeout_s"), seccomp=spec["seccomp"], env=spec.get("env")))
