@@ -32,7 +32,7 @@ from snapshot.osutil import rmtree
 
 from . import events, promoted, recovery
 from .limits import Limits
-from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
+from .errors import LimitsUnavailable, SandboxGone, SandboxesExist, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
 from .sandbox.run_view import reap_dead_views, remove_sandbox_views
@@ -271,7 +271,6 @@ class Engine:
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
         if system:
-            from .errors import LimitsUnavailable
             from .sandbox.system_layer import unavailable
 
             why = unavailable(self.store.root)

@@ -35,6 +35,7 @@ import shlex
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .race_steps import METRICS_FILE, read_metrics
+from .errors import EmptyCommand, UsageError
 
 if TYPE_CHECKING:
     from .api import Workspace
@@ -59,7 +60,6 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the loop (see the module docstring); the ``Evolution`` document."""
     from .api import Cmd, Sandbox, _candidate_pair, _candidate_texts, _seconds
-    from .errors import EmptyCommand, UsageError
     from .race import Metric, load_candidates, race_sync
 
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):

@@ -38,11 +38,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from snapshot.errors import PetriError
+
 from . import audit, kpi
 from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
 from .config import load_config
-from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, UsageError
-from .lineage import diff_base
+from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, ServiceRunning, UsageError
+from .lineage import diff_base, mark_scaffold
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 
@@ -141,7 +143,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
 
     services = live_names(engine.store.root, row.id)
     if services:  # a service is a command running in the sandbox too (a dev server writes files)
-        from .errors import ServiceRunning
 
         raise ServiceRunning(name=services[0], ident=row.id)
     # the merge base: a fork of a fork merges against the snapshot of live its lineage began at
@@ -259,8 +260,6 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
 
 
 def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    from snapshot.errors import PetriError
-    from .lineage import mark_scaffold
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:

@@ -103,8 +103,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from snapshot.errors import PetriError
+
 from . import events
-from .errors import OrchestratorError
+from .errors import OrchestratorError, UsageError
 from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
                         judge_metric, load_candidates, parse_metric, rank, run_roles, run_roles_meta, winner_of)
 from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused, failure_reason,
@@ -179,7 +181,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     from .config import load_config
     from .engine import Limits
-    from .errors import UsageError
     from .profiles import inherited, seccomp_for
     from .runs import seccomp_profile
 
@@ -193,7 +194,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
         from .cluster.connect import parse_address
         parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
         if metric is not None:
-            from .errors import UsageError
             raise UsageError(detail="--metric is not supported with --cluster")
     limits = cfg.apply_defaults(limits or Limits())
     engine.check_limits(limits)
@@ -297,7 +297,6 @@ async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, 
 
 
 def _check_winner_label(engine: "Engine", label: str) -> None:
-    from .errors import UsageError
     from .units import check_label
 
     check_label(label)
@@ -487,7 +486,6 @@ def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str]
 
 
 def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[str], None] | None = None) -> None:
-    from snapshot.errors import PetriError
 
     from .promotions import promote as do_promote
 

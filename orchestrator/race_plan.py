@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import PatchUnreadable
+from .errors import PatchUnreadable, UsageError
 
 if TYPE_CHECKING:
     from .limits import Limits
@@ -210,7 +210,6 @@ class Metric:
 def parse_metric(spec: str, max_regression: str | None = None) -> Metric:
     """``FILE:KEY``, ``FILE:KEY:max`` (higher is better) or ``FILE:KEY:min``, and ``N%``;
     a bad one is a usage error (exit 2) before anything is forked."""
-    from .errors import UsageError
 
     higher = False
     body = spec

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import UsageError
+from .errors import EmptyCommand, SandboxSetupFailed, UsageError
 from .service_records import LIVE, read, services_dir
 from .service_records import live_names as live_names  # the API asks this module for it
 from .service_records import kill_supervisor as _kill_supervisor
@@ -125,7 +125,6 @@ def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
 def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | None = None, restart: str = "no",
           env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Start ``argv`` as a service of the sandbox; return its row once it runs (or failed)."""
-    from .errors import EmptyCommand
     from .runs import runnable_row
 
     if not argv or not argv[0]:
@@ -173,7 +172,6 @@ def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | No
             got += chunk
     rec = read(store, row.id, name) or rec
     if not got.startswith(b"ok"):
-        from .errors import SandboxSetupFailed
 
         raise SandboxSetupFailed(detail=f"service {name}: {got.decode(errors='replace') or 'its supervisor died'}")
     from .sandbox import environment

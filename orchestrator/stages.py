@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from snapshot.errors import PetriError
+
 from . import audit, promotions
 from .config import Stage, load_config
 from .errors import NothingToRollBack, OrchestratorError, UsageError
@@ -339,7 +341,6 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
     """Run stages ``start``..``last``. ``approve``: the index of the stage whose manual gate
     the caller (``resume``) passes; ``resumed``: the pending row to carry on with (its
     promotion is in place: only its checks run again)."""
-    from snapshot.errors import PetriError
 
 
     for i in range(start, last + 1):

@@ -33,8 +33,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from snapshot.errors import PetriError
+
 from . import events
 from .registry import now, pid_alive, rfc3339
+from .errors import EmptyCommand, UsageError
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -48,7 +51,6 @@ def parse_watch(command: str | None, for_: float | str | None, every: float | st
                 api: bool = False) -> tuple[str, float, float] | None:
     """(command, for, every) in seconds from the options, or None without a watch; a usage
     error (exit 2) for a watch without a duration, a zero one, or an interval longer than it."""
-    from .errors import EmptyCommand, UsageError
     from .units import parse_duration
 
     def name(cli: str, py: str) -> str:  # the caller's spelling: the CLI's flag or the API's keyword
@@ -198,7 +200,6 @@ def _check(engine: "Engine", promo_id: str, command: str, timeout_s: float) -> d
 
 def run_watch(engine: "Engine", promo_id: str) -> str:
     """The watcher's loop: the state the watch ended in."""
-    from snapshot.errors import PetriError
 
     from . import audit
 

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, ru
 from .diskcap import DiskCap as DiskCap  # the contract disk_cap returns; defined beside the default cap
 from .diskcap import filesystem_disk_cap
 from .store import Store
+from .errors import SnapshotError, Unsupported
+from .osutil import rmtree
 
 if TYPE_CHECKING:
     from .idmap import IdMap
@@ -100,7 +102,6 @@ def refuse_clone_options(name: str, disk_budget: int | None, idmap: IdMap | None
     (it asks ``enforces_disk_budget`` and ``mounts_map_owners`` first); a caller that
     does gets an error rather than a silently uncapped or unmapped sandbox."""
     if disk_budget is not None or idmap is not None:
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {name} backend's clones take no disk budget and map no owners")
 
@@ -163,13 +164,11 @@ class Backend(Protocol):
     def convert(workspace: Path, progress: Progress | None = None, say: Say | None = None, /) -> bool:
         """``petri init --convert``: make ``workspace`` one this backend hosts in place (btrfs:
         a subvolume at the same path). True if it converted, False if it already was one."""
-        from .errors import Unsupported
 
         raise Unsupported(detail="this backend cannot convert a workspace (--convert)")
 
     def remove_leftover(self, store: Store, leftover: Leftover) -> None:
         """Undo one of ``leftovers``' findings (unmounting what is mounted first)."""
-        from .osutil import rmtree
 
         rmtree(leftover.path)
 
@@ -181,7 +180,6 @@ class Backend(Protocol):
     def destroy_store(self, store: Store) -> None:
         """Remove the whole store with whatever of this backend is in it (deinit, a failed
         init): the caller has already removed every row's tree and the registry."""
-        from .osutil import rmtree
 
         rmtree(store.root)
 
@@ -209,7 +207,6 @@ class Backend(Protocol):
         backends stack on it). As exact as ``snapshot`` of live: atomic where the backend's
         snapshots are, else per file. On any failure nothing half-made is left behind; the
         sandbox is never changed."""
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {self.name} backend cannot snapshot a sandbox (fork --from sb-…)")
 
@@ -222,7 +219,6 @@ class Backend(Protocol):
     def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
         """Make an existing sandbox's mount show owners through ``idmap`` (remounting one
         made without it); only for backends whose ``mounts_map_owners()`` is True."""
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {self.name} backend's sandboxes are plain trees: a run maps owners itself")
 
@@ -331,5 +327,4 @@ class Backend(Protocol):
     def import_snapshot(self, store: Store, snap_id: str, layer_names: list[str]) -> None:
         """Make ``snap_id`` out of layers already installed under ``store.layers`` (lowest
         first), e.g. received from another machine; only layered backends can."""
-        from .errors import SnapshotError
         raise SnapshotError(detail=f"the {self.name} backend cannot import a snapshot made of layers")

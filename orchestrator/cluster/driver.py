@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from snapshot.errors import PetriError
+
 from .. import events
 from ..race_plan import Candidate, Outcome, RacePlan, conflicts, rank
 from ..race_steps import GIT_APPLY, apply_argv_env, count_changes, drop_base_if_unused, report_candidate, shielded, tail
@@ -270,7 +272,6 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
         if isinstance(got, BaseException):
             node.dead = _refusal(node, got)
             cause = getattr(got, "cause", None)
-            from snapshot.errors import PetriError
             if isinstance(cause, PetriError) and cause.exit_code == 4:
                 raise cause  # the race's limits cannot be had there: the user's to fix
         elif got is not None:

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshot.store import Store
+from snapshot.choose import choose_layered, get_backend
 
 from ..services import Engine
 from ..errors import OrchestratorError
@@ -62,6 +63,7 @@ from ..registry import Registry, SnapshotRow, now, pid_alive
 from .archive import extract_archive
 from .export import layer_paths_lowest_first
 from .errors import NodeRefused
+from ..limits import Limits
 
 NODE_STORE_ENV = "PETRI_CLUSTER_STORE"
 NODE_BACKEND_ENV = "PETRI_NODE_BACKEND"  # overlay | fuse | auto (tests force fuse as root)
@@ -108,7 +110,6 @@ def _locked(path: Path):
 
 def open_node_engine(store: Path, mount_at: Path, owner: str | None, backend: str | None = None) -> NodeEngine:
     """The node workspace for ``mount_at`` in ``store``, made on first use."""
-    from snapshot.choose import choose_layered, get_backend
 
     home = _home(store, mount_at)
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +251,6 @@ class NodeAgent:
         against this node, mount the base's view and hash it once for all candidates."""
         from merge.changes import scan_tree
 
-        from ..limits import Limits
 
         t0 = time.monotonic()
         e = self.engine()
@@ -282,7 +282,6 @@ class NodeAgent:
 
         import trio
 
-        from ..limits import Limits
         from ..race_plan import outcome_of_spec
         from ..race_steps import run_candidate
 
