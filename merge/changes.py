@@ -38,6 +38,8 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import xxhash
 
+from snapshot.osutil import read_fd
+
 from . import diffalgo
 from .errors import TreeChangedDuringScan, UnsafePath
 
@@ -59,16 +61,6 @@ def content_id_fd(fd: int) -> str:
         if not b:
             return h.hexdigest()
         h.update(b)
-def read_fd(fd: int) -> bytes:
-    """Everything left to read on ``fd``."""
-    chunks = []
-    while True:
-        b = os.read(fd, _CHUNK)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 

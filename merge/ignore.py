@@ -51,6 +51,8 @@ import re
 import struct
 from pathlib import Path
 
+from snapshot.osutil import read_fd
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _MAX_IGNORE_FILE = 100 << 20
@@ -390,8 +392,6 @@ def _read_outside(path: bytes) -> bytes | None:
 
 def _read_regular(fd: int) -> bytes | None:
     """The file's bytes if it is a regular file of sane size (None otherwise); closes ``fd``."""
-    from .changes import read_fd
-
     try:
         st = os.fstat(fd)
         if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > _MAX_IGNORE_FILE:

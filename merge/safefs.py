@@ -40,9 +40,9 @@ from typing import Iterable
 
 import xxhash
 
-from snapshot.osutil import RENAME_NOREPLACE, libc, renameat2
+from snapshot.osutil import RENAME_NOREPLACE, libc, read_fd, renameat2
 
-from .changes import content_id_fd, kind_of, read_fd
+from .changes import content_id_fd, kind_of
 from .errors import PathThroughSymlink, UnsafePath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

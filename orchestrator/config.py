@@ -91,7 +91,7 @@ from .errors import ConfigError
 from .runlog import DEFAULT_CAP
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from .policy_rules import Policy
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
     max_lines is the stricter of the two, so a profile can tighten but never loosen."""
     if own is None:
         return top
-    from .profiles import ProfilePolicy
+    from .policy_rules import ProfilePolicy
 
     top = top or ProfilePolicy(source=own.source)
 
@@ -312,7 +312,7 @@ def parse_config(data: bytes, path: Path) -> Config:
 
 
 def _policy(m: Any, path: Path) -> "Policy":
-    from .policy import Policy, RiskRule
+    from .policy_rules import Policy, RiskRule
 
     return Policy(source=str(path), protect=tuple(m.protect),
                   deny_patterns=tuple(m.deny_patterns),

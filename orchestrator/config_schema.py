@@ -204,7 +204,7 @@ class PolicyModel(BaseModel):
 
 
 def _check_globs(v: list[str]) -> list[str]:
-    from .policy import compile_glob
+    from .policy_rules import compile_glob
 
     for i, g in enumerate(v):
         try:

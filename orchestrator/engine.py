@@ -32,10 +32,11 @@ from snapshot.osutil import rmtree
 
 from . import events, promoted, recovery
 from .limits import Limits
-from .errors import SandboxesExist, SandboxGone, SnapshotInUse, UnknownId, UsageError
+from .errors import LimitsUnavailable, SandboxGone, SandboxesExist, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
 from .sandbox.run_view import reap_dead_views, remove_sandbox_views
+from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
@@ -270,7 +271,6 @@ class Engine:
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
         if system:
-            from .errors import LimitsUnavailable
             from .sandbox.system_layer import unavailable
 
             why = unavailable(self.store.root)
@@ -482,14 +482,13 @@ class Engine:
         killed."""
         from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
 
-        from . import service_runs
         from .sandbox import environment
 
         if mark:
             self.registry.mark_live_runs(row.id, why)
         try:
             # Services first: a supervisor alive would restart what the cgroup sweep kills.
-            return service_runs.stop_all(self.store.root, row.id) + reaper.kill_sandbox(row.id)
+            return stop_services(self.store.root, row.id) + reaper.kill_sandbox(row.id)
         finally:
             remove_sandbox_views(self.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
             environment.destroy(self.store.root, row.id)  # its network, /tmp and published ports

@@ -30,43 +30,15 @@ symlink counts as no metrics (its ``score`` is 0).
 """
 from __future__ import annotations
 
-import json
 import math
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .race_steps import METRICS_FILE, read_metrics
+from .errors import EmptyCommand, UsageError
 
 if TYPE_CHECKING:
     from .api import Workspace
-
-METRICS_FILE = ".petri-metrics.json"  # merge.promote.METRICS_FILE: never in a diff or a promotion
-MAX_METRICS = 64 << 10
-
-
-def read_metrics(tree: Path | str | bytes, name: str = METRICS_FILE) -> dict[str, Any] | None:
-    """The JSON object a check left at ``<tree>/.petri-metrics.json`` (or ``name``, a path
-    in the tree: ``race --metric``), or None (never following a symlink: the file is the
-    sandbox's to write)."""
-    import os
-
-    from merge.safefs import SafeTree
-
-    try:
-        with SafeTree(os.fsencode(tree)) as t:
-            node = t.node(name.encode())
-            if node is None or node.kind != "file":
-                return None
-            fd = t.open_regular(name.encode())
-        try:
-            data = os.read(fd, MAX_METRICS + 1)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_METRICS:
-            return None
-        got = json.loads(data)
-    except Exception:  # noqa: BLE001 - unreadable or not JSON: no metrics, not a failure
-        return None
-    return got if isinstance(got, dict) else None
 
 
 def score_of(metrics: dict[str, Any] | None) -> float:
@@ -88,7 +60,6 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the loop (see the module docstring); the ``Evolution`` document."""
     from .api import Cmd, Sandbox, _candidate_pair, _candidate_texts, _seconds
-    from .errors import EmptyCommand, UsageError
     from .race import Metric, load_candidates, race_sync
 
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from merge.errors import PathThroughSymlink, UnsafePath
 from merge.safefs import DIR_FLAGS, READ_FLAGS, SafeTree, split_rel, write_new_file
 from snapshot.osutil import RENAME_NOREPLACE, renameat2
+from merge.changes import kind_of
 
 from .errors import (BadFilePath, BadPattern, FileToolFailed, NoSuchPath, NotARegularFile, PathInStore,
                      SymlinkOnPath, UsageError)
@@ -197,7 +198,6 @@ def plain_errors(tree: SafeTree, rel: bytes, doing: str, where: Where) -> Iterat
 
 
 def _kind(mode: int) -> str:
-    from merge.changes import kind_of
 
     return kind_of(mode)
 

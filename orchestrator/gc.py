@@ -34,6 +34,7 @@ from .events import rotate_if_big
 from .promotions import gc_promotions
 from .registry import LIVE_STATES, pid_alive
 from .sandbox.run_view import reap_dead_views
+from .service_records import sweep as sweep_services
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -119,7 +120,6 @@ def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
 
     # Environments (holder, relays, /tmp) of sandboxes that are gone: a petri killed mid-rm.
     living = {s.id for s in engine.registry.sandboxes() if s.state in LIVE_STATES}  # expired: its lifetime is over
-    from .service_runs import sweep as sweep_services
 
     killed = sweep_services(engine.store.root, living)
     k, mounts = environment.sweep(engine.store.root, living)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from snapshot.errors import PetriError
+
 from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
 
 if TYPE_CHECKING:
@@ -249,7 +251,6 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
     are older than its newest ``keep`` generations. Kept anyway: a sandbox a command runs
     in, and one a pending graduated promotion still needs. Returns ``{"id", "generation",
     "why"}`` per sandbox destroyed (``why``: the tree's newest generation)."""
-    from snapshot.errors import PetriError
 
     from .units import MAX_SQL_INT, check_count
 

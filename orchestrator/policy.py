@@ -42,86 +42,15 @@ from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from snapshot.errors import Conflict
 
+from .policy_rules import Policy, RiskRule, compile_glob  # noqa: F401 - the rules as data live there
+
 RISK_LEVELS = ("low", "high")
-
-
-@dataclass(frozen=True)
-class RiskRule:
-    """One ``[[policy.risk]]`` entry: when it matches, the change is high-risk."""
-
-    paths: tuple[str, ...] = ()
-    min_files: int | None = None
-    min_lines: int | None = None
-    require: str = "manual"  # "manual" | "stage:NAME"
-
-    @property
-    def stage(self) -> str | None:
-        return self.require[len("stage:"):] if self.require.startswith("stage:") else None
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The ``[policy]`` table; ``source``: the config file it came from."""
-
-    source: str = ""
-    protect: tuple[str, ...] = ()
-    deny_patterns: tuple[str, ...] = ()
-    max_files: int | None = None
-    max_lines: int | None = None
-    risk: tuple[RiskRule, ...] = ()
-    _compiled: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.protect or self.deny_patterns or self.max_files is not None
-                    or self.max_lines is not None or self.risk)
-
-    @property
-    def needs_patch(self) -> bool:
-        """Only ``deny_patterns`` reads the lines; the rest needs the file list alone."""
-        return bool(self.deny_patterns)
-
-    def where(self, key: str) -> str:
-        """A rule's source as a person finds it: ``/path/config.toml [policy].protect[0]``."""
-        return f"{self.source} [policy].{key}"
-
-    def _globs(self) -> list[tuple[str, "re.Pattern[bytes]", bool]]:
-        got = self._compiled.get("protect")
-        if got is None:
-            got = [(g, *compile_glob(g)) for g in self.protect]
-            self._compiled["protect"] = got
-        return got
-
-    def _patterns(self) -> tuple["re.Pattern[str] | None", list["re.Pattern[str]"]]:
-        got = self._compiled.get("deny")
-        if got is None:
-            each = [re.compile(p) for p in self.deny_patterns]
-            # one pass over every added line with all patterns; which one matched is asked
-            # only of the (few) lines that matched at all
-            combined = re.compile("|".join(f"(?:{p})" for p in self.deny_patterns)) if each else None
-            got = (combined, each)
-            self._compiled["deny"] = got
-        return got
-
-
-def compile_glob(glob: str) -> tuple["re.Pattern[bytes]", bool]:
-    """(regex, by name) for a ``protect``/``risk`` glob; ``ValueError`` when it is bad."""
-    from merge.ignore import wildmatch_regex
-
-    g = glob.encode("utf-8", "surrogateescape")
-    if not g.strip(b"/") or b"\0" in g:
-        raise ValueError(f"bad glob {glob!r}: empty or holds a NUL")
-    try:
-        rx = re.compile(wildmatch_regex(g.lstrip(b"/")), re.DOTALL)
-    except (re.error, Exception) as e:  # merge.ignore raises its own for a bad bracket
-        raise ValueError(f"bad glob {glob!r}: {e}") from None
-    return rx, b"/" not in g.strip(b"/")
 
 
 def _glob_hit(rx: "re.Pattern[bytes]", by_name: bool, path: bytes) -> bool:

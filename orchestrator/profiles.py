@@ -29,35 +29,14 @@ and policy, not its env_pass or secrets (a race forks without them, as without a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .policy import Policy
+from .policy_rules import Policy, ProfilePolicy  # noqa: F401 - ProfilePolicy: its old home
 
 if TYPE_CHECKING:
     from .config import Profile
     from .engine import Engine
-
-
-@dataclass(frozen=True)
-class ProfilePolicy(Policy):
-    """``[policy]`` extended by a profile's: each rule's source names the table it is in."""
-
-    table: str = "policy"  # the profile's: profiles.NAME.policy
-    top_counts: tuple[int, int, int] = (0, 0, 0)  # protect, deny_patterns, risk rules of [policy]
-    from_profile: tuple[str, ...] = ()  # max_files / max_lines the profile's value set
-
-    def where(self, key: str) -> str:
-        name, _, rest = key.partition("[")
-        lists = ("protect", "deny_patterns", "risk")
-        if name in lists and rest:
-            i = int(rest.rstrip("]")) - self.top_counts[lists.index(name)]
-            if i >= 0:
-                return f"{self.source} [{self.table}].{name}[{i}]"
-        elif name in self.from_profile:
-            return f"{self.source} [{self.table}].{name}"
-        return super().where(key)
 
 
 def fork_env(profile: "Profile | None", env_pass: Sequence[str],
@@ -93,7 +72,6 @@ def inherited(engine: "Engine", source: str) -> str | None:
 def policy_for(root: Path | None, profile: str | None) -> "Policy":
     """The policy a sandbox forked with ``profile`` is promoted under."""
     from .config import load_config
-    from .policy import Policy
 
     cfg = load_config(root)
     if profile is None:

@@ -38,11 +38,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from snapshot.errors import PetriError
+
 from . import audit, kpi
 from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
 from .config import load_config
-from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, UsageError
-from .lineage import diff_base
+from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, ServiceRunning, UsageError
+from .lineage import diff_base, mark_scaffold
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 
@@ -137,11 +139,10 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    from .service_runs import live_names
+    from .service_records import live_names
 
     services = live_names(engine.store.root, row.id)
     if services:  # a service is a command running in the sandbox too (a dev server writes files)
-        from .errors import ServiceRunning
 
         raise ServiceRunning(name=services[0], ident=row.id)
     # the merge base: a fork of a fork merges against the snapshot of live its lineage began at
@@ -259,8 +260,6 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
 
 
 def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    from snapshot.errors import PetriError
-    from .lineage import mark_scaffold
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
     try:
@@ -379,7 +378,7 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     from merge.journal import PRE, _rmtree_counting
 
     recover_interrupted(engine)
-    from .stages import recover as recover_stages
+    from .stage_rows import recover as recover_stages
     recover_stages(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
@@ -422,7 +421,7 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
-    from .stages import recover
+    from .stage_rows import recover
     recover(e)  # a stage whose petri died shows as pending, not running
     from .watch import doc_of, settle_dead
     settle_dead(e)

@@ -1,5 +1,10 @@
 """``petri race``: candidate fixes side by side, one sandbox each, ranked by a check.
 
+A race is a plan first (``race_plan.RacePlan``: the candidates, the base, the check, the
+limits, the role of each sandbox, the steps in order), which ``execute_local`` runs here or
+``cluster.driver.cluster_race`` runs on a Ray cluster; both run each candidate through the
+same step functions (``race_steps``), so a candidate is judged the same wherever it runs.
+
 End to end (DESIGN "The race"):
 
 1. Read every ``--patch`` file first (a missing one is a usage error before anything is
@@ -89,230 +94,36 @@ Caveats:
 - If petri dies mid-race, the candidates' sandboxes are left for ``petri gc`` (they carry
   the race's pid in their meta) rather than cleaned up at once.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from snapshot.errors import PetriError
+
 from . import events
-from .errors import OrchestratorError, PatchUnreadable
+from .errors import OrchestratorError, UsageError
+from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
+                        judge_metric, load_candidates, parse_metric, rank, run_roles, run_roles_meta, winner_of)
+from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused, failure_reason,
+                         read_metric, report_candidate, run_candidate, shielded, telling_line)
 from .registry import new_id
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
     from .output import Output
 
-GIT_APPLY = ["git", "-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*",
-             "apply", "--whitespace=nowarn", "-"]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    kind: str  # 'patch' | 'cmd'
-    text: str  # the patch file as given, or the command
-    data: bytes | None = None  # the patch's bytes
-
-
-@dataclass
-class Outcome:
-    """What happened to one candidate (filled in as the race goes)."""
-
-    index: int
-    candidate: Candidate
-    sandbox: str
-    applied: bool = False
-    apply_exit_code: int | None = None
-    apply_error: str | None = None
-    exit_code: int | None = None
-    duration_s: float | None = None
-    killed_by: str | None = None
-    files_changed: int = 0
-    lines_added: int = 0
-    lines_removed: int = 0
-    paths: frozenset[bytes] = field(default_factory=frozenset)
-    runs: list[int] = field(default_factory=list)
-    rank: int = 0
-    check_sandbox: str | None = None  # the throwaway fork the check runs in
-    check_run: int | None = None
-    error: str | None = None  # why it failed, in one line
-    stdout_path: str | None = None  # the log of the step that decided (the check, or a failed apply)
-    stderr_path: str | None = None
-    logs_run: int | None = None  # that step as a run of the candidate's sandbox (``petri logs SB --run N``)
-    metrics: dict[str, Any] | None = None  # what the check left in .petri-metrics.json (orchestrator.evolve)
-    policy_ok: bool | None = None  # the config's [policy] on its change (None: no policy, or not applied)
-    policy: list[dict[str, Any]] = field(default_factory=list)  # its verdicts that failed
-    risk: str | None = None
-    metric: float | None = None  # --metric FILE:KEY as its check left it
-    regression: float | None = None  # against the base's (a fraction: 0.3 = 30 % worse)
-    metric_ok: bool | None = None  # False: regressed past --max-regression, or the check wrote no KEY
-
-    @property
-    def passed(self) -> bool:
-        return self.applied and self.exit_code == 0 and self.metric_ok is not False
-
-    @property
-    def changed_nothing(self) -> bool:
-        """Applied, and no file ``petri diff`` would show differs from the base: its check
-        judged the base as it is (a ``--cmd`` that did nothing, or only ignored files)."""
-        return self.applied and self.files_changed == 0
-
-
-# ---------------------------------------------------------------------------- pure parts
-
-
-def interleave(argv: Sequence[str], patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
-    """Candidates in command-line order, recovered from ``argv`` (typer hands each option's
-    values over separately). Falls back to patches then commands if argv disagrees."""
-    order: list[tuple[str, str]] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            break
-        for opt, kind in (("--patch", "patch"), ("--cmd", "cmd")):
-            if a == opt and i + 1 < len(argv):
-                order.append((kind, argv[i + 1]))
-                i += 1
-                break
-            if a.startswith(opt + "="):
-                order.append((kind, a.split("=", 1)[1]))
-                break
-        i += 1
-    if sorted(v for k, v in order if k == "patch") == sorted(patches) and \
-            sorted(v for k, v in order if k == "cmd") == sorted(cmds):
-        return order
-    return [("patch", p) for p in patches] + [("cmd", c) for c in cmds]
-
-
-def load_candidates(pairs: Sequence[tuple[str, str]], texts: Sequence[bytes | None] = ()) -> list[Candidate]:
-    """Read every patch file now: a missing one is a usage error before anything exists.
-    ``texts[i]``, where given, is candidate i's patch itself (the API's ``Patch(text=...)``,
-    MCP's ``patch_text``): no file is read for it."""
-    out = []
-    for i, (kind, text) in enumerate(pairs):
-        given = texts[i] if i < len(texts) else None
-        if kind == "patch" and given is not None:
-            out.append(Candidate("patch", text, given))
-        elif kind == "patch":
-            try:
-                data = Path(text).read_bytes()
-            except OSError as e:
-                raise PatchUnreadable(path=text, why=e.strerror or str(e)) from None
-            out.append(Candidate("patch", text, data))
-        else:
-            if not text.strip():
-                raise PatchUnreadable(path="--cmd ''", why="the command is empty")
-            out.append(Candidate("cmd", text))
-    return out
-
-
-@dataclass(frozen=True)
-class Metric:
-    """``--metric FILE:KEY[:max|:min] [--max-regression N%]``: the number KEY in the JSON
-    object the check leaves at FILE (relative to the tree; by default ``evolve``'s
-    ``.petri-metrics.json`` convention, read the same guarded way). Lower is better (a time,
-    a size) unless ``:max``. ``max_regression`` (a fraction) gates each candidate against
-    the base's value."""
-
-    file: str
-    key: str
-    higher: bool = False
-    max_regression: float | None = None
-
-    def sort_value(self, v: float | None) -> float:
-        """Smaller sorts first; no value last."""
-        if v is None:
-            return float("inf")
-        return -v if self.higher else v
-
-    def regression(self, base: float, v: float) -> float:
-        """How much worse ``v`` is than ``base``, as a fraction of ``|base|`` (negative: better)."""
-        worse = (base - v) if self.higher else (v - base)
-        if base == 0:
-            return 0.0 if worse <= 0 else float("inf")
-        return worse / abs(base)
-
-
-def parse_metric(spec: str, max_regression: str | None = None) -> Metric:
-    """``FILE:KEY``, ``FILE:KEY:max`` (higher is better) or ``FILE:KEY:min``, and ``N%``;
-    a bad one is a usage error (exit 2) before anything is forked."""
-    from .errors import UsageError
-
-    higher = False
-    body = spec
-    for suffix, hi in ((":max", True), (":min", False)):
-        if body.endswith(suffix):
-            body, higher = body[:-len(suffix)], hi
-            break
-    file, colon, key = body.rpartition(":")
-    if not colon or not file or not key:
-        raise UsageError(detail=f"bad --metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; "
-                                "append :max when higher is better)")
-    if file.startswith("/") or ".." in file.split("/"):
-        raise UsageError(detail=f"bad --metric {spec!r}: FILE is a path inside the tree")
-    frac = None
-    if max_regression is not None:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression)
-        if m is None:
-            raise UsageError(detail=f"bad --max-regression {max_regression!r}: a percentage at least 0, e.g. 10%")
-        frac = float(m.group(1)) / 100
-    return Metric(file, key, higher, frac)
-
-
-def read_metric(tree: Path | str, metric: Metric) -> float | None:
-    """KEY of the JSON object at ``<tree>/FILE`` as a finite number, else None."""
-    import math
-
-    from .evolve import read_metrics
-
-    v = (read_metrics(tree, metric.file) or {}).get(metric.key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def judge_metric(outcomes: Sequence[Outcome], metric: Metric, base: float | None) -> None:
-    """Each passing candidate's metric against the base's, before ranking: one that
-    regressed past ``max_regression``, or wrote no KEY while the gate is on, fails."""
-    for o in outcomes:
-        if not (o.applied and o.exit_code == 0) or metric.max_regression is None:
-            continue
-        if o.metric is None:
-            o.metric_ok = False
-            o.error = f"the check left no number {metric.key!r} in {metric.file}"
-        elif base is not None:
-            o.regression = metric.regression(base, o.metric)
-            o.metric_ok = o.regression <= metric.max_regression
-            if not o.metric_ok:
-                o.error = (f"{metric.key} regressed {o.regression:.1%} against the base ({o.metric:g} vs "
-                           f"{base:g}; at most {metric.max_regression:.0%})")
-
-
-def rank(outcomes: Sequence[Outcome], metric: Metric | None = None) -> list[Outcome]:
-    """Best first: passed, within the config's [policy], the better ``metric`` (where one is
-    given), fewest changed lines, fastest, command-line order; not applied last. A candidate
-    that violates the policy ranks after every passing one that does not, and is never the
-    winner (``winner_of``)."""
-    def key(o: Outcome):
-        dur = o.duration_s if o.duration_s is not None else float("inf")
-        m = metric.sort_value(o.metric) if metric is not None else 0.0
-        return (not o.applied, not o.passed, o.policy_ok is False, m, o.lines_added + o.lines_removed, dur, o.index)
-
-    ordered = sorted(outcomes, key=key)
-    for i, o in enumerate(ordered, 1):
-        o.rank = i
-    return ordered
-
-
-def winner_of(ordered: Sequence[Outcome]) -> Outcome | None:
-    """The first of the ranked outcomes if it passed and the policy allows it, else None."""
-    first = ordered[0] if ordered else None
-    return first if first is not None and first.passed and first.policy_ok is not False else None
+# What callers take from here: the race's own entry points, and the plan's and the steps'
+# public names they have always found in this module (the CLI, the API, petri.aio, tests).
+__all__ = ["BASE_METRICS", "GIT_APPLY", "MAX_REASON", "Candidate", "Metric", "Outcome", "RaceInterrupted", "RacePlan",
+           "conflicts", "describe_role", "execute_local", "failure_reason", "interleave", "judge_metric",
+           "judge_policy", "load_candidates", "parse_metric", "promote_winner", "race_sync", "rank", "read_metric",
+           "render_table", "report_candidate", "run_candidate", "run_race", "run_roles", "run_roles_meta",
+           "telling_line", "winner_of"]
 
 
 def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
@@ -333,171 +144,6 @@ def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
         o.risk = ev.risk
 
 
-def conflicts(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
-    """Pairs of applied candidates whose changed paths overlap."""
-    from .engine import path_text
-
-    found = []
-    applied = [o for o in outcomes if o.applied]
-    for i, a in enumerate(applied):
-        for b in applied[i + 1:]:
-            both = sorted(a.paths & b.paths)
-            if both:
-                found.append({"candidates": [a.candidate.text, b.candidate.text],
-                              "sandboxes": [a.sandbox, b.sandbox], "paths": [path_text(p) for p in both]})
-    return found
-
-
-# ---------------------------------------------------------------------------- the race
-
-
-def _apply_argv_env(engine: "Engine", cand: Candidate) -> tuple[list[str], dict[str, str], bytes | None]:
-    if cand.kind == "patch":
-        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/tmp",
-               "GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(engine.root.parent)}
-        return list(GIT_APPLY), env, cand.data
-    return ["/bin/sh", "-c", cand.text], {}, None
-
-
-def _count(workspace: Path, base: Path, tree: Path, manifest: Any,
-           within: Sequence[bytes] | None = None) -> tuple[int, int, int, frozenset[bytes]]:
-    """Files and lines the candidate changed, by the rules ``petri diff`` uses; ``within``:
-    only these paths can differ (the backend's own record), [] none, None unknown."""
-    from merge.changes import tree_changes
-    from merge.patch import patch_stats
-
-    if within is not None and not within:
-        return 0, 0, 0, frozenset()
-    changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace, paths=within or ())
-    stats = patch_stats(changes, base, tree)
-    paths = set()
-    for c in changes:
-        paths.add(c.path)
-        if c.old_path is not None:
-            paths.add(c.old_path)
-    return len(stats), sum(s.lines_added for s in stats), sum(s.lines_removed for s in stats), frozenset(paths)
-
-
-def _replay_applied(engine: "Engine", row: Any, base: Path, tree: Path, check_tree: Path) -> None:
-    """Give the check's fork the candidate's applied state: everything that differs from the
-    base (ignored files and ``.git`` included: the check may need them), found through the
-    backend's own record of what changed where it keeps one."""
-    from merge.changes import tree_changes
-    from merge.replay import replay
-
-    from .changesets import narrow, sandbox_candidates, staging_names
-    paths = narrow(sandbox_candidates(engine, row, base, tree), [])
-    if paths is not None and not paths:
-        return
-    changes = tree_changes(base, tree, include_ignored=True, paths=paths or (), detect_renames=False,
-                           exclude_top=(b".petri", *staging_names(engine.root, base, tree)))
-    replay(changes, tree, check_tree)
-
-
-def _tail(path: str, n: int = 400) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - n))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-_NOT_FOUND = re.compile(r"(?:^|: )([^:]+): (?:command )?not found\s*$")
-
-# What a failing tool prints around the line that says what failed, and is not that line.
-_NOISE = (
-    re.compile(r"^Node\.js v\d+(?:\.\d+)*$"),  # node's trailer after an uncaught exception
-    re.compile(r"^at \S"),  # a JavaScript stack frame
-    re.compile(r"^[\^~]+$"),  # a caret under the offending source
-    re.compile(r"^Traceback \(most recent call last\):$"),
-    re.compile(r"^File \".*\", line \d+"),  # a Python traceback frame
-    re.compile(r"^make(?:\[\d+\])?: \*\*\* .*Error \d+$"),  # make's own "Error 1"
-    re.compile(r"^npm (?:ERR!|error) "),
-    re.compile(r"^[\w.]*Warning: "),  # a warning is not why it failed
-)
-# An exception's own line: ``ValueError: x``, ``Error: x``, ``AssertionError [ERR_ASSERTION]: x``.
-_EXCEPTION = re.compile(r"^(?:[\w$]+\.)*(?:[A-Z][\w$]*)?(?:Error|Exception|Failure)(?: \[[\w-]+\])?(?::|$)")
-# pytest's closing line: ``1 failed, 1 passed in 0.09s`` (``===`` around it without -q).
-_PYTEST_SUMMARY = re.compile(
-    r"^=*\s*((?:\d+ (?:failed|passed|errors?|skipped|xfailed|xpassed|warnings?|deselected|rerun)(?:, )?)+"
-    r"(?: in [\d.]+s(?: \([\d:]+\))?)?|no tests ran(?: in [\d.]+s)?)\s*=*$")
-_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) \S")
-_UNITTEST_SUMMARY = re.compile(r"^FAILED \((?:failures|errors)=\d+.*\)$")
-_UNITTEST_FAILED = re.compile(r"^(?:FAIL|ERROR): \S")
-# node --test: its TAP totals (``# fail 1``) or the spec reporter's (``ℹ fail 1``).
-_NODE_TOTAL = re.compile(r"^(?:#|\u2139) (tests|pass|fail) (\d+)$")
-_NODE_FAILED = re.compile(r"^(?:not ok \d+ - |\u2716 )(.+)$")
-MAX_REASON = 300
-
-
-def _lines(text: str) -> list[str]:
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
-
-
-def _test_summary(lines: list[str]) -> str | None:
-    """A test runner's verdict in these lines (pytest, unittest, ``node --test``): its
-    closing line, after the first test that failed where it names one."""
-    for summary_re, failed_re in ((_PYTEST_SUMMARY, _PYTEST_FAILED), (_UNITTEST_SUMMARY, _UNITTEST_FAILED)):
-        summary = next((ln for ln in reversed(lines) if summary_re.match(ln)), None)
-        if summary is not None:
-            summary = summary.strip("= ")
-            first = next((ln for ln in lines if failed_re.match(ln)), None)
-            return f"{first} ({summary})" if first else summary
-    totals = {m.group(1): int(m.group(2)) for m in map(_NODE_TOTAL.match, lines) if m}
-    if totals.get("fail"):
-        summary = f"{totals['fail']} failed, {totals.get('pass', 0)} passed"
-        first = next((m.group(1) for m in map(_NODE_FAILED.match, lines) if m), None)
-        return f"failed: {first} ({summary})" if first else summary
-    return None
-
-
-def telling_line(stdout: str, stderr: str) -> str | None:
-    """The one line of a failed command's output that says what failed (pure): a test
-    runner's verdict (pytest's, unittest's or node's closing line, after the first test
-    that failed), else the last exception line on stderr (``Error: ...``, Python's
-    ``ValueError: ...``), else stderr's last line that is not noise (stack frames, node's
-    version trailer, carets, make's ``Error 1``, warnings), else stdout's last line.
-    None when both are empty."""
-    out, err = _lines(stdout), _lines(stderr)
-    found = _test_summary(out) or _test_summary(err)
-    if found is None:
-        useful = [ln for ln in err if not any(n.match(ln) for n in _NOISE)]
-        found = next((ln for ln in reversed(useful) if _EXCEPTION.match(ln)), None)
-        found = found or (useful[-1] if useful else None) or (out[-1] if out else None) or (err[-1] if err else None)
-    if found is not None and len(found) > MAX_REASON:
-        found = found[:MAX_REASON - 3] + "..."
-    return found
-
-
-def failure_reason(doc: dict[str, Any], command: str) -> str:
-    """One line saying why a step (apply or check) failed, for people and for ``error``:
-    what ended it (a limit, a missing command), else its exit code and the line of its
-    output that says what failed (``telling_line``)."""
-    code, killed = doc["exit_code"], doc["killed_by"]
-    if killed == "timeout":
-        return f"killed by --timeout after {doc['duration_s']:.1f}s"
-    if killed == "ttl":
-        return "killed: the sandbox's lifetime ended (--ttl)"
-    if killed == "memory":
-        return "killed: over the memory limit (--mem)"
-    if code in (126, 127) and doc.get("exec_error"):
-        return doc["exec_error"]  # the path the sandbox hides, and why (sandbox.exec_failure)
-    err = _tail(doc["stderr_path"], 4000)
-    lines = _lines(err)
-    last = lines[-1] if lines else ""
-    if code == 127:
-        m = _NOT_FOUND.search(last)
-        words = command.split()
-        return f"command not found: {m.group(1) if m else (words[0] if words else command)}"
-    if code == 126:
-        return f"command could not be executed: {last or command}"
-    if doc.get("setup_error"):
-        return f"petri could not start it: {doc['setup_error']}"
-    line = telling_line(_tail(doc["stdout_path"], 8000), err)
-    return f"exit {code}: {line}" if line else f"exit {code} (no output)"
-
-
 class RaceInterrupted(OrchestratorError):
     """{how}: {what} stopped and its sandboxes were removed"""
 
@@ -507,21 +153,6 @@ class RaceInterrupted(OrchestratorError):
         from . import interrupts
         super().__init__(how=interrupts.interrupted_by(), what=what)
         self.exit_code = interrupts.exit_code()  # 128 + the signal: 130, 143 or 129
-
-
-@dataclass
-class _Race:
-    """A race in progress: what the interrupt handler and the final document read."""
-
-    id: str
-    check: str
-    outcomes: list[Outcome] = field(default_factory=list)
-    base: str | None = None
-    base_implicit: bool = False
-
-    def doc(self, destroyed: set[str]) -> dict[str, Any]:
-        return {"race": self.id, "base": self.base, "check": self.check,
-                "candidates": [_candidate_doc(o, o.sandbox in destroyed) for o in self.outcomes]}
 
 
 async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str, *, source: str = "live",
@@ -550,7 +181,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     from .config import load_config
     from .engine import Limits
-    from .errors import UsageError
     from .profiles import inherited, seccomp_for
     from .runs import seccomp_profile
 
@@ -564,13 +194,13 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
         from .cluster.connect import parse_address
         parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
         if metric is not None:
-            from .errors import UsageError
             raise UsageError(detail="--metric is not supported with --cluster")
     limits = cfg.apply_defaults(limits or Limits())
     engine.check_limits(limits)
     if label is not None:
         _check_winner_label(engine, label)
-    race = _Race(new_id("r"), check)
+    race = RacePlan(new_id("r"), check, tuple(candidates), source=source, limits=limits, timeout_s=timeout_s,
+                    seccomp=seccomp, jobs=jobs, keep=keep, metric=metric, profile=profile)
     if on_start is not None:
         on_start(race.id)
     doc = None
@@ -596,13 +226,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                         guard.start_soon(on_sigint)
                     if cluster is not None:
                         from .cluster.driver import cluster_race
-                        doc = await cluster_race(engine, race, candidates, check, source=source, jobs=jobs,
-                                                 limits=limits, timeout_s=timeout_s, keep=keep, say=say,
-                                                 seccomp=seccomp, cluster=cluster)
+                        doc = await cluster_race(engine, race, say=say, cluster=cluster)
                     else:
-                        doc = await _race(engine, race, candidates, check, source=source, jobs=jobs,
-                                          limits=limits, timeout_s=timeout_s, keep=keep, say=say, seccomp=seccomp,
-                                          metric=metric, profile=profile)
+                        doc = await execute_local(engine, race, say=say)
                     guard.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 leaf = _single(group)
@@ -653,7 +279,7 @@ async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, 
                                    seccomp=seccomp)
         value = await trio.to_thread.run_sync(read_metric, engine.sandbox_tree(engine.sandbox_by_id(row.id)), metric)
     finally:
-        with _shielded():
+        with shielded():
             engine.destroy_sandbox(row.id)
     got = {"metric": value, "exit_code": doc["exit_code"]}
     if doc["killed_by"] is None:  # a check cut short measured nothing worth keeping
@@ -671,7 +297,6 @@ async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, 
 
 
 def _check_winner_label(engine: "Engine", label: str) -> None:
-    from .errors import UsageError
     from .units import check_label
 
     check_label(label)
@@ -710,28 +335,31 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
     return leaves[0] if len(leaves) == 1 else None
 
 
-def _interrupted(race: _Race) -> RaceInterrupted:
+def _interrupted(race: RacePlan) -> RaceInterrupted:
     err = RaceInterrupted(what=f"race {race.id}")
     err.doc = {**race.doc({o.sandbox for o in race.outcomes}),
                "winner": None, "error": str(err), "exit_code": err.exit_code}
     return err
 
 
-async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], check: str, *, source: str,
-                jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
-                say: Callable[[str], None] | None, seccomp: str, metric: Metric | None = None,
-                profile: str | None = None) -> dict[str, Any]:
+async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str], None] | None) -> dict[str, Any]:
+    """Run the plan here: its forks in one call, every candidate's steps (``race_plan.STEPS``,
+    ``race_steps.run_candidate``) at most ``jobs`` at once in one nursery, then judge, rank,
+    clean up and write the race's document."""
     import trio
 
     from merge.changes import scan_tree
 
     from .runs import after_fork
 
+    candidates, check, source, jobs = race.candidates, race.check, race.source, race.jobs
+    limits, timeout_s, seccomp, metric = race.limits, race.timeout_s, race.seccomp, race.metric
+    assert limits is not None, "execute_local: a plan without limits (run_race settles them)"
     t0 = time.monotonic()
     n = len(candidates)
     # One fork call: each candidate's sandbox, then a throwaway fork per candidate for its
     # check (it gets the applied state replayed into it; see the module docstring).
-    rows = engine.fork(source, 2 * n, limits=limits, profile=profile)
+    rows = engine.fork(source, 2 * n, limits=limits, profile=race.profile)
     race.base = rows[0].base
     base_row = engine.registry.snapshot(race.base)
     # made for this race: of live, or of the sandbox it starts from (a fork of a fork)
@@ -743,9 +371,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     outcomes = race.outcomes
     try:
         for i, r in enumerate(rows):
-            role = {"role": "candidate"} if i < n else {"role": "check", "check_of": rows[i - n].id}
-            engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
-                "id": race.id, "pid": os.getpid(), "done": False, "candidate": i % n, **role}})
+            role = race.role_meta(i % n, "candidate") if i < n else race.role_meta(i % n, "check",
+                                                                                   check_of=rows[i - n].id)
+            engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": role})
         after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,
@@ -781,8 +409,8 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
                     nursery.start_soon(one, o)
     except BaseException as exc:
         # Interrupted or failed: no half-raced sandboxes stay behind, nor the base made for them.
-        with _shielded():
-            _destroy_all(engine, race, [r.id for r in rows])
+        with shielded():
+            destroy_all(engine, race, [r.id for r in rows])
         # Followers (TUI, MCP) learn that the race is over, not only that it went quiet.
         events.race_finished(log, race=race.id, winner=None, error=str(exc) or type(exc).__name__,
                  duration_s=time.monotonic() - t0)
@@ -792,9 +420,9 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
         judge_metric(outcomes, metric, base_metric.get("metric"))
     ordered = rank(outcomes, metric)
     winner = winner_of(ordered)
-    destroyed = set(_destroy_all(engine, race, [o.check_sandbox for o in outcomes if o.check_sandbox]))
+    destroyed = set(destroy_all(engine, race, [o.check_sandbox for o in outcomes if o.check_sandbox]))
     for o in outcomes:
-        if o is not winner and not keep:
+        if o is not winner and not race.keep:
             engine.destroy_sandbox(o.sandbox)
             destroyed.add(o.sandbox)
     for o in outcomes:  # the race's results stay on each candidate's row (petri lineage)
@@ -804,7 +432,7 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
             meta["race"] = {**meta.get("race", {}), "done": True, "rank": o.rank, "passed": o.passed,
                             "winner": o is winner, **run_roles_meta(o)}
             engine.registry.update_sandbox(o.sandbox, meta=meta)
-    _drop_base_if_unused(engine, race)
+    drop_base_if_unused(engine, race)
     doc: dict[str, Any] = {
         **race.doc(destroyed),
         "winner": winner.sandbox if winner else None,
@@ -841,192 +469,6 @@ async def _race(engine: "Engine", race: _Race, candidates: Sequence[Candidate], 
     return doc
 
 
-def report_candidate(log: Any, race_id: str, o: Outcome, say: Callable[[str], None] | None,
-                     node: str | None = None) -> None:
-    """Say how one candidate ended, and write its ``race.candidate_finished`` event (with
-    the cluster node it ran on, for a cluster race)."""
-    at = f" [node {node[:8]}]" if node else ""
-    if say:
-        if not o.applied:
-            say(f"  {o.candidate.text}: did not apply ({o.error}){at}")
-        else:
-            verdict = "passed" if o.exit_code == 0 else f"failed ({o.error})"
-            nothing = " (it changed nothing)" if o.changed_nothing else ""
-            say(f"  {o.candidate.text}: check {verdict} in {o.duration_s:.2f}s{nothing}{at}")
-    counts = dict(files_changed=o.files_changed, lines_added=o.lines_added,
-                  lines_removed=o.lines_removed) if o.applied else {}
-    events.race_candidate_finished(log, race=race_id, sandbox=o.sandbox, candidate=o.candidate.text,
-             applied=o.applied, exit_code=o.exit_code if o.applied else None,
-             duration_s=o.duration_s if o.applied else None, killed_by=o.killed_by, error=o.error,
-             **counts, **({"node": node} if node else {}))
-
-
-async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: Path, manifest: Any,
-                        ignore_root: Path, timeout_s: float | None, seccomp: str,
-                        env: dict[str, str] | None = None) -> None:
-    """One candidate, start to end, filling in ``o``: apply it in its sandbox (a recorded
-    run), count what it changed against ``base_view`` (by ``ignore_root``'s ignore rules,
-    as ``petri diff`` does), replay the applied state into its check fork, run the check
-    there. Both sandboxes exist already. The local race and a cluster node
-    (``orchestrator.cluster.node``) both run candidates through here, so a candidate is
-    judged the same wherever it runs. ``env``: extra variables for both steps."""
-    import trio
-
-    from .runs import run_in_sandbox
-
-    argv, apply_env, stdin = _apply_argv_env(engine, o.candidate)
-    doc = await run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env}, stdin_data=stdin,
-                               echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
-    o.runs.append(doc["run"])
-    o.apply_exit_code = doc["exit_code"]
-    if doc["exit_code"] != 0:
-        o.killed_by = doc["killed_by"]
-        o.apply_error = _tail(doc["stderr_path"]) or f"exit {doc['exit_code']}"
-        o.error = failure_reason(doc, o.candidate.text if o.candidate.kind == "cmd" else "git apply")
-        o.stdout_path, o.stderr_path = doc["stdout_path"], doc["stderr_path"]
-        o.logs_run = doc["run"]
-        return
-    o.applied = True
-    # every caller (the local race, a cluster node) forks the check sandbox with the candidate's
-    assert o.check_sandbox is not None, "run_candidate: an outcome without a check sandbox"
-    row = engine.sandbox_by_id(o.sandbox)
-    tree = engine.sandbox_tree(row)
-    check_tree = engine.sandbox_tree(engine.sandbox_by_id(o.check_sandbox))
-    o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
-        _count, ignore_root, base_view, tree, manifest)
-    await trio.to_thread.run_sync(_replay_applied, engine, row, base_view, tree, check_tree)
-    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
-                               timeout_s=timeout_s, seccomp=seccomp)
-    o.check_run = doc["run"]
-    o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
-    from .evolve import read_metrics
-    o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
-    if o.exit_code != 0:
-        o.error = failure_reason(doc, check)
-    o.logs_run, o.stdout_path, o.stderr_path = _record_check_run(engine, o.sandbox, check, doc)
-    o.runs.append(o.logs_run)
-
-
-def _record_check_run(engine: "Engine", sandbox: str, check: str, doc: dict[str, Any]) -> tuple[int, str, str]:
-    """The check, recorded as a run of the candidate's own sandbox too, its logs linked
-    into the candidate's log directory: a candidate's output is in one place, named by the
-    candidate (``petri logs <candidate>``, the race's log paths), whichever throwaway fork
-    the check ran in, and stays there when that fork goes. Returns (run number, stdout
-    log, stderr log)."""
-    from .runs import log_paths
-
-    from datetime import datetime
-
-    n, out, err = engine.registry.start_run(sandbox, ["/bin/sh", "-c", check],
-                                            lambda k: log_paths(engine, sandbox, k), os.getpid())
-    started = datetime.fromisoformat(doc["started_at"]).timestamp() if doc.get("started_at") else None
-    for src, dst in ((doc["stdout_path"], out), (doc["stderr_path"], err)):
-        for suffix in ("", ".cut"):  # the log cap's sidecar, where it cut (orchestrator.runlog)
-            _link_or_copy(Path(src + suffix), Path(str(dst) + suffix))
-    engine.registry.finish_run(sandbox, n, exit_code=doc["exit_code"], duration_s=doc["duration_s"],
-                               killed_by=doc["killed_by"], limits_hit=doc["limits_hit"],
-                               peak_memory_bytes=doc["peak_memory_bytes"], output=doc.get("output"),
-                               **({"started_at": started} if started is not None else {}))
-    return n, str(out), str(err)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    import shutil
-
-    if not src.exists():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)  # the same store: a second name, no copy
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def run_roles_meta(o: Outcome) -> dict[str, Any]:
-    """Which of the candidate's runs are petri's own steps of the race, for its row's
-    ``race`` meta (``run_roles`` reads them back)."""
-    return {"apply_run": o.runs[0] if o.runs else None,
-            "check_run_here": o.logs_run if o.applied else None, "check_sandbox": o.check_sandbox}
-
-
-def run_roles(meta: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
-    """Run number -> what petri ran it for (``role``: ``race-apply``, ``race-check``), from
-    a sandbox's meta: so ``status`` and ``logs`` show a race's apply and check as the
-    race's steps, not as commands someone ran in the sandbox."""
-    race = (meta or {}).get("race") or {}
-    out: dict[int, dict[str, Any]] = {}
-    if race.get("apply_run") is not None:
-        out[race["apply_run"]] = {"role": "race-apply", "race": race.get("id")}
-    if race.get("check_run_here") is not None:
-        out[race["check_run_here"]] = {"role": "race-check", "race": race.get("id"),
-                                       "ran_in": race.get("check_sandbox")}
-    return out
-
-
-def describe_role(run: dict[str, Any]) -> str | None:
-    """A run's role for people (``status``, ``logs``), or None for a command of its own."""
-    role = run.get("role")
-    if role == "race-apply":
-        return f"race {run.get('race')}: petri applied the candidate"
-    if role == "race-check":
-        return f"race {run.get('race')}: the check, run in its throwaway fork {run.get('ran_in')}"
-    return None
-
-
-def _destroy_all(engine: "Engine", race: _Race, ids: Sequence[str]) -> list[str]:
-    """Destroy these sandboxes of the race (each on its own: one failure stops no other; ``gc``
-    retries), then the race's implicit base snapshot if nothing uses it any more."""
-    done = []
-    for sb in ids:
-        try:
-            engine.destroy_sandbox(sb)
-            done.append(sb)
-        except Exception:
-            pass
-    if set(ids) >= {o.sandbox for o in race.outcomes}:
-        _drop_base_if_unused(engine, race)
-    return done
-
-
-def _drop_base_if_unused(engine: "Engine", race: _Race) -> None:
-    if race.base_implicit and race.base and not engine.registry.snapshot_users(race.base):
-        try:
-            engine.delete_snapshot(race.base)
-        except Exception:
-            pass  # in use after all (another petri forked from it), or gone: gc decides
-
-
-class _shielded:
-    """A shielded cancel scope when inside trio (cleanup must not be cancelled)."""
-
-    def __enter__(self):
-        import trio
-        try:
-            self.scope = trio.CancelScope(shield=True)
-            self.scope.__enter__()
-        except RuntimeError:
-            self.scope = None
-        return self
-
-    def __exit__(self, *exc):
-        if self.scope is not None:
-            return self.scope.__exit__(*exc)
-        return False
-
-
-def _candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
-    return {"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox, "applied": o.applied,
-            "exit_code": o.exit_code, "duration_s": o.duration_s, "killed_by": o.killed_by,
-            "files_changed": o.files_changed, "lines_added": o.lines_added, "lines_removed": o.lines_removed,
-            "rank": o.rank, "passed": o.passed, "changed_nothing": o.changed_nothing,
-            "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
-            "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
-            "check_sandbox": o.check_sandbox, "check_run": o.check_run, "logs_run": o.logs_run,
-            "runs": o.runs, "kept": not destroyed, "metrics": o.metrics,
-            "policy_ok": o.policy_ok, "policy_violations": o.policy, "risk": o.risk,
-            "metric": o.metric, "regression": o.regression, "metric_ok": o.metric_ok}
-
-
 def _where_logs(c: dict[str, Any]) -> str:
     """Where a candidate's output is, named by the candidate: ``petri logs SB --run N``
     (the step that decided: its check, or an apply that failed); a cluster race's candidates
@@ -1044,7 +486,6 @@ def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str]
 
 
 def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[str], None] | None = None) -> None:
-    from snapshot.errors import PetriError
 
     from .promotions import promote as do_promote
 

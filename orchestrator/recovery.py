@@ -16,7 +16,8 @@ rollback, an undo after a failed ``--verify`` or stage check, and a recovery all
 through it. A pipeline's own bookkeeping of its stage rows (``orchestrator.stages``) does
 not: a fresh stage puts nothing in place.
 
-This module is part of the core: it knows the engine's store, registry and lock, and the
+This module is part of the core, under the engine: it knows the engine's store, registry and lock
+(``store_handle.StoreHandle``, not the engine class that calls it), and the
 journals below it, and no service.
 
 Caveats: a recovery that itself fails (a full disk) leaves the mark for the next command;
@@ -35,12 +36,12 @@ from snapshot.osutil import fsync_dir
 from . import events
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .store_handle import StoreHandle
 
 PENDING = ".pending"
 
 
-def set_promotion_state(engine: "Engine", promo_id: str, state: str, doc: dict[str, Any] | None = None) -> None:
+def set_promotion_state(engine: "StoreHandle", promo_id: str, state: str, doc: dict[str, Any] | None = None) -> None:
     """Move a promotion row to ``state``; a move into ``done`` or ``undone`` is an event."""
     got = engine.registry.db.execute("SELECT state FROM promotions WHERE id = ?", (promo_id,)).fetchone()
     engine.registry.update_promotion(promo_id, state, doc)
@@ -51,11 +52,11 @@ def set_promotion_state(engine: "Engine", promo_id: str, state: str, doc: dict[s
             events.promotion_undone(engine.store.root, promo_id)
 
 
-def _pending_dir(engine: "Engine") -> Path:
+def _pending_dir(engine: "StoreHandle") -> Path:
     return engine.store.journal / PENDING
 
 
-def _mark_pending(engine: "Engine", txn_id: str) -> Path:
+def _mark_pending(engine: "StoreHandle", txn_id: str) -> Path:
     d = _pending_dir(engine)
     d.mkdir(parents=True, exist_ok=True)
     p = d / txn_id
@@ -80,7 +81,7 @@ _ACTIVE: set[str] = set()  # marks this process set and is still working under
 
 
 @contextlib.contextmanager
-def pending(engine: "Engine", txn_id: str, *,
+def pending(engine: "StoreHandle", txn_id: str, *,
             nothing_written: tuple[type[BaseException], ...] = ()) -> Iterator[str]:
     """Mark ``txn_id`` (a promotion or a rollback to a snapshot) pending for the ``with``
     block: set before any view is mounted or the journal is touched, so a petri killed
@@ -110,7 +111,7 @@ def pending(engine: "Engine", txn_id: str, *,
         _ACTIVE.discard(txn_id)
 
 
-def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -> None:
+def _record_recovery(engine: "StoreHandle", finished: list[str], undone: list[str]) -> None:
     for pid in finished:
         set_promotion_state(engine, pid, "done")
     for pid in undone:
@@ -120,7 +121,7 @@ def _record_recovery(engine: "Engine", finished: list[str], undone: list[str]) -
     acc[1].extend(undone)
 
 
-def _settle(engine: "Engine", names: list[str]) -> tuple[list[str], list[str]]:
+def _settle(engine: "StoreHandle", names: list[str]) -> tuple[list[str], list[str]]:
     """Finish or undo the journals of ``names`` (caller holds the store lock), put their
     registry rows right, and unmount the views their dead petris left under tmp/."""
     from merge.promote import promotion_state, recover
@@ -145,7 +146,7 @@ def _settle(engine: "Engine", names: list[str]) -> tuple[list[str], list[str]]:
     return finished, undone
 
 
-def recover_interrupted(engine: "Engine", *, locked: bool = False) -> tuple[list[str], list[str]]:
+def recover_interrupted(engine: "StoreHandle", *, locked: bool = False) -> tuple[list[str], list[str]]:
     """Finish or undo what a killed petri left half-done: (finished ids, undone ids).
 
     ``locked``: the caller already holds the store lock (a live promoter holds it for its

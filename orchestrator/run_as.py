@@ -46,7 +46,7 @@ from snapshot.idmap import IdMap
 from .errors import SandboxUserUnavailable
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .store_handle import StoreHandle
 
 DEFAULT_SANDBOX_USER = "petri-sandbox"
 
@@ -77,7 +77,7 @@ def _plain(uid: int, gid: int) -> RunAs:
     return RunAs(uid, gid, uid, gid, None, _name(uid))
 
 
-def _owner(engine: "Engine") -> tuple[int, int]:
+def _owner(engine: "StoreHandle") -> tuple[int, int]:
     owner = engine.registry.get_meta("owner")
     if owner and ":" in owner:
         a, b = owner.split(":", 1)
@@ -85,7 +85,7 @@ def _owner(engine: "Engine") -> tuple[int, int]:
     return 0, 0
 
 
-def run_as(engine: "Engine") -> RunAs:
+def run_as(engine: "StoreHandle") -> RunAs:
     """Who runs commands in ``engine``'s sandboxes (see the module docstring)."""
     if os.geteuid() != 0:
         return _plain(os.geteuid(), os.getegid())
@@ -118,7 +118,7 @@ def root_toolchains(extra: Sequence[str] = ()) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-def owner_idmap(engine: "Engine") -> IdMap | None:
+def owner_idmap(engine: "StoreHandle") -> IdMap | None:
     """The id map a root-owned workspace's sandboxes are mounted with (backends whose own
     mount maps owners take it at clone time); None for anyone else's workspace."""
     if os.geteuid() != 0 or _owner(engine)[0] != 0:
@@ -127,7 +127,7 @@ def owner_idmap(engine: "Engine") -> IdMap | None:
     return IdMap(pw.pw_uid, pw.pw_gid)
 
 
-def _sandbox_account_of(engine: "Engine") -> pwd.struct_passwd:
+def _sandbox_account_of(engine: "StoreHandle") -> pwd.struct_passwd:
     from .config import load_config
 
     return sandbox_account(load_config(engine.root).sandbox_user)

@@ -66,6 +66,8 @@ from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired,
 from .sandbox.isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
 from .run_as import RunAs, run_as
+from .errors import BadPort, PortNeedsNoRelay
+from .sandbox.run_view import open_view
 
 if TYPE_CHECKING:
     from snapshot.backend import DiskCap
@@ -86,7 +88,6 @@ _warned: set[str] = set()
 def run_tree(engine: "Engine", row: SandboxRow, tree: Path, who: "RunAs"):
     """The tree as ``who``'s command reaches it (``run_view``): the tree itself, or a
     per-run ``nosuid`` (and, for a root-owned workspace, id-mapped) mount of it."""
-    from .sandbox.run_view import open_view
 
     mapped = False
     if who.idmap is not None and engine.backend.mounts_map_owners():
@@ -224,7 +225,6 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
 
 def parse_publish(spec: "str | int") -> tuple[int, int | None]:
     """``PORT`` or ``PORT:HOSTPORT`` (``--publish``) as (port, host port or None)."""
-    from .errors import BadPort
 
     text = str(spec)
     port, sep, host = text.partition(":")
@@ -241,7 +241,6 @@ def parse_publish(spec: "str | int") -> tuple[int, int | None]:
 def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
     """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
     making its environment first if no run has yet."""
-    from .errors import BadPort, PortNeedsNoRelay
     from .sandbox import environment as E
 
     for what, p in (("port", port), ("host port", host_port)):

@@ -32,7 +32,6 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -42,13 +41,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import UsageError
+from .errors import EmptyCommand, SandboxSetupFailed, UsageError
+from .service_records import LIVE, read, services_dir
+from .service_records import live_names as live_names  # the API asks this module for it
+from .service_records import kill_supervisor as _kill_supervisor
+from .service_records import record_path as _path
+from .service_records import settled as _settled
+from .service_records import supervisor_alive as _supervisor_alive
+from .service_records import write as _write
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-LIVE = ("starting", "running", "restarting")
 START_WAIT_S = 15.0
 STOP_GRACE_S = 5.0
 BACKOFF_MAX_S = 30.0
@@ -69,42 +74,6 @@ class NoSuchService(UsageError):
 
 class BadRestart(UsageError):
     """bad --restart {value!r}: no or on-failure"""
-
-
-def services_dir(store_root: Path, sb_id: str) -> Path:
-    return store_root / "services" / sb_id
-
-
-def _path(store_root: Path, sb_id: str, name: str) -> Path:
-    return services_dir(store_root, sb_id) / f"{name}.json"
-
-
-def read(store_root: Path, sb_id: str, name: str) -> dict[str, Any] | None:
-    try:
-        return json.loads(_path(store_root, sb_id, name).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write(store_root: Path, sb_id: str, rec: dict[str, Any]) -> None:
-    path = _path(store_root, sb_id, rec["name"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(rec))
-    os.replace(tmp, path)
-
-
-def _supervisor_alive(rec: dict[str, Any]) -> bool:
-    from .sandbox.environment import _alive
-
-    return _alive(rec.get("supervisor_pid"), rec.get("supervisor_start"))
-
-
-def _settled(store_root: Path, sb_id: str, rec: dict[str, Any]) -> dict[str, Any]:
-    """A record whose supervisor died without saying so (killed) is no longer live."""
-    if rec.get("state") in LIVE and not _supervisor_alive(rec):
-        rec = {**rec, "state": "failed" if rec.get("exit_code") is None else "exited"}
-    return rec
 
 
 def doc(rec: dict[str, Any], port_list: Sequence[dict] = ()) -> dict[str, Any]:
@@ -142,20 +111,6 @@ def listing(engine: "Engine", sb_id: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def live_names(store: Path, sb_id: str) -> list[str]:
-    """The sandbox's services that are running (or starting, restarting) now."""
-    d = services_dir(store, sb_id)
-    if not d.is_dir():
-        return []
-    out = []
-    for entry in sorted(d.iterdir()):
-        if entry.name.endswith(".json"):
-            rec = read(store, sb_id, entry.name[:-5])
-            if rec is not None and _settled(store, sb_id, rec)["state"] in LIVE:
-                out.append(rec["name"])
-    return out
-
-
 def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(argv[0]))[:40].strip("-.") or "service"
     if not base[0].isalnum():
@@ -170,7 +125,6 @@ def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
 def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | None = None, restart: str = "no",
           env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Start ``argv`` as a service of the sandbox; return its row once it runs (or failed)."""
-    from .errors import EmptyCommand
     from .runs import runnable_row
 
     if not argv or not argv[0]:
@@ -218,7 +172,6 @@ def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | No
             got += chunk
     rec = read(store, row.id, name) or rec
     if not got.startswith(b"ok"):
-        from .errors import SandboxSetupFailed
 
         raise SandboxSetupFailed(detail=f"service {name}: {got.decode(errors='replace') or 'its supervisor died'}")
     from .sandbox import environment
@@ -249,48 +202,6 @@ def stop(engine: "Engine", sandbox: str, name: str, *, grace_s: float = STOP_GRA
     from .sandbox import environment
 
     return {"stopped": True, **doc(rec, environment.ports(store, row.id))}
-
-
-def _kill_supervisor(store: Path, sb_id: str, rec: dict[str, Any]) -> int:
-    from .sandbox.environment import _kill
-
-    n = _kill(rec.get("supervisor_pid"), rec.get("supervisor_start"))
-    if rec.get("cgroup"):
-        from .sandbox import cgroups
-
-        sup = cgroups.support()
-        if sup.mode != "none":
-            cgroups.sweep_cgroups(rec["cgroup"], sup=sup)  # what bwrap's death left behind
-    return n
-
-
-def stop_all(store: Path, sb_id: str) -> int:
-    """The sandbox ends: kill every service's supervisor (and so its command), mark them
-    stopped. How many processes were killed."""
-    d = services_dir(store, sb_id)
-    if not d.is_dir():
-        return 0
-    n = 0
-    for entry in sorted(d.iterdir()):
-        if not entry.name.endswith(".json"):
-            continue
-        rec = read(store, sb_id, entry.name[:-5])
-        if rec is None:
-            continue
-        if _supervisor_alive(rec):
-            n += _kill_supervisor(store, sb_id, rec)
-        if rec.get("state") in LIVE:
-            rec["state"] = "stopped"
-            _write(store, sb_id, rec)
-    return n
-
-
-def sweep(store: Path, keep: set[str]) -> int:
-    """``stop_all`` for every sandbox not in ``keep`` (``gc``)."""
-    root = store / "services"
-    if not root.is_dir():
-        return 0
-    return sum(stop_all(store, sb) for sb in os.listdir(root) if sb not in keep)
 
 
 def follow_log(path: Path, alive: Any, poll_s: float = 0.2) -> Any:

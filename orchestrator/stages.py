@@ -60,30 +60,27 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from snapshot.errors import PetriError
+
 from . import audit, promotions
 from .config import Stage, load_config
 from .errors import NothingToRollBack, OrchestratorError, UsageError
-from .lineage import diff_base, mark_scaffold, reap_scaffolds, snapshot_of_sandbox
+from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
 from .promotions import promote
 from .promotions import rollback_promotion as undo
-from .registry import new_id, pid_alive
+from .registry import new_id
+from .stage_rows import (FINAL, StageTargetMissing, is_stage, pipeline_rows, recover,
+                         save_stage, stage_like, stage_row, target_engine)
 
 if TYPE_CHECKING:
     from .engine import Engine
     from .registry import SandboxRow
 
 Say = Callable[[str], None]
-FINAL = ("done", "undone", "failed", "conflict")
 
 
 class NoStages(UsageError):
     """no stage named '{name}': {known}"""
-
-
-class StageTargetMissing(OrchestratorError):
-    """stage '{stage}': {path} is not a petri workspace; run `petri init` there first"""
-
-    exit_code = 4
 
 
 class NotPending(UsageError):
@@ -91,27 +88,6 @@ class NotPending(UsageError):
 
 
 # --------------------------------------------------------------------------- rows
-
-
-def _row(engine: "Engine", promo_id: str) -> dict[str, Any] | None:
-    return next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
-
-
-def _save(engine: "Engine", promo_id: str, state: str, doc: dict[str, Any]) -> None:
-    # A plain update: promotion.done / undone belong to the promotion that puts the stage's
-    # changes in place or takes them out (orchestrator.promotions), not to the pipeline's
-    # bookkeeping (a stage row goes running -> done -> running -> done while it is checked).
-    engine.registry.update_promotion(promo_id, state, doc)
-
-
-def _is_stage(row: dict[str, Any] | None) -> bool:
-    return row is not None and bool(row["doc"].get("stage"))
-
-
-def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
-    """The stage rows of one pipeline, in stage order."""
-    rows = [p for p in engine.registry.promotions() if p["doc"].get("pipeline") == pipeline]
-    return sorted(rows, key=lambda p: (p["doc"].get("index", 0), p["created_at"]))
 
 
 def _check_target(engine: "Engine", stage: "Stage") -> None:
@@ -123,22 +99,6 @@ def _check_target(engine: "Engine", stage: "Stage") -> None:
         raise StageTargetMissing(stage=stage.name, path=os.path.realpath(stage.target))
 
 
-def _target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
-    """This workspace's engine, or the other workspace's a path stage names."""
-    from .services import Engine
-    from .workspace import is_workspace
-
-    target = path or stage.target
-    if target in ("fresh", "workspace"):
-        return engine
-    p = Path(os.path.realpath(target))
-    if not is_workspace(p):
-        raise StageTargetMissing(stage=stage.name, path=str(p))
-    if p == Path(os.path.realpath(engine.root)):
-        return engine
-    return Engine.open(None, str(p))
-
-
 # --------------------------------------------------------------------------- checks
 
 
@@ -146,7 +106,7 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
                 say: Say) -> tuple[str, list[dict[str, Any]]]:
     """Run the checks one after another in the sandbox: ("passed" | "failed" |
     "inconclusive", one record per check run). The first that does not pass decides."""
-    from .race import failure_reason
+    from .race_steps import failure_reason
     from .runs import run_sync
 
     results = []
@@ -191,7 +151,7 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
     """Run one stage (its row exists, state running); returns its outcome and leaves the
     row in its final or pending state."""
     doc.update(pid=os.getpid(), step="promoting" if not checks_only else "checking")
-    _save(engine, promo_id, "running", doc)
+    save_stage(engine, promo_id, "running", doc)
     if stage.target == "fresh":
         return _fresh(engine, pinned, stage, promo_id, doc, say)
     return _promote_stage(engine, pinned, stage, promo_id, doc, say, checks_only=checks_only)
@@ -200,7 +160,8 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
     from .api import diff_parts
-    from .race import Candidate, _apply_argv_env
+    from .race_plan import Candidate
+    from .race_steps import apply_argv_env
     from .runs import run_sync
 
     base = diff_base(engine, pinned)
@@ -212,10 +173,10 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
     sb = engine.fork(base, 1)[0]
     mark_scaffold(engine, sb, "stage-fresh", promotion=promo_id)
     doc["fresh_sandbox"] = sb.id
-    _save(engine, promo_id, "running", doc)
+    save_stage(engine, promo_id, "running", doc)
     try:
         if patch:
-            argv, env, stdin = _apply_argv_env(engine, Candidate("patch", "stage", patch))
+            argv, env, stdin = apply_argv_env(engine, Candidate("patch", "stage", patch))
             applied = run_sync(engine, sb.id, argv, env=env, stdin_data=stdin, echo=False)
             if applied["exit_code"] != 0:
                 doc["checks"] = [{"command": "git apply", "sandbox": sb.id, "exit_code": applied["exit_code"],
@@ -224,7 +185,7 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
                 return _finish(engine, promo_id, doc, "failed", "failed")
         doc["snapshot_after"] = snapshot_of_sandbox(engine, engine.sandbox_by_id(sb.id)).id
         doc["step"] = "checking"
-        _save(engine, promo_id, "running", doc)
+        save_stage(engine, promo_id, "running", doc)
         outcome, doc["checks"] = (_run_checks(engine, sb.id, stage.checks, stage.timeout_s, say)
                                   if stage.checks else ("passed", []))
     finally:
@@ -240,13 +201,13 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
                    say: Say, *, checks_only: bool) -> str:
     from snapshot.transaction import fault_point
 
-    target = _target_engine(engine, stage, doc.get("target_path"))
+    target = target_engine(engine, stage, doc.get("target_path"))
     where = "this workspace" if target is engine else str(target.root)
     try:
         if not checks_only:
             say(f"stage {stage.name} ({promo_id}): promoting {doc['sandbox']} into {where}")
             doc["snapshot_before"] = target.take_snapshot(f"before stage {stage.name} ({promo_id})", kind="stage").id
-            _save(engine, promo_id, "running", doc)
+            save_stage(engine, promo_id, "running", doc)
             fault_point("pipeline-promote")
             # The row the promotion writes in its workspace: here, the stage's own (all of
             # it: a kill right after the promotion leaves what recover needs); elsewhere a
@@ -268,7 +229,7 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
         elif not doc.get("snapshot_after"):  # interrupted before it was taken: live holds the promotion now
             doc["snapshot_after"] = target.take_snapshot(f"after stage {stage.name} ({promo_id})", kind="stage").id
         doc["step"] = "checking"
-        _save(engine, promo_id, "running", doc)
+        save_stage(engine, promo_id, "running", doc)
         fault_point("pipeline-checks")
         outcome, doc["checks"] = _checks_in_fork(target, doc["snapshot_after"], stage, say)
         if outcome == "failed" and doc.get("in_place"):
@@ -292,7 +253,7 @@ def _finish(engine: "Engine", promo_id: str, doc: dict[str, Any], state: str, ou
     else:
         doc.pop("pending_reason", None)
     doc["finished_at"] = time.time()
-    _save(engine, promo_id, state, doc)
+    save_stage(engine, promo_id, state, doc)
     return outcome
 
 
@@ -367,7 +328,7 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     doc = _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
     if forced is not None:
         first = pipeline_rows(engine, pipeline)[0]
-        _save(engine, first["id"], first["state"], {**first["doc"], "gate_forced_by": forced})
+        save_stage(engine, first["id"], first["state"], {**first["doc"], "gate_forced_by": forced})
         say(f"the change is high-risk ({forced}): a person approves it with `petri promote --resume {first['id']}`")
         doc = pipeline_doc(engine, pipeline)
         doc["gate_forced_by"] = forced
@@ -380,7 +341,6 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
     """Run stages ``start``..``last``. ``approve``: the index of the stage whose manual gate
     the caller (``resume``) passes; ``resumed``: the pending row to carry on with (its
     promotion is in place: only its checks run again)."""
-    from snapshot.errors import PetriError
 
 
     for i in range(start, last + 1):
@@ -389,7 +349,7 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
             promo_id, doc = resumed["id"], dict(resumed["doc"])
             checks_only = bool(doc.get("in_place"))
         else:
-            promo_id = pipeline if _row(engine, pipeline) is None else new_id("p")
+            promo_id = pipeline if stage_row(engine, pipeline) is None else new_id("p")
             doc = {"stage": st.name, "index": i, "parent": parent, "pipeline": pipeline, "to": stages[last].name,
                    "target": st.target, "sandbox": sandbox, "pinned": pinned_id, "checks": [], "applied": [],
                    "in_place": False, "pid": os.getpid(), "step": "gate"}
@@ -438,12 +398,12 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
 def _abandon(engine: "Engine", promo_id: str) -> None:
     """A stage that stopped on an error: settled now as a killed petri's would be (pending,
     interrupted, ``in_place`` as its journal says), so ``--resume`` or ``rollback`` go on."""
-    row = _row(engine, promo_id)
+    row = stage_row(engine, promo_id)
     if row is None or row["state"] in FINAL or row["state"] == "pending":
         return
     doc = dict(row["doc"])
     doc["pid"] = None
-    _save(engine, promo_id, row["state"], doc)
+    save_stage(engine, promo_id, row["state"], doc)
     try:
         recover(engine)
     except Exception:  # noqa: BLE001 - the next command's recover does it
@@ -462,8 +422,8 @@ def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dic
     or interrupted stage left, then go on to the pipeline's last stage."""
     recover(engine)
     _kind, full = engine.registry.resolve(promo_id, ("promotion",))
-    row = _row(engine, full)
-    if row is None or not _is_stage(row) or row["state"] != "pending":
+    row = stage_row(engine, full)
+    if row is None or not is_stage(row) or row["state"] != "pending":
         raise NotPending(ident=full, state=row["state"] if row else "unknown")
     doc = dict(row["doc"])
     stages = _stages(engine)
@@ -477,52 +437,8 @@ def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dic
     # row ends as it is and the stage runs again under a new id (its journal is spent).
     doc.update(step="final", outcome=doc.get("outcome") or "interrupted")
     doc.pop("pending_reason", None)
-    _save(engine, full, "failed", doc)
+    save_stage(engine, full, "failed", doc)
     return _walk(engine, **walk)
-
-
-def recover(engine: "Engine") -> list[str]:
-    """Stages whose petri died mid-step become ``pending`` (``interrupted``), with
-    ``in_place`` as their promotion's journal says; their fresh forks go. Returns their ids."""
-    from merge.promote import promotion_state
-
-
-    settled = []
-    for p in engine.registry.promotions():
-        doc = p["doc"]
-        # A row recovery settled (done, undone, failed) without its stage finishing still
-        # counts: only the stage's own "final" step ends it.
-        if not doc.get("stage") or p["state"] == "pending" or doc.get("step") == "final":
-            continue
-        if pid_alive(doc.get("pid")):
-            continue
-        in_place = False
-        if doc["target"] != "fresh":
-            try:
-                target = _target_engine(engine, _stage_like(doc), doc.get("target_path"))
-                try:
-                    target.recover_promotions()  # the journal decides: finished or undone now
-                    in_place = promotion_state(target.store.journal, p["id"]) == "done"
-                    if target is not engine:
-                        reap_scaffolds(target)  # the dead stage's check fork there
-                finally:
-                    if target is not engine:
-                        target.close()
-            except Exception:  # noqa: BLE001 - the target is gone: nothing of it is in place here
-                in_place = False
-        doc.update(in_place=in_place, pending_reason="interrupted", outcome="interrupted")
-        _save(engine, p["id"], "pending", doc)
-        settled.append(p["id"])
-    # what dead pipelines forked for themselves goes, but the pinned state of one that waits
-    waiting = {p["doc"].get("pinned") for p in engine.registry.promotions()
-               if p["doc"].get("stage") and p["state"] in ("pending", "running")}
-    reap_scaffolds(engine, keep={w for w in waiting if w})
-    return settled
-
-
-def _stage_like(doc: dict[str, Any]) -> "Stage":
-
-    return Stage(name=doc["stage"], target=doc.get("target_path") or doc["target"])
 
 
 def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
@@ -533,11 +449,11 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     ``changed``); ``NothingToRollBack`` (exit 1) when the stage and every later one are
     final already and nothing of them is in place (a second rollback)."""
 
-    row = _row(engine, promo_id)
-    if row is None or not _is_stage(row):
+    row = stage_row(engine, promo_id)
+    if row is None or not is_stage(row):
         return promotions.rollback_promotion(engine, promo_id)
     recover(engine)
-    row = _row(engine, promo_id) or row
+    row = stage_row(engine, promo_id) or row
     doc = row["doc"]
     later = [r for r in pipeline_rows(engine, doc["pipeline"]) if r["doc"].get("index", 0) >= doc.get("index", 0)]
     if all(r["state"] in FINAL and not _in_place(r) for r in later) and row["state"] != "done":
@@ -552,7 +468,7 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         reason = rdoc.get("pending_reason")
         took: list[str] | None = None
         if _in_place(r) and rdoc.get("target") != "fresh":
-            target = _target_engine(engine, _stage_like(rdoc), rdoc.get("target_path"))
+            target = target_engine(engine, stage_like(rdoc), rdoc.get("target_path"))
             try:
                 got = promotions.rollback_promotion(target, r["id"])
             finally:
@@ -565,7 +481,7 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         if r["state"] not in ("undone", "failed", "conflict"):
             rdoc.update(in_place=False, step="final", rolled_back=True)
             rdoc.pop("pending_reason", None)
-            _save(engine, r["id"], "undone", rdoc)
+            save_stage(engine, r["id"], "undone", rdoc)
             closed.append({"promotion": r["id"], "stage": rdoc.get("stage"), "target": rdoc.get("target"),
                            "was": r["state"], "pending_reason": reason,
                            "undone": took is not None, "changed": took or []})

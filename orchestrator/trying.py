@@ -150,7 +150,7 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
     it (``race._replay_applied``), so what it leaves behind is never promoted."""
     from .changesets import sandbox_views
     from .lineage import mark_scaffold
-    from .race import _replay_applied
+    from .race_steps import replay_applied
     from .runs import run_sync
 
     csb = fork(row.base, None)
@@ -158,7 +158,7 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
     crow = engine.sandbox_by_id(csb)
     mark_scaffold(engine, crow, "try-check", check_of=row.id)
     with sandbox_views(engine, row) as (base, tree):
-        _replay_applied(engine, row, base, tree, engine.sandbox_tree(crow))
+        replay_applied(engine, row, base, tree, engine.sandbox_tree(crow))
     say(f"checking in {csb} (a throwaway fork of the changed state): {check}")
     run = run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo, seccomp=seccomp)
     doc["check"] = {**_step(run, check), "sandbox": csb}

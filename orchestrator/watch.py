@@ -8,7 +8,7 @@ first failing check rolls the promotion back (``rollback p-…``, the audit trai
 leaves the promotion in place and says so.
 
 The watch is a row of the registry's ``watches`` table, run by a detached watcher process
-(``python -m orchestrator.watch ROOT p-…``, its own session: closing the terminal or a Ctrl-C
+(``python -m orchestrator.watcher ROOT p-…``, its own session: closing the terminal or a Ctrl-C
 of the ``petri promote`` that started it does not end it). That ``petri promote`` follows the
 watch as ``docker logs -f`` follows a container: a Ctrl-C stops following and the watch goes
 on. States: ``watching``, ``passed``, ``rolled_back``, ``rollback_refused`` (the check failed
@@ -31,11 +31,13 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from snapshot.errors import PetriError
 
 from . import events
 from .registry import now, pid_alive, rfc3339
+from .errors import EmptyCommand, UsageError
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -49,7 +51,6 @@ def parse_watch(command: str | None, for_: float | str | None, every: float | st
                 api: bool = False) -> tuple[str, float, float] | None:
     """(command, for, every) in seconds from the options, or None without a watch; a usage
     error (exit 2) for a watch without a duration, a zero one, or an interval longer than it."""
-    from .errors import EmptyCommand, UsageError
     from .units import parse_duration
 
     def name(cli: str, py: str) -> str:  # the caller's spelling: the CLI's flag or the API's keyword
@@ -111,7 +112,7 @@ def start(engine: "Engine", promo_id: str, command: str, for_s: float, every_s: 
     logdir = engine.store.root / "watch"
     logdir.mkdir(exist_ok=True)
     with open(logdir / f"{promo_id}.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.watch", str(engine.root), promo_id],
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.watcher", str(engine.root), promo_id],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/")
     engine.registry.update_watch(promo_id, pid=proc.pid, pid_start=_start_time(proc.pid))
@@ -199,7 +200,6 @@ def _check(engine: "Engine", promo_id: str, command: str, timeout_s: float) -> d
 
 def run_watch(engine: "Engine", promo_id: str) -> str:
     """The watcher's loop: the state the watch ended in."""
-    from snapshot.errors import PetriError
 
     from . import audit
 
@@ -252,34 +252,6 @@ def run_watch(engine: "Engine", promo_id: str) -> str:
             return "rolled_back"
 
 
-def main(argv: list[str]) -> int:
-    """``python -m orchestrator.watch ROOT p-…``: the detached watcher."""
-    import signal
-
-    from .services import Engine
-
-    root, promo_id = argv[0], argv[1]
-    engine = Engine.open(Path(root), root)
-    ended: list[int] = []
-
-    def term(signum: int, frame: object) -> None:
-        ended.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal closing is not the watch's end
-    try:
-        state = run_watch(engine, promo_id)
-    except KeyboardInterrupt:
-        _finish(engine, promo_id, "interrupted", {"reason": "its watcher was stopped (SIGTERM or SIGINT) after "
-                                                            "the checks counted; the promotion stays in place"})
-        return 1
-    except Exception as e:  # noqa: BLE001 - recorded, not lost
-        _finish(engine, promo_id, "interrupted", {"reason": f"its watcher failed: {type(e).__name__}: {e}"})
-        raise
-    return 0 if state in ("passed", "stopped") else 1
-
-
 # --------------------------------------------------------------------------- following
 
 
@@ -300,6 +272,3 @@ def follow(engine: "Engine", promo_id: str, say: Any, poll_s: float = 0.2) -> di
             continue
         time.sleep(poll_s)
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

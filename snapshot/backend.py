@@ -28,7 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
+from .diskcap import DiskCap as DiskCap  # the contract disk_cap returns; defined beside the default cap
+from .diskcap import filesystem_disk_cap
 from .store import Store
+from .errors import SnapshotError, Unsupported
+from .osutil import rmtree
 
 if TYPE_CHECKING:
     from .idmap import IdMap
@@ -93,46 +97,11 @@ FULL = Candidates(None, "manifest")
 LiveCandidates = tuple[Path, Path, Candidates]  # (snapshot tree, live view, candidates)
 
 
-class DiskCap:
-    """How a workspace enforces ``--disk`` (``Backend.disk_cap``).
-
-    ``prepare`` once per fork or run makes the cap possible and returns warnings about what
-    that did (for the person and the ``--json`` document); ``apply`` caps one sandbox;
-    ``mark`` before a run and ``hit`` after it tell whether the cap refused anything
-    meanwhile, from the cap's own counters, never from a command's output (a message can be
-    faked, and a real overflow can be silenced); ``usage`` is (bytes counted against the
-    cap, the cap) where the cap keeps such counters; ``lapsed`` says why caps applied
-    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox;
-    ``needs_root``: ``prepare`` refuses a normal user (what ``petri doctor`` tells one)."""
-
-    kind: ClassVar[str] = "none"
-    needs_root: ClassVar[bool] = False
-
-    def prepare(self) -> list[str]:
-        return []
-
-    def apply(self, store: Store, sb_id: str, limit: int) -> None:
-        pass
-
-    def mark(self, store: Store, sb_id: str) -> object:
-        return None
-
-    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
-        return False
-
-    def usage(self, store: Store, sb_id: str) -> tuple[int, int] | None:
-        return None
-
-    def lapsed(self) -> str | None:
-        return None
-
-
 def refuse_clone_options(name: str, disk_budget: int | None, idmap: IdMap | None) -> None:
     """For backends whose ``clone`` honours neither option: the engine never passes them
     (it asks ``enforces_disk_budget`` and ``mounts_map_owners`` first); a caller that
     does gets an error rather than a silently uncapped or unmapped sandbox."""
     if disk_budget is not None or idmap is not None:
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {name} backend's clones take no disk budget and map no owners")
 
@@ -195,13 +164,11 @@ class Backend(Protocol):
     def convert(workspace: Path, progress: Progress | None = None, say: Say | None = None, /) -> bool:
         """``petri init --convert``: make ``workspace`` one this backend hosts in place (btrfs:
         a subvolume at the same path). True if it converted, False if it already was one."""
-        from .errors import Unsupported
 
         raise Unsupported(detail="this backend cannot convert a workspace (--convert)")
 
     def remove_leftover(self, store: Store, leftover: Leftover) -> None:
         """Undo one of ``leftovers``' findings (unmounting what is mounted first)."""
-        from .osutil import rmtree
 
         rmtree(leftover.path)
 
@@ -213,7 +180,6 @@ class Backend(Protocol):
     def destroy_store(self, store: Store) -> None:
         """Remove the whole store with whatever of this backend is in it (deinit, a failed
         init): the caller has already removed every row's tree and the registry."""
-        from .osutil import rmtree
 
         rmtree(store.root)
 
@@ -233,8 +199,6 @@ class Backend(Protocol):
         """How ``--disk`` is enforced for sandboxes of this store, or ``DiskLimitUnavailable``
         (exit 4) naming what would work. The default: an XFS project quota where the store's
         filesystem is mounted with ``prjquota``, else that refusal."""
-        from .diskcap import filesystem_disk_cap
-
         return filesystem_disk_cap(self.name, store)
 
     def snapshot_sandbox(self, store: Store, sb_id: str, snap_id: str, parent: str) -> SnapshotResult:
@@ -243,7 +207,6 @@ class Backend(Protocol):
         backends stack on it). As exact as ``snapshot`` of live: atomic where the backend's
         snapshots are, else per file. On any failure nothing half-made is left behind; the
         sandbox is never changed."""
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {self.name} backend cannot snapshot a sandbox (fork --from sb-…)")
 
@@ -256,7 +219,6 @@ class Backend(Protocol):
     def map_owners(self, store: Store, sb_id: str, idmap: IdMap) -> None:
         """Make an existing sandbox's mount show owners through ``idmap`` (remounting one
         made without it); only for backends whose ``mounts_map_owners()`` is True."""
-        from .errors import Unsupported
 
         raise Unsupported(detail=f"the {self.name} backend's sandboxes are plain trees: a run maps owners itself")
 
@@ -365,5 +327,4 @@ class Backend(Protocol):
     def import_snapshot(self, store: Store, snap_id: str, layer_names: list[str]) -> None:
         """Make ``snap_id`` out of layers already installed under ``store.layers`` (lowest
         first), e.g. received from another machine; only layered backends can."""
-        from .errors import SnapshotError
         raise SnapshotError(detail=f"the {self.name} backend cannot import a snapshot made of layers")

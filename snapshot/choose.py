@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .backend import Backend, Progress, Say
 from .errors import BackendUnavailable
-from .extras import missing_hint
+from .extras import EXTRAS, missing_hint
 from .osutil import fs_type
 
 BACKENDS = ("btrfs", "zfs", "reflink", "overlay", "fuse", "copy")
@@ -134,7 +134,6 @@ def advice(workspace: Path, name: str, reason: str) -> str | None:
     """What would make ``auto``'s pick ``name`` for ``workspace`` better (``petri doctor``):
     ``init --convert`` on a plain btrfs directory, a copy-on-write place where only full
     copies work; None when nothing would."""
-    from .extras import EXTRAS
 
     fstype = fs_type(workspace)
     if fstype == "btrfs" and name != CONVERTS_TO:

@@ -1,5 +1,6 @@
-"""The ``--disk`` cap a backend gets from its filesystem when it has none of its own
-(``Backend.disk_cap``'s default): an XFS project quota where the store's filesystem is
+"""How a backend enforces ``--disk`` (``DiskCap``, the contract ``Backend.disk_cap`` returns),
+and the cap a backend gets from its filesystem when it has none of its own
+(``Backend.disk_cap``'s default, ``filesystem_disk_cap``): an XFS project quota where the store's filesystem is
 mounted with ``prjquota``, else a refusal (exit 4) naming what would work.
 
 A project quota caps a directory tree: each sandbox's tree gets a project id of its own
@@ -14,12 +15,46 @@ Caveats:
 from __future__ import annotations
 
 import os
-import subprocess
+from typing import ClassVar
 
-from .backend import DiskCap
 from .errors import DiskLimitUnavailable
 from .osutil import fs_type, mount_of
 from .store import Store
+
+
+class DiskCap:
+    """How a workspace enforces ``--disk`` (``Backend.disk_cap``).
+
+    ``prepare`` once per fork or run makes the cap possible and returns warnings about what
+    that did (for the person and the ``--json`` document); ``apply`` caps one sandbox;
+    ``mark`` before a run and ``hit`` after it tell whether the cap refused anything
+    meanwhile, from the cap's own counters, never from a command's output (a message can be
+    faked, and a real overflow can be silenced); ``usage`` is (bytes counted against the
+    cap, the cap) where the cap keeps such counters; ``lapsed`` says why caps applied
+    earlier are no longer enforced (None: they are). ``kind`` is recorded per sandbox;
+    ``needs_root``: ``prepare`` refuses a normal user (what ``petri doctor`` tells one)."""
+
+    kind: ClassVar[str] = "none"
+    needs_root: ClassVar[bool] = False
+
+    def prepare(self) -> list[str]:
+        return []
+
+    def apply(self, store: Store, sb_id: str, limit: int) -> None:
+        pass
+
+    def mark(self, store: Store, sb_id: str) -> object:
+        return None
+
+    def hit(self, store: Store, sb_id: str, mark: object) -> bool:
+        return False
+
+    def usage(self, store: Store, sb_id: str) -> tuple[int, int] | None:
+        return None
+
+    def lapsed(self) -> str | None:
+        return None
+
 
 ALTERNATIVES = ("a real cap needs a workspace on btrfs with the btrfs backend (qgroups, as root), the fuse "
                 "backend (`petri init --backend fuse`: its own budget), or XFS mounted with prjquota")
@@ -42,6 +77,8 @@ class XfsProjectQuota(DiskCap):
     def apply(self, store: Store, sb_id: str, limit: int) -> None:
         proj = int(sb_id.split("-", 1)[1], 16) or 1  # sb-<8 hex>: a 32-bit project id of its own
         tree = store.sandbox_tree(sb_id)
+        import subprocess  # only where a cap is applied: not in every import of the backend protocol
+
         cp = subprocess.run(["xfs_quota", "-x", "-c", f"project -s -p {tree} {proj}",
                              "-c", f"limit -p bhard={limit} {proj}", self.mountpoint], capture_output=True, text=True)
         if cp.returncode != 0:

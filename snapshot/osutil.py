@@ -308,6 +308,16 @@ def write_all(fd: int, data: bytes) -> None:
             select.select([], [fd], [], 1.0)
 
 
+def read_fd(fd: int, chunk: int = 1 << 20) -> bytes:
+    """Everything left to read on ``fd``."""
+    chunks: list[bytes] = []
+    while True:
+        b = os.read(fd, chunk)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
 # --------------------------------------------------------------------------- rm -rf
 
 

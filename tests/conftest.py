@@ -34,7 +34,8 @@ UNIT = {
     "test_on_conflict_enum.py",
     "test_promote.py", "test_promote_attacks.py", "test_promote_durability.py", "test_results_deferred.py",
     "test_runlog.py", "test_sandbox_layer.py", "test_split_imports.py", "test_tree.py",
-    "test_tui_latency.py", "test_tui_screen_mount.py", "test_tui_snapshots.py", "test_tui_units.py", "test_undo_refusal.py",
+    "test_tui_latency.py", "test_tui_screen_mount.py", "test_tui_snapshots.py", "test_tui_units.py",
+    "test_undo_refusal.py",
 }
 
 # Tests that change something the whole machine shares, and so must not overlap under xdist

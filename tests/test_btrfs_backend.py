@@ -266,7 +266,7 @@ def test_snapshot_bytes_from_qgroups_only_when_enabled(store, backend):
 
 
 def _fsid_of(path: Path) -> str:
-    from snapshot.backends.btrfs import _fsid
+    from snapshot.backends.btrfs_generations import fsid as _fsid
 
     return _fsid(path)
 

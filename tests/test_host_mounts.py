@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import isolation
+from orchestrator.sandbox import run_view
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.timeout(180),
@@ -147,6 +147,6 @@ def test_root_is_shared_reads_the_topmost_root_mount():
     shared = b"22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
     stacked = shared + b"40 22 0:5 / / rw master:3 - tmpfs t rw\n"
     sub = b"23 22 0:6 / /mnt rw shared:4 - tmpfs t rw\n"
-    assert not isolation.root_is_shared(private) and isolation.root_is_shared(shared)
-    assert not isolation.root_is_shared(stacked)  # the last mount on / is what a new namespace copies
-    assert not isolation.root_is_shared(private + sub)
+    assert not run_view.root_is_shared(private) and run_view.root_is_shared(shared)
+    assert not run_view.root_is_shared(stacked)  # the last mount on / is what a new namespace copies
+    assert not run_view.root_is_shared(private + sub)

@@ -1,7 +1,8 @@
 """A race whose candidates run on a Ray cluster, ranked and promoted here (docs/guide/cluster.md, "Running a
 race on a cluster").
 
-End to end, from ``race.run_race(..., cluster=...)``:
+End to end, from ``race.run_race(..., cluster=...)``, which hands over the race's plan
+(``race_plan.RacePlan``: candidates, base, check, limits, roles, the steps in order):
 
 1. The base is taken here as for a local race (a snapshot of live, or the one given), and
    every candidate gets its sandbox id now (``race.started`` names them).
@@ -16,13 +17,13 @@ End to end, from ``race.run_race(..., cluster=...)``:
    snapshot. ``cluster.nodes[].layers_fetched`` counts what crossed.
 4. Candidates go to nodes as slots free up: at most ``jobs`` at once in all, at most a
    node's CPUs (Ray's count) at once on it, the node with most free slots first. Each runs
-   on its node exactly as in a local race (``race.run_candidate``: two sandboxes forked from
+   on its node exactly as in a local race (``race_steps.run_candidate``: two sandboxes forked from
    the imported base, the race's limits, ``--timeout`` and ``--ttl`` enforced by petri's
    cgroups and runner there) and comes back as its outcome, its log tails and its patch.
    ``race.candidate_finished`` is written here as each one returns.
 5. A node that dies (its agent's calls fail) fails the candidates it held, with the reason;
    the race goes on elsewhere, and candidates not yet sent go to the nodes left.
-6. Ranking and the overlap matrix are ``race.rank`` and ``race.conflicts``, on the outcomes
+6. Ranking and the overlap matrix are ``race_plan.rank`` and ``race_plan.conflicts``, on the outcomes
    as the nodes measured them. The winner (and with ``keep`` every candidate) is rebuilt
    here: a sandbox with the candidate's own id, forked from the same base, the patch
    applied inside it the way a ``--patch`` candidate is, its lines counted again and compared
@@ -44,20 +45,22 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
+
+from snapshot.errors import PetriError
 
 from .. import events
+from ..race_plan import Candidate, Outcome, RacePlan, conflicts, rank
+from ..race_steps import GIT_APPLY, apply_argv_env, count_changes, drop_base_if_unused, report_candidate, shielded, tail
 from ..registry import new_id
 from .errors import NoUsableNode, ReplicaFailed
 
 if TYPE_CHECKING:
     from ..engine import Engine, Limits
-    from ..race import Candidate, Outcome, _Race
     from .connect import Session
 
 WAIT_S = 0.25  # how often the dispatch loop looks up from ray.wait (a cancel waits at most this)
@@ -97,13 +100,16 @@ def _died(node: Node, err: BaseException) -> str:
     return f"node {node.short} ({node.address}) died during the race: {type(err).__name__}: {first[:200]}"
 
 
-async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Candidate"], check: str, *,
-                       source: str, jobs: int, limits: "Limits", timeout_s: float | None, keep: bool,
-                       say: Callable[[str], None] | None, seccomp: str, cluster: Any) -> dict[str, Any]:
+async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str], None] | None,
+                       cluster: Any) -> dict[str, Any]:
+    """Execute the race's plan on the cluster (see the module docstring); the race's document."""
     import trio
 
-    from ..race import Outcome, _shielded
     from .connect import Session, import_ray
+
+    check, source, jobs, limits = race.check, race.source, race.jobs, race.limits
+    keep, seccomp = race.keep, race.seccomp
+    assert limits is not None, "cluster_race: a plan without limits (run_race settles them)"
 
     t0 = time.monotonic()
     session = Session(cluster)  # a bad address fails here, before anything is made
@@ -112,7 +118,7 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
     await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
     race.base, race.base_implicit = base, implicit
-    race.outcomes = [Outcome(i, c, new_id("sb"), check_sandbox=new_id("sb")) for i, c in enumerate(candidates)]
+    race.outcomes = [Outcome(i, c, new_id("sb"), check_sandbox=new_id("sb")) for i, c in enumerate(race.candidates)]
     nodes: list[Node] = []
     patches: dict[int, tuple[bytes, Node]] = {}
     where: dict[int, Node] = {}
@@ -136,15 +142,15 @@ async def cluster_race(engine: "Engine", race: "_Race", candidates: Sequence["Ca
             say(f"race {race.id}: base {base} ({len(layers)} layer(s), {export.stats.bytes} bytes) on "
                 f"{len(live)} node(s), {shipped} layer transfer(s); {len(race.outcomes)} candidate(s), "
                 f"at most {jobs} at once")
-        await _dispatch(session, engine, race, nodes, check, jobs=jobs, limits=limits, timeout_s=timeout_s,
-                        seccomp=seccomp, patches=patches, where=where, node_logs=node_logs, say=say, log=log)
+        await _dispatch(session, engine, race, nodes, patches=patches, where=where, node_logs=node_logs, say=say,
+                        log=log)
     except BaseException:
-        with _shielded():
+        with shielded():
             _abort(session, nodes)
             _drop_base(engine, race)
         raise
     finally:
-        with _shielded():
+        with shielded():
             with contextlib.suppress(Exception):
                 export.__exit__(None, None, None)
             _close(session, nodes)
@@ -266,7 +272,6 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
         if isinstance(got, BaseException):
             node.dead = _refusal(node, got)
             cause = getattr(got, "cause", None)
-            from snapshot.errors import PetriError
             if isinstance(cause, PetriError) and cause.exit_code == 4:
                 raise cause  # the race's limits cannot be had there: the user's to fix
         elif got is not None:
@@ -276,14 +281,12 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
 # ---------------------------------------------------------------------------- during
 
 
-async def _dispatch(session: "Session", engine: "Engine", race: "_Race", nodes: list[Node], check: str, *,
-                    jobs: int, limits: "Limits", timeout_s: float | None, seccomp: str,
+async def _dispatch(session: "Session", engine: "Engine", race: "RacePlan", nodes: list[Node], *,
                     patches: dict[int, tuple[bytes, Node]], where: dict[int, Node], node_logs: dict[int, Any],
                     say: Callable[[str], None] | None, log: Any) -> None:
     import trio
 
     from ..config import load_config
-    from ..race import report_candidate
 
     ray = session.ray
     env = dict(load_config(engine.root).env)
@@ -303,15 +306,12 @@ async def _dispatch(session: "Session", engine: "Engine", race: "_Race", nodes: 
         report_candidate(log, race.id, o, say, node.id if node else None)
 
     while queue or pending:
-        while queue and len(pending) < jobs:
+        while queue and len(pending) < race.jobs:
             node = pick()
             if node is None:
                 break
             o = queue.popleft()
-            spec = {"index": o.index, "kind": o.candidate.kind, "text": o.candidate.text, "data": o.candidate.data,
-                    "sandbox": o.sandbox, "check_sandbox": o.check_sandbox, "check": check,
-                    "limits": limits.as_dict(), "timeout_s": timeout_s, "seccomp": seccomp, "env": env}
-            pending[node.actor.run.remote(spec)] = (o, node)
+            pending[node.actor.run.remote(race.candidate_spec(o, env))] = (o, node)
             node.running += 1
             node.assigned += 1
             where[o.index] = node
@@ -371,12 +371,10 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
 # ---------------------------------------------------------------------------- after
 
 
-async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: dict[int, tuple[bytes, Node]],
+async def _finish(engine: "Engine", race: "RacePlan", nodes: list[Node], patches: dict[int, tuple[bytes, Node]],
                   where: dict[int, Node], node_logs: dict[int, Any], session: "Session", export: Any, *,
                   limits: "Limits", keep: bool, jobs: int, seccomp: str,
                   say: Callable[[str], None] | None, log: Any, t0: float) -> dict[str, Any]:
-    from ..race import _drop_base_if_unused, _shielded, conflicts, rank
-
     ordered = rank(race.outcomes)
     winner = ordered[0] if ordered and ordered[0].passed else None
     rebuild = [o for o in race.outcomes if keep or o is winner]
@@ -386,7 +384,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
             checks[o.sandbox] = await _rebuild(engine, race, o, patches.get(o.index), where.get(o.index),
                                                limits, seccomp, verify=o is winner)
     except BaseException:
-        with _shielded():
+        with shielded():
             for o in rebuild:
                 with contextlib.suppress(Exception):
                     engine.destroy_sandbox(o.sandbox)
@@ -394,7 +392,7 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
         raise
     kept = {o.sandbox for o in rebuild}
     destroyed = {o.sandbox for o in race.outcomes} - kept
-    _drop_base_if_unused(engine, race)
+    drop_base_if_unused(engine, race)
     doc: dict[str, Any] = {
         **race.doc(destroyed),
         "winner": winner.sandbox if winner else None,
@@ -423,30 +421,27 @@ async def _finish(engine: "Engine", race: "_Race", nodes: list[Node], patches: d
     return doc
 
 
-async def _rebuild(engine: "Engine", race: "_Race", o: "Outcome", patch: tuple[bytes, Node] | None,
+async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tuple[bytes, Node] | None,
                    node: Node | None, limits: "Limits", seccomp: str, *, verify: bool) -> dict[str, Any] | None:
     """The candidate's sandbox here: its id, the same base, its patch applied inside it
     (as a ``--patch`` candidate is: the patch came from a machine we do not control). With
     ``verify``, its changed lines are counted again and must match the node's."""
     import trio
 
-    from ..race import GIT_APPLY, Candidate, _apply_argv_env, _count
     from ..runs import run_in_sandbox
 
     row = (await trio.to_thread.run_sync(lambda: engine.fork(race.base, 1, limits=limits, ids=[o.sandbox])))[0]
     engine.registry.update_sandbox(row.id, meta={**(row.meta or {}), "race": {
-        "id": race.id, "pid": os.getpid(), "done": True, "candidate": o.index, "role": "candidate",
-        "cluster": True, "node": node.id if node else None}})
+        **race.role_meta(o.index, "candidate"), "done": True, "cluster": True, "node": node.id if node else None}})
     if patch is None or not patch[0]:
         return None
     data, node = patch
-    argv, env, _ = _apply_argv_env(engine, Candidate("patch", o.candidate.text, data))
+    argv, env, _ = apply_argv_env(engine, Candidate("patch", o.candidate.text, data))
     assert argv == GIT_APPLY
     doc = await run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False, seccomp=seccomp)
     if doc["exit_code"] != 0:
-        from ..race import _tail
         raise ReplicaFailed(candidate=o.candidate.text, node=node.short,
-                            why=_tail(doc["stderr_path"]) or f"git apply exit {doc['exit_code']}")
+                            why=tail(doc["stderr_path"]) or f"git apply exit {doc['exit_code']}")
     if not verify:
         return {"patch_bytes": len(data)}
     from ..changesets import narrow, sandbox_candidates
@@ -456,8 +451,8 @@ async def _rebuild(engine: "Engine", race: "_Race", o: "Outcome", patch: tuple[b
     with engine.backend.snapshot_view(engine.store, race.base) as base_view:
         # Only where the backend says the rebuilt sandbox changed: not a walk of the whole tree.
         within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])
-        files, added, removed, _ = await trio.to_thread.run_sync(_count, engine.root, Path(base_view), tree, None,
-                                                                 within)
+        files, added, removed, _ = await trio.to_thread.run_sync(count_changes, engine.root, Path(base_view), tree,
+                                                                 None, within)
     same = (files, added, removed) == (o.files_changed, o.lines_added, o.lines_removed)
     if not same:
         raise ReplicaFailed(candidate=o.candidate.text, node=node.short, why=(
@@ -497,10 +492,9 @@ def _close(session: "Session", nodes: list[Node]) -> None:
         session.close()
 
 
-def _drop_base(engine: "Engine", race: "_Race") -> None:
-    from ..race import _drop_base_if_unused
+def _drop_base(engine: "Engine", race: "RacePlan") -> None:
     with contextlib.suppress(Exception):
-        _drop_base_if_unused(engine, race)
+        drop_base_if_unused(engine, race)
 
 
 __all__ = ["cluster_race"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import LocalClusterFailed, NotLoopbackOnly
+from .errors import BadClusterAddress, LocalClusterFailed, NotLoopbackOnly
 
 MAX_NODES = 16
 START_TIMEOUT_S = 180.0
@@ -60,7 +60,6 @@ class LocalCluster:
     def __init__(self, nodes: int, *, cpus_per_node: int = 2, object_store_bytes: int = OBJECT_STORE_BYTES,
                  node_backend: str | None = None, parent_dir: str | os.PathLike | None = None) -> None:
         if not 1 <= nodes <= MAX_NODES:
-            from .errors import BadClusterAddress
             raise BadClusterAddress(text=f"local:{nodes}", most=MAX_NODES)
         self.n = nodes
         self.cpus = cpus_per_node

@@ -24,7 +24,7 @@ chunks from Ray's object store, checks the digest, installs it: a layer crosses 
 most once, whatever number of candidates run there, and never again while the node store
 keeps it), ``import_base`` (the base as a snapshot of layers, its read-only view mounted and
 hashed once for every candidate), then ``run`` per candidate (two sandboxes forked in
-milliseconds from the imported base, ``race.run_candidate`` as a local race runs it, then the
+milliseconds from the imported base, ``race_steps.run_candidate`` as a local race runs it, then the
 patch and the log tails; both sandboxes destroyed), and ``close`` (nothing left: sandboxes,
 views, the fuse fork server).
 
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshot.store import Store
+from snapshot.choose import choose_layered, get_backend
 
 from ..services import Engine
 from ..errors import OrchestratorError
@@ -62,6 +63,7 @@ from ..registry import Registry, SnapshotRow, now, pid_alive
 from .archive import extract_archive
 from .export import layer_paths_lowest_first
 from .errors import NodeRefused
+from ..limits import Limits
 
 NODE_STORE_ENV = "PETRI_CLUSTER_STORE"
 NODE_BACKEND_ENV = "PETRI_NODE_BACKEND"  # overlay | fuse | auto (tests force fuse as root)
@@ -108,7 +110,6 @@ def _locked(path: Path):
 
 def open_node_engine(store: Path, mount_at: Path, owner: str | None, backend: str | None = None) -> NodeEngine:
     """The node workspace for ``mount_at`` in ``store``, made on first use."""
-    from snapshot.choose import choose_layered, get_backend
 
     home = _home(store, mount_at)
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +251,6 @@ class NodeAgent:
         against this node, mount the base's view and hash it once for all candidates."""
         from merge.changes import scan_tree
 
-        from ..limits import Limits
 
         t0 = time.monotonic()
         e = self.engine()
@@ -276,13 +276,14 @@ class NodeAgent:
 
     # -- candidates ----------------------------------------------------------------------------
     def run(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """One candidate (see ``race.run_candidate``); its outcome, patch and log tails."""
+        """One candidate (``race_plan.RacePlan.candidate_spec``, run by ``race_steps.run_candidate``);
+        its outcome, patch and log tails."""
         import functools
 
         import trio
 
-        from ..limits import Limits
-        from ..race import Candidate, Outcome, run_candidate
+        from ..race_plan import outcome_of_spec
+        from ..race_steps import run_candidate
 
         if self.closed or self.base_view is None or self.base is None:
             raise NodeRefused(node=os.uname().nodename, why="the race on this node is over or was never prepared")
@@ -295,8 +296,7 @@ class NodeAgent:
                 e.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": {
                     "id": self.race_id, "pid": os.getpid(), "done": False, "cluster": True,
                     "candidate": spec["index"], "role": "candidate" if i == 0 else "check"}})
-            o = Outcome(spec["index"], Candidate(spec["kind"], spec["text"], spec.get("data")), ids[0],
-                        check_sandbox=ids[1])
+            o = outcome_of_spec(spec)
             trio.run(functools.partial(run_candidate, e, o, spec["check"], base_view=self.base_view,
                                        manifest=self.manifest, ignore_root=self.base_view,
                                        timeout_s=spec.get("timeout_s"), seccomp=spec["seccomp"], env=spec.get("env")))

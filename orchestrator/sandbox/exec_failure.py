@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .isolation import MountOp, SandboxPlan
+from . import isolation
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -342,7 +343,6 @@ def note_for_run(spec: "RunSpec", tree: "Path", exit_code: int) -> str | None:
     exist; never raises."""
     if exit_code not in (126, 127):
         return None
-    from . import isolation
 
     try:
         plan = isolation.plan_for_run(

@@ -84,6 +84,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
+from . import run_view
+from .run_view import share_host_mounts
+
 BWRAP = "bwrap"
 
 # What holds secrets, relative to a home directory: hidden in every home (root's included)
@@ -528,7 +531,7 @@ def plan_for_run(
     unprivileged account on the host: ``orchestrator.run_as``): root's home is an empty
     directory for it, with the toolchains ``run_view`` mounted for the run bound back; with
     ``system_home`` (a ``--system`` sandbox's), that directory instead, writable."""
-    from . import host_sockets, run_view
+    from . import host_sockets
 
     share_host_mounts()
     ws = _b(workspace)
@@ -625,49 +628,3 @@ def root_home() -> bytes:
         return _b(pwd.getpwuid(0).pw_dir or "/root")
     except KeyError:
         return b"/root"
-
-
-# ------------------------------------------------------------------------------ propagation
-
-MS_REC, MS_SHARED = 0x4000, 1 << 20
-_shared: bool | None = None  # per process: what share_host_mounts found or made
-
-
-def root_is_shared(mountinfo: bytes) -> bool:
-    """Pure: whether ``/`` (the topmost mount there) is in a peer group in this mountinfo."""
-    shared = False
-    for line in mountinfo.splitlines():
-        fields = line.split(b" ")
-        if len(fields) > 6 and fields[4] == b"/":
-            optional = fields[6:fields.index(b"-")] if b"-" in fields else []
-            shared = any(f.startswith(b"shared:") for f in optional)
-    return shared
-
-
-def share_host_mounts() -> bool:
-    """Make the mount tree petri runs in shared (``mount --make-rshared /``) when ``/`` is
-    not, once per process; whether ``/`` is shared now.
-
-    bwrap makes every mount of a sandbox a slave of the host's (``MS_SLAVE | MS_REC``), but
-    a slave only hears from a shared master: under a private ``/`` (hosts without systemd,
-    which makes it shared at boot; containers) a host ``umount`` never reached a running
-    sandbox, whose copy kept the filesystem mounted and its loop device attached until the
-    sandbox ended. Only root can change it; a rootless petri lives with what it finds."""
-    global _shared
-    if _shared is not None:
-        return _shared
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            info = f.read()
-    except OSError:
-        return False
-    _shared = root_is_shared(info)
-    if not _shared and os.geteuid() == 0:
-        from snapshot.osutil import libc
-
-        from . import run_view
-
-        _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
-        if _shared:
-            run_view.refence()  # the recursive change made the views' mount shared too
-    return _shared

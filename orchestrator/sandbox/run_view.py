@@ -25,7 +25,7 @@ id-mapped on purpose: the account reads what every user may read there (a 0644 f
 0755 directory) and nothing more; a mapping would hand it root's 0600 files.
 
 ``/run/petri`` is a *private* mount of its own (``fence_views``, made once per boot by the
-first run that needs a view): with the host's ``/`` shared (``isolation.share_host_mounts``)
+first run that needs a view): with the host's ``/`` shared (``share_host_mounts``)
 every view mounted or removed there would propagate into every running sandbox, and land
 in the middle of other bwraps' setup, whose read-only remount of what they copied then
 fails (exit 125). A private parent propagates nothing. (Unbindable would keep views out of
@@ -159,9 +159,7 @@ def fence_views() -> bool:
     global _fenced
     if _fenced:
         return True
-    from . import isolation
-
-    isolation.share_host_mounts()  # first: sharing / recursively would undo the fence
+    share_host_mounts()  # first: sharing / recursively would undo the fence
     with open("/proc/self/mountinfo", "rb") as f:
         info = f.read()
     fields = views_mount(info)
@@ -192,7 +190,7 @@ def fence_views() -> bool:
 
 
 def refence() -> None:
-    """``VIEWS`` private again if it is a mount (``isolation.share_host_mounts`` just made
+    """``VIEWS`` private again if it is a mount (``share_host_mounts`` just made
     every mount shared, this one too)."""
     from snapshot.osutil import libc
 
@@ -315,3 +313,47 @@ def remove_sandbox_views(store_root: Path, sb_id: str) -> int:
             _remove(path)
             n += 1
     return n
+
+
+# ------------------------------------------------------------------------------ propagation
+
+MS_SHARED = 1 << 20
+_shared: bool | None = None  # per process: what share_host_mounts found or made
+
+
+def root_is_shared(mountinfo: bytes) -> bool:
+    """Pure: whether ``/`` (the topmost mount there) is in a peer group in this mountinfo."""
+    shared = False
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 6 and fields[4] == b"/":
+            optional = fields[6:fields.index(b"-")] if b"-" in fields else []
+            shared = any(f.startswith(b"shared:") for f in optional)
+    return shared
+
+
+def share_host_mounts() -> bool:
+    """Make the mount tree petri runs in shared (``mount --make-rshared /``) when ``/`` is
+    not, once per process; whether ``/`` is shared now.
+
+    bwrap makes every mount of a sandbox a slave of the host's (``MS_SLAVE | MS_REC``), but
+    a slave only hears from a shared master: under a private ``/`` (hosts without systemd,
+    which makes it shared at boot; containers) a host ``umount`` never reached a running
+    sandbox, whose copy kept the filesystem mounted and its loop device attached until the
+    sandbox ended. Only root can change it; a rootless petri lives with what it finds."""
+    global _shared
+    if _shared is not None:
+        return _shared
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            info = f.read()
+    except OSError:
+        return False
+    _shared = root_is_shared(info)
+    if not _shared and os.geteuid() == 0:
+        from snapshot.osutil import libc
+
+        _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
+        if _shared:
+            refence()  # the recursive change made the views' mount shared too
+    return _shared

@@ -77,9 +77,10 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
 import btrfsutil
 
-from ..backend import (FULL, Backend, Candidates, DiskCap, DiskUsage, Leftover, LiveCandidates, Progress, Say,
+from ..backend import (FULL, Backend, Candidates, DiskUsage, Leftover, LiveCandidates, Progress, Say,
                        SnapshotResult, refuse_clone_options)
 from ..candidates import WalkBudget, inode_key_candidates, prune_dirs
+from ..diskcap import DiskCap
 from ..errors import (BackendUnavailable, DiskFull, DiskLimitUnavailable, PetriError, SnapshotError,
                       TreeChangedDuringCopy)
 from ..osutil import BTRFS_SUPER_MAGIC, FS_NAMES, fs_magic, fsync_dir, mount_of, rename_exchange
@@ -98,7 +99,6 @@ _STORE = STORE_NAME.encode()
 # in the page cache somewhere on the filesystem) before it takes a new snapshot instead.
 LIVE_CHECK_BUDGET_S = 0.25
 # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) with sizeof == 1024
-BTRFS_IOC_FS_INFO = 0x8400941F
 
 
 # -- probing ----------------------------------------------------------------------------
@@ -143,29 +143,12 @@ def _mount_options(path: str) -> frozenset[str]:
     return mount_of(path).all_options
 
 
-def _fsid(path: Path) -> str:
-    """The filesystem's UUID as sysfs names it (8-4-4-4-12 lowercase hex). Formatted here,
-    not with ``uuid``: importing it cost ~1.7 ms of each ``petri ls``, and a call is ~20 us,
-    so the repeated calls of one command are not worth a cache (a stale one after a remount
-    would point at another filesystem's qgroups)."""
-    import fcntl
-
-    buf = bytearray(1024)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, BTRFS_IOC_FS_INFO, buf)
-    finally:
-        os.close(fd)
-    h = bytes(buf[16:32]).hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
 # -- removal ----------------------------------------------------------------------------
 
 # -- quotas (the first --disk switches them on; usage reads them) ---------------------------
 
 def _qgroups_dir(path: PathLike) -> Path:
-    return Path("/sys/fs/btrfs") / _fsid(Path(os.fsdecode(path))) / "qgroups"
+    return Path("/sys/fs/btrfs") / G.fsid(Path(os.fsdecode(path))) / "qgroups"
 
 
 def quotas_enabled(path: PathLike) -> bool:

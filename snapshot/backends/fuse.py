@@ -67,7 +67,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
 from .. import layers as L
-from ..backend import Candidates, DiskCap, Leftover
+from ..backend import Candidates, Leftover
+from ..diskcap import DiskCap
 from ..candidates import clean, prune_dirs
 from ..errors import SnapshotError
 from ..extras import missing_hint

@@ -111,9 +111,9 @@ from ..candidates import prune_dirs
 from ..errors import OverlayMountFailed, SnapshotError
 from ..idmap import IdMap
 from ..idmap import syscall as _syscall
-from ..osutil import atomic_write, fs_magic, libc, mounts_under, rmtree, syncfs
+from ..osutil import atomic_write, fs_magic, fs_type, libc, mounts_under, rmtree, syncfs
 from ..store import STORE_NAME, Store
-from ..tree import FICLONE, apply_meta
+from ..tree import FICLONE, TreeCopier, apply_meta, walk
 
 EXCLUDE = frozenset({STORE_NAME.encode()})
 # Views, and sandboxes over layers without trusted marks (made before them, or where this
@@ -365,7 +365,6 @@ class OverlayBackend(Backend):
         """Can this process host ``workspace`` with overlay? (ok, why)"""
         if os.geteuid() != 0:
             return False, _ROOTLESS_WHY
-        from ..osutil import fs_type
         try:
             fstype = fs_type(workspace)
         except OSError as e:
@@ -565,7 +564,6 @@ class OverlayBackend(Backend):
         """Replace each renamed directory of the copied upper by a full copy of what it shows
         (only the kernel can follow a redirect): read through a read-only mount of the copy
         over the sandbox's layers, with the sandbox's own options."""
-        from ..tree import TreeCopier, apply_meta
 
         work = store.tmp_path(f"redirects-{built.name}")
         staging.append(work)
@@ -1016,7 +1014,6 @@ def _idmap_of(rec: MountRecord) -> IdMap | None:
 
 
 def _walk_all(root: bytes) -> Iterator[tuple[bytes, os.stat_result]]:
-    from ..tree import walk
     return walk(root)
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..idmap import IdMap
-from .proc import start_time
+from .proc import child_detach, start_time
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.host"
@@ -430,7 +430,6 @@ def serve(slot: Path, *, allow_other: bool, writeback: bool, max_tasks: int, cha
 
 def main(argv: list[str] | None = None) -> int:
     """A host started as a fresh process (when the fork server cannot be used)."""
-    from .proc import child_detach
 
     p = argparse.ArgumentParser(prog=MODULE)
     p.add_argument("--slot", required=True)
