@@ -87,7 +87,11 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
            fitness: Callable[[dict[str, Any]], float] | None = None, jobs: int = 8, limits: Any = None,
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the loop (see the module docstring); the ``Evolution`` document."""
-    from .api import Cmd, Sandbox, _candidate_pair, _candidate_texts, _seconds
+    from .api import Sandbox
+    from .candidates import Cmd
+    from .candidates import candidate_pair as _candidate_pair
+    from .candidates import candidate_texts as _candidate_texts
+    from .units import timeout_seconds as _seconds
     from .errors import EmptyCommand, UsageError
     from .race import Metric, load_candidates, race_sync
 

@@ -1,0 +1,160 @@
+"""The API's helpers: turning what a caller passed (ids or handles, argv, durations, times,
+counts) into what the services take, in the caller's words when it is wrong; and the
+adapters between a service and the caller (conflicts as text records, output as lines, a
+promotion record that knows its workspace).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
+
+from ..candidates import candidate_pair as _candidate_pair
+from ..candidates import candidate_texts as _candidate_texts
+from ..diffs import path_bytes as _path_bytes
+from ..results import PathConflict, PromoteResult
+from ..units import timeout_seconds as _seconds
+from .sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..registry import SandboxRow
+    from .workspace import Workspace
+
+_R = TypeVar("_R")
+
+# re-exported for petri.aio and the workspace (they lived here before they moved down)
+__all__ = ["_candidate_pair", "_candidate_texts", "_path_bytes", "_seconds"]
+
+
+def _with_ws(rec: _R, ws: "Workspace") -> _R:
+    """The record, told which workspace made it (its ``rollback()`` goes through that one)."""
+    object.__setattr__(rec, "_ws", ws)
+    return rec
+
+
+@contextlib.contextmanager
+def _text_conflicts() -> Iterator[None]:
+    """A ``petri.Conflict`` leaves with its ``conflicts`` as ``PathConflict`` records (text
+    paths, the exact bytes in ``path_bytes``); the merge layer's own carry bytes."""
+    from snapshot.errors import Conflict
+
+    try:
+        yield
+    except Conflict as err:
+        err.conflicts = tuple(c if isinstance(c, PathConflict) else PathConflict.from_doc(c.to_json())
+                              for c in err.conflicts or ())
+        raise
+
+
+def _output_callback(on_output: Callable[[str, bytes], None]) -> Callable[[Any], None]:
+    """A runner event callback that hands each output line to ``on_output(stream, line)``
+    (the runner gives chunks; lines cut by a chunk boundary are joined here)."""
+    partial: dict[str, bytes] = {}
+
+    def on_event(ev: Any) -> None:
+        if ev.kind == "output" and ev.stream:
+            *lines, partial[ev.stream] = (partial.get(ev.stream, b"") + ev.data).split(b"\n")
+            for line in lines:
+                on_output(ev.stream, line + b"\n")
+        elif ev.kind == "finished":
+            for stream, rest in partial.items():
+                if rest:
+                    on_output(stream, rest)
+            partial.clear()
+    return on_event
+
+
+def _sandbox_id(s: "str | Sandbox") -> str:
+    return s.info.id if isinstance(s, Sandbox) else str(s)
+
+
+def _any_id(x: Any) -> str:
+    if isinstance(x, Sandbox):
+        return x.info.id
+    if isinstance(x, PromoteResult):
+        return str(x.promotion)
+    if hasattr(x, "id"):
+        return str(x.id)
+    return str(x)
+
+
+def _services_root(e: "Engine") -> Path:
+    return e.store.root / "services"
+
+
+def _source_id(source: Any) -> str:
+    return "live" if source is None else _any_id(source)
+
+
+def _argv(argv: Sequence[str | bytes] | str) -> list[Any]:
+    from ..errors import EmptyCommand
+
+    if isinstance(argv, (str, bytes)):
+        if not argv.strip():
+            raise EmptyCommand(what="the command", hint="")
+        return ["/bin/sh", "-c", os.fsdecode(argv)]
+    out = [os.fsdecode(a) if isinstance(a, bytes) else a for a in argv]
+    if not out or not out[0]:
+        raise EmptyCommand(what="the command", hint="")
+    return out
+
+
+def _since(t: "float | str | None", name: str = "since") -> float | None:
+    """An epoch time from ``--since``: RFC 3339 ("2025-01-31T12:00:00Z"), a duration ago
+    ("90m", "2d"), or epoch seconds."""
+    if t is None:
+        return None
+    if isinstance(t, (int, float)):
+        return float(t)
+    from datetime import datetime
+
+    from ..errors import UsageError
+    from ..registry import now
+    from ..units import parse_duration
+
+    text = t.strip()
+    if "T" in text or (text.count("-") >= 2 and text[:4].isdigit()):
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(
+                detail=f"bad {name} {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
+        if when.tzinfo is None:
+            raise UsageError(detail=f"bad {name} {t!r}: give a time zone (Z or +HH:MM)")
+        return when.timestamp()
+    return now() - parse_duration(text)
+
+
+def _at_least(low: int, **named: int) -> None:
+    """A usage error naming the parameter unless its value is at least ``low``."""
+    (name, value), = named.items()
+    if value < low:
+        from ..errors import UsageError
+        raise UsageError(detail=f"bad {name} {value}: at least {low}")
+
+
+def _at_most(high: int, **named: int) -> None:
+    (name, value), = named.items()
+    if value > high:
+        from ..errors import UsageError
+        raise UsageError(detail=f"bad {name} {value}: at most {high}")
+
+
+def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
+    """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
+    from ..errors import UsageError
+    from ..race import parse_metric
+
+    if max_regression is not None and metric is None:
+        raise UsageError(detail="max_regression needs metric (FILE:KEY)")
+    return parse_metric(metric, max_regression) if metric is not None else None
+
+
+def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
+    from ..registry import rfc3339
+
+    return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
+            "expires_at": rfc3339(r.expires_at), "limits": r.limits, "profile": r.profile,
+            "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
