@@ -275,17 +275,42 @@ class Workspace:
         return await _thread(self.sync.diff, _sid(sandbox), paths, include_ignored=include_ignored,
                              stat_only=stat_only)
 
+    async def patch(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                    include_ignored: bool = False) -> AsyncIterator[bytes]:
+        """``petri.Workspace.patch``: the patch's bytes in chunks (made in a worker thread)."""
+        chunks = await _thread(lambda: list(self.sync.patch(_sid(sandbox), paths, include_ignored=include_ignored)))
+        for chunk in chunks:
+            yield chunk
+
+    async def diff_stat(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                        include_ignored: bool = False) -> str:
+        """``petri.Workspace.diff_stat`` in a worker thread."""
+        return await _thread(self.sync.diff_stat, _sid(sandbox), paths, include_ignored=include_ignored)
+
+    async def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """``petri.Workspace.system_changes`` in a worker thread."""
+        return await _thread(self.sync.system_changes, _sid(sandbox))
+
     async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                       dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      echo: bool = False, on_interrupt: Callable[[], None] | None = None,
                       reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
                              override_policy=override_policy, watch=watch, watch_for=watch_for,
-                             watch_every=watch_every, reason=reason)
+                             watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason)
+
+    async def follow_watch(self, promotion: Any, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``petri.Workspace.follow_watch`` in a worker thread (``say`` is called from it)."""
+        return await _thread(self.sync.follow_watch, _sid(promotion), say=say)
+
+    async def watch_status(self, promotion: Any) -> dict[str, Any] | None:
+        """``petri.Workspace.watch_status`` in a worker thread."""
+        return await _thread(self.sync.watch_status, _sid(promotion))
 
     async def review(self, sandbox: "str | Sandbox") -> Any:
         """``petri.Workspace.review`` in a worker thread."""
@@ -474,12 +499,14 @@ class Sandbox:
                       say: Callable[[str], None] | None = None, to: str | None = None,
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      echo: bool = False, on_interrupt: Callable[[], None] | None = None,
                       reason: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
                                             to=to, override_policy=override_policy, watch=watch,
-                                            watch_for=watch_for, watch_every=watch_every, reason=reason)
+                                            watch_for=watch_for, watch_every=watch_every, echo=echo,
+                                            on_interrupt=on_interrupt, reason=reason)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

@@ -41,13 +41,9 @@ from ..limits import Limits
 from .sandbox import Sandbox, SandboxSet
 from .workspace import Workspace, doctor, init, open
 
-# Also importable from here as before the split (not petri's public surface): the race view,
-# the helpers petri.aio shares, and the diff and run documents that moved below the API.
+# Also importable from here as before the split (not petri's public surface): the helpers
+# petri.aio shares (more below, imported on first use).
 # (``X as X``: an explicit re-export for the type checker.)
-from ..diffs import diff_doc as diff_doc
-from ..diffs import diff_parts as diff_parts
-from ..diffs import file_doc as file_doc
-from ..run_history import sandbox_runs as sandbox_runs
 from .helpers import _any_id as _any_id
 from .helpers import _argv as _argv
 from .helpers import _at_least as _at_least
@@ -61,9 +57,30 @@ from .helpers import _seconds as _seconds
 from .helpers import _since as _since
 from .helpers import _source_id as _source_id
 from .helpers import _text_conflicts as _text_conflicts
-from .race_view import RaceTracker as RaceTracker
 from .workspace import CLI_SPELLING as CLI_SPELLING
 from .workspace import VIAS as VIAS
 
 __all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
 
+
+# What the front ends catch or check beside the records (the errors a promotion raises beyond
+# petri's categories, the parser of a promotion's watch: the CLI checks its flags first), the
+# race view, and the diff and run documents that moved below the API.
+# Imported on first use, not with the API: a command that does not use them pays nothing.
+_LAZY = {"PromotionConflict": "merge.errors", "MarkersWritten": "snapshot.errors",
+         "PolicyViolation": "orchestrator.policy", "parse_watch": "orchestrator.watch",
+         # the race view (the TUI, MCP) and the documents that moved below the API
+         "RaceTracker": "orchestrator.api.race_view", "diff_doc": "orchestrator.diffs",
+         "diff_parts": "orchestrator.diffs", "file_doc": "orchestrator.diffs",
+         "sandbox_runs": "orchestrator.run_history"}
+
+
+def __getattr__(name: str) -> object:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value

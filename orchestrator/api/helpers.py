@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 from ..candidates import candidate_pair as _candidate_pair
 from ..candidates import candidate_texts as _candidate_texts
-from ..diffs import path_bytes as _path_bytes
 from ..results import PathConflict, PromoteResult
-from ..units import timeout_seconds as _seconds
 from .sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -25,7 +23,20 @@ if TYPE_CHECKING:
 _R = TypeVar("_R")
 
 # re-exported for petri.aio and the workspace (they lived here before they moved down)
-__all__ = ["_candidate_pair", "_candidate_texts", "_path_bytes", "_seconds"]
+__all__ = ["_candidate_pair", "_candidate_texts"]
+
+
+def _seconds(t: float | str | None) -> float | None:
+    """A timeout: None, a duration ("10m") or seconds more than 0 (``units.timeout_seconds``)."""
+    from ..units import timeout_seconds
+
+    return timeout_seconds(t)
+
+
+def _path_bytes(p: str | bytes) -> bytes:
+    from ..diffs import path_bytes
+
+    return path_bytes(p)
 
 
 def _with_ws(rec: _R, ws: "Workspace") -> _R:
@@ -158,3 +169,65 @@ def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
     return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
             "expires_at": rfc3339(r.expires_at), "limits": r.limits, "profile": r.profile,
             "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
+
+
+def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str | None,
+                           on_interrupt: Callable[[], None] | None) -> Exception:
+    """A Ctrl-C in ``promote``, settled: what the journal left in place (the next command
+    would settle it the same way), as the error that says so."""
+    from ..errors import PromotionInterrupted
+    from ..promotions import settle_interrupted
+
+    if on_interrupt is not None:
+        on_interrupt()  # a second signal must not cut the settling short
+    promo = settle_interrupted(e, sb_id, started)
+    watched = promo is not None and e.registry.watch(promo) is not None  # started just before: it goes on
+    rec = next((p for p in e.registry.promotions() if p["id"] == promo), None) if promo else None
+    applied = list((rec or {}).get("doc", {}).get("applied", []))
+    return PromotionInterrupted(sandbox=sb_id, promotion=promo, applied=applied, watched=watched,
+                                verify_unfinished=bool(verify))
+
+
+def _system_not_promoted(e: "Engine", row: "SandboxRow", doc: dict[str, Any], say: Callable[[str], None]) -> None:
+    """A system sandbox's layer is never promoted: say so where it changed anything."""
+    if not row.system:
+        return
+    from ..sandbox.system_layer import changes
+
+    n = len(changes(e.store.root, row.id))
+    if n:
+        doc["system_not_promoted"] = n
+        say(f"{n} change(s) of {row.id}'s system layer were not promoted (only the workspace's are); "
+            f"`petri diff --system {row.id}` lists them")
+
+
+def _check_paths_exist(e: "Engine", row: "SandboxRow", wanted: list[bytes]) -> list[str]:
+    """The paths asked for that exist (unchanged) in the sandbox or its base; a path in
+    neither is a usage error (exit 2), not "no changes"."""
+    from ..changesets import sandbox_views
+    from ..errors import UsageError
+
+    with sandbox_views(e, row) as (base, tree):
+        missing = [p for p in wanted if not (_lexists_under(bytes(tree), p) or _lexists_under(bytes(base), p))]
+    if missing:
+        names = ", ".join(p.decode("utf-8", "backslashreplace") for p in missing)
+        raise UsageError(detail=f"no such path in sandbox {row.id} or its base {row.base}: {names}")
+    return [p.decode("utf-8", "backslashreplace") for p in wanted]
+
+
+def _lexists_under(root: bytes, rel: bytes) -> bool:
+    """Does ``rel`` exist under ``root``, without following a symlink on the way (one in
+    the sandbox may point anywhere on the host)?"""
+    import stat
+
+    cur = root
+    parts = [c for c in rel.split(b"/") if c not in (b"", b".")]
+    for i, part in enumerate(parts):
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return False
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            return False
+    return True

@@ -81,6 +81,7 @@ class Sandbox:
                 say: Callable[[str], None] | None = None, to: str | None = None,
                 override_policy: str | None = None, watch: str | None = None,
                 watch_for: float | str | None = None, watch_every: float | str | None = None,
+                echo: bool = False, on_interrupt: Callable[[], None] | None = None,
                 reason: str | None = None) -> PromoteResult:
         """Apply this sandbox's changes to the workspace (``Workspace.promote``).
 
@@ -91,11 +92,13 @@ class Sandbox:
         ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
         kept in the audit trail; ``override_policy``: the reason to promote although the
         config's ``[policy]`` stops it (recorded); ``watch``, ``watch_for``, ``watch_every``: a
-        watch after the promotion that rolls it back on the first failure."""
+        watch after the promotion that rolls it back on the first failure; ``echo``:
+        ``verify``'s output live on this process's stdout and stderr; ``on_interrupt``: called
+        when a KeyboardInterrupt stops it, before it is settled (``orchestrator.errors.PromotionInterrupted``)."""
         return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
                                       include_ignored=include_ignored, paths=paths, say=say, to=to,
                                       override_policy=override_policy, watch=watch, watch_for=watch_for,
-                                      watch_every=watch_every, reason=reason)
+                                      watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason)
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

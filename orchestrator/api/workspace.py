@@ -16,17 +16,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
-from ..diffs import diff_doc
 from ..limits import Limits
 from ..results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
                        FileWritten, Forked, GrepResult, InitResult, Lineage, Pipeline, PromoteResult, Promotion,
                        PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo, SandboxList,
                        Snapshot, SnapshotList, Stats, TryResult)
-from ..run_history import sandbox_runs
-from .helpers import (_any_id, _argv, _at_least, _at_most, _candidate_pair, _candidate_texts, _fork_row_doc,
-                      _metric_gate, _output_callback, _path_bytes, _sandbox_id, _seconds, _services_root, _since,
-                      _source_id, _text_conflicts, _with_ws)
-from .race_view import RaceTracker
+from .helpers import (_any_id, _argv, _at_least, _at_most, _candidate_pair, _candidate_texts, _check_paths_exist,
+                      _fork_row_doc, _metric_gate, _output_callback, _path_bytes, _promotion_interrupted,
+                      _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
+                      _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
 
 if TYPE_CHECKING:
@@ -301,6 +299,8 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = e.sandbox_doc(row, staleness=e.staleness(row))
+        from ..run_history import sandbox_runs
+
         doc["runs"] = sandbox_runs(e, row)
         from ..sandbox import environment
         from ..service_runs import listing
@@ -426,6 +426,8 @@ class Workspace:
         """Every run of the sandbox, oldest first."""
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
+        from ..run_history import sandbox_runs
+
         return [RunResult.from_doc(d) for d in sandbox_runs(e, row)]
 
     def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
@@ -509,15 +511,58 @@ class Workspace:
     def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
              stat_only: bool = False) -> Diff:
         """The sandbox's changes against its base as a git-format patch (``diff``)."""
+        from ..diffs import diff_doc
+
         return Diff.from_doc(diff_doc(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
                                       with_patch=not stat_only))
+
+    # A chunk of ``patch``: what a pipe takes in one write.
+    PATCH_CHUNK = 1 << 16
+
+    def patch(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+              include_ignored: bool = False) -> Iterator[bytes]:
+        """The sandbox's patch exactly as ``git apply`` takes it, as chunks of bytes (what
+        ``petri diff`` writes to its output; ``diff().patch`` is the same as text, with a
+        file name that is not UTF-8 escaped). Read from one point-in-time view."""
+        from ..diffs import diff_parts
+
+        _, _, data = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored)
+        view = memoryview(data)
+        for at in range(0, len(data), self.PATCH_CHUNK):
+            yield bytes(view[at:at + self.PATCH_CHUNK])
+
+    def diff_stat(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                  include_ignored: bool = False) -> str:
+        """The sandbox's changes as a diffstat laid out as ``git diff --stat`` lays it out
+        (``petri diff --stat``); empty when nothing changed."""
+        from merge.patch import format_stat
+
+        from ..diffs import diff_parts
+
+        _, stats, _ = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
+                                 with_patch=False)
+        return format_stat(stats)
+
+    def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """What a ``system=True`` sandbox changed outside the workspace, in its writable layer
+        over the host's system paths (never promoted): ``{"sandbox", "system": [{"path",
+        "status"}...]}`` (``petri diff --system``). A usage error for a sandbox without one."""
+        from ..errors import UsageError
+        from ..sandbox.system_layer import changes
+
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        if not row.system:
+            raise UsageError(detail=f"{row.id} has no system layer (it was not forked with --system)")
+        return {"sandbox": row.id, "system": changes(e.store.root, row.id)}
 
     @_audited("promote")
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
                 override_policy: str | None = None, watch: str | None = None,
-                watch_for: float | str | None = None, watch_every: float | str | None = None) -> PromoteResult:
+                watch_for: float | str | None = None, watch_every: float | str | None = None,
+                echo: bool = False, on_interrupt: Callable[[], None] | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
         ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
@@ -532,7 +577,18 @@ class Workspace:
         ``watch``: a shell command run against live every ``watch_every`` (default 30 s) for
         ``watch_for`` (seconds or "10m") after the promotion; the first failure rolls it back
         (``orchestrator.watch``). A detached watcher runs it: this returns once it started,
-        with ``result.get("watch")``; ``promotions()`` shows how it stands."""
+        with ``result.get("watch")``; ``promotions()`` shows how it stands (``follow_watch``
+        waits for its end).
+
+        ``paths`` that are unchanged in the sandbox give ``unchanged`` (nothing promoted); a
+        path in neither the sandbox nor its base is a usage error. ``echo``: ``verify``'s
+        output goes live to this process's stdout and stderr (``petri promote``). A
+        KeyboardInterrupt (the CLI's SIGINT, SIGTERM, SIGHUP) during the promotion is settled
+        from the journal before it leaves, as ``orchestrator.errors.PromotionInterrupted`` saying whether
+        the promotion is in place; ``on_interrupt()`` is called first (the CLI stops taking
+        further signals there)."""
+        import time
+
         from snapshot.errors import MarkersWritten
 
         from ..promotions import promote as do_promote
@@ -559,11 +615,23 @@ class Workspace:
                                  override_policy=override_policy)
             return _with_ws(Pipeline.from_doc(doc), self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        with _text_conflicts():
-            doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
-                             paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                             say=say or (lambda s: None), override_policy=override_policy, watch=watching,
-                             via=self.via)
+        wanted = [_path_bytes(p) for p in paths]
+        say = say or (lambda s: None)
+        started = time.time()
+        try:
+            with _text_conflicts():
+                doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+                                 dry_run=dry_run, verify=verify, echo=echo, say=say,
+                                 override_policy=override_policy, watch=watching, via=self.via)
+        except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
+            if group.split(KeyboardInterrupt)[1] is not None:
+                raise
+            raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
+        except KeyboardInterrupt:
+            raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
+        _system_not_promoted(e, row, doc, say)
+        if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
+            doc["unchanged"] = _check_paths_exist(e, row, wanted)
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -571,6 +639,24 @@ class Workspace:
             err.result = result
             raise err
         return result
+
+    def follow_watch(self, promotion: "str | Promotion | PromoteResult", *,
+                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Wait for the watch of a promotion (``promote(watch=...)``) to end, its detached
+        watcher running it; ``say`` gets a line per check counted. The watch document:
+        ``state`` passed, rolled_back, rollback_refused, interrupted or stopped, ``failed``
+        (the check that failed)."""
+        from ..watch import doc_of, follow
+
+        return doc_of(follow(self.engine, _any_id(promotion), say or (lambda s: None)))
+
+    def watch_status(self, promotion: "str | Promotion | PromoteResult") -> dict[str, Any] | None:
+        """The watch of a promotion as it stands now (the document ``follow_watch`` ends
+        with), None when it has none."""
+        from ..watch import doc_of
+
+        w = self.engine.registry.watch(_any_id(promotion))
+        return doc_of(w) if w else None
 
     @_audited("try")
     def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
@@ -931,6 +1017,8 @@ class Workspace:
         """Every race the event stream tells of, oldest first: finished ones with their
         final ranks and overlaps, running ones with provisional ranks (``state``:
         ``running``, ``done`` or ``interrupted``)."""
+        from .race_view import RaceTracker
+
         tracker = RaceTracker()
         for ev in self.events():
             tracker.feed(ev.to_json())
