@@ -43,10 +43,14 @@ class PromotionInterrupted(Interrupted):
     ``watched`` whether its watch goes on."""
 
     def __init__(self, *, sandbox: str, promotion: str | None, applied: list[str], watched: bool,
-                 verify_unfinished: bool) -> None:
+                 verify_unfinished: bool, winner: bool = False) -> None:
         from . import interrupts
 
-        if promotion is None:
+        if winner:  # a race's winner (``race --promote``)
+            detail = (f": the winner {sandbox} was not promoted (it is kept)" if promotion is None else
+                      f" after the promotion was in place: the winner {sandbox} was promoted as {promotion}"
+                      f"; undo with `petri rollback {promotion}`")
+        elif promotion is None:
             detail = f": nothing was promoted; the workspace is as it was before `petri promote {sandbox}`"
         else:
             detail = (f" after the promotion was in place: {sandbox} was promoted as {promotion}"

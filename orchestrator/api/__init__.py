@@ -72,15 +72,20 @@ _LAZY = {"PromotionConflict": "merge.errors", "MarkersWritten": "snapshot.errors
          # the race view (the TUI, MCP) and the documents that moved below the API
          "RaceTracker": "orchestrator.api.race_view", "diff_doc": "orchestrator.diffs",
          "diff_parts": "orchestrator.diffs", "file_doc": "orchestrator.diffs",
-         "sandbox_runs": "orchestrator.run_history"}
+         "sandbox_runs": "orchestrator.run_history",
+         # the race's own vocabulary the CLI speaks: its interrupt, its metric and candidate
+         # order as the command line gives them, its table for people
+         "RaceInterrupted": "orchestrator.race", "parse_metric": "orchestrator.race"}
+_RENAMED = {"interleave_candidates": ("orchestrator.race", "interleave"),
+            "render_race_table": ("orchestrator.race", "render_table")}
 
 
 def __getattr__(name: str) -> object:
-    where = _LAZY.get(name)
+    where, attr = _RENAMED.get(name) or (_LAZY.get(name), name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(where), name)
+    value = getattr(importlib.import_module(where), attr)
     globals()[name] = value
     return value

@@ -172,7 +172,7 @@ def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
 
 
 def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str | None,
-                           on_interrupt: Callable[[], None] | None) -> Exception:
+                           on_interrupt: Callable[[], None] | None, *, winner: bool = False) -> Exception:
     """A Ctrl-C in ``promote``, settled: what the journal left in place (the next command
     would settle it the same way), as the error that says so."""
     from ..errors import PromotionInterrupted
@@ -185,7 +185,7 @@ def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str 
     rec = next((p for p in e.registry.promotions() if p["id"] == promo), None) if promo else None
     applied = list((rec or {}).get("doc", {}).get("applied", []))
     return PromotionInterrupted(sandbox=sb_id, promotion=promo, applied=applied, watched=watched,
-                                verify_unfinished=bool(verify))
+                                verify_unfinished=bool(verify), winner=winner)
 
 
 def _system_not_promoted(e: "Engine", row: "SandboxRow", doc: dict[str, Any], say: Callable[[str], None]) -> None:

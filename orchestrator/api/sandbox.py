@@ -56,7 +56,8 @@ class Sandbox:
     def run(self, argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
             env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
             on_output: Callable[[str, bytes], None] | None = None, on_start: Callable[[int], None] | None = None,
-            reason: str | None = None) -> RunResult:
+            echo: bool = False, forward_signals: bool = False, seccomp: str | None = None,
+            caller_cwd: str | os.PathLike[str] | None = None, reason: str | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in this sandbox and
         wait for it (``Workspace.run``).
 
@@ -65,9 +66,11 @@ class Sandbox:
         the workspace root or absolute under it (default: the root); ``stdin``: bytes fed to
         it; ``on_output(stream, line)``: each line as it comes; ``on_start(n)``: the run's
         number once it has one; ``reason``: kept in the audit trail. A non-zero exit is a
-        result; the output is saved (``stdout()``, ``stderr()``)."""
+        result; the output is saved (``stdout()``, ``stderr()``). ``echo``, ``forward_signals``,
+        ``seccomp``, ``caller_cwd``: for a terminal front end, as ``Workspace.run`` says."""
         return self.workspace.run(self.info.id, argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-                                  on_output=on_output, on_start=on_start, reason=reason)
+                                  on_output=on_output, on_start=on_start, echo=echo, forward_signals=forward_signals,
+                                  seccomp=seccomp, caller_cwd=caller_cwd, reason=reason)
 
     def diff(self, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
              stat_only: bool = False) -> Diff:

@@ -343,23 +343,51 @@ class Workspace:
     def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
             env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
             on_output: Callable[[str, bytes], None] | None = None,
-            on_start: Callable[[int], None] | None = None) -> RunResult:
+            on_start: Callable[[int], None] | None = None, echo: bool = False, forward_signals: bool = False,
+            seccomp: str | None = None, caller_cwd: str | os.PathLike[str] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
         wait for it; its output is saved (``stdout()``/``stderr()``), not printed.
         ``timeout``: seconds or a duration ("10m"); ``cwd``: the directory it starts in, a
         directory of the sandbox relative to the workspace root or absolute under it
         (default: the root). ``on_output(stream, line)`` gets each line as it comes (bytes,
         newline kept; the last one may have none); ``on_start(n)`` (front-end hook) gets the
-        run's number as soon as it has one. Runs in this thread (no event loop)."""
+        run's number as soon as it has one. Runs in this thread (no event loop).
+
+        For a front end that is a terminal (``petri run``): ``echo`` also writes the output to
+        this process's stdout and stderr as it comes, byte for byte; ``forward_signals`` (the
+        main thread only) passes SIGINT, SIGTERM and SIGHUP on to the command; ``seccomp``: the
+        syscall filter's profile (default: the sandbox's profile's, the config's, else
+        ``default``); ``caller_cwd``: the caller's own working directory, where the command
+        starts when it lies in the workspace and exists in the sandbox (else at the root;
+        not with ``cwd``)."""
         from .. import audit
         from ..runs import run_sync
 
-        start_dir = self._start_dir(sandbox, cwd)
+        if cwd is not None and caller_cwd is not None:
+            from ..errors import UsageError
+            raise UsageError(detail="cwd and caller_cwd: one or the other")
+        start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
         doc = run_sync(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
-                       stdin_data=stdin, echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
+                       stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
+                       forward_signals=forward_signals, seccomp=seccomp)
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
+
+    @_audited("shell")
+    def shell(self, sandbox: "str | Sandbox", *, timeout: float | str | None = None, env: dict[str, str] | None = None,
+              seccomp: str | None = None, caller_cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """An interactive shell in the sandbox (bash, else sh) on a pseudo-terminal petri
+        allocates, joined to this process's terminal, until it exits (``petri shell``): the
+        ``shell`` document ``{"id", "exit_code", "seccomp"}``. ``caller_cwd``, ``seccomp`` as
+        for ``run``; ``timeout`` ends the session."""
+        from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
+
+        e = self.engine
+        profile = seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
+        code = shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
+                                cwd=None if caller_cwd is None else os.fspath(caller_cwd), seccomp=profile)
+        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code, **seccomp_fields(profile)}
 
     # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
     @_audited("run")
@@ -473,7 +501,7 @@ class Workspace:
              promote: bool = False, say: Callable[[str], None] | None = None,
              on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
              metric: str | None = None, max_regression: str | None = None,
-             profile: str | None = None) -> Race:
+             profile: str | None = None, seccomp: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
         ``metric`` (``"FILE:KEY"``, ``":max"`` appended when higher is better) ranks passing
@@ -488,7 +516,11 @@ class Workspace:
         throwaway one here, or a started ``orchestrator.cluster.LocalCluster``); the
         winner's sandbox is rebuilt here, so ``promote`` works as after a local race.
         ``profile``: a ``[profiles.NAME]`` of the config for the candidates' limits, seccomp
-        and policy (``fork``; not with ``cluster``)."""
+        and policy (``fork``; not with ``cluster``); ``seccomp``: the candidates' syscall filter
+        profile (over the profile's and the config's).
+
+        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``doc``:
+        the candidates so far)."""
         from ..errors import EmptyCommand, NoCandidates, UsageError
         from ..race import load_candidates, race_sync
 
@@ -504,7 +536,30 @@ class Workspace:
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label, metric=gate, profile=profile)
+                        cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
+        return Race.from_doc(doc)
+
+    @_audited("promote")
+    def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
+                       on_interrupt: Callable[[], None] | None = None) -> Race:
+        """Promote a finished race's winner into the workspace (``race --promote`` after the
+        race): the race document with ``promotion`` (the promote document; a failure is a
+        result, as ``promotion_error`` and ``promotion_exit_code``). No winner: unchanged. A
+        KeyboardInterrupt is settled from the journal first and leaves as
+        ``orchestrator.errors.PromotionInterrupted`` (``winner`` wording); ``on_interrupt()``
+        is called before the settling, as for ``promote``."""
+        import time
+
+        from ..race import promote_winner
+
+        doc = race.to_json() if isinstance(race, Race) else dict(race)
+        doc.pop("schema", None)
+        started = time.time()
+        try:
+            promote_winner(self.engine, doc, say=say)
+        except KeyboardInterrupt:
+            raise _promotion_interrupted(self.engine, doc["winner"], started, None, on_interrupt,
+                                         winner=True) from None
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
