@@ -34,6 +34,34 @@ class Interrupted(OrchestratorError):
         self.exit_code = interrupts.exit_code()
 
 
+class PromotionInterrupted(Interrupted):
+    """{how}{detail}
+
+    SIGINT, SIGTERM or SIGHUP stopped ``promote``, which settled from the journal what it
+    left before this was raised: ``promotion`` is the promotion's id when it is in place
+    (``rollback`` undoes it), None when nothing reached the workspace; ``applied`` its paths;
+    ``watched`` whether its watch goes on."""
+
+    def __init__(self, *, sandbox: str, promotion: str | None, applied: list[str], watched: bool,
+                 verify_unfinished: bool, winner: bool = False) -> None:
+        from . import interrupts
+
+        if winner:  # a race's winner (``race --promote``)
+            detail = (f": the winner {sandbox} was not promoted (it is kept)" if promotion is None else
+                      f" after the promotion was in place: the winner {sandbox} was promoted as {promotion}"
+                      f"; undo with `petri rollback {promotion}`")
+        elif promotion is None:
+            detail = f": nothing was promoted; the workspace is as it was before `petri promote {sandbox}`"
+        else:
+            detail = (f" after the promotion was in place: {sandbox} was promoted as {promotion}"
+                      + (" (--verify did not finish)" if verify_unfinished and not watched else "")
+                      + ("; its watch goes on (`petri promotions` shows it)" if watched else "")
+                      + f"; undo with `petri rollback {promotion}`")
+        OrchestratorError.__init__(self, how=interrupts.interrupted_by(), detail=detail)
+        self.exit_code = interrupts.exit_code()
+        self.sandbox, self.promotion, self.applied, self.watched = sandbox, promotion, applied, watched
+
+
 class UnknownId(NotFound):
     """no {what} matches '{ident}'; see {listing}"""
 

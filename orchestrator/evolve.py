@@ -59,7 +59,9 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
            fitness: Callable[[dict[str, Any]], float] | None = None, jobs: int = 8, limits: Any = None,
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the loop (see the module docstring); the ``Evolution`` document."""
-    from .api import Cmd, Sandbox, _candidate_pair, _candidate_texts, _seconds
+    from .api import Sandbox
+    from .candidates import Cmd, candidate_pair as _candidate_pair, candidate_texts as _candidate_texts
+    from .units import timeout_seconds as _seconds
     from .race import Metric, load_candidates, race_sync
 
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):

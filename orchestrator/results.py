@@ -103,6 +103,19 @@ class Record:
         return self.extra.get(key, default)
 
 
+def _rollback_through_workspace(rec: Record, ident: str | None) -> "Rollback":
+    """``rollback()`` of a promotion record: the API hands the record the workspace that made
+    it (an attribute outside the fields, so the document does not change); a record read from
+    a document alone, or a promotion that wrote nothing, has none to undo with."""
+    ws = rec.__dict__.get("_ws")
+    if ws is None or not ident:
+        from snapshot.errors import UsageError  # orchestrator.errors names results' Stats
+
+        raise UsageError(detail="this promotion wrote nothing: there is nothing to roll back")
+    result: Rollback = ws.rollback(ident)
+    return result
+
+
 def _load(kind: type[Record] | None, value: Any) -> Any:
     if kind is None:
         return value
@@ -325,6 +338,10 @@ class PromoteResult(Record):
     def id(self) -> str | None:
         return self.promotion
 
+    def rollback(self) -> "Rollback":
+        """Undo this promotion (``Workspace.rollback``) through the workspace that made it."""
+        return _rollback_through_workspace(self, self.promotion)
+
 
 @dataclass(frozen=True)
 class Promotion(Record):
@@ -338,6 +355,10 @@ class Promotion(Record):
     state: str | None = None
     can_undo: bool = False
     stage: str | None = None
+
+    def rollback(self) -> "Rollback":
+        """Undo this promotion (``Workspace.rollback``) through the workspace that listed it."""
+        return _rollback_through_workspace(self, self.id)
 
 
 @dataclass(frozen=True)

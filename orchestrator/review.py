@@ -57,7 +57,7 @@ def _gate(engine: "Engine", sb_id: str) -> dict[str, Any] | None:
 
 
 def _checks(engine: "Engine", row: "SandboxRow") -> list[dict[str, Any]]:
-    from .api import sandbox_runs
+    from .run_history import sandbox_runs
 
     out: list[dict[str, Any]] = []
     for r in sandbox_runs(engine, row):
@@ -108,7 +108,7 @@ def review_doc(engine: "Engine", sandbox: str) -> dict[str, Any]:
     """The review of one sandbox (see the module docstring). Reads only."""
     from merge.patch import format_stat
 
-    from .api import diff_parts, file_doc
+    from .diffs import diff_parts, file_doc
     from .config import load_config
     from .lineage import diff_base
     from .policy import Policy, evaluate

@@ -159,7 +159,7 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
-    from .api import diff_parts
+    from .diffs import diff_parts
     from .race_plan import Candidate
     from .race_steps import apply_argv_env
     from .runs import run_sync

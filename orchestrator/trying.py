@@ -134,7 +134,7 @@ def _run_command(engine: "Engine", sb: str, argv: list[str], doc: dict[str, Any]
 
 def _changes(engine: "Engine", sb: str, include_ignored: bool) -> dict[str, Any]:
     """What the command changed: the ``diff`` document's ``files`` and ``patch``."""
-    from .api import diff_doc
+    from .diffs import diff_doc
 
     d = diff_doc(engine, sb, include_ignored=include_ignored)
     out = {"files": d["files"], "patch": d["patch"]}

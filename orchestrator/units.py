@@ -83,6 +83,17 @@ def seconds(value: Any, what: str = "duration") -> float:
     return parse_duration(value, what) if isinstance(value, str) else check_seconds(value, what)
 
 
+def timeout_seconds(t: float | str | None) -> float | None:
+    """A timeout as the API takes it: None (none), a duration ("10m") or seconds more than 0."""
+    if t is None:
+        return None
+    if isinstance(t, str):
+        return parse_duration(t)
+    if t <= 0:
+        raise UsageError(detail=f"bad timeout {t!r}: more than 0 seconds")
+    return float(t)
+
+
 def check_bytes(value: Any, what: str = "size") -> int:
     """A size given as a number (a config file, the API): whole bytes, > 0, below 2**62. A
     float is taken only when it is a whole number (``1e9``)."""

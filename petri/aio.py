@@ -185,9 +185,13 @@ class Workspace:
                   timeout: float | str | None = None, env: dict[str, str] | None = None,
                   cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
                   on_output: Callable[[str, bytes], None] | None = None,
-                  on_start: Callable[[int], None] | None = None, reason: str | None = None) -> RunResult:
+                  on_start: Callable[[int], None] | None = None, echo: bool = False,
+                  forward_signals: bool = False, seccomp: str | None = None,
+                  caller_cwd: str | os.PathLike[str] | None = None, reason: str | None = None) -> RunResult:
         """Run and wait; cancelling this kills the run (every process of it is gone when
-        the cancellation propagates). ``on_start(n)``: the run's number, once it has one."""
+        the cancellation propagates). ``on_start(n)``: the run's number, once it has one.
+        ``forward_signals`` has no effect here: a thread of the event loop cannot take the
+        process's signals (cancel the task instead)."""
         from orchestrator import audit
         from orchestrator.runs import run_in_sandbox
 
@@ -196,11 +200,15 @@ class Workspace:
         timeout_s = _api._seconds(timeout)
         on_event = None if on_output is None else _api._output_callback(on_output)
         ws = self.sync
-        start_dir = None if cwd is None else await _thread(ws._start_dir, sb, cwd)
+        if cwd is not None and caller_cwd is not None:
+            raise UsageError(detail="cwd and caller_cwd: one or the other")
+        start_dir = (os.fspath(caller_cwd) if caller_cwd is not None
+                     else None if cwd is None else await _thread(ws._start_dir, sb, cwd))
 
         async def go() -> dict[str, Any]:
             return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
-                                        echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
+                                        echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
+                                        seccomp=seccomp)
 
         with audit.operation("run", audit.api_argv("run", [sb, argv], {"timeout": timeout}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -210,6 +218,13 @@ class Workspace:
 
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))
+
+    async def shell(self, sandbox: "str | Sandbox", *, timeout: float | str | None = None,
+                    env: dict[str, str] | None = None, seccomp: str | None = None,
+                    caller_cwd: str | os.PathLike[str] | None = None, reason: str | None = None) -> dict[str, Any]:
+        """``petri.Workspace.shell`` in a worker thread (it holds this process's terminal)."""
+        return await _thread(self.sync.shell, _sid(sandbox), timeout=timeout, env=env, seccomp=seccomp,
+                             caller_cwd=caller_cwd, reason=reason)
 
     async def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
                      start: dict[str, int] | None = None, tail: int | None = None
@@ -235,7 +250,7 @@ class Workspace:
                    promote: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
                    metric: str | None = None, max_regression: str | None = None, profile: str | None = None,
-                   reason: str | None = None) -> Race:
+                   seccomp: str | None = None, reason: str | None = None) -> Race:
         """Race the candidates; cancelling this stops the race and removes its sandboxes.
         ``on_start=fn`` gets the race's id before anything is forked, ``cluster=`` runs the
         candidates on a Ray cluster and ``label`` names the winner's sandbox (as in
@@ -260,7 +275,7 @@ class Workspace:
         async def go() -> dict[str, Any]:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
                                   label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
-                                  metric=gate, profile=profile)
+                                  metric=gate, profile=profile, seccomp=seccomp)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
@@ -269,23 +284,53 @@ class Workspace:
                 await _thread(lambda: promote_winner(ws.engine, doc))
         return Race.from_doc(doc)
 
+    async def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
+                             on_interrupt: Callable[[], None] | None = None, reason: str | None = None) -> Race:
+        """``petri.Workspace.promote_winner`` in a worker thread (``say`` is called from it)."""
+        return await _thread(self.sync.promote_winner, race, say=say, on_interrupt=on_interrupt, reason=reason)
+
     async def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
                    stat_only: bool = False) -> Diff:
         """``petri.Workspace.diff`` in a worker thread."""
         return await _thread(self.sync.diff, _sid(sandbox), paths, include_ignored=include_ignored,
                              stat_only=stat_only)
 
+    async def patch(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                    include_ignored: bool = False) -> AsyncIterator[bytes]:
+        """``petri.Workspace.patch``: the patch's bytes in chunks (made in a worker thread)."""
+        chunks = await _thread(lambda: list(self.sync.patch(_sid(sandbox), paths, include_ignored=include_ignored)))
+        for chunk in chunks:
+            yield chunk
+
+    async def diff_stat(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                        include_ignored: bool = False) -> str:
+        """``petri.Workspace.diff_stat`` in a worker thread."""
+        return await _thread(self.sync.diff_stat, _sid(sandbox), paths, include_ignored=include_ignored)
+
+    async def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """``petri.Workspace.system_changes`` in a worker thread."""
+        return await _thread(self.sync.system_changes, _sid(sandbox))
+
     async def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                       dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                       say: Callable[[str], None] | None = None, to: str | None = None,
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      echo: bool = False, on_interrupt: Callable[[], None] | None = None,
                       reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
                              override_policy=override_policy, watch=watch, watch_for=watch_for,
-                             watch_every=watch_every, reason=reason)
+                             watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason)
+
+    async def follow_watch(self, promotion: Any, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``petri.Workspace.follow_watch`` in a worker thread (``say`` is called from it)."""
+        return await _thread(self.sync.follow_watch, _sid(promotion), say=say)
+
+    async def watch_status(self, promotion: Any) -> dict[str, Any] | None:
+        """``petri.Workspace.watch_status`` in a worker thread."""
+        return await _thread(self.sync.watch_status, _sid(promotion))
 
     async def review(self, sandbox: "str | Sandbox") -> Any:
         """``petri.Workspace.review`` in a worker thread."""
@@ -458,10 +503,14 @@ class Sandbox:
     async def run(self, argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
                   env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
                   stdin: bytes | None = None, on_output: Callable[[str, bytes], None] | None = None,
-                  on_start: Callable[[int], None] | None = None, reason: str | None = None) -> RunResult:
+                  on_start: Callable[[int], None] | None = None, echo: bool = False,
+                  forward_signals: bool = False, seccomp: str | None = None,
+                  caller_cwd: str | os.PathLike[str] | None = None, reason: str | None = None) -> RunResult:
         """``petri.Sandbox.run``; cancelling this kills the run."""
         return await self.workspace.run(self.sync.info.id, argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-                                        on_output=on_output, on_start=on_start, reason=reason)
+                                        on_output=on_output, on_start=on_start, echo=echo,
+                                        forward_signals=forward_signals, seccomp=seccomp, caller_cwd=caller_cwd,
+                                        reason=reason)
 
     async def diff(self, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
                    stat_only: bool = False) -> Diff:
@@ -474,12 +523,14 @@ class Sandbox:
                       say: Callable[[str], None] | None = None, to: str | None = None,
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
+                      echo: bool = False, on_interrupt: Callable[[], None] | None = None,
                       reason: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
                                             to=to, override_policy=override_policy, watch=watch,
-                                            watch_for=watch_for, watch_every=watch_every, reason=reason)
+                                            watch_for=watch_for, watch_every=watch_every, echo=echo,
+                                            on_interrupt=on_interrupt, reason=reason)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

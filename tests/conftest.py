@@ -29,7 +29,7 @@ UNIT = {
     "test_config_schema.py", "test_exports.py", "test_fd_interrupts.py",
     "test_fork_signals.py",
     "test_host_sockets.py", "test_import_graph.py", "test_lint.py", "test_mcp_jobs.py", "test_mcp_schema.py",
-    "test_mcp_tool_schemas.py",
+    "test_mcp_tool_schemas.py", "test_one_door.py",
     "test_merge3.py", "test_merge_changes.py", "test_merge_patch.py", "test_merge_replay.py",
     "test_on_conflict_enum.py",
     "test_promote.py", "test_promote_attacks.py", "test_promote_durability.py", "test_results_deferred.py",

@@ -99,9 +99,9 @@ def test_a_type_checker_sees_the_types_of_the_api(tmp_path):
                         "--ignore-missing-imports", str(snippet)], cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     out = r.stdout
-    assert 'Revealed type is "orchestrator.api.SandboxSet"' in out, out
-    assert 'Revealed type is "orchestrator.api.Sandbox"' in out, out
-    assert 'Revealed type is "orchestrator.api.Sandbox | orchestrator.api.SandboxSet"' in out, out
+    assert 'Revealed type is "orchestrator.api.sandbox.SandboxSet"' in out, out
+    assert 'Revealed type is "orchestrator.api.sandbox.Sandbox"' in out, out
+    assert 'Revealed type is "orchestrator.api.sandbox.Sandbox | orchestrator.api.sandbox.SandboxSet"' in out, out
     assert 'Revealed type is "str | None"' in out or 'Revealed type is "builtins.str | None"' in out, out
     assert 'Unexpected keyword argument "timout"' in out, out
 

@@ -19,7 +19,7 @@ command (and for promote and rollback the dry-run plan); ``read_only`` offers no
 
 Caveats: the event stream is read from its start on launch (to know past races): a stream
 near its 32 MiB rotation takes a moment to fold, after the first paint. A race's ranks
-while it runs are provisional (``orchestrator.api.race_rank_key``). An action still running
+while it runs are provisional (``orchestrator.api.race_view``). An action still running
 when the app quits (a promote, an rm) is cut off as a killed ``petri`` would be; its journal
 lets the next command finish or undo it, and the app says so as it quits. A run or race the
 TUI started is cancelled as the app closes (``petri.aio``: SIGTERM, SIGKILL 2 s later,

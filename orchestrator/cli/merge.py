@@ -1,17 +1,16 @@
-"""``petri diff``, ``promote`` and ``promotions``: parse, delegate, print (``rollback p-…``
-is in workspace.py).
+"""``petri diff``, ``promote`` and ``promotions``: parse, delegate to the API, print
+(``rollback p-…`` is in workspace.py).
 
-``diff --json`` and ``promotions`` render API records. ``promote`` and the plain ``diff``
-still call ``orchestrator.promotions`` / ``api.diff_parts`` with the engine: promote echoes
-``--verify`` output live and settles a Ctrl-C truthfully from the journal, and the plain
-diff streams the patch as bytes, none of which the API's records carry. It imports nothing
-heavy at module level (the merge engine loads when a command runs).
+``diff`` prints the API's ``diff`` record (``--json``), its patch bytes as they stream
+(``Workspace.patch``), its diffstat (``diff_stat``) or a system layer's changes
+(``system_changes``). ``promote`` calls ``Workspace.promote`` with ``echo`` (``--verify``'s
+output live) and ``on_interrupt`` (no second signal while a Ctrl-C is settled; the API
+raises ``PromotionInterrupted`` saying what stayed in place), and follows a ``--watch``
+through ``follow_watch``. It imports nothing heavy at module level (the merge engine loads
+when a command runs).
 """
 
-import os
-import stat
 import sys
-import time
 from typing import Annotated, Any, List, Optional
 
 import typer
@@ -25,13 +24,6 @@ app = command_app()
 
 
 
-def _paths(paths: Optional[List[str]]) -> list[bytes]:
-    import os
-
-    from merge.changes import normalize_path
-    return [normalize_path(os.fsencode(p)) for p in (paths or [])]
-
-
 @app.command(context_settings={"allow_interspersed_args": True})
 def diff(
     sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")],
@@ -43,44 +35,23 @@ def diff(
                                                           " (never promoted), instead of the patch.")] = False,
 ) -> None:
     """The sandbox's changes against its base, as a git-format patch."""
-    from merge.patch import format_stat
-
-    from ..api import diff_parts
     ws = workspace()
     if system:
-        from ..errors import UsageError
-        from ..sandbox.system_layer import changes
-        row = ws.engine.resolve_sandbox(sandbox)
-        if not row.system:
-            raise UsageError(detail=f"{row.id} has no system layer (it was not forked with --system)")
-        got = changes(ws.engine.store.root, row.id)
+        got = ws.system_changes(sandbox)
         if G.json:
-            out().doc({"sandbox": row.id, "system": got})
-        for c in [] if G.json else got:
+            out().doc(got)
+        for c in [] if G.json else got["system"]:
             out().say(f"{c['status'][0].upper()} {c['path']}")
         return
     if G.json:
         out().doc(ws.diff(sandbox, paths or (), include_ignored=include_ignored).to_json())
         return
-    # The patch as bytes, streamed as it is (a record holds it as text)
-    _, stats, patch = diff_parts(ws.engine, sandbox, paths or (), include_ignored=include_ignored, with_patch=not stat)
     if stat:
-        sys.stdout.write(format_stat(stats))
-    else:
-        sys.stdout.buffer.write(patch)
+        sys.stdout.write(ws.diff_stat(sandbox, paths or (), include_ignored=include_ignored))
+    else:  # the patch as bytes, streamed as it is (a record holds it as text)
+        for chunk in ws.patch(sandbox, paths or (), include_ignored=include_ignored):
+            sys.stdout.buffer.write(chunk)
     sys.stdout.flush()
-
-
-def _system_not_promoted(e, row, doc: dict, o) -> None:
-    """A --system sandbox's layer is never promoted: say so where it changed anything."""
-    if not row.system:
-        return
-    from ..sandbox.system_layer import changes
-    n = len(changes(e.store.root, row.id))
-    if n:
-        doc["system_not_promoted"] = n
-        o.note(f"{n} change(s) of {row.id}'s system layer were not promoted (only the workspace's are); "
-               f"`petri diff --system {row.id}` lists them")
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -128,10 +99,9 @@ def promote(
     With --watch: exit 0 when the watch ended clean, 1 when a check failed and the promotion
     was rolled back (or the watch was interrupted or ended by a rollback), 3 when that
     rollback was refused (live changed those files since; the promotion stays)."""
-    from merge.errors import PromotionConflict
-
-    from ..policy import PolicyViolation
-    from ..promotions import promote as do_promote
+    from .. import interrupts
+    from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_watch
+    from ..errors import PromotionInterrupted
     o = out()
     if override_policy is not None:
         from ..units import MAX_NOTE, check_text
@@ -142,9 +112,8 @@ def promote(
     if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
         from ..errors import EmptyCommand
         raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
-    from ..watch import parse_watch
-    watching = parse_watch(watch, for_, every)
-    if watching is not None and (to is not None or resume is not None or dry_run or on_conflict == "markers"):
+    parse_watch(watch, for_, every)  # a bad --for/--every, or either without --watch, first
+    if watch is not None and (to is not None or resume is not None or dry_run or on_conflict == "markers"):
         from ..errors import UsageError
         raise UsageError(detail="--watch goes with a plain promotion: not with --to, --resume, --dry-run or "
                                 "--on-conflict markers")
@@ -156,20 +125,16 @@ def promote(
     if sandbox is None:
         from ..errors import UsageError
         raise UsageError(detail="promote needs a SANDBOX (or --resume p-…)")
-    e = workspace().engine
-    row = e.resolve_sandbox(sandbox)
-    wanted = _paths(paths)
-    started = time.time()
+    ws = workspace()
     try:
-        doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+        doc = ws.promote(sandbox, on_conflict=on_conflict, include_ignored=include_ignored, paths=paths or (),
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note,
-                         override_policy=override_policy, watch=watching)
-    except BaseExceptionGroup as group:  # --verify runs under trio: its interrupt comes grouped
-        if group.split(KeyboardInterrupt)[1] is not None:
-            raise
-        _interrupted(e, row.id, started, verify)
-    except KeyboardInterrupt:
-        _interrupted(e, row.id, started, verify)
+                         override_policy=override_policy, watch=watch, watch_for=for_, watch_every=every,
+                         on_interrupt=interrupts.hold).to_json()
+    except MarkersWritten as err:  # a result here: printed as any other, exit 5
+        doc = err.result.to_json()
+    except PromotionInterrupted as err:
+        _interrupted(err)
     except PolicyViolation as err:
         _policy_refused(o, err, dry_run)
     except PromotionConflict as err:
@@ -187,9 +152,7 @@ def promote(
             doc.update({"error": str(err), "exit_code": 3})
             o.doc(doc)
         raise typer.Exit(3) from None
-    _system_not_promoted(e, row, doc, o)
-    if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
-        doc["unchanged"] = _check_paths_exist(e, row, wanted)
+    doc.pop("schema", None)
     code = 0
     if doc.get("verified") is False:
         code = 1
@@ -198,7 +161,7 @@ def promote(
     if doc.get("watch"):
         if not G.json:
             _print_promote(o, doc, dry_run)
-        code = _follow_watch(e, doc, o)
+        code = _follow_watch(ws, doc, o)
         if G.json:
             if code:
                 doc["exit_code"] = code
@@ -219,18 +182,17 @@ def promote(
         raise typer.Exit(code)
 
 
-def _follow_watch(e: Any, doc: dict[str, Any], o: Any) -> int:
+def _follow_watch(ws: Any, doc: dict[str, Any], o: Any) -> int:
     """Follow the promotion's watch to its end (its detached watcher runs it) and say how it
     ended: the exit code (0 passed; 1 rolled back, interrupted or stopped; 3 rollback refused).
     Ctrl-C stops following, as ``docker logs -f`` does: the watch goes on (exit 130)."""
     from .. import interrupts
-    from ..watch import doc_of, follow
     promo = doc["promotion"]
     w0 = doc["watch"]
     try:
         o.note(f"watching {promo}: `{w0['command']}` every {w0['every_s']:g}s until {w0['until']} "
                f"(Ctrl-C stops following; the watch goes on)")
-        row = follow(e, promo, o.note)
+        wd = ws.follow_watch(promo, say=o.note)
     except KeyboardInterrupt:
         interrupts.hold()
         msg = (f"{interrupts.interrupted_by()}: stopped following; the watch of {promo} goes on (watcher pid "
@@ -239,11 +201,10 @@ def _follow_watch(e: Any, doc: dict[str, Any], o: Any) -> int:
         print(f"petri: {msg}", file=sys.stderr, flush=True)
         interrupts.say(msg)
         code = interrupts.exit_code()
-        w = e.registry.watch(promo)
-        doc["watch"] = doc_of(w) if w else w0
+        doc["watch"] = ws.watch_status(promo) or w0
         doc.update({"error": msg})
         return code
-    doc["watch"] = wd = doc_of(row)
+    doc["watch"] = wd
     state = wd.get("state")
     f = wd.get("failed") or {}
     failed = (f"check {f.get('check')} failed (exit {f.get('exit_code')}"
@@ -292,59 +253,17 @@ def print_verdicts(o: Any, doc: dict[str, Any]) -> None:
         o.say(f"risk: {doc.get('risk', 'low')}")
 
 
-def _check_paths_exist(e: Any, row: Any, wanted: list[bytes]) -> list[str]:
-    """The paths asked for that exist (unchanged) in the sandbox or its base; a path in
-    neither is a usage error (exit 2), not "no changes"."""
-    from ..changesets import sandbox_views
-    from ..errors import UsageError
-    with sandbox_views(e, row) as (base, tree):
-        missing = [p for p in wanted if not (_lexists_under(bytes(tree), p) or _lexists_under(bytes(base), p))]
-    if missing:
-        names = ", ".join(p.decode("utf-8", "backslashreplace") for p in missing)
-        raise UsageError(detail=f"no such path in sandbox {row.id} or its base {row.base}: {names}")
-    return [p.decode("utf-8", "backslashreplace") for p in wanted]
-
-
-def _lexists_under(root: bytes, rel: bytes) -> bool:
-    """Does ``rel`` exist under ``root``, without following a symlink on the way (one in
-    the sandbox may point anywhere on the host)?"""
-    cur = root
-    parts = [c for c in rel.split(b"/") if c not in (b"", b".")]
-    for i, part in enumerate(parts):
-        cur = os.path.join(cur, part)
-        try:
-            st = os.lstat(cur)
-        except OSError:
-            return False
-        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
-            return False
-    return True
-
-
-def _interrupted(e: Any, sb_id: str, started: float, verify: Optional[str]) -> None:
-    """Ctrl-C (or SIGTERM, SIGHUP) in promote: say truthfully whether the sandbox was
-    promoted (exit 128 + the signal)."""
+def _interrupted(err: Any) -> None:
+    """Ctrl-C (or SIGTERM, SIGHUP) in promote, settled by the API: say truthfully whether the
+    sandbox was promoted (exit 128 + the signal)."""
     from .. import interrupts
-    from ..promotions import settle_interrupted
-    interrupts.hold()  # a second signal must not cut the settling short
-    promo = settle_interrupted(e, sb_id, started)
-    how = interrupts.interrupted_by()
-    if promo is None:
-        msg = f"{how}: nothing was promoted; the workspace is as it was before `petri promote {sb_id}`"
-    else:
-        watched = e.registry.watch(promo)  # started just before the interrupt: it goes on
-        msg = (f"{how} after the promotion was in place: {sb_id} was promoted as {promo}"
-               + (" (--verify did not finish)" if verify and not watched else "")
-               + ("; its watch goes on (`petri promotions` shows it)" if watched else "")
-               + f"; undo with `petri rollback {promo}`")
+    msg = str(err)
     print(f"petri: {msg}", file=sys.stderr, flush=True)
     interrupts.say(msg)
-    code = interrupts.exit_code()
     if G.json:
-        rec = next((p for p in e.registry.promotions() if p["id"] == promo), None)
-        out().doc({"promotion": promo, "sandbox": sb_id, "applied": (rec or {}).get("doc", {}).get("applied", []),
-                   "conflicts": [], "verified": None, "rolled_back": False, "error": msg, "exit_code": code})
-    raise typer.Exit(code) from None
+        out().doc({"promotion": err.promotion, "sandbox": err.sandbox, "applied": err.applied, "conflicts": [],
+                   "verified": None, "rolled_back": False, "error": msg, "exit_code": err.exit_code})
+    raise typer.Exit(err.exit_code) from None
 
 
 def nothing_to_promote(doc: dict[str, Any]) -> str:

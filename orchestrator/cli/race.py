@@ -1,12 +1,11 @@
 """``petri race``: fork one sandbox per candidate, check them all at once, rank.
 
-It calls ``orchestrator.race`` itself, not ``Workspace.race``: the CLI reads candidates in
-command-line order from argv, prints progress as it goes, and settles a Ctrl-C during
-``--promote`` truthfully, which the API call does not expose.
+It goes through the API: ``Workspace.race`` (candidates in command-line order, progress as
+it goes, the seccomp profile), then ``promote_winner`` for ``--promote``, which settles a
+Ctrl-C from the journal and says whether the winner landed.
 """
 
 import sys
-import time
 from typing import Annotated, List, Optional
 
 import typer
@@ -18,33 +17,29 @@ from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 app = command_app()
 
 
-def _promote_winner(e, doc: dict, progress) -> None:
+def _promote_winner(ws, doc: dict, progress) -> dict:
     """``race --promote``: Ctrl-C while promoting says whether the winner landed (exit 130)."""
-    from ..promotions import settle_interrupted
-    from ..race import promote_winner
-    started = time.time()
+    from .. import interrupts
+    from ..errors import PromotionInterrupted
     try:
-        promote_winner(e, doc, say=progress)
-    except KeyboardInterrupt:
-        from .. import interrupts
-        interrupts.hold()  # the settling must not be cut short
-        promo = settle_interrupted(e, doc["winner"], started)
-        how = interrupts.interrupted_by()
-        msg = (f"{how}: the winner {doc['winner']} was not promoted (it is kept)" if promo is None else
-               f"{how} after the promotion was in place: the winner {doc['winner']} was promoted as {promo}"
-               f"; undo with `petri rollback {promo}`")
+        doc = ws.promote_winner(doc, say=progress, on_interrupt=interrupts.hold).to_json()
+    except PromotionInterrupted as err:
+        msg = str(err)
         print(f"petri: {msg}", file=sys.stderr, flush=True)
         interrupts.say(msg)
-        code = interrupts.exit_code()
         if G.json:
-            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg, "exit_code": code})
-        raise typer.Exit(code) from None
+            promo = err.promotion
+            out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg,
+                       "exit_code": err.exit_code})
+        raise typer.Exit(err.exit_code) from None
+    doc.pop("schema", None)
+    return doc
 
 
 def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
     """The candidates in command-line order (typer gives each option's values apart)."""
-    from ..race import interleave
-    return interleave(sys.argv[1:], patches, cmds)
+    from ..api import interleave_candidates
+    return interleave_candidates(sys.argv[1:], patches, cmds)
 
 
 @app.command()
@@ -105,8 +100,7 @@ def race(
              4. fewest lines changed, then fastest check, then command-line order
     A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
-    from ..limits import Limits
-    from ..race import RaceInterrupted, load_candidates, race_sync, render_table
+    from ..api import Cmd, Limits, Patch, RaceInterrupted, parse_metric
     from ..units import check_count
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
@@ -115,22 +109,24 @@ def race(
     check_count("--jobs", jobs, 1, 1000)  # as fork's -n: more at once than that is no plan for one machine
     if pids is not None and pids < 1:
         raise UsageError(detail=f"bad --pids {pids}: at least 1")
-    from ..race import parse_metric
     if max_regression is not None and metric is None:
         raise UsageError(detail="--max-regression needs --metric FILE:KEY")
-    gate = parse_metric(metric, max_regression) if metric is not None else None
-    cands = load_candidates(_candidate_order(list(patch or []), list(cmd or [])))
+    if metric is not None:
+        parse_metric(metric, max_regression)  # a bad one says so in the flags' words, before anything
+    cands = [Patch(text) if kind == "patch" else Cmd(text)
+             for kind, text in _candidate_order(list(patch or []), list(cmd or []))]
     if net and net_allow is not None:
         raise UsageError(detail="--net and --net allow:... exclude each other")
     limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
                     ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
-    e = workspace().engine
+    ws = workspace()
     o = out()
     progress = None if G.json else (lambda text: o.note(text))
     try:
-        doc = race_sync(e, cands, check, source=source, jobs=jobs, limits=limits, timeout_s=timeout_s, keep=keep,
-                        say=progress, seccomp=seccomp, cluster=cluster, metric=gate, profile=profile)
+        doc = ws.race(check, cands, source=source, jobs=jobs, limits=limits, timeout=timeout_s, keep=keep,
+                      say=progress, seccomp=seccomp, cluster=cluster, metric=metric, max_regression=max_regression,
+                      profile=profile).to_json()
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         from .. import interrupts
@@ -139,15 +135,17 @@ def race(
             o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
                                                  "exit_code": err.exit_code})
         raise typer.Exit(err.exit_code) from None
+    doc.pop("schema", None)
     if promote:
-        _promote_winner(e, doc, progress)
+        doc = _promote_winner(ws, doc, progress)
     error, code = (("no candidate passed the check", 1) if doc["winner"] is None else
                    (doc["promotion_error"], doc.get("promotion_exit_code", 1)) if doc.get("promotion_error") else
                    (None, 0))
     if G.json:
         o.doc({**doc, "error": error, "exit_code": code} if error else doc)  # an error is in the document too
     else:
-        render_table(o, doc)
+        from ..api import render_race_table
+        render_race_table(o, doc)
     if error:
         print(f"petri: {error}", file=sys.stderr, flush=True)
         raise typer.Exit(code)

@@ -1,8 +1,8 @@
 """``petri run``, ``shell`` and ``logs``.
 
-``run`` and ``shell`` stream a live process (echo, signals forwarded, a terminal), which the
-API's ``Workspace.run`` (output saved, not printed) does not do, so they call
-``orchestrator.runs`` themselves, in this thread and without trio (``runs.run_sync``).
+``run`` and ``shell`` go through the API (``Workspace.run`` with ``echo``, forwarded
+signals, the seccomp profile and the caller's cwd; ``Workspace.shell``), in this thread and
+without trio. ``run --each`` still drives ``orchestrator.runs`` itself (``run_each``).
 ``logs`` reads the saved files by offset (``Workspace.output``), ``-f`` until the run ends.
 
 ``run`` is a hot command: the fast path (``orchestrator.cli.fastpath``) calls it without
@@ -93,7 +93,6 @@ def run(
     --each SB [SB...] -- CMD runs CMD in each sandbox, --jobs at a time, each line of its
     output tagged with the sandbox id (as `parallel --tag`); exit 0 if every run exited 0,
     123 if any did not (as xargs); --json: one run document per sandbox."""
-    from ..runs import run_sync
     if jobs is not None and not each:
         raise UsageError(detail="--jobs goes with --each")
     if each:
@@ -121,9 +120,9 @@ def run(
         else:
             print(f"{svc['sandbox']}\t{svc['name']}\t{svc['state']}")
         return 0
-    e = workspace().engine
-    doc = run_sync(e, sandbox, argv, timeout_s=timeout_s, env=extra, echo=not G.json, cwd=os.getcwd(),
-                   forward_signals=True, seccomp=seccomp)
+    doc = workspace().run(sandbox, argv, timeout=timeout_s, env=extra, echo=not G.json, forward_signals=True,
+                          seccomp=seccomp, caller_cwd=os.getcwd()).to_json()
+    doc.pop("schema", None)
     o = out()
     if G.json:
         o.doc(doc)
@@ -162,14 +161,11 @@ def shell(
     seccomp: Annotated[Optional[str], typer.Option("--seccomp", help=SECCOMP_HELP)] = None,
 ) -> None:
     """An interactive shell inside SANDBOX, on a terminal of its own."""
-    from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
-    e = workspace().engine
-    profile = seccomp_profile(e, seccomp)
-    code = shell_in_sandbox(e, sandbox, timeout_s=parse_timeout(timeout), env=_parse_env(env), cwd=os.getcwd(),
-                            seccomp=profile)
+    doc = workspace().shell(sandbox, timeout=parse_timeout(timeout), env=_parse_env(env), seccomp=seccomp,
+                            caller_cwd=os.getcwd())
     if G.json:
-        out().doc({"id": e.resolve_sandbox(sandbox).id, "exit_code": code, **seccomp_fields(profile)})
-    raise typer.Exit(code)
+        out().doc(doc)
+    raise typer.Exit(doc["exit_code"])
 
 
 # --------------------------------------------------------------------------- logs

@@ -1,31 +1,10 @@
-"""petri's Python API: the one surface the CLI, the MCP server and the TUI stand on.
+"""The workspace facade: ``init``, ``open``, ``doctor`` and ``Workspace``, whose methods
+return the records of ``orchestrator.results`` (see the package's docstring for how to use
+it). Each method checks its arguments in the caller's words, hands the work to the service
+that does it, and wraps the document that service returns.
 
-``import petri`` re-exports it (see ``petri/__init__.py``; ``petri.aio`` has the same names
-with ``async``). The smallest complete use::
-
-    ws = petri.init("/path/to/project")            # or petri.open(path)
-    snap = ws.snapshot("before upgrade")
-    with ws.fork(n=3, label="try", limits=petri.Limits(mem="1G", ttl="2h")) as sandboxes:
-        r = sandboxes[0].run(["python3", "-m", "pytest", "-q"], timeout=600)
-        r.exit_code, r.killed_by, r.stdout()       # a non-zero exit is a result, not an exception
-        d = sandboxes[0].diff()                     # .files, .patch
-        p = sandboxes[0].promote(verify="python3 -m pytest -q")   # petri.Conflict on exit-3 cases
-        p.rollback()
-    race = ws.race(check="python3 -m pytest -q", candidates=[petri.Patch("a.patch"), petri.Cmd("make fix")])
-
-Every call returns a frozen record (``orchestrator.results``) whose ``to_json()`` is the
-CLI's ``--json`` document; every failure is a ``petri.PetriError`` carrying the CLI's exit
-code. A command's non-zero exit is a result, never an exception.
-
-Threads: a ``Workspace`` may be used from several threads at once (each thread gets its own
-registry connection). A run started from a thread forks its sandbox from that thread,
-which waits for it (see ``orchestrator/sandbox/spawn.py``), so a run is never cut short by
-a thread ending. ``run`` needs no event loop (no trio); ``output`` reads a run's saved
-output by offset, live or finished.
-
-Caveats: ``Sandbox`` and the other records are pictures taken when made (``refresh()``
-takes a new one); a sync call made from inside a running trio loop blocks that loop (use
-``petri.aio`` there).
+Caveat: the methods open the engine lazily per thread (``engine``); a ``Workspace`` made in
+one thread and used in another opens a second registry connection there.
 """
 from __future__ import annotations
 
@@ -35,20 +14,24 @@ import inspect
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
-from .limits import Limits
-from .results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
-                      FileWritten, Forked, GrepResult, InitResult, Lineage, PathConflict, Pipeline, PromoteResult,
-                      Promotion, PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo,
-                      SandboxList, Snapshot, SnapshotList, Stats, TryResult)
+from ..limits import Limits
+from ..results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
+                       FileWritten, Forked, GrepResult, InitResult, Lineage, Pipeline, PromoteResult, Promotion,
+                       PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo, SandboxList,
+                       Snapshot, SnapshotList, Stats, TryResult)
+from .helpers import (_any_id, _argv, _at_least, _at_most, _candidate_pair, _candidate_texts, _check_paths_exist,
+                      _fork_row_doc, _metric_gate, _output_callback, _path_bytes, _promotion_interrupted,
+                      _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
+                      _text_conflicts, _with_ws)
+from .sandbox import Sandbox, SandboxSet
 
 if TYPE_CHECKING:
-    from .doctor import Report as DoctorReport
-    from .registry import SandboxRow
-    from .services import Engine
-
-__all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Patch", "Cmd", "Limits"]
+    from ..candidates import Cmd, Patch
+    from ..doctor import Report as DoctorReport
+    from ..registry import SandboxRow
+    from ..services import Engine
 
 VIAS = ("api", "cli", "mcp", "tui")
 
@@ -70,8 +53,8 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     def deco(fn: Callable[..., _R]) -> Callable[..., _R]:
         @functools.wraps(fn)
         def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> _R:
-            from . import audit
-            from .units import MAX_NOTE, check_text
+            from .. import audit
+            from ..units import MAX_NOTE, check_text
 
             if reason is not None:
                 check_text(self._name("reason"), reason, max_len=MAX_NOTE)
@@ -87,40 +70,6 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     return deco
 
 
-# ---------------------------------------------------------------------------- candidates
-
-
-class Patch:
-    """A race candidate: a patch (git or ``patch -p1`` format), from a file or as text."""
-
-    kind = "patch"
-
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, text: str | bytes | None = None,
-                 name: str | None = None) -> None:
-        if (path is None) == (text is None):
-            from .errors import UsageError
-            raise UsageError(detail="petri.Patch takes a file path or text=, not both or neither")
-        self.path = None if path is None else os.fspath(path)
-        self.text = text.encode() if isinstance(text, str) else text
-        self.name = name or (self.path if self.path is not None else "patch-text")
-
-    def __repr__(self) -> str:
-        return f"Patch({self.name!r})"
-
-
-class Cmd:
-    """A race candidate: a shell command run in its sandbox before the check."""
-
-    kind = "cmd"
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-        self.name = command
-
-    def __repr__(self) -> str:
-        return f"Cmd({self.command!r})"
-
-
 # ---------------------------------------------------------------------------- opening
 
 
@@ -129,8 +78,8 @@ def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: 
          reason: str | None = None) -> "Workspace":
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
     ``ws.init_result`` is the ``init`` document."""
-    from . import audit
-    from .services import Engine
+    from .. import audit
+    from ..services import Engine
 
     with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
                          reason=reason):
@@ -146,7 +95,7 @@ def open(path: str | os.PathLike[str] | None = None, *, via: str = "api",  # noq
     """The workspace that holds ``path`` (default: the current directory, or
     ``PETRI_WORKSPACE``), found by walking up as git does. ``override``: a workspace named
     outright (the CLI's ``--workspace``), which wins over both."""
-    from .workspace import find_workspace
+    from ..workspace import find_workspace
 
     return Workspace(find_workspace(None if path is None else Path(path), override), via=via)
 
@@ -155,9 +104,9 @@ def doctor(path: str | os.PathLike[str] = ".") -> "DoctorReport":
     """What works on this machine for ``path`` (a directory: a workspace, or one to ``init``)
     and, for each thing that does not, why and the fix: ``petri doctor``'s report (``.ok``,
     ``.checks``, ``.exit_code``, ``.to_json()``). Writes nothing."""
-    from .doctor import diagnose
-    from .errors import UsageError
-    from .units import shown
+    from ..doctor import diagnose
+    from ..errors import UsageError
+    from ..units import shown
 
     target = Path(os.path.abspath(path))
     if not os.fspath(path).strip() or not target.is_dir():
@@ -178,7 +127,7 @@ class Workspace:
     def __init__(self, root: str | os.PathLike[str], *, via: str = "api", client: str | None = None,
                  _engine: "Engine | None" = None) -> None:
         if via not in VIAS:
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
         self.root = Path(root)
         self.via = via
@@ -198,8 +147,8 @@ class Workspace:
 
     def _check_label(self, label: str) -> None:
         """The engine's rules for a label (``units.check_label``), in this caller's words."""
-        from .errors import UsageError
-        from .units import MAX_LABEL, check_text, shown
+        from ..errors import UsageError
+        from ..units import MAX_LABEL, check_text, shown
 
         name = self._name("label")
         if not label.strip():
@@ -213,7 +162,7 @@ class Workspace:
         """This thread's engine (registry connection), opened on first use."""
         e = getattr(self._local, "engine", None)
         if e is None:
-            from .services import Engine
+            from ..services import Engine
 
             e = Engine.open(self.root, str(self.root))
             self._local.engine = e
@@ -242,7 +191,7 @@ class Workspace:
     @_audited("snapshot")
     def snapshot(self, message: str = "", *, progress: Any = None) -> Snapshot:
         """Take a snapshot of the workspace (the ``snapshot`` document)."""
-        from .units import MAX_NOTE, check_text
+        from ..units import MAX_NOTE, check_text
 
         check_text(self._name("message"), message, max_len=MAX_NOTE)
         row = self.engine.take_snapshot(message, kind="user", progress=progress)
@@ -279,9 +228,9 @@ class Workspace:
         ``profile``: a ``[profiles.NAME]`` of the config, layered under the arguments (they
         win) and over the config's top-level defaults; the sandbox records it, and its
         promotions are held to that profile's policy (``orchestrator.profiles``)."""
-        from .config import load_config
-        from .errors import UsageError
-        from .runs import parse_publish
+        from ..config import load_config
+        from ..errors import UsageError
+        from ..runs import parse_publish
 
         if n < 1:
             raise UsageError(detail=f"{self._name('n')} must be at least 1, not {n}")
@@ -290,7 +239,7 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         e = self.engine
-        from .profiles import fork_env, inherited
+        from ..profiles import fork_env, inherited
 
         if profile is None:
             profile = inherited(e, _source_id(source))
@@ -299,7 +248,7 @@ class Workspace:
         lim = cfg.with_profile(profile).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
         wanted = [parse_publish(p) for p in publish]
-        from . import run_env
+        from .. import run_env
 
         passes, secret_values = fork_env(prof, env_pass, secrets)
         if wanted and lim.net:
@@ -312,7 +261,7 @@ class Workspace:
                 meta = {**(r.meta or {}), "env_pass": passes, "secrets": sorted(secret_values)}
                 e.registry.update_sandbox(r.id, meta=meta)
         if wanted:
-            from .runs import publish_port
+            from ..runs import publish_port
 
             for i, r in enumerate(rows):
                 for port, host in wanted:
@@ -339,7 +288,7 @@ class Workspace:
             docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
                     for r in rows]
         if any(True for _ in _services_root(e).glob("*/*.json")):  # most workspaces have none: one listdir
-            from .service_runs import live_names
+            from ..service_runs import live_names
 
             for d in docs:
                 d["services_running"] = len(live_names(e.store.root, d["id"]))
@@ -350,9 +299,11 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         doc = e.sandbox_doc(row, staleness=e.staleness(row))
+        from ..run_history import sandbox_runs
+
         doc["runs"] = sandbox_runs(e, row)
-        from .sandbox import environment
-        from .service_runs import listing
+        from ..sandbox import environment
+        from ..service_runs import listing
 
         doc["services"] = listing(e, row.id)
         doc["ports"] = environment.ports(e.store.root, row.id)
@@ -362,7 +313,7 @@ class Workspace:
     def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
                expired: bool = False) -> Cleanup:
         """``rm``: destroy sandboxes, or snapshots no sandbox uses."""
-        from .errors import UsageError
+        from ..errors import UsageError
 
         if not idents and not all and not expired:
             raise UsageError(detail="rm needs ids, --all or --expired" if self.via == "cli"
@@ -378,9 +329,9 @@ class Workspace:
         sandboxes of each lineage older than its newest N generations (``pruned_sandboxes``)."""
         pruned = []
         if keep_generations is not None:
-            from .lineage import prune_generations
+            from ..lineage import prune_generations
             pruned = prune_generations(self.engine, keep_generations)
-        from .gc import collect
+        from ..gc import collect
         doc = collect(self.engine)
         if keep_generations is not None:
             doc["removed"] = [p["id"] for p in pruned] + doc["removed"]
@@ -392,23 +343,51 @@ class Workspace:
     def run(self, sandbox: "str | Sandbox", argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
             env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
             on_output: Callable[[str, bytes], None] | None = None,
-            on_start: Callable[[int], None] | None = None) -> RunResult:
+            on_start: Callable[[int], None] | None = None, echo: bool = False, forward_signals: bool = False,
+            seccomp: str | None = None, caller_cwd: str | os.PathLike[str] | None = None) -> RunResult:
         """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in the sandbox and
         wait for it; its output is saved (``stdout()``/``stderr()``), not printed.
         ``timeout``: seconds or a duration ("10m"); ``cwd``: the directory it starts in, a
         directory of the sandbox relative to the workspace root or absolute under it
         (default: the root). ``on_output(stream, line)`` gets each line as it comes (bytes,
         newline kept; the last one may have none); ``on_start(n)`` (front-end hook) gets the
-        run's number as soon as it has one. Runs in this thread (no event loop)."""
-        from . import audit
-        from .runs import run_sync
+        run's number as soon as it has one. Runs in this thread (no event loop).
 
-        start_dir = self._start_dir(sandbox, cwd)
+        For a front end that is a terminal (``petri run``): ``echo`` also writes the output to
+        this process's stdout and stderr as it comes, byte for byte; ``forward_signals`` (the
+        main thread only) passes SIGINT, SIGTERM and SIGHUP on to the command; ``seccomp``: the
+        syscall filter's profile (default: the sandbox's profile's, the config's, else
+        ``default``); ``caller_cwd``: the caller's own working directory, where the command
+        starts when it lies in the workspace and exists in the sandbox (else at the root;
+        not with ``cwd``)."""
+        from .. import audit
+        from ..runs import run_sync
+
+        if cwd is not None and caller_cwd is not None:
+            from ..errors import UsageError
+            raise UsageError(detail="cwd and caller_cwd: one or the other")
+        start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
         doc = run_sync(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
-                       stdin_data=stdin, echo=False, cwd=start_dir, on_event=on_event, on_started=on_start)
+                       stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
+                       forward_signals=forward_signals, seccomp=seccomp)
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
+
+    @_audited("shell")
+    def shell(self, sandbox: "str | Sandbox", *, timeout: float | str | None = None, env: dict[str, str] | None = None,
+              seccomp: str | None = None, caller_cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """An interactive shell in the sandbox (bash, else sh) on a pseudo-terminal petri
+        allocates, joined to this process's terminal, until it exits (``petri shell``): the
+        ``shell`` document ``{"id", "exit_code", "seccomp"}``. ``caller_cwd``, ``seccomp`` as
+        for ``run``; ``timeout`` ends the session."""
+        from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
+
+        e = self.engine
+        profile = seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
+        code = shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
+                                cwd=None if caller_cwd is None else os.fspath(caller_cwd), seccomp=profile)
+        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code, **seccomp_fields(profile)}
 
     # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
     @_audited("run")
@@ -418,7 +397,7 @@ class Workspace:
         """``run --detach``: start ``argv`` as a service of the sandbox, which outlives this
         call (and this process) and ends by itself, ``stop_service``, the sandbox's lifetime,
         ``remove`` or ``deinit``. ``restart``: ``no`` or ``on-failure``. Its ``services`` row."""
-        from .service_runs import start
+        from ..service_runs import start
 
         start_dir = self._start_dir(sandbox, cwd)
         return start(self.engine, _sandbox_id(sandbox), [os.fsdecode(a) for a in _argv(argv)], name=name,
@@ -426,7 +405,7 @@ class Workspace:
 
     def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
         """``services``: every service of the workspace, or of one sandbox."""
-        from .service_runs import listing
+        from ..service_runs import listing
 
         sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id if sandbox is not None else None
         return {"services": listing(self.engine, sb)}
@@ -434,7 +413,7 @@ class Workspace:
     @_audited("stop")
     def stop_service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
         """``stop``: SIGTERM to the service's command, SIGKILL after a grace period."""
-        from .service_runs import stop
+        from ..service_runs import stop
 
         return stop(self.engine, _sandbox_id(sandbox), name)
 
@@ -442,13 +421,13 @@ class Workspace:
     def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None) -> dict[str, Any]:
         """``port``: forward the host's 127.0.0.1:``host_port`` (default ``port`` when free, else
         any free one) to the sandbox's 127.0.0.1:``port`` while the sandbox lives."""
-        from .runs import publish_port
+        from ..runs import publish_port
 
         return publish_port(self.engine, _sandbox_id(sandbox), port, host_port)
 
     def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
         """The sandbox's published ports: ``{"sandbox", "ports": [{"port", "host_port"}]}``."""
-        from .sandbox import environment
+        from ..sandbox import environment
 
         row = self.engine.resolve_sandbox(_sandbox_id(sandbox))
         return {"sandbox": row.id, "ports": environment.ports(self.engine.store.root, row.id)}
@@ -458,8 +437,8 @@ class Workspace:
         the absolute path the command sees; None for the workspace root."""
         if cwd is None:
             return None
-        from . import files
-        from .errors import UsageError
+        from .. import files
+        from ..errors import UsageError
 
         row, where = self._files_row(sandbox)
         try:
@@ -475,6 +454,8 @@ class Workspace:
         """Every run of the sandbox, oldest first."""
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
+        from ..run_history import sandbox_runs
+
         return [RunResult.from_doc(d) for d in sandbox_runs(e, row)]
 
     def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
@@ -486,8 +467,8 @@ class Workspace:
         With ``follow``, also what the run writes until it ends (or ``stop()``); without, what
         is there now. ``start``: stream offsets to begin at (``{"stdout": n}``); ``tail``:
         begin each stream that many bytes before its end (as it is now)."""
-        from . import runlog
-        from .sandbox.procs import pid_alive
+        from .. import runlog
+        from ..sandbox.procs import pid_alive
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
@@ -497,7 +478,7 @@ class Workspace:
             runs = e.registry.runs(row.id)
             doc = runs[-1] if runs else None
         if doc is None:
-            from .errors import NoRunsYet, NoSuchRun
+            from ..errors import NoRunsYet, NoSuchRun
 
             raise NoSuchRun(ident=row.id, n=run) if run is not None else NoRunsYet(ident=row.id)
         n = doc["run"]
@@ -520,7 +501,7 @@ class Workspace:
              promote: bool = False, say: Callable[[str], None] | None = None,
              on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
              metric: str | None = None, max_regression: str | None = None,
-             profile: str | None = None) -> Race:
+             profile: str | None = None, seccomp: str | None = None) -> Race:
         """Race the candidates: one sandbox each, the check run in all at once, ranked
         (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
         ``metric`` (``"FILE:KEY"``, ``":max"`` appended when higher is better) ranks passing
@@ -535,9 +516,13 @@ class Workspace:
         throwaway one here, or a started ``orchestrator.cluster.LocalCluster``); the
         winner's sandbox is rebuilt here, so ``promote`` works as after a local race.
         ``profile``: a ``[profiles.NAME]`` of the config for the candidates' limits, seccomp
-        and policy (``fork``; not with ``cluster``)."""
-        from .errors import EmptyCommand, NoCandidates, UsageError
-        from .race import load_candidates, race_sync
+        and policy (``fork``; not with ``cluster``); ``seccomp``: the candidates' syscall filter
+        profile (over the profile's and the config's).
+
+        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``doc``:
+        the candidates so far)."""
+        from ..errors import EmptyCommand, NoCandidates, UsageError
+        from ..race import load_candidates, race_sync
 
         if not check or not check.strip():
             raise EmptyCommand(what="check", hint=" (e.g. check='python3 -m pytest -q')")
@@ -551,22 +536,88 @@ class Workspace:
         cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
         doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label, metric=gate, profile=profile)
+                        cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
+        return Race.from_doc(doc)
+
+    @_audited("promote")
+    def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
+                       on_interrupt: Callable[[], None] | None = None) -> Race:
+        """Promote a finished race's winner into the workspace (``race --promote`` after the
+        race): the race document with ``promotion`` (the promote document; a failure is a
+        result, as ``promotion_error`` and ``promotion_exit_code``). No winner: unchanged. A
+        KeyboardInterrupt is settled from the journal first and leaves as
+        ``orchestrator.errors.PromotionInterrupted`` (``winner`` wording); ``on_interrupt()``
+        is called before the settling, as for ``promote``."""
+        import time
+
+        from ..race import promote_winner
+
+        doc = race.to_json() if isinstance(race, Race) else dict(race)
+        doc.pop("schema", None)
+        started = time.time()
+        try:
+            promote_winner(self.engine, doc, say=say)
+        except KeyboardInterrupt:
+            raise _promotion_interrupted(self.engine, doc["winner"], started, None, on_interrupt,
+                                         winner=True) from None
         return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
     def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
              stat_only: bool = False) -> Diff:
         """The sandbox's changes against its base as a git-format patch (``diff``)."""
+        from ..diffs import diff_doc
+
         return Diff.from_doc(diff_doc(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
                                       with_patch=not stat_only))
+
+    # A chunk of ``patch``: what a pipe takes in one write.
+    PATCH_CHUNK = 1 << 16
+
+    def patch(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+              include_ignored: bool = False) -> Iterator[bytes]:
+        """The sandbox's patch exactly as ``git apply`` takes it, as chunks of bytes (what
+        ``petri diff`` writes to its output; ``diff().patch`` is the same as text, with a
+        file name that is not UTF-8 escaped). Read from one point-in-time view."""
+        from ..diffs import diff_parts
+
+        _, _, data = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored)
+        view = memoryview(data)
+        for at in range(0, len(data), self.PATCH_CHUNK):
+            yield bytes(view[at:at + self.PATCH_CHUNK])
+
+    def diff_stat(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *,
+                  include_ignored: bool = False) -> str:
+        """The sandbox's changes as a diffstat laid out as ``git diff --stat`` lays it out
+        (``petri diff --stat``); empty when nothing changed."""
+        from merge.patch import format_stat
+
+        from ..diffs import diff_parts
+
+        _, stats, _ = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
+                                 with_patch=False)
+        return format_stat(stats)
+
+    def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
+        """What a ``system=True`` sandbox changed outside the workspace, in its writable layer
+        over the host's system paths (never promoted): ``{"sandbox", "system": [{"path",
+        "status"}...]}`` (``petri diff --system``). A usage error for a sandbox without one."""
+        from ..errors import UsageError
+        from ..sandbox.system_layer import changes
+
+        e = self.engine
+        row = e.resolve_sandbox(_sandbox_id(sandbox))
+        if not row.system:
+            raise UsageError(detail=f"{row.id} has no system layer (it was not forked with --system)")
+        return {"sandbox": row.id, "system": changes(e.store.root, row.id)}
 
     @_audited("promote")
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
                 dry_run: bool = False, include_ignored: bool = False, paths: Sequence[str | bytes] = (),
                 say: Callable[[str], None] | None = None, to: str | None = None,
                 override_policy: str | None = None, watch: str | None = None,
-                watch_for: float | str | None = None, watch_every: float | str | None = None) -> PromoteResult:
+                watch_for: float | str | None = None, watch_every: float | str | None = None,
+                echo: bool = False, on_interrupt: Callable[[], None] | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
         ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
@@ -581,38 +632,61 @@ class Workspace:
         ``watch``: a shell command run against live every ``watch_every`` (default 30 s) for
         ``watch_for`` (seconds or "10m") after the promotion; the first failure rolls it back
         (``orchestrator.watch``). A detached watcher runs it: this returns once it started,
-        with ``result.get("watch")``; ``promotions()`` shows how it stands."""
+        with ``result.get("watch")``; ``promotions()`` shows how it stands (``follow_watch``
+        waits for its end).
+
+        ``paths`` that are unchanged in the sandbox give ``unchanged`` (nothing promoted); a
+        path in neither the sandbox nor its base is a usage error. ``echo``: ``verify``'s
+        output goes live to this process's stdout and stderr (``petri promote``). A
+        KeyboardInterrupt (the CLI's SIGINT, SIGTERM, SIGHUP) during the promotion is settled
+        from the journal before it leaves, as ``orchestrator.errors.PromotionInterrupted`` saying whether
+        the promotion is in place; ``on_interrupt()`` is called first (the CLI stops taking
+        further signals there)."""
+        import time
+
         from snapshot.errors import MarkersWritten
 
-        from .promotions import promote as do_promote
+        from ..promotions import promote as do_promote
 
         if override_policy is not None:
-            from .errors import UsageError
-            from .units import MAX_NOTE, check_text
+            from ..errors import UsageError
+            from ..units import MAX_NOTE, check_text
 
             name = "--override-policy" if self.via == "cli" else "override_policy"
             check_text(name, override_policy, max_len=MAX_NOTE)
             if not override_policy.strip():
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
-        from .watch import parse_watch
+        from ..watch import parse_watch
 
         watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
-            from .stages import promote_to
+            from ..stages import promote_to
             with _text_conflicts():
                 doc = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
                                  override_policy=override_policy)
             return _with_ws(Pipeline.from_doc(doc), self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        with _text_conflicts():
-            doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored,
-                             paths=[_path_bytes(p) for p in paths], dry_run=dry_run, verify=verify, echo=False,
-                             say=say or (lambda s: None), override_policy=override_policy, watch=watching,
-                             via=self.via)
+        wanted = [_path_bytes(p) for p in paths]
+        say = say or (lambda s: None)
+        started = time.time()
+        try:
+            with _text_conflicts():
+                doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+                                 dry_run=dry_run, verify=verify, echo=echo, say=say,
+                                 override_policy=override_policy, watch=watching, via=self.via)
+        except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
+            if group.split(KeyboardInterrupt)[1] is not None:
+                raise
+            raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
+        except KeyboardInterrupt:
+            raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
+        _system_not_promoted(e, row, doc, say)
+        if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
+            doc["unchanged"] = _check_paths_exist(e, row, wanted)
         result = PromoteResult.from_doc(doc)
         result = _with_ws(result, self)
         if doc.get("markers") and not dry_run:
@@ -620,6 +694,24 @@ class Workspace:
             err.result = result
             raise err
         return result
+
+    def follow_watch(self, promotion: "str | Promotion | PromoteResult", *,
+                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Wait for the watch of a promotion (``promote(watch=...)``) to end, its detached
+        watcher running it; ``say`` gets a line per check counted. The watch document:
+        ``state`` passed, rolled_back, rollback_refused, interrupted or stopped, ``failed``
+        (the check that failed)."""
+        from ..watch import doc_of, follow
+
+        return doc_of(follow(self.engine, _any_id(promotion), say or (lambda s: None)))
+
+    def watch_status(self, promotion: "str | Promotion | PromoteResult") -> dict[str, Any] | None:
+        """The watch of a promotion as it stands now (the document ``follow_watch`` ends
+        with), None when it has none."""
+        from ..watch import doc_of
+
+        w = self.engine.registry.watch(_any_id(promotion))
+        return doc_of(w) if w else None
 
     @_audited("try")
     def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
@@ -634,8 +726,8 @@ class Workspace:
         unless ``keep``. A failed command or check, a conflict with live, a declined
         promotion are results (``outcome``, ``exit_code``), not exceptions. ``limits``,
         ``label``, ``env_pass``, ``secrets``, ``profile``: the fork's (``fork``); ``timeout``: per step."""
-        from .config import load_config
-        from .trying import try_change
+        from ..config import load_config
+        from ..trying import try_change
 
         if label is not None:
             self._check_label(label)
@@ -660,7 +752,7 @@ class Workspace:
         a hunk conflicts and ``on_conflict`` is "fail": no sandbox is made; "markers" writes
         diff3 markers into the new one). The old sandbox stays; its label moves to the new
         one, whose ``parent`` it is."""
-        from .rebasing import rebase
+        from ..rebasing import rebase
 
         def fork(limits: dict[str, Any]) -> str:
             return str(self.fork(1, limits=Limits.from_dict(limits))[0].id)
@@ -675,14 +767,14 @@ class Workspace:
                say: Callable[[str], None] | None = None) -> Pipeline:
         """``promote --resume p-…``: pass a stage's manual gate, or re-run an inconclusive or
         interrupted stage, and go on up to the pipeline's last stage."""
-        from .stages import resume
+        from ..stages import resume
 
         with _text_conflicts():
             doc = resume(self.engine, _any_id(promotion), say=say or (lambda s: None))
         return _with_ws(Pipeline.from_doc(doc), self)
 
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
-        from .promotions import promotion_docs
+        from ..promotions import promotion_docs
 
         return [_with_ws(Promotion.from_doc(d), self) for d in promotion_docs(self.engine,
                                                                               include_conflicts=include_conflicts)]
@@ -712,7 +804,7 @@ class Workspace:
     MAX_MATCHES = 5_000
 
     def _files_row(self, sandbox: "str | Sandbox") -> "tuple[SandboxRow, Any]":
-        from .files import Where
+        from ..files import Where
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
@@ -746,7 +838,7 @@ class Workspace:
         """A regular file of the sandbox (``base``: of the snapshot it was forked from), at
         most ``max_bytes`` (default 1 MiB; ``truncated`` says when more was there);
         ``start_line`` / ``end_line`` (from 1, inclusive): only those lines."""
-        from . import files
+        from .. import files
 
         limit = self.MAX_READ if max_bytes is None else max_bytes
         _at_least(0, max_bytes=limit)
@@ -764,11 +856,11 @@ class Workspace:
                    mode: int | None = None) -> FileWritten:
         """Write a whole file in the sandbox (made, with its missing directories, or
         replaced atomically keeping its mode), never through a symlink."""
-        from . import files
+        from .. import files
 
         raw = data.encode("utf-8") if isinstance(data, str) else data
         if len(raw) > self.MAX_WRITE:
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError(detail=f"{len(raw)} bytes is more than the {self.MAX_WRITE} a write may carry")
         row, where = self._files_row(sandbox)
         rel = files.user_rel(path, where)
@@ -782,8 +874,8 @@ class Workspace:
         """Replace ``old`` by ``new`` in a UTF-8 file: exactly ``count`` occurrences must be
         there (None: all of them, at least one), else ``petri.UsageError`` and nothing is
         written."""
-        from . import files
-        from .errors import UsageError
+        from .. import files
+        from ..errors import UsageError
 
         if not old:
             raise UsageError(detail="edit_file: the text to replace is empty")
@@ -810,7 +902,7 @@ class Workspace:
         whose name (a glob without ``/``, e.g. ``*.py``) or path below ``path`` (``src/**/*.c``)
         matches, git's wildmatch. What the sandbox's ``.gitignore`` ignores is left out unless
         ``include_ignored``; ``.git`` is listed, never entered."""
-        from . import files
+        from .. import files
 
         _at_least(1, max_entries=max_entries)
         _at_most(self.MAX_ENTRIES, max_entries=max_entries)
@@ -828,7 +920,7 @@ class Workspace:
         text). ``glob`` as in ``list_files``. Binary and very large files are skipped and
         counted; the search stops at ``max_matches``, after 256 MiB read or 10 s (a pattern
         that backtracks without end), and ``stopped`` says why."""
-        from . import files
+        from .. import files
 
         _at_least(1, max_matches=max_matches)
         _at_most(self.MAX_MATCHES, max_matches=max_matches)
@@ -843,7 +935,7 @@ class Workspace:
     def delete_file(self, sandbox: "str | Sandbox", path: str | bytes, *, recursive: bool = False) -> FileRemoved:
         """Remove the file, symlink (itself, never what it points to) or, with ``recursive``,
         the directory and everything in it at ``path`` in the sandbox."""
-        from . import files
+        from .. import files
 
         row, where = self._files_row(sandbox)
         rel = files.user_rel(path, where)
@@ -856,7 +948,7 @@ class Workspace:
         """Rename ``src`` to ``dst`` in the sandbox (a file, a symlink as itself, or a
         directory), making ``dst``'s missing directories; an existing ``dst`` is replaced only
         with ``overwrite``."""
-        from . import files
+        from .. import files
 
         row, where = self._files_row(sandbox)
         a, b = files.user_rel(src, where), files.user_rel(dst, where)
@@ -867,17 +959,17 @@ class Workspace:
     def review(self, sandbox: "str | Sandbox") -> Review:
         """``review``: the sandbox's change, its checks, staleness, the policy's verdicts and
         risk, lineage, and the commands to approve or reject it. Reads only."""
-        from .review import review_doc
+        from ..review import review_doc
 
         return Review.from_doc(review_doc(self.engine, _sandbox_id(sandbox)))
 
     def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Rejection:
         """``reject``: record why the sandbox is rejected (the audit trail, a
         ``sandbox.rejected`` event, ``stats``' rejections) and destroy it unless ``keep``."""
-        from . import audit
-        from .errors import UsageError
-        from .review import reject
-        from .units import MAX_NOTE, check_text
+        from .. import audit
+        from ..errors import UsageError
+        from ..review import reject
+        from ..units import MAX_NOTE, check_text
 
         if not isinstance(reason, str) or not reason.strip():
             raise UsageError(detail=f"{self._name('reason')} is needed: why the sandbox is rejected")
@@ -890,7 +982,7 @@ class Workspace:
     def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
         """``lineage``: snapshots of live, the sandboxes forked from them, forks of forks
         under their parents, with generation and race results; ``ident``: only its tree."""
-        from .lineage import lineage_doc
+        from ..lineage import lineage_doc
 
         return Lineage.from_doc(lineage_doc(self.engine, None if ident is None else _any_id(ident)))
 
@@ -906,7 +998,7 @@ class Workspace:
         ``population`` candidates a generation from the ``keep`` fittest so far; fitness is
         ``check`` passing, then the ``score`` it leaves in ``.petri-metrics.json`` (or
         ``fitness(candidate)``). See orchestrator.evolve."""
-        from .evolve import evolve
+        from ..evolve import evolve
 
         return Evolution.from_doc(evolve(self, seed, mutate, check, population=population, generations=generations,
                                          keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
@@ -915,7 +1007,7 @@ class Workspace:
     def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
         """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
         ago ("1h"); ``limit``: the newest N."""
-        from .audit import entries
+        from ..audit import entries
 
         return AuditLog.from_doc({"entries": entries(self.engine.registry, since=_since(since, self._name("since")),
                                                      limit=limit, op=op)})
@@ -924,19 +1016,19 @@ class Workspace:
         """``stats``: p50/p95/p99/max per operation and the rates, since ``since``; the
         config's ``[kpi]`` thresholds they break are ``breaches``. ``check``: a breach
         raises ``KpiBreach`` (exit 1, ``.result`` is the record)."""
-        from . import kpi
-        from .config import load_config
-        from .registry import rfc3339
+        from .. import kpi
+        from ..config import load_config
+        from ..registry import rfc3339
 
         e = self.engine
         at = _since(since, self._name("since"))
         doc = {"since": rfc3339(at), **kpi.stats(e.registry, since=at)}
-        from .events import count
+        from ..events import count
         doc["counts"] = {"net_denied": count(e.store.root, "net.denied", since=at)}
         doc["breaches"] = kpi.breaches(doc, load_config(e.root).kpi)
         result = Stats.from_doc(doc)
         if check and doc["breaches"]:
-            from .errors import KpiBreach
+            from ..errors import KpiBreach
             err = KpiBreach(what="; ".join(b["message"] for b in doc["breaches"]))
             err.result = result
             raise err
@@ -948,7 +1040,7 @@ class Workspace:
         """The event stream (``.petri/events.jsonl``): what is there (``follow=False``), or
         also what comes, blocking (``follow=True``: from the start with ``from_start``, else
         from now; ``stop()`` returning true ends it)."""
-        from . import events as ev
+        from .. import events as ev
 
         store = self.engine.store.root
         if follow:
@@ -980,6 +1072,8 @@ class Workspace:
         """Every race the event stream tells of, oldest first: finished ones with their
         final ranks and overlaps, running ones with provisional ranks (``state``:
         ``running``, ``done`` or ``interrupted``)."""
+        from .race_view import RaceTracker
+
         tracker = RaceTracker()
         for ev in self.events():
             tracker.feed(ev.to_json())
@@ -987,7 +1081,7 @@ class Workspace:
 
     def race_status(self, race: str) -> Race:
         """One race by id or unique id prefix (``petri.NotFound`` if the stream has none)."""
-        from .errors import AmbiguousId, UnknownId
+        from ..errors import AmbiguousId, UnknownId
 
         found = [r for r in self.races() if r.race.startswith(race)] if race else []
         exact = [r for r in found if r.race == race]
@@ -1005,577 +1099,14 @@ class Workspace:
         which make its undo refuse)."""
         e = self.engine
         kind, full = e.registry.resolve(_any_id(target), ("snapshot", "promotion"))
-        if kind == "snapshot":
-            from snapshot.restore import changed_paths, plan_restore
+        from ..rollback_plans import snapshot_restore_paths, undo_plan
 
-            with e.backend.snapshot_view(e.store, full) as src:
-                paths = changed_paths(plan_restore(bytes(src), bytes(e.root)))
+        if kind == "snapshot":
+            paths = snapshot_restore_paths(e, full)
             blocked: list[bytes] = []
         else:
-            paths, blocked = _undo_plan(e, full)
-        from .engine import path_text
+            paths, blocked = undo_plan(e, full)
+        from ..engine import path_text
         return Rollback.from_doc({"restored": full, "kind": kind, "changed": [path_text(p) for p in paths],
                                   "safety_snapshot": None, "dry_run": True,
                                   "blocked": [path_text(p) for p in blocked]})
-
-
-# ---------------------------------------------------------------------------- sandboxes
-
-
-class Sandbox:
-    """A handle on one sandbox with the record it was made from (``info``); its fields
-    (``id``, ``label``, ``path``, ``state``, ``base``, ``parent``, ``generation``...) read
-    through to that record."""
-
-    def __init__(self, ws: Workspace, info: SandboxInfo) -> None:
-        self.workspace = ws
-        self.info = info
-
-    def __getattr__(self, name: str) -> Any:
-        info = self.__dict__.get("info")
-        if info is None:
-            raise AttributeError(name)
-        if name in info.__dataclass_fields__ and name not in ("extra", "_order"):
-            return getattr(info, name)
-        if name in info.extra:
-            return info.extra[name]
-        raise AttributeError(name)
-
-    def __repr__(self) -> str:
-        return f"<petri.Sandbox {self.info.id}{' ' + repr(self.info.label) if self.info.label else ''}>"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sandbox) and other.info.id == self.info.id
-
-    def __hash__(self) -> int:
-        return hash(self.info.id)
-
-    def to_json(self) -> dict[str, Any]:
-        return self.info.to_json()
-
-    def refresh(self) -> "Sandbox":
-        """A new picture of this sandbox (state, usage, staleness)."""
-        return Sandbox(self.workspace, self.workspace.status(self.info.id).sandboxes[0])
-
-    def run(self, argv: Sequence[str | bytes] | str, *, timeout: float | str | None = None,
-            env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None, stdin: bytes | None = None,
-            on_output: Callable[[str, bytes], None] | None = None, on_start: Callable[[int], None] | None = None,
-            reason: str | None = None) -> RunResult:
-        """Run ``argv`` (a list, or a string for ``/bin/sh -c``) isolated in this sandbox and
-        wait for it (``Workspace.run``).
-
-        ``timeout``: seconds or a duration ("10m"), then it is killed (exit 124, ``killed_by``
-        "timeout"); ``env``: extra variables; ``cwd``: the directory it starts in, relative to
-        the workspace root or absolute under it (default: the root); ``stdin``: bytes fed to
-        it; ``on_output(stream, line)``: each line as it comes; ``on_start(n)``: the run's
-        number once it has one; ``reason``: kept in the audit trail. A non-zero exit is a
-        result; the output is saved (``stdout()``, ``stderr()``)."""
-        return self.workspace.run(self.info.id, argv, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-                                  on_output=on_output, on_start=on_start, reason=reason)
-
-    def diff(self, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
-             stat_only: bool = False) -> Diff:
-        """This sandbox's changes against its base (``Workspace.diff``): ``paths`` only those;
-        ``include_ignored`` also files ``.gitignore`` ignores; ``stat_only`` files and line
-        counts without the patch text."""
-        return self.workspace.diff(self.info.id, paths, include_ignored=include_ignored, stat_only=stat_only)
-
-    def promote(self, *, on_conflict: str = "fail", verify: str | None = None, dry_run: bool = False,
-                include_ignored: bool = False, paths: Sequence[str | bytes] = (),
-                say: Callable[[str], None] | None = None, to: str | None = None,
-                override_policy: str | None = None, watch: str | None = None,
-                watch_for: float | str | None = None, watch_every: float | str | None = None,
-                reason: str | None = None) -> PromoteResult:
-        """Apply this sandbox's changes to the workspace (``Workspace.promote``).
-
-        ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
-        (``petri.MarkersWritten``), "theirs" or "ours"; ``verify``: a shell command run on
-        the result, which is undone if it fails; ``dry_run``: plan only; ``include_ignored``:
-        also files ``.gitignore`` ignores; ``paths``: only these; ``say``: progress lines;
-        ``to``: a graduated promotion up to that stage (a ``petri.Pipeline``); ``reason``:
-        kept in the audit trail; ``override_policy``: the reason to promote although the
-        config's ``[policy]`` stops it (recorded); ``watch``, ``watch_for``, ``watch_every``: a
-        watch after the promotion that rolls it back on the first failure."""
-        return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
-                                      include_ignored=include_ignored, paths=paths, say=say, to=to,
-                                      override_policy=override_policy, watch=watch, watch_for=watch_for,
-                                      watch_every=watch_every, reason=reason)
-
-    @overload
-    def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (), system: bool = False,
-             profile: str | None = None,
-             reason: str | None = None) -> "Sandbox": ...
-
-    @overload
-    def fork(self, n: int, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             system: bool = False, profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet": ...
-
-    def fork(self, n: int = 1, *, label: str | None = None, limits: Limits | None = None,
-             keep_expired: bool = False, publish: Sequence[str | int] = (),
-             env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             system: bool = False, profile: str | None = None, reason: str | None = None) -> "Sandbox | SandboxSet":
-        """A fork of this sandbox as it is now (``parent`` is this one, ``generation`` one
-        more). For ``n=1`` the new ``Sandbox`` itself; for ``n`` > 1 a ``SandboxSet``, as
-        ``Workspace.fork`` always returns."""
-        got = self.workspace.fork(n, source=self, label=label, limits=limits, keep_expired=keep_expired,
-                                  publish=publish, env_pass=env_pass, secrets=secrets, system=system, profile=profile,
-                                  reason=reason)
-        return got[0] if n == 1 else got
-
-    def logs(self) -> list[RunResult]:
-        return self.workspace.logs(self.info.id)
-
-    def destroy(self) -> Cleanup:
-        return self.workspace.remove(self.info.id)
-
-    def keep(self) -> "Sandbox":
-        """Leave this sandbox alive when its ``with ws.fork(...)`` block ends."""
-        self.workspace._kept.add(self.info.id)
-        return self
-
-
-class SandboxSet(list["Sandbox"]):
-    """The sandboxes one ``fork`` made: a list, and a context manager that destroys them on
-    exit (every one not ``keep()``-ed), also when the block raised."""
-
-    def __init__(self, ws: Workspace, items: Iterable[Sandbox], forked: Forked) -> None:
-        super().__init__(items)
-        self.workspace = ws
-        self.forked = forked
-
-    def to_json(self) -> dict[str, Any]:
-        return self.forked.to_json()
-
-    def keep(self) -> "SandboxSet":
-        for sb in self:
-            sb.keep()
-        return self
-
-    def __enter__(self) -> "SandboxSet":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        from snapshot.errors import PetriError
-
-        from . import audit
-
-        gone = [sb.info.id for sb in self if sb.info.id not in self.workspace._kept]
-        if not gone:
-            return
-        ws = self.workspace
-        with audit.operation("rm", ["rm", *gone], ws.via, client=ws.client, root=ws.root):
-            for sb_id in gone:
-                try:
-                    ws.engine.destroy_sandbox(sb_id)
-                except PetriError:
-                    pass  # already gone (rm by someone else); gc reaps anything left
-
-
-# ---------------------------------------------------------------------------- races from events
-# (for front ends: see Workspace.races)
-
-
-def race_rank_key(c: dict[str, Any]) -> tuple[Any, ...]:
-    """Provisional order of a race's candidates while it runs: passed (fewest lines, then
-    fastest), then the ones still running (command-line order: any may still win), then
-    those whose check failed, then those that did not apply. Once the race is over its own
-    ranks (``orchestrator.race.rank``) replace these."""
-    st = c.get("state", "")  # "" like None: in no group
-    dur = c.get("duration_s")
-    lines = (c.get("lines_added") or 0) + (c.get("lines_removed") or 0)
-    group = {"passed": 0, "waiting": 1, "applying": 1, "checking": 1, "failed": 2}.get(st, 3)
-    return (group, lines if group == 0 else 0, dur if (group == 0 and dur is not None) else 0.0, c["index"])
-
-
-class RaceTracker:
-    """Folds event documents (``feed``) into race documents (``doc``): the ``race``
-    shape plus ``state`` (running|done|interrupted), and per candidate ``state``
-    (waiting|applying|checking|passed|failed|not_applied), ``check_sandbox`` and
-    ``last_line`` (its newest output line). Pure: no I/O except ``alive`` (is the racing
-    process still there), so a front end can feed it as events arrive."""
-
-    def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
-        from .sandbox.procs import pid_alive
-
-        self.alive = alive or pid_alive
-        self.races: dict[str, dict[str, Any]] = {}
-        self.order: list[str] = []
-        self.by_sandbox: dict[str, tuple[str, int]] = {}  # candidate or check sandbox -> (race, index)
-
-    def feed(self, ev: dict[str, Any]) -> str | None:
-        """Take one event; return the id of the race it changed, if any."""
-        name = ev.get("event")
-        if name == "race.started":
-            rid: str = ev["race"]
-            cands = []
-            for i, c in enumerate(ev.get("candidates") or []):
-                cands.append({"candidate": c.get("candidate"), "kind": c.get("kind"), "sandbox": c.get("sandbox"),
-                              "check_sandbox": c.get("check_sandbox"), "index": i, "state": "waiting",
-                              "applied": False, "exit_code": None, "duration_s": None, "killed_by": None,
-                              "files_changed": 0, "lines_added": 0, "lines_removed": 0, "rank": i + 1,
-                              "error": None, "last_line": None, "last_stream": None})
-                for sb in (c.get("sandbox"), c.get("check_sandbox")):
-                    if sb:
-                        self.by_sandbox[sb] = (rid, i)
-            if rid not in self.races:
-                self.order.append(rid)
-            self.races[rid] = {"race": rid, "base": ev.get("base"), "check": ev.get("check"), "winner": None,
-                               "candidates": cands, "conflicts": [], "state": "running", "started_at": ev.get("ts"),
-                               "finished_at": None, "duration_s": None, "pid": ev.get("pid"), "jobs": ev.get("jobs")}
-            self._rerank(rid)
-            return rid
-        if name in ("run.started", "run.output", "run.finished"):
-            hit = self.by_sandbox.get(ev.get("sandbox") or "")
-            if hit is None or self.races[hit[0]]["state"] != "running":
-                return None
-            rid, i = hit
-            c = next(c for c in self.races[rid]["candidates"] if c["index"] == i)  # the list is kept in rank order
-            if name == "run.started" and c["state"] in ("waiting", "applying"):
-                c["state"] = "checking" if ev["sandbox"] == c["check_sandbox"] else "applying"
-            elif name == "run.output":
-                c["last_line"], c["last_stream"] = ev.get("line"), ev.get("stream")
-            return rid
-        if name == "race.candidate_finished":
-            hit = self.by_sandbox.get(ev.get("sandbox") or "")
-            if hit is None:
-                return None
-            rid, i = hit
-            c = next(c for c in self.races[rid]["candidates"] if c["index"] == i)  # the list is kept in rank order
-            for k in ("applied", "exit_code", "duration_s", "killed_by", "error", "files_changed", "lines_added",
-                      "lines_removed"):
-                if k in ev:
-                    c[k] = ev[k]
-            c["state"] = "not_applied" if not c["applied"] else ("passed" if c["exit_code"] == 0 else "failed")
-            self._rerank(rid)
-            return rid
-        if name == "race.finished":
-            if ev.get("race") is None:
-                return None
-            rid = ev["race"]
-            r = self.races.get(rid)
-            if r is None:
-                return None
-            r.update(state="done" if not ev.get("error") else "interrupted", winner=ev.get("winner"),
-                     finished_at=ev.get("ts"), duration_s=ev.get("duration_s"), error=ev.get("error"))
-            if ev.get("conflicts") is not None:
-                r["conflicts"] = ev["conflicts"]
-            final = {c.get("sandbox"): c for c in ev.get("candidates") or []}
-            for c in r["candidates"]:
-                f = final.get(c["sandbox"])
-                if f:
-                    c.update({k: v for k, v in f.items() if k in c or k in ("kept", "passed")})
-                    c["state"] = ("not_applied" if not c["applied"]
-                                  else "passed" if c["exit_code"] == 0 else "failed")
-                elif c["state"] in ("waiting", "applying", "checking"):
-                    c["state"] = "stopped"
-            if not final:
-                self._rerank(rid)
-            r["candidates"].sort(key=lambda c: c["rank"])
-            return rid
-        return None
-
-    def _rerank(self, rid: str) -> None:
-        cands = self.races[rid]["candidates"]
-        cands.sort(key=race_rank_key)
-        for n, c in enumerate(cands, 1):
-            c["rank"] = n
-
-    def doc(self, rid: str) -> dict[str, Any]:
-        """The race document now (a copy); a running race whose racing process is gone is
-        ``interrupted``."""
-        src = self.races[rid]
-        # a copy two levels deep: callers compare documents from before and after an event
-        r = {**src, "candidates": [dict(c) for c in src["candidates"]], "conflicts": list(src["conflicts"])}
-        if r["state"] == "running" and not self.alive(r.get("pid")):
-            r["state"] = "interrupted"
-        return r
-
-    def rank_of(self, sandbox: str) -> tuple[str, int] | None:
-        """(race, rank) of a race's candidate sandbox (or its check's); None for any other."""
-        hit = self.by_sandbox.get(sandbox)
-        if hit is None:
-            return None
-        c = next(c for c in self.races[hit[0]]["candidates"] if c["index"] == hit[1])
-        return hit[0], c["rank"]
-
-
-def _undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
-    """(paths an undo of the promotion would write, paths that block it), reading only:
-    the planner ``merge.promote.undo_promotion`` itself runs, minus its lock and writes."""
-    from merge.journal import PRE
-    from merge.promote import _changed_since, _is_parked, _open_pd, plan_undo
-    from merge.safefs import SafeTree
-
-    from .errors import UsageError
-
-    pd = _open_pd(e.root, e.store.journal, promo_id)
-    if not pd.path.is_dir() or pd.state != "done":
-        state = pd.state if pd.path.is_dir() else "gone"
-        raise UsageError(detail=f"promotion {promo_id} cannot be undone (it is {state})")
-    ops = pd.read_journal()["ops"]
-    pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
-    with SafeTree(e.root) as lt:
-        plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
-        blocked = [*_changed_since(lt, ops), *plan.blocked]
-    return sorted({s.path for s in plan.steps}), sorted(set(blocked))
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def _with_ws(rec: _R, ws: Workspace) -> _R:
-    object.__setattr__(rec, "_ws", ws)
-    return rec
-
-
-def _rollback_of(rec: Any) -> Rollback:
-    ws: Workspace | None = getattr(rec, "_ws", None)
-    ident = rec.promotion if isinstance(rec, PromoteResult) else rec.id
-    if ws is None or not ident:
-        from .errors import UsageError
-        raise UsageError(detail="this promotion wrote nothing: there is nothing to roll back")
-    return ws.rollback(ident)
-
-
-# The verb is added here, not declared in results.py: the records stay data that import
-# nothing of the API. mypy does not follow attributes set on a class after its definition.
-PromoteResult.rollback = _rollback_of  # type: ignore[attr-defined]
-Promotion.rollback = _rollback_of  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def _text_conflicts() -> Iterator[None]:
-    """A ``petri.Conflict`` leaves with its ``conflicts`` as ``PathConflict`` records (text
-    paths, the exact bytes in ``path_bytes``); the merge layer's own carry bytes."""
-    from snapshot.errors import Conflict
-
-    try:
-        yield
-    except Conflict as err:
-        err.conflicts = tuple(c if isinstance(c, PathConflict) else PathConflict.from_doc(c.to_json())
-                              for c in err.conflicts or ())
-        raise
-
-
-def _output_callback(on_output: Callable[[str, bytes], None]) -> Callable[[Any], None]:
-    """A runner event callback that hands each output line to ``on_output(stream, line)``
-    (the runner gives chunks; lines cut by a chunk boundary are joined here)."""
-    partial: dict[str, bytes] = {}
-
-    def on_event(ev: Any) -> None:
-        if ev.kind == "output" and ev.stream:
-            *lines, partial[ev.stream] = (partial.get(ev.stream, b"") + ev.data).split(b"\n")
-            for line in lines:
-                on_output(ev.stream, line + b"\n")
-        elif ev.kind == "finished":
-            for stream, rest in partial.items():
-                if rest:
-                    on_output(stream, rest)
-            partial.clear()
-    return on_event
-
-
-def _sandbox_id(s: "str | Sandbox") -> str:
-    return s.info.id if isinstance(s, Sandbox) else str(s)
-
-
-def _any_id(x: Any) -> str:
-    if isinstance(x, Sandbox):
-        return x.info.id
-    if isinstance(x, PromoteResult):
-        return str(x.promotion)
-    if hasattr(x, "id"):
-        return str(x.id)
-    return str(x)
-
-
-def _services_root(e: "Engine") -> Path:
-    return e.store.root / "services"
-
-
-def _source_id(source: Any) -> str:
-    return "live" if source is None else _any_id(source)
-
-
-def _argv(argv: Sequence[str | bytes] | str) -> list[Any]:
-    from .errors import EmptyCommand
-
-    if isinstance(argv, (str, bytes)):
-        if not argv.strip():
-            raise EmptyCommand(what="the command", hint="")
-        return ["/bin/sh", "-c", os.fsdecode(argv)]
-    out = [os.fsdecode(a) if isinstance(a, bytes) else a for a in argv]
-    if not out or not out[0]:
-        raise EmptyCommand(what="the command", hint="")
-    return out
-
-
-def _since(t: "float | str | None", name: str = "since") -> float | None:
-    """An epoch time from ``--since``: RFC 3339 ("2025-01-31T12:00:00Z"), a duration ago
-    ("90m", "2d"), or epoch seconds."""
-    if t is None:
-        return None
-    if isinstance(t, (int, float)):
-        return float(t)
-    from datetime import datetime
-
-    from .errors import UsageError
-    from .registry import now
-    from .units import parse_duration
-
-    text = t.strip()
-    if "T" in text or (text.count("-") >= 2 and text[:4].isdigit()):
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise UsageError(
-                detail=f"bad {name} {t!r}: an RFC 3339 time (2025-01-31T12:00:00Z) or a duration (2h)") from None
-        if when.tzinfo is None:
-            raise UsageError(detail=f"bad {name} {t!r}: give a time zone (Z or +HH:MM)")
-        return when.timestamp()
-    return now() - parse_duration(text)
-
-
-def _at_least(low: int, **named: int) -> None:
-    """A usage error naming the parameter unless its value is at least ``low``."""
-    (name, value), = named.items()
-    if value < low:
-        from .errors import UsageError
-        raise UsageError(detail=f"bad {name} {value}: at least {low}")
-
-
-def _at_most(high: int, **named: int) -> None:
-    (name, value), = named.items()
-    if value > high:
-        from .errors import UsageError
-        raise UsageError(detail=f"bad {name} {value}: at most {high}")
-
-
-def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
-    """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
-    from .errors import UsageError
-    from .race import parse_metric
-
-    if max_regression is not None and metric is None:
-        raise UsageError(detail="max_regression needs metric (FILE:KEY)")
-    return parse_metric(metric, max_regression) if metric is not None else None
-
-
-def _seconds(t: float | str | None) -> float | None:
-    if t is None:
-        return None
-    if isinstance(t, str):
-        from .units import parse_duration
-        return parse_duration(t)
-    if t <= 0:
-        from .errors import UsageError
-        raise UsageError(detail=f"bad timeout {t!r}: more than 0 seconds")
-    return float(t)
-
-
-def _path_bytes(p: str | bytes) -> bytes:
-    from merge.changes import normalize_path
-
-    return normalize_path(os.fsencode(p))
-
-
-def _candidate_pair(c: Any) -> tuple[str, str]:
-    if isinstance(c, Patch):
-        return ("patch", c.name)
-    if isinstance(c, Cmd):
-        return ("cmd", c.command)
-    if isinstance(c, dict) and len(c) == 1:
-        (k, v), = c.items()
-        if k in ("patch", "cmd"):
-            return (k, v)
-        if k == "patch_text":
-            return ("patch", "patch-text")
-    from .errors import UsageError
-    raise UsageError(detail=f"a candidate is petri.Patch(...) or petri.Cmd(...), not {c!r}")
-
-
-def _candidate_texts(candidates: Sequence[Any]) -> list[bytes | None]:
-    """Patch bytes given as text (``Patch(text=...)``, MCP's ``patch_text``), by position."""
-    out: list[bytes | None] = []
-    for c in candidates:
-        if isinstance(c, Patch) and c.text is not None:
-            out.append(c.text)
-        elif isinstance(c, dict) and "patch_text" in c:
-            t = c["patch_text"]
-            out.append(t.encode() if isinstance(t, str) else t)
-        else:
-            out.append(None)
-    return out
-
-
-def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
-    from .registry import rfc3339
-
-    return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-            "expires_at": rfc3339(r.expires_at), "limits": r.limits, "profile": r.profile,
-            "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
-
-
-def _b64(p: bytes) -> str:
-    import base64  # not at import: every command would pay for what file reads use
-
-    return base64.b64encode(p).decode()
-
-
-def file_doc(s: Any) -> dict[str, Any]:
-    """One file of a diff (a ``merge.patch.FileStat``) as the ``files`` row of ``diff``."""
-    d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
-                         "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
-                         "binary": s.binary, "lines_added": s.lines_added, "lines_removed": s.lines_removed,
-                         "old_mode": s.old_mode, "new_mode": s.new_mode}
-    for key, raw in (("path", s.path), ("old_path", s.old_path)):
-        if raw is not None:
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                d[key + "_b64"] = _b64(raw)
-    return d
-
-
-def sandbox_runs(e: Any, row: Any) -> list[dict[str, Any]]:
-    """The sandbox's runs (run documents), each of petri's own steps saying what it
-    was (``role``: a race's apply and check, ``orchestrator.race.run_roles``)."""
-    from .race import run_roles
-
-    roles = run_roles(row.meta)
-    return [{**d, **roles.get(d["run"], {})} for d in e.registry.runs(row.id)]
-
-
-def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
-               with_patch: bool = True) -> tuple["SandboxRow", list[Any], bytes]:
-    """The sandbox's row, its per-file stats (``merge.patch.FileStat``) and its patch bytes
-    (empty unless ``with_patch``), read from a point-in-time view."""
-    from merge.patch import patch_and_stats
-
-    from .changesets import changes, sandbox_views
-
-    row = engine.resolve_sandbox(sandbox)
-    wanted = [_path_bytes(p) for p in paths]
-    with sandbox_views(engine, row) as (base, tree):
-        ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=wanted)
-        patch, stats = patch_and_stats(ch, base, tree, with_patch=with_patch)
-    return row, stats, patch
-
-
-def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
-             with_patch: bool = True) -> dict[str, Any]:
-    """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
-    UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
-    from .lineage import diff_base
-
-    row, stats, patch = diff_parts(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch)
-    text = patch.decode("utf-8", "backslashreplace")
-    doc: dict[str, Any] = {"base": diff_base(engine, row), "sandbox": row.id, "files": [file_doc(s) for s in stats],
-                           "patch": text}
-    if text.encode("utf-8", "surrogateescape") != patch:
-        doc["patch_b64"] = _b64(patch)
-    return doc
