@@ -50,7 +50,7 @@ def project(root: Path) -> Path:
 
 def candidates(n: int) -> list:
     import petri
-    from tests.test_cluster import _with_notes
+    from tests.cluster.test_cluster import _with_notes
 
     right = (FIXES / "right.patch").read_bytes()
     wrong = (FIXES / "wrong.patch").read_bytes()

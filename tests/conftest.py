@@ -1,4 +1,4 @@
-"""Shared test plumbing: real loop filesystems (tests/loopfs.py), the `petri` CLI as a
+"""Shared test plumbing: real loop filesystems (tests/helpers/loopfs.py), the `petri` CLI as a
 subprocess, and a session sweep so nothing is left mounted or running.
 
 Also: the ``unit`` tier (the modules in ``UNIT``: no root, mount or sandbox; ``pytest -m
@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pytest_plugins = ["tests.loopfs", "tests.vm.plugin"]
+pytest_plugins = ["tests.helpers.loopfs", "tests.vm.plugin"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,8 @@ NOT_UNIT = {"btrfs_mount", "xfs_mount", "btrfs_dir", "xfs_dir", "unprivileged_us
 
 def pytest_configure(config: pytest.Config) -> None:
     here = Path(__file__).parent
-    stale = sorted(m for m in (*UNIT, *XDIST_GROUPS) if not (here / m).is_file())
+    present = {p.name for p in here.rglob("test_*.py")}
+    stale = sorted(m for m in (*UNIT, *XDIST_GROUPS) if m not in present)
     if stale:  # a moved or renamed module would silently leave its tier
         raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(stale)}")
     dist = getattr(config.option, "dist", "no")
@@ -66,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
         if module in UNIT:
             uses = NOT_UNIT.intersection(getattr(item, "fixturenames", ()))
             if uses:
@@ -252,7 +253,7 @@ def user_tmp() -> Iterator[Path]:
     """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
     import tempfile
     from snapshot.osutil import rmtree
-    from tests.loopfs import unmount_under
+    from tests.helpers.loopfs import unmount_under
     d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
     os.chmod(d, 0o755)
     try:

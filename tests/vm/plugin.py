@@ -1,5 +1,5 @@
 """pytest plugin: start the test VM (``tests/vm/harness.py``) in the background as soon as
-the session has collected ``tests/test_vm_cgroup_v2.py``, so that the VM's boot and its
+the session has collected ``tests/sandbox/test_vm_cgroup_v2.py``, so that the VM's boot and its
 guest passes overlap the rest of the suite (which leaves a core mostly idle: it waits on
 processes, sleeps and fsyncs); that module's tests wait for the result.
 
@@ -26,7 +26,7 @@ import pytest
 
 from tests.vm import harness
 
-DRIVER = "tests/test_vm_cgroup_v2.py"
+DRIVER = "tests/sandbox/test_vm_cgroup_v2.py"
 TIMEOUT_S = 1800.0
 
 
