@@ -130,7 +130,7 @@ def _running(pid: int) -> bool:
 def idle(root: Path, seconds: float) -> dict[str, float | str]:
     """``petri tui`` left alone beside a sleeping python3 (the floor), from the same instant."""
     import petri
-    from tests.orchestrator.test_read_only_commands import _diff_state, state
+    from tests.helpers.workspace_state import diff_state, state
 
     sbs = petri.open(root).sandboxes()
     first = sbs[0].id
@@ -175,7 +175,7 @@ def idle(root: Path, seconds: float) -> dict[str, float | str]:
         while _running(pid) and time.perf_counter() - q0 < 30:
             time.sleep(0.005)
         out["quit_s"] = time.perf_counter() - q0
-        out["store_changes"] = _diff_state(before, state(root, "copy")) or "none"
+        out["store_changes"] = diff_state(before, state(root, "copy")) or "none"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
         floor.kill()

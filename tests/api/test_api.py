@@ -3,7 +3,6 @@ oracle for patches, the CLI's own --json as the oracle for records."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -11,35 +10,9 @@ from pathlib import Path
 import pytest
 
 import petri
-from tests.conftest import api_workspace, petri as petri_cli
+from tests.conftest import petri as petri_cli
+from tests.helpers.api_project import FIX, needs_sandbox
 
-needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
-                                   reason="needs root (cgroups) and bwrap")
-
-
-def make_project(root: Path) -> Path:
-    ws = root / "proj"
-    (ws / "pkg").mkdir(parents=True)
-    (ws / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (ws / "test_calc.py").write_text("from pkg.calc import add\nassert add(2, 3) == 5, add(2, 3)\n")
-    (ws / "notes.txt").write_text("one\ntwo\nthree\n")
-    (ws / ".gitignore").write_text("__pycache__/\n")
-    return ws
-
-
-@pytest.fixture
-def ws(tmp_path):
-    with api_workspace(make_project(tmp_path)) as w:
-        yield w
-
-
-FIX = b"""--- a/pkg/calc.py
-+++ b/pkg/calc.py
-@@ -1,2 +1,2 @@
- def add(a, b):
--    return a - b
-+    return a + b
-"""
 
 
 def test_init_open_snapshot_and_records_match_the_cli(ws):

@@ -10,27 +10,12 @@ import pytest
 
 import petri
 from orchestrator.api import RaceTracker
-from tests.api.test_api import FIX, needs_sandbox, ws  # noqa: F401 - ws: the copy-backend workspace fixture
-
-
-ALSO_NOTES = b"""--- a/pkg/calc.py
-+++ b/pkg/calc.py
-@@ -1,2 +1,2 @@
- def add(a, b):
--    return a - b
-+    return b + a
---- a/notes.txt
-+++ b/notes.txt
-@@ -1,3 +1,3 @@
- one
--two
-+TWO
- three
-"""
+from tests.helpers.api_project import FIX, needs_sandbox, ws  # noqa: F401 - ws: the copy-backend workspace fixture
+from tests.helpers.api_project import ALSO_NOTES
 
 
 @needs_sandbox
-def test_races_fold_the_stream_into_the_race_document(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_races_fold_the_stream_into_the_race_document(ws):  # noqa: F811 - the fixture imported from tests.helpers
     race = ws.race("python3 test_calc.py", [petri.Cmd("true"), petri.Patch(text=ALSO_NOTES, name="big"),
                                              petri.Patch(text=FIX, name="fix")], keep=True)
     got = ws.race_status(race.race[:6])  # a prefix, as for every other id
@@ -81,7 +66,7 @@ def test_tracker_ranks_while_the_race_runs_and_keeps_the_last_line():
 
 
 @needs_sandbox
-def test_rollback_plan_says_what_an_undo_would_write_and_what_blocks_it(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_rollback_plan_says_what_an_undo_would_write_and_what_blocks_it(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = ws.fork().keep()[0]
     Path(sb.path, "pkg", "calc.py").write_text("def add(a, b):\n    return a + b\n")
     Path(sb.path, "new.txt").write_text("new\n")
@@ -102,7 +87,7 @@ def test_rollback_plan_says_what_an_undo_would_write_and_what_blocks_it(ws):  # 
 
 
 @needs_sandbox
-def test_aio_front_end_calls(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_aio_front_end_calls(ws):  # noqa: F811 - the fixture imported from tests.helpers
     import anyio
 
     import petri.aio as pa

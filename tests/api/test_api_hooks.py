@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import petri
-from tests.api.test_api import FIX, needs_sandbox, ws  # noqa: F401 (ws: the copy-backend workspace fixture)
+from tests.helpers.api_project import FIX, needs_sandbox, ws  # noqa: F401 (ws: the copy-backend workspace fixture)
 
 
 @needs_sandbox
-def test_run_on_start_gets_the_number_while_the_command_runs(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_run_on_start_gets_the_number_while_the_command_runs(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = ws.fork().keep()[0]
     told: list[int] = []
 
@@ -22,7 +22,7 @@ def test_run_on_start_gets_the_number_while_the_command_runs(ws):  # noqa: F811 
 
 
 @needs_sandbox
-def test_aio_run_on_start_and_race_on_start(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_aio_run_on_start_and_race_on_start(ws):  # noqa: F811 - the fixture imported from tests.helpers
     import anyio
 
     import petri.aio as pa
@@ -44,5 +44,5 @@ def test_aio_run_on_start_and_race_on_start(ws):  # noqa: F811 - the fixture imp
     anyio.run(main, backend="trio")
 
 
-def test_workspace_client_defaults_to_none(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_workspace_client_defaults_to_none(ws):  # noqa: F811 - the fixture imported from tests.helpers
     assert ws.client is None and petri.open(ws.root, via="mcp").client is None

@@ -89,8 +89,8 @@ def test_gc_after_a_killed_fork(backend_ws):
     p.wait()
     # Read straight from the registry: any petri command (ls too) settles a dead fork's rows
     # when it starts, which is what is tested below with gc.
-    from tests.orchestrator.test_rm_crash import _registry
-    assert any(state == "creating" for state, _ in _registry(ws).values()), "the kill should land mid-fork"
+    from tests.helpers.workspace_state import registry_states
+    assert any(state == "creating" for state, _ in registry_states(ws).values()), "the kill should land mid-fork"
     r = petri("gc", "--json", cwd=ws)
     assert r.rc == 0, r
     ls = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO, petri
 from tests.helpers.loopfs import run_as
-from tests.cli.test_rootless_cli import petri_as, sample_ws_owned_by
+from tests.helpers.rootless import petri_as, sample_ws_owned_by
 
 needs_runner = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                   reason="needs root (cgroups) and bwrap")

@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, petri
+from tests.conftest import petri
+from tests.helpers.signals import start_petri
 
 N_FILES = 4000
 
@@ -27,14 +27,6 @@ def _tree(root: Path) -> dict[str, bytes]:
         for f in fns:
             out[os.path.normpath(os.path.join(rel, f))] = Path(dp, f).read_bytes()
     return out
-
-
-def start_petri(args: list[str], cwd: Path) -> subprocess.Popen:
-    """A real `petri` process in the background (SIGINT not ignored: tests send it one)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("PETRI_WORKSPACE", None)
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _interrupt_when(proc: subprocess.Popen, ready, what: str) -> tuple[str, str]:

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
-import pytest
 
 from snapshot import conformance as C
 from tests.helpers.loopfs import run_as
-
-
-def petri_as(user, *args, cwd):
-    r = run_as(user, [sys.executable, "-m", "orchestrator.cli", *args], cwd=str(cwd),
-               env={"PYTHONDONTWRITEBYTECODE": "1"})
-    return r
-
-
-def own(path: Path, user) -> None:
-    for dirpath, dirnames, filenames in os.walk(path):
-        os.lchown(dirpath, user.uid, user.gid)
-        for n in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, n), user.uid, user.gid)
+from tests.helpers.rootless import own, petri_as, sample_ws_owned_by
+from tests.helpers.rootless import dev_fuse_like_a_distribution  # noqa: F401 - fixtures
 
 
 def lifecycle(user, ws: Path, expect_backend: str | None) -> dict:
@@ -52,16 +39,6 @@ def lifecycle(user, ws: Path, expect_backend: str | None) -> dict:
     assert r.returncode == 0, r.stderr
     assert not (ws / ".petri").exists()
     return doc
-
-
-def sample_ws_owned_by(user, base: Path) -> Path:
-    """``base/proj`` holding the sample tree, ``base`` and all below it owned by ``user``."""
-    base.mkdir()
-    ws = base / "proj"
-    ws.mkdir()
-    C.make_sample_tree(ws)
-    own(base, user)
-    return ws
 
 
 def test_rootless_on_host_filesystem(unprivileged_user, user_tmp):
@@ -101,19 +78,8 @@ def test_overlay_refused_for_a_normal_user(unprivileged_user, user_tmp):
     assert not (ws / ".petri").exists()
 
 
-@pytest.fixture
-def dev_fuse_like_a_distribution():
-    """/dev/fuse is 0600 on this machine; a normal distribution ships it 0666."""
-    st = os.stat("/dev/fuse")
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        yield
-    finally:
-        os.chmod("/dev/fuse", st.st_mode & 0o7777)
-
-
 def test_rootless_auto_picks_fuse_where_dev_fuse_is_open(unprivileged_user, user_tmp,
-                                                         dev_fuse_like_a_distribution):
+                                                         dev_fuse_like_a_distribution):  # noqa: F811 - the fixture imported from tests.helpers
     ws = sample_ws_owned_by(unprivileged_user, user_tmp / "home")
     doc = lifecycle(unprivileged_user, ws, "fuse")
     assert "rootless" in doc["reason"]

@@ -12,39 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import cgroups
 from tests.conftest import REPO, petri
+from tests.helpers.run_ws import fork, make_project
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                 reason="needs root (cgroups) and bwrap")
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, which is masked inside
-
-
-def make_project(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(root)], check=True)
-    return root
-
-
-@pytest.fixture
-def ws(tmp_path):
-    w = make_project(tmp_path / "proj")
-    r = petri("init", "--backend", "copy", "--json", cwd=w)
-    assert r.rc == 0, r
-    try:
-        yield w
-        ids = [s["id"] for s in petri("ls", "--all", "--json", cwd=w).json["sandboxes"]]
-        # every run is over: none of their cgroups may remain
-        left = [str(d) for _, d in cgroups.list_cgroups("petri") if any(i in str(d) for i in ids)]
-        assert left == []
-    finally:
-        petri("deinit", "--force", cwd=w)
-
-
-def fork(ws: Path, *args: str) -> dict:
-    r = petri("fork", "--json", *args, cwd=ws)
-    assert r.rc == 0, r
-    return r.json["sandboxes"][0]
 
 
 def test_run_exit_codes_env_and_json_shape(ws):
@@ -233,25 +206,6 @@ def test_memory_limit_kills_with_137(ws):
     fork(ws, "--label", "m", "--mem", "64M")
     r = petri("run", "m", "--json", "--", PY, "-c", "x = bytearray(1 << 30)", cwd=ws)
     assert r.rc == 137 and r.json["killed_by"] == "memory", r
-
-
-@pytest.fixture
-def btrfs_ws():
-    """A btrfs of its own (quotas get enabled on it; the shared test mount must not get them)."""
-    from tests.helpers.loopfs import make_loopfs
-    fs = make_loopfs("btrfs")
-    try:
-        assert fs.mount is not None
-        w = fs.mount / "proj"
-        import btrfsutil
-        btrfsutil.create_subvolume(w)
-        make_project(w)
-        r = petri("init", "--backend", "btrfs", cwd=w)
-        assert r.rc == 0, r
-        yield w
-        petri("deinit", "--force", cwd=w)
-    finally:
-        fs.release()
 
 
 def test_btrfs_disk_cap_with_qgroups(btrfs_ws):

@@ -20,89 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import cgroups
-from tests.conftest import REPO, petri
+from tests.conftest import petri
+from tests.helpers.signals import (audit_row, nothing_left, petri_env, run_started, signal_when, start_signalled,
+                                   tree_bytes)
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                    reason="needs root (cgroups) and bwrap")
 SIGNALS = [pytest.param(signal.SIGINT, 130, "interrupted", id="SIGINT"),
            pytest.param(signal.SIGTERM, 143, "interrupted by SIGTERM", id="SIGTERM"),
            pytest.param(signal.SIGHUP, 129, "interrupted by SIGHUP", id="SIGHUP")]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("PETRI_WORKSPACE", None)
-    return env
-
-
-def _start(args: list[str], cwd: Path, *, prefix: list[str] = ()) -> subprocess.Popen:
-    """A real `petri` in the background, started with SIGINT ignored (a script's `petri ... &`)."""
-    def ignore_sigint() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return subprocess.Popen([*prefix, sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_sigint)
-
-
-def _signal_when(proc: subprocess.Popen, ready, sig: int, what: str) -> tuple[str, str]:
-    try:
-        deadline = time.monotonic() + 60
-        while not ready():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out, err = proc.communicate()
-                raise AssertionError(f"never saw {what}: rc={proc.returncode} {err[-800:]}")
-            time.sleep(0.005)
-        proc.send_signal(sig)
-        return proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-def _events(ws: Path) -> list[dict]:
-    f = ws / ".petri" / "events.jsonl"
-    return [json.loads(ln) for ln in f.read_text().splitlines()] if f.exists() else []
-
-
-def _run_started(ws: Path, token: str, n: int = 1) -> bool:
-    return sum(1 for e in _events(ws) if e["event"] == "run.started" and token in " ".join(e.get("argv", []))) >= n
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dp, dns, fns in os.walk(root):
-        rel = os.path.relpath(dp, root)
-        if rel == ".":
-            dns[:] = [d for d in dns if d != ".petri"]
-        for f in fns:
-            out[os.path.normpath(os.path.join(rel, f))] = Path(dp, f).read_bytes()
-    return out
-
-
-def _nothing_left(ws: Path, live_before: list[str], token: str | None = None) -> None:
-    """No sandbox but those there before, no mount under the workspace, no cgroup of any of
-    its sandboxes, no process of the command."""
-    rows = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
-    live = [s["id"] for s in rows if s["state"] in ("creating", "ready", "running", "exited")]
-    assert live == live_before, rows
-    assert not [s for s in rows if s["state"] == "creating"], rows
-    on_disk = sorted(p.name for p in (ws / ".petri" / "sandboxes").iterdir()) if \
-        (ws / ".petri" / "sandboxes").is_dir() else []
-    assert on_disk == sorted(live_before), on_disk
-    with open("/proc/self/mountinfo") as f:
-        mounts = [ln.split()[4] for ln in f if str(ws) in ln.split()[4]]
-    assert mounts == [], mounts
-    ids = {s["id"] for s in rows}
-    assert [str(d) for _, d in cgroups.list_cgroups("petri") if d.name in ids or d.parent.name in ids] == []
-    if token:
-        assert subprocess.run(["pgrep", "-f", token], capture_output=True).returncode == 1
-
-
-def _audit_row(ws: Path, op: str) -> dict:
-    rows = [e for e in petri("log", "--json", cwd=ws).json["entries"] if e["op"] == op]
-    assert rows, f"no audit row for {op}"
-    return rows[-1]
 
 
 @pytest.fixture
@@ -128,11 +54,11 @@ def ws(tmp_path):
 def test_a_signal_during_verify(ws, sig, code, how):
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]
     Path(sb["path"], "keep.txt").write_text("changed\n")
-    after = {**_tree(ws), "keep.txt": b"changed\n"}
+    after = {**tree_bytes(ws), "keep.txt": b"changed\n"}
     token = os.urandom(6).hex()
     verify = f"trap 'echo got-INT' INT; sleep 300; echo {token}"
-    proc = _start(["promote", "--json", "--verify", verify, sb["id"]], ws)
-    out, err = _signal_when(proc, lambda: _run_started(ws, token), sig, "the --verify run")
+    proc = start_signalled(["promote", "--json", "--verify", verify, sb["id"]], ws)
+    out, err = signal_when(proc, lambda: run_started(ws, token), sig, "the --verify run")
     assert proc.returncode == code, (out, err)
     doc = json.loads(out)
     promo = doc["promotion"]
@@ -140,15 +66,15 @@ def test_a_signal_during_verify(ws, sig, code, how):
             f" (--verify did not finish); undo with `petri rollback {promo}`")
     assert err.strip().splitlines()[-1] == line, err
     assert doc["exit_code"] == code and doc["applied"] == ["keep.txt"] and doc["verified"] is None
-    assert _tree(ws) == after, "what it says is in place is exactly what is in place"
+    assert tree_bytes(ws) == after, "what it says is in place is exactly what is in place"
     # the verify sandbox went with its processes; its run says it was stopped, not that petri failed
     rows = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
     verify_sb = [s for s in rows if s["id"] != sb["id"]]
     assert [s["state"] for s in verify_sb] == ["destroyed"], rows
     run = petri("logs", verify_sb[0]["id"], "--json", cwd=ws).json["runs"][-1]
     assert (run["ended_by"], run["exit_code"]) == ("killed", code) and run["duration_s"] is not None, run
-    _nothing_left(ws, [sb["id"]], token)
-    row = _audit_row(ws, "promote")
+    nothing_left(ws, [sb["id"]], token)
+    row = audit_row(ws, "promote")
     assert row["exit_code"] == code and row["result"] == line[len("petri: "):], row
     assert petri("rollback", promo, cwd=ws).rc == 0 and (ws / "keep.txt").read_text() == "base\n"
 
@@ -159,20 +85,20 @@ def test_a_signal_during_verify(ws, sig, code, how):
 @needs_sandbox
 @pytest.mark.parametrize("sig,code,how", SIGNALS)
 def test_timeout_of_a_race(ws, sig, code, how):
-    before = _tree(ws)
+    before = tree_bytes(ws)
     snaps = [s["id"] for s in petri("snapshots", "--json", cwd=ws).json["snapshots"]]
     token = os.urandom(6).hex()
     check = f"trap 'echo got-INT' INT; sleep 300; echo {token}"
     name = signal.Signals(sig).name
-    proc = _start(["race", "--check", check, "--cmd", "echo a > keep.txt", "--cmd", "echo b > keep.txt"], ws,
+    proc = start_signalled(["race", "--check", check, "--cmd", "echo a > keep.txt", "--cmd", "echo b > keep.txt"], ws,
                   prefix=["timeout", "--preserve-status", "-s", name, "20"])  # the checks start before, also loaded
     out, err = proc.communicate(timeout=120)
-    assert _run_started(ws, token, 2), "the checks had started when the signal came"
+    assert run_started(ws, token, 2), "the checks had started when the signal came"
     assert proc.returncode == code, (out, err)
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"petri: {how}: race r-") and last.endswith("stopped and its sandboxes were removed"), err
     assert "Traceback" not in err
-    assert _tree(ws) == before
+    assert tree_bytes(ws) == before
     rows = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
     assert len(rows) == 4 and {s["state"] for s in rows} == {"destroyed"}, rows
     # each check was stopped on request: recorded so, with its duration (not "petri failed")
@@ -180,9 +106,9 @@ def test_timeout_of_a_race(ws, sig, code, how):
               if token in " ".join(r["argv"])]
     assert len(checks) == 2 and all((r["ended_by"], r["exit_code"]) == ("killed", 143) and r["duration_s"]
                                     for r in checks), checks
-    _nothing_left(ws, [], token)
+    nothing_left(ws, [], token)
     assert [s["id"] for s in petri("snapshots", "--json", cwd=ws).json["snapshots"]] == snaps
-    row = _audit_row(ws, "race")
+    row = audit_row(ws, "race")
     assert row["exit_code"] == code and row["result"] == last[len("petri: "):], row
 
 
@@ -196,16 +122,16 @@ def test_a_signal_to_petri_run_goes_to_the_command(ws, sig, code, how):
     that ends on it makes `petri run` exit 128 + it, with the run and the audit row saying so."""
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
     token = os.urandom(6).hex()
-    proc = _start(["run", sb, "--", "sh", "-c", f"echo {token}; exec sleep 300"], ws)
+    proc = start_signalled(["run", sb, "--", "sh", "-c", f"echo {token}; exec sleep 300"], ws)
     log = ws / ".petri" / "logs" / sb / "run-1.out"
-    out, err = _signal_when(proc, lambda: log.exists() and token in log.read_text(errors="replace"), sig,
+    out, err = signal_when(proc, lambda: log.exists() and token in log.read_text(errors="replace"), sig,
                             "the command")
     assert proc.returncode == code, (out, err)
     assert out == f"{token}\n" and "Traceback" not in err, (out, err)
     run = petri("logs", sb, "--json", cwd=ws).json["runs"][-1]
     assert run["exit_code"] == code and run["ended_by"] == "exit", run
-    _nothing_left(ws, [sb], token)
-    assert _audit_row(ws, "run")["exit_code"] == code
+    nothing_left(ws, [sb], token)
+    assert audit_row(ws, "run")["exit_code"] == code
 
 
 @needs_sandbox
@@ -215,21 +141,21 @@ def test_a_signal_to_petri_shell(ws, sig, code, how):
     shell; the run is recorded as stopped with 128 + the signal, not as petri failing."""
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
     token = os.urandom(6).hex()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "shell", sb], cwd=ws, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "shell", sb], cwd=ws, env=petri_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.stdin is not None
     proc.stdin.write(f"echo {token}; exec sleep 300\n")
     proc.stdin.flush()
     log = ws / ".petri" / "logs" / sb / "run-1.out"
-    out, err = _signal_when(proc, lambda: log.exists() and log.read_text(errors="replace").count(token) >= 2,
+    out, err = signal_when(proc, lambda: log.exists() and log.read_text(errors="replace").count(token) >= 2,
                             sig, "the shell")
     assert proc.returncode == code, (out, err)
     assert err.strip().splitlines()[-1] == f"petri: {how}", err  # not a silent exit (typer's own 130)
     run = petri("logs", sb, "--json", cwd=ws).json["runs"][-1]
     assert (run["exit_code"], run["ended_by"]) == (code, "killed") and run["duration_s"], run
-    _nothing_left(ws, [sb], token)
-    assert _audit_row(ws, "shell")["exit_code"] == code
+    nothing_left(ws, [sb], token)
+    assert audit_row(ws, "shell")["exit_code"] == code
 
 
 # ---------------------------------------------------------------------------- fork -n 20
@@ -239,21 +165,21 @@ def test_a_signal_to_petri_shell(ws, sig, code, how):
 def test_a_signal_during_fork_of_20(ws, sig, code, how):
     """Anywhere in a fork of 20 (here: once some of its trees exist), a signal undoes the whole
     fork: no sandbox, no tree, nothing `creating`; the line says so; the audit row too."""
-    before = _tree(ws)
+    before = tree_bytes(ws)
     trees = ws / ".petri" / "sandboxes"
 
     def some_made() -> bool:
         return trees.is_dir() and len(os.listdir(trees)) >= 3
-    proc = _start(["fork", "-n", "20"], ws)
-    out, err = _signal_when(proc, some_made, sig, "the fork's first trees")
+    proc = start_signalled(["fork", "-n", "20"], ws)
+    out, err = signal_when(proc, some_made, sig, "the fork's first trees")
     assert proc.returncode == code, (out, err)
     line = f"petri: {how}: the fork was undone: no sandbox was made"
     assert err.strip() == line and out == "", (out, err)
-    _nothing_left(ws, [])
+    nothing_left(ws, [])
     rows = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
     assert len(rows) == 20 and {s["state"] for s in rows} == {"failed"}, rows
-    assert _tree(ws) == before
-    row = _audit_row(ws, "fork")
+    assert tree_bytes(ws) == before
+    row = audit_row(ws, "fork")
     assert row["exit_code"] == code and row["result"] == line[len("petri: "):], row
 
 
@@ -261,8 +187,8 @@ def test_nohup_keeps_sighup_ignored(ws):
     """`nohup petri ...` asked for SIGHUP to be ignored: petri does not take that back (a
     SIGTERM still stops it)."""
     trees = ws / ".petri" / "sandboxes"
-    proc = _start(["fork", "-n", "20"], ws, prefix=["nohup"])
-    out, err = _signal_when(proc, lambda: trees.is_dir() and len(os.listdir(trees)) >= 3, signal.SIGHUP,
+    proc = start_signalled(["fork", "-n", "20"], ws, prefix=["nohup"])
+    out, err = signal_when(proc, lambda: trees.is_dir() and len(os.listdir(trees)) >= 3, signal.SIGHUP,
                             "the fork's first trees")
     assert proc.returncode == 0 and len(out.splitlines()) == 20, (out, err)
     rows = petri("ls", "--json", cwd=ws).json["sandboxes"]
@@ -278,7 +204,7 @@ def test_a_signal_to_the_mcp_server(ws, sig, code, how):
     """`petri mcp` ends its runs and exits 128 + the signal. A session is no operation of its
     own (no audit row: each tool that changes something is one, via mcp); the run it stopped
     is recorded as stopped on request."""
-    from tests.mcp.test_mcp import Raw, alive_with
+    from tests.helpers.mcp_client import Raw, alive_with
 
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
     token = os.urandom(6).hex()
@@ -296,7 +222,7 @@ def test_a_signal_to_the_mcp_server(ws, sig, code, how):
         if raw.p.poll() is None:
             raw.p.kill()
             raw.p.wait()
-    _nothing_left(ws, [sb], token)
+    nothing_left(ws, [sb], token)
     entries = petri("log", "--json", cwd=ws).json["entries"]
     assert not [e for e in entries if e["op"] == "mcp"], entries
     assert [e for e in entries if e["op"] == "run" and e["via"] == "mcp"], entries

@@ -27,6 +27,7 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import REPO, petri
+from tests.helpers.patches import with_notes
 
 FIXES = REPO / "demo" / "fixes"
 CHECK = "if [ -f slow ]; then sleep 60; fi; /usr/bin/python3 -m unittest -q tests.test_stats"
@@ -309,21 +310,6 @@ def _project(root: Path, git: bool = False) -> Path:
     return root
 
 
-def _with_notes(patch: bytes, k: int) -> bytes:
-    """The patch with k comment lines added at the end of its (only) hunk."""
-    lines = patch.decode().splitlines(keepends=True)
-    out = []
-    for ln in lines:
-        if ln.startswith("@@"):
-            head, _, rest = ln[3:].partition(" @@")
-            old, new = head.split(" ")
-            start, _, count = new[1:].partition(",")
-            ln = f"@@ {old} +{start},{int(count) + k} @@{rest}"
-        out.append(ln)
-    out += [f"+# note {i}\n" for i in range(k)]
-    return "".join(out).encode()
-
-
 def candidates() -> tuple[list, dict[int, int]]:
     """Twelve candidates whose ranks do not depend on timing (distinct changed lines where
     the rank would otherwise fall to the fastest), and the rank each must get."""
@@ -334,17 +320,17 @@ def candidates() -> tuple[list, dict[int, int]]:
     syntax = (FIXES / "does-not-parse.patch").read_bytes()
     cands = [
         petri.Patch(FIXES / "right.patch"),                               # 0 passes, +3 -1
-        petri.Patch(text=_with_notes(right, 1), name="right+1"),         # 1 passes, +4 -1
-        petri.Patch(text=_with_notes(right, 2), name="right+2"),         # 2 passes, +5 -1
+        petri.Patch(text=with_notes(right, 1), name="right+1"),         # 1 passes, +4 -1
+        petri.Patch(text=with_notes(right, 2), name="right+2"),         # 2 passes, +5 -1
         petri.Cmd("printf '# a\\n# b\\n# c\\n' >> README.md"),            # 3 fails, +3
         petri.Patch(FIXES / "wrong.patch"),                               # 4 fails, +1 -1
-        petri.Patch(text=_with_notes(wrong, 2), name="wrong+2"),         # 5 fails, +3 -1
-        petri.Patch(text=_with_notes(syntax, 4), name="syntax+4"),       # 6 fails, +5 -1
+        petri.Patch(text=with_notes(wrong, 2), name="wrong+2"),         # 5 fails, +3 -1
+        petri.Patch(text=with_notes(syntax, 4), name="syntax+4"),       # 6 fails, +5 -1
         petri.Cmd("false"),                                               # 7 does not apply
         petri.Patch(text=b"--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n", name="nope"),  # 8 does not apply
         petri.Cmd("touch slow"),                                          # 9 its check hits --timeout
         petri.Cmd("printf '\\000\\001\\002\\377' > blob.bin"),            # 10 a binary file, fails
-        petri.Patch(text=_with_notes(right, 6), name="right+6"),         # 11 passes, +9 -1
+        petri.Patch(text=with_notes(right, 6), name="right+6"),         # 11 passes, +9 -1
     ]
     ranks = {0: 1, 1: 2, 2: 3, 11: 4, 10: 5, 9: 6, 4: 7, 3: 8, 5: 9, 6: 10, 7: 11, 8: 12}
     return cands, ranks

@@ -230,3 +230,18 @@ def fixed_app(**kw: Any) -> Any:
     from tui.app import PetriApp
 
     return PetriApp(FixedSource(), follow=False, clock=lambda: NOW, **kw)
+
+
+class LongLabels(FixedSource):
+    """The fixed records with labels as people write them, and a race candidate without one."""
+
+    def sandboxes(self, *, staleness: bool = True) -> list[Any]:
+        import dataclasses
+
+        out = super().sandboxes(staleness=staleness)
+        labels = {"sb-0001c0de": "fix-groupby-v2-keep-dtypes", "sb-0002c0de": "fix-groupby-v3-keep-dtypes",
+                  "sb-0003c0de": None}
+        return [dataclasses.replace(s, label=labels.get(s.id, s.label)) for s in out]
+
+    def sandbox_row(self, ident: str) -> Any:
+        return next((s for s in self.sandboxes() if s.id == ident), None)

@@ -20,28 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from merge import diffalgo
-from merge.changes import scan_tree, tree_changes
+from merge.changes import tree_changes
 from merge.patch import blob_sha1, format_patch, format_stat, patch_stats, quote_path
+from tests.helpers.trees import copytree, git, git_view
 
-HARDEN = ["-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null", "-c", "protocol.allow=never",
-          "-c", "core.autocrlf=false", "-c", "core.quotePath=true", "-c", "diff.renames=true",
-          "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main",
-          "-c", "commit.gpgsign=false", "-c", "core.symlinks=true", "-c", "diff.algorithm=myers",
-          "-c", "diff.indentHeuristic=true"]
 
 
 @pytest.fixture(scope="module")
 def git_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     return home
-
-
-def git(home: Path, cwd: Path, *args: str | bytes, input: bytes | None = None, check: bool = True
-        ) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C"}
-    return subprocess.run(["git", *HARDEN, *args], cwd=cwd, env=env, input=input,
-                          capture_output=True, check=check)
 
 
 # A tree spec: path -> bytes (file, 0644), ("x", bytes) (file, 0755), ("l", target), ("d",) empty dir
@@ -63,25 +51,6 @@ def build(root: Path, spec: dict) -> None:
             os.symlink(v[1], full)
         elif v[0] == "d":
             os.makedirs(full, exist_ok=True)
-
-
-def git_view(root: Path) -> dict[bytes, tuple[str, str]]:
-    """What git can represent of a tree: path -> (git mode, blob sha1)."""
-    from merge.patch import git_mode
-
-    out = {}
-    for p, e in scan_tree(root).items():
-        m = git_mode(e)
-        if m is None:
-            continue
-        full = os.fsencode(root) + b"/" + p
-        data = os.readlink(full) if e.kind == "symlink" else open(full, "rb").read()
-        out[p] = (m, blob_sha1(data))
-    return out
-
-
-def copytree(src: Path, dst: Path) -> None:
-    shutil.copytree(os.fsencode(src), os.fsencode(dst), symlinks=True)
 
 
 def git_oracle(home: Path, base: Path, new: Path, work: Path) -> tuple[bytes, bytes]:

@@ -16,7 +16,7 @@ from merge.errors import (PromotionConflict, SandboxChangedDuringPromotion, Undo
                           UnsafePath)
 from merge.promote import execute_promotion, undo_promotion
 from merge.safefs import SafeTree, split_rel
-from tests.merge.test_promote import Trees, manifest, mktree, w
+from tests.helpers.trees import Trees, manifest, mktree, w
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import pytest
 from merge.changes import tree_changes
 from merge.patch import format_patch, patch_and_stats
 from merge.promote import execute_promotion, plan_promotion, undo_promotion
-from tests.merge.test_merge_patch import copytree, git, git_view
-from tests.merge.test_promote import manifest
+from tests.helpers.trees import copytree, git, git_view
+from tests.helpers.trees import manifest
 
 N_BASE = 12000
 N_CHANGED = 10000

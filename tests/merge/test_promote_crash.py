@@ -18,7 +18,8 @@ import pytest
 
 from merge.journal import list_promotions
 from merge.promote import plan_promotion, recover
-from tests.merge.test_promote import manifest, mktree, w
+from tests.helpers.trees import manifest, mktree, w
+from tests.helpers.trees import torn_diff
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,20 +119,13 @@ class World:
 
     def check_settled(self, live: Path) -> str:
         got = manifest(live)
-        assert got in (self.old, self.new), _diff(got, self.old, self.new)
+        assert got in (self.old, self.new), torn_diff(got, self.old, self.new)
         assert not [p for p in live.iterdir() if p.name.startswith(".petri-staging")]
         journal = live / ".petri" / "j"
         for pd in list_promotions(journal):
             assert pd.state in ("done", "undone"), pd.state
             assert not pd.staging.exists()
         return "old" if got == self.old else "new"
-
-
-def _diff(got, old, new) -> str:
-    def d(a, b):
-        keys = sorted(set(a) | set(b))
-        return [k for k in keys if a.get(k) != b.get(k)][:5]
-    return f"torn: vs old {d(got, old)}, vs new {d(got, new)}"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from merge.promote import execute as execute_mod
 from merge.promote import recover as recover_mod
 from merge.promote import scratch as scratch_mod
 from merge.promote import undo as undo_mod
-from tests.merge.test_promote import manifest, mktree, w
+from tests.helpers.trees import manifest, mktree, w
 
 STEPS = ("stage", "preimage", "journal", "commit", "apply", "fsync", "done", "park", "undoing",
          "undo", "undone")

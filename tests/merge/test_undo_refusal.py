@@ -12,10 +12,10 @@ import pytest
 from merge.errors import UndoConflict
 from merge.promote import promotion_state, undo_promotion
 from tests.conftest import petri
-from tests.cli.test_diff_promote_cli import _promotions, fork
-from tests.cli.test_diff_promote_cli import manifest as ws_manifest
-from tests.cli.test_diff_promote_cli import w as ws_w
-from tests.merge.test_promote import manifest, trees, w  # noqa: F401 (the fixture)
+from tests.helpers.promote_ws import promotions_of, fork
+from tests.helpers.promote_ws import manifest as ws_manifest
+from tests.helpers.promote_ws import w as ws_w
+from tests.helpers.trees import manifest, w
 
 
 def _promote_new_dir(t) -> None:
@@ -25,7 +25,7 @@ def _promote_new_dir(t) -> None:
     t.promote()
 
 
-def test_refused_undo_changes_nothing(trees):  # noqa: F811 - the fixture imported from tests.merge.test_promote
+def test_refused_undo_changes_nothing(trees):
     t = trees
     _promote_new_dir(t)
     w(t.live / "newdir" / "deeper" / "mine.txt", b"the user's own file\n")
@@ -44,7 +44,7 @@ def test_refused_undo_changes_nothing(trees):  # noqa: F811 - the fixture import
     assert not (t.live / "newdir").exists()
 
 
-def test_refusal_names_every_blocked_path(trees):  # noqa: F811 - the fixture imported from tests.merge.test_promote
+def test_refusal_names_every_blocked_path(trees):
     t = trees
     _promote_new_dir(t)
     w(t.live / "a.txt", b"edited since\n")
@@ -75,11 +75,11 @@ def test_cli_refusal_leaves_workspace_and_registry_alone(tmp_path):
         r = petri("rollback", pid, cwd=ws)
         assert r.rc == 3 and "pkg" in r.err and len(r.err.strip().splitlines()) == 1, r
         assert ws_manifest(ws) == before
-        assert [p["state"] for p in _promotions(ws)] == ["done"]
+        assert [p["state"] for p in promotions_of(ws)] == ["done"]
         (ws / "pkg" / "local.py").unlink()
         r = petri("--json", "rollback", pid, cwd=ws)
         assert r.rc == 0, r
         assert (ws / "README.md").read_text() == "# project\n" and not (ws / "pkg").exists()
-        assert [p["state"] for p in _promotions(ws)] == ["undone"]
+        assert [p["state"] for p in promotions_of(ws)] == ["undone"]
     finally:
         petri("deinit", "--force", cwd=ws)

@@ -149,7 +149,7 @@ def test_mcp_server_tools_are_their_own_rows_and_reads_none(ws):
     pytest.importorskip("mcp")
     import anyio
 
-    from tests.mcp.test_mcp import client
+    from tests.helpers.mcp_client import client
 
     n = len(ws.log().entries)
 

@@ -14,7 +14,7 @@ import pytest
 
 from snapshot import conformance as C
 from tests.conftest import REPO, petri
-from tests.cli.test_diff_promote_cli import _promotions, petri_bytes
+from tests.helpers.promote_ws import promotions_of, petri_bytes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="kernel overlay mounts need root")
 
@@ -67,9 +67,9 @@ def test_killed_promotes_leak_no_view(overlay_ws):
         assert _stray_mounts(ws) == [], step  # ...and its views with it
         assert os.listdir(ws / ".petri" / "tmp") == [], step
         if (ws / "README.md").read_text() == "promoted\n":  # finished: undo it for the next kill
-            pid = [p for p in _promotions(ws) if p["state"] == "done"][-1]["id"]
+            pid = [p for p in promotions_of(ws) if p["state"] == "done"][-1]["id"]
             assert petri("rollback", pid, cwd=ws).rc == 0
-    rows = _promotions(ws)
+    rows = promotions_of(ws)
     assert not [p for p in rows if p["state"] == "running"], rows
 
 

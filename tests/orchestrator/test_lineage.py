@@ -277,7 +277,7 @@ def test_fork_of_a_fork_as_a_normal_user(unprivileged_user, request, where):
     import json
 
     from tests.helpers.loopfs import run_as
-    from tests.cli.test_rootless_cli import own, petri_as
+    from tests.helpers.rootless import own, petri_as
 
     if where == "btrfs":
         import btrfsutil

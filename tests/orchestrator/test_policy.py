@@ -439,7 +439,7 @@ def test_review_reject_keep_and_stats(tmp_path):
 def test_mcp_review_reject_and_override_only_with_allow_live(tmp_path):
     anyio = pytest.importorskip("anyio")
     pytest.importorskip("mcp")
-    from tests.mcp.test_mcp import client
+    from tests.helpers.mcp_client import client
 
     ws = _project(tmp_path)
     _config(ws, POLICY)

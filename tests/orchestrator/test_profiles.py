@@ -308,7 +308,7 @@ def test_api_and_mcp_take_a_profile(copy_ws, monkeypatch):
     import anyio
 
     import petri as api
-    from tests.mcp.test_mcp import client
+    from tests.helpers.mcp_client import client
 
     ws = copy_ws
     w = api.Workspace(ws)
@@ -365,7 +365,7 @@ def test_a_schema_5_registry_gains_the_profile_column(copy_ws):
 @needs_sandbox
 @pytest.mark.skipif(shutil.which("curl") is None or shutil.which("nsenter") is None, reason="needs curl and nsenter")
 def test_a_profiles_allow_list_reaches_one_host_server_and_not_another(copy_ws):
-    from tests.sandbox.test_egress import Named, serve
+    from tests.helpers.http_servers import Named, serve
 
     ws = copy_ws
     a, b = serve(Named, "A"), serve(Named, "B")

@@ -2,21 +2,18 @@
 `git apply` inside the sandboxes. Plus the pure ranking rules."""
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from orchestrator.sandbox import cgroups
 from orchestrator.race import Candidate, Outcome, conflicts, interleave, rank
 from tests.conftest import REPO, petri
+from tests.helpers.race_project import FIXES, make_project, race_workspace
 
-FIXES = REPO / "demo" / "fixes"
 CHECK = "sleep 1; /usr/bin/python3 -m unittest -q tests.test_stats"
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                    reason="needs root (cgroups) and bwrap")
@@ -118,35 +115,10 @@ def test_telling_line_limits():
 # ---------------------------------------------------------------------------- real races
 
 
-def make_project(root: Path, git: bool = False, gitignore: str | None = None) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["bash", str(REPO / "demo" / "sample_project.sh"), str(root)], check=True)
-    if gitignore is not None:
-        (root / ".gitignore").write_text(gitignore)
-    if git:
-        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-        subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base"],
-                       cwd=root, check=True)
-    return root
-
-
 def init(w: Path) -> Path:
     r = petri("init", "--backend", "copy", cwd=w)
     assert r.rc == 0, r
     return w
-
-
-@contextlib.contextmanager
-def race_workspace(w: Path) -> Iterator[Path]:
-    """An initialised workspace for races: on the way out no cgroup of its sandboxes is
-    left, and it is deinit'ed whatever happened."""
-    try:
-        yield w
-        ids = [s["id"] for s in petri("ls", "--all", "--json", cwd=w).json["sandboxes"]]
-        assert [str(d) for _, d in cgroups.list_cgroups("petri") if any(i in str(d) for i in ids)] == []
-    finally:
-        petri("deinit", "--force", cwd=w)
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import petri, project_venv
-from tests.cli.test_promote_interrupt import start_petri
-from tests.orchestrator.test_race import FIXES, make_project, race_workspace
+from tests.helpers.signals import start_petri
+from tests.helpers.race_project import FIXES, make_project, race_workspace
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                    reason="needs root (cgroups) and bwrap")

@@ -35,12 +35,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import petri, stop_fuse_under
+from tests.helpers.workspace_state import diff_state, state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                 reason="needs root (mounts, loop devices, cgroups) and bwrap")
 
-REGISTRY = {"registry.db", "registry.db-wal", "registry.db-shm"}
-BTRFS_EMPTY_SUBVOL_DIR = 2
 
 
 def make_project(ws: Path) -> None:
@@ -50,92 +49,6 @@ def make_project(ws: Path) -> None:
     (ws / "notes.txt").write_text("one\ntwo\nthree\n")
     (ws / "gone.txt").write_text("bye\n")
     (ws / ".gitignore").write_text("__pycache__/\n*.log\n")
-
-
-def _mountpoints(under: Path) -> list[str]:
-    from tests.helpers.loopimg import mounts
-    prefix = str(under).rstrip("/") + "/"
-    return sorted(p for p, _t, _s in mounts() if p == str(under) or p.startswith(prefix))
-
-
-def _store_entries(store: Path, skip: set[str]) -> dict[str, tuple]:
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(store):
-        keep = []
-        for d in dirnames:
-            full = os.path.join(dirpath, d)
-            if full in skip:
-                out[os.path.relpath(full, store)] = ("mountpoint",)
-            else:
-                keep.append(d)
-        dirnames[:] = keep
-        st = os.lstat(dirpath)
-        # btrfs shows a nested subvolume inside a snapshot (the store's place in a sandbox's
-        # tree) as an empty directory of inode 2 whose times the kernel makes up afresh.
-        placeholder = st.st_ino == BTRFS_EMPTY_SUBVOL_DIR and not os.listdir(dirpath)
-        out[os.path.relpath(dirpath, store)] = ("dir",) if placeholder else ("dir", st.st_mtime_ns)
-        for f in filenames:
-            rel = os.path.relpath(os.path.join(dirpath, f), store)
-            if rel in REGISTRY:
-                continue
-            st = os.lstat(os.path.join(dirpath, f))
-            out[rel] = ("file", st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
-
-
-def registry_rows(store: Path) -> dict[str, tuple[int, str]]:
-    """Every table of the registry: (row count, a digest of its rows), read through a
-    read-only connection (it writes nothing itself)."""
-    import hashlib
-    import sqlite3
-    db = sqlite3.connect(f"file:{store / 'registry.db'}?mode=ro", uri=True)
-    try:
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        out = {}
-        for t in tables:
-            rows = sorted(repr(tuple(r)) for r in db.execute(f'SELECT * FROM "{t}"'))
-            out[t] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16])
-        return out
-    finally:
-        db.close()
-
-
-def event_files(store: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(store.glob("events.jsonl*"))}
-
-
-def state(ws: Path, backend: str, *, times: bool = True) -> dict:
-    mps = _mountpoints(ws)
-    subvols: list[str] = []
-    if backend == "btrfs":
-        r = subprocess.run(["btrfs", "subvolume", "list", "-a", str(ws)], capture_output=True, text=True, check=True)
-        subvols = sorted(line.split(" path ", 1)[1] for line in r.stdout.splitlines()
-                         if ws.name in line.split(" path ", 1)[1])
-    entries = _store_entries(ws / ".petri", set(mps))
-    if not times:
-        entries = {k: v[:1] for k, v in entries.items()}
-    return {"subvolumes": subvols, "mounts": mps, "store": entries, "registry": registry_rows(ws / ".petri"),
-            "events": event_files(ws / ".petri")}
-
-
-def _diff_state(a: dict, b: dict) -> str:
-    lines = []
-    for t in sorted(set(a["registry"]) | set(b["registry"])):
-        if a["registry"].get(t) != b["registry"].get(t):
-            lines.append(f"registry table {t}: (rows, digest) {a['registry'].get(t)} -> {b['registry'].get(t)}")
-    for name in sorted(set(a["events"]) | set(b["events"])):
-        old, new = a["events"].get(name, b""), b["events"].get(name, b"")
-        if old != new:
-            added = new[len(old):] if new.startswith(old) else new
-            lines.append(f".petri/{name}: {len(old)} -> {len(new)} bytes: {added[:300]!r}")
-    for key in ("subvolumes", "mounts"):
-        if a[key] != b[key]:
-            lines.append(f"{key}: {sorted(set(a[key]) ^ set(b[key]))}")
-    sa, sb = a["store"], b["store"]
-    for k in sorted(set(sa) | set(sb)):
-        if sa.get(k) != sb.get(k):
-            lines.append(f".petri/{k}: {sa.get(k)} -> {sb.get(k)}")
-    return "\n".join(lines)
 
 
 def _workspace(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path:
@@ -245,7 +158,7 @@ def _api_reads(ws: Path, ids: dict[str, str]) -> None:
 
 def _mcp_reads(ws: Path, ids: dict[str, str]) -> None:
     import anyio
-    from tests.mcp.test_mcp import client
+    from tests.helpers.mcp_client import client
 
     async def main():
         async with client(ws) as c:
@@ -318,20 +231,20 @@ def test_reading_makes_nothing(busy_workspace):
             if label == "edited":  # the policy was judged, not skipped
                 doc = petri("--json", "review", sb, cwd=ws).json
                 assert doc["risk"] == "high" and doc["policy_ok"] is False, doc["policy"]
-    got = _diff_state(before, state(ws, backend))
+    got = diff_state(before, state(ws, backend))
     assert not got, f"the CLI's reads made or changed:\n{got}"
     _api_reads(ws, ids)
-    got = _diff_state(before, state(ws, backend))
+    got = diff_state(before, state(ws, backend))
     assert not got, f"the API's reads made or changed:\n{got}"
     _mcp_reads(ws, ids)
-    got = _diff_state(before, state(ws, backend))
+    got = diff_state(before, state(ws, backend))
     assert not got, f"the MCP read tools made or changed:\n{got}"
     _tui_refresh(ws)
-    got = _diff_state(before, state(ws, backend))
+    got = diff_state(before, state(ws, backend))
     assert not got, f"a TUI refresh made or changed:\n{got}"
     # The exception: a diff of the sandbox a command runs in reads a frozen view; it goes again.
     shape = state(ws, backend, times=False)
     r = petri("diff", "--stat", ids["busy"], cwd=ws)
     assert r.rc == 0 and "running.txt" in r.out, r
-    got = _diff_state(shape, state(ws, backend, times=False))
+    got = diff_state(shape, state(ws, backend, times=False))
     assert not got, f"the diff of a running sandbox left:\n{got}"

@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 
 from orchestrator.sandbox import cgroups
 from tests.conftest import REPO, petri
+from tests.helpers.workspace_state import registry_states
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                    reason="needs root (cgroups) and bwrap")
@@ -58,16 +58,6 @@ def ws(tmp_path):
         petri("deinit", "--force", cwd=w)
 
 
-def _registry(ws: Path) -> dict[str, tuple[str, int | None]]:
-    """Every sandbox's (state, owner_pid), read straight from the registry (no petri command
-    runs, so nothing is settled before we look)."""
-    db = sqlite3.connect(f"file:{ws / '.petri' / 'registry.db'}?mode=ro", uri=True)
-    try:
-        return {r[0]: (r[1], r[2]) for r in db.execute("SELECT id, state, owner_pid FROM sandboxes")}
-    finally:
-        db.close()
-
-
 def _files(tree: Path) -> int:
     return sum(len(fs) for _, _, fs in os.walk(tree)) if tree.exists() else 0
 
@@ -95,13 +85,13 @@ def _alive(token: str) -> bool:
 
 def _check_killed_rm(ws: Path, sb: str, tree: Path, want_files: int) -> str:
     """The moment after the kill, then after the next command: (what the registry said)."""
-    state, owner = _registry(ws)[sb]
+    state, owner = registry_states(ws)[sb]
     if state == "ready":  # the rm died before it marked the sandbox: it is whole
         assert _files(tree) == want_files, f"ready, but its tree has {_files(tree)} of {want_files} files"
     else:
         assert state == "destroyed" and owner is not None, (state, owner)
     assert petri("ls", cwd=ws).rc == 0  # any command: it settles what the dead rm left
-    after, owner = _registry(ws)[sb]
+    after, owner = registry_states(ws)[sb]
     assert owner is None, "settled: nobody owns it any more"
     if after == "ready":
         assert state == "ready" and _files(tree) == want_files
@@ -177,15 +167,15 @@ def test_fork_killed_while_it_makes_trees(ws):
     p.kill()
     p.wait()
     assert p.returncode == -signal.SIGKILL
-    assert {s for s, _ in _registry(ws).values()} == {"creating"}
+    assert {s for s, _ in registry_states(ws).values()} == {"creating"}
     assert petri("ls", cwd=ws).rc == 0  # the next command undoes it
-    assert {s for s, o in _registry(ws).values()} == {"failed"} and not os.listdir(trees)
-    assert all(o is None for _, o in _registry(ws).values())
+    assert {s for s, o in registry_states(ws).values()} == {"failed"} and not os.listdir(trees)
+    assert all(o is None for _, o in registry_states(ws).values())
 
 
 @needs_sandbox
 def test_kill_9_of_mcp_with_runs_in_flight_leaves_no_cgroup(ws):
-    from tests.mcp.test_mcp import Raw, alive_with
+    from tests.helpers.mcp_client import Raw, alive_with
 
     sb = petri("fork", "--json", cwd=ws).json["sandboxes"][0]["id"]
     marker = f"mcp-kill9-{os.getpid()}"

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import events
 from tests.conftest import petri
-from tests.cli.test_diff_promote_cli import fork, make_project, manifest, w
+from tests.helpers.promote_ws import fork, make_project, manifest, w
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 from snapshot import conformance as C
 from tests.helpers import realproj as R
 from tests.conftest import petri
-from tests.merge.test_promote import manifest
+from tests.helpers.trees import manifest
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (btrfs loop image, overlay mounts, cgroups)"),

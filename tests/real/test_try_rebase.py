@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, petri
-from tests.cli.test_signals import _audit_row, _nothing_left, _run_started, _signal_when, _start, _tree
+from tests.helpers.signals import audit_row, nothing_left, run_started, signal_when, start_signalled, tree_bytes
 
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                    reason="needs root (cgroups) and bwrap")
@@ -262,11 +262,11 @@ def test_live_moved_while_the_command_ran(ws):
     for mode, code, want in (("fail", 3, "live\n"), ("theirs", 0, "sandbox\n")):
         (ws / "f.txt").write_text("one\ntwo\nthree\n")
         token = os.urandom(6).hex()
-        proc = _start(["--json", "try", "--yes", "--on-conflict", mode, "--",
+        proc = start_signalled(["--json", "try", "--yes", "--on-conflict", mode, "--",
                        "sh", "-c", f"echo sandbox > f.txt; echo {token}; sleep 3"], ws)
         try:
             deadline = time.monotonic() + 60
-            while not _run_started(ws, token) and time.monotonic() < deadline:
+            while not run_started(ws, token) and time.monotonic() < deadline:
                 time.sleep(0.02)
             (ws / "f.txt").write_text("live\n")
             out, err = proc.communicate(timeout=120)
@@ -286,32 +286,34 @@ def test_live_moved_while_the_command_ran(ws):
 
 
 def test_sigterm_during_the_command(ws):
-    before = _tree(ws)
+    before = tree_bytes(ws)
     token = os.urandom(6).hex()
-    proc = _start(["try", "--yes", "--", "sh", "-c", f"echo changed > f.txt; echo {token}; exec sleep 300"], ws)
-    out, err = _signal_when(proc, lambda: _run_started(ws, token), signal.SIGTERM, "the tried command")
+    proc = start_signalled(["try", "--yes", "--", "sh", "-c", f"echo changed > f.txt; echo {token}; exec sleep 300"],
+                           ws)
+    out, err = signal_when(proc, lambda: run_started(ws, token), signal.SIGTERM, "the tried command")
     assert proc.returncode == 143, (out, err)
     last = err.strip().splitlines()[-1]
     assert last.startswith("petri: interrupted by SIGTERM: nothing was promoted (the workspace is as it was); "
                            "removed sb-"), err
     assert "Traceback" not in err
-    assert _tree(ws) == before
-    _nothing_left(ws, [], token)
-    row = _audit_row(ws, "try")
+    assert tree_bytes(ws) == before
+    nothing_left(ws, [], token)
+    row = audit_row(ws, "try")
     assert row["exit_code"] == 143 and row["result"] == last[len("petri: "):], row
 
 
 def test_a_killed_try_is_left_to_gc(ws):
     """SIGKILL (no settling possible): the try's sandbox is petri's scaffolding, so the next
     `petri gc` removes it; live was never written."""
-    before = _tree(ws)
+    before = tree_bytes(ws)
     token = os.urandom(6).hex()
-    proc = _start(["try", "--yes", "--", "sh", "-c", f"echo changed > f.txt; echo {token}; exec sleep 300"], ws)
-    _signal_when(proc, lambda: _run_started(ws, token), signal.SIGKILL, "the tried command")
+    proc = start_signalled(["try", "--yes", "--", "sh", "-c", f"echo changed > f.txt; echo {token}; exec sleep 300"],
+                           ws)
+    signal_when(proc, lambda: run_started(ws, token), signal.SIGKILL, "the tried command")
     assert [s["state"] for s in _live_sandboxes(ws)] != [], "the killed petri left its sandbox"
     assert petri("gc", cwd=ws).rc == 0
-    assert _tree(ws) == before
-    _nothing_left(ws, [], token)
+    assert tree_bytes(ws) == before
+    nothing_left(ws, [], token)
 
 
 # ---------------------------------------------------------------------------- staleness in time
@@ -372,7 +374,7 @@ def test_rebase_without_a_conflict(rws):
     old = petri("fork", "--label", "feat", "--json", cwd=ws).json["sandboxes"][0]
     Path(old["path"], "f.txt").write_text("one\nTWO\nthree\n")
     Path(old["path"], "new.txt").write_text("new\n")
-    old_tree = _tree(Path(old["path"]))
+    old_tree = tree_bytes(Path(old["path"]))
     (ws / "g.txt").write_text("G live\n")
     r = petri("rebase", "feat", "--json", cwd=ws)
     assert r.rc == 0, r
@@ -386,7 +388,7 @@ def test_rebase_without_a_conflict(rws):
     rows = {s["id"]: s for s in _live_sandboxes(ws)}
     assert rows[new]["label"] == "feat" and rows[new]["parent"] == old["id"] and rows[new]["base"] != old["base"]
     assert rows[new]["stale"]["live_changed"] == 0
-    assert rows[old["id"]]["label"] is None and _tree(Path(old["path"])) == old_tree, "the old sandbox is intact"
+    assert rows[old["id"]]["label"] is None and tree_bytes(Path(old["path"])) == old_tree, "the old sandbox is intact"
     files = {f["path"] for f in petri("diff", new, "--json", cwd=ws).json["files"]}
     assert files == {"f.txt", "new.txt"}, "against its own base: only the carried change"
     assert petri("status", "feat", "--json", cwd=ws).json["sandboxes"][0]["id"] == new
@@ -398,19 +400,19 @@ def test_rebase_with_a_conflict(rws):
     ws = rws
     old = petri("fork", "--label", "feat", "--json", cwd=ws).json["sandboxes"][0]
     Path(old["path"], "f.txt").write_text("one\nsandbox\nthree\n")
-    old_tree = _tree(Path(old["path"]))
+    old_tree = tree_bytes(Path(old["path"]))
     (ws / "f.txt").write_text("one\nlive\nthree\n")
     before = _live(ws)
     r = petri("rebase", "feat", "--json", cwd=ws)
     assert r.rc == 3, r
     assert r.json["conflicts"][0]["path"] == "f.txt" and "conflict: f.txt" in r.err
     assert [s["id"] for s in _live_sandboxes(ws)] == [old["id"]], "nothing made"
-    assert _live_sandboxes(ws)[0]["label"] == "feat" and _tree(Path(old["path"])) == old_tree
+    assert _live_sandboxes(ws)[0]["label"] == "feat" and tree_bytes(Path(old["path"])) == old_tree
     m = petri("rebase", "feat", "--on-conflict", "markers", "--json", cwd=ws)
     assert m.rc == 5, m
     text = Path(m.json["path"], "f.txt").read_text()
     assert "<<<<<<<" in text and "sandbox\n" in text and "live\n" in text and ">>>>>>>" in text, text
-    assert _tree(Path(old["path"])) == old_tree and _live(ws) == before, "live is never written by a rebase"
+    assert tree_bytes(Path(old["path"])) == old_tree and _live(ws) == before, "live is never written by a rebase"
 
 
 # ---------------------------------------------------------------------------- API and MCP
@@ -442,7 +444,7 @@ def test_the_api_try_and_rebase(ws):
 
 
 def test_the_mcp_try_tool_promotes_only_with_allow_live(ws):
-    from tests.mcp.test_mcp import Raw
+    from tests.helpers.mcp_client import Raw
 
     raw = Raw(ws)
     try:

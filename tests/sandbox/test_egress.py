@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import pytest
 from orchestrator.sandbox.environment import _start_time
 from tests.helpers import realproj as R
 from tests.conftest import petri
+from tests.helpers.http_servers import Named, serve
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (btrfs loop image, cgroups, a test user)"),
@@ -38,28 +38,6 @@ pytestmark = [
 ]
 
 PY = "/usr/bin/python3"
-
-
-class Named(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.server.seen.append(self.path)
-        body = f"{self.server.name} {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-def serve(handler, name: str, **attrs) -> http.server.ThreadingHTTPServer:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    srv.name, srv.seen = name, []
-    for k, v in attrs.items():
-        setattr(srv, k, v)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
 
 
 @pytest.fixture
@@ -331,7 +309,7 @@ def test_a_real_project_installs_from_the_one_index_it_may_reach(btrfs_dir, down
 
 def test_as_a_normal_user_on_fuse(user_tmp, unprivileged_user, servers):
     from tests.helpers.loopfs import run_as
-    from tests.cli.test_rootless_cli import own
+    from tests.helpers.rootless import own
 
     a, b = servers
     user = unprivileged_user

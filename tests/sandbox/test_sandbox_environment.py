@@ -163,7 +163,7 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
         assert r.rc == 0 and r.out.endswith("# served from the sandbox\n"), r
 
     # A shell of the sandbox.
-    from tests.cli.test_shell_cli import drive
+    from tests.helpers.pty_drive import drive
     script = (f"{PY} -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read()[-26:])' "
               f"{url}; echo SHELL-DONE\n")
     code, out = drive(["shell", "web"], ws, script.encode(), until=b"SHELL-DONE")
@@ -171,7 +171,7 @@ def test_a_service_is_reached_by_later_runs_a_shell_mcp_and_the_host_then_rm_end
     assert b"# served from the sandbox" in out, out[-800:]
 
     # An MCP call of the sandbox.
-    from tests.mcp.test_mcp import client
+    from tests.helpers.mcp_client import client
 
     async def mcp_call():
         async with client(ws) as c:
@@ -351,7 +351,7 @@ def test_deinit_force_ends_a_running_service(project):
 
 def test_as_a_normal_user_on_fuse(user_tmp, unprivileged_user):
     from tests.helpers.loopfs import run_as
-    from tests.cli.test_rootless_cli import own
+    from tests.helpers.rootless import own
 
     user = unprivileged_user
     ws = user_tmp / "proj"

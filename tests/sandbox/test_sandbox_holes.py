@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import REPO, petri, stop_fuse_under
 from tests.helpers.loopfs import run_as, unmount_under
-from tests.cli.test_rootless_cli import dev_fuse_like_a_distribution, petri_as, sample_ws_owned_by  # noqa: F401
+from tests.helpers.rootless import dev_fuse_like_a_distribution, petri_as, sample_ws_owned_by  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),

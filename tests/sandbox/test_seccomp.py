@@ -20,7 +20,7 @@ import pytest
 from orchestrator.sandbox import isolation, seccomp
 from orchestrator.errors import BadSeccompProfile
 from tests.conftest import REPO, petri
-from tests.cli.test_run_cli import fork, ws  # noqa: F401 (ws: a fixture; copy backend, no cgroup left behind)
+from tests.helpers.run_ws import fork, ws  # noqa: F401 (ws: a fixture; copy backend, no cgroup left behind)
 
 HAVE_SANDBOX = os.geteuid() == 0 and shutil.which("bwrap") is not None
 needs_sandbox = pytest.mark.skipif(not HAVE_SANDBOX,
@@ -218,7 +218,7 @@ def run_probe(root: Path, sb: dict, probe: Path, *flags: str) -> tuple[dict[str,
 
 
 @needs_sandbox
-def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     got, doc = run_probe(ws, sb, probe_bin)
     assert doc["seccomp"] == "default"
@@ -242,7 +242,7 @@ def test_default_denies_each_call_with_its_errno_and_off_does_not(ws, probe_bin)
 
 
 @needs_sandbox
-def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):  # noqa: F811 - the fixture imported from tests.helpers
     got, doc = run_probe(ws, fork(ws), probe_bin, "--seccomp", "strict")
     assert doc["seccomp"] == "strict"
     assert got["socket_inet"] == "EPERM" and got["socket_unix"] == "OK" and got["socketpair_unix"] == "OK"
@@ -253,7 +253,7 @@ def test_strict_refuses_inet_sockets_without_net_only(ws, probe_bin):  # noqa: F
 
 
 @needs_sandbox
-def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     r = petri("run", sb["id"], "--json", "--seccomp", "off", "--", "true", cwd=ws)
     assert r.rc == 0, r
@@ -265,7 +265,7 @@ def test_off_says_what_it_turns_off_once_on_stderr_and_in_json(ws):  # noqa: F81
 
 
 @needs_sandbox
-def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     cfg = ws / ".petri" / "config.toml"
     cfg.write_text('seccomp = "off"\n')
@@ -279,7 +279,7 @@ def test_the_config_key_sets_the_profile_and_the_flag_wins(ws):  # noqa: F811 - 
 
 
 @needs_sandbox
-def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     r = petri("run", sb["id"], "--seccomp", "loose", "--", "touch", "ran", cwd=ws)
     assert r.rc == 2 and r.err.strip() == "petri: bad --seccomp 'loose': use one of default, strict, off", r
@@ -293,8 +293,8 @@ def test_bad_flag_is_one_line_exit_2_and_runs_nothing(ws):  # noqa: F811 - the f
 
 
 @needs_sandbox
-def test_shell_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
-    from tests.cli.test_shell_cli import drive
+def test_shell_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.helpers
+    from tests.helpers.pty_drive import drive
 
     sb = fork(ws, "--label", "sh")
     # TIOCSTI on the shell's own terminal (the one case --new-session cannot cover).
@@ -308,7 +308,7 @@ def test_shell_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported f
 
 
 @needs_sandbox
-def test_race_checks_run_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_race_checks_run_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.helpers
     r = petri("race", "--json", "--cmd", "echo a > a.txt", "--check", SECCOMP_2, cwd=ws)
     assert r.rc == 0 and r.json["winner"] and r.json["seccomp"] == "default", r
     # The control: the same check fails when the race turns the filter off.
@@ -317,7 +317,7 @@ def test_race_checks_run_under_the_filter(ws):  # noqa: F811 - the fixture impor
 
 
 @needs_sandbox
-def test_promote_verify_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_promote_verify_runs_under_the_filter(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     (Path(sb["path"]) / "new.txt").write_text("promoted\n")
     r = petri("promote", sb["id"], "--json", "--verify", SECCOMP_2, cwd=ws)
@@ -337,7 +337,7 @@ def test_promote_verify_runs_under_the_filter(ws):  # noqa: F811 - the fixture i
 
 @needs_sandbox
 @needs_gcc
-def test_compilers_git_threads_and_subprocesses_work_under_default(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_compilers_git_threads_and_subprocesses_work_under_default(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     tree = Path(sb["path"])
     (tree / "hello.c").write_text('#include <stdio.h>\n#include <pthread.h>\n'
@@ -394,7 +394,7 @@ test('asynchronous file I/O', async () => {
 
 @needs_sandbox
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs node and npm")
-def test_npm_test_works_under_default(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_npm_test_works_under_default(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = fork(ws)
     pkg = Path(sb["path"]) / "pkg"
     (pkg / "test").mkdir(parents=True)
@@ -419,7 +419,7 @@ def pypi_reachable() -> str | None:
 
 
 @needs_sandbox
-def test_venv_and_pip_install_from_pypi_with_net_under_default(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_venv_and_pip_install_from_pypi_with_net_under_default(ws):  # noqa: F811 - the fixture imported from tests.helpers
     why = pypi_reachable()
     if why:
         pytest.skip(why)
@@ -455,7 +455,7 @@ def real_project_files() -> Path:
 
 
 @needs_sandbox
-def test_a_real_projects_suite_passes_under_default(ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_a_real_projects_suite_passes_under_default(ws):  # noqa: F811 - the fixture imported from tests.helpers
     cache = real_project_files()
     sb = fork(ws)
     tree = Path(sb["path"])

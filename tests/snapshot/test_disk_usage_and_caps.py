@@ -11,7 +11,7 @@ import pytest
 
 from snapshot import conformance as C
 from tests.conftest import petri, stop_fuse_under
-from tests.cli.test_run_cli import btrfs_ws  # noqa: F401  (the fixture)
+from tests.helpers.run_ws import btrfs_ws  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
@@ -153,7 +153,7 @@ def test_fuse_disk_hit_comes_from_the_budget(plain_ws):
     assert usage(ws, sb)["disk_bytes"] <= MiB
 
 
-def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):  # noqa: F811 - the fixture imported from tests.cli.test_run_cli
+def test_btrfs_quotas_usage_and_disk_hits(btrfs_ws):  # noqa: F811 - the fixture imported from tests.helpers
     ws = btrfs_ws  # a btrfs of its own: quotas get switched on there
     mount = ws.parent
     # Quotas off: usage is the file data written since the clone.

@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import loopimg
 from tests.conftest import petri
 from tests.helpers.loopfs import PREFIX, remove_btrfs_tree
-from tests.cli.test_diff_promote_cli import _promotions, fork, manifest, w
+from tests.helpers.promote_ws import promotions_of, fork, manifest, w
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="loop and tmpfs mounts need root")
 
@@ -133,7 +133,7 @@ def test_promote_out_of_space_ends_failed_and_writes_nothing(small_tmpfs):
     _clean(r)
     assert r.rc == 1 and "space" in r.err, r
     assert manifest(ws) == before
-    assert [p["state"] for p in _promotions(ws)] == ["failed"]
+    assert [p["state"] for p in promotions_of(ws)] == ["failed"]
     assert not [p for p in os.listdir(ws) if p.startswith(".petri-staging-")]
     assert petri("ls", cwd=ws).rc == 0
 
@@ -194,7 +194,7 @@ def test_gc_prunes_preimages_over_budget_and_says_so(budget_ws):
     assert r.json["reaped"]["promotions_pruned"] == 3
     assert r.json["reaped"]["preimage_bytes_freed"] == 3 * 40960
     assert [p["id"] for p in r.json["pruned_promotions"]] == ids[:3]
-    assert [p["state"] for p in _promotions(ws)] == ["pruned"] * 3 + ["done"]
+    assert [p["state"] for p in promotions_of(ws)] == ["pruned"] * 3 + ["done"]
     r = petri("rollback", ids[0], cwd=ws, env=env)
     assert r.rc == 1 and "pruned" in r.err, r
     assert petri("rollback", ids[3], cwd=ws, env=env).rc == 0

@@ -5,7 +5,6 @@ the merged view: the Python resolver (merged_walk) and a real kernel overlayfs m
 same layers (root only)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
@@ -17,6 +16,7 @@ import pytest
 from snapshot import layers as L
 from snapshot.errors import SnapshotError
 from snapshot.osutil import rmtree
+from tests.helpers.layers import settle, signature_of_entries, sweep_overlay_mounts, tree_signature, w
 
 IS_ROOT = os.geteuid() == 0
 
@@ -24,56 +24,11 @@ IS_ROOT = os.geteuid() == 0
 # -- helpers shared with test_overlay_backend -------------------------------------------------
 
 
-def signature_of_entries(entries) -> dict[bytes, tuple]:
-    """rel -> (type, permissions, owner, mtime, content digest / link target): what a view must
-    reproduce exactly (inode numbers and link counts are not part of a tree's content)."""
-    sig = {}
-    for rel, path, st in entries:
-        m = st.st_mode
-        if stat.S_ISREG(m):
-            with open(path, "rb") as f:
-                what = hashlib.sha256(f.read()).hexdigest()
-            kind = "f"
-        elif stat.S_ISLNK(m):
-            what, kind = os.readlink(path), "l"
-        elif stat.S_ISDIR(m):
-            what, kind = None, "d"
-        elif stat.S_ISFIFO(m):
-            what, kind = None, "p"
-        else:
-            what, kind = st.st_rdev, "other"
-        mtime = st.st_mtime_ns
-        sig[rel] = (kind, stat.S_IMODE(m), st.st_uid, st.st_gid, mtime, what)
-    return sig
-
-
-def tree_signature(root: bytes | Path, exclude_top=frozenset({b".petri"}), with_root: bool = True) -> dict:
-    root = os.fsencode(root)
-    from snapshot.tree import walk
-    sig = signature_of_entries((rel, os.path.join(root, rel), st) for rel, st in walk(root, exclude_top))
-    if with_root:
-        st = os.lstat(root)
-        sig[b""] = ("d", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, None)
-    return sig
-
-
 def merged_signature(layer_paths_top_first: list[bytes]) -> dict:
     sig = signature_of_entries(L.merged_walk(layer_paths_top_first))
     st = os.lstat(layer_paths_top_first[0])
     sig[b""] = ("d", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, None)
     return sig
-
-
-def settle() -> None:
-    """Step past the racy window so unchanged files are trusted by the next snapshot."""
-    time.sleep(L.RACY_WINDOW_NS / 1e9 + 0.01)
-
-
-def sweep_overlay_mounts(root: bytes) -> None:
-    from snapshot.backends.overlay import is_overlay_mounted, overlay_mounts_under, umount
-    for mp in sorted(overlay_mounts_under(root), key=len, reverse=True):
-        while is_overlay_mounted(mp):
-            umount(mp)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -125,13 +80,6 @@ def chain(tmp_path):
     c = Chain(tmp_path)
     yield c
     rmtree(os.fsencode(tmp_path))
-
-
-def w(p: Path, data: bytes | str = b"x", mode: int | None = None) -> None:
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data.encode() if isinstance(data, str) else data)
-    if mode is not None:
-        os.chmod(p, mode)
 
 
 def assert_view_is_live(c: Chain) -> None:

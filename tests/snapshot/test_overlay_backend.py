@@ -17,7 +17,7 @@ from snapshot.errors import SnapshotError
 from snapshot.osutil import mounts, rmtree
 from snapshot.store import Store
 
-from test_layers import settle, sweep_overlay_mounts, tree_signature, w
+from tests.helpers.layers import settle, sweep_overlay_mounts, tree_signature, w
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="kernel overlay mounts need root")]

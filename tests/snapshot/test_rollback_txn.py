@@ -22,8 +22,8 @@ import pytest
 
 from snapshot.tree import walk
 from tests.conftest import REPO, petri
-from tests.cli.test_diff_promote_cli import empty_workspace
-from tests.merge.test_promote_crash import _diff as _torn
+from tests.helpers.promote_ws import empty_workspace
+from tests.helpers.trees import torn_diff as _torn
 
 SKIP_TOP = frozenset({b".petri", b".git"})
 OLD = 1_600_000_000_000_000_000  # a fixed past, so "times put back" cannot pass by accident

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.api.test_api import needs_sandbox, ws  # noqa: F401 - a copy-backend workspace
+from tests.helpers.api_project import needs_sandbox, ws  # noqa: F401 - a copy-backend workspace
+from tests.helpers.tui_fixtures import LongLabels
 
 pytest.importorskip("textual")
 
@@ -237,21 +238,6 @@ def test_logs_follow_a_long_running_command_while_background_reads_are_stuck(ws)
             src.release.set()
 
     asyncio.run(main())
-
-
-class LongLabels(FixedSource):
-    """The fixed records with labels as people write them, and a race candidate without one."""
-
-    def sandboxes(self, *, staleness: bool = True) -> list[Any]:
-        import dataclasses
-
-        out = super().sandboxes(staleness=staleness)
-        labels = {"sb-0001c0de": "fix-groupby-v2-keep-dtypes", "sb-0002c0de": "fix-groupby-v3-keep-dtypes",
-                  "sb-0003c0de": None}
-        return [dataclasses.replace(s, label=labels.get(s.id, s.label)) for s in out]
-
-    def sandbox_row(self, ident: str) -> Any:
-        return next((s for s in self.sandboxes() if s.id == ident), None)
 
 
 def test_labels_whole_at_160_columns_race_rows_labelled_and_named():

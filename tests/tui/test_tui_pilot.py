@@ -13,8 +13,8 @@ from typing import Any, Callable
 import pytest
 
 import petri
-from tests.api.test_api import FIX, make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
-from tests.api.test_api_frontends import ALSO_NOTES as BIG
+from tests.helpers.api_project import FIX, make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
+from tests.helpers.api_project import ALSO_NOTES as BIG
 
 pytest.importorskip("textual")
 
@@ -141,7 +141,7 @@ def test_race_compare_promote_undo_all_from_the_tui(btrfs_ws, tmp_path):
 
 
 @needs_sandbox
-def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):  # noqa: F811 - the fixture imported from tests.helpers
     first = ws.fork(label="first").keep()[0]
 
     async def main() -> None:
@@ -174,7 +174,7 @@ def test_rows_update_in_place_as_events_arrive_and_logs_follow(ws):  # noqa: F81
     asyncio.run(main())
 
 
-def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported from tests.helpers
     sb = ws.fork().keep()[0]
     Path(sb.path, "notes.txt").write_text("changed\n")
 
@@ -194,7 +194,7 @@ def test_read_only_offers_no_action(ws):  # noqa: F811 - the fixture imported fr
     asyncio.run(main())
 
 
-def test_filter_and_marks_and_help(ws):  # noqa: F811 - the fixture imported from tests.api.test_api
+def test_filter_and_marks_and_help(ws):  # noqa: F811 - the fixture imported from tests.helpers
     a = ws.fork(label="alpha").keep()[0]
     b = ws.fork(label="beta").keep()[0]
 

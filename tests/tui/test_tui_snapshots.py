@@ -83,7 +83,7 @@ def test_read_only_offers_no_action(snap_compare):
 
 
 def test_sandboxes_160x48_whole_labels_and_race_names(snap_compare):
-    from tests.tui.test_tui_allday import LongLabels
+    from tests.helpers.tui_fixtures import LongLabels
     from tests.helpers.tui_fixtures import NOW
     from tui.app import PetriApp
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.test_api import make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
+from tests.helpers.api_project import make_project, needs_sandbox, ws  # noqa: F401 - ws: a copy-backend workspace
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux not installed (scripts/setup.sh installs it)")
@@ -143,7 +143,7 @@ def test_idle_writes_nothing_and_q_ctrl_c_and_a_closed_terminal_end_it(ws, tmux_
     """Left open, the TUI writes nothing to the workspace or its store (its refreshes, the
     staleness included); ``q``, Ctrl-C and closing the terminal (SIGHUP) each end the
     process, leaving nothing behind."""
-    from tests.orchestrator.test_read_only_commands import _diff_state, state
+    from tests.helpers.workspace_state import diff_state, state
 
     sbs = ws.fork(3, label="idle").keep()
     Path(sbs[0].path, "notes.txt").write_text("changed\n")
@@ -164,7 +164,7 @@ def test_idle_writes_nothing_and_q_ctrl_c_and_a_closed_terminal_end_it(ws, tmux_
         assert not _running(pid), f"{how} left petri tui running"
         t.kill()
     after = state(root, "copy")
-    assert not (diff := _diff_state(before, after)), f"the TUI wrote:\n{diff}"
+    assert not (diff := diff_state(before, after)), f"the TUI wrote:\n{diff}"
 
 
 def test_a_terminal_closed_while_it_starts_leaves_no_process(ws, tmux_tui):  # noqa: F811
