@@ -13,6 +13,8 @@ import petri
 import petri.aio as aio
 from orchestrator import api
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 # sync-only plumbing: how a thread tells a blocking iterator to stop and how often it looks
 THREAD_PLUMBING = {("events", "stop"), ("events", "poll_s"), ("output", "stop"), ("output", "poll_s")}

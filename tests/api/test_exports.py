@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import petri
 import petri.aio
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 PINNED = sorted([
     "__version__",

@@ -9,6 +9,8 @@ import threading
 
 import pytest
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def test_importing_results_makes_no_record_class():
     """Every ``petri`` process imports the records; making all of them cost 12-13 ms."""

@@ -11,6 +11,8 @@ pytest.importorskip("anyio")
 from orchestrator import runlog  # noqa: E402
 from orchestrator.mcp.jobs import RunJob, _whole_utf8  # noqa: E402
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def _job(tmp_path, cap=None):
     out, err = tmp_path / "run-1.out", tmp_path / "run-1.err"

@@ -8,6 +8,8 @@ import pytest
 
 from orchestrator.mcp.tools import BY_NAME, INSTRUCTIONS, TOOLS, _duration
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def props(tool: str) -> dict:
     return BY_NAME[tool].input_schema["properties"]

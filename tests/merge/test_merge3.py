@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from merge.merge3 import is_binary, merge3, split_lines
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 LABELS = ["-L", "ours", "-L", "base", "-L", "theirs"]
 
 

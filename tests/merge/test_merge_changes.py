@@ -15,6 +15,8 @@ from merge.changes import Entry, TreeReader, _Raw, normalize_path, scan_tree, tr
 from merge.errors import TreeChangedDuringScan, UnsafePath
 from merge.ignore import IgnoreRules, parse_patterns
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 HARDEN = ["-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null", "-c", "protocol.allow=never",
           "-c", "core.excludesFile=/dev/null", "-c", "init.defaultBranch=main"]
 

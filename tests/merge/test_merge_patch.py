@@ -24,6 +24,8 @@ from merge.changes import tree_changes
 from merge.patch import blob_sha1, format_patch, format_stat, patch_stats, quote_path
 from tests.helpers.trees import copytree, git, git_view
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 
 @pytest.fixture(scope="module")

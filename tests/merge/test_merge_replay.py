@@ -8,8 +8,12 @@ import shutil
 import stat
 from pathlib import Path
 
+import pytest
+
 from merge.changes import scan_tree, tree_changes
 from merge.replay import replay
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 
 def write(root: Path, rel: str, data: bytes = b"x\n", mode: int = 0o644) -> None:

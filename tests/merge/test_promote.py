@@ -15,6 +15,8 @@ from merge.promote import (execute_promotion, plan_promotion, promotion_state, r
                            undo_promotion)
 from tests.helpers.trees import TEXT, manifest, w
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 # --- helpers shared by the promotion test files --------------------------------------------
 

@@ -18,6 +18,8 @@ from merge.promote import execute_promotion, undo_promotion
 from merge.safefs import SafeTree, split_rel
 from tests.helpers.trees import Trees, manifest, mktree, w
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 @pytest.fixture
 def outside(tmp_path):

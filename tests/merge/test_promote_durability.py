@@ -31,6 +31,8 @@ from merge.promote import scratch as scratch_mod
 from merge.promote import undo as undo_mod
 from tests.helpers.trees import manifest, mktree, w
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 STEPS = ("stage", "preimage", "journal", "commit", "apply", "fsync", "done", "park", "undoing",
          "undo", "undone")
 

@@ -17,6 +17,8 @@ from tests.helpers.promote_ws import manifest as ws_manifest
 from tests.helpers.promote_ws import w as ws_w
 from tests.helpers.trees import manifest, w
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def _promote_new_dir(t) -> None:
     w(t.theirs / "a.txt", b"promoted\n")

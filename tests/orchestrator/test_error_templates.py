@@ -8,6 +8,8 @@ from orchestrator import errors as E
 from orchestrator.cluster.errors import BadClusterAddress
 from snapshot.errors import PetriError
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 class _Wrapped(PetriError):
     """cannot frobnicate {what}: the frobnicator is

@@ -8,7 +8,11 @@ import json
 import random
 import threading
 
+import pytest
+
 from orchestrator import runlog
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 
 def _stream(n: int, seed: int = 0) -> bytes:

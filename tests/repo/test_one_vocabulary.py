@@ -6,9 +6,12 @@ from __future__ import annotations
 import typing
 
 import click
+import pytest
 import typer.main
 
 from merge.on_conflict import ON_CONFLICT, OnConflict
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 
 def test_the_choices_are_the_merge_layers_type():

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import orchestrator
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 SANDBOX = Path(orchestrator.__file__).parent / "sandbox"
 ABOVE = {"registry", "engine", "config", "events", "api", "runs", "race", "promotions"}

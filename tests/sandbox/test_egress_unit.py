@@ -18,6 +18,8 @@ from orchestrator.limits import Limits
 from orchestrator.sandbox import egress
 from orchestrator.sandbox.egress import BadAllowList, Policy, parse_allow, proxy_env, resolve
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 @pytest.mark.parametrize("text, entries", [
     ("allow:127.0.0.1:8000", ("127.0.0.1:8000",)),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from orchestrator.sandbox import host_sockets as H
 from orchestrator.sandbox import isolation as I
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 LISTING = (b"Num       RefCount Protocol Flags    Type St Inode Path\n"
            b"0000000000000000: 00000002 00000000 00010000 0001 01 20001 /run/dbus/system_bus_socket\n"

@@ -13,6 +13,8 @@ import pytest
 from merge import changes, ignore, safefs
 from snapshot import restore
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 @pytest.fixture
 def tree(tmp_path):

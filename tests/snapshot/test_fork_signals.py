@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 SCRIPT = textwrap.dedent("""
     import logging, os, signal, sys
     from snapshot import osutil

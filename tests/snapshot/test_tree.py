@@ -9,6 +9,8 @@ import pytest
 from snapshot.errors import TreeChangedDuringCopy
 from snapshot.tree import TreeCopier, copy_file_at
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def test_a_file_swapped_for_a_fifo_fails_the_copy_instead_of_hanging(tmp_path):
     (tmp_path / "f").write_bytes(b"data")

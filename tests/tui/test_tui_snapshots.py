@@ -12,6 +12,8 @@ pytest.importorskip("pytest_textual_snapshot", reason="needs pytest-textual-snap
 
 from tests.helpers.tui_fixtures import fixed_app  # noqa: E402
 
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
+
 
 def settle(*keys: str):
     async def run_before(pilot) -> None:

@@ -2,11 +2,15 @@
 cell formats, the actions' command lines, and the model's event folding."""
 from __future__ import annotations
 
+import pytest
+
 import petri
 from tui import actions as act
 from tui import compare as cmp
 from tui import format as fmt
 from tui.model import Model
+
+pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytest -m unit`
 
 
 def _f(path, status="modified", a=1, r=1):
