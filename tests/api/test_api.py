@@ -11,8 +11,10 @@ import pytest
 
 import petri
 from tests.conftest import petri as petri_cli
+from tests.helpers import api_project
 from tests.helpers.api_project import FIX, needs_sandbox
 
+ws = api_project.ws  # the copy-backend workspace fixture (tests/helpers/api_project.py)
 
 
 def test_init_open_snapshot_and_records_match_the_cli(ws):

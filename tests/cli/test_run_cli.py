@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, petri
+from tests.helpers import run_ws
 from tests.helpers.run_ws import fork, make_project
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(),
                                 reason="needs root (cgroups) and bwrap")
+ws, btrfs_ws = run_ws.ws, run_ws.btrfs_ws  # the fixtures (tests/helpers/run_ws.py)
 PY = "/usr/bin/python3"  # the venv's interpreter lives under /root, which is masked inside
 
 
