@@ -50,7 +50,7 @@ def project(root: Path) -> Path:
 
 def candidates(n: int) -> list:
     import petri
-    from tests.test_cluster import _with_notes
+    from tests.helpers.patches import with_notes
 
     right = (FIXES / "right.patch").read_bytes()
     wrong = (FIXES / "wrong.patch").read_bytes()
@@ -59,13 +59,13 @@ def candidates(n: int) -> list:
     for i in range(n):
         kind = i % 4
         if kind == 0:
-            out.append(petri.Patch(text=_with_notes(right, i), name=f"right+{i}"))
+            out.append(petri.Patch(text=with_notes(right, i), name=f"right+{i}"))
         elif kind == 1:
-            out.append(petri.Patch(text=_with_notes(wrong, i), name=f"wrong+{i}"))
+            out.append(petri.Patch(text=with_notes(wrong, i), name=f"wrong+{i}"))
         elif kind == 2:
             out.append(petri.Cmd(f"printf '# {i}\\n' >> README.md"))
         else:
-            out.append(petri.Patch(text=_with_notes(syntax, i), name=f"syntax+{i}"))
+            out.append(petri.Patch(text=with_notes(syntax, i), name=f"syntax+{i}"))
     return out
 
 

@@ -1,8 +1,8 @@
 """A real project's race and ``promote --verify``, against the same checks run directly.
 
 The project is chardet 5.2.0 from its PyPI sdist, with its ``.gitignore`` and a ``.venv``
-(``tests/realproj.py``: the same tree, injected bug, candidates and check as
-``tests/test_real_project.py``; the files come from the test cache, downloaded once). The
+(``tests/helpers/realproj.py``: the same tree, injected bug, candidates and check as
+``tests/real/test_real_project.py``; the files come from the test cache, downloaded once). The
 check is the project's own suite, ``.venv/bin/python -m pytest -q`` (754 tests, about 30 s on
 one core). In one run, repetitions interleaved (even ones petri first, odd ones direct first):
 
@@ -51,7 +51,7 @@ from pathlib import Path
 from bench.common import (CACHE, PETRI, Report, Samples, cli_env, fmt_ratio, fmt_s, loadavg, log, make_loopfs,
                           remove_path, run, sigterm_as_interrupt, sweep_stale_images, sweep_stale_work_dirs,
                           verdict)
-from tests import realproj as R
+from tests.helpers import realproj as R
 
 RACE_TARGET = 1.10
 CPU_V1 = Path("/sys/fs/cgroup/cpu")

@@ -2,7 +2,7 @@
 
 On a btrfs loop image this bench makes, one workspace: a real project from PyPI (chardet
 5.2.0's sdist with a ``.venv`` holding pytest, the same files and cache as
-``tests/realproj.py``) with a cached synthetic tree under ``lib/`` (``--files``, 19,800 files
+``tests/helpers/realproj.py``) with a cached synthetic tree under ``lib/`` (``--files``, 19,800 files
 by default) so that a big change has room. In it ``--sandboxes`` sandboxes (20):
 
 - the idle ones (all but four) are made as bench_staleness makes its sessions (each with
@@ -228,7 +228,7 @@ def chatty_command(have_project: bool) -> str:
 def build_tree(work: Path, lib_files: int) -> tuple[Path, str, bool]:
     """The project (chardet's sdist and .venv, or an empty directory when PyPI cannot be
     reached and nothing is cached) with the cached synthetic tree under lib/."""
-    from tests import realproj
+    from tests.helpers import realproj
 
     src = work / "src"
     try:

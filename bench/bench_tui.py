@@ -26,7 +26,7 @@ default):
    once every sandbox is over a minute old (as all day: AGE cells move once a minute):
    CPU of each (``/proc/PID/stat`` utime + stime, all threads) over the same window, the
    bytes each sent to storage (``/proc/PID/io`` ``write_bytes``), and what changed under the
-   workspace's ``.petri`` (entries, registry rows, events: ``tests/test_read_only_commands``'s
+   workspace's ``.petri`` (entries, registry rows, events: ``tests/orchestrator/test_read_only_commands``'s
    ``state``). Also the time from starting it to the STALE column showing a number for the
    first row (not ``?``).
 4. **keys**: the app in-process (headless, 160x48); a cycle of keys (``j``, ``k``, ``l``
@@ -137,7 +137,7 @@ def _running(pid: int) -> bool:
 def idle(root: Path, seconds: float) -> dict[str, float | str]:
     """``petri tui`` left alone beside a sleeping python3 (the floor), from the same instant."""
     import petri
-    from tests.test_read_only_commands import _diff_state, state
+    from tests.helpers.workspace_state import diff_state, state
 
     sbs = petri.open(root).sandboxes()
     first = sbs[0].id
@@ -182,7 +182,7 @@ def idle(root: Path, seconds: float) -> dict[str, float | str]:
         while _running(pid) and time.perf_counter() - q0 < 30:
             time.sleep(0.005)
         out["quit_s"] = time.perf_counter() - q0
-        out["store_changes"] = _diff_state(before, state(root, "copy")) or "none"
+        out["store_changes"] = diff_state(before, state(root, "copy")) or "none"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
         floor.kill()

@@ -5,7 +5,7 @@ a tree counts as built only when its marker file (``<name>.ok``, JSON with the r
 version, file count and bytes) matches the recipe, so a half-built tree from a killed run is
 rebuilt. Each bench copies the cached tree into the filesystem it measures.
 
-Loop filesystems (btrfs, XFS with ``reflink=1``) come from ``tests/loopimg.py``, the same
+Loop filesystems (btrfs, XFS with ``reflink=1``) come from ``tests/helpers/loopimg.py``, the same
 code the tests use: sparse images named ``/var/tmp/petri-bench-<kind>-<pid>-<rand>.img``,
 held under ``flock`` while in use; a sweep at start releases only images whose lock nobody
 holds (a killed run's), never the test suite's ``petri-test-*`` images or anything else.
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from tests import loopimg
-from tests.loopimg import LoopFs, kill_fuse_daemons_under, unmount_under
+from tests.helpers import loopimg
+from tests.helpers.loopimg import LoopFs, kill_fuse_daemons_under, unmount_under
 
 REPO = Path(__file__).resolve().parent.parent
 PETRI = REPO / ".venv" / "bin" / "petri"
@@ -275,7 +275,7 @@ def remove_path(path: Path) -> None:
     run(["rm", "-rf", "--one-file-system", path], check=False)
 
 
-# -- loop filesystems (tests/loopimg.py: one implementation for tests and benches) ----------
+# -- loop filesystems (tests/helpers/loopimg.py: one implementation for tests and benches) ----------
 
 def sweep_stale_images() -> None:
     """Release images of killed bench runs (their flock is free); nothing else."""

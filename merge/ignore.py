@@ -26,7 +26,7 @@ parsing ``.git/index`` (versions 2 to 4) directly, again without running git.
 Why hand-written, measured against the libraries that could do it (bench/bench_libswap.py):
 ``pathspec.GitIgnoreSpec`` in place of ``Rules`` (one spec per ignore file, this class's
 sources and walk kept) disagrees with git on 4 of the 20 git-oracle cases of
-tests/test_merge_changes.py and on its random patterns: no POSIX classes
+tests/merge/test_merge_changes.py and on its random patterns: no POSIX classes
 (``[[:digit:]]``), not git's match_pathname (``d**/`` ignores the directory ``d``), a
 trailing tab stripped and ``sp\\  `` rejected, and ``dir/**`` or ``*`` taken to match the
 directory itself (so ``!dir/keep`` and the common ``*`` / ``!*/`` / ``!*.py`` never apply);

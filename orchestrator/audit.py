@@ -44,7 +44,7 @@ MUTATING_COMMANDS = frozenset({"init", "deinit", "snapshot", "fork", "run", "she
 # Every ``op`` a row can have: the commands above, and the API's operations that are no
 # command (``Workspace.write_file``, ``edit_file``, ``delete_file``, ``move_file``,
 # ``evolve``), and ``override_policy`` (a promotion let through despite the policy).
-# tests/test_bad_input.py checks that every op the code opens a scope with is here, so
+# tests/cli/test_bad_input.py checks that every op the code opens a scope with is here, so
 # `petri log --op` knows them.
 OPS = MUTATING_COMMANDS | {"write_file", "edit_file", "delete_file", "move_file", "evolve",
                            "override_policy"}  # orchestrator.policy.record_override: its own row

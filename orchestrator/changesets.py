@@ -11,7 +11,7 @@ then decides, by content, exactly as the full compare would. Copy and reflink ke
 A fork of a fork is compared with its lineage's origin (``orchestrator.lineage.diff_base``);
 the backend widens its record to cover what the ancestors changed too, or says it cannot.
 
-The test ``tests/test_changesets.py`` checks on each backend that the fast path gives
+The test ``tests/snapshot/test_changesets.py`` checks on each backend that the fast path gives
 exactly the change set of the full compare.
 
 Reading makes nothing: the base is read through ``Backend.read_view`` (overlay and fuse: a

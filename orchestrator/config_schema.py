@@ -8,7 +8,7 @@ Imported only when a config file exists (``config.parse_config``): pydantic is s
 import, and commands without a file never load it.
 
 Caveat: the list of known keys in the unknown-key message (``config.parse_config``) is
-written by hand; tests/test_config_schema.py checks that it names every field here.
+written by hand; tests/orchestrator/test_config_schema.py checks that it names every field here.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ It owns the registry and the lifecycle of snapshots and sandboxes; the backends 
 trees. Everything here is synchronous and cheap to import (no trio, no pydantic): running
 commands lives in ``orchestrator.runs`` on trio. The engine imports no service (runs,
 race, promotions, staleness, lineage, stages, audit, kpi...): ``orchestrator.services``
-composes them around its operations (``tests/test_import_graph.py`` holds it to that).
+composes them around its operations (``tests/repo/test_import_graph.py`` holds it to that).
 Recovery at open is ``orchestrator.recovery``; killing a sandbox's processes is
 ``orchestrator.reaper``; ``petri gc`` is ``orchestrator.gc``.
 

@@ -191,7 +191,7 @@ def emit(store_root: Path, event: str, **fields: Any) -> None:
     log_for(store_root).emit(event, **fields)
 
 
-# One emitter per name: the only places a name is written (tests/test_events.py checks that
+# One emitter per name: the only places a name is written (tests/orchestrator/test_events.py checks that
 # no other module passes a literal name to ``emit``). ``to``: the store's root, or the
 # ``EventLog`` a long-lived writer (a run, a race) keeps.
 def _to(to: Any) -> EventLog:

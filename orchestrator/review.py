@@ -12,7 +12,7 @@ policy stops it) or reject it (``reject``). ``markdown`` renders it for a person
 to hand to one).
 
 Reviewing only reads: no registry row, no event, no file in the store (like ``status`` and
-``diff``; tests/test_read_only_commands.py holds it to that). It reads the registry's
+``diff``; tests/orchestrator/test_read_only_commands.py holds it to that). It reads the registry's
 promotion rows directly rather than through ``stage_rows.recover``, which may write.
 
 ``reject`` records the decision: an audit row (op ``reject``, its ``reason``), a

@@ -1,6 +1,6 @@
 """petri: instant, isolated, same-path clones of a project: fork, run, race, diff, promote,
 roll back. This module only re-exports the public API (the engine lives in
-``orchestrator/``); its names are pinned by ``tests/test_exports.py``. ``petri.aio`` has the
+``orchestrator/``); its names are pinned by ``tests/api/test_exports.py``. ``petri.aio`` has the
 same names with ``async``.
 
 Importing petri imports no typer, textual, mcp or ray (tested).

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubblewrap git
       util-linux attr patch python3-venv python3-dev gcc libseccomp2
       fuse-overlayfs   # fuse-overlayfs: only bench/bench_fuse.py compares against it
-      openssh-client   # ssh-agent/ssh-add: tests/test_sandbox_holes.py's real agent
+      openssh-client   # ssh-agent/ssh-add: tests/sandbox/test_sandbox_holes.py's real agent
       iproute2         # ss: the cluster tests check that a local Ray cluster listens on loopback only
       tmux             # tmux: the TUI's real-terminal test
       # tests/vm: a second kernel with pure cgroup v2 in a VM (virtme-ng, from the test extra)

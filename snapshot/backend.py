@@ -12,8 +12,8 @@ backend overrides where it can do better. ``snapshot.choose`` is the one place t
 a backend by name.
 
 Every backend must pass ``snapshot/conformance.py`` (the behavioural checker, in the
-manner of trio's ``check_one_way_stream``, run by ``tests/test_backend_conformance.py``);
-``tests/test_backend_protocol.py`` checks that each one implements every method here with
+manner of trio's ``check_one_way_stream``, run by ``tests/snapshot/test_backend_conformance.py``);
+``tests/snapshot/test_backend_protocol.py`` checks that each one implements every method here with
 a compatible signature (and mypy checks it statically).
 
 Caveats: a backend subclasses this protocol to inherit the defaults, so forgetting an

@@ -1,10 +1,15 @@
-"""Shared test plumbing: real loop filesystems (tests/loopfs.py), the `petri` CLI as a
+"""Shared test plumbing: real loop filesystems (tests/helpers/loopfs.py), the `petri` CLI as a
 subprocess, and a session sweep so nothing is left mounted or running.
 
-Also: the ``unit`` tier (the modules in ``UNIT``: no root, mount or sandbox; ``pytest -m
-unit``), the report header naming which real parts this machine has (the other tests skip
-naming what is missing), and the xdist groups of tests that share a machine-wide resource
-(``XDIST_GROUPS``): under ``-n`` each group runs in one worker, one test at a time."""
+The tests live in rooms by area (tests/snapshot/, merge/, sandbox/, api/, orchestrator/, cli/,
+mcp/, tui/, cluster/, real/, repo/); what several modules share lives in tests/helpers/ (no
+test module imports another: tests/repo/test_layout.py).
+
+Also: the ``unit`` tier (modules that say ``pytestmark = pytest.mark.unit``: no root, mount
+or sandbox; ``pytest -m unit``), the report header naming which real parts this machine has
+(the other tests skip naming what is missing), and the xdist groups of tests that share a
+machine-wide resource (``XDIST_GROUPS``): under ``-n`` each group runs in one worker, one
+test at a time."""
 from __future__ import annotations
 
 import contextlib
@@ -17,29 +22,18 @@ from typing import Any, Iterator
 
 import pytest
 
-pytest_plugins = ["tests.loopfs", "tests.vm.plugin"]
+pytest_plugins = ["tests.helpers.loopfs", "tests.vm.plugin"]
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The unit tier: modules whose tests need no root, mount, FUSE, cgroup or sandbox (pure logic,
-# parsers, records, the TUI's widgets...). A module joins when all of it runs as a normal user
-# without a skip; `pytest -m unit` runs them alone (also as a normal user, in parallel).
-UNIT = {
-    "test_aio_mirror.py", "test_one_vocabulary.py", "test_egress_unit.py", "test_error_templates.py",
-    "test_config_schema.py", "test_exports.py", "test_fd_interrupts.py",
-    "test_fork_signals.py",
-    "test_host_sockets.py", "test_import_graph.py", "test_lint.py", "test_mcp_jobs.py", "test_mcp_schema.py",
-    "test_mcp_tool_schemas.py", "test_one_door.py",
-    "test_merge3.py", "test_merge_changes.py", "test_merge_patch.py", "test_merge_replay.py",
-    "test_on_conflict_enum.py",
-    "test_promote.py", "test_promote_attacks.py", "test_promote_durability.py", "test_results_deferred.py",
-    "test_runlog.py", "test_sandbox_layer.py", "test_split_imports.py", "test_tree.py",
-    "test_tui_latency.py", "test_tui_screen_mount.py", "test_tui_snapshots.py", "test_tui_units.py",
-    "test_undo_refusal.py",
-}
+# The unit tier is a mark, not a list: a module joins with ``pytestmark = pytest.mark.unit``
+# when all of it runs as a normal user without a skip (no root, mount, FUSE, cgroup or
+# sandbox); `pytest -m unit` runs them alone (also as a normal user, in parallel). Collection
+# refuses a unit test that asks for a fixture in NOT_UNIT.
 
 # Tests that change something the whole machine shares, and so must not overlap under xdist
-# (each group runs in one worker, in order). Keyed by module; the reason beside each.
+# (each group runs in one worker, in order). Keyed by the module's file name (unique across the
+# rooms: tests/repo/test_layout.py); the reason beside each.
 XDIST_GROUPS: dict[str, str] = {
     # its module fixture adds the account `petritest` and deletes it at the end: a second
     # worker's half of the module would lose it mid-test
@@ -57,8 +51,9 @@ NOT_UNIT = {"btrfs_mount", "xfs_mount", "btrfs_dir", "xfs_dir", "unprivileged_us
 
 def pytest_configure(config: pytest.Config) -> None:
     here = Path(__file__).parent
-    stale = sorted(m for m in (*UNIT, *XDIST_GROUPS) if not (here / m).is_file())
-    if stale:  # a moved or renamed module would silently leave its tier
+    present = {p.name for p in here.rglob("test_*.py")}
+    stale = sorted(m for m in XDIST_GROUPS if m not in present)
+    if stale:  # a renamed module would silently leave its group
         raise pytest.UsageError(f"tests/conftest.py names test modules that do not exist: {', '.join(stale)}")
     dist = getattr(config.option, "dist", "no")
     if dist not in ("no", "loadgroup") and not config.option.markexpr.strip() == "unit":
@@ -66,17 +61,47 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "(scripts/test.sh does)")
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit``, a module whose text never names the mark is not imported at all:
+    collecting the whole suite (Textual, the MCP SDK, hypothesis... in every xdist worker)
+    would cost the unit tier more than its tests. Only skips what the mark would deselect."""
+    if config.option.markexpr.strip() == "unit" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and "pytest.mark.unit" not in collection_path.read_text():
+        return True
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "slow" not in config.option.markexpr:
+        # `-m unit` replaces addopts' `-m 'not slow'`: the long suites stay out unless asked for
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     for item in items:
-        module = item.nodeid.split("::", 1)[0].removeprefix("tests/")
-        if module in UNIT:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        if item.get_closest_marker("unit"):
             uses = NOT_UNIT.intersection(getattr(item, "fixturenames", ()))
             if uses:
                 raise pytest.UsageError(f"{item.nodeid} is in the unit tier but uses {', '.join(sorted(uses))}")
-            item.add_marker(pytest.mark.unit)
         if module in XDIST_GROUPS:
             item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[module]))
+    # Longest first: xdist hands out tests in collection order as workers free up, so a long
+    # test collected late runs alone at the end while the other workers idle. tests/longest.txt
+    # is the measured list (a test missing from it, or a stale line, only loses its place).
+    longest = _longest()
+    items.sort(key=lambda item: -longest.get(item.nodeid, 0.0))  # stable: the rest keep their order
+
+
+def _longest() -> dict[str, float]:
+    out: dict[str, float] = {}
+    with contextlib.suppress(FileNotFoundError), open(Path(__file__).with_name("longest.txt")) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                seconds, nodeid = line.split(None, 1)
+                out[nodeid.strip()] = float(seconds)
+    return out
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -255,7 +280,7 @@ def user_tmp() -> Iterator[Path]:
     """A scratch dir a normal user can reach (pytest's tmp_path lives under a 0700 dir)."""
     import tempfile
     from snapshot.osutil import rmtree
-    from tests.loopfs import unmount_under
+    from tests.helpers.loopfs import unmount_under
     d = Path(tempfile.mkdtemp(prefix="petri-test-user-", dir="/var/tmp"))
     os.chmod(d, 0o755)
     try:

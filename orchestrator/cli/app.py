@@ -13,7 +13,7 @@ Global flags (``--json``, ``--debug``, ``--workspace``, ``--reason``) are accept
 before ``--``: ``_normalise`` takes them out of argv before click sees it.
 
 Caveat: a command's one-line help lives twice, in its docstring and in ``COMMANDS``;
-tests/test_cli_contract.py::test_help_for_newcomers checks that they agree.
+tests/cli/test_cli_contract.py::test_help_for_newcomers checks that they agree.
 """
 
 import importlib

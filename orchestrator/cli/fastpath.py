@@ -6,7 +6,7 @@ process (``bench/RESULTS.md``, 18.4). typer stays the definition of the CLI: the
 (``_fastpath_table.py``) is generated from the typer app's own declarations by
 ``python -m orchestrator.cli.gen_fastpath`` (each option's names, kind and whether it
 repeats, the arguments, and the values typer passes for what is not given), and
-tests/test_cli_fastpath.py fails when the committed table is stale.
+tests/cli/test_cli_fastpath.py fails when the committed table is stale.
 
 This path takes only what it fully understands: the global flags anywhere before ``--``
 (as ``orchestrator.cli.app`` reads them), then the command's long options as ``--opt VALUE``
@@ -14,7 +14,7 @@ or ``--opt=VALUE``, its short ones as ``-o VALUE``, flags alone, integers as cli
 (``int()``), and the right number of arguments (``run``: the command after the sandbox,
 ``common.split_trailing``). Anything else, ``--help``, an unknown or bundled option, a
 missing or bad value, a value ``--``, goes to typer unchanged (``parse`` returns None), so
-help, errors and their exit codes stay typer's. tests/test_cli_fastpath.py checks with
+help, errors and their exit codes stay typer's. tests/cli/test_cli_fastpath.py checks with
 hypothesis that whatever this path accepts, typer accepts with the same values.
 
 Caveat: an option kind the table cannot express (a choice, a float, ``--x/--no-x``, a

@@ -3,7 +3,7 @@
 argument models and result types by ``python -m orchestrator.mcp.schema``: do not edit.
 
 Made ahead rather than when the server starts: pydantic takes tens of milliseconds of CPU
-to make them, on the way to a client's first tools/list. tests/test_mcp_tool_schemas.py
+to make them, on the way to a client's first tools/list. tests/mcp/test_mcp_tool_schemas.py
 fails when this file is not what the types make now.
 """
 import json

@@ -15,7 +15,7 @@ Exactly as the SDK: the protocol versions come from the SDK's own table
 (``mcp_types/version.py``, read without importing the package, which is the expensive part),
 and an ``initialize`` is answered early only when its params have nothing this module
 cannot check as the SDK would (anything else, another first message, a batch, a modern
-envelope, goes to the SDK untouched). tests/test_mcp_handshake.py compares the two answers
+envelope, goes to the SDK untouched). tests/mcp/test_mcp_handshake.py compares the two answers
 for every handshake version.
 
 Caveats: if the SDK's answer differs all the same (a newer SDK with more capabilities), its

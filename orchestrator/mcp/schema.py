@@ -21,7 +21,7 @@ read None as "not given").
 
 Run ahead of time, not when the server starts: ``python -m orchestrator.mcp.schema`` writes
 every tool's schemas into ``_generated_schemas.py``, which the server reads (``--check``
-only compares; tests/test_mcp_tool_schemas.py fails when the file is not what the types
+only compares; tests/mcp/test_mcp_tool_schemas.py fails when the file is not what the types
 make now). Making them costs tens of milliseconds of CPU (pydantic's schema generation and
 the records' type hints), which would otherwise sit on the way to a client's first
 ``tools/list``.
@@ -177,7 +177,7 @@ _HEADER = '''# ruff: noqa: E501
 argument models and result types by ``python -m orchestrator.mcp.schema``: do not edit.
 
 Made ahead rather than when the server starts: pydantic takes tens of milliseconds of CPU
-to make them, on the way to a client's first tools/list. tests/test_mcp_tool_schemas.py
+to make them, on the way to a client's first tools/list. tests/mcp/test_mcp_tool_schemas.py
 fails when this file is not what the types make now.
 """'''
 

@@ -62,7 +62,7 @@ mkdir -p "$repo" $v/repo-upper $v/repo-work \
 say "set up: /tmp on $(findmnt -n -o SOURCE,FSTYPE /tmp | tail -n 1)"
 
 # Accounts: written directly, as useradd fails on virtme-ng's /etc overlay ("failure while
-# writing changes to /etc/shadow"). petri-test is the one tests/loopfs.py would create.
+# writing changes to /etc/shadow"). petri-test is the one tests/helpers/loopfs.py would create.
 add_user() {  # name uid home
   getent passwd "$1" >/dev/null && return 0
   echo "$1:x:$2:$2::$3:/bin/sh" >>/etc/passwd && echo "$1:x:$2:" >>/etc/group

@@ -64,28 +64,28 @@ CONFORMANCE_BACKENDS = ("btrfs", "overlay", "fuse")
 
 def _conformance_ids() -> list[str]:
     import ast
-    f = REPO / "tests" / "test_backend_conformance.py"
+    f = REPO / "tests" / "snapshot" / "test_backend_conformance.py"
     names = [n.name for n in ast.parse(f.read_text()).body
              if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
-    return [f"tests/test_backend_conformance.py::{n}[{b}]" for n in names for b in CONFORMANCE_BACKENDS]
+    return [f"tests/snapshot/test_backend_conformance.py::{n}[{b}]" for n in names for b in CONFORMANCE_BACKENDS]
 
 
 ROOT_TESTS = [
-    "tests/test_limits.py",
+    "tests/sandbox/test_limits.py",
     # pids and --cpus through the CLI run in the user's pass (and in-process here)
-    "tests/test_limits_cli.py::test_memory_limit_kills_with_137",
-    "tests/test_limits_cli.py::test_lifetime_kills_everything_the_run_started",
-    "tests/test_limits_cli.py::test_gc_after_petri_was_killed_leaves_no_cgroup",
-    "tests/test_runner.py::test_a_daemon_left_behind_by_a_finished_command_is_gone",
-    "tests/test_runner.py::test_lifetime_deadline_kills_with_ttl_and_a_past_one_does_not_start",
-    "tests/test_runner.py::test_cancelling_the_run_kills_everything_and_cleans_up",
-    "tests/test_seccomp.py::test_default_denies_each_call_with_its_errno_and_off_does_not",
+    "tests/sandbox/test_limits_cli.py::test_memory_limit_kills_with_137",
+    "tests/sandbox/test_limits_cli.py::test_lifetime_kills_everything_the_run_started",
+    "tests/sandbox/test_limits_cli.py::test_gc_after_petri_was_killed_leaves_no_cgroup",
+    "tests/sandbox/test_runner.py::test_a_daemon_left_behind_by_a_finished_command_is_gone",
+    "tests/sandbox/test_runner.py::test_lifetime_deadline_kills_with_ttl_and_a_past_one_does_not_start",
+    "tests/sandbox/test_runner.py::test_cancelling_the_run_kills_everything_and_cleans_up",
+    "tests/sandbox/test_seccomp.py::test_default_denies_each_call_with_its_errno_and_off_does_not",
     # petri doctor as a normal user outside any delegated subtree (in root's cgroup)
-    "tests/test_doctor.py::test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3",
+    "tests/cli/test_doctor.py::test_a_normal_user_is_told_about_cgroup_delegation_and_a_missing_fusermount3",
     *_conformance_ids(),
 ]
-USER_TESTS = ["tests/test_limits.py", "tests/test_limits_cli.py",
-              "tests/test_doctor.py::test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is"]
+USER_TESTS = ["tests/sandbox/test_limits.py", "tests/sandbox/test_limits_cli.py",
+              "tests/cli/test_doctor.py::test_a_normal_user_in_a_delegated_v2_subtree_is_told_where_it_is"]
 
 
 @dataclass

@@ -7,7 +7,7 @@ backends' end-to-end lines, which cost minutes there: ``python -m tests.vm.harne
 Each probe uses petri's own code where petri has it (``snapshot.idmap`` for idmapped mounts,
 the overlay backend's mount calls), on filesystems it makes for the purpose: ext4 is where
 ``/var/tmp`` is (the host's root; the guest's scratch), tmpfs is mounted, btrfs and XFS are
-small loop images (tests/loopimg, ``petri-kf-*``, released at the end). The last lines run
+small loop images (tests/helpers/loopimg, ``petri-kf-*``, released at the end). The last lines run
 each backend end to end through the CLI for a root-owned workspace (init, fork, a run that
 writes a file), which is where the features meet: a root-owned workspace's commands run as
 the sandbox account through an id-mapped view (or, for overlay, over idmapped layers).
@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from snapshot import idmap as I  # noqa: E402
 from snapshot.backends import overlay as O  # noqa: E402
-from tests import loopimg  # noqa: E402
+from tests.helpers import loopimg  # noqa: E402
 
 FICLONE = 0x40049409
 MAP = I.IdMap(4242, 4242)

@@ -1,5 +1,5 @@
 """pytest plugin: start the test VM (``tests/vm/harness.py``) in the background as soon as
-the session has collected ``tests/test_vm_cgroup_v2.py``, so that the VM's boot and its
+the session has collected ``tests/sandbox/test_vm_cgroup_v2.py``, so that the VM's boot and its
 guest passes overlap the rest of the suite (which leaves a core mostly idle: it waits on
 processes, sleeps and fsyncs); that module's tests wait for the result.
 
@@ -7,10 +7,11 @@ The VM is stopped (its QEMU session SIGKILLed) when the session ends, whatever h
 Nothing starts for ``--collect-only``, when the module is not selected, or when the machine
 cannot run the VM (the tests then skip naming what is missing).
 
-Under pytest-xdist the controller boots the VM (once, as soon as the first worker reports
-its collection) and writes the outcome to a file that it names to each worker; the module's
-tests, wherever they run, wait for that file. They are put last in the collection, so that
-no worker sits waiting for the VM while tests are left to run.
+Under pytest-xdist the controller boots the VM (once: at the start when the arguments surely
+select the module, as the whole suite does; else as soon as the first worker reports it)
+and writes the outcome to a file that it names to each worker; the module's tests, wherever
+they run, wait for that file. They are put last in the collection, so that no worker sits
+waiting for the VM while tests are left to run.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 
 from tests.vm import harness
 
-DRIVER = "tests/test_vm_cgroup_v2.py"
+DRIVER = "tests/sandbox/test_vm_cgroup_v2.py"
 TIMEOUT_S = 1800.0
 
 
@@ -112,11 +113,27 @@ def job() -> VmJob | PublishedVmJob:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _config, _published
+    global _config, _published, _job
     _config = config
     if getattr(config, "workerinput", None) is None and getattr(config.option, "dist", "no") != "no" \
             and not config.option.collectonly:
         _published = Path(tempfile.mkdtemp(prefix="petri-test-vm-")) / "outcome.pickle"
+        # The whole suite (CI's run) surely selects the module: boot now, not after a worker's
+        # collection (tens of seconds on a loaded machine); the VM is the run's longest part.
+        if _job is None and _selects_driver_surely(config) and harness.why_not() is None:
+            _job = VmJob(_published).start()
+
+
+def _selects_driver_surely(config: pytest.Config) -> bool:
+    """The arguments name the driver's module or a folder above it, and neither a mark
+    expression (other than the default) nor ``-k`` could deselect it."""
+    if config.option.keyword or config.option.markexpr.strip() not in ("", "not slow"):
+        return False
+    here = Path(config.invocation_params.dir)
+    args = [here / a.split("::", 1)[0] for a in config.args] or \
+        [Path(str(config.rootpath)) / a for a in config.getini("testpaths")]
+    driver = (Path(str(config.rootpath)) / DRIVER).resolve()
+    return any(driver == a.resolve() or a.resolve() in driver.parents for a in args)
 
 
 @pytest.hookimpl(optionalhook=True)
