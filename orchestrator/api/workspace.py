@@ -658,7 +658,7 @@ class Workspace:
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
         from ..watch import parse_watch
 
-        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli")
+        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
             from ..errors import UsageError
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")

@@ -2654,6 +2654,25 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      "minLength": 1,
      "type": "string",
      "description": "promote although the config's [policy] stops it: the reason, recorded in the audit trail (ask the user first)"
+    },
+    "watch": {
+     "minLength": 1,
+     "type": "string",
+     "description": "after the promotion, run this shell command against live every `every` for `for`; its first failure rolls the promotion back"
+    },
+    "for": {
+     "type": [
+      "number",
+      "string"
+     ],
+     "description": "how long watch watches: seconds, or 10m, 1h (needed with watch)"
+    },
+    "every": {
+     "type": [
+      "number",
+      "string"
+     ],
+     "description": "how often watch checks (default 30s)"
     }
    },
    "required": [
