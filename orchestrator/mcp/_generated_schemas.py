@@ -2406,6 +2406,11 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      "description": "also files .gitignore ignores",
      "type": "boolean"
     },
+    "system": {
+     "default": false,
+     "description": "a writable layer over the host's /usr, /etc, /var, /opt: what the command changes there is reported (system), never promoted; root only",
+     "type": "boolean"
+    },
     "max_patch_bytes": {
      "default": 262144,
      "minimum": 0,
@@ -2475,6 +2480,17 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "exit_code": {
      "type": "integer"
+    },
+    "system": {
+     "anyOf": [
+      {
+       "items": {},
+       "type": "array"
+      },
+      {
+       "type": "null"
+      }
+     ]
     }
    },
    "required": [

@@ -256,6 +256,9 @@ class Try(LimitArgs):
     timeout_s: Annotated[Duration, Field(description="kill the command (and the check) after this long")] = \
         DEFAULT_TIMEOUT_S
     include_ignored: Annotated[bool, Field(description="also files .gitignore ignores")] = False
+    system: Annotated[bool, Field(description="a writable layer over the host's /usr, /etc, /var, /opt: what the "
+                                              "command changes there is reported (system), never promoted; "
+                                              "root only")] = False
     max_patch_bytes: PatchBytes = DEFAULT_PATCH_BYTES
 
 

@@ -277,7 +277,7 @@ async def try_(st: State, a: P.Try) -> dict[str, Any]:
                                 "tell the user the sandbox id (`petri promote SB`)")
     got = await st.ws.try_(a.command, check=a.check, promote=a.promote, keep=a.keep, label=a.label,
                            limits=_limits(a), timeout=_seconds(a.timeout_s, "timeout_s"),
-                           include_ignored=a.include_ignored, profile=a.profile)
+                           include_ignored=a.include_ignored, profile=a.profile, system=a.system)
     return _capped_patch(got.to_json(), a.max_patch_bytes)
 
 
