@@ -24,8 +24,9 @@ profile's policy (``policy_for``), also when promoted by a command without ``--p
 Caveats: the profile is read from the config as it is when used: a profile edited after a
 fork changes the policy its sandboxes are promoted under (limits, env and secrets were fixed
 at the fork); a sandbox whose profile was removed from the config cannot be promoted until it
-is defined again (exit 2, naming it). A race's candidates get the profile's limits, seccomp
-and policy, not its env_pass or secrets (a race forks without them, as without a profile).
+is defined again (exit 2, naming it). A race's candidates and their check forks get all of
+it, env_pass and secrets too (read once when the race forks); a race on a cluster takes no
+profile.
 """
 from __future__ import annotations
 

@@ -296,6 +296,17 @@ async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, 
     return {**got, "cached": False}
 
 
+def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict[str, bytes]]:
+    """The race's profile's env_pass patterns and secret values (read now, once for every
+    candidate and check fork), as ``fork --profile`` gives them."""
+    if profile is None:
+        return [], {}
+    from .config import load_config
+    from .profiles import fork_env
+
+    return fork_env(load_config(engine.root).profile(profile), (), ())
+
+
 def _check_winner_label(engine: "Engine", label: str) -> None:
     from .units import check_label
 
@@ -359,6 +370,7 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     n = len(candidates)
     # One fork call: each candidate's sandbox, then a throwaway fork per candidate for its
     # check (it gets the applied state replayed into it; see the module docstring).
+    passes, secrets = _profile_env(engine, race.profile)  # a bad secret: exit 2 before anything is forked
     rows = engine.fork(source, 2 * n, limits=limits, profile=race.profile)
     race.base = rows[0].base
     base_row = engine.registry.snapshot(race.base)
@@ -373,7 +385,13 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
         for i, r in enumerate(rows):
             role = race.role_meta(i % n, "candidate") if i < n else race.role_meta(i % n, "check",
                                                                                    check_of=rows[i - n].id)
-            engine.registry.update_sandbox(r.id, meta={**(r.meta or {}), "race": role})
+            meta = {**(r.meta or {}), "race": role}
+            if passes or secrets:  # as a fork with the profile gets them (the runs read them from here)
+                from . import run_env
+
+                run_env.save(engine.store.root, r.id, secrets)
+                meta.update(env_pass=passes, secrets=sorted(secrets))
+            engine.registry.update_sandbox(r.id, meta=meta)
         after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,

@@ -646,7 +646,9 @@ class TryResult(Record):
     "declined", "unchanged", "command_failed" or "check_failed"; ``promotion`` the
     ``promote`` document when it was promoted (``ws.rollback(r.promotion["promotion"])``
     undoes it); ``kept``: the
-    sandbox was kept (else removed); ``exit_code``: what ``petri try`` exits with."""
+    sandbox was kept (else removed); ``exit_code``: what ``petri try`` exits with; ``system``
+    (``system=True`` only): what the command changed outside the project, rows of ``{"path",
+    "status"}`` as ``system_changes`` gives them, never promoted."""
 
     sandbox: str | None
     base: str | None = None
@@ -659,6 +661,7 @@ class TryResult(Record):
     promotion: Mapping[str, Any] | None = None
     kept: bool = False
     exit_code: int = 0
+    system: tuple[Any, ...] | list[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ its ``sandbox``), ``files`` and ``patch`` (the ``diff``), ``outcome`` (``promote
 ``markers``, ``conflict``, ``declined``, ``unchanged``, ``command_failed``,
 ``check_failed``), ``promoted``, ``promotion`` (the ``promote`` document, or None),
 ``kept`` and ``exit_code`` (0, or 1 for a failed command or check, 3 for a conflict, 5 for
-markers: docs/reference/exit-codes.md).
+markers: docs/reference/exit-codes.md). A fork with a system layer (``--system``) adds
+``system``: what the command changed outside the project (``diff --system``'s rows), which
+no promotion takes.
 
 The sandboxes are marked as petri's own scaffolding while the try runs
 (``lineage.mark_scaffold``), so a petri killed with SIGKILL leaves them to ``gc``; the try
@@ -29,6 +31,8 @@ Caveats:
 - The check's fork is the changed state up to what ``merge.replay`` carries (hard links
   between changed files become separate files), as for a race's check.
 - On backends without O(1) clones (copy, reflink), a try with a check costs two clones.
+- With ``--system`` the check's fork has a system layer of its own: it does not see what the
+  command changed outside the project (a package it installed), only the project's changes.
 - Live may move while the command runs; the promotion merges 3-way against live as it is
   then (a conflict stops it, exit 3, nothing written), the check ran against the base.
 """
@@ -94,6 +98,10 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
         say(f"forked {sb} from live ({row.base}); running: {doc['command']['command']}")
         _run_command(engine, sb, argv, doc, timeout_s=timeout_s, seccomp=seccomp, echo=echo)
         doc.update(_changes(engine, sb, include_ignored))
+        if row.system:  # what it changed outside the project: reported, never promoted
+            from .sandbox.system_layer import changes
+
+            doc["system"] = changes(engine.store.root, sb)
         if doc["command"]["exit_code"] != 0:
             doc["outcome"] = "command_failed"
         elif check is not None:

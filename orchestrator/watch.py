@@ -48,12 +48,15 @@ TAIL_BYTES = 2000
 
 
 def parse_watch(command: str | None, for_: float | str | None, every: float | str | None, *,
-                api: bool = False) -> tuple[str, float, float] | None:
+                api: bool = False, mcp: bool = False) -> tuple[str, float, float] | None:
     """(command, for, every) in seconds from the options, or None without a watch; a usage
-    error (exit 2) for a watch without a duration, a zero one, or an interval longer than it."""
+    error (exit 2) for a watch without a duration, a zero one, or an interval longer than it.
+    ``api``/``mcp``: errors name the API's keywords / the MCP tool's arguments."""
     from .units import parse_duration
 
-    def name(cli: str, py: str) -> str:  # the caller's spelling: the CLI's flag or the API's keyword
+    def name(cli: str, py: str) -> str:  # the caller's spelling: the CLI's flag, the API's keyword, MCP's argument
+        if mcp:
+            return {"watch_for": "for", "watch_every": "every"}.get(py, py)
         return py if api else cli
 
     if command is None:

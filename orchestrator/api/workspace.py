@@ -658,7 +658,7 @@ class Workspace:
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
         from ..watch import parse_watch
 
-        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli")
+        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
             from ..errors import UsageError
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
@@ -718,14 +718,17 @@ class Workspace:
              confirm: Callable[[dict[str, Any]], bool] | None = None, keep: bool = False, label: str | None = None,
              limits: Limits | None = None, timeout: float | str | None = None, on_conflict: str = "fail",
              include_ignored: bool = False, env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
-             say: Callable[[str], None] | None = None, profile: str | None = None) -> TryResult:
+             say: Callable[[str], None] | None = None, profile: str | None = None,
+             system: bool = False) -> TryResult:
         """``petri try``: fork live, run ``command`` (a list, or a string for ``/bin/sh -c``)
         there, then ``check`` (a shell command) on the changed state; promote when both passed
         and ``promote`` is true or ``confirm(doc)`` (given the document so far: ``files``,
         ``patch``, the runs) says yes; else nothing reaches live. The sandbox is removed
         unless ``keep``. A failed command or check, a conflict with live, a declined
         promotion are results (``outcome``, ``exit_code``), not exceptions. ``limits``,
-        ``label``, ``env_pass``, ``secrets``, ``profile``: the fork's (``fork``); ``timeout``: per step."""
+        ``label``, ``env_pass``, ``secrets``, ``profile``, ``system``: the fork's (``fork``); ``timeout``: per
+        step. With ``system`` the result's ``system`` lists what the command changed outside the
+        project (as ``system_changes``), which the promotion never takes."""
         from ..config import load_config
         from ..trying import try_change
 
@@ -735,7 +738,7 @@ class Workspace:
 
         def fork(source: str, name: str | None) -> str:
             return str(self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets,
-                                 profile=profile)[0].id)
+                                 profile=profile, system=system)[0].id)
 
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))

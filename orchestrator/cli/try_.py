@@ -59,13 +59,19 @@ def try_(
     profile: Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help="A [profiles.NAME] of the"
                                                     " config: its limits, network, seccomp, env, secrets and policy"
                                                     " (flags win over it).")] = None,
+    system: Annotated[bool, typer.Option("--system", help="A writable layer over the host's /usr, /etc, /var, /opt"
+                                                          " (apt-get install, pip install --user work inside): what"
+                                                          " CMD changed there is shown, never promoted. Root only.")
+                      ] = False,
 ) -> None:
     """Fork live, run CMD there, then the check; show what changed; promote on --yes or when confirmed.
 
     Live is not touched until the promotion, which is the usual journaled one (`petri
     rollback p-…` undoes it). Without --yes petri asks at a terminal (y/N); with no
     terminal to ask (a script, --json) nothing is promoted. A failed command or check never
-    promotes. The sandbox is removed at the end unless --keep.
+    promotes. The sandbox is removed at the end unless --keep. With --system, what CMD
+    changed outside the project (as `petri diff --system` lists it) is shown too: a
+    promotion never takes it, and it goes with the sandbox.
 
     \b
     Exit codes: 0 promoted, or not (declined, nothing changed); 1 the command or the check
@@ -91,7 +97,7 @@ def try_(
 
     def fork(source: str, name: Optional[str]) -> str:
         return ws.fork(1, source=source, label=name, limits=limits, env_pass=env_pass or (),
-                       secrets=secret or (), profile=profile)[0].id
+                       secrets=secret or (), profile=profile, system=system)[0].id
 
     def decide(doc: dict[str, Any]) -> bool:
         if yes:
@@ -142,9 +148,14 @@ def _report(o: Any, doc: dict[str, Any], verbose: bool) -> None:
         o.note(f"check {_ended(doc['check'])}")
     if verbose and doc["patch"]:
         sys.stdout.write(doc["patch"])
+    if doc.get("system") is not None:
+        sysc = doc["system"]
+        o.say(f"outside the project (the system layer, never promoted): {len(sysc)} change(s)")
+        for c in sysc:  # as `petri diff --system` lists them
+            o.say(f" {c['status'][0].upper()} {c['path']}")
     files = doc["files"]
     if not files:
-        o.say("no changes")
+        o.say("no changes" + (" in the project" if doc.get("system") is not None else ""))
         return
     width = min(max(len(f["path"]) for f in files), 60)
     added = removed = 0
@@ -194,10 +205,13 @@ def _outcome(o: Any, doc: dict[str, Any]) -> None:
         p = doc["promotion"]
         o.say(f"promoted {doc['sandbox']} as {p['promotion']}: {len(p['applied'])} path(s); undo with "
               f"`petri rollback {p['promotion']}`")
+        if doc.get("system"):
+            o.say(f"not promoted: the {len(doc['system'])} change(s) outside the project (a promotion never "
+                  f"takes the system layer's)")
     elif outcome == "declined":
         o.say("not promoted" + ("" if doc["kept"] else f"; {doc['sandbox']} was removed"))
     elif outcome == "unchanged":
-        o.say("nothing to promote: the command changed nothing")
+        o.say("nothing to promote: the command changed nothing" + (" in the project" if doc.get("system") else ""))
     if doc["kept"]:
         o.say(f"kept {doc['sandbox']} (`petri diff {doc['sandbox']}`, `petri promote {doc['sandbox']}`, "
               f"`petri rm {doc['sandbox']}`)")

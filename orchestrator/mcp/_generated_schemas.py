@@ -2406,6 +2406,11 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      "description": "also files .gitignore ignores",
      "type": "boolean"
     },
+    "system": {
+     "default": false,
+     "description": "a writable layer over the host's /usr, /etc, /var, /opt: what the command changes there is reported (system), never promoted; root only",
+     "type": "boolean"
+    },
     "max_patch_bytes": {
      "default": 262144,
      "minimum": 0,
@@ -2475,6 +2480,17 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "exit_code": {
      "type": "integer"
+    },
+    "system": {
+     "anyOf": [
+      {
+       "items": {},
+       "type": "array"
+      },
+      {
+       "type": "null"
+      }
+     ]
     }
    },
    "required": [
@@ -2654,6 +2670,25 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      "minLength": 1,
      "type": "string",
      "description": "promote although the config's [policy] stops it: the reason, recorded in the audit trail (ask the user first)"
+    },
+    "watch": {
+     "minLength": 1,
+     "type": "string",
+     "description": "after the promotion, run this shell command against live every `every` for `for`; its first failure rolls the promotion back"
+    },
+    "for": {
+     "type": [
+      "number",
+      "string"
+     ],
+     "description": "how long watch watches: seconds, or 10m, 1h (needed with watch)"
+    },
+    "every": {
+     "type": [
+      "number",
+      "string"
+     ],
+     "description": "how often watch checks (default 30s)"
     }
    },
    "required": [

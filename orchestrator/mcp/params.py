@@ -5,7 +5,7 @@ told it accepts, what the server checks and what the handler reads are one decla
 
 An argument that may be left out has a default: a value the handler uses, or None for
 "not given" (the schema then has the argument without null: no argument is nullable).
-``from`` is a Python keyword: the field is ``from_`` with the alias ``from``.
+``from`` and ``for`` are Python keywords: the fields are ``from_`` and ``for_`` with the aliases.
 
 Imported with the tool table, after the ``initialize`` answer (pydantic is slow to import
 and the SDK loads it then anyway).
@@ -256,6 +256,9 @@ class Try(LimitArgs):
     timeout_s: Annotated[Duration, Field(description="kill the command (and the check) after this long")] = \
         DEFAULT_TIMEOUT_S
     include_ignored: Annotated[bool, Field(description="also files .gitignore ignores")] = False
+    system: Annotated[bool, Field(description="a writable layer over the host's /usr, /etc, /var, /opt: what the "
+                                              "command changes there is reported (system), never promoted; "
+                                              "root only")] = False
     max_patch_bytes: PatchBytes = DEFAULT_PATCH_BYTES
 
 
@@ -277,6 +280,12 @@ class Promote(SandboxArgs):
     override_policy: Annotated[str | None, Field(min_length=1, description="promote although the config's [policy] "
                                                                            "stops it: the reason, recorded in the "
                                                                            "audit trail (ask the user first)")] = None
+    watch: Annotated[str | None, Field(min_length=1, description="after the promotion, run this shell command "
+                                                                 "against live every `every` for `for`; its first "
+                                                                 "failure rolls the promotion back")] = None
+    for_: Annotated[Duration | None, Field(alias="for", description="how long watch watches: seconds, or 10m, "
+                                                                     "1h (needed with watch)")] = None
+    every: Annotated[Duration | None, Field(description="how often watch checks (default 30s)")] = None
 
 
 class Rollback(Args):

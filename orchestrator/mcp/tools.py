@@ -255,7 +255,8 @@ async def promote(st: State, a: P.Promote) -> dict[str, Any]:
         raise UsageError(detail="override_policy needs `petri mcp --allow-live`: only a server a person started "
                                 "that way may let a change past the policy")
     got = await st.ws.promote(a.sandbox, paths=a.paths, dry_run=a.dry_run, on_conflict=a.on_conflict.value,
-                              verify=a.verify, include_ignored=a.include_ignored, override_policy=a.override_policy)
+                              verify=a.verify, include_ignored=a.include_ignored, override_policy=a.override_policy,
+                              watch=a.watch, watch_for=a.for_, watch_every=a.every)
     doc = got.to_json()
     if doc.get("verified") is False:  # the CLI exits 1 here: a failure, with the document
         msg = "verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
@@ -276,7 +277,7 @@ async def try_(st: State, a: P.Try) -> dict[str, Any]:
                                 "tell the user the sandbox id (`petri promote SB`)")
     got = await st.ws.try_(a.command, check=a.check, promote=a.promote, keep=a.keep, label=a.label,
                            limits=_limits(a), timeout=_seconds(a.timeout_s, "timeout_s"),
-                           include_ignored=a.include_ignored, profile=a.profile)
+                           include_ignored=a.include_ignored, profile=a.profile, system=a.system)
     return _capped_patch(got.to_json(), a.max_patch_bytes)
 
 
@@ -397,7 +398,9 @@ TOOLS: list[Tool] = [
          "approve or reject it.", review, (R.Review,), **_RO),
     Tool("reject", "Reject a sandbox: record why (audit trail, event, stats) and destroy it (keep: true keeps it). "
          "Never touches the live workspace.", reject, (R.Rejection,), destructive=True),
-    Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback).",
+    Tool("promote", "Apply a sandbox's changes to the LIVE workspace (3-way, journaled; undo with rollback). "
+         "watch + for (+ every): keep running a check against live after it; the first failure rolls it back "
+         "(a detached watcher: the result's watch says it started; `petri promotions` shows how it stands).",
          promote, (R.PromoteResult,), destructive=True, live_only=True),
     Tool("rollback", "Undo a promotion (p-…) or restore the LIVE workspace to a snapshot (s-…).",
          rollback, (R.Rollback,), destructive=True, live_only=True),

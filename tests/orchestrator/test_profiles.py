@@ -272,9 +272,9 @@ def test_promote_holds_a_strict_sandbox_to_strict_and_a_default_one_passes(ws):
 
 @needs_sandbox
 def test_race_and_try_with_a_profile(copy_ws):
-    ws = copy_ws
+    ws = copy_ws  # (ENV: a race reads the profile's secret, as fork and try do)
     r = petri("race", "--profile", "strict", "--check", "test -f a.py", "--cmd", "echo 'x = 2' > a.py",
-              "--cmd", "echo 'x = 3' > a.py; echo 'z' > setup.py", "--keep", "--json", cwd=ws)
+              "--cmd", "echo 'x = 3' > a.py; echo 'z' > setup.py", "--keep", "--json", cwd=ws, env=ENV)
     assert r.rc == 0, r
     cands = {c["sandbox"]: c for c in r.json["candidates"]}
     assert r.json["seccomp"] == "strict"
@@ -286,7 +286,7 @@ def test_race_and_try_with_a_profile(copy_ws):
     assert cands[r.json["winner"]]["policy_ok"] is True
     # flags win in a race too
     r = petri("race", "--profile", "strict", "--mem", "300M", "--seccomp", "default", "--check", "true",
-              "--cmd", "true", "--json", cwd=ws)
+              "--cmd", "true", "--json", cwd=ws, env=ENV)
     assert r.rc == 0 and r.json["seccomp"] == "default", r
     assert _status(ws, r.json["winner"])["limits"]["mem_bytes"] == 300 << 20
     # try: the fork is the profile's, and its promotion is held to strict's policy (exit 3)
