@@ -41,6 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -347,9 +348,7 @@ class PetriApp(App):
             self._gc_threshold = gc.get_threshold()
             gc.set_threshold(self._gc_threshold[0], self._gc_threshold[1], GC_HELD)
 
-    async def on_event(self, event: Any) -> None:
-        from textual import events
-
+    async def on_event(self, event: events.Event) -> None:
         if isinstance(event, (events.Key, events.MouseDown, events.MouseScrollDown, events.MouseScrollUp)):
             self._input_at = time.monotonic()
         await super().on_event(event)
