@@ -41,6 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -125,6 +126,9 @@ class PetriApp(App):
         self._refresh_timer: Any = None
         self.exit_signal: int | None = None  # SIGHUP, SIGTERM or SIGINT that ended the app
         self._last_g = 0.0  # when a first g of gg was pressed
+        self._input_at = 0.0  # when the last key or click came (time.monotonic)
+        self._full_pass_at = time.monotonic()  # when the collector's last full pass ran (ours)
+        self._gc_threshold: tuple[int, ...] | None = None  # the collector's, while full passes wait for a rest
 
     # -- start -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -197,7 +201,7 @@ class PetriApp(App):
         if self.follow:
             self._schedule_refresh()
         self.call_after_refresh(self.preload_logs_screen)
-        self.call_after_refresh(freeze_heap)  # what start-up made (imports, screens, rows) stays
+        self.call_after_refresh(self._freeze_heap)  # what start-up made (imports, screens, rows) stays
 
 
     def _build_panes(self) -> None:
@@ -207,6 +211,11 @@ class PetriApp(App):
 
     def on_unmount(self) -> None:
         self._stop.set()
+        if self._gc_threshold is not None:  # the collector as it was (tests run many apps in a process)
+            import gc
+
+            gc.set_threshold(*self._gc_threshold)
+            self._gc_threshold = None
         if self._follow_stop is not None:
             self._follow_stop.set()
 
@@ -329,9 +338,48 @@ class PetriApp(App):
             self.apply(self.model.put_promotions(await self.call_bg(self.source.promotions)))
         self.run_worker(go, exclusive=True, group="promotions")
 
+    def _freeze_heap(self) -> None:
+        """``freeze_heap``, and from then on the collector's full passes wait for the keys to
+        rest (``collect_at_rest``)."""
+        import gc
+
+        freeze_heap()
+        if self._gc_threshold is None and self.alive:
+            self._gc_threshold = gc.get_threshold()
+            gc.set_threshold(self._gc_threshold[0], self._gc_threshold[1], GC_HELD)
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, (events.Key, events.MouseDown, events.MouseScrollDown, events.MouseScrollUp)):
+            self._input_at = time.monotonic()
+        await super().on_event(event)
+
+    def collect_at_rest(self) -> bool:
+        """The collector's full pass, run here (once a second, ``tick``) rather than when an
+        allocation sets it off: once it is due (as many younger passes since the last as the
+        collector's own threshold asks for) and no key or click came for ``GC_REST_S``, or
+        ``GC_MAX_WAIT_S`` after the last full pass all the same (keys that never rest).
+
+        Why: a full pass walks every object made since start-up (the tables' rendered lines
+        and their caches: some 200 000 during a race in bench_tui) and took 100-230 ms of the
+        event loop, or of a reading thread holding the interpreter; set off by what a key
+        allocates (``l``'s 2000 lines, a screen's widgets), it landed on that key: the rare
+        200 ms ``l``, ``escape`` and ``1`` while a race streams. Younger passes (most garbage)
+        still run as the collector decides; what a full pass frees waits seconds, not longer."""
+        import gc
+
+        if self._gc_threshold is None or gc.get_count()[2] < self._gc_threshold[2]:
+            return False
+        now = time.monotonic()
+        if now - self._input_at < GC_REST_S and now - self._full_pass_at < GC_MAX_WAIT_S:
+            return False
+        gc.collect()
+        self._full_pass_at = time.monotonic()
+        return True
+
     def tick(self) -> None:
         if not self.alive:
             return
+        self.collect_at_rest()
         now = self.now()
         top = self.screen if not isinstance(self.screen, ModalScreen) else self.screen_stack[-2]
         if isinstance(top, PetriScreen):
@@ -746,6 +794,11 @@ def main(source: Source, **kw: Any) -> int:
     finally:
         _end_after(0.0, code)
     return code
+
+
+GC_HELD = 1 << 30  # the collector's third threshold while the app runs its full passes itself
+GC_REST_S = 1.0  # no key or click for that long: a full pass may run (collect_at_rest)
+GC_MAX_WAIT_S = 60.0  # and after that long it runs, keys or not
 
 
 def freeze_heap() -> None:

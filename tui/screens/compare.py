@@ -10,11 +10,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from .. import compare as cmp
 from .. import format as fmt
 from ..model import Changes
+from ..widgets.footer import Footer
 from ..widgets.compare_summary import CompareSummary, counts_text
 from ..widgets.file_list import FileList
 from ..widgets.split_diff import SplitDiff

@@ -13,8 +13,9 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Header, RichLog, Static
+from textual.widgets import Header, RichLog, Static
 
+from ..widgets.footer import Footer
 from ..widgets.output_log import OutputLog
 
 from .. import format as fmt

@@ -7,9 +7,10 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from ..model import Changes
+from ..widgets.footer import Footer
 from ..widgets.promotion_table import PromotionTable
 from .base import PetriScreen
 

@@ -8,10 +8,11 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from .. import format as fmt
 from ..model import Changes
+from ..widgets.footer import Footer
 from ..widgets.line import Line
 from ..widgets.overlap_matrix import OverlapMatrix
 from ..widgets.race_table import RaceTable

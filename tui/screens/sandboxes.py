@@ -8,9 +8,10 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Header
 
 from ..model import Changes
+from ..widgets.footer import Footer
 from ..widgets.detail_pane import DetailPane
 from ..widgets.sandbox_table import SandboxTable
 from .base import PetriScreen
