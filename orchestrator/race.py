@@ -105,12 +105,14 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from snapshot.errors import PetriError
 
-from . import events
+from . import events, run_env
+from .config import load_config
 from .errors import OrchestratorError, UsageError
 from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
                         judge_metric, load_candidates, parse_metric, rank, run_roles, run_roles_meta, winner_of)
 from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused, failure_reason,
                          read_metric, report_candidate, run_candidate, shielded, telling_line)
+from .profiles import fork_env
 from .registry import new_id
 
 if TYPE_CHECKING:
@@ -179,7 +181,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     import trio
 
-    from .config import load_config
     from .engine import Limits
     from .profiles import inherited, seccomp_for
     from .runs import seccomp_profile
@@ -302,7 +303,6 @@ def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict
     if profile is None:
         return [], {}
     from .config import load_config
-    from .profiles import fork_env
 
     return fork_env(load_config(engine.root).profile(profile), (), ())
 
@@ -387,7 +387,6 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
                                                                                    check_of=rows[i - n].id)
             meta = {**(r.meta or {}), "race": role}
             if passes or secrets:  # as a fork with the profile gets them (the runs read them from here)
-                from . import run_env
 
                 run_env.save(engine.store.root, r.id, secrets)
                 meta.update(env_pass=passes, secrets=sorted(secrets))

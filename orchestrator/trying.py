@@ -42,6 +42,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import EmptyCommand, Interrupted
+from .sandbox.system_layer import changes as system_changes
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -99,9 +100,7 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
         _run_command(engine, sb, argv, doc, timeout_s=timeout_s, seccomp=seccomp, echo=echo)
         doc.update(_changes(engine, sb, include_ignored))
         if row.system:  # what it changed outside the project: reported, never promoted
-            from .sandbox.system_layer import changes
-
-            doc["system"] = changes(engine.store.root, sb)
+            doc["system"] = system_changes(engine.store.root, sb)
         if doc["command"]["exit_code"] != 0:
             doc["outcome"] = "command_failed"
         elif check is not None:
