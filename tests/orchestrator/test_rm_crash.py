@@ -192,8 +192,14 @@ def test_kill_9_of_mcp_with_runs_in_flight_leaves_no_cgroup(ws):
             raw.handshake()
             for i in range(3):
                 raw.call("sandbox_run_start", {"sandbox": sb, "command": f"sleep 300; : {marker}-{i}"})
+            # until each command itself runs (`sh -c "sleep 300; ..."` inside its sandbox), not
+            # only its wrapper: the wrapper (sh, env, setpriv) and bwrap before it arms its
+            # parent-death signal carry the marker too, and a kill in those few ms leaves that
+            # run to the next command's reaper (seen once in CI's parallel run), which the
+            # checks below are not about
             deadline = time.monotonic() + 20
-            while len({a.rsplit("-", 1)[-1] for a in alive_with(marker)}) < 3 and time.monotonic() < deadline:
+            while (len({a.rsplit("-", 1)[-1] for a in alive_with(marker) if "-c\\x00sleep 300" in a}) < 3
+                   and time.monotonic() < deadline):
                 time.sleep(0.05)
             assert len(_cgroups_of(sb)) >= 3, _cgroups_of(sb)
             raw.p.kill()
