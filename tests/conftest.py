@@ -304,3 +304,20 @@ def kill_processes_mentioning(text: str) -> None:
                     os.kill(int(pid), signal.SIGKILL)
         except (OSError, ProcessLookupError):
             pass
+
+
+@pytest.fixture(autouse=True)
+def _close_unreferenced_connections(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that is not a unit test: collect the garbage, so a workspace's SQLite
+    connection a test dropped (an Engine in a reference cycle) closes now, not some tests later.
+
+    Why: SQLite shares its locks and a WAL database's -shm among one process's connections by
+    (device, inode), and btrfs gives a deleted subvolume's device number to a new one while
+    inode numbers repeat from tree to tree; a dropped connection to an earlier test's
+    registry.db then stood for a new workspace's file in this worker: "database is locked" at
+    Engine.init and "disk I/O error" on a read-only read, in full parallel runs only."""
+    yield
+    if request.node.get_closest_marker("unit") is None:
+        import gc
+
+        gc.collect()

@@ -166,13 +166,15 @@ class Workspace:
 
             e = Engine.open(self.root, str(self.root))
             self._local.engine = e
+            self.__dict__.setdefault("_opened", []).append(e)
         return e
 
     def close(self) -> None:
-        e = getattr(self._local, "engine", None)
-        if e is not None:
+        """Close every thread's engine (the registry connections are not tied to their thread):
+        a worker thread that outlives its call (a front end's pool) must not keep one open."""
+        for e in self.__dict__.pop("_opened", []):
             e.close()
-            self._local.engine = None
+        self._local.engine = None
 
     def __enter__(self) -> "Workspace":
         return self

@@ -47,19 +47,33 @@ def _store_entries(store: Path, skip: set[str]) -> dict[str, tuple]:
 
 def registry_rows(store: Path) -> dict[str, tuple[int, str]]:
     """Every table of the registry: (row count, a digest of its rows), read through a
-    read-only connection (it writes nothing itself)."""
-    import hashlib
-    import sqlite3
-    db = sqlite3.connect(f"file:{store / 'registry.db'}?mode=ro", uri=True)
-    try:
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        out = {}
-        for t in tables:
-            rows = sorted(repr(tuple(r)) for r in db.execute(f'SELECT * FROM "{t}"'))
-            out[t] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16])
-        return out
-    finally:
-        db.close()
+    read-only connection (it writes nothing itself), in a process of its own.
+
+    Why a process of its own: SQLite shares its locks and its mapping of a WAL database's
+    -shm among the connections of one process by (device, inode), and btrfs hands out a
+    deleted subvolume's device number again while inode numbers repeat from one fresh tree
+    to the next: a connection an earlier test of this worker left open to another workspace's
+    registry.db with the same (device, inode) made this read fail with "disk I/O error" in
+    full parallel runs (never alone)."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib, json, sqlite3, sys\n"
+        "db = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)\n"
+        "tables = [r[0] for r in db.execute(\"SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name\")]\n"
+        "out = {}\n"
+        "for t in tables:\n"
+        "    rows = sorted(repr(tuple(r)) for r in db.execute(f'SELECT * FROM \"{t}\"'))\n"
+        "    out[t] = (len(rows), hashlib.sha256(chr(10).join(rows).encode()).hexdigest()[:16])\n"
+        "db.close()\n"
+        "print(json.dumps(out))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(store / "registry.db")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise AssertionError(f"reading the registry read-only failed: {r.stderr.strip()}")
+    return {t: (n, d) for t, (n, d) in json.loads(r.stdout).items()}
 
 
 def event_files(store: Path) -> dict[str, bytes]:

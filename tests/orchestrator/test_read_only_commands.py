@@ -187,8 +187,11 @@ def _tui_refresh(ws: Path) -> None:
     from tui.source import Source
 
     async def main():
-        app = PetriApp(Source(api.open(ws, via="tui")))
-        async with app.run_test(size=(100, 30)) as pilot:
+        w = api.open(ws, via="tui")
+        app = PetriApp(Source(w))
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(w.close)  # every thread's engine, before the next test's workspace
+            pilot = await stack.enter_async_context(app.run_test(size=(100, 30)))
             deadline = time.monotonic() + 60
             while app.loaded is None or not app.loaded.is_set():
                 assert time.monotonic() < deadline
