@@ -13,20 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import petri
-from tests.helpers.signals import start_petri
+from tests.helpers.signals import start_petri, tree_bytes
 
 N_FILES = 4000
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dp, dns, fns in os.walk(root):
-        rel = os.path.relpath(dp, root)
-        if rel == ".":
-            dns[:] = [d for d in dns if d != ".petri"]
-        for f in fns:
-            out[os.path.normpath(os.path.join(rel, f))] = Path(dp, f).read_bytes()
-    return out
 
 
 def _interrupt_when(proc: subprocess.Popen, ready, what: str) -> tuple[str, str]:
@@ -65,7 +54,7 @@ def _big_sandbox(ws: Path) -> tuple[str, dict[str, bytes]]:
         d.mkdir(parents=True, exist_ok=True)
         (d / f"f{i}.txt").write_text(f"data {i}\n")
     (tree / "keep.txt").write_text("changed\n")
-    return sb["id"], _tree(tree)
+    return sb["id"], tree_bytes(tree)
 
 
 def _committed(ws: Path) -> bool:
@@ -74,7 +63,7 @@ def _committed(ws: Path) -> bool:
 
 @pytest.mark.parametrize("as_json,when", [(True, "staging"), (False, "staging"), (True, "committed")])
 def test_ctrl_c_mid_promotion_says_what_happened(ws, as_json, when):
-    before = _tree(ws)
+    before = tree_bytes(ws)
     sb, after = _big_sandbox(ws)
     pending = ws / ".petri" / "journal" / ".pending"
     proc = start_petri(["promote", *(["--json"] if as_json else []), sb], ws)
@@ -85,7 +74,7 @@ def test_ctrl_c_mid_promotion_says_what_happened(ws, as_json, when):
     out, err = _interrupt_when(proc, ready, f"the promotion {when}")
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    now = _tree(ws)
+    now = tree_bytes(ws)
     if "nothing was promoted" in err:
         assert now == before
         promo = None
@@ -100,8 +89,8 @@ def test_ctrl_c_mid_promotion_says_what_happened(ws, as_json, when):
     # settled before it answered: nothing pending, no staging left in the workspace
     assert not any(pending.iterdir())
     assert not [p for p in os.listdir(ws) if p.startswith(".petri-staging-")]
-    assert _tree(ws) == now  # and the next command finds nothing left to finish or undo
-    assert petri("ls", cwd=ws).rc == 0 and _tree(ws) == now
+    assert tree_bytes(ws) == now  # and the next command finds nothing left to finish or undo
+    assert petri("ls", cwd=ws).rc == 0 and tree_bytes(ws) == now
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/bwrap").exists(), reason="needs root (cgroups) and bwrap")
