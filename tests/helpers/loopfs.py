@@ -47,10 +47,9 @@ from tests.helpers.loopimg import LoopFs, mount_options, unmount_under  # noqa: 
 
 PREFIX = "petri-test"
 SHARED = {"xfs"}  # kinds the xdist workers of one run share (see the module docstring)
-# btrfs 8 GiB (sparse: costs the host what is written): longest-first ordering runs the big btrfs
-# tests (a real project's venv, 10k-file promotions) back to back on one worker's image, and btrfs frees
-# a deleted subvolume's space later, in the background: at 2 GiB a read-only SQLite reader failed with
-# "disk I/O error" (a -shm it could not grow) in 2 of 3 full runs
+# btrfs 8 GiB (sparse: costs the host only what is written): room for the big btrfs tests (a real
+# project's venv, 10k-file promotions) that the longest-first order runs back to back on one worker's
+# image, while btrfs frees deleted subvolumes in the background
 SIZES = {"btrfs": 8 << 30, "xfs": 1 << 30}
 MOUNT_OPTS = {"btrfs": (), "xfs": ("prjquota",)}
 TEST_USER = "petri-test"
