@@ -104,6 +104,29 @@ def _longest() -> dict[str, float]:
     return out
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 - pytest's hook
+    """``PETRI_TEST_CPU=FILE``: each test's CPU seconds (this process and the processes it
+    waited for: petri commands, checks; not daemons that outlived them) and wall seconds,
+    appended to FILE as ``cpu wall nodeid``: where a run's CPU goes on a loaded machine,
+    where wall time says little. Off unless asked."""
+    out = os.environ.get("PETRI_TEST_CPU")
+    if not out:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    c0, t0 = cpu(), time.monotonic()
+    yield
+    with open(out, "a") as f:
+        f.write(f"{cpu() - c0:.2f} {time.monotonic() - t0:.2f} {item.nodeid}\n")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Which real parts this machine has: the tests use them, or skip naming what is missing."""
     return [machine_line()]
