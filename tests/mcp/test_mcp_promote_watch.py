@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import sqlite3
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import petri
 from tests.helpers.mcp_client import client
-from tests.helpers.promote_ws import fork, make_project, manifest, w
+from tests.helpers.promote_ws import fork, manifest, w
+from tests.helpers.watch_ws import promotion, watched_workspace
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
                                 reason="needs root (cgroups) and bwrap")
@@ -27,33 +25,8 @@ pytest.importorskip("mcp_types")
 
 @pytest.fixture
 def ws(tmp_path):
-    root = tmp_path / "ws"
-    root.mkdir()
-    make_project(root)
-    assert petri("init", "--backend", "copy", cwd=root).rc == 0
-    try:
+    with watched_workspace(tmp_path) as root:
         yield root
-    finally:
-        db = root / ".petri" / "registry.db"
-        if db.exists():  # kill a watcher a failed assertion left running (by the pid its row names)
-            con = sqlite3.connect(db)
-            try:
-                pids = [r[0] for r in con.execute("SELECT pid FROM watches WHERE state = 'watching'")]
-            finally:
-                con.close()
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, TypeError):
-                    pass
-        petri("gc", cwd=root)
-        petri("deinit", "--force", cwd=root)
-
-
-def _promotion(ws: Path, promo: str) -> dict:
-    r = petri("--json", "promotions", cwd=ws)
-    assert r.rc == 0, r
-    return next(p for p in r.json["promotions"] if p["id"] == promo)
 
 
 def test_a_watch_that_fails_rolls_the_promotion_back(ws):
@@ -72,18 +45,18 @@ def test_a_watch_that_fails_rolls_the_promotion_back(ws):
     promo = anyio.run(main, backend="trio")
     # the watch outlives the MCP session: a detached watcher runs it
     assert (ws / "README.md").read_text() == "# watched\n"
-    wd = _promotion(ws, promo)["watch"]
+    wd = promotion(ws, promo)["watch"]
     assert wd["state"] == "watching", wd
     deadline = time.monotonic() + 3
-    while _promotion(ws, promo)["watch"]["checks"] < 1 and time.monotonic() < deadline:
+    while promotion(ws, promo)["watch"]["checks"] < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _promotion(ws, promo)["watch"]["checks"] >= 1  # checks passed before the failure
+    assert promotion(ws, promo)["watch"]["checks"] >= 1  # checks passed before the failure
     flag.write_text("")
     deadline = time.monotonic() + 30
-    while _promotion(ws, promo)["watch"]["state"] == "watching" and time.monotonic() < deadline:
+    while promotion(ws, promo)["watch"]["state"] == "watching" and time.monotonic() < deadline:
         time.sleep(0.2)
     flag.unlink()
-    got = _promotion(ws, promo)
+    got = promotion(ws, promo)
     assert got["state"] == "undone" and got["watch"]["state"] == "rolled_back", got
     assert got["watch"]["failed"]["exit_code"] == 1
     assert manifest(ws) == before  # byte-identical to before the promotion

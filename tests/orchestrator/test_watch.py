@@ -18,40 +18,14 @@ import pytest
 
 from orchestrator import events
 from tests.conftest import petri
-from tests.helpers.promote_ws import fork, make_project, manifest, w
+from tests.helpers.promote_ws import fork, manifest, w
+from tests.helpers.watch_ws import watched_workspace
 
 
 @pytest.fixture
 def ws(tmp_path):
-    root = tmp_path / "ws"
-    root.mkdir()
-    make_project(root)
-    r = petri("init", "--backend", "copy", cwd=root)
-    assert r.rc == 0, r
-    try:
+    with watched_workspace(tmp_path) as root:
         yield root
-    finally:
-        _stop_watchers(root)
-        petri("gc", cwd=root)
-        petri("deinit", "--force", cwd=root)
-
-
-def _stop_watchers(root: Path) -> None:
-    """Kill the watchers this test started (by the pid each watch row names), if still alive."""
-    import sqlite3
-    db = root / ".petri" / "registry.db"
-    if not db.exists():
-        return
-    con = sqlite3.connect(db)
-    try:
-        pids = [r[0] for r in con.execute("SELECT pid FROM watches WHERE state = 'watching'")]
-    finally:
-        con.close()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, TypeError):
-            pass
 
 
 def _changed_sandbox(ws: Path, text: str = "# watched\n") -> str:
