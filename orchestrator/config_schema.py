@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from . import kpi as K
 from .errors import UsageError
+from .race_plan import Metric, parse_metric
 from .sandbox.seccomp import Profile as SeccompProfile
 from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
 
@@ -126,6 +127,25 @@ class StageModel(BaseModel):
     checks: list[str] = Field(default_factory=list)
     gate: Literal["auto", "manual"] = "auto"
     timeout: float | None = None
+    metric: str | None = None  # FILE:KEY[:max|:min], as promote --metric
+    max_regression: str | None = None  # "10%", as promote --max-regression
+
+    @model_validator(mode="after")
+    def _metric(self) -> "StageModel":
+        if self.max_regression is not None and self.metric is None:
+            raise ValueError("max_regression needs metric (FILE:KEY)")
+        if self.metric is not None:
+            if not self.checks:
+                raise ValueError("metric needs checks: the commands that write it")
+            try:
+                parse_metric(self.metric, self.max_regression)
+            except UsageError as e:
+                raise ValueError(str(e).replace("--metric", "metric").replace("--max-regression",
+                                                                                  "max_regression")) from None
+        return self
+
+    def gate_metric(self) -> Metric | None:
+        return parse_metric(self.metric, self.max_regression) if self.metric is not None else None
 
     @field_validator("target")
     @classmethod

@@ -203,12 +203,21 @@ def promotion_base(engine: "Engine", checks: Sequence[str], metric: "Metric", pr
                    message: str) -> str:
     """The snapshot of live as it is now, for a gated promotion's base (see the module
     docstring). The caller holds the store lock."""
-    from .staleness import live_changes
-
     latest = engine.registry.latest_snapshot()
     if latest is not None and latest.kind == "implicit" and \
             engine.backend.live_unchanged_since(engine.store, latest.id):
         return latest.id
+    return reusable_base(engine, checks, metric, profile) or \
+        engine._take_snapshot_locked(message, "implicit", None).id
+
+
+def reusable_base(engine: "Engine", checks: Sequence[str], metric: "Metric", profile: str | None) -> str | None:
+    """A snapshot whose metric for these checks is cached and whose content live holds now
+    (``staleness.live_changes`` finds nothing changed), or None. A workspace stage takes its
+    own snapshot before it promotes; its base is measured on this one instead when there is
+    one, so a stage tried again on the same live does not measure the base again."""
+    from .staleness import live_changes
+
     for snap_id in _recent_bases(engine, checks, metric, profile):
         try:
             got = live_changes(engine, snap_id)
@@ -216,7 +225,7 @@ def promotion_base(engine: "Engine", checks: Sequence[str], metric: "Metric", pr
             got = None
         if got is not None and not got.paths:
             return snap_id
-    return engine._take_snapshot_locked(message, "implicit", None).id
+    return None
 
 
 def _recent_bases(engine: "Engine", checks: Sequence[str], metric: "Metric", profile: str | None) -> list[str]:

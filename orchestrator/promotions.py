@@ -66,6 +66,10 @@ def _display(p: bytes) -> str:
     return p.decode("utf-8", "backslashreplace")
 
 
+def _num(v: float | None) -> str:
+    return "none" if v is None else f"{v:g}"
+
+
 def _b64(p: bytes) -> str:
     return base64.b64encode(p).decode()
 
@@ -299,8 +303,9 @@ def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Calla
     if metric is not None and code == 0:
         measured = None
         if base is not None and metric.max_regression is not None:
-            say(f"measuring {metric.key} on the base {base} (once per base)")
             measured = base_metric_sync(engine, base, [cmd], metric)
+            say(f"{metric.key} on the base {base}: {_num(measured.get('metric'))}"
+                f" ({'measured earlier' if measured.get('cached') else 'measured now'})")
         verdict = judge(metric, value, measured)
         out.update({k: v for k, v in verdict.items() if k not in ("error", "warning", "note")})
         out["verify"].update(metric=value, metric_ok=verdict["metric_ok"])
