@@ -195,8 +195,15 @@ def judge(metric: "Metric", value: float | None, base: dict[str, Any] | None) ->
         out["error"] = (f"{metric.key} regressed {out['regression']:.1%} against the base ({value:g} vs {b:g}; "
                         f"{limit})")
     else:
-        out["note"] = f"{metric.key} {value:g} against the base's {b:g} ({out['regression']:+.1%}; {limit})"
+        out["note"] = f"{metric.key} {value:g} against the base's {b:g} ({change(out['regression'])}; {limit})"
     return out
+
+
+def change(regression: float) -> str:
+    """A regression for people: "10.5% worse", "3.0% better", "unchanged"."""
+    if regression == 0:
+        return "unchanged"
+    return f"{abs(regression):.1%} {'worse' if regression > 0 else 'better'}"
 
 
 def promotion_base(engine: "Engine", checks: Sequence[str], metric: "Metric", profile: str | None,

@@ -223,7 +223,8 @@ def _metric_line(doc: dict[str, Any]) -> str:
         cached = " (measured earlier)" if doc.get("base_metric_cached") else ""
         text += f" against the base's {doc['base_metric']:g}{cached}"
         if doc.get("regression") is not None:
-            text += f" ({doc['regression']:+.1%}"
+            r = doc["regression"]
+            text += f" ({'unchanged' if r == 0 else f'{abs(r):.1%} ' + ('worse' if r > 0 else 'better')}"
             text += f"; at most {spec['max_regression']:.0%})" if spec.get("max_regression") is not None else ")"
     return text
 
