@@ -11,7 +11,11 @@ runs: it finishes or undoes what a killed petri left, guarantee 2).
 ``--verify CMD``: a fresh sandbox is forked from the promoted workspace, CMD runs in it
 through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), the sandbox
 is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_back:
-true``, exit 1).
+true``, exit 1). With a metric gate (``--metric FILE:KEY --max-regression N%``), the
+snapshot of live taken under the lock right before the promotion writes is the base
+(``metric_gate.promotion_base``); CMD runs on a fork of it too, once per base (cached in the
+store, ``metric_gate``), and a metric that regressed past N%, or a CMD that left no KEY,
+fails the verify the same way.
 
 ``--watch CMD --for D``: after that, ``orchestrator.watch`` records the watch and starts its
 detached watcher (the promote document's ``watch``; ``promotion_docs`` shows each watch, and
@@ -29,7 +33,7 @@ Caveats:
   store is another device); the next command's recovery removes it from live, not from that
   snapshot.
 - ``--verify`` forks from live after the store lock is released: an edit made in between
-  is verified along with the promotion.
+  is verified along with the promotion (and measured against the base without it).
 """
 from __future__ import annotations
 

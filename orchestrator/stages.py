@@ -31,6 +31,13 @@ interrupted stage. A conflict stops the pipeline (exit 3, nothing written by tha
 ``rollback_promotion`` of a stage first undoes the later stages of its pipeline, newest
 first (each in its own workspace), then it.
 
+Metric (``metric``/``max_regression`` in a stage's entry): once the checks passed, the
+number they left is judged against the same checks on that stage's base (``fresh``: the
+sandbox's base without the patch; a promotion: live before it, ``snapshot_before`` or a
+cached snapshot live still held then), measured once per base (``metric_gate``); a
+regression past the limit, or no number, fails the stage as a failing check does (``_gate``:
+one more row of ``checks``, ``kind: metric``).
+
 Policy (``orchestrator.policy``): the config's ``[policy]`` is judged once, on the pinned
 fork, before the first stage; a violation stops the pipeline before any row exists (exit 3)
 unless ``--override-policy``; a risk rule ``require = "manual"`` makes the first stage wait at

@@ -23,6 +23,8 @@ the sandbox's first run; every run binds them read-write over the host paths
 
 Lifetime: the upper directories are the sandbox's, like its tree: they persist across runs (and
 across remounts), and ``remove`` deletes them at ``rm``, expiry, ``deinit`` and ``gc``.
+``inherit`` copies one sandbox's layer into another's not yet mounted (``try --check``'s fork
+sees what ``try``'s command changed outside the project).
 
 Caveats:
 - Root only: mounting overlayfs and idmapped mounts need CAP_SYS_ADMIN in the initial user
