@@ -409,9 +409,6 @@ def render(report: Report, args, fig: Figures) -> None:
     ])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # chardet's own detector over its own UTF-8 corpus: how many files it names UTF-8 (19 of 19 as
 # published), into metric.json; deterministic, the tree decides it.
@@ -469,7 +466,7 @@ def metric_gate_main(args, argv: list[str] | None) -> int:
             times["petri --version"].append(dt)
 
         def floor_python() -> None:
-            dt, r = _wall(["python3", "-c", "pass"])
+            dt, r = _wall([R.PYTHON, "-c", "pass"])
             assert r.returncode == 0, r.stderr
             times["python3 -c pass"].append(dt)
 
@@ -518,3 +515,7 @@ def metric_gate_main(args, argv: list[str] | None) -> int:
           f"{'; '.join(loads)}.\n")
     print(md_table(["what", "n", "p50", "min", "max", "x promote --verify p50", "x petri --version p50"], rows))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
