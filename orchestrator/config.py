@@ -94,7 +94,6 @@ from .runlog import DEFAULT_CAP
 
 if TYPE_CHECKING:
     from .policy_rules import Policy
-    from .race_plan import Metric
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,8 @@ class Stage:
     checks: tuple[str, ...] = ()
     gate: str = "auto"  # "auto" | "manual"
     timeout_s: float | None = None
-    metric: "Metric | None" = None  # the checks' number gated against the stage's base (metric_gate)
+    metric: str | None = None  # FILE:KEY[:max]: the checks' number, against the stage's base (metric_gate)
+    max_regression: str | None = None  # "10%" (validated as race_plan.parse_metric takes them)
 
 
 def candidates(workspace: Path | None) -> list[Path]:
@@ -302,7 +302,7 @@ def parse_config(data: bytes, path: Path) -> Config:
                               policy=merge_policy(top, own, str(path), f"profiles.{k}.policy"))
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
-                         timeout_s=st.timeout, metric=st.gate_metric()) for st in m.stages)
+                         timeout_s=st.timeout, metric=st.metric, max_regression=st.max_regression) for st in m.stages)
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
                   masks=expand_masks(m.masks), env=dict(m.env), env_pass=tuple(m.env_pass),

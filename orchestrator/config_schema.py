@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from . import kpi as K
 from .errors import UsageError
-from .race_plan import Metric, parse_metric
 from .sandbox.seccomp import Profile as SeccompProfile
 from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
 
@@ -120,6 +119,27 @@ class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
         return float(v)
 
 
+def metric_spec_error(spec: str, max_regression: str | None) -> str | None:
+    """Why a stage's ``metric``/``max_regression`` is not what ``race_plan.parse_metric``
+    takes (``FILE:KEY[:max|:min]``, FILE in the tree; ``N%``), or None. The same rules,
+    written here because the config cannot import the race's module (it imports the engine,
+    which imports the config); tests/orchestrator/test_metric_gate_unit.py holds the two
+    to the same answers."""
+    body = spec
+    for suffix in (":max", ":min"):
+        if body.endswith(suffix):
+            body = body[:-len(suffix)]
+            break
+    file, colon, key = body.rpartition(":")
+    if not colon or not file or not key:
+        return f"bad metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; append :max when higher is better)"
+    if file.startswith("/") or ".." in file.split("/"):
+        return f"bad metric {spec!r}: FILE is a path inside the tree"
+    if max_regression is not None and re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression) is None:
+        return f"bad max_regression {max_regression!r}: a percentage at least 0, e.g. 10%"
+    return None
+
+
 class StageModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -137,15 +157,10 @@ class StageModel(BaseModel):
         if self.metric is not None:
             if not self.checks:
                 raise ValueError("metric needs checks: the commands that write it")
-            try:
-                parse_metric(self.metric, self.max_regression)
-            except UsageError as e:
-                raise ValueError(str(e).replace("--metric", "metric").replace("--max-regression",
-                                                                                  "max_regression")) from None
+            why = metric_spec_error(self.metric, self.max_regression)
+            if why:
+                raise ValueError(why)
         return self
-
-    def gate_metric(self) -> Metric | None:
-        return parse_metric(self.metric, self.max_regression) if self.metric is not None else None
 
     @field_validator("target")
     @classmethod

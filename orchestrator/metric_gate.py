@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import run_env
+from .limits import Limits
 from .lineage import mark_scaffold
 from .race_steps import read_metric, shielded
 
 if TYPE_CHECKING:
-    from .engine import Engine, Limits
+    from .engine import Engine
     from .race_plan import Metric
     from .registry import SandboxRow
 
@@ -81,9 +82,7 @@ def _fork_base(engine: "Engine", base: str, *, limits: "Limits | None", profile:
                env: tuple[Sequence[str], Mapping[str, bytes]] | None) -> "SandboxRow":
     """The base's throwaway fork, with the profile and its environment as the caller's own
     forks have them (``fork --profile``: the runs read env_pass and secrets from the row)."""
-    from .engine import NO_LIMITS
-
-    row = engine.fork(base, 1, limits=limits or NO_LIMITS, profile=profile)[0]
+    row = engine.fork(base, 1, limits=limits or Limits(), profile=profile)[0]
     mark_scaffold(engine, row, "metric-base")
     passes, secrets = env or ((), {})
     if passes or secrets:

@@ -74,6 +74,7 @@ from .config import Stage, load_config
 from .errors import NothingToRollBack, OrchestratorError, UsageError
 from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
 from .metric_gate import base_metric_sync, judge, reusable_base, spec_doc
+from .race_plan import Metric, parse_metric
 from .race_steps import read_metric
 from .promotions import promote
 from .promotions import rollback_promotion as undo
@@ -160,10 +161,16 @@ def _num(v: float | None) -> str:
     return "none" if v is None else f"{v:g}"
 
 
+def _metric(stage: "Stage") -> Metric | None:
+    """The stage's ``metric``/``max_regression`` (validated when the config was read)."""
+    return parse_metric(stage.metric, stage.max_regression) if stage.metric is not None else None
+
+
 def _read_metric(engine: "Engine", sb_id: str, stage: "Stage") -> float | None:
-    if stage.metric is None:
+    metric = _metric(stage)
+    if metric is None:
         return None
-    return read_metric(engine.sandbox_tree(engine.sandbox_by_id(sb_id)), stage.metric)
+    return read_metric(engine.sandbox_tree(engine.sandbox_by_id(sb_id)), metric)
 
 
 def _gate(target: "Engine", stage: "Stage", base: str, value: float | None, doc: dict[str, Any], say: Say) -> str:
@@ -171,7 +178,7 @@ def _gate(target: "Engine", stage: "Stage", base: str, value: float | None, doc:
     (``metric_gate``: measured once per base, cached): "passed" or "failed". The verdict is
     one more row of ``checks`` (``kind: metric``, its ``error`` says both numbers and the
     limit) and ``metric``, ``base_metric``, ``metric_spec`` in the stage's row."""
-    metric = stage.metric
+    metric = _metric(stage)
     if metric is None:
         return "passed"
     measured = None
@@ -270,9 +277,10 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
         if not checks_only:
             say(f"stage {stage.name} ({promo_id}): promoting {doc['sandbox']} into {where}")
             doc["snapshot_before"] = target.take_snapshot(f"before stage {stage.name} ({promo_id})", kind="stage").id
-            if stage.metric is not None and stage.metric.max_regression is not None:
+            metric = _metric(stage)
+            if metric is not None and metric.max_regression is not None:
                 # the same content measured before (a stage tried again on the same live): its cached base
-                doc["metric_base"] = reusable_base(target, stage.checks, stage.metric, None) or doc["snapshot_before"]
+                doc["metric_base"] = reusable_base(target, stage.checks, metric, None) or doc["snapshot_before"]
             save_stage(engine, promo_id, "running", doc)
             fault_point("pipeline-promote")
             # The row the promotion writes in its workspace: here, the stage's own (all of

@@ -656,20 +656,17 @@ class Workspace:
 
         from snapshot.errors import MarkersWritten
 
+        from ..errors import UsageError
         from ..promotions import promote as do_promote
-        from .helpers import _metric_gate
 
         gate = _metric_gate(metric, max_regression)
         if gate is not None and (verify is None or not verify.strip()):
-            from ..errors import UsageError
             raise UsageError(detail="--metric needs --verify CMD (the command that writes it)" if self.via == "cli"
                              else "metric needs verify (the command that writes it)")
         if gate is not None and to is not None:
-            from ..errors import UsageError
             raise UsageError(detail="a metric goes with a plain promotion; a stage's is `metric` in [[stages]]")
 
         if override_policy is not None:
-            from ..errors import UsageError
             from ..units import MAX_NOTE, check_text
 
             name = "--override-policy" if self.via == "cli" else "override_policy"
@@ -680,7 +677,6 @@ class Workspace:
 
         watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
-            from ..errors import UsageError
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:

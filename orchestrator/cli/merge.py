@@ -108,22 +108,27 @@ def promote(
     was rolled back (or the watch was interrupted or ended by a rollback), 3 when that
     rollback was refused (live changed those files since; the promotion stays)."""
     from .. import interrupts
-    from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_watch
-    from ..errors import PromotionInterrupted
+    from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_metric, parse_watch
+    from ..errors import EmptyCommand, PromotionInterrupted, UsageError
     o = out()
     if override_policy is not None:
         from ..units import MAX_NOTE, check_text
         check_text("--override-policy", override_policy, max_len=MAX_NOTE)
         if not override_policy.strip():
-            from ..errors import UsageError
             raise UsageError(detail="--override-policy needs a REASON (it goes into the audit trail)")
     if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
-        from ..errors import EmptyCommand
         raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
     parse_watch(watch, for_, every)  # a bad --for/--every, or either without --watch, first
-    _check_metric(metric, max_regression, verify, staged=to is not None or resume is not None)
+    if metric is not None or max_regression is not None:  # one usage line (exit 2) before anything is done
+        if to is not None or resume is not None:
+            raise UsageError(detail="--metric cannot be used with --to/--resume: a stage's metric is `metric` in "
+                                    "its [[stages]] entry")
+        if metric is None:
+            raise UsageError(detail="--max-regression needs --metric FILE:KEY")
+        if verify is None:
+            raise UsageError(detail="--metric needs --verify CMD: the command that writes the metric")
+        parse_metric(metric, max_regression)  # a bad one says so in the flags' words
     if watch is not None and (to is not None or resume is not None or dry_run or on_conflict == "markers"):
-        from ..errors import UsageError
         raise UsageError(detail="--watch goes with a plain promotion: not with --to, --resume, --dry-run or "
                                 "--on-conflict markers")
     if to is not None or resume is not None:
@@ -132,7 +137,6 @@ def promote(
                        include_ignored=include_ignored, override_policy=override_policy)
         return
     if sandbox is None:
-        from ..errors import UsageError
         raise UsageError(detail="promote needs a SANDBOX (or --resume p-…)")
     ws = workspace()
     try:
@@ -190,26 +194,6 @@ def promote(
         _print_promote(o, doc, dry_run)
     if code:
         raise typer.Exit(code)
-
-
-def _check_metric(metric: Optional[str], max_regression: Optional[str], verify: Optional[str], *,
-                  staged: bool) -> None:
-    """``--metric``/``--max-regression``: one usage line (exit 2) before anything is done when
-    one comes without what it needs, or is malformed."""
-    from ..api import parse_metric
-    from ..errors import UsageError
-
-    if metric is None and max_regression is None:
-        return
-    if staged:
-        raise UsageError(detail="--metric cannot be used with --to/--resume: a stage's metric is `metric` in its "
-                                "[[stages]] entry")
-    if max_regression is not None and metric is None:
-        raise UsageError(detail="--max-regression needs --metric FILE:KEY")
-    assert metric is not None
-    if verify is None:
-        raise UsageError(detail="--metric needs --verify CMD: the command that writes the metric")
-    parse_metric(metric, max_regression)  # a bad one says so in the flags' words
 
 
 def _metric_line(doc: dict[str, Any]) -> str:
