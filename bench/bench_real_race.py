@@ -30,6 +30,17 @@ Run as root from the repository root: ``.venv/bin/python -m bench.bench_real_rac
 ``/var/tmp/petri-bench/work-<pid>``, where ``auto`` picks overlay; the default is btrfs on a
 loop image it makes; ``--no-direct-cgroups`` runs the direct lanes as plain processes).
 
+``--metric-gate`` measures instead what the metric gate adds to ``promote --verify`` on the
+same project (no race): one sandbox that changes ``ONE_CHAR_PROB`` (chardet's UTF-8 corpus,
+``tests/utf-8``, still detected 17 of 19), the check ``METRIC_CHECK`` (chardet detects that
+corpus and writes the count to ``metric.json``), and per round, order rotating: ``petri
+--version`` and ``python3 -c pass`` (the floors), ``promote --json SB --verify CHECK``, and
+``promote --json SB --verify CHECK --metric metric.json:utf8_detected:max --max-regression
+15%`` twice, first with the store's base-metric cache removed (the base measured: a snapshot,
+a fork of it, the check) and then with it (read from the cache). Each promotion is rolled back
+outside the timed part; every promotion must verify. p50 of each, its ratio to the plain
+``--verify``'s p50 and to ``petri --version``'s, the load average per round.
+
 Caveats: two cores, and the suite is single-threaded: the right and the wrong lane each
 take one core, so anything else running on the machine (other people's work, petri's own
 bookkeeping) comes straight out of the checks' time; the load average is printed per
@@ -228,10 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("btrfs", "overlay"), default="btrfs")
     ap.add_argument("--no-direct-cgroups", action="store_true",
                     help="run the direct lanes as plain processes (no cpu cgroups): what a user would run by hand")
+    ap.add_argument("--metric-gate", action="store_true",
+                    help="instead: promote --verify against promote --verify --metric --max-regression (base "
+                         "measured, then cached)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_real_race: run as root (loop mounts, cgroups)", file=sys.stderr)
         return 1
+    if args.metric_gate:
+        return metric_gate_main(args, argv)
     sigterm_as_interrupt()
     sweep_stale_images()
     sweep_stale_work_dirs()
@@ -391,6 +407,114 @@ def render(report: Report, args, fig: Figures) -> None:
          f"{v_paired.p50:.3f} (min {min(v_paired.values):.3f}, max {max(v_paired.values):.3f})",
          f"{fmt_s(fig.verify_petri_cpu.p50)} / {fmt_s(fig.verify_direct_cpu.p50)}", "-"],
     ])
+
+
+
+# chardet's own detector over its own UTF-8 corpus: how many files it names UTF-8 (19 of 19 as
+# published), into metric.json; deterministic, the tree decides it.
+METRIC_CHECK = (".venv/bin/python -c \"import chardet, json, pathlib; "
+                "fs = sorted(pathlib.Path('tests/utf-8').glob('*')); "
+                "json.dump({'utf8_detected': sum((chardet.detect(f.read_bytes())['encoding'] or '').lower() == 'utf-8' "
+                "for f in fs)}, open('metric.json', 'w'))\"")
+GATE = ["--metric", "metric.json:utf8_detected:max", "--max-regression", "15%"]
+
+
+def _wall(argv: list, cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    r = run(argv, cwd=cwd, env=cli_env(), check=False)
+    return time.perf_counter() - t, r
+
+
+def metric_gate_main(args, argv: list[str] | None) -> int:
+    """``--metric-gate``: see the module docstring."""
+    from bench.common import md_table, percentile
+
+    sigterm_as_interrupt()
+    sweep_stale_images()
+    sweep_stale_work_dirs()
+    try:
+        R.fetch_all()
+    except R.RegistryUnreachable as e:
+        print(f"bench_real_race: {e}", file=sys.stderr)
+        return 1
+    fs = None
+    ws: Path | None = None
+    host_work = CACHE / f"work-{os.getpid()}"
+    names = ("petri --version", "python3 -c pass", "promote --verify", "+ gate, base measured", "+ gate, cached")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    loads: list[str] = []
+    try:
+        if args.backend == "btrfs":
+            fs = make_loopfs("btrfs", 2 << 30)
+            assert fs.mount is not None
+            root = fs.mount
+        else:
+            host_work.mkdir(parents=True)
+            root = host_work
+        ws = root / "chardet-5.2.0"
+        R.build_workspace(ws)
+        init = petri_json(["init", "--json", *(["--convert"] if args.backend == "btrfs" else [])], ws)
+        sb = petri_json(["fork", "--json"], ws)["sandboxes"][0]
+        prober = Path(sb["path"]) / R.BUGGY_FILE
+        prober.write_text(prober.read_text().replace("    ONE_CHAR_PROB = 0.5\n", "    ONE_CHAR_PROB = 0.9\n"))
+        cache = ws / ".petri" / "race-base-metrics.json"
+        log(f"workspace {ws}: backend {init['backend']}, sandbox {sb['id']}")
+
+        def floor_petri() -> None:
+            dt, r = _wall([PETRI, "--version"])
+            assert r.returncode == 0, r.stderr
+            times["petri --version"].append(dt)
+
+        def floor_python() -> None:
+            dt, r = _wall([R.PYTHON, "-c", "pass"])
+            assert r.returncode == 0, r.stderr
+            times["python3 -c pass"].append(dt)
+
+        def promote(name: str, extra: list[str], cached: bool | None) -> None:
+            if cached is False:
+                cache.unlink(missing_ok=True)  # untimed: the base is measured again
+            dt, r = _wall([PETRI, "promote", "--json", sb["id"], "--verify", METRIC_CHECK, *extra], ws)
+            doc = json.loads(r.stdout) if r.stdout.strip() else {}
+            if r.returncode != 0 or doc.get("verified") is not True:
+                raise RuntimeError(f"{name}: exit {r.returncode}: {r.stderr.strip()[-1000:]}")
+            if cached is not None and (doc.get("base_metric_cached") is not cached or doc.get("metric") != 17.0
+                                       or doc.get("base_metric") != 19.0):
+                raise RuntimeError(f"{name}: unexpected metric fields: {doc}")
+            times[name].append(dt)
+            petri_json(["rollback", "--json", doc["promotion"]], ws)
+
+        steps = [floor_petri, floor_python, lambda: promote("promote --verify", [], None),
+                 lambda: promote("+ gate, base measured", GATE, False),
+                 lambda: promote("+ gate, cached", GATE, True)]
+        for rep in range(args.reps):
+            loads.append(loadavg())
+            k = rep % len(steps)
+            order = steps[k:] + steps[:k]
+            # the cached one needs the cache the measured one leaves: it never goes before it in a round
+            if order.index(steps[4]) < order.index(steps[3]):
+                order.remove(steps[4])
+                order.insert(order.index(steps[3]) + 1, steps[4])
+            log(f"round {rep + 1}/{args.reps} (load {loads[-1]})")
+            for step in order:
+                step()
+        loads.append(loadavg())
+    finally:
+        if ws is not None and (ws / ".petri").exists():
+            r = run([PETRI, "deinit", "--force", "--json"], cwd=ws, env=cli_env(), check=False)
+            if r.returncode != 0:
+                log(f"deinit failed: {r.stderr.strip()}")
+        if fs is not None:
+            fs.release()
+        remove_path(host_work)
+    plain = percentile(times["promote --verify"], 50)
+    version = percentile(times["petri --version"], 50)
+    rows = [[n, len(v), fmt_s(percentile(v, 50)), fmt_s(min(v)), fmt_s(max(v)), fmt_ratio(percentile(v, 50), plain),
+             fmt_ratio(percentile(v, 50), version)] for n, v in times.items()]
+    print(f"Command: `.venv/bin/python -m bench.bench_real_race --metric-gate --reps {args.reps} --backend "
+          f"{args.backend}`; chardet 5.2.0, backend {init['backend']}; load average per round: "
+          f"{'; '.join(loads)}.\n")
+    print(md_table(["what", "n", "p50", "min", "max", "x promote --verify p50", "x petri --version p50"], rows))
+    return 0
 
 
 if __name__ == "__main__":

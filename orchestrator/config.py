@@ -61,6 +61,8 @@ The format (every key optional; top-level keys before the first ``[table]``)::
     checks = ["python3 -m pytest -q"]
     gate = "auto"        # auto | manual (stop before the stage until `petri promote --resume p-…`)
     timeout = "10m"      # per check; a check that takes longer is inconclusive
+    metric = "out/bench.json:time_s"   # FILE:KEY[:max]: the number the checks leave, against
+    max_regression = "10%"             # the same checks on the stage's base (worse: it fails)
 
 Validation is pydantic's (strict: an unknown key is an error, and so is a value of another
 type: ``net = "no"``, ``ttl = true``), but pydantic is imported only when a file exists, so
@@ -207,6 +209,8 @@ class Stage:
     checks: tuple[str, ...] = ()
     gate: str = "auto"  # "auto" | "manual"
     timeout_s: float | None = None
+    metric: str | None = None  # FILE:KEY[:max]: the checks' number, against the stage's base (metric_gate)
+    max_regression: str | None = None  # "10%" (validated as race_plan.parse_metric takes them)
 
 
 def candidates(workspace: Path | None) -> list[Path]:
@@ -276,7 +280,7 @@ def parse_config(data: bytes, path: Path) -> Config:
         if err["type"] == "extra_forbidden":
             msg = ("unknown key (known: limits.{mem,cpus,pids,disk,ttl,net}, masks, env, env_pass, seccomp,"
                    " promotions.preimage_budget, sandbox_user, toolchains, allow_sockets, log_cap, kpi.*,"
-                   " stages[].{name,target,checks,gate,timeout},"
+                   " stages[].{name,target,checks,gate,timeout,metric,max_regression},"
                    " policy.{protect,deny_patterns,max_files,max_lines,risk[].{paths,min_files,min_lines,require}},"
                    " profiles.<name>.{seccomp,env_pass,secrets,limits.{mem,cpus,pids,disk,ttl,net},policy.*})")
         raise ConfigError(path=str(path), detail=f"key {key!r}: {msg}") from None
@@ -298,7 +302,7 @@ def parse_config(data: bytes, path: Path) -> Config:
                               policy=merge_policy(top, own, str(path), f"profiles.{k}.policy"))
     lim = m.limits
     stages = tuple(Stage(name=st.name, target=st.target, checks=tuple(st.checks), gate=st.gate,
-                         timeout_s=st.timeout) for st in m.stages)
+                         timeout_s=st.timeout, metric=st.metric, max_regression=st.max_regression) for st in m.stages)
     return Config(path=path, mem_bytes=lim.mem, cpus=lim.cpus, pids=lim.pids, disk_bytes=lim.disk,
                   ttl_s=lim.ttl, net=lim.net,
                   masks=expand_masks(m.masks), env=dict(m.env), env_pass=tuple(m.env_pass),

@@ -119,6 +119,27 @@ class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
         return float(v)
 
 
+def metric_spec_error(spec: str, max_regression: str | None) -> str | None:
+    """Why a stage's ``metric``/``max_regression`` is not what ``race_plan.parse_metric``
+    takes (``FILE:KEY[:max|:min]``, FILE in the tree; ``N%``), or None. The same rules,
+    written here because the config cannot import the race's module (it imports the engine,
+    which imports the config); tests/orchestrator/test_metric_gate_unit.py holds the two
+    to the same answers."""
+    body = spec
+    for suffix in (":max", ":min"):
+        if body.endswith(suffix):
+            body = body[:-len(suffix)]
+            break
+    file, colon, key = body.rpartition(":")
+    if not colon or not file or not key:
+        return f"bad metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; append :max when higher is better)"
+    if file.startswith("/") or ".." in file.split("/"):
+        return f"bad metric {spec!r}: FILE is a path inside the tree"
+    if max_regression is not None and re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression) is None:
+        return f"bad max_regression {max_regression!r}: a percentage at least 0, e.g. 10%"
+    return None
+
+
 class StageModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -126,6 +147,20 @@ class StageModel(BaseModel):
     checks: list[str] = Field(default_factory=list)
     gate: Literal["auto", "manual"] = "auto"
     timeout: float | None = None
+    metric: str | None = None  # FILE:KEY[:max|:min], as promote --metric
+    max_regression: str | None = None  # "10%", as promote --max-regression
+
+    @model_validator(mode="after")
+    def _metric(self) -> "StageModel":
+        if self.max_regression is not None and self.metric is None:
+            raise ValueError("max_regression needs metric (FILE:KEY)")
+        if self.metric is not None:
+            if not self.checks:
+                raise ValueError("metric needs checks: the commands that write it")
+            why = metric_spec_error(self.metric, self.max_regression)
+            if why:
+                raise ValueError(why)
+        return self
 
     @field_validator("target")
     @classmethod

@@ -11,7 +11,11 @@ runs: it finishes or undoes what a killed petri left, guarantee 2).
 ``--verify CMD``: a fresh sandbox is forked from the promoted workspace, CMD runs in it
 through ``orchestrator.runs.run_sync`` (isolated; its caches never reach live), the sandbox
 is destroyed, and a failing CMD undoes the promotion (``verified: false, rolled_back:
-true``, exit 1).
+true``, exit 1). With a metric gate (``--metric FILE:KEY --max-regression N%``), the
+snapshot of live taken under the lock right before the promotion writes is the base
+(``metric_gate.promotion_base``); CMD runs on a fork of it too, once per base (cached in the
+store, ``metric_gate``), and a metric that regressed past N%, or a CMD that left no KEY,
+fails the verify the same way.
 
 ``--watch CMD --for D``: after that, ``orchestrator.watch`` records the watch and starts its
 detached watcher (the promote document's ``watch``; ``promotion_docs`` shows each watch, and
@@ -29,7 +33,7 @@ Caveats:
   store is another device); the next command's recovery removes it from live, not from that
   snapshot.
 - ``--verify`` forks from live after the store lock is released: an edit made in between
-  is verified along with the promotion.
+  is verified along with the promotion (and measured against the base without it).
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ from .changesets import is_running, narrow, sandbox_candidates, sandbox_views
 from .config import load_config
 from .errors import NothingToRollBack, PromotionPruned, SandboxBusy, ServiceRunning, UsageError
 from .lineage import diff_base, mark_scaffold
+from .metric_gate import base_metric_sync, judge, promotion_base, spec_doc
+from .race_steps import read_metric
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 
@@ -52,6 +58,7 @@ if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
 
     from .engine import Engine
+    from .race_plan import Metric
     from .registry import SandboxRow
 
 KEEP_LAST = 20
@@ -61,6 +68,10 @@ PREIMAGE_BUDGET = 1 << 30  # bytes all kept pre-images may take; config [promoti
 
 def _display(p: bytes) -> str:
     return p.decode("utf-8", "backslashreplace")
+
+
+def _num(v: float | None) -> str:
+    return "none" if v is None else f"{v:g}"
 
 
 def _b64(p: bytes) -> str:
@@ -108,7 +119,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
             echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
             promo_id: str | None = None, extra: dict[str, Any] | None = None, override_policy: str | None = None,
             check_policy: bool = True, watch: tuple[str, float, float] | None = None,
-            via: str = "cli") -> dict[str, Any]:
+            via: str = "cli", metric: "Metric | None" = None) -> dict[str, Any]:
     """Promote the sandbox into the workspace; the ``promote`` document.
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
@@ -128,13 +139,22 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
 
     ``watch``: (command, for, every in seconds): once promoted (and verified), the watch
     (``orchestrator.watch``) starts, run by its detached watcher; ``watch`` in the document
-    says how it stands (it is not waited for here)."""
+    says how it stands (it is not waited for here).
+
+    ``metric`` (``race_plan.Metric``, with ``verify``): the number KEY that ``verify`` leaves
+    at FILE, and with ``max_regression`` the gate: the snapshot of live taken under the lock
+    right before the promotion writes (``metric_gate.promotion_base``) is the base, ``verify``
+    runs once on a fork of it too (cached per base, ``metric_gate``), and a metric that
+    regressed past the gate, or a verify that left no KEY, fails the verify (rolled back).
+    The document carries ``metric``, ``base_metric``, ``metric_spec``, ``regression``."""
     from merge.changes import normalize_path
     from merge.errors import PromotionConflict
 
     from .policy import PolicyViolation
 
     mode = _on_conflict_mode(on_conflict)
+    if metric is not None and not verify:
+        raise UsageError(detail="a metric is measured by the verify command: give --verify CMD with --metric")
     user = [normalize_path(p) for p in paths]
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
@@ -158,7 +178,9 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
         with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict, PolicyViolation)):
             _promote_locked(engine, row, promo_id, doc, on_conflict=mode, include_ignored=include_ignored,
                             paths=user, dry_run=dry_run, target=target, extra=extra or {},
-                            override_policy=override_policy if check_policy else None, check_policy=check_policy)
+                            override_policy=override_policy if check_policy else None, check_policy=check_policy,
+                            gate=(verify, metric) if verify and metric is not None and
+                            metric.max_regression is not None else None)
     except PromotionConflict:
         kpi.record(target.registry, "promote", time.monotonic() - started, subject=row.id,
                    detail={"outcome": "conflict", "verified": None, "dry_run": dry_run})
@@ -166,8 +188,11 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     doc["duration_s"] = time.monotonic() - started
     if not doc["promotion"] and not doc.get("plan", {}).get("ops") and into is None:
         doc["already_promoted"] = _already_promoted(engine, row)
+    if metric is not None:
+        doc["metric_spec"] = spec_doc(metric)
     if verify and doc["promotion"]:
-        doc.update(_verify(target, promo_id, verify, echo=echo, say=say))
+        doc.update(_verify(target, promo_id, verify, echo=echo, say=say, metric=metric,
+                           base=doc.get("metric_base")))
     if watch is not None and doc["promotion"] and not dry_run and doc.get("verified") is not False:
         from .watch import start as start_watch
         doc["watch"] = start_watch(target, promo_id, *watch, via=via)
@@ -189,7 +214,7 @@ def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | N
 def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dict[str, Any], *,
                     on_conflict: OnConflict, include_ignored: bool, paths: list[bytes], dry_run: bool,
                     target: "Engine", extra: dict[str, Any], override_policy: str | None = None,
-                    check_policy: bool = True) -> None:
+                    check_policy: bool = True, gate: "tuple[str, Metric] | None" = None) -> None:
     from merge.errors import PromotionConflict
     from merge.promote import _conflict_error, execute_promotion
 
@@ -213,6 +238,9 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
         if overridden and override_policy is not None:
             from .policy import record_override
             record_override(target.root, row.id, overridden, override_policy)
+        if gate is not None:  # live as it is before this promotion writes: the metric's base
+            doc["metric_base"] = promotion_base(
+                target, [gate[0]], gate[1], None, f"before promotion {promo_id} (the base of its metric)")
         target.registry.add_promotion(promo_id, row.id, "running",
                                       {**extra, "base": doc["base"], "on_conflict": on_conflict})
         try:
@@ -259,24 +287,48 @@ def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
     return int(res["exit_code"])
 
 
-def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def _verify(engine: "Engine", promo_id: str, cmd: str, *, echo: bool, say: Callable[[str], None],
+            metric: "Metric | None" = None, base: str | None = None) -> dict[str, Any]:
     say(f"verifying {promo_id}: forking a sandbox from the promoted workspace to run {cmd!r}")
     sb = engine.fork("live", 1)[0]
+    value = None
     try:
         # petri's own: if this petri is killed (SIGKILL), the next stage command or gc reaps it
         mark_scaffold(engine, sb, "verify", promotion=promo_id)
         code = _run_verify(engine, sb.id, cmd, echo)
+        if metric is not None and code == 0:
+            value = read_metric(engine.sandbox_tree(engine.sandbox_by_id(sb.id)), metric)
     finally:
         try:
             engine.destroy_sandbox(sb.id)
         except Exception:
             pass  # gc reaps it
     out: dict[str, Any] = {"verify": {"command": cmd, "sandbox": sb.id, "exit_code": code}}
+    if metric is not None and code == 0:
+        measured = None
+        if base is not None and metric.max_regression is not None:
+            measured = base_metric_sync(engine, base, [cmd], metric)
+            say(f"{metric.key} on the base {base}: {_num(measured.get('metric'))}"
+                f" ({'measured earlier' if measured.get('cached') else 'measured now'})")
+        verdict = judge(metric, value, measured)
+        out.update({k: v for k, v in verdict.items() if k not in ("error", "warning", "note")})
+        out["verify"].update(metric=value, metric_ok=verdict["metric_ok"])
+        if measured is not None:
+            out["verify"]["base_exit_code"] = measured.get("exit_code")
+        if verdict.get("warning"):
+            out.setdefault("warnings", []).append(verdict["warning"])
+            say(f"warning: {verdict['warning']}")
+        if verdict.get("note"):
+            say(verdict["note"])
+        if verdict["metric_ok"] is False:
+            out["verify"]["error"] = verdict["error"]
+            code = 1
     if code == 0:
         out["verified"] = True
         return out
     out["verified"] = False
-    say(f"verify failed (exit {code}): rolling back {promo_id}")
+    why = out["verify"].get("error") or f"exit {code}"
+    say(f"verify failed ({why}): rolling back {promo_id}")
     try:
         rollback_promotion(engine, promo_id)
         out["rolled_back"] = True

@@ -25,8 +25,9 @@ End to end (DESIGN "The race"):
 3. Judge each applied candidate's change by the config's ``[policy]`` (``judge_policy``:
    ``policy_ok``, ``policy_violations`` and ``risk`` per candidate), and with ``--metric
    FILE:KEY --max-regression N%`` its metric against the base's (``judge_metric``; the base's
-   check runs in a fork of the base beside the candidates, once per base snapshot:
-   ``_base_metric`` keeps it in the store). Rank (pure, ``rank``): check passed (and within
+   check runs in a fork of the base beside the candidates, with the race's profile and its
+   environment, once per base snapshot and profile: ``metric_gate.base_metric`` keeps it in
+   the store). Rank (pure, ``rank``): check passed (and within
    the metric's gate), within the policy, the better metric where one is given, fewest
    changed lines, fastest check, command-line order; a candidate that did not apply is last.
    The winner is the first if it passed and does not violate the policy: a violating
@@ -98,9 +99,7 @@ Caveats:
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from snapshot.errors import PetriError
@@ -110,6 +109,7 @@ from .config import load_config
 from .errors import OrchestratorError, UsageError
 from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
                         judge_metric, load_candidates, parse_metric, rank, run_roles, run_roles_meta, winner_of)
+from .metric_gate import BASE_METRICS, base_metric as measure_base_metric
 from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused, failure_reason,
                          read_metric, report_candidate, run_candidate, shielded, telling_line)
 from .profiles import fork_env
@@ -249,54 +249,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     return doc  # an interrupt after the race ended changes nothing
 
 
-BASE_METRICS = "race-base-metrics.json"  # in the store: the base's metric per (snapshot, check, FILE:KEY)
-
-
-async def _base_metric(engine: "Engine", base: str, check: str, metric: Metric, *, limits: "Limits",
-                       timeout_s: float | None, seccomp: str) -> dict[str, Any]:
-    """The check's metric on the base itself, run once per base snapshot: a throwaway fork of
-    the base runs the check, and the value (or its absence, with the exit code) is kept in
-    the store under (snapshot, check, FILE, KEY); a later race on that snapshot reads it.
-    ``{"metric", "exit_code", "cached"}``."""
-    import json
-
-    import trio
-
-    from .lineage import mark_scaffold
-    from .runs import run_in_sandbox
-
-    path = Path(engine.store.root) / BASE_METRICS
-    key = json.dumps([base, check, metric.file, metric.key])
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if isinstance(cache, dict) and isinstance(cache.get(key), dict):
-        return {**cache[key], "cached": True}
-    row = engine.fork(base, 1, limits=limits)[0]  # on the loop's thread, as the race's own forks
-    try:
-        mark_scaffold(engine, row, "race-base-check")
-        doc = await run_in_sandbox(engine, row.id, ["/bin/sh", "-c", check], echo=False, timeout_s=timeout_s,
-                                   seccomp=seccomp)
-        value = await trio.to_thread.run_sync(read_metric, engine.sandbox_tree(engine.sandbox_by_id(row.id)), metric)
-    finally:
-        with shielded():
-            engine.destroy_sandbox(row.id)
-    got = {"metric": value, "exit_code": doc["exit_code"]}
-    if doc["killed_by"] is None:  # a check cut short measured nothing worth keeping
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}
-        cache = cache if isinstance(cache, dict) else {}
-        cache[key] = got
-        # whole-file replace: two races writing at once lose an entry at worst (measured again)
-        tmp = path.with_name(path.name + f".{os.getpid()}")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
-    return {**got, "cached": False}
-
-
 def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict[str, bytes]]:
     """The race's profile's env_pass patterns and secret values (read now, once for every
     candidate and check fork), as ``fork --profile`` gives them."""
@@ -416,8 +368,11 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
             async def measure_base() -> None:
                 assert metric is not None and race.base is not None
                 async with limiter:
-                    base_metric.update(await _base_metric(engine, race.base, check, metric, limits=limits,
-                                                          timeout_s=timeout_s, seccomp=seccomp))
+                    # the profile's environment too, as the candidates' and their checks' forks
+                    # get it; the profile is part of the cache's key (orchestrator.metric_gate)
+                    base_metric.update(await measure_base_metric(
+                        engine, race.base, check, metric, limits=limits, timeout_s=timeout_s, seccomp=seccomp,
+                        profile=race.profile, env=(passes, secrets)))
 
             async with trio.open_nursery() as nursery:
                 if metric is not None and metric.max_regression is not None:

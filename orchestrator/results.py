@@ -326,13 +326,20 @@ class PromoteResult(Record):
     """``promote``: the promotion's id (None for a dry run or when nothing changed), the paths
     ``applied``, the ``conflicts`` settled by ``on_conflict`` (rows of ``{"path", "reason"}``),
     whether ``verify`` passed (None: no check) and whether the promotion was
-    ``rolled_back`` after a failed check. ``rollback()`` undoes it."""
+    ``rolled_back`` after a failed check. With a metric (``metric_spec``: ``file``, ``key``,
+    ``higher_is_better``, ``max_regression``), ``metric`` is the number ``verify`` left and
+    ``base_metric`` the same check's on live as it was before the promotion (a stage: on that
+    stage's base); a regression past ``max_regression`` fails the verify. ``rollback()``
+    undoes it."""
 
     promotion: str | None
     applied: tuple[str, ...] | list[str] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
     verified: bool | None = None
     rolled_back: bool = False
+    metric: float | None = None
+    base_metric: float | None = None
+    metric_spec: Mapping[str, Any] | None = None
 
     @property
     def id(self) -> str | None:

@@ -31,6 +31,13 @@ interrupted stage. A conflict stops the pipeline (exit 3, nothing written by tha
 ``rollback_promotion`` of a stage first undoes the later stages of its pipeline, newest
 first (each in its own workspace), then it.
 
+Metric (``metric``/``max_regression`` in a stage's entry): once the checks passed, the
+number they left is judged against the same checks on that stage's base (``fresh``: the
+sandbox's base without the patch; a promotion: live before it, ``snapshot_before`` or a
+cached snapshot live still held then), measured once per base (``metric_gate``); a
+regression past the limit, or no number, fails the stage as a failing check does (``_gate``:
+one more row of ``checks``, ``kind: metric``).
+
 Policy (``orchestrator.policy``): the config's ``[policy]`` is judged once, on the pinned
 fork, before the first stage; a violation stops the pipeline before any row exists (exit 3)
 unless ``--override-policy``; a risk rule ``require = "manual"`` makes the first stage wait at
@@ -66,6 +73,9 @@ from . import audit, promotions
 from .config import Stage, load_config
 from .errors import NothingToRollBack, OrchestratorError, UsageError
 from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
+from .metric_gate import base_metric_sync, judge, reusable_base, spec_doc
+from .race_plan import Metric, parse_metric
+from .race_steps import read_metric
 from .promotions import promote
 from .promotions import rollback_promotion as undo
 from .registry import new_id
@@ -127,20 +137,77 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
     return "passed", results
 
 
-def _checks_in_fork(target: "Engine", snap_id: str, stage: "Stage", say: Say) -> tuple[str, list[dict[str, Any]]]:
-    """The stage's checks in a throwaway sandbox forked from ``snap_id`` of ``target``."""
+def _checks_in_fork(target: "Engine", snap_id: str, stage: "Stage", say: Say
+                    ) -> tuple[str, list[dict[str, Any]], float | None]:
+    """The stage's checks in a throwaway sandbox forked from ``snap_id`` of ``target``, and
+    the stage's metric as they left it (None: no metric, or a check did not pass)."""
     if not stage.checks:
-        return "passed", []
+        return "passed", [], None
 
     sb = target.fork(snap_id, 1)[0]
     mark_scaffold(target, sb, "stage-check")
     try:
-        return _run_checks(target, sb.id, stage.checks, stage.timeout_s, say)
+        outcome, results = _run_checks(target, sb.id, stage.checks, stage.timeout_s, say)
+        value = _read_metric(target, sb.id, stage) if outcome == "passed" else None
+        return outcome, results, value
     finally:
         try:
             target.destroy_sandbox(sb.id)
         except Exception:  # noqa: BLE001 - gc reaps it
             pass
+
+
+def _num(v: float | None) -> str:
+    return "none" if v is None else f"{v:g}"
+
+
+def _metric(stage: "Stage") -> Metric | None:
+    """The stage's ``metric``/``max_regression`` (validated when the config was read)."""
+    return parse_metric(stage.metric, stage.max_regression) if stage.metric is not None else None
+
+
+def _read_metric(engine: "Engine", sb_id: str, stage: "Stage") -> float | None:
+    metric = _metric(stage)
+    if metric is None:
+        return None
+    return read_metric(engine.sandbox_tree(engine.sandbox_by_id(sb_id)), metric)
+
+
+def _gate(target: "Engine", stage: "Stage", base: str, value: float | None, doc: dict[str, Any], say: Say) -> str:
+    """The stage's metric (its checks passed) against the same checks on the stage's base
+    (``metric_gate``: measured once per base, cached): "passed" or "failed". The verdict is
+    one more row of ``checks`` (``kind: metric``, its ``error`` says both numbers and the
+    limit) and ``metric``, ``base_metric``, ``metric_spec`` in the stage's row."""
+    metric = _metric(stage)
+    if metric is None:
+        return "passed"
+    measured = None
+    if metric.max_regression is not None:
+        measured = base_metric_sync(target, base, stage.checks, metric, timeout_s=stage.timeout_s)
+        say(f"  {metric.key} on the stage's base {base}: {_num(measured.get('metric'))}"
+            f" ({'measured earlier' if measured.get('cached') else 'measured now'})")
+    verdict = judge(metric, value, measured)
+    doc.update(metric=value, base_metric=verdict["base_metric"], metric_spec=spec_doc(metric),
+               regression=verdict["regression"], metric_base=base if measured is not None else None,
+               base_metric_cached=verdict["base_metric_cached"])
+    if metric.max_regression is None:
+        return "passed"
+    rec = {"command": f"metric {metric.file}:{metric.key} against {base}", "kind": "metric",
+           "exit_code": 1 if verdict["metric_ok"] is False else 0, "metric": value,
+           "base_metric": verdict["base_metric"], "regression": verdict["regression"],
+           "metric_ok": verdict["metric_ok"], "workspace": str(target.root)}
+    if verdict.get("warning"):
+        rec["warning"] = verdict["warning"]
+        doc.setdefault("warnings", []).append(verdict["warning"])
+        say(f"  warning: {verdict['warning']}")
+    doc["checks"] = [*doc.get("checks", []), rec]
+    if verdict["metric_ok"] is False:
+        rec["error"] = verdict["error"]
+        say(f"  {verdict['error']}")
+        return "failed"
+    if verdict.get("note"):
+        say(f"  {verdict['note']}")
+    return "passed"
 
 
 # --------------------------------------------------------------------------- one stage
@@ -188,11 +255,14 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
         save_stage(engine, promo_id, "running", doc)
         outcome, doc["checks"] = (_run_checks(engine, sb.id, stage.checks, stage.timeout_s, say)
                                   if stage.checks else ("passed", []))
+        value = _read_metric(engine, sb.id, stage) if outcome == "passed" else None
     finally:
         try:
             engine.destroy_sandbox(sb.id)
         except Exception:  # noqa: BLE001 - gc reaps it
             pass
+    if outcome == "passed":  # the base: a fork of the sandbox's base without the patch
+        outcome = _gate(engine, stage, base, value, doc, say)
     state = {"passed": "done", "failed": "failed", "inconclusive": "pending"}[outcome]
     return _finish(engine, promo_id, doc, state, outcome)
 
@@ -207,6 +277,10 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
         if not checks_only:
             say(f"stage {stage.name} ({promo_id}): promoting {doc['sandbox']} into {where}")
             doc["snapshot_before"] = target.take_snapshot(f"before stage {stage.name} ({promo_id})", kind="stage").id
+            metric = _metric(stage)
+            if metric is not None and metric.max_regression is not None:
+                # the same content measured before (a stage tried again on the same live): its cached base
+                doc["metric_base"] = reusable_base(target, stage.checks, metric, None) or doc["snapshot_before"]
             save_stage(engine, promo_id, "running", doc)
             fault_point("pipeline-promote")
             # The row the promotion writes in its workspace: here, the stage's own (all of
@@ -231,7 +305,10 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
         doc["step"] = "checking"
         save_stage(engine, promo_id, "running", doc)
         fault_point("pipeline-checks")
-        outcome, doc["checks"] = _checks_in_fork(target, doc["snapshot_after"], stage, say)
+        outcome, doc["checks"], value = _checks_in_fork(target, doc["snapshot_after"], stage, say)
+        base = doc.get("metric_base") or doc.get("snapshot_before")
+        if outcome == "passed" and base:  # the base: live before this stage's promotion
+            outcome = _gate(target, stage, base, value, doc, say)
         if outcome == "failed" and doc.get("in_place"):
             say(f"  rolling back stage {stage.name} ({promo_id})")
             undo(target, promo_id)
@@ -526,7 +603,15 @@ def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
                                                      "in_place": bool(waiting["doc"].get("in_place"))},
             "applied": last["doc"].get("applied", []), "conflicts": last["doc"].get("conflicts", []),
             "verified": None if not checks else all(c.get("exit_code") == 0 for c in checks),
-            "rolled_back": any(r["doc"].get("rolled_back") for r in rows), "stages": stages}
+            "rolled_back": any(r["doc"].get("rolled_back") for r in rows), "stages": stages,
+            **_last_metric(rows)}
+
+
+def _last_metric(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pipeline's ``metric``, ``base_metric``, ``metric_spec``: the last stage that
+    measured one (the ``promote`` document's fields); none measured: all None."""
+    d = next((r["doc"] for r in reversed(rows) if r["doc"].get("metric_spec")), {})
+    return {"metric": d.get("metric"), "base_metric": d.get("base_metric"), "metric_spec": d.get("metric_spec")}
 
 
 def _stage_doc(r: dict[str, Any]) -> dict[str, Any]:
@@ -535,4 +620,5 @@ def _stage_doc(r: dict[str, Any]) -> dict[str, Any]:
             "state": r["state"], "outcome": d.get("outcome"), "pending_reason": d.get("pending_reason"),
             "in_place": bool(d.get("in_place")), "applied": d.get("applied", []),
             "snapshot_before": d.get("snapshot_before"), "snapshot_after": d.get("snapshot_after"),
-            "checks": d.get("checks", [])}
+            "checks": d.get("checks", []), "metric": d.get("metric"), "base_metric": d.get("base_metric"),
+            "metric_spec": d.get("metric_spec"), "regression": d.get("regression")}

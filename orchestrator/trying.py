@@ -31,8 +31,10 @@ Caveats:
 - The check's fork is the changed state up to what ``merge.replay`` carries (hard links
   between changed files become separate files), as for a race's check.
 - On backends without O(1) clones (copy, reflink), a try with a check costs two clones.
-- With ``--system`` the check's fork has a system layer of its own: it does not see what the
-  command changed outside the project (a package it installed), only the project's changes.
+- With ``--system`` the check's fork gets a copy of the command sandbox's system layer
+  (``system_layer.inherit``: ``cp -a``, reflinked where the store can), so it sees what the
+  command changed outside the project (a package it installed, an edit to /etc); what the
+  check changes there goes with its fork. The copy costs O(what the layer holds).
 - Live may move while the command runs; the promotion merges 3-way against live as it is
   then (a conflict stops it, exit 3, nothing written), the check ran against the base.
 """
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import EmptyCommand, Interrupted
 from .sandbox.system_layer import changes as system_changes
+from .sandbox.system_layer import inherit as inherit_system_layer
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -166,6 +169,8 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
     mark_scaffold(engine, crow, "try-check", check_of=row.id)
     with sandbox_views(engine, row) as (base, tree):
         replay_applied(engine, row, base, tree, engine.sandbox_tree(crow))
+    if row.system and crow.system:  # what the command changed outside the project, too
+        inherit_system_layer(engine.store.root, row.id, csb)
     say(f"checking in {csb} (a throwaway fork of the changed state): {check}")
     run = run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo, seccomp=seccomp)
     doc["check"] = {**_step(run, check), "sandbox": csb}

@@ -317,12 +317,14 @@ class Workspace:
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
                       echo: bool = False, on_interrupt: Callable[[], None] | None = None,
+                      metric: str | None = None, max_regression: str | None = None,
                       reason: str | None = None) -> PromoteResult:
         """``petri.Workspace.promote`` in a worker thread (``say`` is called from it)."""
         return await _thread(self.sync.promote, _sid(sandbox), on_conflict=on_conflict, verify=verify,
                              dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say, to=to,
                              override_policy=override_policy, watch=watch, watch_for=watch_for,
-                             watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason)
+                             watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason,
+                             metric=metric, max_regression=max_regression)
 
     async def follow_watch(self, promotion: Any, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
         """``petri.Workspace.follow_watch`` in a worker thread (``say`` is called from it)."""
@@ -524,13 +526,15 @@ class Sandbox:
                       override_policy: str | None = None, watch: str | None = None,
                       watch_for: float | str | None = None, watch_every: float | str | None = None,
                       echo: bool = False, on_interrupt: Callable[[], None] | None = None,
-                      reason: str | None = None) -> PromoteResult:
+                      reason: str | None = None, metric: str | None = None,
+                      max_regression: str | None = None) -> PromoteResult:
         """``petri.Sandbox.promote``."""
         return await self.workspace.promote(self.sync.info.id, on_conflict=on_conflict, verify=verify,
                                             dry_run=dry_run, include_ignored=include_ignored, paths=paths, say=say,
                                             to=to, override_policy=override_policy, watch=watch,
                                             watch_for=watch_for, watch_every=watch_every, echo=echo,
-                                            on_interrupt=on_interrupt, reason=reason)
+                                            on_interrupt=on_interrupt, reason=reason, metric=metric,
+                                            max_regression=max_regression)
 
     @overload
     async def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

@@ -85,7 +85,8 @@ class Sandbox:
                 override_policy: str | None = None, watch: str | None = None,
                 watch_for: float | str | None = None, watch_every: float | str | None = None,
                 echo: bool = False, on_interrupt: Callable[[], None] | None = None,
-                reason: str | None = None) -> PromoteResult:
+                reason: str | None = None, metric: str | None = None,
+                max_regression: str | None = None) -> PromoteResult:
         """Apply this sandbox's changes to the workspace (``Workspace.promote``).
 
         ``on_conflict``: "fail" (``petri.Conflict``, nothing written), "markers"
@@ -97,11 +98,13 @@ class Sandbox:
         config's ``[policy]`` stops it (recorded); ``watch``, ``watch_for``, ``watch_every``: a
         watch after the promotion that rolls it back on the first failure; ``echo``:
         ``verify``'s output live on this process's stdout and stderr; ``on_interrupt``: called
-        when a KeyboardInterrupt stops it, before it is settled (``orchestrator.errors.PromotionInterrupted``)."""
+        when a KeyboardInterrupt stops it, before it is settled (``orchestrator.errors.PromotionInterrupted``);
+        ``metric``, ``max_regression``: ``verify``'s number gated against the base's."""
         return self.workspace.promote(self.info.id, on_conflict=on_conflict, verify=verify, dry_run=dry_run,
                                       include_ignored=include_ignored, paths=paths, say=say, to=to,
                                       override_policy=override_policy, watch=watch, watch_for=watch_for,
-                                      watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason)
+                                      watch_every=watch_every, echo=echo, on_interrupt=on_interrupt, reason=reason,
+                                      metric=metric, max_regression=max_regression)
 
     @overload
     def fork(self, n: Literal[1] = 1, *, label: str | None = None, limits: Limits | None = None,

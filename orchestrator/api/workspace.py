@@ -619,7 +619,8 @@ class Workspace:
                 say: Callable[[str], None] | None = None, to: str | None = None,
                 override_policy: str | None = None, watch: str | None = None,
                 watch_for: float | str | None = None, watch_every: float | str | None = None,
-                echo: bool = False, on_interrupt: Callable[[], None] | None = None) -> PromoteResult:
+                echo: bool = False, on_interrupt: Callable[[], None] | None = None,
+                metric: str | None = None, max_regression: str | None = None) -> PromoteResult:
         """Apply the sandbox's changes to the workspace, 3-way against live, as one
         journaled transaction. ``petri.Conflict`` (exit 3: nothing written; also
         ``PolicyViolation`` when the config's ``[policy]`` stops it, unless
@@ -643,15 +644,29 @@ class Workspace:
         KeyboardInterrupt (the CLI's SIGINT, SIGTERM, SIGHUP) during the promotion is settled
         from the journal before it leaves, as ``orchestrator.errors.PromotionInterrupted`` saying whether
         the promotion is in place; ``on_interrupt()`` is called first (the CLI stops taking
-        further signals there)."""
+        further signals there).
+
+        ``metric`` ("FILE:KEY", ":max" when higher is better; needs ``verify``): the number
+        ``verify`` leaves at FILE; with ``max_regression`` ("10%") the same ``verify`` runs on
+        live as it was before the promotion too (once per base, cached) and a regression past
+        it, or a ``verify`` that left no KEY, fails the verify (rolled back). The result's
+        ``metric``, ``base_metric``, ``metric_spec`` say the numbers. A bad one, or either
+        without what it needs: a usage error (exit 2) before anything is written."""
         import time
 
         from snapshot.errors import MarkersWritten
 
+        from ..errors import UsageError
         from ..promotions import promote as do_promote
 
+        gate = _metric_gate(metric, max_regression)
+        if gate is not None and (verify is None or not verify.strip()):
+            raise UsageError(detail="--metric needs --verify CMD (the command that writes it)" if self.via == "cli"
+                             else "metric needs verify (the command that writes it)")
+        if gate is not None and to is not None:
+            raise UsageError(detail="a metric goes with a plain promotion; a stage's is `metric` in [[stages]]")
+
         if override_policy is not None:
-            from ..errors import UsageError
             from ..units import MAX_NOTE, check_text
 
             name = "--override-policy" if self.via == "cli" else "override_policy"
@@ -662,7 +677,6 @@ class Workspace:
 
         watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
-            from ..errors import UsageError
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
@@ -679,7 +693,7 @@ class Workspace:
             with _text_conflicts():
                 doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
                                  dry_run=dry_run, verify=verify, echo=echo, say=say,
-                                 override_policy=override_policy, watch=watching, via=self.via)
+                                 override_policy=override_policy, watch=watching, via=self.via, metric=gate)
         except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
             if group.split(KeyboardInterrupt)[1] is not None:
                 raise

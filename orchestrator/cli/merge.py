@@ -87,6 +87,14 @@ def promote(
                                                 help="How long --watch watches (10m, 1h).")] = None,
     every: Annotated[Optional[str], typer.Option("--every", metavar="D",
                                                  help="How often --watch checks (default 30s).")] = None,
+    metric: Annotated[Optional[str], typer.Option("--metric", metavar="FILE:KEY[:max|:min]",
+                                                  help="The number KEY of the JSON object --verify leaves at FILE "
+                                                       "(lower is better unless :max).")] = None,
+    max_regression: Annotated[Optional[str], typer.Option("--max-regression", metavar="N%",
+                                                          help="With --metric: --verify runs on live as it was "
+                                                               "before the promotion too (once per base, cached); "
+                                                               "a metric worse by more than N% undoes the "
+                                                               "promotion.")] = None,
 ) -> None:
     """Apply the sandbox's changes to the workspace, 3-way against live.
 
@@ -100,21 +108,27 @@ def promote(
     was rolled back (or the watch was interrupted or ended by a rollback), 3 when that
     rollback was refused (live changed those files since; the promotion stays)."""
     from .. import interrupts
-    from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_watch
-    from ..errors import PromotionInterrupted
+    from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_metric, parse_watch
+    from ..errors import EmptyCommand, PromotionInterrupted, UsageError
     o = out()
     if override_policy is not None:
         from ..units import MAX_NOTE, check_text
         check_text("--override-policy", override_policy, max_len=MAX_NOTE)
         if not override_policy.strip():
-            from ..errors import UsageError
             raise UsageError(detail="--override-policy needs a REASON (it goes into the audit trail)")
     if verify is not None and not verify.strip():  # not "no check": an empty command is a mistake
-        from ..errors import EmptyCommand
         raise EmptyCommand(what="--verify", hint=" (e.g. --verify 'python3 -m pytest -q')")
     parse_watch(watch, for_, every)  # a bad --for/--every, or either without --watch, first
+    if metric is not None or max_regression is not None:  # one usage line (exit 2) before anything is done
+        if to is not None or resume is not None:
+            raise UsageError(detail="--metric cannot be used with --to/--resume: a stage's metric is `metric` in "
+                                    "its [[stages]] entry")
+        if metric is None:
+            raise UsageError(detail="--max-regression needs --metric FILE:KEY")
+        if verify is None:
+            raise UsageError(detail="--metric needs --verify CMD: the command that writes the metric")
+        parse_metric(metric, max_regression)  # a bad one says so in the flags' words
     if watch is not None and (to is not None or resume is not None or dry_run or on_conflict == "markers"):
-        from ..errors import UsageError
         raise UsageError(detail="--watch goes with a plain promotion: not with --to, --resume, --dry-run or "
                                 "--on-conflict markers")
     if to is not None or resume is not None:
@@ -123,14 +137,13 @@ def promote(
                        include_ignored=include_ignored, override_policy=override_policy)
         return
     if sandbox is None:
-        from ..errors import UsageError
         raise UsageError(detail="promote needs a SANDBOX (or --resume p-…)")
     ws = workspace()
     try:
         doc = ws.promote(sandbox, on_conflict=on_conflict, include_ignored=include_ignored, paths=paths or (),
                          dry_run=dry_run, verify=verify, echo=not G.json, say=o.note,
                          override_policy=override_policy, watch=watch, watch_for=for_, watch_every=every,
-                         on_interrupt=interrupts.hold).to_json()
+                         on_interrupt=interrupts.hold, metric=metric, max_regression=max_regression).to_json()
     except MarkersWritten as err:  # a result here: printed as any other, exit 5
         doc = err.result.to_json()
     except PromotionInterrupted as err:
@@ -171,7 +184,8 @@ def promote(
         return
     if G.json:
         if code == 1:
-            doc.setdefault("error", "--verify failed"
+            doc.setdefault("error", "--verify failed" + (f": {doc['verify']['error']}" if
+                                                         (doc.get("verify") or {}).get("error") else "")
                            + ("; the promotion was rolled back" if doc.get("rolled_back")
                               else "; the rollback failed: " + doc.get("rollback_error", "")))
             doc["exit_code"] = 1
@@ -180,6 +194,23 @@ def promote(
         _print_promote(o, doc, dry_run)
     if code:
         raise typer.Exit(code)
+
+
+def _metric_line(doc: dict[str, Any]) -> str:
+    """The metric's numbers for people: the verify's, the base's, the limit."""
+    spec = doc.get("metric_spec") or {}
+    key = spec.get("key", "metric")
+    if doc.get("metric") is None:
+        return f"{key}: none"
+    text = f"{key} {doc['metric']:g}"
+    if doc.get("base_metric") is not None:
+        cached = " (measured earlier)" if doc.get("base_metric_cached") else ""
+        text += f" against the base's {doc['base_metric']:g}{cached}"
+        if doc.get("regression") is not None:
+            r = doc["regression"]
+            text += f" ({'unchanged' if r == 0 else f'{abs(r):.1%} ' + ('worse' if r > 0 else 'better')}"
+            text += f"; at most {spec['max_regression']:.0%})" if spec.get("max_regression") is not None else ")"
+    return text
 
 
 def _follow_watch(ws: Any, doc: dict[str, Any], o: Any) -> int:
@@ -313,10 +344,14 @@ def _print_promote(o: Any, doc: dict[str, Any], dry_run: bool) -> None:
               f"{doc['promotion']}`", file=sys.stderr, flush=True)
     for s in doc.get("skipped", []):
         o.note(f"skipped {s['path']}: {s['reason']}")
+    for w in doc.get("warnings") or []:
+        o.note(f"warning: {w}")
     if doc.get("verified") is True:
-        o.say("verified: the command passed in a sandbox of the promoted workspace")
+        o.say("verified: the command passed in a sandbox of the promoted workspace"
+              + (f"; {_metric_line(doc)}" if doc.get("metric_spec") else ""))
     elif doc.get("verified") is False:
-        print(f"petri: --verify failed (exit {doc['verify']['exit_code']}); "
+        why = doc["verify"].get("error") or f"exit {doc['verify']['exit_code']}"
+        print(f"petri: --verify failed ({why}); "
               + ("the promotion was rolled back" if doc.get("rolled_back")
                  else f"the rollback failed: {doc.get('rollback_error')}"), file=sys.stderr, flush=True)
 

@@ -2689,6 +2689,16 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "string"
      ],
      "description": "how often watch checks (default 30s)"
+    },
+    "metric": {
+     "minLength": 1,
+     "type": "string",
+     "description": "FILE:KEY (append :max when higher is better): the number verify leaves in the JSON object at FILE (needs verify)"
+    },
+    "max_regression": {
+     "minLength": 1,
+     "type": "string",
+     "description": "with metric, e.g. \"10%\": verify runs on live as it was before the promotion too (cached per base); a metric worse by more undoes the promotion"
     }
    },
    "required": [
@@ -2727,6 +2737,24 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "rolled_back": {
      "type": "boolean"
+    },
+    "metric": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "base_metric": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "metric_spec": {
+     "type": [
+      "object",
+      "null"
+     ]
     }
    },
    "required": [

@@ -286,6 +286,13 @@ class Promote(SandboxArgs):
     for_: Annotated[Duration | None, Field(alias="for", description="how long watch watches: seconds, or 10m, "
                                                                      "1h (needed with watch)")] = None
     every: Annotated[Duration | None, Field(description="how often watch checks (default 30s)")] = None
+    metric: Annotated[str | None, Field(min_length=1, description="FILE:KEY (append :max when higher is better): "
+                                                                  "the number verify leaves in the JSON object at "
+                                                                  "FILE (needs verify)")] = None
+    max_regression: Annotated[str | None, Field(min_length=1, description="with metric, e.g. \"10%\": verify runs on "
+                                                                          "live as it was before the promotion too "
+                                                                          "(cached per base); a metric worse by more "
+                                                                          "undoes the promotion")] = None
 
 
 class Rollback(Args):

@@ -256,11 +256,14 @@ async def promote(st: State, a: P.Promote) -> dict[str, Any]:
                                 "that way may let a change past the policy")
     got = await st.ws.promote(a.sandbox, paths=a.paths, dry_run=a.dry_run, on_conflict=a.on_conflict.value,
                               verify=a.verify, include_ignored=a.include_ignored, override_policy=a.override_policy,
-                              watch=a.watch, watch_for=a.for_, watch_every=a.every)
+                              watch=a.watch, watch_for=a.for_, watch_every=a.every, metric=a.metric,
+                              max_regression=a.max_regression)
     doc = got.to_json()
     if doc.get("verified") is False:  # the CLI exits 1 here: a failure, with the document
-        msg = "verify failed" + ("; the promotion was rolled back" if doc.get("rolled_back")
-                                   else "; the rollback failed: " + str(doc.get("rollback_error", "")))
+        why = (doc.get("verify") or {}).get("error")  # a metric past its gate: both numbers and the limit
+        msg = "verify failed" + (f": {why}" if why else "") + (
+            "; the promotion was rolled back" if doc.get("rolled_back")
+            else "; the rollback failed: " + str(doc.get("rollback_error", "")))
         err = OrchestratorError(detail=msg)
         err.doc = doc
         raise err

@@ -23,6 +23,8 @@ the sandbox's first run; every run binds them read-write over the host paths
 
 Lifetime: the upper directories are the sandbox's, like its tree: they persist across runs (and
 across remounts), and ``remove`` deletes them at ``rm``, expiry, ``deinit`` and ``gc``.
+``inherit`` copies one sandbox's layer into another's not yet mounted (``try --check``'s fork
+sees what ``try``'s command changed outside the project).
 
 Caveats:
 - Root only: mounting overlayfs and idmapped mounts need CAP_SYS_ADMIN in the initial user
@@ -232,6 +234,26 @@ def unmount(binds: list[list[str]], home: str | None) -> int:
 def remove(store_root: Path, sb_id: str) -> None:
     """Delete the sandbox's layer (its overlays are unmounted already: ``environment.destroy``)."""
     shutil.rmtree(layer_dir(store_root, sb_id), ignore_errors=True)
+
+
+def inherit(store_root: Path, src: str, dst: str) -> None:
+    """Give sandbox ``dst`` (made, never run: its layer is not mounted yet) a copy of what
+    ``src``'s layer holds (its upper directories and root's home, ``cp -a``: modes, owners,
+    xattrs such as an opaque directory's, whiteouts; reflinked where the store can), so
+    ``dst``'s runs see what ``src``'s runs changed outside the project (``try --check``
+    after ``try --system``'s command). Work directories are the overlay's scratch: not copied."""
+    from_dir, to_dir = layer_dir(store_root, src), layer_dir(store_root, dst)
+    if not from_dir.is_dir():
+        return
+    to_dir.mkdir(parents=True, exist_ok=True)
+    for name in sorted(os.listdir(from_dir)):
+        if name == "work":
+            continue
+        r = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(from_dir / name), str(to_dir / name)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SandboxSetupFailed(detail=f"copying the system layer of {src} for {dst}: "
+                                            f"{(r.stderr.strip().splitlines() or ['cp failed'])[-1]}")
 
 
 def sweep(store_root: Path, keep: set[str]) -> None:
