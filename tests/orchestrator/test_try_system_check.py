@@ -17,13 +17,17 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is No
                                 reason="the system layer is root's (kernel overlayfs); runs need bwrap")
 
 MARK = Path("/etc/petri-try-mark")
-DOOMED = Path("/etc/petri-try-doomed")  # on the host for the test; the command deletes it in its layer
+# A host file the command deletes in its layer (an overlay whiteout). One the host already has:
+# writing a file of our own into the host's /etc would race the tests that compare /etc before
+# and after (tests/cli/test_diff_promote_cli.py) on another worker.
+DOOMED = Path("/etc/debian_version")
 
 
 @pytest.fixture
 def ws(tmp_path):
-    assert not MARK.exists() and not DOOMED.exists()
-    DOOMED.write_text("keep me\n")
+    if not DOOMED.is_file():
+        pytest.skip(f"needs a host {DOOMED} to delete in the layer (a Debian host)")
+    assert not MARK.exists()
     ws = tmp_path / "proj"
     ws.mkdir()
     (ws / "app.txt").write_text("a\n")
@@ -33,11 +37,11 @@ def ws(tmp_path):
     finally:
         petri("rm", "--all", cwd=ws)
         petri("deinit", "--force", cwd=ws)
-        DOOMED.unlink(missing_ok=True)
 
 
 def test_the_check_sees_what_the_command_changed_in_the_system_layer(ws):
     host_etc = sorted(os.listdir("/etc"))
+    kept = DOOMED.read_bytes()
     cmd = f"echo x > {MARK} && rm {DOOMED} && echo y > app.txt"
     check = f"grep -qx x {MARK} && test ! -e {DOOMED}"
     r = petri("--json", "try", "--system", "--yes", "--check", check, "--", "sh", "-c", cmd, cwd=ws)
@@ -48,7 +52,7 @@ def test_the_check_sees_what_the_command_changed_in_the_system_layer(ws):
     assert {"path": str(DOOMED), "status": "deleted"} in doc["system"]
     assert (ws / "app.txt").read_text() == "y\n"  # the project's change is promoted
     # the host's /etc is as it was: no mark, the doomed file intact
-    assert not MARK.exists() and DOOMED.read_text() == "keep me\n"
+    assert not MARK.exists() and DOOMED.read_bytes() == kept
     assert sorted(os.listdir("/etc")) == host_etc
     # both sandboxes and their layers are gone
     assert petri("--json", "ls", cwd=ws).json["sandboxes"] == []
