@@ -80,7 +80,7 @@ def _kind(p: click.Parameter) -> str:
 
 def describe(name: str) -> dict[str, Any]:
     """The table's entry for the command ``name``."""
-    from ..audit import MUTATING_COMMANDS
+    from ..api import MUTATING_COMMANDS
 
     cmd = load_command(name)
     fn = cmd.callback.__wrapped__  # type: ignore[union-attr]  # typer's wrapper of the declared function
