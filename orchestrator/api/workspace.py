@@ -1052,9 +1052,18 @@ class Workspace:
         ``fitness(candidate)``). See orchestrator.evolve."""
         from ..evolve import evolve
 
-        return Evolution.from_doc(evolve(self, seed, mutate, check, population=population, generations=generations,
-                                         keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
-                                         say=say))
+        def seed_sandbox() -> Sandbox:  # called once the arguments are checked: a bad one forks nothing
+            if isinstance(seed, Sandbox):
+                return seed
+            ident = str(getattr(seed, "id", seed))
+            kind = "live" if seed in (None, "live") else self.engine.registry.resolve(ident, ("snapshot", "sandbox"))[0]
+            if kind == "sandbox":
+                return self.sandbox(ident)
+            return self.fork(source=seed if seed is not None else "live", label=None).keep()[0]
+
+        return Evolution.from_doc(evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox,
+                                         population=population, generations=generations, keep=keep, fitness=fitness,
+                                         jobs=jobs, limits=limits, timeout=timeout, say=say))
 
     def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
         """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
