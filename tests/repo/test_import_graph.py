@@ -31,11 +31,6 @@ KNOWN_TYPE_ONLY = {
     ("orchestrator.api.sandbox", "orchestrator.api.workspace"),
     ("orchestrator.api.helpers", "orchestrator.api.workspace"),
 }
-# Circles inside the front ends' own packages (the CLI's app <-> declare, the MCP server <->
-# its tools), which are reworked with the API package: they go when it lands.
-KNOWN_FRONT_END = {
-    ("orchestrator.cli.declare", "orchestrator.cli.app"),  # goes when the API package lands
-}
 # Function-local imports of the project's own modules in orchestrator/, merge/, snapshot/
 # (``local_imports``): a ceiling, lowered as they go, never raised.
 LOCAL_IMPORT_BUDGET = 546
@@ -289,7 +284,7 @@ def circles(graph: dict[str, set[str]] | dict[str, dict[str, list[int]]]) -> lis
 
 
 def _stack_graph() -> dict[str, set[str]]:
-    allowed = KNOWN_FRONT_END | KNOWN_TYPE_ONLY
+    allowed = KNOWN_TYPE_ONLY
     return {m: {d for d in deps if (m, d) not in allowed} for m, deps in full_graph().items()}
 
 
@@ -308,7 +303,7 @@ def test_the_modules_form_a_stack() -> None:
 def test_each_known_exception_is_still_an_edge() -> None:
     # An exception that no longer exists is one the list must lose, or it would hide the next one.
     graph = full_graph()
-    gone = sorted(e for e in KNOWN_FRONT_END | KNOWN_TYPE_ONLY if e[1] not in graph.get(e[0], {}))
+    gone = sorted(e for e in KNOWN_TYPE_ONLY if e[1] not in graph.get(e[0], {}))
     assert not gone, f"no longer imported, take them out of the exceptions: {gone}"
 
 
@@ -341,7 +336,7 @@ def main(argv: list[str]) -> int:
     found = circles(full_graph(root))
     for comp in found:
         print(f"circle of {len(comp)}: {', '.join(comp)}")
-    allowed = KNOWN_FRONT_END | KNOWN_TYPE_ONLY
+    allowed = KNOWN_TYPE_ONLY
     left = circles({m: {d for d in deps if (m, d) not in allowed} for m, deps in full_graph(root).items()})
     print(f"circles: {len(found)} (modules in them: {sum(map(len, found))}); with the known exceptions set aside: "
           f"{len(left)}; function-local imports of the project's own modules: {local_imports(root)}")
