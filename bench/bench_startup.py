@@ -13,7 +13,10 @@ comes and goes hits all of them alike):
 - ``petri --version``, ``petri ls --json``, ``petri status SB``, ``petri run SB true``;
 - ``petri fork --json`` (from live: a snapshot of live, then its clone), then ``petri rm``
   of the sandbox it made (timed too), then ``petri gc`` for the implicit snapshot (untimed);
-- ``petri fork --from S --json`` (the clone alone), its sandbox removed untimed.
+- ``petri fork --from S --json`` (the clone alone), its sandbox removed untimed;
+- with ``--more``, the commands that go through the API on typer's path too: ``petri log``,
+  ``lineage``, ``review SB``, ``gc`` (nothing left to reap after the first round),
+  ``doctor`` and ``try --help``.
 
 With ``--before DIR`` (a checkout of an earlier commit, e.g. ``git archive main | tar -x -C
 DIR``) the same petri commands also run from that code, interleaved in the same rounds:
@@ -142,6 +145,8 @@ def main() -> int:
     ap.add_argument("--before", type=Path, help="a checkout of an earlier commit: its petri too, interleaved")
     ap.add_argument("--importtime", type=int, default=5, help="processes per -X importtime table")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
+    ap.add_argument("--more", action="store_true",
+                    help="also time log, lineage, review SB, gc, doctor and try --help")
     args = ap.parse_args()
     sigterm_as_interrupt()
     env = cli_env()
@@ -205,6 +210,13 @@ def main() -> int:
             lambda: fork_and_rm("", petri, env),
             lambda: fork_from("", petri, env),
         ]
+        more = [("log",), ("lineage",), ("review", sb), ("gc", "--json"), ("doctor",), ("try", "--help")]
+        shown = {("review", sb): "review SB", ("gc", "--json"): "gc --json"}
+        if args.more:
+            units += [lambda a=a: timed(f"petri {shown.get(a, ' '.join(a))}", petri(*a)) for a in more]
+        if before_env is not None and args.more:
+            units += [lambda a=a: timed(f"before: petri {shown.get(a, ' '.join(a))}", earlier(*a), before_env)
+                      for a in more]
         if before_env is not None:
             units += [
                 lambda: timed("before: petri --version", earlier("--version"), before_env),

@@ -1,6 +1,8 @@
 """A population loop: generations of races, each seeded by the fittest of the one before.
 
-``evolve(ws, seed, mutate, check, population, generations, keep)`` (``Workspace.evolve``):
+``evolve(engine, seed, mutate, check, population, generations, keep)`` (``Workspace.evolve``,
+which hands it the seed and the API's sandbox handles: this module works on the engine and
+never imports the API above it):
 
 1. The seed (a sandbox; or live or a snapshot, forked once) is measured: its check runs
    in a throwaway fork of it.
@@ -38,7 +40,7 @@ from .race_steps import METRICS_FILE, read_metrics
 from .errors import EmptyCommand, UsageError
 
 if TYPE_CHECKING:
-    from .api import Workspace
+    from .engine import Engine
 
 
 def score_of(metrics: dict[str, Any] | None) -> float:
@@ -54,12 +56,14 @@ def _key(c: dict[str, Any]) -> tuple:
     return (not c["passed"], -c["score"], c.get("lines", 0), dur if dur is not None else math.inf, c["order"])
 
 
-def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any]]", check: str, *,
-           population: int = 4, generations: int = 3, keep: int = 1,
+def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Sequence[Any]]", check: str, *,
+           handle: Callable[[str], Any], population: int = 4, generations: int = 3, keep: int = 1,
            fitness: Callable[[dict[str, Any]], float] | None = None, jobs: int = 8, limits: Any = None,
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the loop (see the module docstring); the ``Evolution`` document."""
-    from .api import Sandbox
+    """Run the loop (see the module docstring); the ``Evolution`` document. ``seed()`` gives
+    the seed sandbox (forking it when it is live or a snapshot), called once the arguments
+    are checked; ``handle(id)`` gives a sandbox as the caller's handle (with ``id``,
+    ``generation``, ``parent``), what a callable ``mutate`` is given as the parent."""
     from .candidates import Cmd, candidate_pair as _candidate_pair, candidate_texts as _candidate_texts
     from .units import timeout_seconds as _seconds
     from .race import Metric, load_candidates, race_sync
@@ -74,17 +78,9 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
     if isinstance(mutate, str) and not mutate.strip():
         raise EmptyCommand(what="mutate", hint="")
     say = say or (lambda s: None)
-    e = ws.engine
     timeout_s = _seconds(timeout)
-    seed_sb = seed if isinstance(seed, Sandbox) else None
-    if seed_sb is None:
-        kind = "live" if seed in (None, "live") else e.registry.resolve(str(getattr(seed, "id", seed)),
-                                                                         ("snapshot", "sandbox"))[0]
-        if kind == "sandbox":
-            seed_sb = ws.sandbox(str(getattr(seed, "id", seed)))
-        else:
-            seed_sb = ws.fork(source=seed if seed is not None else "live", label=None).keep()[0]
-    seed_fit = _measure(ws, seed_sb.id, check, timeout_s, fitness)
+    seed_sb = seed()
+    seed_fit = _measure(e, seed_sb.id, check, timeout_s, fitness)
     say(f"evolve: seed {seed_sb.id}: {_shown(seed_fit)}")
     parents = [{"sandbox": seed_sb.id, "generation": seed_sb.generation, "parent": seed_sb.parent, **seed_fit,
                 "order": -1}]
@@ -101,7 +97,7 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
             if count <= 0:
                 break
             left -= count
-            parent = ws.sandbox(p["sandbox"])
+            parent = handle(p["sandbox"])
             if callable(mutate):
                 made = list(mutate(parent, g, count))[:count]
             else:
@@ -154,10 +150,9 @@ def _fitness_of(c: dict[str, Any], fitness: Callable[[dict[str, Any]], float] | 
             "duration_s": c.get("duration_s")}
 
 
-def _measure(ws: "Workspace", sb_id: str, check: str, timeout_s: float | None,
+def _measure(e: "Engine", sb_id: str, check: str, timeout_s: float | None,
              fitness: Callable[[dict[str, Any]], float] | None) -> dict[str, Any]:
     """The seed's fitness: its check run in a throwaway fork of it."""
-    e = ws.engine
     fork = e.fork(sb_id, 1)[0]
     from .lineage import mark_scaffold
     mark_scaffold(e, fork, "evolve-seed-check")

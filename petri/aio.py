@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
 
 import anyio
@@ -166,6 +167,30 @@ class Workspace:
 
     async def stop_service(self, sandbox: "str | Sandbox", name: str, *, reason: str | None = None) -> dict[str, Any]:
         return await _thread(self.sync.stop_service, _sid(sandbox), name, reason=reason)
+
+    async def service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
+        return await _thread(self.sync.service, _sid(sandbox), name)
+
+    async def service_output(self, sandbox: "str | Sandbox", name: str, *, follow: bool = False
+                             ) -> AsyncIterator[bytes]:
+        """``petri.Workspace.service_output``; with ``follow=True`` until the service stops
+        running (closing the iterator, or cancelling the task, stops it)."""
+        stop = threading.Event()
+        gen = await _thread(self.sync.service_output, _sid(sandbox), name, follow=follow, stop=stop.is_set)
+        try:
+            while True:
+                got = await anyio.to_thread.run_sync(next, gen, None, abandon_on_cancel=True)
+                if got is None:
+                    return
+                yield got
+        finally:
+            stop.set()
+
+    async def check_profile(self, name: str | None) -> None:
+        await _thread(self.sync.check_profile, name)
+
+    async def run_log_paths(self, sandbox: "str | Sandbox", run: int) -> tuple[Path, Path]:
+        return await _thread(self.sync.run_log_paths, _sid(sandbox), run)
 
     async def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None,
                       reason: str | None = None) -> dict[str, Any]:

@@ -376,6 +376,20 @@ class Workspace:
         audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
         return RunResult.from_doc(doc)
 
+    def check_profile(self, name: str | None) -> None:
+        """Refuse a ``[profiles.NAME]`` the config does not define (``petri.UsageError``, exit
+        2, naming the ones it does): for a front end that checks before it starts anything."""
+        from ..config import load_config
+
+        load_config(self.engine.root).profile(name)
+
+    def run_log_paths(self, sandbox: "str | Sandbox", run: int) -> tuple[Path, Path]:
+        """The files run ``run`` of the sandbox saves its stdout and stderr in (``output``
+        reads them): for a front end that follows a run's output by offset as it grows."""
+        from ..runs import log_paths
+
+        return log_paths(self.engine, self.engine.resolve_sandbox(_sandbox_id(sandbox)).id, run)
+
     @_audited("shell")
     def shell(self, sandbox: "str | Sandbox", *, timeout: float | str | None = None, env: dict[str, str] | None = None,
               seccomp: str | None = None, caller_cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -411,6 +425,39 @@ class Workspace:
 
         sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id if sandbox is not None else None
         return {"services": listing(self.engine, sb)}
+
+    def service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
+        """One service of the sandbox, as its ``services`` row (``stdout_path`` and
+        ``stderr_path`` are its output files); ``NoSuchService`` (exit 2) if it has none so named."""
+        from ..service_records import read
+        from ..service_runs import NoSuchService, doc
+
+        sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id
+        rec = read(self.engine.store.root, sb, name)
+        if rec is None:
+            raise NoSuchService(sandbox=sb, name=name)
+        return doc(rec)
+
+    def service_output(self, sandbox: "str | Sandbox", name: str, *, follow: bool = False,
+                       stop: Callable[[], bool] | None = None) -> Iterator[bytes]:
+        """The service's stdout in chunks as its file holds them; with ``follow``, also what it
+        writes until it is no longer running (``logs --service -f``) or ``stop()`` returns
+        true. ``NoSuchService`` as ``service``; nothing when it has no output file yet."""
+        from ..service_records import LIVE, read, settled
+        from ..service_runs import follow_log
+
+        rec = {**self.service(sandbox, name)}
+        if not rec.get("stdout_path"):
+            return iter(())
+        store, sb = self.engine.store.root, rec["sandbox"]
+        first = read(store, sb, name) or rec
+
+        def alive() -> bool:
+            r = read(store, sb, name) or first
+            return follow and not (stop is not None and stop()) and settled(store, sb, r)["state"] in LIVE
+
+        chunks: Iterator[bytes] = follow_log(Path(rec["stdout_path"]), alive if follow else (lambda: False))
+        return chunks
 
     @_audited("stop")
     def stop_service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
@@ -1019,9 +1066,18 @@ class Workspace:
         ``fitness(candidate)``). See orchestrator.evolve."""
         from ..evolve import evolve
 
-        return Evolution.from_doc(evolve(self, seed, mutate, check, population=population, generations=generations,
-                                         keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
-                                         say=say))
+        def seed_sandbox() -> Sandbox:  # called once the arguments are checked: a bad one forks nothing
+            if isinstance(seed, Sandbox):
+                return seed
+            ident = str(getattr(seed, "id", seed))
+            kind = "live" if seed in (None, "live") else self.engine.registry.resolve(ident, ("snapshot", "sandbox"))[0]
+            if kind == "sandbox":
+                return self.sandbox(ident)
+            return self.fork(source=seed if seed is not None else "live", label=None).keep()[0]
+
+        return Evolution.from_doc(evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox,
+                                         population=population, generations=generations, keep=keep, fitness=fitness,
+                                         jobs=jobs, limits=limits, timeout=timeout, say=say))
 
     def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
         """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
@@ -1058,15 +1114,14 @@ class Workspace:
                poll_s: float = 0.1) -> Iterator[Event]:
         """The event stream (``.petri/events.jsonl``): what is there (``follow=False``), or
         also what comes, blocking (``follow=True``: from the start with ``from_start``, else
-        from now; ``stop()`` returning true ends it)."""
+        from now; ``stop()`` returning true ends it). Where a follow starts is fixed by this
+        call, not by the first ``next()``: a caller that follows, then starts what emits
+        (the MCP server's race), misses nothing of it."""
         from .. import events as ev
 
         store = self.engine.store.root
-        if follow:
-            for d in ev.follow(store, from_start=from_start, poll_s=poll_s, stop=stop):
-                yield Event.from_doc(d)
-            return
-        yield from (Event.from_doc(d) for d in ev.read_all(store))
+        docs = ev.follow(store, from_start=from_start, poll_s=poll_s, stop=stop) if follow else ev.read_all(store)
+        return (Event.from_doc(d) for d in docs)
 
     # -- the workspace itself -------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -67,9 +67,9 @@ def _main(argv: list[str] | None) -> int:
     before = dict(vars(G))
     call = parse(raw)
     if call is None or call.name != "--version":
-        from .. import events
+        from ..api import set_event_via
 
-        events.set_via("cli")  # read-only commands open no audit scope, yet may write events (an expiry)
+        set_event_via("cli")  # read-only commands open no audit scope, yet may write events (an expiry)
     if call is not None:
         ends = argv is None  # the process's own entry point (in-process callers get the code back)
         code = run(call, raw, durable=ends)

@@ -198,7 +198,7 @@ class LazyGroup(JsonHelp, typer.core.TyperGroup):
 
 def load_command(name: str) -> click.Command:
     module = importlib.import_module(f"orchestrator.cli.{COMMANDS[name][0]}")
-    group = typer.main.get_group(module.app.typer_app())
+    group = typer.main.get_group(module.app.typer_app(JsonHelpCommand))
     return group.commands[name]
 
 

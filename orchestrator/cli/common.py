@@ -172,7 +172,7 @@ def shown_argv(argv: list[str]) -> str:
 def run_title(run: dict) -> str:
     """A run for people: its command line, or what petri ran it for (a race's apply of a
     candidate, its check in a throwaway fork) before the command."""
-    from ..race import describe_role
+    from ..api import describe_role
     role = describe_role(run)
     return f"[{role}] {shown_argv(run['argv'])}" if role else shown_argv(run["argv"])
 
@@ -211,11 +211,11 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
         # read_only: a command documented to change nothing (the fast paths), so not even
         # orchestrator.audit is imported to ask.
         if not read_only and op in _mutating():
-            from .. import audit
+            from ..api import begin_audit
             if G.reason is not None:
                 from ..units import MAX_NOTE, check_text
                 check_text("--reason", G.reason, max_len=MAX_NOTE)
-            scope, token = audit.begin(op, ["petri", *raw], "cli", reason=G.reason)
+            scope, token = begin_audit(op, ["petri", *raw], "cli", reason=G.reason)
         rv = body()
         code = rv if isinstance(rv, int) else 0
         if code:
@@ -227,11 +227,11 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
             raise
         code, message = _settle(e)
     if scope is not None:
-        from .. import audit
+        from ..api import finish_audit
         if code and message == "ok":
             from .. import interrupts
             message = interrupts.said() or message  # a command that settled an interrupt itself
-        audit.finish(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
+        finish_audit(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
                      durable=durable)
     try:
         sys.stdout.flush()
@@ -296,7 +296,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 def _mutating() -> frozenset[str]:
-    from ..audit import MUTATING_COMMANDS
+    from ..api import MUTATING_COMMANDS
     return MUTATING_COMMANDS
 
 

@@ -8,9 +8,10 @@ calls those same functions without typer, which with click costs ~20 ms of impor
   with ``from __future__ import annotations`` only names ``typer.Option`` in annotations,
   which typer itself evaluates when it builds the command; the fast path never does.
 - ``command_app()`` gives a ``Commands``: its ``command()`` records exactly what
-  ``typer.Typer.command()`` would (the function and the arguments), and ``typer_app()``
+  ``typer.Typer.command()`` would (the function and the arguments), and ``typer_app(cls)``
   builds the real typer app from the records when a command goes through typer
-  (``orchestrator.cli.app.load_command``).
+  (``orchestrator.cli.app.load_command``, which gives its command class: this module never
+  imports the app, which imports it).
 
 Caveat: a body that touches ``typer.`` at run time (``raise typer.Exit(n)``) loads typer
 there; the hot commands' bodies return their exit code instead.
@@ -47,14 +48,14 @@ class Commands:
             return fn
         return register
 
-    def typer_app(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None) -> "typer.Typer":
-        """The typer app of these commands. ``wrap`` (tests) replaces each function with
-        one of the same signature, e.g. to see what typer calls it with."""
-        from .app import JsonHelpCommand  # loaded with typer: this runs only on typer's path
-
+    def typer_app(self, cls: type, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+                  ) -> "typer.Typer":
+        """The typer app of these commands, each a click command of class ``cls`` (the app's
+        ``JsonHelpCommand``). ``wrap`` (tests) replaces each function with one of the same
+        signature, e.g. to see what typer calls it with."""
         app = typer_app()
         for fn, args, kw in self.registered:
-            app.command(*args, **{"cls": JsonHelpCommand, **kw})(wrap(fn) if wrap else fn)
+            app.command(*args, **{"cls": cls, **kw})(wrap(fn) if wrap else fn)
         return app
 
 

@@ -68,7 +68,7 @@ def _here() -> Path:
     """No PATH: the workspace other commands would use (``--workspace``, ``PETRI_WORKSPACE``,
     else the one holding the current directory), or the directory itself where there is none."""
     from ..errors import UsageError
-    from ..workspace import find_workspace, is_workspace
+    from ..api import find_workspace, is_workspace
     override = workspace_flag() or os.environ.get("PETRI_WORKSPACE") or None
     start = Path(os.path.abspath(override)) if override else Path(os.getcwd())
     if override and not start.is_dir():

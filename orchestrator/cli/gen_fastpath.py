@@ -20,7 +20,7 @@ from typing import Any, Callable
 import click
 import typer
 
-from .app import COMMANDS, TRAILING, load_command
+from .app import COMMANDS, TRAILING, JsonHelpCommand, load_command
 
 # The commands scripts and agents run in loops (orchestrator.cli.fastpath).
 HOT = ("fork", "ls", "status", "rm", "run", "mcp")
@@ -63,7 +63,7 @@ def recorded_command(name: str, seen: dict[str, Any]) -> click.Command:
     import importlib
 
     module = importlib.import_module(f"orchestrator.cli.{COMMANDS[name][0]}")
-    return typer.main.get_group(module.app.typer_app(wrap=recording(seen))).commands[name]
+    return typer.main.get_group(module.app.typer_app(JsonHelpCommand, wrap=recording(seen))).commands[name]
 
 
 def _kind(p: click.Parameter) -> str:
@@ -80,7 +80,7 @@ def _kind(p: click.Parameter) -> str:
 
 def describe(name: str) -> dict[str, Any]:
     """The table's entry for the command ``name``."""
-    from ..audit import MUTATING_COMMANDS
+    from ..api import MUTATING_COMMANDS
 
     cmd = load_command(name)
     fn = cmd.callback.__wrapped__  # type: ignore[union-attr]  # typer's wrapper of the declared function

@@ -19,7 +19,7 @@ app = command_app()
 def lineage(ident: Annotated[Optional[str], typer.Argument(help="A sandbox or snapshot: only its tree (default: all).",
                                                            show_default=False)] = None) -> None:
     """The tree snapshot -> sandbox -> fork of a fork, with generation and race results."""
-    from ..lineage import render_tree
+    from ..api import render_lineage as render_tree
 
     doc = workspace().lineage(ident).to_json()
     o = out()

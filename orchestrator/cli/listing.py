@@ -16,14 +16,14 @@ def show_ls(all_: bool) -> None:
         doc.pop("schema", None)
         o.doc(doc)
         return
+    import time
     from datetime import datetime
 
-    from ..registry import now
     from ..units import human_bytes, human_duration, shown
     table = []
     for d in doc["sandboxes"]:
         stale_txt = stale_text(d)
-        age = now() - datetime.fromisoformat(d["created_at"]).timestamp()
+        age = time.time() - datetime.fromisoformat(d["created_at"]).timestamp()
         # shown(): a label written before labels were checked may hold escape sequences
         table.append([d["id"], shown(d["label"]) if d["label"] else "-", d["backend"], paint_state(o, d["state"]),
                       human_duration(age),
@@ -43,11 +43,11 @@ def with_base_age(d: dict) -> dict:
     (``stale.base_created_at``) was taken, as of now."""
     stale = d.get("stale")
     if stale is not None and "base_created_at" in stale:
+        import time
         from datetime import datetime
 
-        from ..registry import now
         when = stale["base_created_at"]
-        stale["base_age_s"] = None if when is None else max(0.0, now() - datetime.fromisoformat(when).timestamp())
+        stale["base_age_s"] = None if when is None else max(0.0, time.time() - datetime.fromisoformat(when).timestamp())
     return d
 
 
@@ -55,7 +55,7 @@ def stale_text(d: dict) -> str:
     """The STALE column: ``fresh``, ``N live, M overlap``, led by ``promoted as p-… (done)``
     once the sandbox's changes are in live (its own changes are not counted against it), after
     how old the base is (``base 17m old; 2 live, 1 overlap``)."""
-    from ..promoted import describe
+    from ..api import describe_promoted as describe
 
     stale = d["stale"]
     promoted = describe(d.get("promoted"))

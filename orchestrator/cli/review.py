@@ -26,7 +26,7 @@ def review(
     """A review report: changes, checks, staleness, policy, risk, the commands to approve or reject.
 
     Reads only. With --json, the review document; with --markdown, the same as Markdown."""
-    from ..review import markdown as render
+    from ..api import review_markdown as render
 
     doc = workspace().review(sandbox).to_json()
     o = out()

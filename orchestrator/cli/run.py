@@ -2,7 +2,7 @@
 
 ``run`` and ``shell`` go through the API (``Workspace.run`` with ``echo``, forwarded
 signals, the seccomp profile and the caller's cwd; ``Workspace.shell``), in this thread and
-without trio. ``run --each`` still drives ``orchestrator.runs`` itself (``run_each``).
+without trio; ``run --each`` runs them as tasks of its own trio loop (``petri.aio``'s ``run``).
 ``logs`` reads the saved files by offset (``Workspace.output``), ``-f`` until the run ends.
 
 ``run`` is a hot command: the fast path (``orchestrator.cli.fastpath``) calls it without
@@ -101,7 +101,7 @@ def run(
         from .run_each import run_each, split_argv
         sandboxes, argv, late_jobs = split_argv([sandbox, *(cmd or [])], sys.argv[1:])
         jobs = late_jobs if late_jobs is not None else jobs
-        return run_each(workspace().engine, sandboxes, argv, jobs=jobs, timeout_s=parse_timeout(timeout),
+        return run_each(workspace(), sandboxes, argv, jobs=jobs, timeout_s=parse_timeout(timeout),
                         env=_parse_env(env), seccomp=seccomp, json_out=G.json)
     argv = list(cmd or [])
     if not argv or not argv[0]:
@@ -186,7 +186,7 @@ def logs(
     if service is not None:
         if run_n is not None:
             raise UsageError(detail="--run and --service: one or the other")
-        _service_logs(e, row.id, service, follow)
+        _service_logs(ws, row.id, service, follow)
         return
     runs = sandbox_runs(e, row)
     if run_n is not None:
@@ -219,31 +219,22 @@ def logs(
         _say_dropped(r)
 
 
-def _service_logs(e, sb_id: str, name: str, follow: bool) -> None:
-    from .. import service_runs as S
-    rec = S.read(e.store.root, sb_id, name)
-    if rec is None:
-        raise S.NoSuchService(sandbox=sb_id, name=name)
+def _service_logs(ws, sb_id: str, name: str, follow: bool) -> None:
+    d = ws.service(sb_id, name)
     if G.json:
-        d = S.doc(rec)
         for k in ("stdout", "stderr"):
             try:
-                d[k] = Path(rec[f"{k}_path"]).read_bytes().decode("utf-8", "replace")
+                d[k] = Path(d[f"{k}_path"]).read_bytes().decode("utf-8", "replace")
             except (OSError, KeyError, TypeError):
                 d[k] = None
         out().doc(d)
         return
-    if not rec.get("stdout_path"):
+    if not d.get("stdout_path"):
         return
-
-    def alive() -> bool:
-        r = S.read(e.store.root, sb_id, name) or rec
-        return follow and S._settled(e.store.root, sb_id, r)["state"] in S.LIVE
-
-    for data in S.follow_log(Path(rec["stdout_path"]), alive if follow else (lambda: False)):
+    for data in ws.service_output(sb_id, name, follow=follow):
         _write(1, data)
     try:
-        _write(2, Path(rec["stderr_path"]).read_bytes())
+        _write(2, Path(d["stderr_path"]).read_bytes())
     except OSError:
         pass
 

@@ -72,7 +72,7 @@ def split_argv(given: Sequence[str], argv: Sequence[str]) -> tuple[list[str], li
     return sandboxes, cmd, jobs
 
 
-def run_each(engine: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: int | None,
+def run_each(ws: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: int | None,
              timeout_s: float | None, env: dict[str, str], seccomp: str | None, json_out: bool) -> int:
     """Run ``argv`` in each sandbox, ``jobs`` at a time; print as the module docstring says;
     the exit code."""
@@ -84,18 +84,20 @@ def run_each(engine: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: in
     check_count("--jobs", jobs, 1, 1000)
     ids: list[str] = []
     for s in sandboxes:  # every one known before anything runs
-        sid = engine.resolve_sandbox(s).id
+        sid = ws.sandbox(s).id
         if sid not in ids:
             ids.append(sid)
     docs: dict[str, dict[str, Any]] = {}
     cwd = os.getcwd()
 
+    from petri.aio import Workspace as AsyncWorkspace
+
+    aws = AsyncWorkspace(ws)  # under trio its run is a task of this loop (a cancelled one kills its command)
+
     async def main() -> None:
         import signal
 
         import trio
-
-        from ..runs import run_in_sandbox
 
         limiter = trio.CapacityLimiter(jobs)
         ending = [signal.SIGINT, signal.SIGTERM]
@@ -111,8 +113,10 @@ def run_each(engine: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: in
 
                 async def one(sid: str) -> None:
                     async with limiter:
-                        doc = await run_in_sandbox(engine, sid, argv, env=env, echo=False, timeout_s=timeout_s,
-                                                   seccomp=seccomp, cwd=cwd)
+                        result = await aws.run(sid, argv, env=env, timeout=timeout_s, seccomp=seccomp,
+                                               caller_cwd=cwd)
+                    doc = result.to_json()
+                    doc.pop("schema", None)  # a row of the --json document, as the runs' own documents are
                     docs[sid] = doc
                     if not json_out:
                         _print_tagged(sid, doc)

@@ -48,7 +48,7 @@ def fork(
 
     --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
     a fork, whose row records its parent and generation (the parent's + 1)."""
-    from ..limits import Limits
+    from ..api import Limits
     from ..errors import UsageError
     if net and net_allow is not None:
         raise UsageError(detail="--net and --net allow:... exclude each other")
@@ -74,7 +74,7 @@ def _fork_interrupted(e: Any) -> None:
     made already (the registry says which)."""
     from .. import interrupts
     from ..errors import Interrupted
-    from ..registry import LIVE_STATES
+    from ..api import LIVE_STATES
     interrupts.hold()
     made = [i for i in e.forking if (r := e.registry.sandbox(i)) is not None and r.state in LIVE_STATES
             and r.owner_pid is None]
@@ -110,7 +110,7 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     if doc.get("system"):
         o.say(f"{'system:':<12} yes, layer {doc['system']['bytes']} bytes, {doc['system']['changes']} path(s) changed")
     if doc.get("promoted"):
-        from ..promoted import describe
+        from ..api import describe_promoted as describe
         o.say(f"{'promoted:':<12} {describe(doc['promoted']).removeprefix('promoted ')} at {doc['promoted']['at']}"
               f"; its changes are in the workspace (`petri diff` still shows them against {doc['base']})")
     stale = doc["stale"]

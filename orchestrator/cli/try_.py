@@ -78,7 +78,7 @@ def try_(
     failed; 3 a conflict with live (nothing written); 5 conflict markers written
     (--on-conflict markers); 130/143/129 interrupted (nothing left behind)."""
     from .. import interrupts
-    from ..limits import Limits
+    from ..api import Limits
     from ..trying import try_change
 
     from ..errors import UsageError
@@ -90,8 +90,7 @@ def try_(
                     ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     ws = workspace()
-    from ..config import load_config
-    load_config(ws.engine.root).profile(profile)  # an unknown one: exit 2 before anything is forked
+    ws.check_profile(profile)  # an unknown one: exit 2 before anything is forked
     o = out()
     ask = not yes and not G.json and sys.stdin.isatty()
 

@@ -39,8 +39,8 @@ def tui(
         ws.race_status(race)  # an unknown race (or "") is a usage error before the screen opens
     from tui.app import main
 
-    from .. import events
-    events.set_via("tui")  # what the TUI's own events (an expiry it notices) say they came from
+    from ..api import set_event_via
+    set_event_via("tui")  # what the TUI's own events (an expiry it notices) say they came from
     from tui.source import Source
 
     raise typer.Exit(main(Source(ws), read_only=read_only, race=race))

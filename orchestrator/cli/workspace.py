@@ -67,7 +67,7 @@ def deinit(
 
 def _confirm_deinit(ws, force: bool) -> None:
     from ..errors import OrchestratorError
-    from ..registry import LIVE_STATES
+    from ..api import LIVE_STATES
     sbs = [s for s in ws.sandboxes(staleness=False) if s.state in LIVE_STATES]
     if sbs and not force:
         return  # deinit refuses anyway (SandboxesExist): no question before that
@@ -106,13 +106,13 @@ def snapshots() -> None:
     if G.json:
         o.doc(doc)
         return
+    import time
     from datetime import datetime
 
-    from ..registry import now
     from ..units import MAX_NOTE, human_bytes, human_duration, shown
     rows = []
     for d in doc["snapshots"]:
-        age = now() - datetime.fromisoformat(d["created_at"]).timestamp()
+        age = time.time() - datetime.fromisoformat(d["created_at"]).timestamp()
         rows.append([d["id"], d["kind"], human_duration(age),
                      human_bytes(d["bytes"]) if d["bytes"] is not None else "?",
                      ",".join(d["used_by"]) or "-", shown(d["message"], limit=MAX_NOTE)])

@@ -11,7 +11,7 @@ from typing import Any
 def _limits(args: Any) -> Any:
     """The limit arguments (``ttl``, ``mem``, ``cpus``, ``pids``, ``disk``, ``net``) of a tool's
     argument model, or of the arguments as given (a mapping), as one ``Limits``."""
-    from ..limits import Limits
+    from ..api import Limits
 
     if isinstance(args, Mapping):
         values = args

@@ -3,7 +3,7 @@ that outlive the ``race`` call that started them.
 
 A job is a task in the server's one task group (so every job ends when the server does:
 cancelled, which kills its run's processes through ``petri.aio``). A run job holds no
-output: it tails the run's log files by offset (``orchestrator.runlog``), looking at how
+output: it tails the run's log files by offset (the API's ``read_log_at``), looking at how
 far each stream has got every ``SAMPLE_S`` while the run lives, and keeps only the order in
 which the two streams grew (``_order``: a cursor range, a stream, a stream offset). The
 cursor of ``sandbox_run_poll`` counts bytes of both streams in that order; a poll reads the
@@ -23,13 +23,15 @@ server that exits forgets them all (the registry and the logs still hold every r
 from __future__ import annotations
 
 import bisect
-import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import anyio
+
+if TYPE_CHECKING:
+    from orchestrator.api.records import Event
 
 SAMPLE_S = 0.05           # how often a live run job looks at how far its streams have got
 KEEP_ORDER = 10000        # stretches of output whose order a run job remembers
@@ -109,11 +111,11 @@ class RunJob:
     # -- following the log files ---------------------------------------------------------------
     def sample(self) -> None:
         """Note how far each stream has got since the last look."""
-        from orchestrator import runlog
+        from orchestrator.api import log_stream_size
 
         grew = False
         for stream, path in self.paths.items():
-            size = runlog.stream_size(path)
+            size = log_stream_size(path)
             if size <= self.sizes[stream]:
                 continue
             n = size - self.sizes[stream]
@@ -148,7 +150,7 @@ class RunJob:
         more at most to hold one), one event per stretch of one stream, the next cursor, and
         how many bytes before and among them are gone (too old to be placed, or dropped by
         the log cap)."""
-        from orchestrator import runlog
+        from orchestrator.api import read_log_at
 
         cursor = max(0, min(cursor, self.total))
         dropped = 0
@@ -164,7 +166,7 @@ class RunJob:
                 continue
             # at least a whole character's worth, so the cut below always leaves one
             want = min(max(budget, 4), c0 + length - cursor)
-            at, data = runlog.read_at(self.paths[stream], off0 + (cursor - c0), want)
+            at, data = read_log_at(self.paths[stream], off0 + (cursor - c0), want)
             gone = at - (off0 + (cursor - c0))
             if gone:  # the log cap dropped these
                 gone = min(gone, c0 + length - cursor)
@@ -182,13 +184,13 @@ class RunJob:
         return out, cursor, dropped
 
     def last_line(self) -> str:
-        from orchestrator import runlog
+        from orchestrator.api import read_log_at
 
         if not self._order:
             return ""
         _, stream, off, length = self._order[-1]
         end = off + length
-        _, data = runlog.read_at(self.paths[stream], max(0, end - 512), 512)
+        _, data = read_log_at(self.paths[stream], max(0, end - 512), 512)
         lines = [ln.strip() for ln in data.decode("utf-8", "replace").replace("\r", "\n").split("\n")]
         return next((ln for ln in reversed(lines) if ln), "")[:200]
 
@@ -293,16 +295,17 @@ class RaceJob:
         finished = sum(1 for r in self.rows if r["finished"])
         return f"race {self.id or '(starting)'}: {finished}/{len(self.rows)} candidates checked"
 
-    async def execute(self, store: os.PathLike, go: Callable[["RaceJob"], Awaitable[Any]]) -> None:
-        """Run the race (``go(self)``), following the event stream for its progress."""
-        from orchestrator import events
-
+    async def execute(self, follow_events: Callable[[Callable[[], bool]], Iterator["Event"]],
+                      go: Callable[["RaceJob"], Awaitable[Any]]) -> None:
+        """Run the race (``go(self)``), following the event stream for its progress
+        (``follow_events(stop)``: the workspace's ``events``, followed from now until ``stop()``)."""
         stop = False
-        # follow() fixes its starting point now, before the race can emit anything
-        stream = events.follow(store, from_start=False, poll_s=0.1, stop=lambda: stop)
+        # the follow fixes its starting point now, before the race can emit anything
+        stream = follow_events(lambda: stop)
 
         def next_of_ours() -> dict[str, Any] | None:
-            for ev in stream:
+            for record in stream:
+                ev = record.to_json()
                 if self.id is not None and ev.get("race") == self.id and str(ev.get("event", "")).startswith("race."):
                     return ev
             return None

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter
 from typing_extensions import NotRequired, TypedDict
 
-from ..results import Record
+from ..api.records import Record
 
 
 def input_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import anyio
 
@@ -67,10 +67,8 @@ class State:
         return go
 
     def _job(self, sandbox: str) -> RunJob:
-        from ..runs import log_paths
-
-        engine = self.ws.sync.engine
-        return RunJob(sandbox, lambda n: log_paths(engine, sandbox, n))
+        ws = self.ws.sync
+        return RunJob(sandbox, lambda n: ws.run_log_paths(sandbox, n))
 
     async def run_now(self, sandbox: str, command: Any, timeout: float | None, env: dict[str, str] | None,
                       cwd: str | None = None) -> RunJob:
@@ -185,8 +183,12 @@ class State:
                                       keep=a.keep, on_start=job.on_start, label=a.label, metric=a.metric,
                                       max_regression=a.max_regression, profile=a.profile)
 
-        store = self.ws.sync.engine.store.root
-        self.spawn(job.execute, store, go, done=job)
+        ws = self.ws.sync
+
+        def follow_events(stop: Callable[[], bool]) -> Iterator[Any]:
+            return ws.events(follow=True, from_start=False, poll_s=0.1, stop=stop)
+
+        self.spawn(job.execute, follow_events, go, done=job)
         await job.has_id.wait()
         if job.id is None:
             raise job.error if job.error is not None else RuntimeError("the race did not start")

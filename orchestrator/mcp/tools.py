@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable
 
 from . import documents as D
 from . import params as P
-from .. import results as R
+from ..api import records as R
 from .args import _command, _duration, _limits, _seconds
 from .instructions import INSTRUCTIONS as INSTRUCTIONS  # the server's instructions (here before the split)
 from .state import State

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit  # no root, mount, FUSE, cgroup or sandbox: `pytes
 
 
 # sync-only plumbing: how a thread tells a blocking iterator to stop and how often it looks
-THREAD_PLUMBING = {("events", "stop"), ("events", "poll_s"), ("output", "stop"), ("output", "poll_s")}
+THREAD_PLUMBING = {("events", "stop"), ("events", "poll_s"), ("output", "stop"), ("output", "poll_s"),
+                   ("service_output", "stop")}
 # no I/O (a record's JSON, a flag on the handle): the same plain methods in both
 PLAIN = {"to_json", "keep"}
 

@@ -23,24 +23,13 @@ PKG = ROOT / "orchestrator"
 PACKAGES = ("orchestrator", "merge", "snapshot")
 PROJECT = (*PACKAGES, "petri", "tui")  # an import of one of these is an import of the project's own code
 
-# Edges the stack rule lets stand, each with why. Lower modules that import from the API
-# (its helpers diff_parts, diff_doc, sandbox_runs, file_doc, the facade evolve drives): they
-# go when the API becomes a package and those helpers move below it.
-KNOWN_UP_TO_API = {
-    # evolve is handed the facade's Workspace and checks candidates against the API's Sandbox:
-    # the one edge up to the API left (its body would have to take a lower sandbox type)
-    ("orchestrator.evolve", "orchestrator.api"),
-}
+# Edges the stack rule lets stand, each with why. (None up to the API: evolve, the last
+# module below it that imported it, is handed the seed and the API's handles by the facade.)
 # The API's handles and its facade name each other's types (a Sandbox holds its Workspace;
 # the helpers wrap records with it): type-only imports under TYPE_CHECKING, which never run.
 KNOWN_TYPE_ONLY = {
     ("orchestrator.api.sandbox", "orchestrator.api.workspace"),
     ("orchestrator.api.helpers", "orchestrator.api.workspace"),
-}
-# Circles inside the front ends' own packages (the CLI's app <-> declare, the MCP server <->
-# its tools), which are reworked with the API package: they go when it lands.
-KNOWN_FRONT_END = {
-    ("orchestrator.cli.declare", "orchestrator.cli.app"),  # goes when the API package lands
 }
 # Function-local imports of the project's own modules in orchestrator/, merge/, snapshot/
 # (``local_imports``): a ceiling, lowered as they go, never raised.
@@ -295,7 +284,7 @@ def circles(graph: dict[str, set[str]] | dict[str, dict[str, list[int]]]) -> lis
 
 
 def _stack_graph() -> dict[str, set[str]]:
-    allowed = KNOWN_UP_TO_API | KNOWN_FRONT_END | KNOWN_TYPE_ONLY
+    allowed = KNOWN_TYPE_ONLY
     return {m: {d for d in deps if (m, d) not in allowed} for m, deps in full_graph().items()}
 
 
@@ -314,9 +303,8 @@ def test_the_modules_form_a_stack() -> None:
 def test_each_known_exception_is_still_an_edge() -> None:
     # An exception that no longer exists is one the list must lose, or it would hide the next one.
     graph = full_graph()
-    gone = sorted(e for e in KNOWN_UP_TO_API | KNOWN_FRONT_END | KNOWN_TYPE_ONLY if e[1] not in graph.get(e[0], {}))
+    gone = sorted(e for e in KNOWN_TYPE_ONLY if e[1] not in graph.get(e[0], {}))
     assert not gone, f"no longer imported, take them out of the exceptions: {gone}"
-    assert all(b == "orchestrator.api" for _a, b in KNOWN_UP_TO_API)
 
 
 def test_function_local_imports_stay_within_the_budget() -> None:
@@ -348,7 +336,7 @@ def main(argv: list[str]) -> int:
     found = circles(full_graph(root))
     for comp in found:
         print(f"circle of {len(comp)}: {', '.join(comp)}")
-    allowed = KNOWN_UP_TO_API | KNOWN_FRONT_END | KNOWN_TYPE_ONLY
+    allowed = KNOWN_TYPE_ONLY
     left = circles({m: {d for d in deps if (m, d) not in allowed} for m, deps in full_graph(root).items()})
     print(f"circles: {len(found)} (modules in them: {sum(map(len, found))}); with the known exceptions set aside: "
           f"{len(left)}; function-local imports of the project's own modules: {local_imports(root)}")
