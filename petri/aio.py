@@ -372,14 +372,17 @@ class Workspace:
                    label: str | None = None, limits: Limits | None = None, timeout: float | str | None = None,
                    on_conflict: str = "fail", include_ignored: bool = False, env_pass: Sequence[str] = (),
                    secrets: Sequence[str] = (), say: Callable[[str], None] | None = None,
-                   profile: str | None = None, system: bool = False, reason: str | None = None) -> TryResult:
-        """``petri.Workspace.try_`` in a worker thread (``confirm`` and ``say`` are called
-        from it). Not cancellable: a cancelled caller stops waiting, the try goes on to its
-        end (its runs end by themselves or by ``timeout``)."""
+                   profile: str | None = None, system: bool = False, seccomp: str | None = None,
+                   echo: bool = False, report: Callable[[dict[str, Any]], None] | None = None,
+                   on_interrupt: Callable[[], None] | None = None, reason: str | None = None) -> TryResult:
+        """``petri.Workspace.try_`` in a worker thread (``confirm``, ``say`` and ``report`` are
+        called from it). Not cancellable: a cancelled caller stops waiting, the try goes on to
+        its end (its runs end by themselves or by ``timeout``)."""
         return await _thread(self.sync.try_, command, check=check, promote=promote, confirm=confirm, keep=keep,
                              label=label, limits=limits, timeout=timeout, on_conflict=on_conflict,
                              include_ignored=include_ignored, env_pass=env_pass, secrets=secrets, say=say,
-                             profile=profile, system=system, reason=reason)
+                             profile=profile, system=system, seccomp=seccomp, echo=echo, report=report,
+                             on_interrupt=on_interrupt, reason=reason)
 
     async def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False,
                      reason: str | None = None) -> Rebased:

@@ -103,7 +103,9 @@ _LAZY |= {"MUTATING_COMMANDS": "orchestrator.audit",
           # the states of a sandbox that is still there (made, running or exited)
           "LIVE_STATES": "orchestrator.registry",
           # which directory is a workspace: `petri doctor` asks before it opens one
-          "find_workspace": "orchestrator.workspace", "is_workspace": "orchestrator.workspace"}
+          "find_workspace": "orchestrator.workspace", "is_workspace": "orchestrator.workspace",
+          # --on-conflict's one list of choices (the CLI's option type, the MCP schema's enum)
+          "OnConflictChoice": "merge.on_conflict"}
 _RENAMED = {"begin_audit": ("orchestrator.audit", "begin"), "finish_audit": ("orchestrator.audit", "finish"),
             "set_event_via": ("orchestrator.events", "set_via"),
             # a run's log files read by offset as they grow (the MCP server's run jobs)

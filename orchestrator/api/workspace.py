@@ -782,7 +782,9 @@ class Workspace:
              limits: Limits | None = None, timeout: float | str | None = None, on_conflict: str = "fail",
              include_ignored: bool = False, env_pass: Sequence[str] = (), secrets: Sequence[str] = (),
              say: Callable[[str], None] | None = None, profile: str | None = None,
-             system: bool = False) -> TryResult:
+             system: bool = False, seccomp: str | None = None, echo: bool = False,
+             report: Callable[[dict[str, Any]], None] | None = None,
+             on_interrupt: Callable[[], None] | None = None) -> TryResult:
         """``petri try``: fork live, run ``command`` (a list, or a string for ``/bin/sh -c``)
         there, then ``check`` (a shell command) on the changed state; promote when both passed
         and ``promote`` is true or ``confirm(doc)`` (given the document so far: ``files``,
@@ -791,7 +793,12 @@ class Workspace:
         promotion are results (``outcome``, ``exit_code``), not exceptions. ``limits``,
         ``label``, ``env_pass``, ``secrets``, ``profile``, ``system``: the fork's (``fork``); ``timeout``: per
         step. With ``system`` the result's ``system`` lists what the command changed outside the
-        project (as ``system_changes``), which the promotion never takes."""
+        project (as ``system_changes``), which the promotion never takes. ``seccomp``: the runs'
+        filter (``default``, ``strict``, ``off``); ``echo``: the command's and the check's output
+        to this process's stdout and stderr as it comes; ``report(doc)`` is told the document
+        once the change and the check are known, before the promotion is decided;
+        ``on_interrupt()`` is called first thing when a signal stops the try (the CLI stops
+        taking signals so the settling is not cut short)."""
         from ..config import load_config
         from ..trying import try_change
 
@@ -808,7 +815,9 @@ class Workspace:
 
         doc = try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
                          check=check, label=label, keep=keep, include_ignored=include_ignored,
-                         on_conflict=on_conflict, timeout_s=_seconds(timeout), say=say or (lambda s: None))
+                         on_conflict=on_conflict, timeout_s=_seconds(timeout), seccomp=seccomp, echo=echo,
+                         say=say or (lambda s: None), report=report or (lambda d: None),
+                         hold=on_interrupt or (lambda: None))
         return TryResult.from_doc(doc)
 
     @_audited("rebase")

@@ -11,11 +11,12 @@ when a command runs).
 """
 
 import sys
+import time
 from typing import Annotated, Any, List, Optional
 
 import typer
 
-from merge.on_conflict import OnConflictChoice
+from ..api import OnConflictChoice
 
 from .app import command_app
 from .common import G, out, workspace
@@ -371,7 +372,6 @@ def promotions(
         return
     from datetime import datetime
 
-    from ..registry import now
     from ..units import human_duration
     rows = []
     for d in docs:
@@ -380,7 +380,7 @@ def promotions(
         wd = d.get("watch") or {}
         watch = "-" if not wd else f"{wd['state']} ({wd['checks']} check(s))"
         rows.append([d["id"], d["sandbox"], d["stage"] or "-", d["state"], "yes" if d["can_undo"] else "no",
-                     human_duration(now() - datetime.fromisoformat(d["created_at"]).timestamp()), watch,
+                     human_duration(time.time() - datetime.fromisoformat(d["created_at"]).timestamp()), watch,
                      shown_paths or "-"])
     o.table(["id", "sandbox", "stage", "state", "undo", "age", "watch", "paths"], rows)
     for d in docs:

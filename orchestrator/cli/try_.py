@@ -12,7 +12,7 @@ from typing import Annotated, Any, List, Optional
 
 import typer
 
-from merge.on_conflict import OnConflictChoice
+from ..api import OnConflictChoice
 
 from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
@@ -79,7 +79,6 @@ def try_(
     (--on-conflict markers); 130/143/129 interrupted (nothing left behind)."""
     from .. import interrupts
     from ..api import Limits
-    from ..trying import try_change
 
     from ..errors import UsageError
 
@@ -90,25 +89,21 @@ def try_(
                     ttl=ttl)  # parsed there; "" is refused
     timeout_s = parse_timeout(timeout)
     ws = workspace()
-    ws.check_profile(profile)  # an unknown one: exit 2 before anything is forked
     o = out()
     ask = not yes and not G.json and sys.stdin.isatty()
 
-    def fork(source: str, name: Optional[str]) -> str:
-        return ws.fork(1, source=source, label=name, limits=limits, env_pass=env_pass or (),
-                       secrets=secret or (), profile=profile, system=system)[0].id
-
     def decide(doc: dict[str, Any]) -> bool:
-        if yes:
-            return True
         if not ask:
             o.note("not promoted: no --yes, and no terminal to ask")
             return False
         return _confirm(doc)
 
-    doc = try_change(ws.engine, argv, fork=fork, decide=decide, check=check, label=label, keep=keep,
-                     include_ignored=include_ignored, on_conflict=on_conflict, timeout_s=timeout_s, seccomp=seccomp,
-                     echo=not G.json, say=o.note, report=lambda d: _report(o, d, verbose), hold=interrupts.hold)
+    # an unknown --profile or a bad --label: exit 2 before anything is forked (the API checks)
+    doc = ws.try_(argv, check=check, promote=yes, confirm=decide, keep=keep, label=label, limits=limits,
+                  timeout=timeout_s, on_conflict=on_conflict, include_ignored=include_ignored,
+                  env_pass=env_pass or (), secrets=secret or (), profile=profile, system=system, seccomp=seccomp,
+                  echo=not G.json, say=o.note, report=lambda d: _report(o, d, verbose),
+                  on_interrupt=interrupts.hold).to_json()
     code = doc["exit_code"]
     for c in (doc["promotion"] or {}).get("conflicts", []):  # as promote says them
         if doc["outcome"] == "conflict":

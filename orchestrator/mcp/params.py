@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from merge.on_conflict import OnConflictChoice
+from ..api import OnConflictChoice
 
 from .jobs import POLL_BYTES
 

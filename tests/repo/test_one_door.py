@@ -20,9 +20,8 @@ And two that must stay, with why:
 - ``orchestrator._version``: ``petri --version`` prints it without importing the API
   (start-up, tests/test_cli_startup.py).
 
-``NOT_YET`` lists, per module, the imports that still go around the API (their commands are
-not routed through it yet). It may only shrink: a new import around the API fails, and so
-does an entry that is gone from the code (delete it from the list).
+No exceptions are left (the list of modules not yet routed through the API shrank to
+nothing): a new import around the API fails.
 """
 from __future__ import annotations
 
@@ -42,13 +41,6 @@ ALLOWED = ("orchestrator.api", "petri", "orchestrator.errors", "snapshot.errors"
            "orchestrator.interrupts", "orchestrator._version")
 
 # module -> what it still imports around the API. Remaining work, not a licence.
-NOT_YET: dict[str, set[str]] = {
-    "orchestrator.cli.merge": {"merge.on_conflict", "orchestrator.registry"},
-    "orchestrator.cli.try_": {"merge.on_conflict", "orchestrator.trying"},
-    "orchestrator.mcp.params": {"merge.on_conflict"},
-}
-
-
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
@@ -104,14 +96,8 @@ def _around_the_api() -> dict[str, set[str]]:
 
 def test_the_front_ends_import_only_the_api():
     found = _around_the_api()
-    new = {m: sorted(found[m] - NOT_YET.get(m, set())) for m in found if found[m] - NOT_YET.get(m, set())}
+    new = {m: sorted(found[m]) for m in found}
     assert not new, f"imports around the API (take them from orchestrator.api instead): {new}"
-
-
-def test_the_list_of_what_is_not_routed_yet_only_shrinks():
-    found = _around_the_api()
-    gone = {m: sorted(NOT_YET[m] - found.get(m, set())) for m in NOT_YET if NOT_YET[m] - found.get(m, set())}
-    assert not gone, f"no longer imported: delete from NOT_YET: {gone}"
 
 
 def test_the_reader_sees_function_local_and_relative_imports():
