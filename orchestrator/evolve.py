@@ -60,7 +60,7 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
            timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the loop (see the module docstring); the ``Evolution`` document."""
     from .api import Sandbox
-    from .candidates import Cmd, candidate_pair as _candidate_pair, candidate_texts as _candidate_texts
+    from .candidates import Cmd
     from .units import timeout_seconds as _seconds
     from .race import Metric, load_candidates, race_sync
 
@@ -109,11 +109,11 @@ def evolve(ws: "Workspace", seed: Any, mutate: "str | Callable[..., Sequence[Any
                             f"/bin/sh -c {shlex.quote(mutate)}") for i in range(count)]
             if not made:
                 continue
-            cands = load_candidates([_candidate_pair(c) for c in made], texts=_candidate_texts(made))
+            cands = load_candidates(made)
             # the race ranks by the score too (one rule: a race's rank 1 is its fittest)
             score = None if fitness is not None else Metric(METRICS_FILE, "score", higher=True)
             doc = race_sync(e, cands, check, source=parent.id, jobs=jobs, limits=limits or _limits(), keep=True,
-                            timeout_s=timeout_s, say=None, metric=score)
+                            timeout_s=timeout_s, say=None, metric=score).to_json()  # fitness(row) takes the row
             races.append(doc["race"])
             for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
                 fit = _fitness_of(c, fitness)

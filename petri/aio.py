@@ -30,6 +30,7 @@ import sniffio
 from orchestrator import api as _api
 from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
+from orchestrator.race_plan import Candidate
 from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved,
                                   FileRemoved, FileWritten, GrepResult, Lineage, Pipeline, PromoteResult, Promotion,
                                   PromotionList, Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList,
@@ -244,7 +245,7 @@ class Workspace:
         finally:
             stop.set()
 
-    async def race(self, check: str, candidates: Sequence[Patch | Cmd], *,
+    async def race(self, check: str, candidates: Sequence[Candidate], *,
                    source: "str | Snapshot | Sandbox | _api.Sandbox" = "live", jobs: int = 8,
                    limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
                    promote: bool = False, say: Callable[[str], None] | None = None,
@@ -266,23 +267,23 @@ class Workspace:
         if label is not None:
             self.sync._check_label(label)
         gate = _api._metric_gate(metric, max_regression)
-        cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
+        cands = load_candidates(candidates)  # a missing patch file: exit 2 before anything
         limits = limits or Limits()
         timeout_s = _api._seconds(timeout)
         source_id = _api._source_id(_sid(source))
         ws = self.sync
 
-        async def go() -> dict[str, Any]:
+        async def go() -> Race:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
                                   label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
                                   metric=gate, profile=profile, seccomp=seccomp)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
-            doc = await _trio_call(go)
+            done = await _trio_call(go)
             if promote:
-                await _thread(lambda: promote_winner(ws.engine, doc))
-        return Race.from_doc(doc)
+                done = await _thread(promote_winner, ws.engine, done)
+        return done
 
     async def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
                              on_interrupt: Callable[[], None] | None = None, reason: str | None = None) -> Race:

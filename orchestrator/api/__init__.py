@@ -48,8 +48,6 @@ from .helpers import _any_id as _any_id
 from .helpers import _argv as _argv
 from .helpers import _at_least as _at_least
 from .helpers import _at_most as _at_most
-from .helpers import _candidate_pair as _candidate_pair
-from .helpers import _candidate_texts as _candidate_texts
 from .helpers import _metric_gate as _metric_gate
 from .helpers import _output_callback as _output_callback
 from .helpers import _sandbox_id as _sandbox_id
