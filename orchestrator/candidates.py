@@ -4,14 +4,25 @@ type, ``race_plan.Candidate``, which the race carries from the front ends down t
 The API re-exports them (``petri.Patch``, ``petri.Cmd``); ``orchestrator.evolve`` makes
 ``Cmd`` candidates of its own, so they live below the API.
 
+The race's module is imported when the first candidate is made, not with the API: its
+dataclasses cost every ``petri`` command about 4 ms to make.
+
 Caveat: a ``Patch`` from a path is read when the race loads it (``Candidate.loaded``), not
 when it is made.
 """
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
-from .race_plan import Candidate
+if TYPE_CHECKING:
+    from .race_plan import Candidate
+
+
+def _candidate(*args: Any, **kw: Any) -> "Candidate":
+    from .race_plan import Candidate
+
+    return Candidate(*args, **kw)
 
 
 def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | None = None,  # noqa: N802 - a type's name
@@ -24,9 +35,9 @@ def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | Non
     where = None if path is None else os.fspath(path)
     data = text.encode() if isinstance(text, str) else text
     shown = name or (where if where is not None else "patch-text")
-    return Candidate("patch", shown, data, path=where if where != shown else None)
+    return _candidate("patch", shown, data, path=where if where != shown else None)
 
 
 def Cmd(command: str) -> Candidate:  # noqa: N802 - a type's name
     """A race candidate: a shell command run in its sandbox before the check."""
-    return Candidate("cmd", command)
+    return _candidate("cmd", command)

@@ -105,7 +105,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from snapshot.errors import PetriError
 
-from . import events, run_env
+from . import events, interrupts, run_env
 from .config import load_config
 from .errors import OrchestratorError, UsageError
 from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
@@ -114,6 +114,7 @@ from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused
                          read_metric, report_candidate, run_candidate, shielded, telling_line)
 from .profiles import fork_env
 from .registry import new_id
+from .units import check_label
 from .results import Race
 
 if TYPE_CHECKING:
@@ -153,7 +154,6 @@ class RaceInterrupted(OrchestratorError):
     exit_code = 130
 
     def __init__(self, *, what: str) -> None:
-        from . import interrupts
         super().__init__(how=interrupts.interrupted_by(), what=what)
         self.exit_code = interrupts.exit_code()  # 128 + the signal: 130, 143 or 129
 
@@ -220,7 +220,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                 async with trio.open_nursery() as guard:
                     if receiver is not None:
                         async def on_sigint() -> None:
-                            from . import interrupts
                             async for signum in receiver:
                                 interrupts.note(signum)
                                 guard.cancel_scope.cancel()
@@ -309,8 +308,6 @@ def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict
 
 
 def _check_winner_label(engine: "Engine", label: str) -> None:
-    from .units import check_label
-
     check_label(label)
     if label.startswith(("s-", "sb-", "p-")):
         raise UsageError(detail=f"label {label!r} looks like an id; pick another")
@@ -512,8 +509,6 @@ def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **k
     An interrupt that trio delivers as KeyboardInterrupt (before the race's own SIGINT
     handler is in place, or off the main thread) becomes ``RaceInterrupted`` too."""
     import functools
-
-    from . import interrupts
 
     promote = kw.pop("promote", False)
     try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
 
 import anyio
 import sniffio
@@ -30,12 +30,14 @@ import sniffio
 from orchestrator import api as _api
 from orchestrator.api import Cmd, Patch
 from orchestrator.limits import Limits
-from orchestrator.race_plan import Candidate
 from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved,
                                   FileRemoved, FileWritten, GrepResult, Lineage, Pipeline, PromoteResult, Promotion,
                                   PromotionList, Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList,
                                   Snapshot, SnapshotList, Stats, TryResult)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.race_plan import Candidate
 
 __all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
            "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"]
