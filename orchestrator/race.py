@@ -177,7 +177,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     SIGINT, SIGTERM or SIGHUP (when run in the main thread) stops the race cleanly: the
     checks are killed, every sandbox of the race (throwaway forks included) and its implicit
     base snapshot are removed, and ``RaceInterrupted`` (exit 128 + the signal) carries what
-    was known (``.doc``)."""
+    was known (``.race``, the record so far; ``.doc``, the CLI's error document)."""
     import signal
 
     import trio
@@ -346,7 +346,8 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
 
 def _interrupted(race: RacePlan) -> RaceInterrupted:
     err = RaceInterrupted(what=f"race {race.id}")
-    doc = race.record({o.sandbox for o in race.outcomes}, winner=None).to_json()
+    err.race = race.record({o.sandbox for o in race.outcomes}, winner=None)  # what was known, typed
+    doc = err.race.to_json()
     doc.pop("schema")  # the CLI's error document puts it first
     err.doc = {**doc, "error": str(err), "exit_code": err.exit_code}
     return err

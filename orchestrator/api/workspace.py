@@ -522,8 +522,8 @@ class Workspace:
         and policy (``fork``; not with ``cluster``); ``seccomp``: the candidates' syscall filter
         profile (over the profile's and the config's).
 
-        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``doc``:
-        the candidates so far)."""
+        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``race``:
+        the record so far; its ``doc``: that as the CLI's error document)."""
         from ..errors import EmptyCommand, NoCandidates, UsageError
         from ..race import load_candidates, race_sync
 
