@@ -84,3 +84,21 @@ def test_the_cluster_spec_carries_the_candidate_whole():
     spec = json.loads(json.dumps(plan.candidate_spec(Outcome(3, cand, "sb-a", check_sandbox="sb-b"), {})))
     o = outcome_of_spec(spec)
     assert (o.index, o.candidate, o.candidate.data, o.sandbox, o.check_sandbox) == (3, cand, BINARY, "sb-a", "sb-b")
+
+
+def test_a_race_folded_from_events_is_typed_too():
+    from orchestrator.api.race_view import RaceTracker
+    from orchestrator.results import Race
+
+    t = RaceTracker(alive=lambda pid: True)
+    ev = {"pid": 1, "ts": "2025-01-01T00:00:00Z"}
+    rows = [{**petri.Cmd("true").to_json(), "sandbox": "sb-1", "check_sandbox": "sb-k1"},
+            {**petri.Patch(text=b"x", name="p").to_json(), "sandbox": "sb-2", "check_sandbox": "sb-k2"}]
+    t.feed({**ev, "event": "race.started", "race": "r-1", "base": "s-1", "check": "t", "candidates": rows, "jobs": 8})
+    t.feed({**ev, "event": "run.output", "sandbox": "sb-k1", "run": 1, "stream": "stdout", "line": "hi"})
+    t.feed({**ev, "event": "race.candidate_finished", "race": "r-1", "sandbox": "sb-2", "applied": False,
+            "error": "did not apply"})
+    rec = Race.from_doc(t.doc("r-1"))
+    assert dict(rec.extra) == {} and all(dict(c.extra) == {} for c in rec.candidates)
+    assert rec.state == "running" and [c.state for c in rec.candidates] == ["waiting", "not_applied"]
+    assert [Candidate.from_json(c.to_json()) for c in rec.candidates] == [petri.Cmd("true"), Candidate("patch", "p")]
