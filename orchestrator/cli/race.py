@@ -123,9 +123,9 @@ def race(
     o = out()
     progress = None if G.json else (lambda text: o.note(text))
     try:
-        race = ws.race(check, cands, source=source, jobs=jobs, limits=limits, timeout=timeout_s, keep=keep,
-                       say=progress, seccomp=seccomp, cluster=cluster, metric=metric, max_regression=max_regression,
-                       profile=profile)
+        rec = ws.race(check, cands, source=source, jobs=jobs, limits=limits, timeout=timeout_s, keep=keep,
+                      say=progress, seccomp=seccomp, cluster=cluster, metric=metric, max_regression=max_regression,
+                      profile=profile)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         from .. import interrupts
@@ -135,8 +135,8 @@ def race(
                                                  "exit_code": err.exit_code})
         raise typer.Exit(err.exit_code) from None
     if promote:
-        race = _promote_winner(ws, race, progress)
-    doc = race.to_json()
+        rec = _promote_winner(ws, rec, progress)
+    doc = rec.to_json()  # the one dict: what is printed
     doc.pop("schema", None)
     error, code = (("no candidate passed the check", 1) if doc["winner"] is None else
                    (doc["promotion_error"], doc.get("promotion_exit_code", 1)) if doc.get("promotion_error") else
