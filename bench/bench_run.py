@@ -17,6 +17,12 @@ released at the end, also on Ctrl-C), with the demo's sample project as the work
 5. **quotas**: fork latency (API, from a snapshot) before and after ``btrfs quota enable``
    on the filesystem, and with a ``--disk`` cap (a qgroup limit per sandbox).
 
+``--only race --before DIR``: only the race, through the CLI (``petri race --json --check true``
+with 1, 3 and 8 ``--cmd true`` candidates), this checkout's ``petri`` against DIR's
+(``DIR/.venv/bin/petri``, another checkout with its own venv) in the same workspace, rounds
+interleaved (which goes first alternates), with ``python3 -c pass`` and ``bwrap true`` timed in
+every round as the floor, and the load average printed per race size.
+
 Prints one markdown section on stdout (progress on stderr) for bench/RESULTS.md. Run as root
 from the repository root: ``.venv/bin/python -m bench.bench_run`` (``--quick``: 10 runs).
 
@@ -34,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (PETRI, Report, Samples, cli_env, fmt_s, log, measure, sample_engine_on_btrfs,
+from bench.common import (PETRI, Report, Samples, cli_env, fmt_s, loadavg, log, measure, sample_engine_on_btrfs,
                           sigterm_as_interrupt, sweep_stale_images, verdict)
 
 BWRAP_FLOOR = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -73,13 +79,62 @@ def ttfc_rows(floor: Samples, api: Samples, cli: Samples | None, fork_plain: Sam
     return rows + [row("petri API: fork alone", fork_plain)]
 
 
+def race_cli_vs_before(report: Report, engine, ws: Path, snap: str, env: dict, before: Path | None,
+                       rounds: int) -> None:
+    """``petri race`` through the CLI: this checkout against ``before``'s, interleaved, with
+    the floors timed in the same rounds (see the module docstring)."""
+    if before is None or not (before / ".venv" / "bin" / "petri").exists():
+        raise SystemExit("bench_run --only race needs --before DIR (a checkout with DIR/.venv/bin/petri)")
+    sides = {"after": str(PETRI), "before": str(before / ".venv" / "bin" / "petri")}
+
+    def race(petri: str, n: int) -> float:
+        argv = [petri, "race", "--json", "--from", snap, "--check", "true"] + ["--cmd", "true"] * n
+        t0 = time.perf_counter()
+        out = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True, check=True).stdout
+        wall = time.perf_counter() - t0
+        doc = json.loads(out)
+        assert doc["winner"] and len(doc["candidates"]) == n, doc
+        engine.destroy_sandbox(doc["winner"])  # outside the timed part
+        return wall
+
+    def timed(argv: list[str]) -> float:
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, env=env)
+        return time.perf_counter() - t0
+
+    for side in sides.values():
+        race(side, 1)  # warm: bytecode, the first cgroup
+    rows = []
+    for n in (1, 3, 8):
+        log(f"race of {n}: {rounds} rounds, after and before interleaved")
+        load0 = loadavg()
+        got: dict[str, list[float]] = {"after": [], "before": [], "py": [], "bwrap": []}
+        for i in range(rounds):
+            order = ["after", "before"] if i % 2 == 0 else ["before", "after"]
+            got["py"].append(timed([sys.executable, "-c", "pass"]))
+            got["bwrap"].append(timed(BWRAP_FLOOR))
+            for name in order:
+                got[name].append(race(sides[name], n))
+        p50 = {k: Samples(sorted(v)).p50 for k, v in got.items()}
+        rows.append([n, rounds, fmt_s(p50["py"]), fmt_s(p50["bwrap"]), fmt_s(p50["before"]), fmt_s(p50["after"]),
+                     f"{p50['after'] / p50['before']:.3f}", f"{load0} -> {loadavg()}"])
+    report.section(f"`petri race` through the CLI: this checkout against {before}",
+                   "btrfs backend on a loop image, the sample project, `--check true`, N `--cmd true` candidates, "
+                   "`--from` the first snapshot; each round times the floors, then both sides (which goes first "
+                   "alternates); the winner is removed outside the timed part.")
+    report.table(["candidates", "rounds", "`python3 -c pass` p50", "`bwrap true` p50", "before p50", "after p50",
+                  "after / before", "load (1/5/15) start -> end"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--idle", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="10 runs, 20 idle sandboxes")
-    ap.add_argument("--only", choices=("all", "ttfc"), default="all",
-                    help="ttfc: only the floor and time to first command through the API (no CLI, races, idle, quotas)")
+    ap.add_argument("--only", choices=("all", "ttfc", "race"), default="all",
+                    help="ttfc: only the floor and time to first command through the API (no CLI, races, idle, "
+                         "quotas); race: only the race through the CLI, against --before")
+    ap.add_argument("--before", type=Path, help="with --only race: a checkout whose .venv/bin/petri is the baseline")
     args = ap.parse_args(argv)
     if args.quick:
         args.runs, args.idle = 10, 20
@@ -100,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         engine, ws, snap = stack.enter_context(sample_engine_on_btrfs(2 << 30))
         env = cli_env()
 
+        if args.only == "race":
+            race_cli_vs_before(report, engine, ws, snap, env, args.before, args.runs)
+            print(report.render())
+            return 0
         # 1. floor
         floor = measure(lambda: subprocess.run(BWRAP_FLOOR, check=True), runs=args.runs)
         # 2. time to first command, API
@@ -151,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 doc = race_sync(engine, [Candidate("cmd", "true")] * n, "true", source=snap)
                 walls.append(time.perf_counter() - t0)
-                assert doc["winner"], doc
-                engine.destroy_sandbox(doc["winner"])
+                assert doc.winner, doc
+                engine.destroy_sandbox(doc.winner)
             walls.sort()
             wall = walls[len(walls) // 2]
             if n == 1:

@@ -64,7 +64,7 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
     the seed sandbox (forking it when it is live or a snapshot), called once the arguments
     are checked; ``handle(id)`` gives a sandbox as the caller's handle (with ``id``,
     ``generation``, ``parent``), what a callable ``mutate`` is given as the parent."""
-    from .candidates import Cmd, candidate_pair as _candidate_pair, candidate_texts as _candidate_texts
+    from .candidates import Cmd
     from .units import timeout_seconds as _seconds
     from .race import Metric, load_candidates, race_sync
 
@@ -105,11 +105,11 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
                             f"/bin/sh -c {shlex.quote(mutate)}") for i in range(count)]
             if not made:
                 continue
-            cands = load_candidates([_candidate_pair(c) for c in made], texts=_candidate_texts(made))
+            cands = load_candidates(made)
             # the race ranks by the score too (one rule: a race's rank 1 is its fittest)
             score = None if fitness is not None else Metric(METRICS_FILE, "score", higher=True)
             doc = race_sync(e, cands, check, source=parent.id, jobs=jobs, limits=limits or _limits(), keep=True,
-                            timeout_s=timeout_s, say=None, metric=score)
+                            timeout_s=timeout_s, say=None, metric=score).to_json()  # fitness(row) takes the row
             races.append(doc["race"])
             for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
                 fit = _fitness_of(c, fitness)

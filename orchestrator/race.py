@@ -104,7 +104,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from snapshot.errors import PetriError
 
-from . import events, run_env
+from . import events, interrupts, run_env
 from .config import load_config
 from .errors import OrchestratorError, UsageError
 from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
@@ -114,6 +114,8 @@ from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused
                          read_metric, report_candidate, run_candidate, shielded, telling_line)
 from .profiles import fork_env
 from .registry import new_id
+from .units import check_label
+from .results import Race
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -152,7 +154,6 @@ class RaceInterrupted(OrchestratorError):
     exit_code = 130
 
     def __init__(self, *, what: str) -> None:
-        from . import interrupts
         super().__init__(how=interrupts.interrupted_by(), what=what)
         self.exit_code = interrupts.exit_code()  # 128 + the signal: 130, 143 or 129
 
@@ -162,8 +163,8 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                    keep: bool = False, say: Callable[[str], None] | None = None,
                    on_start: Callable[[str], None] | None = None,
                    seccomp: str | None = None, cluster: Any = None, label: str | None = None,
-                   metric: Metric | None = None, profile: str | None = None) -> dict[str, Any]:
-    """Race the candidates; return the ``race`` document (``winner`` None: none passed).
+                   metric: Metric | None = None, profile: str | None = None) -> Race:
+    """Race the candidates; return the race's record (``winner`` None: none passed).
     ``cluster`` (a Ray address, ``local:N``, or a started ``LocalCluster``): the candidates
     run on a Ray cluster (``orchestrator.cluster.driver``); ranking, the overlap matrix and
     the winner's sandbox are here all the same.
@@ -176,7 +177,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     SIGINT, SIGTERM or SIGHUP (when run in the main thread) stops the race cleanly: the
     checks are killed, every sandbox of the race (throwaway forks included) and its implicit
     base snapshot are removed, and ``RaceInterrupted`` (exit 128 + the signal) carries what
-    was known (``.doc``)."""
+    was known (``.race``, the record so far; ``.doc``, the CLI's error document)."""
     import signal
 
     import trio
@@ -200,11 +201,11 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
     engine.check_limits(limits)
     if label is not None:
         _check_winner_label(engine, label)
-    race = RacePlan(new_id("r"), check, tuple(candidates), source=source, limits=limits, timeout_s=timeout_s,
-                    seccomp=seccomp, jobs=jobs, keep=keep, metric=metric, profile=profile)
+    race = RacePlan(new_id("r"), check, tuple(load_candidates(candidates)), source=source, limits=limits,
+                    timeout_s=timeout_s, seccomp=seccomp, jobs=jobs, keep=keep, metric=metric, profile=profile)
     if on_start is not None:
         on_start(race.id)
-    doc = None
+    done: Race | None = None
     stack = contextlib.ExitStack()
     try:
         with stack:
@@ -219,7 +220,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                 async with trio.open_nursery() as guard:
                     if receiver is not None:
                         async def on_sigint() -> None:
-                            from . import interrupts
                             async for signum in receiver:
                                 interrupts.note(signum)
                                 guard.cancel_scope.cancel()
@@ -227,9 +227,9 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                         guard.start_soon(on_sigint)
                     if cluster is not None:
                         from .cluster.driver import cluster_race
-                        doc = await cluster_race(engine, race, say=say, cluster=cluster)
+                        done = await cluster_race(engine, race, say=say, cluster=cluster)
                     else:
-                        doc = await execute_local(engine, race, say=say)
+                        done = await execute_local(engine, race, say=say)
                     guard.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 leaf = _single(group)
@@ -240,13 +240,13 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
         # A signal the receiver still held when it closed is delivered again then (trio does
         # that): a second one of the same interrupt (``timeout`` signals petri and its process
         # group), or one after the race ended, which changes nothing.
-        if doc is None:
+        if done is None:
             raise _interrupted(race) from None
-    if doc is None:  # only an interrupt ends the guard's nursery without a result
+    if done is None:  # only an interrupt ends the guard's nursery without a result
         raise _interrupted(race)
     if label is not None:
-        _label_winner(engine, doc, label)
-    return doc  # an interrupt after the race ended changes nothing
+        done = _label_winner(engine, done, label)
+    return done  # an interrupt after the race ended changes nothing
 
 
 def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict[str, bytes]]:
@@ -260,8 +260,6 @@ def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict
 
 
 def _check_winner_label(engine: "Engine", label: str) -> None:
-    from .units import check_label
-
     check_label(label)
     if label.startswith(("s-", "sb-", "p-")):
         raise UsageError(detail=f"label {label!r} looks like an id; pick another")
@@ -269,20 +267,20 @@ def _check_winner_label(engine: "Engine", label: str) -> None:
         raise UsageError(detail=f"label {label!r} is already used by a live sandbox")
 
 
-def _label_winner(engine: "Engine", doc: dict[str, Any], label: str) -> None:
+def _label_winner(engine: "Engine", race: Race, label: str) -> Race:
     """Name the winner's sandbox ``label``; a label taken meanwhile is a warning in the
-    document (the race's result stands)."""
+    record (the race's result stands)."""
     import sqlite3
 
-    doc["winner_label"] = None
-    if not doc.get("winner"):
-        return
+    race = race.but(winner_label=None)
+    if not race.winner:
+        return race
     try:
-        engine.registry.update_sandbox(doc["winner"], label=label)
+        engine.registry.update_sandbox(race.winner, label=label)
     except sqlite3.IntegrityError:
-        doc.setdefault("warnings", []).append(f"label {label!r} was taken during the race; the winner has none")
-        return
-    doc["winner_label"] = label
+        return race.but(warnings=(*race.warnings,
+                                  f"label {label!r} was taken during the race; the winner has none"))
+    return race.but(winner_label=label)
 
 
 def _single(group: BaseExceptionGroup) -> BaseException | None:
@@ -300,15 +298,17 @@ def _single(group: BaseExceptionGroup) -> BaseException | None:
 
 def _interrupted(race: RacePlan) -> RaceInterrupted:
     err = RaceInterrupted(what=f"race {race.id}")
-    err.doc = {**race.doc({o.sandbox for o in race.outcomes}),
-               "winner": None, "error": str(err), "exit_code": err.exit_code}
+    err.race = race.record({o.sandbox for o in race.outcomes}, winner=None)  # what was known, typed
+    doc = err.race.to_json()
+    doc.pop("schema")  # the CLI's error document puts it first
+    err.doc = {**doc, "error": str(err), "exit_code": err.exit_code}
     return err
 
 
-async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str], None] | None) -> dict[str, Any]:
+async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str], None] | None) -> Race:
     """Run the plan here: its forks in one call, every candidate's steps (``race_plan.STEPS``,
     ``race_steps.run_candidate``) at most ``jobs`` at once in one nursery, then judge, rank,
-    clean up and write the race's document."""
+    clean up and make the race's record."""
     import trio
 
     from merge.changes import scan_tree
@@ -345,8 +345,8 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
             engine.registry.update_sandbox(r.id, meta=meta)
         after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
-                 candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox,
-                              "check_sandbox": o.check_sandbox} for o in outcomes])
+                 candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox, "check_sandbox": o.check_sandbox}
+                             for o in outcomes])
         if say:
             say(f"race {race.id}: {n} candidate(s) forked from {race.base} in "
                 f"{time.monotonic() - t0:.2f}s; checking at most {jobs} at once")
@@ -405,40 +405,35 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
                             "winner": o is winner, **run_roles_meta(o)}
             engine.registry.update_sandbox(o.sandbox, meta=meta)
     drop_base_if_unused(engine, race)
-    doc: dict[str, Any] = {
-        **race.doc(destroyed),
-        "winner": winner.sandbox if winner else None,
-        "winner_candidate": winner.candidate.text if winner else None,
-        "conflicts": conflicts(outcomes),
-        "duration_s": time.monotonic() - t0,
-        "jobs": jobs,
-        "seccomp": seccomp,
-    }
+    more: dict[str, Any] = {}
     if metric is not None:
-        doc["metric_spec"] = {"file": metric.file, "key": metric.key, "higher_is_better": metric.higher,
-                              "max_regression": metric.max_regression}
-        doc["base_metric"] = base_metric.get("metric")
-        doc["base_metric_cached"] = base_metric.get("cached")
+        more.update(metric_spec={"file": metric.file, "key": metric.key, "higher_is_better": metric.higher,
+                                 "max_regression": metric.max_regression},
+                    base_metric=base_metric.get("metric"), base_metric_cached=base_metric.get("cached"))
         if metric.max_regression is not None and base_metric.get("metric") is None:
-            doc.setdefault("warnings", []).append(
-                f"the check left no number {metric.key!r} in {metric.file} on the base "
-                f"(exit {base_metric.get('exit_code')}): no regression was measured")
+            more["warnings"] = (f"the check left no number {metric.key!r} in {metric.file} on the base "
+                                f"(exit {base_metric.get('exit_code')}): no regression was measured",)
     if winner is not None:
         row = engine.registry.sandbox(winner.sandbox)
-        doc["winner_path"] = row.path if row else None
+        more["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row, timed=True) if row else None
+            more["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:
-            doc["stale"] = None
+            more["stale"] = None
+    done = race.record(destroyed, winner=winner.sandbox if winner else None,
+                       winner_candidate=winner.candidate.text if winner else None,
+                       conflicts=tuple(conflicts(outcomes)), duration_s=time.monotonic() - t0, jobs=jobs,
+                       seccomp=seccomp, **more)
     # The whole result rides on the event, so a front end can show a finished race (ranks,
     # overlaps) from the stream alone: races have no registry table.
-    events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"],
+    doc = done.to_json()
+    events.race_finished(log, race=race.id, winner=done.winner, duration_s=done.duration_s,
              base=race.base, check=check, candidates=doc["candidates"], conflicts=doc["conflicts"])
     from . import audit, kpi
     audit.touch(race.id, *(o.sandbox for o in outcomes))
-    kpi.record(engine.registry, "race", doc["duration_s"], subject=race.id,
+    kpi.record(engine.registry, "race", done.duration_s, subject=race.id,
                detail={"winner": winner is not None, "candidates": n})
-    return doc
+    return done
 
 
 def _where_logs(c: dict[str, Any]) -> str:
@@ -450,37 +445,30 @@ def _where_logs(c: dict[str, Any]) -> str:
     return f" (log: {c['stderr_path']})" if c.get("stderr_path") else ""
 
 
-def promote_winner(engine: "Engine", doc: dict[str, Any], *, say: Callable[[str], None] | None = None) -> None:
-    """Promote the race's winner into the workspace; the result (or the error) goes into
-    ``doc["promotion"]`` (``promotion_error``/``promotion_exit_code`` when it failed)."""
-    if doc.get("winner"):
-        _promote(engine, doc["winner"], doc, say)
-
-
-def _promote(engine: "Engine", sb_id: str, doc: dict[str, Any], say: Callable[[str], None] | None = None) -> None:
-
+def promote_winner(engine: "Engine", race: Race, *, say: Callable[[str], None] | None = None) -> Race:
+    """Promote the race's winner into the workspace: the race with ``promotion`` (the
+    promote document), or ``promotion`` None and ``promotion_error``/``promotion_exit_code``
+    when it failed. No winner: the race unchanged."""
     from .promotions import promote as do_promote
 
-    row = engine.registry.sandbox(sb_id)
+    if not race.winner:
+        return race
+    row = engine.registry.sandbox(race.winner)
     try:
-        doc["promotion"] = do_promote(engine, row, echo=False, say=say or (lambda s: None))
+        return race.but(promotion=do_promote(engine, row, echo=False, say=say or (lambda s: None)))
     except PetriError as e:
-        doc["promotion"] = None
-        doc["promotion_error"] = str(e)
-        doc["promotion_exit_code"] = e.exit_code
+        return race.but(promotion=None, promotion_error=str(e), promotion_exit_code=e.exit_code)
 
 
-def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **kw: Any) -> dict[str, Any]:
+def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **kw: Any) -> Race:
     """``run_race`` (and ``promote_winner`` with ``promote=True``) for callers without a loop.
     An interrupt that trio delivers as KeyboardInterrupt (before the race's own SIGINT
     handler is in place, or off the main thread) becomes ``RaceInterrupted`` too."""
     import functools
 
-    from . import interrupts
-
     promote = kw.pop("promote", False)
     try:
-        doc = interrupts.trio_run(functools.partial(run_race, engine, candidates, check, **kw))
+        done = interrupts.trio_run(functools.partial(run_race, engine, candidates, check, **kw))
     except BaseExceptionGroup as group:
         ki, rest = group.split(KeyboardInterrupt)
         if ki is not None and rest is None:
@@ -489,8 +477,8 @@ def race_sync(engine: "Engine", candidates: Sequence[Candidate], check: str, **k
     except KeyboardInterrupt:
         raise RaceInterrupted(what="the race") from None
     if promote:
-        promote_winner(engine, doc, say=kw.get("say"))
-    return doc
+        done = promote_winner(engine, done, say=kw.get("say"))
+    return done
 
 
 def render_table(o: "Output", doc: dict[str, Any]) -> None:

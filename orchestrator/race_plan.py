@@ -7,20 +7,23 @@ nodes ``orchestrator.cluster.node``) execute the same plan with the same step fu
 
 Pure: no trio, no subprocess, no registry; what a candidate is (``Candidate``), what happened
 to it (``Outcome``), how a ``--metric`` is read and judged (``Metric``), and the documents a
-race writes (``RacePlan.doc``, ``candidate_doc``, the per-sandbox ``race`` meta).
+race makes (``RacePlan.record``, ``candidate_row``: the typed ``results.Race``; the per-sandbox
+``race`` meta).
 
 Caveats: the plan is also the race's state while it runs (``base``, ``base_implicit`` and
 ``outcomes`` are filled in as it goes): the interrupt handler reads it to say what was known.
 """
 from __future__ import annotations
 
+import base64
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import PatchUnreadable, UsageError
+from .results import Race, RaceCandidate
 
 if TYPE_CHECKING:
     from .limits import Limits
@@ -34,9 +37,62 @@ STEPS = ("apply", "count", "replay", "check", "metrics")
 
 @dataclass(frozen=True)
 class Candidate:
+    """A race candidate, the one shape it has from the front ends (``petri.Patch``,
+    ``petri.Cmd``, ``race --patch/--cmd``, MCP's ``candidates``) down to the check: ``kind``
+    ``patch`` or ``cmd``; ``text`` what the race calls it (the patch file as given, a name,
+    or the command); ``data`` the patch's bytes once read (``loaded``); ``path`` where a
+    patch is read from when that is not ``text`` (MCP's files, relative to the workspace).
+
+    ``to_json``/``from_json`` are its one serialisation: its row's ``candidate`` and
+    ``kind`` in the race document and events, and with ``data=True`` the patch's bytes too
+    (base64) for a cluster node."""
+
     kind: str  # 'patch' | 'cmd'
-    text: str  # the patch file as given, or the command
+    text: str  # the patch file as given (or its name), or the command
     data: bytes | None = None  # the patch's bytes
+    path: str | None = field(default=None, repr=False, compare=False)  # read from here, else from ``text``
+
+    @property
+    def name(self) -> str:
+        return self.text
+
+    @property
+    def command(self) -> str | None:
+        """The shell command of a ``cmd`` candidate (None for a patch)."""
+        return self.text if self.kind == "cmd" else None
+
+    def loaded(self) -> "Candidate":
+        """This candidate ready to race: a patch's bytes read now (a missing file is a usage
+        error before anything exists), an empty command refused."""
+        if self.kind == "cmd":
+            if not self.text.strip():
+                raise PatchUnreadable(path="--cmd ''", why="the command is empty")
+            return self
+        if self.kind != "patch":
+            raise UsageError(detail=f"a candidate is petri.Patch(...) or petri.Cmd(...), not kind {self.kind!r}")
+        if self.data is not None:
+            return self
+        where = self.path if self.path is not None else self.text
+        try:
+            data = Path(where).read_bytes()
+        except OSError as e:
+            raise PatchUnreadable(path=self.text, why=e.strerror or str(e)) from None
+        return replace(self, data=data)
+
+    def to_json(self, *, data: bool = False) -> dict[str, Any]:
+        """``{"candidate": text, "kind": kind}`` (a race document's row starts so); with
+        ``data``, the patch's bytes as ``data_b64`` (None for a command)."""
+        out: dict[str, Any] = {"candidate": self.text, "kind": self.kind}
+        if data:
+            out["data_b64"] = None if self.data is None else base64.b64encode(self.data).decode("ascii")
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Candidate":
+        """The candidate of a ``to_json`` document (a race row, an event's, a node's spec)."""
+        b64 = doc.get("data_b64")
+        return cls(doc.get("kind") or "cmd", doc.get("candidate") or "",
+                   None if b64 is None else base64.b64decode(b64))
 
 
 @dataclass
@@ -117,27 +173,32 @@ class RacePlan:
         return {"id": self.id, "pid": os.getpid(), "done": False, "candidate": index, "role": role, **more}
 
     def candidate_spec(self, o: Outcome, env: dict[str, Any]) -> dict[str, Any]:
-        """One candidate's part of the plan as plain data (what a cluster node is sent)."""
+        """One candidate's part of the plan as plain data (what a cluster node is sent): the
+        candidate as ``Candidate.to_json(data=True)``, its sandboxes, the check and its limits."""
         assert self.limits is not None, "candidate_spec: a plan without limits"
-        return {"index": o.index, "kind": o.candidate.kind, "text": o.candidate.text, "data": o.candidate.data,
-                "sandbox": o.sandbox, "check_sandbox": o.check_sandbox, "check": self.check,
-                "limits": self.limits.as_dict(), "timeout_s": self.timeout_s, "seccomp": self.seccomp, "env": env}
+        return {"index": o.index, "candidate": o.candidate.to_json(data=True), "sandbox": o.sandbox,
+                "check_sandbox": o.check_sandbox, "check": self.check, "limits": self.limits.as_dict(),
+                "timeout_s": self.timeout_s, "seccomp": self.seccomp, "env": env}
 
-    def doc(self, destroyed: set[str]) -> dict[str, Any]:
-        return {"race": self.id, "base": self.base, "check": self.check,
-                "candidates": [candidate_doc(o, o.sandbox in destroyed) for o in self.outcomes]}
+    def record(self, destroyed: set[str], *, rows: Sequence[Mapping[str, Any]] = (), **more: Any) -> Race:
+        """The race's record from its outcomes as they stand: ``race``, ``base``, ``check``,
+        one row per candidate (``candidate_row``; ``rows[i]`` adds to row i: a cluster's
+        node), then ``more`` in the order given (the winner, the conflicts, ...)."""
+        cands = tuple(candidate_row(o, o.sandbox in destroyed, **(rows[i] if i < len(rows) else {}))
+                      for i, o in enumerate(self.outcomes))
+        return Race.of(race=self.id, base=self.base, check=self.check, candidates=cands, **more)
 
 
 def outcome_of_spec(spec: dict[str, Any]) -> Outcome:
     """The fresh outcome of a candidate sent as ``RacePlan.candidate_spec`` (on a node)."""
-    return Outcome(spec["index"], Candidate(spec["kind"], spec["text"], spec.get("data")), spec["sandbox"],
+    return Outcome(spec["index"], Candidate.from_json(spec["candidate"]), spec["sandbox"],
                    check_sandbox=spec["check_sandbox"])
 
 
-def interleave(argv: Sequence[str], patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
+def interleave(argv: Sequence[str], patches: list[str], cmds: list[str]) -> list[Candidate]:
     """Candidates in command-line order, recovered from ``argv`` (typer hands each option's
     values over separately). Falls back to patches then commands if argv disagrees."""
-    order: list[tuple[str, str]] = []
+    order: list[Candidate] = []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -145,38 +206,28 @@ def interleave(argv: Sequence[str], patches: list[str], cmds: list[str]) -> list
             break
         for opt, kind in (("--patch", "patch"), ("--cmd", "cmd")):
             if a == opt and i + 1 < len(argv):
-                order.append((kind, argv[i + 1]))
+                order.append(Candidate(kind, argv[i + 1]))
                 i += 1
                 break
             if a.startswith(opt + "="):
-                order.append((kind, a.split("=", 1)[1]))
+                order.append(Candidate(kind, a.split("=", 1)[1]))
                 break
         i += 1
-    if sorted(v for k, v in order if k == "patch") == sorted(patches) and \
-            sorted(v for k, v in order if k == "cmd") == sorted(cmds):
+    if sorted(c.text for c in order if c.kind == "patch") == sorted(patches) and \
+            sorted(c.text for c in order if c.kind == "cmd") == sorted(cmds):
         return order
-    return [("patch", p) for p in patches] + [("cmd", c) for c in cmds]
+    return [Candidate("patch", p) for p in patches] + [Candidate("cmd", c) for c in cmds]
 
 
-def load_candidates(pairs: Sequence[tuple[str, str]], texts: Sequence[bytes | None] = ()) -> list[Candidate]:
-    """Read every patch file now: a missing one is a usage error before anything exists.
-    ``texts[i]``, where given, is candidate i's patch itself (the API's ``Patch(text=...)``,
-    MCP's ``patch_text``): no file is read for it."""
+def load_candidates(candidates: Sequence[Any]) -> list[Candidate]:
+    """Every candidate ready to race (``Candidate.loaded``): every patch file read now, so a
+    missing one is a usage error before anything exists; anything but a ``Candidate``
+    (``petri.Patch``, ``petri.Cmd``) is refused."""
     out = []
-    for i, (kind, text) in enumerate(pairs):
-        given = texts[i] if i < len(texts) else None
-        if kind == "patch" and given is not None:
-            out.append(Candidate("patch", text, given))
-        elif kind == "patch":
-            try:
-                data = Path(text).read_bytes()
-            except OSError as e:
-                raise PatchUnreadable(path=text, why=e.strerror or str(e)) from None
-            out.append(Candidate("patch", text, data))
-        else:
-            if not text.strip():
-                raise PatchUnreadable(path="--cmd ''", why="the command is empty")
-            out.append(Candidate("cmd", text))
+    for c in candidates:
+        if not isinstance(c, Candidate):
+            raise UsageError(detail=f"a candidate is petri.Patch(...) or petri.Cmd(...), not {c!r}")
+        out.append(c.loaded())
     return out
 
 
@@ -286,17 +337,17 @@ def conflicts(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return found
 
 
-def candidate_doc(o: Outcome, destroyed: bool) -> dict[str, Any]:
-    return {"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox, "applied": o.applied,
-            "exit_code": o.exit_code, "duration_s": o.duration_s, "killed_by": o.killed_by,
-            "files_changed": o.files_changed, "lines_added": o.lines_added, "lines_removed": o.lines_removed,
-            "rank": o.rank, "passed": o.passed, "changed_nothing": o.changed_nothing,
-            "apply_exit_code": o.apply_exit_code, "apply_error": o.apply_error,
-            "error": o.error, "stdout_path": o.stdout_path, "stderr_path": o.stderr_path,
-            "check_sandbox": o.check_sandbox, "check_run": o.check_run, "logs_run": o.logs_run,
-            "runs": o.runs, "kept": not destroyed, "metrics": o.metrics,
-            "policy_ok": o.policy_ok, "policy_violations": o.policy, "risk": o.risk,
-            "metric": o.metric, "regression": o.regression, "metric_ok": o.metric_ok}
+def candidate_row(o: Outcome, destroyed: bool, **more: Any) -> RaceCandidate:
+    """One candidate's row of the race record, from its outcome (``more``: what a cluster adds)."""
+    return RaceCandidate.of(
+        **o.candidate.to_json(), sandbox=o.sandbox, applied=o.applied, exit_code=o.exit_code,
+        duration_s=o.duration_s, killed_by=o.killed_by, files_changed=o.files_changed, lines_added=o.lines_added,
+        lines_removed=o.lines_removed, rank=o.rank, passed=o.passed, changed_nothing=o.changed_nothing,
+        apply_exit_code=o.apply_exit_code, apply_error=o.apply_error, error=o.error, stdout_path=o.stdout_path,
+        stderr_path=o.stderr_path, check_sandbox=o.check_sandbox, check_run=o.check_run, logs_run=o.logs_run,
+        runs=tuple(o.runs), kept=not destroyed, metrics=o.metrics, policy_ok=o.policy_ok,
+        policy_violations=tuple(o.policy), risk=o.risk, metric=o.metric, regression=o.regression,
+        metric_ok=o.metric_ok, **more)
 
 
 def run_roles_meta(o: Outcome) -> dict[str, Any]:

@@ -245,11 +245,28 @@ def _read(path: str | None, errors: str) -> str:
         return f.read().decode("utf-8", errors)
 
 
+def _built(cls: type[R], fields: Mapping[str, Any]) -> R:
+    """A record built in code whose document holds exactly ``fields``' keys, in that order:
+    a key the producer leaves out (``metric_spec`` of a race without ``--metric``) stays out
+    of ``to_json()``, as it always did, while every key given is a typed field (an unknown
+    one is a TypeError here, never ``extra``)."""
+    return cls(**fields, _order=tuple(fields))
+
+
+def _with(rec: R, **changes: Any) -> R:
+    """``rec`` with ``changes``: keys it did not have go at the end of its document."""
+    return dataclasses.replace(rec, **changes, _order=rec._order + tuple(k for k in changes if k not in rec._order))
+
+
 @dataclass(frozen=True)
 class RaceCandidate(Record):
     """One candidate of a race, ranked (``rank`` 1 is best): whether it ``applied``, how its
-    check ended (``exit_code``, ``duration_s``, ``killed_by``) and the size of its change.
-    ``sandbox`` is None once the race removed it (losers, unless ``keep``)."""
+    check ended (``exit_code``, ``duration_s``, ``killed_by``), the size of its change, why it
+    failed (``error``) and where its output is; ``kept`` False once the race removed its
+    sandbox (losers, unless ``keep``). With ``--metric`` its ``metric`` and ``regression``; a
+    cluster race adds the ``node`` it ran on and whether its sandbox was ``rebuilt`` here.
+    Rows of a race folded from the event stream (``Workspace.races``) carry ``index``,
+    ``state`` and the newest output line instead of what only the race's end knows."""
 
     candidate: str
     kind: str
@@ -262,6 +279,37 @@ class RaceCandidate(Record):
     lines_added: int = 0
     lines_removed: int = 0
     rank: int = 0
+    passed: bool = False
+    changed_nothing: bool = False
+    apply_exit_code: int | None = None
+    apply_error: str | None = None
+    error: str | None = None
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    check_sandbox: str | None = None
+    check_run: int | None = None
+    logs_run: int | None = None
+    runs: tuple[int, ...] = ()
+    kept: bool = True
+    metrics: dict[str, Any] | None = None
+    policy_ok: bool | None = None
+    policy_violations: tuple[dict[str, Any], ...] = ()
+    risk: str | None = None
+    metric: float | None = None
+    regression: float | None = None
+    metric_ok: bool | None = None
+    node: str | None = None
+    node_stdout_path: str | None = None
+    node_stderr_path: str | None = None
+    rebuilt: dict[str, Any] | None = None
+    index: int | None = None
+    state: str | None = None
+    last_line: str | None = None
+    last_stream: str | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "RaceCandidate":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -269,19 +317,50 @@ class Race(Record):
     """``race``: the candidates ranked (passed, then fewest changed lines, then fastest),
     ``winner`` the best one's sandbox (None when no check passed: a result, not an error),
     ``conflicts`` the pairs of passing candidates that change the same files;
-    ``winner_label`` the label the winner's sandbox got (``label=``)."""
+    ``winner_label`` the label the winner's sandbox got (``label=``); with ``--metric`` its
+    ``metric_spec`` and the base's value; a cluster race its ``cluster``; ``promotion`` (or
+    ``promotion_error``) once its winner was promoted. A race folded from the event stream
+    (``Workspace.races``) has ``state`` (running, done or interrupted) and its times."""
 
     race: str
     base: str | None = None
-    winner: str | None = None
+    check: str | None = None
     candidates: tuple[RaceCandidate, ...] = ()
+    winner: str | None = None
+    winner_candidate: str | None = None
     conflicts: tuple[Any, ...] | list[Any] = ()
+    duration_s: float | None = None
+    jobs: int | None = None
+    seccomp: str | None = None
+    metric_spec: dict[str, Any] | None = None
+    base_metric: float | None = None
+    base_metric_cached: bool | None = None
+    warnings: tuple[str, ...] = ()
+    cluster: dict[str, Any] | None = None
+    winner_path: str | None = None
+    stale: dict[str, Any] | None = None
     winner_label: str | None = None
+    promotion: dict[str, Any] | None = None
+    promotion_error: str | None = None
+    promotion_exit_code: int | None = None
+    state: str | None = None
+    started_at: str | None = None  # the events' ISO times
+    finished_at: str | None = None
+    pid: int | None = None
+    error: str | None = None
     nested = {"candidates": RaceCandidate}
 
     @property
     def id(self) -> str:
         return self.race
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Race":
+        return _built(cls, fields)
+
+    def but(self, **changes: Any) -> "Race":
+        """This race with ``changes`` (a label, a promotion): new keys end its document."""
+        return _with(self, **changes)
 
 
 @dataclass(frozen=True)

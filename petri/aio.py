@@ -23,7 +23,7 @@ import functools
 import os
 import threading
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar, overload
 
 import anyio
 import sniffio
@@ -36,6 +36,9 @@ from orchestrator.results import (AuditLog, Cleanup, Diff, Event, Evolution, Fil
                                   PromotionList, Race, Rebased, Rollback, RunResult, SandboxInfo, SandboxList,
                                   Snapshot, SnapshotList, Stats, TryResult)
 from snapshot.errors import Conflict, MarkersWritten, NotFound, PetriError, Unsupported, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.race_plan import Candidate
 
 __all__ = ["init", "open", "doctor", "Workspace", "Sandbox", "SandboxSet", "Limits", "Patch", "Cmd",
            "PetriError", "UsageError", "NotFound", "Conflict", "Unsupported", "MarkersWritten"]
@@ -269,7 +272,7 @@ class Workspace:
         finally:
             stop.set()
 
-    async def race(self, check: str, candidates: Sequence[Patch | Cmd], *,
+    async def race(self, check: str, candidates: Sequence[Candidate], *,
                    source: "str | Snapshot | Sandbox | _api.Sandbox" = "live", jobs: int = 8,
                    limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
                    promote: bool = False, say: Callable[[str], None] | None = None,
@@ -291,23 +294,23 @@ class Workspace:
         if label is not None:
             self.sync._check_label(label)
         gate = _api._metric_gate(metric, max_regression)
-        cands = load_candidates([_api._candidate_pair(c) for c in candidates], texts=_api._candidate_texts(candidates))
+        cands = load_candidates(candidates)  # a missing patch file: exit 2 before anything
         limits = limits or Limits()
         timeout_s = _api._seconds(timeout)
         source_id = _api._source_id(_sid(source))
         ws = self.sync
 
-        async def go() -> dict[str, Any]:
+        async def go() -> Race:
             return await run_race(ws.engine, cands, check, source=source_id, limits=limits, timeout_s=timeout_s,
                                   label=label, jobs=jobs, keep=keep, say=say, on_start=on_start, cluster=cluster,
                                   metric=gate, profile=profile, seccomp=seccomp)
 
         with audit.operation("race", audit.api_argv("race", [check, list(candidates)], {"promote": promote}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
-            doc = await _trio_call(go)
+            done = await _trio_call(go)
             if promote:
-                await _thread(lambda: promote_winner(ws.engine, doc))
-        return Race.from_doc(doc)
+                done = await _thread(promote_winner, ws.engine, done)
+        return done
 
     async def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
                              on_interrupt: Callable[[], None] | None = None, reason: str | None = None) -> Race:

@@ -48,8 +48,6 @@ if TYPE_CHECKING:  # the names below, for the type checker (``X as X``: an expli
     from .helpers import _argv as _argv
     from .helpers import _at_least as _at_least
     from .helpers import _at_most as _at_most
-    from .helpers import _candidate_pair as _candidate_pair
-    from .helpers import _candidate_texts as _candidate_texts
     from .helpers import _metric_gate as _metric_gate
     from .helpers import _output_callback as _output_callback
     from .helpers import _sandbox_id as _sandbox_id
@@ -79,7 +77,7 @@ _LAZY = {
     "Patch": "orchestrator.candidates", "Cmd": "orchestrator.candidates", "Limits": "orchestrator.limits",
     # not petri's public surface: the helpers petri.aio shares, the facade's spellings
     **{name: "orchestrator.api.helpers" for name in (
-        "_any_id", "_argv", "_at_least", "_at_most", "_candidate_pair", "_candidate_texts", "_metric_gate",
+        "_any_id", "_argv", "_at_least", "_at_most", "_metric_gate",
         "_output_callback", "_sandbox_id", "_seconds", "_since", "_source_id", "_text_conflicts")},
     "CLI_SPELLING": "orchestrator.api.workspace", "VIAS": "orchestrator.api.workspace",
     # What the front ends catch or check beside the records (the errors a promotion raises

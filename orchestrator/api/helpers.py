@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
-from ..candidates import candidate_pair as _candidate_pair
-from ..candidates import candidate_texts as _candidate_texts
 from ..errors import EmptyCommand, PromotionInterrupted, UsageError
 from ..results import PathConflict, PromoteResult
 from ..units import parse_duration, timeout_seconds
@@ -23,9 +21,6 @@ if TYPE_CHECKING:
     from .workspace import Workspace
 
 _R = TypeVar("_R")
-
-# re-exported for petri.aio and the workspace (they lived here before they moved down)
-__all__ = ["_candidate_pair", "_candidate_texts"]
 
 
 def _seconds(t: float | str | None) -> float | None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..race_plan import Candidate
+
 # A candidate's state while it may still win (ranked between passed and not passed).
 _UNDECIDED = ("waiting", "applying", "checking")
 # Its state once the race's rule can rank it.
@@ -43,7 +45,7 @@ class RaceTracker:
             rid: str = ev["race"]
             cands = []
             for i, c in enumerate(ev.get("candidates") or []):
-                cands.append({"candidate": c.get("candidate"), "kind": c.get("kind"), "sandbox": c.get("sandbox"),
+                cands.append({**Candidate.from_json(c).to_json(), "sandbox": c.get("sandbox"),
                               "check_sandbox": c.get("check_sandbox"), "index": i, "state": "waiting",
                               "applied": False, "exit_code": None, "duration_s": None, "killed_by": None,
                               "files_changed": 0, "lines_added": 0, "lines_removed": 0, "rank": i + 1,
@@ -109,11 +111,11 @@ class RaceTracker:
         return None
 
     def _rerank(self, rid: str) -> None:
-        from ..race import Candidate, Outcome, rank
+        from ..race import Outcome, rank
 
         cands = self.races[rid]["candidates"]
         by_index = {c["index"]: c for c in cands}
-        ranked = rank([Outcome(index=c["index"], candidate=Candidate(c.get("kind") or "cmd", c.get("candidate") or ""),
+        ranked = rank([Outcome(index=c["index"], candidate=Candidate.from_json(c),
                                sandbox=c.get("sandbox") or "", applied=bool(c["applied"]), exit_code=c["exit_code"],
                                duration_s=c["duration_s"], lines_added=c["lines_added"] or 0,
                                lines_removed=c["lines_removed"] or 0)

@@ -21,14 +21,14 @@ from ..results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, F
                        FileWritten, Forked, GrepResult, InitResult, Lineage, Pipeline, PromoteResult, Promotion,
                        PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo, SandboxList,
                        Snapshot, SnapshotList, Stats, TryResult)
-from .helpers import (_any_id, _argv, _at_least, _at_most, _candidate_pair, _candidate_texts, _check_paths_exist,
+from .helpers import (_any_id, _argv, _at_least, _at_most, _check_paths_exist,
                       _fork_row_doc, _metric_gate, _output_callback, _path_bytes, _promotion_interrupted,
                       _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
                       _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
 
 if TYPE_CHECKING:
-    from ..candidates import Cmd, Patch
+    from ..race_plan import Candidate
     from ..doctor import Report as DoctorReport
     from ..registry import SandboxRow
     from ..services import Engine
@@ -545,14 +545,15 @@ class Workspace:
 
     # -- race -----------------------------------------------------------------------------
     @_audited("race")
-    def race(self, check: str, candidates: Sequence["Patch | Cmd"], *, source: "str | Snapshot | Sandbox" = "live",
+    def race(self, check: str, candidates: Sequence["Candidate"], *, source: "str | Snapshot | Sandbox" = "live",
              jobs: int = 8, limits: Limits | None = None, timeout: float | str | None = None, keep: bool = False,
              promote: bool = False, say: Callable[[str], None] | None = None,
              on_start: Callable[[str], None] | None = None, cluster: Any = None, label: str | None = None,
              metric: str | None = None, max_regression: str | None = None,
              profile: str | None = None, seccomp: str | None = None) -> Race:
-        """Race the candidates: one sandbox each, the check run in all at once, ranked
-        (docs/reference/json.md). ``winner`` is None when no check passed (a result, not an error).
+        """Race the candidates (``petri.Patch``, ``petri.Cmd``): one sandbox each, the check run
+        in all at once, ranked (docs/reference/json.md). ``winner`` is None when no check passed
+        (a result, not an error).
         ``metric`` (``"FILE:KEY"``, ``":max"`` appended when higher is better) ranks passing
         candidates by the number the check leaves there; ``max_regression`` (``"10%"``) also
         runs the check on the base (once per base snapshot) and fails a candidate more than
@@ -568,8 +569,8 @@ class Workspace:
         and policy (``fork``; not with ``cluster``); ``seccomp``: the candidates' syscall filter
         profile (over the profile's and the config's).
 
-        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``doc``:
-        the candidates so far)."""
+        A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``race``:
+        the record so far; its ``doc``: that as the CLI's error document)."""
         from ..errors import EmptyCommand, NoCandidates, UsageError
         from ..race import load_candidates, race_sync
 
@@ -582,11 +583,10 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         gate = _metric_gate(metric, max_regression)
-        cands = load_candidates([_candidate_pair(c) for c in candidates], texts=_candidate_texts(candidates))
-        doc = race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
-                        timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                        cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
-        return Race.from_doc(doc)
+        cands = load_candidates(candidates)  # a missing patch file: exit 2 before anything
+        return race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
+                         timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
+                         cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
 
     @_audited("promote")
     def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
@@ -601,15 +601,13 @@ class Workspace:
 
         from ..race import promote_winner
 
-        doc = race.to_json() if isinstance(race, Race) else dict(race)
-        doc.pop("schema", None)
+        rec = race if isinstance(race, Race) else Race.from_doc(race)  # a document read back (--json)
         started = time.time()
         try:
-            promote_winner(self.engine, doc, say=say)
+            return promote_winner(self.engine, rec, say=say)
         except KeyboardInterrupt:
-            raise _promotion_interrupted(self.engine, doc["winner"], started, None, on_interrupt,
+            raise _promotion_interrupted(self.engine, rec.winner or "", started, None, on_interrupt,
                                          winner=True) from None
-        return Race.from_doc(doc)
 
     # -- diff, promote, rollback --------------------------------------------------------------
     def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,

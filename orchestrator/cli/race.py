@@ -17,26 +17,26 @@ from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 app = command_app()
 
 
-def _promote_winner(ws, doc: dict, progress) -> dict:
+def _promote_winner(ws, race, progress):
     """``race --promote``: Ctrl-C while promoting says whether the winner landed (exit 130)."""
     from .. import interrupts
     from ..errors import PromotionInterrupted
     try:
-        doc = ws.promote_winner(doc, say=progress, on_interrupt=interrupts.hold).to_json()
+        return ws.promote_winner(race, say=progress, on_interrupt=interrupts.hold)
     except PromotionInterrupted as err:
         msg = str(err)
         print(f"petri: {msg}", file=sys.stderr, flush=True)
         interrupts.say(msg)
         if G.json:
             promo = err.promotion
+            doc = race.to_json()
+            doc.pop("schema", None)
             out().doc({**doc, "promotion": {"promotion": promo} if promo else None, "error": msg,
                        "exit_code": err.exit_code})
         raise typer.Exit(err.exit_code) from None
-    doc.pop("schema", None)
-    return doc
 
 
-def _candidate_order(patches: list[str], cmds: list[str]) -> list[tuple[str, str]]:
+def _candidate_order(patches: list[str], cmds: list[str]) -> list:
     """The candidates in command-line order (typer gives each option's values apart)."""
     from ..api import interleave_candidates
     return interleave_candidates(sys.argv[1:], patches, cmds)
@@ -100,7 +100,7 @@ def race(
              4. fewest lines changed, then fastest check, then command-line order
     A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
-    from ..api import Cmd, Limits, Patch, RaceInterrupted, parse_metric
+    from ..api import Limits, RaceInterrupted, parse_metric
     from ..units import check_count
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
@@ -113,8 +113,7 @@ def race(
         raise UsageError(detail="--max-regression needs --metric FILE:KEY")
     if metric is not None:
         parse_metric(metric, max_regression)  # a bad one says so in the flags' words, before anything
-    cands = [Patch(text) if kind == "patch" else Cmd(text)
-             for kind, text in _candidate_order(list(patch or []), list(cmd or []))]
+    cands = _candidate_order(list(patch or []), list(cmd or []))  # petri.Patch/petri.Cmd candidates
     if net and net_allow is not None:
         raise UsageError(detail="--net and --net allow:... exclude each other")
     limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
@@ -124,9 +123,9 @@ def race(
     o = out()
     progress = None if G.json else (lambda text: o.note(text))
     try:
-        doc = ws.race(check, cands, source=source, jobs=jobs, limits=limits, timeout=timeout_s, keep=keep,
+        rec = ws.race(check, cands, source=source, jobs=jobs, limits=limits, timeout=timeout_s, keep=keep,
                       say=progress, seccomp=seccomp, cluster=cluster, metric=metric, max_regression=max_regression,
-                      profile=profile).to_json()
+                      profile=profile)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
         from .. import interrupts
@@ -135,9 +134,10 @@ def race(
             o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
                                                  "exit_code": err.exit_code})
         raise typer.Exit(err.exit_code) from None
-    doc.pop("schema", None)
     if promote:
-        doc = _promote_winner(ws, doc, progress)
+        rec = _promote_winner(ws, rec, progress)
+    doc = rec.to_json()  # the one dict: what is printed
+    doc.pop("schema", None)
     error, code = (("no candidate passed the check", 1) if doc["winner"] is None else
                    (doc["promotion_error"], doc.get("promotion_exit_code", 1)) if doc.get("promotion_error") else
                    (None, 0))

@@ -47,16 +47,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from snapshot.errors import PetriError
 
 from .. import events
-from ..race_plan import Candidate, Outcome, RacePlan, conflicts, rank
+from ..race_plan import Outcome, RacePlan, conflicts, rank
 from ..race_steps import GIT_APPLY, apply_argv_env, count_changes, drop_base_if_unused, report_candidate, shielded, tail
 from ..registry import new_id
+from ..results import Race
 from .errors import NoUsableNode, ReplicaFailed
 
 if TYPE_CHECKING:
@@ -101,8 +102,8 @@ def _died(node: Node, err: BaseException) -> str:
 
 
 async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str], None] | None,
-                       cluster: Any) -> dict[str, Any]:
-    """Execute the race's plan on the cluster (see the module docstring); the race's document."""
+                       cluster: Any) -> Race:
+    """Execute the race's plan on the cluster (see the module docstring); the race's record."""
     import trio
 
     from .connect import Session, import_ray
@@ -126,8 +127,7 @@ async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str
     from .export import BaseExport
     export = BaseExport(engine, base)
     events.race_started(log, race=race.id, base=base, check=check, cluster=session.address or str(cluster),
-             candidates=[{"candidate": o.candidate.text, "kind": o.candidate.kind, "sandbox": o.sandbox}
-                         for o in race.outcomes])
+             candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox} for o in race.outcomes])
     try:
         await trio.to_thread.run_sync(session.open, say)
         nodes = await trio.to_thread.run_sync(_start_agents, session, race.id, engine, limits)
@@ -374,7 +374,7 @@ def _take(o: "Outcome", got: dict[str, Any], logs: Path) -> tuple[str | None, st
 async def _finish(engine: "Engine", race: "RacePlan", nodes: list[Node], patches: dict[int, tuple[bytes, Node]],
                   where: dict[int, Node], node_logs: dict[int, Any], session: "Session", export: Any, *,
                   limits: "Limits", keep: bool, jobs: int, seccomp: str,
-                  say: Callable[[str], None] | None, log: Any, t0: float) -> dict[str, Any]:
+                  say: Callable[[str], None] | None, log: Any, t0: float) -> Race:
     ordered = rank(race.outcomes)
     winner = ordered[0] if ordered and ordered[0].passed else None
     rebuild = [o for o in race.outcomes if keep or o is winner]
@@ -393,32 +393,30 @@ async def _finish(engine: "Engine", race: "RacePlan", nodes: list[Node], patches
     kept = {o.sandbox for o in rebuild}
     destroyed = {o.sandbox for o in race.outcomes} - kept
     drop_base_if_unused(engine, race)
-    doc: dict[str, Any] = {
-        **race.doc(destroyed),
-        "winner": winner.sandbox if winner else None,
-        "winner_candidate": winner.candidate.text if winner else None,
-        "conflicts": conflicts(race.outcomes),
-        "duration_s": time.monotonic() - t0,
-        "jobs": jobs,
-        "seccomp": seccomp,
-        "cluster": {"address": session.address, "local": session.loopback, "nodes": [n.doc() for n in nodes],
-                    "base": export.stats.doc()},
-    }
-    for c, o in zip(doc["candidates"], race.outcomes, strict=True):  # race.doc lists the outcomes in order
+    rows = []
+    for o in race.outcomes:
         out, err = node_logs.get(o.index, (None, None))
         node = where.get(o.index)
-        c.update({"node": node.id if node else None, "node_stdout_path": out, "node_stderr_path": err})
-        if o.sandbox in checks and checks[o.sandbox] is not None:
-            c["rebuilt"] = checks[o.sandbox]
+        at: dict[str, Any] = {"node": node.id if node else None, "node_stdout_path": out, "node_stderr_path": err}
+        if checks.get(o.sandbox) is not None:
+            at["rebuilt"] = checks[o.sandbox]
+        rows.append(at)
+    more: dict[str, Any] = {}
     if winner is not None:
         row = engine.registry.sandbox(winner.sandbox)
-        doc["winner_path"] = row.path if row else None
+        more["winner_path"] = row.path if row else None
         try:
-            doc["stale"] = engine.staleness(row, timed=True) if row else None
+            more["stale"] = engine.staleness(row, timed=True) if row else None
         except Exception:  # noqa: BLE001 - as a local race: staleness is a report, not the result
-            doc["stale"] = None
-    events.race_finished(log, race=race.id, winner=doc["winner"], duration_s=doc["duration_s"])
-    return doc
+            more["stale"] = None
+    done = race.record(
+        destroyed, rows=rows, winner=winner.sandbox if winner else None,
+        winner_candidate=winner.candidate.text if winner else None, conflicts=tuple(conflicts(race.outcomes)),
+        duration_s=time.monotonic() - t0, jobs=jobs, seccomp=seccomp,
+        cluster={"address": session.address, "local": session.loopback, "nodes": [n.doc() for n in nodes],
+                 "base": export.stats.doc()}, **more)
+    events.race_finished(log, race=race.id, winner=done.winner, duration_s=done.duration_s)
+    return done
 
 
 async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tuple[bytes, Node] | None,
@@ -436,7 +434,7 @@ async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tupl
     if patch is None or not patch[0]:
         return None
     data, node = patch
-    argv, env, _ = apply_argv_env(engine, Candidate("patch", o.candidate.text, data))
+    argv, env, _ = apply_argv_env(engine, replace(o.candidate, kind="patch", data=data))
     assert argv == GIT_APPLY
     doc = await run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False, seccomp=seccomp)
     if doc["exit_code"] != 0:

@@ -67,7 +67,8 @@ from ..limits import Limits
 
 NODE_STORE_ENV = "PETRI_CLUSTER_STORE"
 NODE_BACKEND_ENV = "PETRI_NODE_BACKEND"  # overlay | fuse | auto (tests force fuse as root)
-PROTOCOL = 1  # what the driver and the agents exchange; both sides must speak the same
+PROTOCOL = 2  # what the driver and the agents exchange; both sides must speak the same (2: the candidate as
+# ``Candidate.to_json(data=True)`` in the spec)
 TAIL_BYTES = 16384
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -1783,7 +1783,7 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "null"
      ]
     },
-    "winner": {
+    "check": {
      "type": [
       "string",
       "null"
@@ -1826,7 +1826,160 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
        "files_changed": {},
        "lines_added": {},
        "lines_removed": {},
-       "rank": {}
+       "rank": {},
+       "passed": {
+        "type": "boolean"
+       },
+       "changed_nothing": {
+        "type": "boolean"
+       },
+       "apply_exit_code": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "apply_error": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "error": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "stdout_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "stderr_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "check_sandbox": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "check_run": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "logs_run": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "items": {
+         "type": "integer"
+        },
+        "type": "array"
+       },
+       "kept": {
+        "type": "boolean"
+       },
+       "metrics": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "policy_ok": {
+        "type": [
+         "boolean",
+         "null"
+        ]
+       },
+       "policy_violations": {
+        "items": {
+         "type": "object"
+        },
+        "type": "array"
+       },
+       "risk": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "metric": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "regression": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "metric_ok": {
+        "type": [
+         "boolean",
+         "null"
+        ]
+       },
+       "node": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "node_stdout_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "node_stderr_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "rebuilt": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "index": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "state": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "last_line": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "last_stream": {
+        "type": [
+         "string",
+         "null"
+        ]
+       }
       },
       "required": [
        "candidate",
@@ -1836,11 +1989,131 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      },
      "type": "array"
     },
+    "winner": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "winner_candidate": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "conflicts": {
      "items": {},
      "type": "array"
     },
+    "duration_s": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "jobs": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "seccomp": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "metric_spec": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "base_metric": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "base_metric_cached": {
+     "type": [
+      "boolean",
+      "null"
+     ]
+    },
+    "warnings": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "cluster": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "winner_path": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "stale": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
     "winner_label": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "promotion": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "promotion_error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "promotion_exit_code": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "state": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "started_at": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "finished_at": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "pid": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "error": {
      "type": [
       "string",
       "null"
@@ -1895,7 +2168,7 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "null"
      ]
     },
-    "winner": {
+    "check": {
      "type": [
       "string",
       "null"
@@ -1938,7 +2211,160 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
        "files_changed": {},
        "lines_added": {},
        "lines_removed": {},
-       "rank": {}
+       "rank": {},
+       "passed": {
+        "type": "boolean"
+       },
+       "changed_nothing": {
+        "type": "boolean"
+       },
+       "apply_exit_code": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "apply_error": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "error": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "stdout_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "stderr_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "check_sandbox": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "check_run": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "logs_run": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "items": {
+         "type": "integer"
+        },
+        "type": "array"
+       },
+       "kept": {
+        "type": "boolean"
+       },
+       "metrics": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "policy_ok": {
+        "type": [
+         "boolean",
+         "null"
+        ]
+       },
+       "policy_violations": {
+        "items": {
+         "type": "object"
+        },
+        "type": "array"
+       },
+       "risk": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "metric": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "regression": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "metric_ok": {
+        "type": [
+         "boolean",
+         "null"
+        ]
+       },
+       "node": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "node_stdout_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "node_stderr_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "rebuilt": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "index": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "state": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "last_line": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "last_stream": {
+        "type": [
+         "string",
+         "null"
+        ]
+       }
       },
       "required": [
        "candidate",
@@ -1948,11 +2374,131 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      },
      "type": "array"
     },
+    "winner": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "winner_candidate": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "conflicts": {
      "items": {},
      "type": "array"
     },
+    "duration_s": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "jobs": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "seccomp": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "metric_spec": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "base_metric": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "base_metric_cached": {
+     "type": [
+      "boolean",
+      "null"
+     ]
+    },
+    "warnings": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "cluster": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "winner_path": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "stale": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
     "winner_label": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "promotion": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "promotion_error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "promotion_exit_code": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "state": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "started_at": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "finished_at": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "pid": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "error": {
      "type": [
       "string",
       "null"

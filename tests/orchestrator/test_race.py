@@ -58,9 +58,11 @@ def test_conflicts_pairs_overlapping_paths_of_applied_candidates():
 
 def test_interleave_recovers_command_line_order():
     argv = ["race", "--check", "t", "--cmd", "a", "--patch", "p1", "--cmd=b", "--patch=p2", "--json"]
-    assert interleave(argv, ["p1", "p2"], ["a", "b"]) == [("cmd", "a"), ("patch", "p1"), ("cmd", "b"), ("patch", "p2")]
+    got = interleave(argv, ["p1", "p2"], ["a", "b"])  # the one candidate type, straight from the command line
+    assert [(c.kind, c.text) for c in got] == [("cmd", "a"), ("patch", "p1"), ("cmd", "b"), ("patch", "p2")]
+    assert all(isinstance(c, Candidate) for c in got)
     # argv that does not match (an API caller): patches then commands
-    assert interleave([], ["p"], ["c"]) == [("patch", "p"), ("cmd", "c")]
+    assert interleave([], ["p"], ["c"]) == [Candidate("patch", "p"), Candidate("cmd", "c")]
 
 
 def _ran(argv: list[str], cwd: Path) -> tuple[str, str]:
