@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from . import kpi as K
 from .errors import UsageError
+from .metric_spec import read_spec
 from .sandbox.seccomp import Profile as SeccompProfile
 from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
 
@@ -120,24 +121,10 @@ class KpiModel(KpiBase):  # type: ignore[valid-type, misc]
 
 
 def metric_spec_error(spec: str, max_regression: str | None) -> str | None:
-    """Why a stage's ``metric``/``max_regression`` is not what ``race_plan.parse_metric``
-    takes (``FILE:KEY[:max|:min]``, FILE in the tree; ``N%``), or None. The same rules,
-    written here because the config cannot import the race's module (it imports the engine,
-    which imports the config); tests/orchestrator/test_metric_gate_unit.py holds the two
-    to the same answers."""
-    body = spec
-    for suffix in (":max", ":min"):
-        if body.endswith(suffix):
-            body = body[:-len(suffix)]
-            break
-    file, colon, key = body.rpartition(":")
-    if not colon or not file or not key:
-        return f"bad metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; append :max when higher is better)"
-    if file.startswith("/") or ".." in file.split("/"):
-        return f"bad metric {spec!r}: FILE is a path inside the tree"
-    if max_regression is not None and re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression) is None:
-        return f"bad max_regression {max_regression!r}: a percentage at least 0, e.g. 10%"
-    return None
+    """Why a stage's ``metric``/``max_regression`` is not a metric (the rules of
+    ``promote --metric``, in the config's words), or None."""
+    got = read_spec(spec, max_regression, names=("metric", "max_regression"))
+    return got if isinstance(got, str) else None
 
 
 class StageModel(BaseModel):

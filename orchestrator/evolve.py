@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .race_steps import METRICS_FILE, read_metrics
 from .errors import EmptyCommand, UsageError
+from .metric_spec import Metric
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -66,7 +67,7 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
     ``generation``, ``parent``), what a callable ``mutate`` is given as the parent."""
     from .candidates import Cmd
     from .units import timeout_seconds as _seconds
-    from .race import Metric, load_candidates, race_sync
+    from .race import load_candidates, race_sync
 
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):
         if not isinstance(v, int) or v < least:

@@ -43,7 +43,7 @@ from .race_steps import read_metric, shielded
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .race_plan import Metric
+    from .metric_spec import Metric
     from .registry import SandboxRow
 
 BASE_METRICS = "race-base-metrics.json"  # in the store: the base's metric per (snapshot, check, FILE:KEY, profile)

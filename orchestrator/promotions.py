@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
 
     from .engine import Engine
-    from .race_plan import Metric
+    from .metric_spec import Metric
     from .registry import SandboxRow
 
 KEEP_LAST = 20

@@ -107,8 +107,9 @@ from snapshot.errors import PetriError
 from . import events, interrupts, run_env
 from .config import load_config
 from .errors import OrchestratorError, UsageError
-from .race_plan import (Candidate, Metric, Outcome, RacePlan, conflicts, describe_role, interleave,
-                        judge_metric, load_candidates, parse_metric, rank, run_roles, run_roles_meta, winner_of)
+from .metric_spec import Metric, parse_metric
+from .race_plan import (Candidate, Outcome, RacePlan, conflicts, describe_role, interleave,
+                        judge_metric, load_candidates, rank, run_roles, run_roles_meta, winner_of)
 from .metric_gate import BASE_METRICS, base_metric as measure_base_metric
 from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused, failure_reason,
                          read_metric, report_candidate, run_candidate, shielded, telling_line)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import PatchUnreadable, UsageError
+from .metric_spec import Metric
 from .results import Race, RaceCandidate
 
 if TYPE_CHECKING:
@@ -229,58 +229,6 @@ def load_candidates(candidates: Sequence[Any]) -> list[Candidate]:
             raise UsageError(detail=f"a candidate is petri.Patch(...) or petri.Cmd(...), not {c!r}")
         out.append(c.loaded())
     return out
-
-
-@dataclass(frozen=True)
-class Metric:
-    """``--metric FILE:KEY[:max|:min] [--max-regression N%]``: the number KEY in the JSON
-    object the check leaves at FILE (relative to the tree; by default ``evolve``'s
-    ``.petri-metrics.json`` convention, read the same guarded way). Lower is better (a time,
-    a size) unless ``:max``. ``max_regression`` (a fraction) gates each candidate against
-    the base's value."""
-
-    file: str
-    key: str
-    higher: bool = False
-    max_regression: float | None = None
-
-    def sort_value(self, v: float | None) -> float:
-        """Smaller sorts first; no value last."""
-        if v is None:
-            return float("inf")
-        return -v if self.higher else v
-
-    def regression(self, base: float, v: float) -> float:
-        """How much worse ``v`` is than ``base``, as a fraction of ``|base|`` (negative: better)."""
-        worse = (base - v) if self.higher else (v - base)
-        if base == 0:
-            return 0.0 if worse <= 0 else float("inf")
-        return worse / abs(base)
-
-
-def parse_metric(spec: str, max_regression: str | None = None) -> Metric:
-    """``FILE:KEY``, ``FILE:KEY:max`` (higher is better) or ``FILE:KEY:min``, and ``N%``;
-    a bad one is a usage error (exit 2) before anything is forked."""
-
-    higher = False
-    body = spec
-    for suffix, hi in ((":max", True), (":min", False)):
-        if body.endswith(suffix):
-            body, higher = body[:-len(suffix)], hi
-            break
-    file, colon, key = body.rpartition(":")
-    if not colon or not file or not key:
-        raise UsageError(detail=f"bad --metric {spec!r}: FILE:KEY (e.g. .petri-metrics.json:time_s; "
-                                "append :max when higher is better)")
-    if file.startswith("/") or ".." in file.split("/"):
-        raise UsageError(detail=f"bad --metric {spec!r}: FILE is a path inside the tree")
-    frac = None
-    if max_regression is not None:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", max_regression)
-        if m is None:
-            raise UsageError(detail=f"bad --max-regression {max_regression!r}: a percentage at least 0, e.g. 10%")
-        frac = float(m.group(1)) / 100
-    return Metric(file, key, higher, frac)
 
 
 def judge_metric(outcomes: Sequence[Outcome], metric: Metric, base: float | None) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import events
-from .race_plan import Candidate, Metric, Outcome, RacePlan
+from .metric_spec import Metric
+from .race_plan import Candidate, Outcome, RacePlan
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -74,7 +74,7 @@ from .config import Stage, load_config
 from .errors import NothingToRollBack, OrchestratorError, UsageError
 from .lineage import diff_base, mark_scaffold, snapshot_of_sandbox
 from .metric_gate import base_metric_sync, judge, reusable_base, spec_doc
-from .race_plan import Metric, parse_metric
+from .metric_spec import Metric, parse_metric
 from .race_steps import read_metric
 from .promotions import promote
 from .promotions import rollback_promotion as undo

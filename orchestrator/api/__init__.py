@@ -90,7 +90,7 @@ _LAZY = {
     "sandbox_runs": "orchestrator.run_history",
     # the race's own vocabulary the CLI speaks: its interrupt, its metric and candidate order
     # as the command line gives them, its table for people
-    "RaceInterrupted": "orchestrator.race", "parse_metric": "orchestrator.race",
+    "RaceInterrupted": "orchestrator.race", "parse_metric": "orchestrator.metric_spec",
 }
 # The front ends' edge: the audit scope of a command whose exit code is known only there
 # (``begin_audit``/``finish_audit``), which commands open one, and what the process's events

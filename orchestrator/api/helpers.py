@@ -146,7 +146,7 @@ def _at_most(high: int, **named: int) -> None:
 
 def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
     """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
-    from ..race import parse_metric
+    from ..metric_spec import parse_metric
 
     if max_regression is not None and metric is None:
         raise UsageError(detail="max_regression needs metric (FILE:KEY)")

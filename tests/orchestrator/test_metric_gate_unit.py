@@ -1,6 +1,6 @@
 """The metric gate's pure parts: the config's check of a stage's ``metric``/``max_regression``
-agrees with ``race_plan.parse_metric`` (the config cannot import it: ``config_schema``'s own
-copy of the rules), and ``metric_gate.judge``'s verdicts and wording."""
+takes exactly what ``parse_metric`` takes (one rule, ``orchestrator/metric_spec.py``, in the
+config's words there), and ``metric_gate.judge``'s verdicts and wording."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from orchestrator.config_schema import metric_spec_error
 from orchestrator.errors import UsageError
 from orchestrator.metric_gate import cache_key, change, judge
-from orchestrator.race_plan import Metric, parse_metric
+from orchestrator.metric_spec import Metric, parse_metric
 
 pytestmark = pytest.mark.unit
 
