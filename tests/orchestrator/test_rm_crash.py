@@ -196,11 +196,16 @@ def test_kill_9_of_mcp_with_runs_in_flight_leaves_no_cgroup(ws):
             # only its wrapper: the wrapper (sh, env, setpriv) and bwrap before it arms its
             # parent-death signal carry the marker too, and a kill in those few ms leaves that
             # run to the next command's reaper (seen once in CI's parallel run), which the
-            # checks below are not about
+            # checks below are not about. bwrap's own argv holds "-c\0sleep 300" as well (seen
+            # at load 15: the wait ended on bwrap's argv, the kill came before its prctl): only
+            # the process whose argv starts with the command counts.
+            def running() -> set[str]:
+                return {a.rsplit("-", 1)[-1] for a in alive_with(marker) if "b'/bin/sh\\x00-c\\x00sleep 300" in a}
+
             deadline = time.monotonic() + 20
-            while (len({a.rsplit("-", 1)[-1] for a in alive_with(marker) if "-c\\x00sleep 300" in a}) < 3
-                   and time.monotonic() < deadline):
+            while len(running()) < 3 and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert len(running()) == 3, alive_with(marker)
             assert len(_cgroups_of(sb)) >= 3, _cgroups_of(sb)
             raw.p.kill()
             raw.p.wait()
