@@ -322,9 +322,9 @@ def sample_engine_on_btrfs(size: int):
         ws = fs.mount / "stats"
         btrfsutil.create_subvolume(ws)
         run(["bash", REPO / "demo" / "sample_project.sh", ws])
-        engine, init_doc = Engine.init(ws, "btrfs")
-        log(f"workspace {ws} on {fs.device}, snapshot {init_doc['snapshot']}")
-        yield engine, ws, init_doc["snapshot"]
+        engine, init = Engine.init(ws, "btrfs")
+        log(f"workspace {ws} on {fs.device}, snapshot {init.snapshot}")
+        yield engine, ws, init.snapshot
     finally:
         if engine is not None:
             try:

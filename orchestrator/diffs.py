@@ -1,7 +1,7 @@
 """A sandbox's change against its base as ``diff`` shows it: per-file stats and the patch
-bytes read from a point-in-time view (``diff_parts``), and the ``diff`` document
-(``diff_doc``: files rows, patch text, ``patch_b64`` when the patch is not UTF-8). The API's
-``diff``, review, stages and try read a diff through here.
+bytes read from a point-in-time view (``diff_parts``), and the ``diff`` record
+(``diff_record``: files rows, patch text, ``patch_b64`` when the patch is not UTF-8; ``diff_doc``
+its document). The API's ``diff``, review, stages and try read a diff through here.
 
 Caveat: the patch is built whole in memory; ``diff_parts(..., with_patch=False)`` (``--stat``)
 skips it.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any, Sequence
+
+from .results import Diff, DiffFile, document
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -29,7 +31,7 @@ def b64(p: bytes) -> str:
     return base64.b64encode(p).decode()
 
 
-def file_doc(s: Any) -> dict[str, Any]:
+def file_record(s: Any) -> DiffFile:
     """One file of a diff (a ``merge.patch.FileStat``) as the ``files`` row of ``diff``."""
     d: dict[str, Any] = {"path": s.path.decode("utf-8", "backslashreplace"), "status": s.status,
                          "old_path": None if s.old_path is None else s.old_path.decode("utf-8", "backslashreplace"),
@@ -41,7 +43,12 @@ def file_doc(s: Any) -> dict[str, Any]:
                 raw.decode("utf-8")
             except UnicodeDecodeError:
                 d[key + "_b64"] = b64(raw)
-    return d
+    return DiffFile.of(**d)
+
+
+def file_doc(s: Any) -> dict[str, Any]:
+    """``file_record``'s row as a document (a review's ``files``)."""
+    return document(file_record(s))
 
 
 def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
@@ -60,16 +67,20 @@ def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = ()
     return row, stats, patch
 
 
-def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
-             with_patch: bool = True) -> dict[str, Any]:
-    """The ``diff`` document (with ``patch_b64`` when the patch holds bytes that are not
+def diff_record(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+                with_patch: bool = True) -> Diff:
+    """The ``diff`` record (with ``patch_b64`` when the patch holds bytes that are not
     UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
     from .lineage import diff_base
 
     row, stats, patch = diff_parts(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch)
     text = patch.decode("utf-8", "backslashreplace")
-    doc: dict[str, Any] = {"base": diff_base(engine, row), "sandbox": row.id, "files": [file_doc(s) for s in stats],
-                           "patch": text}
-    if text.encode("utf-8", "surrogateescape") != patch:
-        doc["patch_b64"] = b64(patch)
-    return doc
+    exact = text.encode("utf-8", "surrogateescape") == patch
+    return Diff.of(base=diff_base(engine, row), sandbox=row.id, files=tuple(file_record(s) for s in stats),
+                   patch=text, **({} if exact else {"patch_b64": b64(patch)}))
+
+
+def diff_doc(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
+             with_patch: bool = True) -> dict[str, Any]:
+    """``diff_record`` as its document (try reads the files and patch by key)."""
+    return document(diff_record(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch))

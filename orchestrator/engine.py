@@ -32,6 +32,7 @@ from snapshot.osutil import rmtree
 
 from . import events, promoted, recovery
 from .limits import Limits
+from .results import InitResult, SandboxInfo, Snapshot
 from .errors import LimitsUnavailable, SandboxGone, SandboxesExist, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
@@ -125,7 +126,7 @@ class Engine:
     # -- init / deinit ------------------------------------------------------------------
     @classmethod
     def init(cls, path: Path, backend: str = "auto", *, convert: bool = False,
-             progress: Progress | None = None, say: Say = lambda s: None) -> tuple[Self, dict[str, Any]]:
+             progress: Progress | None = None, say: Say = lambda s: None) -> tuple[Self, InitResult]:
         root = check_can_init(path)
         if convert:
             backend = convert_workspace(root, progress, say) or backend
@@ -152,7 +153,7 @@ class Engine:
         except BaseException:
             _remove_store(store, chosen)
             raise
-        return engine, {"workspace": str(root), "backend": name, "reason": reason, "snapshot": snap.id}
+        return engine, InitResult.of(workspace=str(root), backend=name, reason=reason, snapshot=snap.id)
 
     def deinit(self, *, force: bool = False) -> dict[str, Any]:
         """Remove the store. Reaps first (processes, views and mounts, daemons), then trees
@@ -216,12 +217,14 @@ class Engine:
                                 sandbox=row.sandbox)
         return row
 
-    def snapshot_doc(self, row: SnapshotRow, *, with_bytes: bool = True) -> dict[str, Any]:
-        return {"id": row.id, "message": row.message, "implicit": row.implicit, "kind": row.kind,
-                "created_at": rfc3339(row.created_at), "backend": row.backend, "parent": row.parent,
-                "bytes_copied": row.bytes_copied,
-                "bytes": self.backend.snapshot_bytes(self.store, row.id) if with_bytes else None,
-                "used_by": self.registry.snapshot_users(row.id), "sandbox": row.sandbox, "origin": row.origin}
+    def snapshot_record(self, row: SnapshotRow, *, with_bytes: bool = True) -> Snapshot:
+        """The snapshot's record (``snapshot``, a row of ``snapshots``); ``with_bytes`` False
+        leaves ``bytes`` None (a snapshot just taken: its size is a walk)."""
+        return Snapshot.of(id=row.id, message=row.message, implicit=row.implicit, kind=row.kind,
+                           created_at=rfc3339(row.created_at), backend=row.backend, parent=row.parent,
+                           bytes_copied=row.bytes_copied,
+                           bytes=self.backend.snapshot_bytes(self.store, row.id) if with_bytes else None,
+                           used_by=self.registry.snapshot_users(row.id), sandbox=row.sandbox, origin=row.origin)
 
     def resolve_snapshot(self, ident: str) -> SnapshotRow:
         _, sid = self.registry.resolve(ident, ("snapshot",))
@@ -349,9 +352,9 @@ class Engine:
         sandboxes (``orchestrator.lineage``)."""
         return self.resolve_snapshot(source), {}
 
-    def sandbox_doc(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
-                    fresh_usage: bool = True) -> dict[str, Any]:
-        """The sandbox document. ``fresh_usage`` False (``petri ls``): a backend whose
+    def sandbox_record(self, row: SandboxRow, *, staleness: dict[str, Any] | None = None,
+                       fresh_usage: bool = True) -> SandboxInfo:
+        """The sandbox's record (a row of ``ls``, ``status``). ``fresh_usage`` False (``petri ls``): a backend whose
         usage measure is a walk of the whole tree may give its figure from after the
         sandbox's last run instead of walking again."""
         usage = None
@@ -362,18 +365,25 @@ class Engine:
             except (OSError, PetriError):
                 usage = None  # a tree that cannot be read now: say nothing rather than fail `ls`
         left = None if row.expires_at is None else max(0.0, row.expires_at - now())
-        return {"id": row.id, "label": row.label, "backend": row.backend, "state": row.state,
-                "base": row.base, "path": row.path, "created_at": rfc3339(row.created_at),
-                "expires_at": rfc3339(row.expires_at), "time_left_s": left, "limits": row.limits,
-                "keep_expired": row.keep_expired, "profile": row.profile,
-                "usage": {"disk_bytes": usage.bytes if usage else None,
-                          "disk_measure": usage.measure if usage else None,
-                          "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
-                          "peak_memory_bytes": row.peak_memory_bytes},
-                "last_exit_code": row.last_exit_code, "stale": staleness,
-                "promoted": promoted.summary(promoted.in_place(self.registry, row.id)),
-                "parent": (row.meta or {}).get("parent"), "generation": int((row.meta or {}).get("generation", 0)),
-                **({"system": self._system_doc(row)} if row.system else {})}
+        return SandboxInfo.of(
+            id=row.id, label=row.label, backend=row.backend, state=row.state, base=row.base, path=row.path,
+            created_at=rfc3339(row.created_at), expires_at=rfc3339(row.expires_at), time_left_s=left,
+            limits=row.limits, keep_expired=row.keep_expired, profile=row.profile,
+            usage={"disk_bytes": usage.bytes if usage else None,
+                   "disk_measure": usage.measure if usage else None,
+                   "disk_measured_at": rfc3339(usage.measured_at) if usage and usage.measured_at else None,
+                   "peak_memory_bytes": row.peak_memory_bytes},
+            last_exit_code=row.last_exit_code, stale=staleness,
+            promoted=promoted.summary(promoted.in_place(self.registry, row.id)),
+            parent=(row.meta or {}).get("parent"), generation=int((row.meta or {}).get("generation", 0)),
+            **({"system": self._system_doc(row)} if row.system else {}))
+
+    def fork_record(self, row: SandboxRow) -> SandboxInfo:
+        """A sandbox just forked, as ``fork`` lists it (no usage, state or staleness yet)."""
+        return SandboxInfo.of(id=row.id, label=row.label, path=row.path, backend=row.backend, base=row.base,
+                              expires_at=rfc3339(row.expires_at), limits=row.limits, profile=row.profile,
+                              parent=(row.meta or {}).get("parent"),
+                              generation=int((row.meta or {}).get("generation", 0)))
 
     def _system_doc(self, row: SandboxRow) -> dict[str, Any]:
         """A ``--system`` sandbox's layer: its size, and how many paths it changed."""

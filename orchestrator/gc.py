@@ -25,7 +25,7 @@ engine (the API, MCP) reports at its next gc what it expired since its last one.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from snapshot.errors import PetriError
 
@@ -33,6 +33,7 @@ from .engine import in_use_tmp
 from .events import rotate_if_big
 from .promotions import gc_promotions
 from .registry import LIVE_STATES, pid_alive
+from .results import Cleanup
 from .sandbox.run_view import reap_dead_views
 from .service_records import sweep as sweep_services
 
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
-def collect(engine: "Engine") -> dict[str, Any]:
-    """The ``gc`` document: ``removed`` (sandbox and snapshot ids), ``reaped``
+def collect(engine: "Engine") -> Cleanup:
+    """The ``gc`` record: ``removed`` (sandbox and snapshot ids), ``reaped``
     (counts), ``reclaimed_bytes``, ``pruned_promotions``."""
     from .runs import gc_processes  # the runner's module: only when gc runs
 
@@ -68,8 +69,8 @@ def collect(engine: "Engine") -> dict[str, Any]:
         _unused_implicit_snapshots(engine, gone)
     gc_processes(engine, reaped)  # fills reaped["processes"] and ["cgroups"]
     pruned = gc_promotions(engine, reaped)  # fills reaped["promotions_*"]
-    return {"removed": gone.sandboxes + gone.snapshots, "reaped": reaped, "reclaimed_bytes": gone.bytes,
-            "pruned_promotions": pruned}
+    return Cleanup.of(removed=gone.sandboxes + gone.snapshots, reaped=reaped, reclaimed_bytes=gone.bytes,
+                      pruned_promotions=pruned)
 
 
 class _Gone:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from snapshot.errors import PetriError
 
 from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
+from .results import Lineage, LineageNode
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -131,8 +132,8 @@ def _is_throwaway(row: "SandboxRow") -> bool:
     return (meta.get("race") or {}).get("role") == "check" or bool(meta.get("scaffold"))
 
 
-def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
-    """The ``lineage`` document: snapshots of live and the sandboxes forked from them,
+def lineage_record(engine: "Engine", ident: str | None = None) -> Lineage:
+    """The ``lineage`` record: snapshots of live and the sandboxes forked from them,
     forks of forks under their parents. ``ident`` (a snapshot or sandbox): only the tree
     it belongs to (a sandbox's ancestors and descendants; a snapshot's descendants)."""
 
@@ -177,7 +178,7 @@ def lineage_doc(engine: "Engine", ident: str | None = None) -> dict[str, Any]:
     nodes.sort(key=lambda n: (n["created_at"] or first_child.get(n["id"], ""), order.get(n["id"], 0), n["id"]))
     if ident is not None:
         nodes = _subtree(nodes, _resolve_node(engine, ident, by_id))
-    return {"nodes": nodes}
+    return Lineage.of(nodes=tuple(LineageNode.of(**n) for n in nodes))
 
 
 def _resolve_node(engine: "Engine", ident: str, by_id: dict[str, Any]) -> str:

@@ -6,6 +6,10 @@ schema for the CLI, the Python API and MCP. A record keeps the documented fields
 attributes and everything else the engine reported in ``extra`` (the JSON contract: "more fields are
 welcome"), in the order the engine wrote it.
 
+The services build the records they return (``Record.of``-style constructors name the keys the
+document has, in order: ``_built``), so ``extra`` stays empty for them; ``from_doc`` is for a
+document read back from JSON (an event, a saved document).
+
 Records are plain frozen dataclasses, not pydantic models: the CLI builds one on every
 command and start-up time matters. The MCP server derives JSON schemas from them. For the
 same reason each record class becomes a dataclass on first use, not at import: generating
@@ -148,6 +152,10 @@ class InitResult(Record):
     reason: str
     snapshot: str
 
+    @classmethod
+    def of(cls, **fields: Any) -> "InitResult":
+        return _built(cls, fields)
+
 
 @dataclass(frozen=True)
 class Snapshot(Record):
@@ -158,15 +166,27 @@ class Snapshot(Record):
     id: str
     message: str = ""
     implicit: bool = False
+    kind: str | None = None  # user, implicit, safety, stage or sandbox (a snapshot of a sandbox)
     created_at: str | None = None
     backend: str | None = None
+    parent: str | None = None  # of live: the snapshot before it; of a sandbox: the sandbox's base
     bytes_copied: int | None = None
     bytes: int | None = None
+    used_by: tuple[str, ...] | list[str] = ()  # the sandboxes forked from it
+    sandbox: str | None = None  # a snapshot of a sandbox: which
+    origin: str | None = None  # a snapshot of a sandbox: the snapshot of live its lineage started from
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Snapshot":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
 class SandboxInfo(Record):
-    """One sandbox row of ``ls`` / ``status`` / ``fork``."""
+    """One sandbox row of ``ls`` / ``status`` / ``fork``: ``time_left_s`` of its lifetime,
+    ``promoted`` what of it reached live, ``system`` its writable system layer (``--system``
+    only). ``ls`` adds ``services_running`` where any service runs; ``status`` adds its
+    ``runs``, ``services`` and published ``ports``."""
 
     id: str
     label: str | None = None
@@ -183,14 +203,38 @@ class SandboxInfo(Record):
     parent: str | None = None
     generation: int = 0
     profile: str | None = None  # the config's [profiles.NAME] it was forked with
+    time_left_s: float | None = None
+    keep_expired: bool = False
+    promoted: Mapping[str, Any] | None = None
+    system: Mapping[str, Any] | None = None
+    services_running: int | None = None
+    runs: "tuple[RunResult, ...] | None" = None
+    services: tuple[Any, ...] | list[Any] | None = None
+    ports: tuple[Any, ...] | list[Any] | None = None
+    # nested: {"runs": RunResult}, set once RunResult is defined (below)
+
+    @classmethod
+    def of(cls, **fields: Any) -> "SandboxInfo":
+        return _built(cls, fields)
+
+    def but(self, **changes: Any) -> "SandboxInfo":
+        """This sandbox with ``changes`` (``status``'s runs, services, ports): new keys end its document."""
+        return _with(self, **changes)
 
 
 @dataclass(frozen=True)
 class Forked(Record):
-    """``fork``: the sandboxes made by one call."""
+    """``fork``: the sandboxes made by one call, the ``warnings`` about their limits and
+    whether disk quotas are on (``quotas_enabled``)."""
 
     sandboxes: tuple[SandboxInfo, ...] = ()
+    warnings: tuple[str, ...] | list[str] = ()
+    quotas_enabled: bool | None = None
     nested = {"sandboxes": SandboxInfo}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Forked":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -199,6 +243,10 @@ class SandboxList(Record):
 
     sandboxes: tuple[SandboxInfo, ...] = ()
     nested = {"sandboxes": SandboxInfo}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "SandboxList":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -209,7 +257,12 @@ class RunResult(Record):
     "timeout", "ttl" or "memory"; ``ended_by`` names every end: "exit" (by itself), one of
     those, "destroyed" (its sandbox was removed), "petri_died"; None while it runs. The
     output is saved, not printed: ``stdout()`` / ``stderr()`` read ``stdout_path`` /
-    ``stderr_path``. ``id`` is the sandbox (also ``sandbox``), ``run`` its number there."""
+    ``stderr_path``. ``id`` is the sandbox (also ``sandbox``), ``run`` its number there.
+    ``output``: per stream the bytes, lines and bytes the log cap dropped. A run that just
+    ended (``run``) also says how it ran (``cgroup_mode``, ``run_as``, ``cpu_time_s``,
+    ``seccomp``) and what went wrong around the command (``setup_error`` and its
+    ``setup_hint``, ``exec_error``, ``warnings``); a run petri made for a race (``status``,
+    ``logs``) has its ``role``, the ``race`` and where its check ran (``ran_in``)."""
 
     id: str  # the sandbox
     run: int
@@ -224,6 +277,28 @@ class RunResult(Record):
     argv: tuple[str, ...] | list[str] | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    pid: int | None = None  # the petri process that owns the run
+    output: Mapping[str, Any] | None = None
+    cgroup_mode: str | None = None
+    run_as: Mapping[str, Any] | None = None
+    cpu_time_s: float | None = None
+    seccomp: str | None = None
+    seccomp_turned_off: tuple[str, ...] | list[str] | None = None
+    setup_error: str | None = None
+    setup_hint: str | None = None
+    exec_error: str | None = None
+    warnings: tuple[str, ...] | list[str] = ()
+    role: str | None = None
+    race: str | None = None
+    ran_in: str | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "RunResult":
+        return _built(cls, fields)
+
+    def but(self, **changes: Any) -> "RunResult":
+        """This run with ``changes`` (how it ran, its role): new keys end its document."""
+        return _with(self, **changes)
 
     @property
     def sandbox(self) -> str:
@@ -256,6 +331,17 @@ def _built(cls: type[R], fields: Mapping[str, Any]) -> R:
 def _with(rec: R, **changes: Any) -> R:
     """``rec`` with ``changes``: keys it did not have go at the end of its document."""
     return dataclasses.replace(rec, **changes, _order=rec._order + tuple(k for k in changes if k not in rec._order))
+
+
+def document(rec: Record) -> dict[str, Any]:
+    """``rec``'s document without ``schema``: what a service that reads a result by key
+    (a stage's check, a promotion's verify, a race step) was handed before the records."""
+    doc = rec.to_json()
+    del doc["schema"]
+    return doc
+
+
+SandboxInfo.nested = {"runs": RunResult}
 
 
 @dataclass(frozen=True)
@@ -367,7 +453,7 @@ class Race(Record):
 class DiffFile(Record):
     """One file of a diff: ``status`` is added, modified, deleted, renamed or type_changed;
     ``old_path`` for a rename; line counts (0 for ``binary``); modes as octal text. A name that
-    is not UTF-8 has ``\\xNN`` escapes in ``path`` and is exact in ``extra["path_b64"]``."""
+    is not UTF-8 has ``\\xNN`` escapes in ``path`` and is exact in ``path_b64`` (``old_path_b64``)."""
 
     path: str
     status: str
@@ -377,22 +463,34 @@ class DiffFile(Record):
     lines_removed: int = 0
     old_mode: str | None = None
     new_mode: str | None = None
+    path_b64: str | None = None
+    old_path_b64: str | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "DiffFile":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
 class Diff(Record):
-    """``diff``: the sandbox's changes against its base (``files``) and a git-format ``patch``
-    (``patch_bytes`` is exact when the patch holds bytes that are not UTF-8)."""
+    """``diff``: the ``sandbox``'s changes against its base (``files``) and a git-format ``patch``
+    (``patch_bytes`` is exact when the patch holds bytes that are not UTF-8: ``patch_b64``)."""
 
     base: str | None
+    sandbox: str | None = None
     files: tuple[DiffFile, ...] = ()
     patch: str = ""
+    patch_b64: str | None = None
     nested = {"files": DiffFile}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Diff":
+        return _built(cls, fields)
 
     @property
     def patch_bytes(self) -> bytes:
         """The patch exactly (``patch_b64`` when it holds bytes that are not UTF-8)."""
-        b64 = self.extra.get("patch_b64")
+        b64 = self.patch_b64
         if b64:
             import base64
 
@@ -469,10 +567,23 @@ class Rollback(Record):
 
 @dataclass(frozen=True)
 class Cleanup(Record):
-    """``rm`` and ``gc``."""
+    """``rm`` and ``gc``: the ids ``removed`` and what was ``reaped`` (counts); ``gc`` adds
+    the ``reclaimed_bytes``, the ``pruned_promotions`` and, with ``keep_generations``, the
+    ``pruned_sandboxes``."""
 
     removed: tuple[str, ...] | list[str] = ()
     reaped: Mapping[str, Any] = field(default_factory=dict)
+    reclaimed_bytes: int | None = None
+    pruned_promotions: tuple[Any, ...] | list[Any] = ()
+    pruned_sandboxes: tuple[Any, ...] | list[Any] = ()
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Cleanup":
+        return _built(cls, fields)
+
+    def but(self, **changes: Any) -> "Cleanup":
+        """This cleanup with ``changes`` (the sandboxes pruned): new keys end its document."""
+        return _with(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -481,6 +592,10 @@ class SnapshotList(Record):
 
     snapshots: tuple[Snapshot, ...] = ()
     nested = {"snapshots": Snapshot}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "SnapshotList":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -646,6 +761,20 @@ class LineageNode(Record):
     race: str | None = None
     rank: int | None = None
     state: str | None = None
+    # a snapshot's
+    message: str | None = None
+    created_at: str | None = None
+    snapshot_kind: str | None = None
+    # a sandbox's: its race's verdict, its fitness in an evolution
+    label: str | None = None
+    base: str | None = None
+    passed: bool | None = None
+    winner: bool | None = None
+    fitness: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "LineageNode":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -655,6 +784,10 @@ class Lineage(Record):
 
     nodes: tuple[LineageNode, ...] = ()
     nested = {"nodes": LineageNode}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Lineage":
+        return _built(cls, fields)
 
     def children(self, ident: str) -> tuple[LineageNode, ...]:
         return tuple(n for n in self.nodes if n.parent == ident)
@@ -769,27 +902,51 @@ class Rebased(Record):
 
 @dataclass(frozen=True)
 class Review(Record):
-    """``review``: what a sandbox changed (``files``, ``stat``, ``patch``), the checks that ran
+    """``review``: what a sandbox changed (``files``, ``stat``, ``patch``, the lines), the checks that ran
     (``checks``), staleness (``stale``), the policy's verdicts (``policy``: each ``{"rule",
-    "ok", "detail", "source"}``) and ``risk``, the ``lineage``, and the exact commands to
-    ``approve`` or ``reject`` it (``orchestrator.review``)."""
+    "ok", "detail", "source"}``, ``policy_ok``) and ``risk`` (with what it ``risk_requires``), the
+    ``lineage``, a stage waiting at its manual gate (``pending_gate``), an earlier rejection
+    (``rejected``) and the exact commands to ``approve`` or ``reject`` it (``orchestrator.review``)."""
 
     sandbox: str
+    label: str | None = None
+    state: str | None = None
     base: str | None = None
-    files: tuple[Any, ...] | list[Any] = ()
+    files: tuple[DiffFile, ...] = ()
+    stat: str = ""
+    patch: str = ""
+    lines_added: int = 0
+    lines_removed: int = 0
     checks: tuple[Any, ...] | list[Any] = ()
     stale: Mapping[str, Any] | None = None
     policy: tuple[Any, ...] | list[Any] = ()
     risk: str | None = None
+    risk_requires: tuple[str, ...] | list[str] = ()
+    policy_ok: bool | None = None
+    lineage: Mapping[str, Any] | None = None
+    pending_gate: Mapping[str, Any] | None = None
+    rejected: Mapping[str, Any] | None = None
     approve: tuple[str, ...] | list[str] = ()
     reject: tuple[str, ...] | list[str] = ()
+    nested = {"files": DiffFile}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Review":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
 class Rejection(Record):
-    """``reject``: the sandbox, why, and whether it was kept or destroyed."""
+    """``reject``: the sandbox, why, whether it was kept or destroyed, the pipelines that waited
+    at a manual gate for it (``closed``) and when (``rejected_at``)."""
 
     sandbox: str
     reason: str
     kept: bool = False
     destroyed: bool = False
+    closed: tuple[str, ...] | list[str] = ()
+    rejected_at: str | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Rejection":
+        return _built(cls, fields)

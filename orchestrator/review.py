@@ -1,6 +1,6 @@
 """``petri review SB`` and ``petri reject SB --reason TEXT``: a sandbox judged by a person.
 
-``review_doc`` gathers what a reviewer needs in one document (the ``review`` JSON shape plus
+``review_record`` gathers what a reviewer needs in one record (the ``review`` JSON shape plus
 more): what changed (``files``, a git-style ``stat``, the ``patch``), the checks that ran and
 how they ended (``checks``: the sandbox's runs, its race result, the stages of a graduated
 promotion of it), staleness against live (``stale``), the config's policy verdicts and the
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import events, kpi
 from .errors import OrchestratorError, UsageError
+from .results import DiffFile, Rejection, Review
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -61,13 +62,12 @@ def _checks(engine: "Engine", row: "SandboxRow") -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for r in sandbox_runs(engine, row):
-        argv = [str(a) for a in r.get("argv") or []]
+        argv = [str(a) for a in r.argv or []]
         # a shell command line (a race's check, `run -- sh -c ...`) as it was written
         command = argv[2] if len(argv) == 3 and argv[1] == "-c" and argv[0].endswith("sh") else shlex.join(argv)
-        out.append({"kind": r.get("role") or "run", "run": r.get("run"), "command": command,
-                    "exit_code": r.get("exit_code"), "duration_s": r.get("duration_s"),
-                    "killed_by": r.get("killed_by"),
-                    "ok": None if r.get("exit_code") is None else r.get("exit_code") == 0})
+        out.append({"kind": r.role or "run", "run": r.run, "command": command,
+                    "exit_code": r.exit_code, "duration_s": r.duration_s, "killed_by": r.killed_by,
+                    "ok": None if r.exit_code is None else r.exit_code == 0})
     race = (row.meta or {}).get("race")
     if race and race.get("done"):
         out.append({"kind": "race", "race": race.get("id"), "rank": race.get("rank"), "passed": race.get("passed"),
@@ -104,11 +104,11 @@ def _approve(engine: "Engine", row: "SandboxRow", evaluation: Any, stages: list[
     return cmds
 
 
-def review_doc(engine: "Engine", sandbox: str) -> dict[str, Any]:
+def review_record(engine: "Engine", sandbox: str) -> Review:
     """The review of one sandbox (see the module docstring). Reads only."""
     from merge.patch import format_stat
 
-    from .diffs import diff_parts, file_doc
+    from .diffs import diff_parts, file_record
     from .config import load_config
     from .lineage import diff_base
     from .policy import Policy, evaluate
@@ -118,13 +118,13 @@ def review_doc(engine: "Engine", sandbox: str) -> dict[str, Any]:
     pol = (cfg.with_profile(row.profile).policy if row.profile else cfg.policy) or Policy()  # what promote holds it to
     stages = [s.name for s in cfg.stages]
     alive = row.state not in ("destroyed", "failed") and not (row.state == "expired" and not row.keep_expired)
-    files: list[dict[str, Any]] = []
+    files: tuple[DiffFile, ...] = ()
     stat = patch_text = ""
     evaluation = None
     stale = None
     if alive:
         _row, stats, patch = diff_parts(engine, row.id)
-        files = [file_doc(s) for s in stats]
+        files = tuple(file_record(s) for s in stats)
         stat = format_stat(stats)
         patch_text = patch.decode("utf-8", "backslashreplace")
         evaluation = evaluate(pol, stats, patch)
@@ -133,23 +133,23 @@ def review_doc(engine: "Engine", sandbox: str) -> dict[str, Any]:
     sb = row.label or row.id
     ev_doc = evaluation.to_json() if evaluation is not None else {"policy": [], "risk": None, "risk_requires": []}
     gate = _gate(engine, row.id)
-    return {
-        "sandbox": row.id, "label": row.label, "state": row.state, "base": diff_base(engine, row),
-        "files": files, "stat": stat, "patch": patch_text,
-        "lines_added": sum(f["lines_added"] for f in files), "lines_removed": sum(f["lines_removed"] for f in files),
-        "checks": _checks(engine, row), "stale": stale,
-        "policy": ev_doc["policy"], "risk": ev_doc["risk"], "risk_requires": ev_doc["risk_requires"],
-        "policy_ok": None if evaluation is None else evaluation.ok,
-        "lineage": {"snapshot": row.base, "base": diff_base(engine, row), "parent": meta.get("parent"),
-                    "generation": int(meta.get("generation", 0)),
-                    "race": ({k: meta["race"].get(k) for k in ("id", "rank", "passed", "winner")}
-                             if meta.get("race") else None)},
-        "pending_gate": None if gate is None else {"promotion": gate["id"], "stage": gate["doc"].get("stage")},
-        "rejected": meta.get("rejected"),
-        "approve": _approve(engine, row, evaluation, stages) if alive and not meta.get("rejected") else [],
-        "reject": [f"petri reject {sb} --reason TEXT", f"petri reject {sb} --reason TEXT --keep"]
+    return Review.of(
+        sandbox=row.id, label=row.label, state=row.state, base=diff_base(engine, row),
+        files=files, stat=stat, patch=patch_text,
+        lines_added=sum(f.lines_added for f in files), lines_removed=sum(f.lines_removed for f in files),
+        checks=_checks(engine, row), stale=stale,
+        policy=ev_doc["policy"], risk=ev_doc["risk"], risk_requires=ev_doc["risk_requires"],
+        policy_ok=None if evaluation is None else evaluation.ok,
+        lineage={"snapshot": row.base, "base": diff_base(engine, row), "parent": meta.get("parent"),
+                 "generation": int(meta.get("generation", 0)),
+                 "race": ({k: meta["race"].get(k) for k in ("id", "rank", "passed", "winner")}
+                          if meta.get("race") else None)},
+        pending_gate=None if gate is None else {"promotion": gate["id"], "stage": gate["doc"].get("stage")},
+        rejected=meta.get("rejected"),
+        approve=_approve(engine, row, evaluation, stages) if alive and not meta.get("rejected") else [],
+        reject=[f"petri reject {sb} --reason TEXT", f"petri reject {sb} --reason TEXT --keep"]
         if alive and not meta.get("rejected") else [],
-    }
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -210,10 +210,10 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, via: str = "api") -> dict[str, Any]:
-    """Record the rejection of a sandbox and destroy it (unless ``keep``): the document
-    ``{"sandbox", "reason", "kept", "destroyed", "closed"}`` (``closed``: pipelines that
-    waited at a manual gate for it)."""
+def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, via: str = "api") -> Rejection:
+    """Record the rejection of a sandbox and destroy it (unless ``keep``): the record
+    (``sandbox``, ``reason``, ``kept``, ``destroyed``, ``closed``: pipelines that waited at a
+    manual gate for it, ``rejected_at``)."""
     from .registry import rfc3339
     from .stages import _end, _finish
 
@@ -248,5 +248,5 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
     if not keep:
         engine.destroy_sandbox(row.id)
         destroyed = True
-    return {"sandbox": row.id, "reason": reason, "kept": keep, "destroyed": destroyed, "closed": closed,
-            "rejected_at": rfc3339(at)}
+    return Rejection.of(sandbox=row.id, reason=reason, kept=keep, destroyed=destroyed, closed=closed,
+                        rejected_at=rfc3339(at))

@@ -1,9 +1,11 @@
 """Runs at the engine level: a command in a sandbox, with its record, logs, limits, lifetime.
 
-One set of steps (``_run_steps``) with two drivers: ``run_sync(engine, sandbox, argv)`` runs
+One set of steps (``_run_steps``) with two drivers: ``run_result(engine, sandbox, argv)`` runs
 in the calling thread without trio (``petri run``, the sync API, ``--verify``, stages), and
-``run_in_sandbox`` is the same for trio (``petri race``, the MCP server, ``petri.aio``, the
-TUI): the runner's one loop (``orchestrator.sandbox.runner``) in a thread of its own.
+``run_result_async`` is the same for trio (``petri race``, the MCP server, ``petri.aio``, the
+TUI): the runner's one loop (``orchestrator.sandbox.runner``) in a thread of its own. Both
+return the run's record (``results.RunResult``); ``run_sync`` and ``run_in_sandbox`` give
+its document, for the services that read a run by key.
 Around the runner they:
 
 - refuse a sandbox whose lifetime is over (exit 1; an overdue one is expired right then),
@@ -66,6 +68,7 @@ from .errors import EmptyCommand, LimitsUnavailable, PetriError, SandboxExpired,
 from .sandbox.isolation import DEFAULT_PATH
 from .registry import SandboxRow, now, pid_alive, rfc3339
 from .run_as import RunAs, run_as
+from .results import RunResult as RunRecord, document
 from .errors import BadPort, PortNeedsNoRelay
 from .sandbox.run_view import open_view
 
@@ -306,12 +309,12 @@ def _say_seccomp_off(profile: str) -> None:
 # ---------------------------------------------------------------------------- running
 
 
-def run_doc(engine: "Engine", sb_id: str, n: int) -> dict[str, Any]:
-    """The run document for run ``n`` of a sandbox (one shape: ``Registry.run``)."""
+def run_record(engine: "Engine", sb_id: str, n: int) -> RunRecord:
+    """Run ``n`` of a sandbox as its record (one shape: ``Registry.run``'s row, every key typed)."""
     doc = engine.registry.run(sb_id, n)
     if doc is None:
         raise KeyError(n)
-    return doc
+    return RunRecord.of(**doc)
 
 
 # What ended a run that petri (or another petri) killed on purpose, and the exit code it
@@ -335,10 +338,10 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                echo: bool = True, cwd: Path | str | None = None, on_event: "Callable[[RunEvent], None] | None" = None,
                kill_grace_s: float | None = None, quiet_warnings: bool = False,
                on_started: "Callable[[int], None] | None" = None,
-               seccomp: str | None = None) -> Generator[_Step, "RunResult", dict[str, Any]]:
-    """Everything around the runner, once for both drivers (``run_sync``, ``run_in_sandbox``):
-    yields the run to execute, is sent its result (or thrown its failure), returns the run
-    document."""
+               seccomp: str | None = None) -> Generator[_Step, "RunResult", RunRecord]:
+    """Everything around the runner, once for both drivers (``run_result``, ``run_result_async``):
+    yields the run to execute, is sent its result (or thrown its failure), returns the run's
+    record."""
     from .config import load_config
     from .sandbox.exec_failure import note_for_run
     from .sandbox.runner import KILL_GRACE_S, RunSpec
@@ -411,34 +414,39 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     engine.registry.update_sandbox(row.id, peak_memory_bytes=peak)
     _settle_state(engine, row.id, n)
     engine.backend.note_usage(engine.store, row.id)  # listings only read: a walked figure is kept now
-    doc = run_doc(engine, row.id, n)
-    doc["cgroup_mode"] = res.cgroup_mode
-    doc["run_as"] = who.to_json()
-    doc["cpu_time_s"] = res.cpu_time_s
-    doc.update(seccomp_fields(profile))
+    how: dict[str, Any] = {"cgroup_mode": res.cgroup_mode, "run_as": who.to_json(), "cpu_time_s": res.cpu_time_s,
+                           **seccomp_fields(profile)}
     if res.setup_error:
-        doc["setup_error"] = res.setup_error
+        how["setup_error"] = res.setup_error
         from .doctor import hint_for_setup_error
         hint = hint_for_setup_error(res.setup_error)
         if hint:
-            doc["setup_hint"] = hint  # the machine, not the command: `petri doctor` says what it lacks
+            how["setup_hint"] = hint  # the machine, not the command: `petri doctor` says what it lacks
     if exec_error:
-        doc["exec_error"] = exec_error
+        how["exec_error"] = exec_error
         if echo:
             print(f"petri: {exec_error}", file=sys.stderr, flush=True)
     if res.warnings:
-        doc["warnings"] = list(res.warnings)
-    events.run_finished(log, **{k: v for k, v in doc.items() if k != "id"}, sandbox=row.id)
+        how["warnings"] = list(res.warnings)
+    rec = run_record(engine, row.id, n).but(**how)
+    events.run_finished(log, **{k: v for k, v in document(rec).items() if k != "id"}, sandbox=row.id)
     kpi.record(engine.registry, "run", res.duration_s, subject=row.id, ok=not res.setup_error,
                detail={"exit_code": exit_code})
     if killed_by == "ttl":
         engine.reap_expired()  # the lifetime is over: expire now, not at the next command
-    return doc
+    return rec
 
 
 def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], *, forward_signals: bool = False,
              **kw: Any) -> dict[str, Any]:
-    """Run ``argv`` isolated in the sandbox, in this thread; return the run document (docs/reference/json.md
+    """``run_result`` as the run document (without ``schema``), for the services that read
+    a run by key (a promotion's verify, a stage's checks, try, the metric gate, watch)."""
+    return document(run_result(engine, sandbox, argv, forward_signals=forward_signals, **kw))
+
+
+def run_result(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str], *, forward_signals: bool = False,
+               **kw: Any) -> RunRecord:
+    """Run ``argv`` isolated in the sandbox, in this thread; return the run's record (docs/reference/json.md
     ``run``). Every process of the run is gone when this returns; a KeyboardInterrupt kills
     the run. ``forward_signals`` (the main thread; ``petri run``): SIGINT, SIGTERM and
     SIGHUP go to the command (see ``runner``). ``on_started(n)`` is told the run's number as
@@ -461,7 +469,14 @@ def run_sync(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
 
 async def run_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
                          **kw: Any) -> dict[str, Any]:
-    """``run_sync`` for trio (races, MCP, ``petri.aio``): the same steps, the run's loop in
+    """``run_result_async`` as the run document (without ``schema``), for the race's steps
+    and the metric gate, which read a run by key."""
+    return document(await run_result_async(engine, sandbox, argv, **kw))
+
+
+async def run_result_async(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str],
+                           **kw: Any) -> RunRecord:
+    """``run_result`` for trio (races, MCP, ``petri.aio``): the same steps, the run's loop in
     a thread of its own; cancelling this kills the run (its processes are gone when the
     cancellation propagates). Its events are delivered in this loop's thread."""
     from .sandbox.runner import run_isolated
@@ -485,7 +500,7 @@ class _Recorder:
     interrupt) is recorded like any other (its exit code, ``ended_by: "killed"``, its
     duration, the sandbox's state) before the cancellation goes on."""
 
-    def __init__(self, steps: Generator[_Step, "RunResult", dict[str, Any]]) -> None:
+    def __init__(self, steps: Generator[_Step, "RunResult", RunRecord]) -> None:
         self.steps, self.done = steps, False
 
     def __call__(self, res: "RunResult") -> None:
@@ -496,7 +511,7 @@ class _Recorder:
             pass
 
 
-def _finish(steps: Generator[_Step, "RunResult", dict[str, Any]], res: "RunResult") -> dict[str, Any]:
+def _finish(steps: Generator[_Step, "RunResult", RunRecord], res: "RunResult") -> RunRecord:
     try:
         steps.send(res)
     except StopIteration as stop:

@@ -221,7 +221,7 @@ class Workspace:
         ``forward_signals`` has no effect here: a thread of the event loop cannot take the
         process's signals (cancel the task instead)."""
         from orchestrator import audit
-        from orchestrator.runs import run_in_sandbox
+        from orchestrator.runs import run_result_async
 
         sb = _sid(sandbox)
         argv_l = _api._argv(argv)
@@ -233,16 +233,17 @@ class Workspace:
         start_dir = (os.fspath(caller_cwd) if caller_cwd is not None
                      else None if cwd is None else await _thread(ws._start_dir, sb, cwd))
 
-        async def go() -> dict[str, Any]:
-            return await run_in_sandbox(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
-                                        echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
-                                        seccomp=seccomp)
+        async def go() -> RunResult:
+            return await run_result_async(ws.engine, sb, argv_l, timeout_s=timeout_s, env=env, stdin_data=stdin,
+                                          echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
+                                          seccomp=seccomp)
 
         with audit.operation("run", audit.api_argv("run", [sb, argv], {"timeout": timeout}), ws.via,
                              reason=reason, client=ws.client, root=ws.root):
-            doc = await _trio_call(go)
-            audit.set_exit_code(doc["exit_code"])
-        return RunResult.from_doc(doc)
+            result = await _trio_call(go)
+            if result.exit_code is not None:  # always, for a run that ended: the trail shows the command's own code
+                audit.set_exit_code(result.exit_code)
+        return result
 
     async def logs(self, sandbox: "str | Sandbox") -> list[RunResult]:
         return await _thread(self.sync.logs, _sid(sandbox))

@@ -153,14 +153,6 @@ def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
     return parse_metric(metric, max_regression) if metric is not None else None
 
 
-def _fork_row_doc(r: "SandboxRow") -> dict[str, Any]:
-    from ..registry import rfc3339
-
-    return {"id": r.id, "label": r.label, "path": r.path, "backend": r.backend, "base": r.base,
-            "expires_at": rfc3339(r.expires_at), "limits": r.limits, "profile": r.profile,
-            "parent": (r.meta or {}).get("parent"), "generation": int((r.meta or {}).get("generation", 0))}
-
-
 def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str | None,
                            on_interrupt: Callable[[], None] | None, *, winner: bool = False) -> Exception:
     """A Ctrl-C in ``promote``, settled: what the journal left in place (the next command

@@ -1,7 +1,8 @@
 """The workspace facade: ``init``, ``open``, ``doctor`` and ``Workspace``, whose methods
 return the records of ``orchestrator.results`` (see the package's docstring for how to use
 it). Each method checks its arguments in the caller's words, hands the work to the service
-that does it, and wraps the document that service returns.
+that does it, and returns the record that service built (or wraps the document a service
+that does not build one yet returns).
 
 Caveat: the methods open the engine lazily per thread (``engine``); a ``Workspace`` made in
 one thread and used in another opens a second registry connection there.
@@ -19,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 from ..limits import Limits
 from ..results import (AuditLog, Cleanup, Diff, Event, Evolution, FileContent, FileList, FileMoved, FileRemoved,
                        FileWritten, Forked, GrepResult, InitResult, Lineage, Pipeline, PromoteResult, Promotion,
-                       PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxInfo, SandboxList,
+                       PromotionList, Race, Rebased, Rejection, Review, RunResult, Rollback, SandboxList,
                        Snapshot, SnapshotList, Stats, TryResult)
 from .helpers import (_any_id, _argv, _at_least, _at_most, _check_paths_exist,
-                      _fork_row_doc, _metric_gate, _output_callback, _path_bytes, _promotion_interrupted,
+                      _metric_gate, _output_callback, _path_bytes, _promotion_interrupted,
                       _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
                       _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
@@ -83,10 +84,10 @@ def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: 
 
     with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
                          reason=reason):
-        engine, doc = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
-                                  say=say or (lambda s: None))
+        engine, result = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
+                                     say=say or (lambda s: None))
     ws = Workspace(engine.root, via=via, _engine=engine)
-    ws.init_result = InitResult.from_doc(doc)
+    ws.init_result = result
     return ws
 
 
@@ -197,15 +198,15 @@ class Workspace:
 
         check_text(self._name("message"), message, max_len=MAX_NOTE)
         row = self.engine.take_snapshot(message, kind="user", progress=progress)
-        return Snapshot.from_doc(self.engine.snapshot_doc(row, with_bytes=False))
+        return self.engine.snapshot_record(row, with_bytes=False)
 
     def snapshots(self) -> list[Snapshot]:
         e = self.engine
-        return [Snapshot.from_doc(e.snapshot_doc(r)) for r in e.registry.snapshots()]
+        return [e.snapshot_record(r) for r in e.registry.snapshots()]
 
     def snapshot_list(self) -> SnapshotList:
         """``snapshots`` as one document."""
-        return SnapshotList(snapshots=tuple(self.snapshots()))
+        return SnapshotList.of(snapshots=tuple(self.snapshots()))
 
     # -- sandboxes ------------------------------------------------------------------------
     @_audited("fork")
@@ -268,15 +269,15 @@ class Workspace:
             for i, r in enumerate(rows):
                 for port, host in wanted:
                     publish_port(e, r.id, port, host if i == 0 else None)
-        forked = Forked.from_doc({"sandboxes": [_fork_row_doc(r) for r in rows],
-                                  "warnings": prepared["warnings"], "quotas_enabled": prepared["quotas_enabled"]})
+        forked = Forked.of(sandboxes=tuple(e.fork_record(r) for r in rows), warnings=prepared["warnings"],
+                           quotas_enabled=prepared["quotas_enabled"])
         return SandboxSet(self, [Sandbox(self, info) for info in forked.sandboxes], forked)
 
     def sandbox(self, ident: str) -> "Sandbox":
         """A sandbox by id, unique id prefix or label (``petri.NotFound`` if none)."""
         e = self.engine
         row = e.resolve_sandbox(ident)
-        return Sandbox(self, SandboxInfo.from_doc(e.sandbox_doc(row, staleness=None)))
+        return Sandbox(self, e.sandbox_record(row, staleness=None))
 
     def sandboxes(self, *, all: bool = False, staleness: bool = True) -> list["Sandbox"]:  # noqa: A002
         """Every sandbox (``ls``); ``all`` adds destroyed and failed ones."""
@@ -287,29 +288,26 @@ class Workspace:
         e = self.engine
         rows = [r for r in e.registry.sandboxes() if all or r.state not in ("destroyed", "failed")]
         with e.one_look():  # the rows share one look at live per base
-            docs = [e.sandbox_doc(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
-                    for r in rows]
+            infos = [e.sandbox_record(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
+                     for r in rows]
         if any(True for _ in _services_root(e).glob("*/*.json")):  # most workspaces have none: one listdir
             from ..service_runs import live_names
 
-            for d in docs:
-                d["services_running"] = len(live_names(e.store.root, d["id"]))
-        return SandboxList.from_doc({"sandboxes": docs})
+            infos = [i.but(services_running=len(live_names(e.store.root, i.id))) for i in infos]
+        return SandboxList.of(sandboxes=tuple(infos))
 
     def status(self, sandbox: "str | Sandbox") -> SandboxList:
         """``status``: one sandbox in full, staleness and runs included."""
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        doc = e.sandbox_doc(row, staleness=e.staleness(row))
+        info = e.sandbox_record(row, staleness=e.staleness(row))
         from ..run_history import sandbox_runs
-
-        doc["runs"] = sandbox_runs(e, row)
         from ..sandbox import environment
         from ..service_runs import listing
 
-        doc["services"] = listing(e, row.id)
-        doc["ports"] = environment.ports(e.store.root, row.id)
-        return SandboxList.from_doc({"sandboxes": [doc]})
+        info = info.but(runs=tuple(sandbox_runs(e, row)), services=listing(e, row.id),
+                        ports=environment.ports(e.store.root, row.id))
+        return SandboxList.of(sandboxes=(info,))
 
     @_audited("rm")
     def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
@@ -322,8 +320,8 @@ class Workspace:
                              else "remove needs ids, all=True or expired=True")
         ids = [_any_id(i) for i in idents]
         removed = self.engine.remove(ids, all_sandboxes=all, expired=expired)
-        return Cleanup.from_doc({"removed": removed, "reaped": {"mounts": 0, "processes": 0, "cgroups": 0,
-                                                               "promotions_finished": 0, "promotions_undone": 0}})
+        return Cleanup.of(removed=removed, reaped={"mounts": 0, "processes": 0, "cgroups": 0,
+                                                   "promotions_finished": 0, "promotions_undone": 0})
 
     @_audited("gc")
     def gc(self, *, keep_generations: int | None = None) -> Cleanup:
@@ -334,11 +332,10 @@ class Workspace:
             from ..lineage import prune_generations
             pruned = prune_generations(self.engine, keep_generations)
         from ..gc import collect
-        doc = collect(self.engine)
+        result = collect(self.engine)
         if keep_generations is not None:
-            doc["removed"] = [p["id"] for p in pruned] + doc["removed"]
-            doc["pruned_sandboxes"] = pruned
-        return Cleanup.from_doc(doc)
+            result = result.but(removed=[p["id"] for p in pruned] + list(result.removed), pruned_sandboxes=pruned)
+        return result
 
     # -- runs -----------------------------------------------------------------------------
     @_audited("run")
@@ -363,18 +360,19 @@ class Workspace:
         starts when it lies in the workspace and exists in the sandbox (else at the root;
         not with ``cwd``)."""
         from .. import audit
-        from ..runs import run_sync
+        from ..runs import run_result
 
         if cwd is not None and caller_cwd is not None:
             from ..errors import UsageError
             raise UsageError(detail="cwd and caller_cwd: one or the other")
         start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
-        doc = run_sync(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
-                       stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
-                       forward_signals=forward_signals, seccomp=seccomp)
-        audit.set_exit_code(doc["exit_code"])  # the trail shows the command's own code
-        return RunResult.from_doc(doc)
+        result = run_result(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
+                            stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
+                            forward_signals=forward_signals, seccomp=seccomp)
+        if result.exit_code is not None:  # always, for a run that ended: the trail shows the command's own code
+            audit.set_exit_code(result.exit_code)
+        return result
 
     def check_profile(self, name: str | None) -> None:
         """Refuse a ``[profiles.NAME]`` the config does not define (``petri.UsageError``, exit
@@ -505,7 +503,7 @@ class Workspace:
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         from ..run_history import sandbox_runs
 
-        return [RunResult.from_doc(d) for d in sandbox_runs(e, row)]
+        return sandbox_runs(e, row)
 
     def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
                start: dict[str, int] | None = None, tail: int | None = None, stop: Callable[[], bool] | None = None,
@@ -613,10 +611,10 @@ class Workspace:
     def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
              stat_only: bool = False) -> Diff:
         """The sandbox's changes against its base as a git-format patch (``diff``)."""
-        from ..diffs import diff_doc
+        from ..diffs import diff_record
 
-        return Diff.from_doc(diff_doc(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
-                                      with_patch=not stat_only))
+        return diff_record(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
+                           with_patch=not stat_only)
 
     # A chunk of ``patch``: what a pipe takes in one write.
     PATCH_CHUNK = 1 << 16
@@ -1032,9 +1030,9 @@ class Workspace:
     def review(self, sandbox: "str | Sandbox") -> Review:
         """``review``: the sandbox's change, its checks, staleness, the policy's verdicts and
         risk, lineage, and the commands to approve or reject it. Reads only."""
-        from ..review import review_doc
+        from ..review import review_record
 
-        return Review.from_doc(review_doc(self.engine, _sandbox_id(sandbox)))
+        return review_record(self.engine, _sandbox_id(sandbox))
 
     def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Rejection:
         """``reject``: record why the sandbox is rejected (the audit trail, a
@@ -1049,15 +1047,15 @@ class Workspace:
         check_text(self._name("reason"), reason, max_len=MAX_NOTE)
         with audit.operation("reject", audit.api_argv("reject", [_sandbox_id(sandbox)], {"keep": keep}), self.via,
                              reason=reason, client=self.client, root=self.root):
-            return Rejection.from_doc(reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via))
+            return reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via)
 
     # -- lineage, population, audit trail, KPIs ---------------------------------------------
     def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
         """``lineage``: snapshots of live, the sandboxes forked from them, forks of forks
         under their parents, with generation and race results; ``ident``: only its tree."""
-        from ..lineage import lineage_doc
+        from ..lineage import lineage_record
 
-        return Lineage.from_doc(lineage_doc(self.engine, None if ident is None else _any_id(ident)))
+        return lineage_record(self.engine, None if ident is None else _any_id(ident))
 
     @_audited("evolve")
     def evolve(self, seed: "str | Sandbox | Snapshot", mutate: "str | Callable[..., Sequence[Any]]", check: str, *,

@@ -179,7 +179,6 @@ def logs(
                                                                      " start).")] = None,
 ) -> None:
     """The saved output of a sandbox's runs (stdout here, stderr on stderr)."""
-    from ..api import sandbox_runs
     ws = workspace()
     e = ws.engine
     row = e.resolve_sandbox(sandbox)
@@ -188,7 +187,8 @@ def logs(
             raise UsageError(detail="--run and --service: one or the other")
         _service_logs(ws, row.id, service, follow)
         return
-    runs = sandbox_runs(e, row)
+    # the run documents, as `run --json` and `status --json` give them: made once, here
+    runs = [{k: v for k, v in r.to_json().items() if k != "schema"} for r in ws.logs(row.id)]
     if run_n is not None:
         runs = [r for r in runs if r["run"] == run_n]
         if not runs:
@@ -200,7 +200,7 @@ def logs(
     if G.json:
         docs = []
         for r in runs:
-            d = dict(r)  # the run document, as `run --json` and `status --json` give it
+            d = dict(r)
             for k in ("stdout", "stderr"):
                 try:
                     d[k] = Path(r[f"{k}_path"]).read_bytes().decode("utf-8", "replace")

@@ -111,6 +111,244 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
          "string",
          "null"
         ]
+       },
+       "time_left_s": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "keep_expired": {
+        "type": "boolean"
+       },
+       "promoted": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "system": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "services_running": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "anyOf": [
+         {
+          "items": {
+           "properties": {
+            "id": {
+             "type": "string"
+            },
+            "run": {
+             "type": "integer"
+            },
+            "exit_code": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "duration_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "killed_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "limits_hit": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "stdout_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "stderr_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "peak_memory_bytes": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "ended_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "argv": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "started_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "finished_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "pid": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "output": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cgroup_mode": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "run_as": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cpu_time_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "seccomp": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "seccomp_turned_off": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "setup_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "setup_hint": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "exec_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "warnings": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "role": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "race": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "ran_in": {
+             "type": [
+              "string",
+              "null"
+             ]
+            }
+           },
+           "required": [
+            "id",
+            "run"
+           ],
+           "type": "object"
+          },
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "services": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "ports": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
        }
       },
       "required": [
@@ -186,6 +424,12 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "implicit": {
      "type": "boolean"
     },
+    "kind": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "created_at": {
      "type": [
       "string",
@@ -193,6 +437,12 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      ]
     },
     "backend": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "parent": {
      "type": [
       "string",
       "null"
@@ -207,6 +457,24 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "bytes": {
      "type": [
       "integer",
+      "null"
+     ]
+    },
+    "used_by": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "sandbox": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "origin": {
+     "type": [
+      "string",
       "null"
      ]
     }
@@ -388,6 +656,244 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
          "string",
          "null"
         ]
+       },
+       "time_left_s": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "keep_expired": {
+        "type": "boolean"
+       },
+       "promoted": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "system": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "services_running": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "anyOf": [
+         {
+          "items": {
+           "properties": {
+            "id": {
+             "type": "string"
+            },
+            "run": {
+             "type": "integer"
+            },
+            "exit_code": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "duration_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "killed_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "limits_hit": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "stdout_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "stderr_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "peak_memory_bytes": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "ended_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "argv": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "started_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "finished_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "pid": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "output": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cgroup_mode": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "run_as": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cpu_time_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "seccomp": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "seccomp_turned_off": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "setup_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "setup_hint": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "exec_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "warnings": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "role": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "race": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "ran_in": {
+             "type": [
+              "string",
+              "null"
+             ]
+            }
+           },
+           "required": [
+            "id",
+            "run"
+           ],
+           "type": "object"
+          },
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "services": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "ports": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
        }
       },
       "required": [
@@ -396,6 +902,18 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "type": "object"
      },
      "type": "array"
+    },
+    "warnings": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "quotas_enabled": {
+     "type": [
+      "boolean",
+      "null"
+     ]
     }
    },
    "required": [
@@ -508,6 +1026,244 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
         "type": [
          "string",
          "null"
+        ]
+       },
+       "time_left_s": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "keep_expired": {
+        "type": "boolean"
+       },
+       "promoted": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "system": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "services_running": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "anyOf": [
+         {
+          "items": {
+           "properties": {
+            "id": {
+             "type": "string"
+            },
+            "run": {
+             "type": "integer"
+            },
+            "exit_code": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "duration_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "killed_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "limits_hit": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "stdout_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "stderr_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "peak_memory_bytes": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "ended_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "argv": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "started_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "finished_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "pid": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "output": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cgroup_mode": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "run_as": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cpu_time_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "seccomp": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "seccomp_turned_off": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "setup_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "setup_hint": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "exec_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "warnings": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "role": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "race": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "ran_in": {
+             "type": [
+              "string",
+              "null"
+             ]
+            }
+           },
+           "required": [
+            "id",
+            "run"
+           ],
+           "type": "object"
+          },
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "services": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "ports": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
         ]
        }
       },
@@ -630,6 +1386,244 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
         "type": [
          "string",
          "null"
+        ]
+       },
+       "time_left_s": {
+        "type": [
+         "number",
+         "null"
+        ]
+       },
+       "keep_expired": {
+        "type": "boolean"
+       },
+       "promoted": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "system": {
+        "type": [
+         "object",
+         "null"
+        ]
+       },
+       "services_running": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runs": {
+        "anyOf": [
+         {
+          "items": {
+           "properties": {
+            "id": {
+             "type": "string"
+            },
+            "run": {
+             "type": "integer"
+            },
+            "exit_code": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "duration_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "killed_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "limits_hit": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "stdout_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "stderr_path": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "peak_memory_bytes": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "ended_by": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "argv": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "started_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "finished_at": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "pid": {
+             "type": [
+              "integer",
+              "null"
+             ]
+            },
+            "output": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cgroup_mode": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "run_as": {
+             "type": [
+              "object",
+              "null"
+             ]
+            },
+            "cpu_time_s": {
+             "type": [
+              "number",
+              "null"
+             ]
+            },
+            "seccomp": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "seccomp_turned_off": {
+             "anyOf": [
+              {
+               "items": {
+                "type": "string"
+               },
+               "type": "array"
+              },
+              {
+               "type": "null"
+              }
+             ]
+            },
+            "setup_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "setup_hint": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "exec_error": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "warnings": {
+             "items": {
+              "type": "string"
+             },
+             "type": "array"
+            },
+            "role": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "race": {
+             "type": [
+              "string",
+              "null"
+             ]
+            },
+            "ran_in": {
+             "type": [
+              "string",
+              "null"
+             ]
+            }
+           },
+           "required": [
+            "id",
+            "run"
+           ],
+           "type": "object"
+          },
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "services": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
+        ]
+       },
+       "ports": {
+        "anyOf": [
+         {
+          "items": {},
+          "type": "array"
+         },
+         {
+          "type": "null"
+         }
         ]
        }
       },
@@ -779,6 +1773,97 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      ]
     },
     "finished_at": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "pid": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "output": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "cgroup_mode": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "run_as": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "cpu_time_s": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "seccomp": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "seccomp_turned_off": {
+     "anyOf": [
+      {
+       "items": {
+        "type": "string"
+       },
+       "type": "array"
+      },
+      {
+       "type": "null"
+      }
+     ]
+    },
+    "setup_error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "setup_hint": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "exec_error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "warnings": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "role": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "race": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "ran_in": {
      "type": [
       "string",
       "null"
@@ -1581,6 +2666,12 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "null"
      ]
     },
+    "sandbox": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "files": {
      "items": {
       "properties": {
@@ -1616,6 +2707,18 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
          "string",
          "null"
         ]
+       },
+       "path_b64": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "old_path_b64": {
+        "type": [
+         "string",
+         "null"
+        ]
        }
       },
       "required": [
@@ -1628,6 +2731,12 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "patch": {
      "type": "string"
+    },
+    "patch_b64": {
+     "type": [
+      "string",
+      "null"
+     ]
     }
    },
    "required": [
@@ -2547,6 +3656,20 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "reaped": {
      "type": "object"
+    },
+    "reclaimed_bytes": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "pruned_promotions": {
+     "items": {},
+     "type": "array"
+    },
+    "pruned_sandboxes": {
+     "items": {},
+     "type": "array"
     }
    },
    "required": [
@@ -3074,6 +4197,18 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "sandbox": {
      "type": "string"
     },
+    "label": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "state": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "base": {
      "type": [
       "string",
@@ -3081,8 +4216,73 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      ]
     },
     "files": {
-     "items": {},
+     "items": {
+      "properties": {
+       "path": {
+        "type": "string"
+       },
+       "status": {
+        "type": "string"
+       },
+       "old_path": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "binary": {
+        "type": "boolean"
+       },
+       "lines_added": {
+        "type": "integer"
+       },
+       "lines_removed": {
+        "type": "integer"
+       },
+       "old_mode": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "new_mode": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "path_b64": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "old_path_b64": {
+        "type": [
+         "string",
+         "null"
+        ]
+       }
+      },
+      "required": [
+       "path",
+       "status"
+      ],
+      "type": "object"
+     },
      "type": "array"
+    },
+    "stat": {
+     "type": "string"
+    },
+    "patch": {
+     "type": "string"
+    },
+    "lines_added": {
+     "type": "integer"
+    },
+    "lines_removed": {
+     "type": "integer"
     },
     "checks": {
      "items": {},
@@ -3101,6 +4301,36 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "risk": {
      "type": [
       "string",
+      "null"
+     ]
+    },
+    "risk_requires": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "policy_ok": {
+     "type": [
+      "boolean",
+      "null"
+     ]
+    },
+    "lineage": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "pending_gate": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "rejected": {
+     "type": [
+      "object",
       "null"
      ]
     },
@@ -3166,6 +4396,18 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     },
     "destroyed": {
      "type": "boolean"
+    },
+    "closed": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "rejected_at": {
+     "type": [
+      "string",
+      "null"
+     ]
     }
    },
    "required": [

@@ -81,6 +81,8 @@ def _record_shape(cls: type[Record], *, top: bool) -> Any:
             continue
         nested = cls.nested.get(f.name)
         tp = tuple[_record_shape(nested, top=False), ...] if nested else _swap(hints[f.name])  # type: ignore[misc]
+        if nested and type(None) in typing.get_args(hints[f.name]):  # rows only some documents have
+            tp = tp | None
         needed = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         keys[f.name] = tp if needed else NotRequired[tp]
     return TypedDict(cls.__name__, keys)  # type: ignore[operator]

@@ -40,7 +40,8 @@ def test_a_record_class_asked_about_before_any_instance_is_a_whole_dataclass():
     names = [f.name for f in dataclasses.fields(r.Pipeline)]
     assert names[:2] == ["extra", "_order"] and "promotion" in names and names[-1] == "exit_code"
     assert r.Pipeline.__dataclass_params__.frozen
-    assert [f.name for f in dataclasses.fields(r.Forked)] == ["extra", "_order", "sandboxes"]
+    assert [f.name for f in dataclasses.fields(r.Forked)] == ["extra", "_order", "sandboxes", "warnings",
+                                                              "quotas_enabled"]
 
 
 def test_records_keep_equality_hash_frozenness_copy_and_pickle():

@@ -295,8 +295,8 @@ def test_a_big_output_is_saved_whole_and_every_follower_sees_every_byte_live(ws)
         pos += len(data)
     assert b"".join(d for _, d in got["stdout"]) == saved
     assert b"".join(d for _, d in got["stderr"]) == b"to-stderr\n"
-    assert rec.extra["output"] == {"stdout": {"bytes": len(saved), "lines": 200000 + 689853 + 1, "dropped": 0},
-                                   "stderr": {"bytes": 10, "lines": 1, "dropped": 0}}
+    assert rec.output == {"stdout": {"bytes": len(saved), "lines": 200000 + 689853 + 1, "dropped": 0},
+                          "stderr": {"bytes": 10, "lines": 1, "dropped": 0}}
     outs = [e for e in _run_events(ws, sb, n) if e["event"] == "run.output"]
     assert 2 <= len(outs) <= took * 10 + 3, (len(outs), took)
     assert outs[-1]["stdout_bytes"] == len(saved) and outs[-1]["stdout_lines"] == 889854

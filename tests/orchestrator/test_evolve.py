@@ -67,7 +67,7 @@ def test_three_generations_of_four_find_the_known_best(ws):
         chain.append(ws.sandbox(chain[-1].parent))
     assert [s.generation for s in chain] == [3, 2, 1, 0] and chain[-1].id == ev.seed
     nodes = {n.id: n for n in ws.lineage().nodes}
-    assert nodes[ev.best].extra["fitness"] == {"passed": True, "score": 0.0}
+    assert nodes[ev.best].fitness == {"passed": True, "score": 0.0}
     assert nodes[ev.best].race == ev.generations[2]["races"][0]
     # losers are gone, survivors and parents stay; the evolution was one audited operation
     assert {s.id for s in ws.sandboxes()} == {c.id for c in chain}

@@ -109,8 +109,8 @@ def test_gc_keeps_what_descendants_need_and_prunes_old_generations(ws):
     g4 = g3.fork().keep()
     plain = ws.fork().keep()[0]  # a lineage of its own: generation 0 only, never pruned
     got = ws.gc(keep_generations=2)
-    pruned = {p["id"] for p in got.extra["pruned_sandboxes"]}
-    assert pruned == {g2.id, sib.id}, got.extra  # generations 3 and 4 are the newest two
+    pruned = {p["id"] for p in got.pruned_sandboxes}
+    assert pruned == {g2.id, sib.id}, got  # generations 3 and 4 are the newest two
     living = {s.id for s in ws.sandboxes()}
     assert living == {g3.id, g4.id, plain.id}
     assert sorted(f.path for f in g4.diff().files) == ["app.py", "gone.txt", "new.txt", "pkg/mod.py"]
@@ -174,7 +174,7 @@ def test_race_from_a_sandbox_seeds_the_next_generation(ws):
     w2 = ws.sandbox(r2.json["winner"])
     assert (w2.parent, w2.generation) == (win, 2)
     nodes = {n.id: n for n in ws.lineage().nodes}
-    assert nodes[win].race == race and nodes[win].rank == 1 and nodes[win].extra["winner"] is True
+    assert nodes[win].race == race and nodes[win].rank == 1 and nodes[win].winner is True
     loser = next(c["sandbox"] for c in r.json["candidates"] if c["sandbox"] != win)
     assert nodes[loser].rank == 2 and nodes[loser].state == "destroyed"
     assert all(n.id not in {c["check_sandbox"] for c in r.json["candidates"]} for n in nodes.values())

@@ -169,10 +169,10 @@ def test_lineage_ranks_evolves_best_individual_first_in_its_race(tmp_path):
     with api_workspace(root) as ws:
         ev = ws.evolve("live", mutate, "python3 score.py", population=2, generations=1, keep=1)
         assert ev.best_fitness["score"] == 5
-        from orchestrator.lineage import lineage_doc
-        nodes = {n["id"]: n for n in lineage_doc(ws.engine)["nodes"]}
+        doc = ws.lineage().to_json()
+        nodes = {n["id"]: n for n in doc["nodes"]}
         assert nodes[ev.best]["rank"] == 1 and nodes[ev.best]["winner"] is True
-        line = next(ln for ln in render_tree(lineage_doc(ws.engine)) if ev.best in ln)
+        line = next(ln for ln in render_tree(doc) if ev.best in ln)
         assert "rank 1 (winner)" in line and "score 5" in line
 
 

@@ -147,7 +147,7 @@ def test_status_tab_lists_the_sandboxs_services_and_keeps_them_across_table_reco
            "pid": 4242, "started_at": "2025-01-01T11:19:00Z", "exit_code": None, "restarts": 1, "ports": [8765]}
     db = {**web, "name": "db", "command": "sleep 1", "state": "exited", "pid": None, "exit_code": 3,
           "restarts": 0, "ports": []}
-    info = dataclasses.replace(SANDBOXES[0], extra={**SANDBOXES[0].extra, "services": [web, db]})
+    info = dataclasses.replace(SANDBOXES[0], services=[web, db])
     now = fmt.ts("2025-01-01T11:20:00Z")
 
     def text(table) -> str:

@@ -150,7 +150,7 @@ class LogsScreen(PetriScreen):
             if run.killed_by:
                 t.append(f"  killed by {run.killed_by}", style="bold red")
         if run is not None:
-            argv = list(run.argv or run.extra.get("argv") or [])
+            argv = list(run.argv or [])
             cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
             t.append("\n$ ", style="dim")
             t.append(fmt.one_line(cmd, 70))

@@ -118,10 +118,10 @@ class DetailPane(Vertical):
 
     def show_status(self, info: Any, model: Any, now: float) -> None:
         """The Status tab; a record without runs (the table's) keeps the runs last read in full."""
-        runs = info.extra.get("runs")
+        runs = info.runs
         if runs is not None:
             self._runs[info.id] = runs
-        services = info.extra.get("services")
+        services = info.services
         if services is not None:
             self._services[info.id] = services
         self._status = (info, model)
@@ -144,7 +144,7 @@ class DetailPane(Vertical):
             body: Any = Text("the sandbox's tree is gone: no diff", style="dim")
         else:
             body = Text()
-            body.append(f"{diff.get('sandbox') or self.sandbox} against {diff.base}: {len(diff.files)} file(s)\n",
+            body.append(f"{diff.sandbox or self.sandbox} against {diff.base}: {len(diff.files)} file(s)\n",
                         style="dim")
             for f in diff.files:
                 body.append(f"{f.status[:1].upper()} ", style="bold")
@@ -210,12 +210,12 @@ def status_table(info: Any, model: Any, now: float, runs: list[Any] | None = Non
                  style="bold red" if stale.get("overlapping") else "")) if info.stale else Text("?", style="dim")),
         ("race", Text(f"{hit[0]} rank {hit[1]}" + (" (winner)" if won else "")) if hit else Text("-", style="dim")),
     ]
-    for r in (runs if runs is not None else info.extra.get("runs") or [])[-3:]:
-        argv = r.get("argv") or []
+    for r in list(runs if runs is not None else info.runs or [])[-3:]:
+        argv = list(r.argv or [])
         cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else " ".join(map(str, argv))
-        rows.append((f"run {r.get('run')}", Text(f"exit {r.get('exit_code')}  {fmt.seconds(r.get('duration_s'))}  ")
+        rows.append((f"run {r.run}", Text(f"exit {r.exit_code}  {fmt.seconds(r.duration_s)}  ")
                      .append(fmt.one_line(cmd, 60), style="dim")))
-    for sv in (services if services is not None else info.extra.get("services") or []):
+    for sv in (services if services is not None else info.services or []):
         rows.append((f"service {sv.get('name')}", _service_line(sv, now)))
     for k, v in rows:
         t.add_row(k, v)
@@ -244,8 +244,8 @@ def review_text(r: Any) -> Text:
     the commands to approve or reject (the patch is the Diff tab's)."""
     t = Text()
     t.append(f"{len(r.files)} file(s) changed, ", style="dim")
-    t.append_text(fmt.lines(r.extra.get("lines_added"), r.extra.get("lines_removed")))
-    rejected = r.extra.get("rejected")
+    t.append_text(fmt.lines(r.lines_added, r.lines_removed))
+    rejected = r.rejected
     if rejected:
         t.append(f"\nrejected {rejected.get('at')}: {rejected.get('reason')}", style="bold red")
     t.append("\n\npolicy\n", style="bold")
@@ -257,7 +257,7 @@ def review_text(r: Any) -> Text:
         t.append(f"  {mark:4} ", style="bold red" if bad else "green")
         t.append(f"{v.get('rule'):<13} {fmt.one_line(v.get('detail'), 90)}\n")
     if r.risk is not None:
-        req = r.extra.get("risk_requires") or []
+        req = r.risk_requires or []
         t.append("  risk ", style="dim").append(str(r.risk), style="bold red" if r.risk == "high" else "")
         t.append(f" (requires {', '.join(req)})\n" if req else "\n")
     t.append("\nchecks\n", style="bold")
