@@ -35,6 +35,7 @@ from .limits import Limits
 from .errors import LimitsUnavailable, SandboxGone, SandboxesExist, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
+from .results import Rollback
 from .sandbox.run_view import reap_dead_views, remove_sandbox_views
 from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
@@ -568,7 +569,7 @@ class Engine:
         return None if usage is None else usage.bytes
 
     # -- rollback -----------------------------------------------------------------------
-    def rollback_snapshot(self, ident: str) -> dict[str, Any]:
+    def rollback_snapshot(self, ident: str) -> Rollback:
         """Restore live to a snapshot as one journaled transaction (``snapshot.restore``),
         after a safety snapshot of live as it is, so the rollback can itself be undone."""
         from snapshot.restore import execute_restore, plan_restore
@@ -583,12 +584,10 @@ class Engine:
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
         import base64
 
-        doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
-               "changed_b64": [base64.b64encode(p).decode() for p in changed],
-               "safety_snapshot": safety.id}
-        if left:  # something stood in the way (a directory swapped for a symlink meanwhile)
-            doc["left_alone"] = [path_text(p) for p in left]
-        return doc
+        # left_alone only where something stood in the way (a directory swapped for a symlink meanwhile)
+        return Rollback.of(restored=target.id, kind="snapshot", changed=[path_text(p) for p in changed],
+                           changed_b64=[base64.b64encode(p).decode() for p in changed], safety_snapshot=safety.id,
+                           **({"left_alone": [path_text(p) for p in left]} if left else {}))
 
     # -- leftovers ----------------------------------------------------------------------
     def _remove_leftover(self, left: Leftover) -> None:

@@ -82,7 +82,7 @@ def _record_shape(cls: type[Record], *, top: bool) -> Any:
         nested = cls.nested.get(f.name)
         tp = tuple[_record_shape(nested, top=False), ...] if nested else _swap(hints[f.name])  # type: ignore[misc]
         needed = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        keys[f.name] = tp if needed else NotRequired[tp]
+        keys[cls.aliases.get(f.name, f.name)] = tp if needed else NotRequired[tp]
     return TypedDict(cls.__name__, keys)  # type: ignore[operator]
 
 
