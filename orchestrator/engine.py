@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Self
 
 from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
@@ -35,12 +35,14 @@ from .limits import Limits
 from .errors import LimitsUnavailable, SandboxGone, SandboxesExist, SnapshotInUse, UnknownId, UsageError
 from .registry import (LIVE_STATES, Registry, SandboxRow, SnapshotRow, keep_reserve, new_id, now,
                        pid_alive, rfc3339)
-from .results import Rollback
 from .sandbox.run_view import reap_dead_views, remove_sandbox_views
 from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
+
+if TYPE_CHECKING:
+    from .results import Rollback
 
 Say = Callable[[str], None]
 NO_LIMITS = Limits()
@@ -569,7 +571,7 @@ class Engine:
         return None if usage is None else usage.bytes
 
     # -- rollback -----------------------------------------------------------------------
-    def rollback_snapshot(self, ident: str) -> Rollback:
+    def rollback_snapshot(self, ident: str) -> "Rollback":
         """Restore live to a snapshot as one journaled transaction (``snapshot.restore``),
         after a safety snapshot of live as it is, so the rollback can itself be undone."""
         from snapshot.restore import execute_restore, plan_restore
@@ -583,6 +585,8 @@ class Engine:
                     ops = plan_restore(bytes(src), bytes(self.root))
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
         import base64
+
+        from .results import Rollback  # not at import: the fast path's commands (ls, run, fork) never need it
 
         # left_alone only where something stood in the way (a directory swapped for a symlink meanwhile)
         return Rollback.of(restored=target.id, kind="snapshot", changed=[path_text(p) for p in changed],

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from . import audit, kpi
 from . import engine as core
 from .limits import Limits
 from .registry import SandboxRow, SnapshotRow, now
-from .results import Rollback
+
+if TYPE_CHECKING:
+    from .results import Rollback
 
 
 class Engine(core.Engine):

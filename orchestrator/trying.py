@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import EmptyCommand, Interrupted
+from .promotions import _on_conflict_mode, promote, settle_interrupted
 from .results import TryResult, _row
 from .sandbox.system_layer import changes as system_changes
 from .sandbox.system_layer import inherit as inherit_system_layer
@@ -82,7 +83,6 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
     ``decide(doc)`` says whether to promote. ``hold()`` is called first thing on an
     interrupt (the CLI: no second signal may cut the settling short)."""
     from .lineage import mark_scaffold
-    from .promotions import _on_conflict_mode
 
     argv = list(argv)
     if not argv or not argv[0]:
@@ -185,7 +185,6 @@ def _promote(engine: "Engine", sb: str, doc: dict[str, Any], *, on_conflict: str
     from merge.errors import PromotionConflict
 
     from .policy import PolicyViolation
-    from .promotions import promote
 
     row = engine.sandbox_by_id(sb)
     try:
@@ -212,8 +211,6 @@ def _settle_interrupt(engine: "Engine", doc: dict[str, Any], made: list[str], pr
     """After an interrupt: settle a promotion it cut short and say truthfully what happened."""
     promo = None
     if promoting_since is not None and doc["sandbox"]:
-        from .promotions import settle_interrupted
-
         promo = settle_interrupted(engine, doc["sandbox"], promoting_since)
     gone = ", ".join(made)
     removed = f"; removed {gone}" if gone else ""
