@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             for which in (("baseline", "promote") if i % 2 == 0 else ("promote", "baseline")):
                 if which == "baseline":
                     doc = timed("baseline", lambda: promote(e, row, echo=False, check_policy=False))
-                    assert doc["promotion"] and len(doc["applied"]) >= changed, doc.get("applied", [])[:3]
+                    assert doc.promotion and len(doc.applied) >= changed, list(doc.applied)[:3]
                 else:
                     doc = timed("promote", lambda: promote(e, row, echo=False))
-                    assert doc["promotion"] and doc["risk"] == "low" and all(v["ok"] for v in doc["policy"])
-                rollback_promotion(e, doc["promotion"])
+                    assert doc.promotion and doc.risk == "low" and all(v["ok"] for v in doc.policy)
+                rollback_promotion(e, doc.promotion)
             ev = timed("evaluate_sandbox", lambda: P.evaluate_sandbox(e, row, policy=pol))
             assert ev.ok
             timed("evaluate", lambda: P.evaluate(pol, stats, patch))

@@ -16,7 +16,10 @@ comes and goes hits all of them alike):
 - ``petri fork --from S --json`` (the clone alone), its sandbox removed untimed;
 - with ``--more``, the commands that go through the API on typer's path too: ``petri log``,
   ``lineage``, ``review SB``, ``gc`` (nothing left to reap after the first round),
-  ``doctor`` and ``try --help``.
+  ``doctor`` and ``try --help``;
+- with ``--promote``, ``petri promote SB2 --json`` of a kept sandbox whose one file differs
+  from live, then ``petri rollback p-…`` of the promotion it made (both timed; live is as
+  before again at the end of each round).
 
 With ``--before DIR`` (a checkout of an earlier commit, e.g. ``git archive main | tar -x -C
 DIR``) the same petri commands also run from that code, interleaved in the same rounds:
@@ -147,6 +150,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="also write the markdown here")
     ap.add_argument("--more", action="store_true",
                     help="also time log, lineage, review SB, gc, doctor and try --help")
+    ap.add_argument("--promote", action="store_true",
+                    help="also time promote SB2 --json (a one-file change) and rollback p-... of it")
     args = ap.parse_args()
     sigterm_as_interrupt()
     env = cli_env()
@@ -163,6 +168,10 @@ def main() -> int:
         run([PETRI, "init", "--backend", "btrfs", "--json", ws], env=env)
         made = json.loads(run([PETRI, "fork", "-n", "3", "--json"], env=env, cwd=ws).stdout)
         sb = made["sandboxes"][0]["id"]
+        promoted = made["sandboxes"][1]  # --promote: one file of it differs from live
+        first = next(p for p in sorted(ws.rglob("*.py")) if ".petri" not in p.parts)
+        changed = Path(promoted["path"]) / first.relative_to(ws)
+        changed.write_bytes(changed.read_bytes() + b"\n# promoted by bench_startup --promote\n")
         snap = json.loads(run([PETRI, "snapshot", "-m", "bench", "--json"], env=env, cwd=ws).stdout)["id"]
 
         def petri(*a: str) -> list[str]:
@@ -199,6 +208,10 @@ def main() -> int:
             made = ids(timed(f"{label}petri fork --from S --json", cmd("fork", "--from", snap, "--json"), e))
             untimed("rm", *made, "--json", e=e)
 
+        def promote_and_rollback(label: str, cmd: Callable[..., list[str]], e: dict[str, str]) -> None:
+            doc = json.loads(timed(f"{label}petri promote SB2 --json", cmd("promote", promoted["id"], "--json"), e))
+            timed(f"{label}petri rollback p-…", cmd("rollback", doc["promotion"]), e)
+
         units: list[Callable[[], None]] = [
             lambda: timed("python -c pass", [str(PY), "-c", "pass"]),
             lambda: timed("python -S -c pass", [str(PY), "-S", "-c", "pass"]),
@@ -217,6 +230,10 @@ def main() -> int:
         if before_env is not None and args.more:
             units += [lambda a=a: timed(f"before: petri {shown.get(a, ' '.join(a))}", earlier(*a), before_env)
                       for a in more]
+        if args.promote:
+            units.append(lambda: promote_and_rollback("", petri, env))
+        if before_env is not None and args.promote:
+            units.append(lambda: promote_and_rollback("before: ", earlier, before_env))
         if before_env is not None:
             units += [
                 lambda: timed("before: petri --version", earlier("--version"), before_env),

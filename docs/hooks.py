@@ -171,7 +171,8 @@ def _records() -> str:
         out += [_paragraphs(inspect.cleandoc(cls.__doc__ or "")), ""]
         out += ["| key | type |", "| --- | --- |"]
         for f in fields:
-            out.append(f"| `{f.name}` | {_cell(_type_name(hints.get(f.name, f.type)))} |")
+            key = cls.aliases.get(f.name, f.name)  # the document's key (``from``), not the field's
+            out.append(f"| `{key}` | {_cell(_type_name(hints.get(f.name, f.type)))} |")
         out.append("")
     return "\n".join(out)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Self
 
 from snapshot.backend import Backend, Leftover, Progress
 from snapshot.errors import PetriError
@@ -41,6 +41,9 @@ from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
+
+if TYPE_CHECKING:
+    from .results import Rollback
 
 Say = Callable[[str], None]
 NO_LIMITS = Limits()
@@ -578,7 +581,7 @@ class Engine:
         return None if usage is None else usage.bytes
 
     # -- rollback -----------------------------------------------------------------------
-    def rollback_snapshot(self, ident: str) -> dict[str, Any]:
+    def rollback_snapshot(self, ident: str) -> "Rollback":
         """Restore live to a snapshot as one journaled transaction (``snapshot.restore``),
         after a safety snapshot of live as it is, so the rollback can itself be undone."""
         from snapshot.restore import execute_restore, plan_restore
@@ -593,12 +596,12 @@ class Engine:
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
         import base64
 
-        doc = {"restored": target.id, "kind": "snapshot", "changed": [path_text(p) for p in changed],
-               "changed_b64": [base64.b64encode(p).decode() for p in changed],
-               "safety_snapshot": safety.id}
-        if left:  # something stood in the way (a directory swapped for a symlink meanwhile)
-            doc["left_alone"] = [path_text(p) for p in left]
-        return doc
+        from .results import Rollback  # not at import: the fast path's commands (ls, run, fork) never need it
+
+        # left_alone only where something stood in the way (a directory swapped for a symlink meanwhile)
+        return Rollback.of(restored=target.id, kind="snapshot", changed=[path_text(p) for p in changed],
+                           changed_b64=[base64.b64encode(p).decode() for p in changed], safety_snapshot=safety.id,
+                           **({"left_alone": [path_text(p) for p in left]} if left else {}))
 
     # -- leftovers ----------------------------------------------------------------------
     def _remove_leftover(self, left: Leftover) -> None:

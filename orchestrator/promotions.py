@@ -18,7 +18,7 @@ store, ``metric_gate``), and a metric that regressed past N%, or a CMD that left
 fails the verify the same way.
 
 ``--watch CMD --for D``: after that, ``orchestrator.watch`` records the watch and starts its
-detached watcher (the promote document's ``watch``; ``promotion_docs`` shows each watch, and
+detached watcher (the promote document's ``watch``; ``promotion_rows`` shows each watch, and
 a rollback of a watched promotion by anyone but its watcher ends the watch).
 
 ``gc_promotions`` counts what recovery settled and prunes pre-images of old promotions
@@ -53,6 +53,7 @@ from .metric_gate import base_metric_sync, judge, promotion_base, spec_doc
 from .race_steps import read_metric
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
+from .results import PromoteResult, Promotion, Rollback
 
 if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
@@ -119,8 +120,9 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
             echo: bool = True, say: Callable[[str], None] = lambda s: None, into: "Engine | None" = None,
             promo_id: str | None = None, extra: dict[str, Any] | None = None, override_policy: str | None = None,
             check_policy: bool = True, watch: tuple[str, float, float] | None = None,
-            via: str = "cli", metric: "Metric | None" = None) -> dict[str, Any]:
-    """Promote the sandbox into the workspace; the ``promote`` document.
+            via: str = "cli", metric: "Metric | None" = None) -> PromoteResult:
+    """Promote the sandbox into the workspace; its record (``results.PromoteResult``: every
+    key of the ``promote`` document, in the order it was written).
 
     Raises ``PromotionConflict`` (exit 3, nothing written; ``.conflicts`` lists them),
     ``SandboxBusy`` (exit 1) while a command runs in it. ``markers: true`` in the result
@@ -200,7 +202,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     kpi.record(target.registry, "promote", doc["duration_s"], subject=row.id,
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
     audit.touch(doc["promotion"])
-    return doc
+    return PromoteResult.of(**doc)
 
 
 def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
@@ -357,8 +359,8 @@ def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str |
 # --------------------------------------------------------------------------- rollback
 
 
-def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
-    """Undo a finished promotion (``petri rollback p-…``): the ``rollback`` document.
+def rollback_promotion(engine: "Engine", promo_id: str) -> Rollback:
+    """Undo a finished promotion (``petri rollback p-…``): the ``rollback`` record.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
     from merge.promote import undo_promotion
 
@@ -374,8 +376,8 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
         set_promotion_state(engine, promo_id, "undone")
     _end_watch(engine, promo_id)
     paths = sorted(set(paths))
-    return {"restored": promo_id, "kind": "promotion", "changed": [_display(p) for p in paths],
-            "changed_b64": [_b64(p) for p in paths], "safety_snapshot": None}
+    return Rollback.of(restored=promo_id, kind="promotion", changed=[_display(p) for p in paths],
+                       changed_b64=[_b64(p) for p in paths], safety_snapshot=None)
 
 
 def _end_watch(engine: "Engine", promo_id: str) -> None:
@@ -468,8 +470,8 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
 # --------------------------------------------------------------------------- listing
 
 
-def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict[str, Any]]:
-    """The ``promotions`` rows. States: ``done``, ``undone``, ``interrupted`` (a row
+def promotion_rows(e: "Engine", *, include_conflicts: bool = False) -> list[Promotion]:
+    """The ``promotions`` rows, as records. States: ``done``, ``undone``, ``interrupted`` (a row
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
@@ -479,7 +481,7 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
     settle_dead(e)
     watches = {w["promotion"]: w for w in e.registry.watches()}
     pending = e.store.journal / ".pending"
-    docs = []
+    rows: list[Promotion] = []
     for r in e.registry.promotions():
         state, doc = r["state"], r["doc"]
         if state == "conflict" and not include_conflicts:
@@ -492,15 +494,15 @@ def promotion_docs(e: "Engine", *, include_conflicts: bool = False) -> list[dict
             state = "running" if pid_alive(owner) else "interrupted"
         in_place = r["state"] == "done" or (r["state"] == "pending" and bool(doc.get("in_place")))
         can_undo = in_place and (e.store.journal / r["id"]).is_dir()
-        docs.append({"id": r["id"], "sandbox": r["sandbox"], "base": doc.get("base"),
-                     "applied": doc.get("applied", []), "created_at": rfc3339(r["created_at"]),
-                     "state": state, "can_undo": can_undo, "stage": doc.get("stage"),
-                     "parent": doc.get("parent"), "conflicts": doc.get("conflicts", []),
-                     "pruned": r["state"] == "pruned", "pipeline": doc.get("pipeline"),
-                     "outcome": doc.get("outcome"), "pending_reason": doc.get("pending_reason"),
-                     "target": doc.get("target"), "watch": doc_of(watches[r["id"]]) if r["id"] in watches
-                     else None})
-    return docs
+        rows.append(Promotion.of(id=r["id"], sandbox=r["sandbox"], base=doc.get("base"),
+                                 applied=doc.get("applied", []), created_at=rfc3339(r["created_at"]),
+                                 state=state, can_undo=can_undo, stage=doc.get("stage"),
+                                 parent=doc.get("parent"), conflicts=doc.get("conflicts", []),
+                                 pruned=r["state"] == "pruned", pipeline=doc.get("pipeline"),
+                                 outcome=doc.get("outcome"), pending_reason=doc.get("pending_reason"),
+                                 target=doc.get("target"),
+                                 watch=doc_of(watches[r["id"]]) if r["id"] in watches else None))
+    return rows
 
 
 def _pending_pid(mark: Any) -> int | None:

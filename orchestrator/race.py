@@ -116,7 +116,7 @@ from .race_steps import (GIT_APPLY, MAX_REASON, destroy_all, drop_base_if_unused
 from .profiles import fork_env
 from .registry import new_id
 from .units import check_label
-from .results import Race
+from .results import Race, _row
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -456,7 +456,7 @@ def promote_winner(engine: "Engine", race: Race, *, say: Callable[[str], None] |
         return race
     row = engine.registry.sandbox(race.winner)
     try:
-        return race.but(promotion=do_promote(engine, row, echo=False, say=say or (lambda s: None)))
+        return race.but(promotion=_row(do_promote(engine, row, echo=False, say=say or (lambda s: None))))
     except PetriError as e:
         return race.but(promotion=None, promotion_error=str(e), promotion_exit_code=e.exit_code)
 

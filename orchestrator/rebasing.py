@@ -31,14 +31,15 @@ import shutil
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import Interrupted, SandboxBusy
+from .results import Rebased
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 
 def rebase(engine: "Engine", ident: str, *, fork: Callable[[dict[str, Any]], str], on_conflict: str = "fail",
-           include_ignored: bool = False) -> dict[str, Any]:
-    """Rebase the sandbox ``ident`` (see the module docstring); the ``rebase`` document.
+           include_ignored: bool = False) -> Rebased:
+    """Rebase the sandbox ``ident`` (see the module docstring); its record (``results.Rebased``).
 
     ``fork(limits)`` makes one sandbox of live with those limits (the old sandbox's) and
     gives its id. Raises ``PromotionConflict`` (exit 3: no sandbox made) on a blocking
@@ -97,8 +98,8 @@ def rebase(engine: "Engine", ident: str, *, fork: Callable[[dict[str, Any]], str
         if journal is not None:
             shutil.rmtree(journal, ignore_errors=True)
     plan_js = doc.pop("plan", None)
-    return {"sandbox": made_ok, "from": old.id, "base": new.base, "path": new.path, "label": new.label,
-            "parent": old.id, "generation": generation_of(new), "applied": doc["applied"],
-            "applied_b64": doc["applied_b64"], "conflicts": doc["conflicts"], "skipped": doc.get("skipped", []),
-            "markers": bool(doc.get("markers")), "already_in_live": doc.get("already_in_live"),
-            "ops": len((plan_js or {}).get("ops", []))}
+    return Rebased.of(**{"sandbox": made_ok, "from": old.id}, base=new.base, path=new.path, label=new.label,
+                      parent=old.id, generation=generation_of(new), applied=doc["applied"],
+                      applied_b64=doc["applied_b64"], conflicts=doc["conflicts"], skipped=doc.get("skipped", []),
+                      markers=bool(doc.get("markers")), already_in_live=doc.get("already_in_live"),
+                      ops=len((plan_js or {}).get("ops", [])))

@@ -69,6 +69,8 @@ class Record:
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
     # Fields that hold records (or tuples of them): name -> record class.
     nested: ClassVar[Mapping[str, type["Record"]]] = {}
+    # Fields whose document key is not a Python name: field -> key (``Rebased.from_``: "from").
+    aliases: ClassVar[Mapping[str, str]] = {}
     # Keys of the document whose place in the output matters to people (kept in doc order).
     _order: tuple[str, ...] = field(default=(), repr=False, compare=False, kw_only=True)
 
@@ -82,15 +84,18 @@ class Record:
         names = {f.name for f in fields(cls)} - {"extra", "_order"}
         kw: dict[str, Any] = {}
         for name in names:
-            if name in doc:
-                kw[name] = _load(cls.nested.get(name), doc[name])
-        extra = {k: v for k, v in doc.items() if k not in names and k != "schema"}
+            key = cls.aliases.get(name, name)
+            if key in doc:
+                kw[name] = _load(cls.nested.get(name), doc[key])
+        keys = {cls.aliases.get(n, n) for n in names}
+        extra = {k: v for k, v in doc.items() if k not in keys and k != "schema"}
         return cls(**kw, extra=extra, _order=tuple(k for k in doc if k != "schema"))
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document, ``"schema": 1`` first. A record read from a document gives
         back exactly that document's keys, in its order; one built in code gives every field."""
-        typed = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if f.name not in ("extra", "_order")}
+        typed = {self.aliases.get(f.name, f.name): _dump(getattr(self, f.name))
+                 for f in fields(self) if f.name not in ("extra", "_order")}
         out: dict[str, Any] = {"schema": SCHEMA}
         if self._order:
             for k in self._order:
@@ -102,8 +107,9 @@ class Record:
 
     def get(self, key: str, default: Any = None) -> Any:
         """A field of the document by name, typed or extra."""
-        if key in {f.name for f in fields(self)} - {"extra", "_order"}:
-            return getattr(self, key)
+        names = {self.aliases.get(f.name, f.name): f.name for f in fields(self) if f.name not in ("extra", "_order")}
+        if key in names:
+            return getattr(self, names[key])
         return self.extra.get(key, default)
 
 
@@ -324,13 +330,24 @@ def _built(cls: type[R], fields: Mapping[str, Any]) -> R:
     """A record built in code whose document holds exactly ``fields``' keys, in that order:
     a key the producer leaves out (``metric_spec`` of a race without ``--metric``) stays out
     of ``to_json()``, as it always did, while every key given is a typed field (an unknown
-    one is a TypeError here, never ``extra``)."""
-    return cls(**fields, _order=tuple(fields))
+    one is a TypeError here, never ``extra``). A key that is not a Python name (``from``) is
+    given as the document spells it: ``aliases`` names its field."""
+    names = {v: k for k, v in cls.aliases.items()}
+    return cls(**{names.get(k, k): v for k, v in fields.items()}, _order=tuple(cls.aliases.get(k, k) for k in fields))
 
 
 def _with(rec: R, **changes: Any) -> R:
     """``rec`` with ``changes``: keys it did not have go at the end of its document."""
-    return dataclasses.replace(rec, **changes, _order=rec._order + tuple(k for k in changes if k not in rec._order))
+    keys = tuple(rec.aliases.get(k, k) for k in changes)
+    return dataclasses.replace(rec, **changes, _order=rec._order + tuple(k for k in keys if k not in rec._order))
+
+
+def _row(rec: Record) -> dict[str, Any]:
+    """``rec``'s document without ``schema``: the form it takes inside another document (the
+    ``promote`` document of a ``try`` or a ``race``)."""
+    d = rec.to_json()
+    d.pop("schema", None)
+    return d
 
 
 def document(rec: Record) -> dict[str, Any]:
@@ -507,20 +524,64 @@ class PromoteResult(Record):
     ``higher_is_better``, ``max_regression``), ``metric`` is the number ``verify`` left and
     ``base_metric`` the same check's on live as it was before the promotion (a stage: on that
     stage's base); a regression past ``max_regression`` fails the verify. ``rollback()``
-    undoes it."""
+    undoes it.
+
+    Also: the ``sandbox`` and its merge ``base``, the ``plan`` (``ops``, ``conflicts``,
+    ``skipped``), ``applied_b64`` (the exact bytes of each path), ``skipped``, ``markers``
+    (diff3 markers were written), ``already_in_live``, ``dry_run``; the policy's verdicts
+    (``policy``, ``risk``, ``risk_requires``, ``policy_overridden``); ``duration_s``;
+    ``already_promoted`` (nothing to write: the promotion in place that carried it);
+    ``verify`` (the check's run), ``metric_base`` (the snapshot the metric's base is),
+    ``base_metric_cached``, ``regression``, ``metric_ok``, ``warnings``, ``rollback_error``
+    (a failed verify whose rollback failed); ``watch`` (``promote --watch``); ``unchanged``
+    (``paths`` asked for that the sandbox did not change); ``system_not_promoted`` (a
+    ``--system`` sandbox's layer changes left out)."""
 
     promotion: str | None
+    sandbox: str | None = None
+    base: str | None = None
     applied: tuple[str, ...] | list[str] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
     verified: bool | None = None
     rolled_back: bool = False
+    plan: Mapping[str, Any] | None = None
+    applied_b64: tuple[str, ...] | list[str] = ()
+    skipped: tuple[Any, ...] | list[Any] = ()
+    markers: bool = False
+    already_in_live: int | None = None
+    dry_run: bool = False
+    policy: tuple[Any, ...] | list[Any] = ()
+    risk: str | None = None
+    risk_requires: tuple[str, ...] | list[str] = ()
+    policy_overridden: Mapping[str, Any] | None = None
+    metric_base: str | None = None
+    duration_s: float | None = None
+    already_promoted: Mapping[str, Any] | None = None
+    metric_spec: Mapping[str, Any] | None = None
+    verify: Mapping[str, Any] | None = None
     metric: float | None = None
     base_metric: float | None = None
-    metric_spec: Mapping[str, Any] | None = None
+    base_metric_cached: bool | None = None
+    regression: float | None = None
+    metric_ok: bool | None = None
+    warnings: tuple[str, ...] | list[str] = ()
+    rollback_error: str | None = None
+    watch: Mapping[str, Any] | None = None
+    unchanged: tuple[str, ...] | list[str] = ()
+    system_not_promoted: int | None = None
 
     @property
     def id(self) -> str | None:
         return self.promotion
+
+    @classmethod
+    def of(cls: type[R], **fields: Any) -> R:
+        """The record of a document built in code: exactly ``fields``, in that order."""
+        return _built(cls, fields)
+
+    def but(self: R, **changes: Any) -> R:
+        """This result with ``changes``: new keys end its document."""
+        return _with(self, **changes)
 
     def rollback(self) -> "Rollback":
         """Undo this promotion (``Workspace.rollback``) through the workspace that made it."""
@@ -529,7 +590,10 @@ class PromoteResult(Record):
 
 @dataclass(frozen=True)
 class Promotion(Record):
-    """One row of ``promotions``."""
+    """One row of ``promotions``: a stage of a graduated promotion has its ``stage``, the
+    ``parent`` stage, its ``pipeline``, ``outcome``, ``pending_reason`` and ``target``;
+    ``conflicts`` (with ``include_conflicts``), ``pruned`` (its pre-images are gone: it
+    cannot be undone) and its ``watch`` (``promote --watch``) as it stands."""
 
     id: str
     sandbox: str | None = None
@@ -539,6 +603,18 @@ class Promotion(Record):
     state: str | None = None
     can_undo: bool = False
     stage: str | None = None
+    parent: str | None = None
+    conflicts: tuple[Any, ...] | list[Any] = ()
+    pruned: bool = False
+    pipeline: str | None = None
+    outcome: str | None = None
+    pending_reason: str | None = None
+    target: str | None = None
+    watch: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Promotion":
+        return _built(cls, fields)
 
     def rollback(self) -> "Rollback":
         """Undo this promotion (``Workspace.rollback``) through the workspace that listed it."""
@@ -557,12 +633,27 @@ class PromotionList(Record):
 class Rollback(Record):
     """``rollback``: what was restored (a snapshot or a promotion, ``kind``), the paths it
     ``changed``, and the ``safety_snapshot`` taken first (a snapshot rollback: roll back to it
-    to undo)."""
+    to undo). ``changed_b64``: the exact bytes of each path; ``left_alone``: paths a snapshot
+    rollback could not restore (something stood in the way). A stage's rollback names the
+    ``pipeline``, the stages it undid (``stages_undone``) and each stage it closed
+    (``stages``). A plan (``rollback_plan``) has ``dry_run`` and ``blocked``: paths live
+    changed since a promotion, which make its undo refuse."""
 
     restored: str
     kind: str
     changed: tuple[str, ...] | list[str] = ()
+    changed_b64: tuple[str, ...] | list[str] = ()
     safety_snapshot: str | None = None
+    left_alone: tuple[str, ...] | list[str] = ()
+    stages_undone: tuple[str, ...] | list[str] = ()
+    stages: tuple[Any, ...] | list[Any] = ()
+    pipeline: str | None = None
+    dry_run: bool = False
+    blocked: tuple[str, ...] | list[str] = ()
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Rollback":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -846,7 +937,8 @@ class Pipeline(PromoteResult):
     """A graduated promotion (``promote --to STAGE``, ``--resume``): the ``promote``
     fields for the last stage reached, and where the pipeline stands (``state``: done,
     pending, failed, conflict, undone; ``pending``: the stage that waits and why;
-    ``exit_code``: what ``petri`` exits with)."""
+    ``exit_code``: what ``petri`` exits with; ``gate_forced_by``: the policy's risk rules
+    that put a manual gate before the first stage)."""
 
     pipeline: str | None = None
     state: str | None = None
@@ -854,6 +946,7 @@ class Pipeline(PromoteResult):
     to: str | None = None
     pending: Mapping[str, Any] | None = None
     stages: tuple[Any, ...] | list[Any] = ()
+    gate_forced_by: str | None = None
     exit_code: int = 0
 
 
@@ -867,7 +960,9 @@ class TryResult(Record):
     undoes it); ``kept``: the
     sandbox was kept (else removed); ``exit_code``: what ``petri try`` exits with; ``system``
     (``system=True`` only): what the command changed outside the project, rows of ``{"path",
-    "status"}`` as ``system_changes`` gives them, never promoted."""
+    "status"}`` as ``system_changes`` gives them, never promoted; ``patch_b64`` (a patch that
+    is not UTF-8); a promotion the config's ``[policy]`` refused: ``outcome`` "policy" and its
+    verdicts (``policy``); ``error``: why it was not promoted (a conflict, the policy)."""
 
     sandbox: str | None
     base: str | None = None
@@ -879,8 +974,15 @@ class TryResult(Record):
     promoted: bool = False
     promotion: Mapping[str, Any] | None = None
     kept: bool = False
-    exit_code: int = 0
+    patch_b64: str | None = None
     system: tuple[Any, ...] | list[Any] | None = None
+    policy: tuple[Any, ...] | list[Any] = ()
+    error: str | None = None
+    exit_code: int = 0
+
+    @classmethod
+    def of(cls, **fields: Any) -> "TryResult":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -888,16 +990,30 @@ class Rebased(Record):
     """``rebase``: the new ``sandbox`` (on a fresh snapshot of live, ``base``) carrying the
     change of the old one (``from``, kept as it was: its label moved to the new one, which
     records it as ``parent``); the paths ``applied`` and the ``conflicts`` settled by
-    ``on_conflict``; ``markers``: diff3 markers were written into the new sandbox."""
+    ``on_conflict``; ``markers``: diff3 markers were written into the new sandbox. Also its
+    ``generation``, ``applied_b64`` (the exact bytes of each path), ``skipped``,
+    ``already_in_live`` and ``ops`` (how many operations the merge planned). ``from_`` is
+    the document's ``from``."""
 
     sandbox: str
+    from_: str | None = None
     base: str | None = None
     path: str | None = None
     label: str | None = None
     parent: str | None = None
+    generation: int = 0
     applied: tuple[str, ...] | list[str] = ()
+    applied_b64: tuple[str, ...] | list[str] = ()
     conflicts: tuple[Any, ...] | list[Any] = ()
+    skipped: tuple[Any, ...] | list[Any] = ()
     markers: bool = False
+    already_in_live: int | None = None
+    ops: int = 0
+    aliases = {"from_": "from"}
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Rebased":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)

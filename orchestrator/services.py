@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from . import audit, kpi
 from . import engine as core
 from .limits import Limits
 from .registry import SandboxRow, SnapshotRow, now
+
+if TYPE_CHECKING:
+    from .results import Rollback
 
 
 class Engine(core.Engine):
@@ -99,17 +102,17 @@ class Engine(core.Engine):
         with one_look(self):
             yield
 
-    def rollback_promotion(self, promo_id: str) -> dict[str, Any]:
+    def rollback_promotion(self, promo_id: str) -> Rollback:
         """Undo a promotion; a stage of a graduated promotion undoes the later stages of its
         pipeline first (orchestrator.stages)."""
         from .stages import rollback_promotion
         started = now()
-        doc = rollback_promotion(self, promo_id)
+        done = rollback_promotion(self, promo_id)
         audit.touch(promo_id)
         kpi.record(self.registry, "rollback", now() - started, subject=promo_id, detail={"kind": "promotion"})
-        return doc
+        return done
 
-    def rollback_snapshot(self, ident: str) -> dict[str, Any]:
-        doc = super().rollback_snapshot(ident)
-        audit.touch(doc["restored"])
-        return doc
+    def rollback_snapshot(self, ident: str) -> Rollback:
+        done = super().rollback_snapshot(ident)
+        audit.touch(done.restored)
+        return done

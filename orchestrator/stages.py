@@ -79,6 +79,7 @@ from .race_steps import read_metric
 from .promotions import promote
 from .promotions import rollback_promotion as undo
 from .registry import new_id
+from .results import Pipeline, Rollback
 from .stage_rows import (FINAL, StageTargetMissing, is_stage, pipeline_rows, recover,
                          save_stage, stage_like, stage_row, target_engine)
 
@@ -297,8 +298,8 @@ def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo
                     doc["conflicts"] = [c.to_json() for c in conflicts or []]
                     _finish(engine, promo_id, doc, "conflict", "conflict")
                 raise
-            doc.update(applied=got["applied"], conflicts=got["conflicts"], in_place=bool(got["promotion"]),
-                       markers=got.get("markers", False), base=got.get("base"))
+            doc.update(applied=got.applied, conflicts=got.conflicts, in_place=bool(got.promotion),
+                       markers=got.markers, base=got.base)
             doc["snapshot_after"] = target.take_snapshot(f"after stage {stage.name} ({promo_id})", kind="stage").id
         elif not doc.get("snapshot_after"):  # interrupted before it was taken: live holds the promotion now
             doc["snapshot_after"] = target.take_snapshot(f"after stage {stage.name} ({promo_id})", kind="stage").id
@@ -359,8 +360,8 @@ def _index(stages: tuple["Stage", ...], name: str) -> int:
 
 
 def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: None,
-               override_policy: str | None = None) -> dict[str, Any]:
-    """``petri promote SB --to STAGE``: the pipeline document (see ``pipeline_doc``).
+               override_policy: str | None = None) -> Pipeline:
+    """``petri promote SB --to STAGE``: the pipeline's record (see ``pipeline_record``).
 
     The config's ``[policy]`` is judged first, on the sandbox as it is pinned: a violation
     stops before anything is made (``PolicyViolation``, exit 3) unless ``override_policy``;
@@ -402,19 +403,18 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
         if manual and not gated and override_policy is None:
             forced = ", ".join(manual)
             stages = (replace(stages[0], gate="manual"), *stages[1:])
-    doc = _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
+    done = _walk(engine, row.id, pinned.id, stages, 0, last, pipeline, None, approve=None, say=say)
     if forced is not None:
         first = pipeline_rows(engine, pipeline)[0]
         save_stage(engine, first["id"], first["state"], {**first["doc"], "gate_forced_by": forced})
         say(f"the change is high-risk ({forced}): a person approves it with `petri promote --resume {first['id']}`")
-        doc = pipeline_doc(engine, pipeline)
-        doc["gate_forced_by"] = forced
-    return doc
+        done = pipeline_record(engine, pipeline).but(gate_forced_by=forced)
+    return done
 
 
 def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage", ...], start: int, last: int,
           pipeline: str, parent: str | None, *, approve: int | None, say: Say,
-          resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+          resumed: dict[str, Any] | None = None) -> Pipeline:
     """Run stages ``start``..``last``. ``approve``: the index of the stage whose manual gate
     the caller (``resume``) passes; ``resumed``: the pending row to carry on with (its
     promotion is in place: only its checks run again)."""
@@ -439,7 +439,7 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
             doc.update(pending_reason="manual gate", step="gate")
             _finish(engine, promo_id, doc, "pending", "awaiting approval")
             say(f"stage {st.name} ({promo_id}) waits at its manual gate: `petri promote --resume {promo_id}` runs it")
-            return pipeline_doc(engine, pipeline)
+            return pipeline_record(engine, pipeline)
         pinned = engine.registry.sandbox(pinned_id)
         if pinned is None or pinned.state in ("destroyed", "failed", "expired"):
             _finish(engine, promo_id, doc, "failed", "failed")
@@ -466,10 +466,10 @@ def _walk(engine: "Engine", sandbox: str, pinned_id: str, stages: tuple["Stage",
         if outcome != "passed":
             if outcome != "inconclusive":
                 _end(engine, pinned_id)
-            return pipeline_doc(engine, pipeline)
+            return pipeline_record(engine, pipeline)
         parent = promo_id
     _end(engine, pinned_id)
-    return pipeline_doc(engine, pipeline)
+    return pipeline_record(engine, pipeline)
 
 
 def _abandon(engine: "Engine", promo_id: str) -> None:
@@ -494,7 +494,7 @@ def _end(engine: "Engine", pinned_id: str) -> None:
         pass
 
 
-def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dict[str, Any]:
+def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> Pipeline:
     """``petri promote --resume p-…``: pass a manual gate, or re-run what an inconclusive
     or interrupted stage left, then go on to the pipeline's last stage."""
     recover(engine)
@@ -518,10 +518,10 @@ def resume(engine: "Engine", promo_id: str, *, say: Say = lambda s: None) -> dic
     return _walk(engine, **walk)
 
 
-def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
+def rollback_promotion(engine: "Engine", promo_id: str) -> Rollback:
     """``petri rollback p-…``: a plain promotion is undone as before; a stage undoes the
     later stages of its pipeline first, newest first, each in its own workspace. The
-    document names every stage it closed (``stages``: ``promotion``, ``stage``, ``was``:
+    record names every stage it closed (``stages``: ``promotion``, ``stage``, ``was``:
     its state before, ``undone``: whether its promotion was taken out of a workspace, and
     ``changed``); ``NothingToRollBack`` (exit 1) when the stage and every later one are
     final already and nothing of them is in place (a second rollback)."""
@@ -552,7 +552,7 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
                 if target is not engine:
                     _mirror_audit(target, r["id"])
                     target.close()
-            took = got["changed"]
+            took = list(got.changed)
             changed += took
             undone.append(r["id"])
         if r["state"] not in ("undone", "failed", "conflict"):
@@ -565,8 +565,8 @@ def rollback_promotion(engine: "Engine", promo_id: str) -> dict[str, Any]:
     pinned = doc.get("pinned")
     if pinned:
         _end(engine, pinned)
-    return {"restored": promo_id, "kind": "promotion", "changed": changed, "safety_snapshot": None,
-            "stages_undone": undone, "stages": closed, "pipeline": doc["pipeline"]}
+    return Rollback.of(restored=promo_id, kind="promotion", changed=changed, safety_snapshot=None,
+                       stages_undone=undone, stages=closed, pipeline=doc["pipeline"])
 
 
 def _in_place(r: dict[str, Any]) -> bool:
@@ -577,9 +577,9 @@ def _in_place(r: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- documents
 
 
-def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
+def pipeline_record(engine: "Engine", pipeline: str) -> Pipeline:
     """Where a pipeline stands: the ``promote`` document's fields for its last stage reached, and
-    every stage. ``state``: ``done`` (every stage up to the target passed), ``pending``
+    every stage (``results.Pipeline``). ``state``: ``done`` (every stage up to the target passed), ``pending``
     (a gate or an inconclusive or interrupted stage waits: ``pending``), ``failed``,
     ``conflict``, ``undone``; ``exit_code`` is what the CLI exits with."""
     rows = pipeline_rows(engine, pipeline)
@@ -596,15 +596,16 @@ def pipeline_doc(engine: "Engine", pipeline: str) -> dict[str, Any]:
     else:
         code = {"done": 0, "failed": 1, "undone": 1, "conflict": 3}.get(state, 1)
     checks = [c for r in rows for c in r["doc"].get("checks", [])]
-    return {"promotion": last["id"], "pipeline": pipeline, "sandbox": last["doc"].get("sandbox"), "to": to,
-            "state": state, "complete": reached_all, "exit_code": code,
-            "pending": None if waiting is None else {"promotion": waiting["id"], "stage": waiting["doc"]["stage"],
-                                                     "reason": waiting["doc"].get("pending_reason"),
-                                                     "in_place": bool(waiting["doc"].get("in_place"))},
-            "applied": last["doc"].get("applied", []), "conflicts": last["doc"].get("conflicts", []),
-            "verified": None if not checks else all(c.get("exit_code") == 0 for c in checks),
-            "rolled_back": any(r["doc"].get("rolled_back") for r in rows), "stages": stages,
-            **_last_metric(rows)}
+    return Pipeline.of(
+        promotion=last["id"], pipeline=pipeline, sandbox=last["doc"].get("sandbox"), to=to,
+        state=state, complete=reached_all, exit_code=code,
+        pending=None if waiting is None else {"promotion": waiting["id"], "stage": waiting["doc"]["stage"],
+                                              "reason": waiting["doc"].get("pending_reason"),
+                                              "in_place": bool(waiting["doc"].get("in_place"))},
+        applied=last["doc"].get("applied", []), conflicts=last["doc"].get("conflicts", []),
+        verified=None if not checks else all(c.get("exit_code") == 0 for c in checks),
+        rolled_back=any(r["doc"].get("rolled_back") for r in rows), stages=stages,
+        **_last_metric(rows))
 
 
 def _last_metric(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -44,6 +44,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import EmptyCommand, Interrupted
+from .promotions import _on_conflict_mode, promote, settle_interrupted
+from .results import TryResult, _row
 from .sandbox.system_layer import changes as system_changes
 from .sandbox.system_layer import inherit as inherit_system_layer
 
@@ -71,8 +73,9 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
                keep: bool = False, include_ignored: bool = False, on_conflict: str = "fail",
                timeout_s: float | None = None, seccomp: str | None = None, echo: bool = False,
                say: Callable[[str], None] = lambda s: None, report: Callable[[dict[str, Any]], None] = lambda d: None,
-               hold: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Try ``argv`` on a fork of live (see the module docstring); the ``try`` document.
+               hold: Callable[[], None] = lambda: None) -> TryResult:
+    """Try ``argv`` on a fork of live (see the module docstring); its record (``results.TryResult``:
+    the ``try`` document's keys in the order they were written).
 
     ``fork(source, label)`` makes one sandbox of ``source`` (``"live"`` or a snapshot id)
     and gives its id: the caller's fork, with its limits, environment and secrets.
@@ -80,7 +83,6 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
     ``decide(doc)`` says whether to promote. ``hold()`` is called first thing on an
     interrupt (the CLI: no second signal may cut the settling short)."""
     from .lineage import mark_scaffold
-    from .promotions import _on_conflict_mode
 
     argv = list(argv)
     if not argv or not argv[0]:
@@ -131,7 +133,7 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
     finally:
         _remove(engine, made)
     doc["exit_code"] = OUTCOME_EXIT[doc["outcome"]]
-    return doc
+    return TryResult.of(**doc)
 
 
 def _run_command(engine: "Engine", sb: str, argv: list[str], doc: dict[str, Any], *, timeout_s: float | None,
@@ -183,7 +185,6 @@ def _promote(engine: "Engine", sb: str, doc: dict[str, Any], *, on_conflict: str
     from merge.errors import PromotionConflict
 
     from .policy import PolicyViolation
-    from .promotions import promote
 
     row = engine.sandbox_by_id(sb)
     try:
@@ -201,17 +202,15 @@ def _promote(engine: "Engine", sb: str, doc: dict[str, Any], *, on_conflict: str
         doc["outcome"] = "conflict"
         doc["error"] = str(err)
         return
-    doc["promotion"] = got
-    doc["promoted"] = bool(got.get("promotion"))
-    doc["outcome"] = "markers" if got.get("markers") else "promoted" if doc["promoted"] else "unchanged"
+    doc["promotion"] = _row(got)  # a document inside the try's, as it always was
+    doc["promoted"] = bool(got.promotion)
+    doc["outcome"] = "markers" if got.markers else "promoted" if doc["promoted"] else "unchanged"
 
 
 def _settle_interrupt(engine: "Engine", doc: dict[str, Any], made: list[str], promoting_since: float | None) -> str:
     """After an interrupt: settle a promotion it cut short and say truthfully what happened."""
     promo = None
     if promoting_since is not None and doc["sandbox"]:
-        from .promotions import settle_interrupted
-
         promo = settle_interrupted(engine, doc["sandbox"], promoting_since)
     gone = ", ".join(made)
     removed = f"; removed {gone}" if gone else ""

@@ -169,17 +169,18 @@ def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str 
                                 verify_unfinished=bool(verify), winner=winner)
 
 
-def _system_not_promoted(e: "Engine", row: "SandboxRow", doc: dict[str, Any], say: Callable[[str], None]) -> None:
-    """A system sandbox's layer is never promoted: say so where it changed anything."""
+def _system_not_promoted(e: "Engine", row: "SandboxRow", say: Callable[[str], None]) -> int:
+    """A system sandbox's layer is never promoted: say so where it changed anything; how
+    many changes it left out (0: none, or no layer)."""
     if not row.system:
-        return
+        return 0
     from ..sandbox.system_layer import changes
 
     n = len(changes(e.store.root, row.id))
     if n:
-        doc["system_not_promoted"] = n
         say(f"{n} change(s) of {row.id}'s system layer were not promoted (only the workspace's are); "
             f"`petri diff --system {row.id}` lists them")
+    return n
 
 
 def _check_paths_exist(e: "Engine", row: "SandboxRow", wanted: list[bytes]) -> list[str]:

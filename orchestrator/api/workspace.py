@@ -725,31 +725,32 @@ class Workspace:
         if to is not None:
             from ..stages import promote_to
             with _text_conflicts():
-                doc = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
-                                 override_policy=override_policy)
-            return _with_ws(Pipeline.from_doc(doc), self)
+                pipeline = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
+                                      override_policy=override_policy)
+            return _with_ws(pipeline, self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         wanted = [_path_bytes(p) for p in paths]
         say = say or (lambda s: None)
         started = time.time()
         try:
             with _text_conflicts():
-                doc = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
-                                 dry_run=dry_run, verify=verify, echo=echo, say=say,
-                                 override_policy=override_policy, watch=watching, via=self.via, metric=gate)
+                result = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+                                    dry_run=dry_run, verify=verify, echo=echo, say=say,
+                                    override_policy=override_policy, watch=watching, via=self.via, metric=gate)
         except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
             if group.split(KeyboardInterrupt)[1] is not None:
                 raise
             raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
         except KeyboardInterrupt:
             raise _promotion_interrupted(e, row.id, started, verify, on_interrupt) from None
-        _system_not_promoted(e, row, doc, say)
-        if wanted and not doc.get("promotion") and not doc.get("plan", {}).get("ops"):
-            doc["unchanged"] = _check_paths_exist(e, row, wanted)
-        result = PromoteResult.from_doc(doc)
+        left_out = _system_not_promoted(e, row, say)
+        if left_out:
+            result = result.but(system_not_promoted=left_out)
+        if wanted and not result.promotion and not (result.plan or {}).get("ops"):
+            result = result.but(unchanged=_check_paths_exist(e, row, wanted))
         result = _with_ws(result, self)
-        if doc.get("markers") and not dry_run:
-            err = MarkersWritten(promotion=doc.get("promotion"), paths=", ".join(doc.get("applied", [])[:5]))
+        if result.markers and not dry_run:
+            err = MarkersWritten(promotion=result.promotion, paths=", ".join(list(result.applied)[:5]))
             err.result = result
             raise err
         return result
@@ -809,12 +810,11 @@ class Workspace:
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))
 
-        doc = try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
-                         check=check, label=label, keep=keep, include_ignored=include_ignored,
-                         on_conflict=on_conflict, timeout_s=_seconds(timeout), seccomp=seccomp, echo=echo,
-                         say=say or (lambda s: None), report=report or (lambda d: None),
-                         hold=on_interrupt or (lambda: None))
-        return TryResult.from_doc(doc)
+        return try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
+                          check=check, label=label, keep=keep, include_ignored=include_ignored,
+                          on_conflict=on_conflict, timeout_s=_seconds(timeout), seccomp=seccomp, echo=echo,
+                          say=say or (lambda s: None), report=report or (lambda d: None),
+                          hold=on_interrupt or (lambda: None))
 
     @_audited("rebase")
     def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False) -> Rebased:
@@ -829,9 +829,8 @@ class Workspace:
             return str(self.fork(1, limits=Limits.from_dict(limits))[0].id)
 
         with _text_conflicts():
-            doc = rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
-                         include_ignored=include_ignored)
-        return Rebased.from_doc(doc)
+            return rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
+                          include_ignored=include_ignored)
 
     @_audited("promote")
     def resume(self, promotion: "str | Promotion | PromoteResult", *,
@@ -841,14 +840,12 @@ class Workspace:
         from ..stages import resume
 
         with _text_conflicts():
-            doc = resume(self.engine, _any_id(promotion), say=say or (lambda s: None))
-        return _with_ws(Pipeline.from_doc(doc), self)
+            return _with_ws(resume(self.engine, _any_id(promotion), say=say or (lambda s: None)), self)
 
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
-        from ..promotions import promotion_docs
+        from ..promotions import promotion_rows
 
-        return [_with_ws(Promotion.from_doc(d), self) for d in promotion_docs(self.engine,
-                                                                              include_conflicts=include_conflicts)]
+        return [_with_ws(p, self) for p in promotion_rows(self.engine, include_conflicts=include_conflicts)]
 
     def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
         return PromotionList(promotions=tuple(self.promotions(include_conflicts=include_conflicts)))
@@ -861,8 +858,7 @@ class Workspace:
         ident = _any_id(target)
         kind, full = e.registry.resolve(ident, ("snapshot", "promotion"))
         with _text_conflicts():
-            doc = e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
-        return Rollback.from_doc(doc)
+            return e.rollback_snapshot(full) if kind == "snapshot" else e.rollback_promotion(full)
 
     # -- files in a sandbox ---------------------------------------------------------------
     # What they do is orchestrator.files: paths relative to the workspace root, resolved one
@@ -1186,6 +1182,5 @@ class Workspace:
         else:
             paths, blocked = undo_plan(e, full)
         from ..engine import path_text
-        return Rollback.from_doc({"restored": full, "kind": kind, "changed": [path_text(p) for p in paths],
-                                  "safety_snapshot": None, "dry_run": True,
-                                  "blocked": [path_text(p) for p in blocked]})
+        return Rollback.of(restored=full, kind=kind, changed=[path_text(p) for p in paths], safety_snapshot=None,
+                           dry_run=True, blocked=[path_text(p) for p in blocked])

@@ -4147,8 +4147,11 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "kept": {
      "type": "boolean"
     },
-    "exit_code": {
-     "type": "integer"
+    "patch_b64": {
+     "type": [
+      "string",
+      "null"
+     ]
     },
     "system": {
      "anyOf": [
@@ -4160,6 +4163,19 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
        "type": "null"
       }
      ]
+    },
+    "policy": {
+     "items": {},
+     "type": "array"
+    },
+    "error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "exit_code": {
+     "type": "integer"
     }
    },
    "required": [
@@ -4507,6 +4523,18 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "null"
      ]
     },
+    "sandbox": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "base": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
     "applied": {
      "items": {
       "type": "string"
@@ -4526,6 +4554,86 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
     "rolled_back": {
      "type": "boolean"
     },
+    "plan": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "applied_b64": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "skipped": {
+     "items": {},
+     "type": "array"
+    },
+    "markers": {
+     "type": "boolean"
+    },
+    "already_in_live": {
+     "type": [
+      "integer",
+      "null"
+     ]
+    },
+    "dry_run": {
+     "type": "boolean"
+    },
+    "policy": {
+     "items": {},
+     "type": "array"
+    },
+    "risk": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "risk_requires": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "policy_overridden": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "metric_base": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "duration_s": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "already_promoted": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "metric_spec": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
+    "verify": {
+     "type": [
+      "object",
+      "null"
+     ]
+    },
     "metric": {
      "type": [
       "number",
@@ -4538,9 +4646,51 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
       "null"
      ]
     },
-    "metric_spec": {
+    "base_metric_cached": {
+     "type": [
+      "boolean",
+      "null"
+     ]
+    },
+    "regression": {
+     "type": [
+      "number",
+      "null"
+     ]
+    },
+    "metric_ok": {
+     "type": [
+      "boolean",
+      "null"
+     ]
+    },
+    "warnings": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "rollback_error": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "watch": {
      "type": [
       "object",
+      "null"
+     ]
+    },
+    "unchanged": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "system_not_promoted": {
+     "type": [
+      "integer",
       "null"
      ]
     }
@@ -4584,11 +4734,48 @@ SCHEMAS: dict[str, dict[str, Any]] = json.loads(r"""
      },
      "type": "array"
     },
+    "changed_b64": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
     "safety_snapshot": {
      "type": [
       "string",
       "null"
      ]
+    },
+    "left_alone": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "stages_undone": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
+    },
+    "stages": {
+     "items": {},
+     "type": "array"
+    },
+    "pipeline": {
+     "type": [
+      "string",
+      "null"
+     ]
+    },
+    "dry_run": {
+     "type": "boolean"
+    },
+    "blocked": {
+     "items": {
+      "type": "string"
+     },
+     "type": "array"
     }
    },
    "required": [

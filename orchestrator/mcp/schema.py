@@ -84,7 +84,7 @@ def _record_shape(cls: type[Record], *, top: bool) -> Any:
         if nested and type(None) in typing.get_args(hints[f.name]):  # rows only some documents have
             tp = tp | None
         needed = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        keys[f.name] = tp if needed else NotRequired[tp]
+        keys[cls.aliases.get(f.name, f.name)] = tp if needed else NotRequired[tp]
     return TypedDict(cls.__name__, keys)  # type: ignore[operator]
 
 

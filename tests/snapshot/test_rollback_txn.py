@@ -307,5 +307,5 @@ def test_a_directory_swapped_for_a_symlink_is_never_followed(tmp_path):
         transaction.reset_faults()
         petri("deinit", "--force", cwd=ws)
     assert os.listdir(outside) == [] and os.stat(outside).st_mtime_ns == OLD
-    assert "pkg0/mod0.py" in doc["left_alone"] and "pkg0" in doc["left_alone"], doc
+    assert "pkg0/mod0.py" in doc.left_alone and "pkg0" in doc.left_alone, doc
     assert (ws / "pkg1" / "mod1.py").read_bytes() == b"x = 1\n"  # the rest was rolled back
