@@ -61,6 +61,21 @@ def run_started(ws: Path, token: str, n: int = 1) -> bool:
     return sum(1 for e in events_of(ws) if e["event"] == "run.started" and token in " ".join(e.get("argv", []))) >= n
 
 
+def command_running(argv0: bytes, token: str) -> bool:
+    """Whether a process whose command line starts with ``argv0`` and holds ``token`` is alive:
+    the sandboxed command itself, not its wrapper or bwrap (whose command lines hold the same
+    words after their own): a signal sent before bwrap arms its parent-death signal and the
+    command joins its cgroup meets a run still being set up, which is another case."""
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(argv0) and token.encode() in cmd:
+            return True
+    return False
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     out = {}
     for dp, dns, fns in os.walk(root):
