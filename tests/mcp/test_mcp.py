@@ -102,6 +102,24 @@ def wait_gone(marker: str, sb: str, timeout: float = 10.0) -> None:
     assert not cgroups_of(sb), cgroups_of(sb)
 
 
+def wait_armed(marker: str, timeout: float = 30.0) -> None:
+    """Until the sandboxed ``sh -c "trap '' TERM; sleep 300; : MARKER"`` has started its
+    ``sleep``: its trap is set from then on (a kill sent before would meet a shell that still
+    takes SIGTERM: seen once under a full run's load)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in Path("/proc").glob("[0-9]*"):
+            try:
+                cmd = (p / "cmdline").read_bytes()
+                if cmd.startswith(b"/bin/sh\0-c\0trap") and marker.encode() in cmd and \
+                        (p / "task" / p.name / "children").read_text().split():
+                    return
+            except OSError:
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"the command with {marker} never started its sleep")
+
+
 # ---------------------------------------------------------------------------- tests
 
 
@@ -336,6 +354,7 @@ def test_cancelled_call_and_killed_run_leave_no_process_or_cgroup(btrfs_ws):
             st = await c.call("sandbox_run_start", {"sandbox": sb,
                                                     "command": f"trap '' TERM; sleep 300; : {marker2}"})
             assert (await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 0}))["done"] is False
+            await anyio.to_thread.run_sync(wait_armed, marker2)
             assert (await c.call("sandbox_run_kill", {"sandbox": sb, "run": st["run"]}))["killed"] is True
             await anyio.to_thread.run_sync(wait_gone, marker2, sb)
             end = await c.call("sandbox_run_poll", {"sandbox": sb, "run": st["run"], "wait_s": 0})
