@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The tests (README's second command): installs everything, then runs the suite, as root
 # (a normal user's run re-runs itself with sudo, or says to run it as root).
-# On several pytest-xdist workers (PETRI_TEST_WORKERS, default 5; 6 loop devices: a btrfs per
+# On several pytest-xdist workers (PETRI_TEST_WORKERS, default 4; 5 loop devices: a btrfs per
 # worker, one shared XFS): the tests mostly wait on processes, mounts, fsync, sleeps and the
 # test VM (three workers left a quarter of two cores idle, four 22 %), so even two cores run
-# five at once.
+# four at once (five were slower: 921 s against four's 859 s, bench/RESULTS.md).
 # PETRI_TEST_WORKERS=0 runs them in this one process. `bash scripts/test.sh -m unit` runs
 # the unit tier alone; long suites are marked slow and left out (`-m slow` runs them).
 set -euo pipefail
@@ -18,4 +18,4 @@ cd "$repo"
 # nice: the test VM (tests/vm, emulated) runs at normal priority above the workers, so its
 # two passes end inside their deadline on a two-core machine (tests/vm/harness.py); only a
 # little (5): the workers' own timeouts need their share too.
-exec nice -n 5 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-5}" --dist loadgroup "$@"
+exec nice -n 5 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-4}" --dist loadgroup "$@"
