@@ -108,8 +108,9 @@ def _longest() -> dict[str, float]:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 - pytest's hook
     """``PETRI_TEST_CPU=FILE``: each test's CPU seconds (this process and the processes it
     waited for: petri commands, checks; not daemons that outlived them) and wall seconds,
-    appended to FILE as ``cpu wall nodeid``: where a run's CPU goes on a loaded machine,
-    where wall time says little. Off unless asked."""
+    appended to FILE as ``cpu wall start pid nodeid`` (start: epoch seconds; pid: this
+    worker's): where a run's CPU goes on a loaded machine, where wall time says little
+    (``bench/suite_cpu.py`` adds the processes that are nobody's child). Off unless asked."""
     out = os.environ.get("PETRI_TEST_CPU")
     if not out:
         yield
@@ -121,10 +122,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
-    c0, t0 = cpu(), time.monotonic()
+    c0, t0, start = cpu(), time.monotonic(), time.time()
     yield
     with open(out, "a") as f:
-        f.write(f"{cpu() - c0:.2f} {time.monotonic() - t0:.2f} {item.nodeid}\n")
+        f.write(f"{cpu() - c0:.2f} {time.monotonic() - t0:.2f} {start:.2f} {os.getpid()} {item.nodeid}\n")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
