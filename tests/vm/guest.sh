@@ -40,7 +40,7 @@ export PYTHONDONTWRITEBYTECODE=1 CI=${CI:-}
 # snapshots, pytest-trio) costs a minute of imports under emulation.
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 py=$repo/.venv/bin/python
-pytest_args=(-p pytest_timeout -p no:cacheprovider -q -rfEs --durations=8)
+pytest_args=(-p pytest_timeout -p no:cacheprovider -q -rfEs --durations=0 --durations-min=0.5)
 pass_timeout=${PASS_TIMEOUT:-900}
 # A wedged guest must not outlive its purpose even if the host side was SIGKILLed: power
 # off after both passes' deadlines and some.
