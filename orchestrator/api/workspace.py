@@ -1141,7 +1141,7 @@ class Workspace:
         tracker = RaceTracker()
         for ev in self.events():
             tracker.feed(ev.to_json())
-        return [Race.from_doc(tracker.doc(r)) for r in tracker.order]
+        return [tracker.record(r) for r in tracker.order]
 
     def race_status(self, race: str) -> Race:
         """One race by id or unique id prefix (``petri.NotFound`` if the stream has none)."""
