@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from . import events
+from .results import AuditEntry  # loaded anyway: every command that audits goes through the API, which has it
 
 # CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
 # promotions, lineage, log, stats, tui are not recorded). Not `mcp` either: a session is no
@@ -194,8 +195,8 @@ def append(root: Path, scope: Scope, exit_code: int, result: str, *, durable: bo
 
 
 def entries(registry: Any, *, since: float | None = None, limit: int | None = None,
-            op: str | None = None) -> list[dict[str, Any]]:
-    """The ``log`` entries, oldest first (``limit``: the newest N; ``op``: only those of
+            op: str | None = None) -> list[AuditEntry]:
+    """The ``log`` entries (each row as its typed record), oldest first (``limit``: the newest N; ``op``: only those of
     that operation). A ``limit`` SQLite cannot hold or an ``op`` that no row has and petri
     never writes is a usage error (exit 2), not an empty answer: it is a typo."""
     from .registry import rfc3339
@@ -222,10 +223,10 @@ def entries(registry: Any, *, since: float | None = None, limit: int | None = No
         args.append(limit)
     out = []
     for r in reversed(registry.db.execute(q, args).fetchall()):
-        out.append({"ts": rfc3339(r["ts"]), "op": r["op"], "argv": json.loads(r["argv"]), "uid": r["uid"],
-                    "via": r["via"], "reason": r["reason"], "exit_code": r["exit_code"], "ids": json.loads(r["ids"]),
-                    "result": r["result"], "client": r["client"], "sudo_uid": r["sudo_uid"],
-                    "duration_s": r["duration_s"], "seq": r["seq"]})
+        out.append(AuditEntry.of(ts=rfc3339(r["ts"]), op=r["op"], argv=json.loads(r["argv"]), uid=r["uid"],
+                                 via=r["via"], reason=r["reason"], exit_code=r["exit_code"], ids=json.loads(r["ids"]),
+                                 result=r["result"], client=r["client"], sudo_uid=r["sudo_uid"],
+                                 duration_s=r["duration_s"], seq=r["seq"]))
     return out
 
 

@@ -241,7 +241,7 @@ class SeccompUnavailable(OrchestratorError):
 class KpiBreach(OrchestratorError):
     """KPI breach: {what}"""
 
-    result: Stats  # the stats record: the API sets it on every one it raises
+    result: Stats  # the stats record: kpi.stats_record sets it on every one it raises
 
 
 # -- files in a sandbox (orchestrator.files) ---------------------------------------------

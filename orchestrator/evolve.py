@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from .race_steps import METRICS_FILE, read_metrics
 from .errors import EmptyCommand, UsageError
 from .metric_spec import Metric
+from .results import Evolution
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -60,8 +61,8 @@ def _key(c: dict[str, Any]) -> tuple:
 def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Sequence[Any]]", check: str, *,
            handle: Callable[[str], Any], population: int = 4, generations: int = 3, keep: int = 1,
            fitness: Callable[[dict[str, Any]], float] | None = None, jobs: int = 8, limits: Any = None,
-           timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the loop (see the module docstring); the ``Evolution`` document. ``seed()`` gives
+           timeout: float | str | None = None, say: Callable[[str], None] | None = None) -> Evolution:
+    """Run the loop (see the module docstring); the ``Evolution`` record. ``seed()`` gives
     the seed sandbox (forking it when it is live or a snapshot), called once the arguments
     are checked; ``handle(id)`` gives a sandbox as the caller's handle (with ``id``,
     ``generation``, ``parent``), what a callable ``mutate`` is given as the parent."""
@@ -134,9 +135,8 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
         say(f"evolve: generation {g}: best {survivors[0]['sandbox']} ({_shown(survivors[0])})")
         parents = survivors
     best = parents[0]
-    return {"seed": seed_sb.id, "best": best["sandbox"], "best_fitness": _public(best)["fitness"],
-            "survivors": [p["sandbox"] for p in parents], "generations": history,
-            "metrics_file": METRICS_FILE}
+    return Evolution.of(seed=seed_sb.id, best=best["sandbox"], best_fitness=_public(best)["fitness"],
+                        survivors=[p["sandbox"] for p in parents], generations=history, metrics_file=METRICS_FILE)
 
 
 def _limits() -> Any:

@@ -19,10 +19,12 @@ rates: ``race_success`` (races with a winner / races), ``conflicts`` (promotions
 on a conflict / promotions tried), ``verify_failures`` (checks that failed / promotions
 checked), ``rollbacks`` (promotions rolled back / promotions done), ``rejections``
 (sandboxes rejected by ``petri reject`` / rejected and promoted; a ``reject`` row is a
-count, not a duration, and has no threshold key). ``check`` compares
+count, not a duration, and has no threshold key). ``breaches`` compares
 them with the config's ``[kpi]`` thresholds (orchestrator.config): a duration is a maximum
 (``fork_p95 = "2s"``), ``race_success`` a minimum, the other rates maxima; a threshold
 on a figure that has no value yet (p99 with n < 100, a rate of nothing) is not a breach.
+``stats_record`` makes the ``Stats`` record ``Workspace.stats`` returns of them, with the
+``net.denied`` events counted from the stream (and raises ``KpiBreach`` for ``check``).
 
 Caveats: timings are appended by the process that did the work: one killed by SIGKILL
 records nothing; the table grows by one row per operation and ``gc`` keeps it (a row is
@@ -33,7 +35,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+# All loaded anyway wherever timings are recorded (the engine, the API): no start-up cost.
+from . import events
+from .errors import KpiBreach
+from .registry import rfc3339
+from .results import Stats
 
 OPS = ("fork", "first_command", "run", "race", "promote", "rollback", "staleness")
 STATS = ("p50", "p95", "p99", "max")
@@ -114,7 +123,24 @@ def stats(registry: Any, *, since: float | None = None) -> dict[str, Any]:
     return {"ops": {op: summary(by_op[op]) for op in OPS}, "rates": rates, "notes": dict(NOTES)}
 
 
-def breaches(doc: dict[str, Any], thresholds: dict[str, float]) -> list[dict[str, Any]]:
+def stats_record(registry: Any, store_root: Path, *, since: float | None = None,
+                 thresholds: Mapping[str, float] | None = None, check: bool = False) -> Stats:
+    """The ``stats`` record: the figures since ``since`` (a time.time(); None: from the
+    start), the ``net.denied`` events counted from the stream under ``store_root``, and the
+    ``thresholds`` (the config's ``[kpi]``) they break. ``check``: a breach raises
+    ``KpiBreach`` naming each (``.result`` is the record)."""
+    figures = stats(registry, since=since)
+    rec = Stats.of(since=rfc3339(since), ops=figures["ops"], rates=figures["rates"], notes=figures["notes"],
+                   counts={"net_denied": events.count(store_root, "net.denied", since=since)},
+                   breaches=breaches(figures, dict(thresholds or {})))
+    if check and rec.breaches:
+        err = KpiBreach(what="; ".join(b["message"] for b in rec.breaches))
+        err.result = rec
+        raise err
+    return rec
+
+
+def breaches(doc: Mapping[str, Any], thresholds: dict[str, float]) -> list[dict[str, Any]]:
     """Each threshold the figures in ``doc`` break: ``{"kpi", "value", "limit", "message"}``."""
     out = []
     for key, limit in sorted(thresholds.items()):

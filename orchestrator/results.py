@@ -886,7 +886,10 @@ class Lineage(Record):
 
 @dataclass(frozen=True)
 class AuditEntry(Record):
-    """One row of the audit trail (``log``)."""
+    """One row of the audit trail (``log``): when (``ts``), what (``op``, ``argv``), who
+    (``uid``, ``sudo_uid`` under sudo, ``via``, the MCP ``client``), why (``reason``), how it
+    ended (``exit_code``, ``result``: "ok" or the error line, ``duration_s``), what it made
+    or touched (``ids``) and its place in the table (``seq``)."""
 
     ts: str
     op: str
@@ -896,6 +899,15 @@ class AuditEntry(Record):
     reason: str | None = None
     exit_code: int | None = None
     ids: tuple[str, ...] | list[str] = ()
+    result: str | None = None
+    client: str | None = None
+    sudo_uid: int | None = None
+    duration_s: float | None = None
+    seq: int | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "AuditEntry":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -905,31 +917,49 @@ class AuditLog(Record):
     entries: tuple[AuditEntry, ...] = ()
     nested = {"entries": AuditEntry}
 
+    @classmethod
+    def of(cls, **fields: Any) -> "AuditLog":
+        return _built(cls, fields)
+
 
 @dataclass(frozen=True)
 class Stats(Record):
     """``stats``: per operation ``{"n", "p50_s", "p95_s", "p99_s", "max_s"}``, the rates
-    (each ``{"rate", "count", "of"}``) and, against the config's ``[kpi]``, ``breaches``."""
+    (each ``{"rate", "count", "of"}``), ``notes`` on what a figure is made of, the events
+    counted from the stream (``counts``: ``net_denied`` ``{"n", "by_sandbox": {id: n}}``)
+    and, against the config's ``[kpi]``, ``breaches`` (each ``{"kpi", "value", "limit",
+    "message"}``). ``since``: the RFC 3339 time counted from (None: from the start)."""
 
     since: str | None = None
     ops: Mapping[str, Any] = field(default_factory=dict)
     rates: Mapping[str, Any] = field(default_factory=dict)
-    breaches: tuple[Any, ...] | list[Any] = ()
-    # Events counted from the stream: ``net_denied`` ``{"n", "by_sandbox": {id: n}}``.
+    notes: Mapping[str, str] = field(default_factory=dict)
     counts: Mapping[str, Any] = field(default_factory=dict)
+    breaches: tuple[Any, ...] | list[Any] = ()
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Stats":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)
 class Evolution(Record):
     """What ``Workspace.evolve`` did: ``best`` is the fittest sandbox of the last
-    generation (kept), ``generations`` each generation's parents, races and ranked
-    candidates."""
+    generation (kept) and ``best_fitness`` its fitness (``{"passed", "score", "lines",
+    "duration_s"}``), ``survivors`` the last generation's keepers, ``generations`` each
+    generation's parents, races, ranked candidates and survivors; ``metrics_file`` the file
+    a check leaves its ``score`` in."""
 
     seed: str
     best: str | None = None
     best_fitness: Mapping[str, Any] | None = None
     survivors: tuple[str, ...] | list[str] = ()
     generations: tuple[Any, ...] | list[Any] = ()
+    metrics_file: str | None = None
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Evolution":
+        return _built(cls, fields)
 
 
 @dataclass(frozen=True)

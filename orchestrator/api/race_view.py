@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..results import Race, RaceCandidate
 from ..race_plan import Candidate
 
 # A candidate's state while it may still win (ranked between passed and not passed).
@@ -24,10 +25,10 @@ _DECIDED = ("passed", "failed", "not_applied")
 
 
 class RaceTracker:
-    """Folds event documents (``feed``) into race documents (``doc``): the ``race``
-    shape plus ``state`` (running|done|interrupted), and per candidate ``state``
-    (waiting|applying|checking|passed|failed|not_applied), ``check_sandbox`` and
-    ``last_line`` (its newest output line). Pure: no I/O except ``alive`` (is the racing
+    """Folds event documents (``feed``) into race documents (``doc``; ``record``: the same
+    as a ``Race`` record): the ``race`` shape plus ``state`` (running|done|interrupted), and
+    per candidate ``state`` (waiting|applying|checking|passed|failed|not_applied),
+    ``check_sandbox`` and ``last_line`` (its newest output line). Pure: no I/O except ``alive`` (is the racing
     process still there), so a front end can feed it as events arrive."""
 
     def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
@@ -136,6 +137,12 @@ class RaceTracker:
         if r["state"] == "running" and not self.alive(r.get("pid")):
             r["state"] = "interrupted"
         return r
+
+    def record(self, rid: str) -> Race:
+        """The race now as its typed record (``Workspace.races``): ``doc``'s keys, in its
+        order, each a typed field (a key the record does not know is an error, not ``extra``)."""
+        d = self.doc(rid)
+        return Race.of(**{**d, "candidates": tuple(RaceCandidate.of(**c) for c in d["candidates"])})
 
     def rank_of(self, sandbox: str) -> tuple[str, int] | None:
         """(race, rank) of a race's candidate sandbox (or its check's); None for any other."""

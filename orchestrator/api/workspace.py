@@ -1076,17 +1076,17 @@ class Workspace:
                 return self.sandbox(ident)
             return self.fork(source=seed if seed is not None else "live", label=None).keep()[0]
 
-        return Evolution.from_doc(evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox,
-                                         population=population, generations=generations, keep=keep, fitness=fitness,
-                                         jobs=jobs, limits=limits, timeout=timeout, say=say))
+        return evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox, population=population,
+                      generations=generations, keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
+                      say=say)
 
     def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
         """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
         ago ("1h"); ``limit``: the newest N."""
         from ..audit import entries
 
-        return AuditLog.from_doc({"entries": entries(self.engine.registry, since=_since(since, self._name("since")),
-                                                     limit=limit, op=op)})
+        return AuditLog.of(entries=tuple(entries(self.engine.registry, since=_since(since, self._name("since")),
+                                                 limit=limit, op=op)))
 
     def stats(self, *, since: "float | str | None" = None, check: bool = False) -> Stats:
         """``stats``: p50/p95/p99/max per operation and the rates, since ``since``; the
@@ -1094,21 +1094,10 @@ class Workspace:
         raises ``KpiBreach`` (exit 1, ``.result`` is the record)."""
         from .. import kpi
         from ..config import load_config
-        from ..registry import rfc3339
 
         e = self.engine
-        at = _since(since, self._name("since"))
-        doc = {"since": rfc3339(at), **kpi.stats(e.registry, since=at)}
-        from ..events import count
-        doc["counts"] = {"net_denied": count(e.store.root, "net.denied", since=at)}
-        doc["breaches"] = kpi.breaches(doc, load_config(e.root).kpi)
-        result = Stats.from_doc(doc)
-        if check and doc["breaches"]:
-            from ..errors import KpiBreach
-            err = KpiBreach(what="; ".join(b["message"] for b in doc["breaches"]))
-            err.result = result
-            raise err
-        return result
+        return kpi.stats_record(e.registry, e.store.root, since=_since(since, self._name("since")),
+                                thresholds=load_config(e.root).kpi, check=check)
 
     # -- events ---------------------------------------------------------------------------
     def events(self, *, follow: bool = False, from_start: bool = True, stop: Callable[[], bool] | None = None,
@@ -1152,7 +1141,7 @@ class Workspace:
         tracker = RaceTracker()
         for ev in self.events():
             tracker.feed(ev.to_json())
-        return [Race.from_doc(tracker.doc(r)) for r in tracker.order]
+        return [tracker.record(r) for r in tracker.order]
 
     def race_status(self, race: str) -> Race:
         """One race by id or unique id prefix (``petri.NotFound`` if the stream has none)."""

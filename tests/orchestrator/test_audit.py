@@ -102,7 +102,7 @@ def test_aio_entries(ws):
 
     anyio.run(main)
     rows = ws.log().entries[-2:]
-    got = [(e.op, e.via, e.extra["client"]) for e in rows]
+    got = [(e.op, e.via, e.client) for e in rows]
     assert got == [("fork", "mcp", "inspector"), ("rm", "mcp", "inspector")]
     assert rows[0].reason == "async fork"
 
@@ -167,4 +167,4 @@ def test_mcp_server_tools_are_their_own_rows_and_reads_none(ws):
 
     anyio.run(fork, backend="trio")
     rows = ws.log().entries[n:]
-    assert [(e.op, e.via, e.extra["client"]) for e in rows] == [("fork", "mcp", "forker")], rows
+    assert [(e.op, e.via, e.client) for e in rows] == [("fork", "mcp", "forker")], rows

@@ -52,6 +52,10 @@ def value(ws: petri.Workspace, sb: str) -> int:
 
 def test_three_generations_of_four_find_the_known_best(ws):
     ev = ws.evolve("live", "sh mutate.sh", "python3 score.py", population=4, generations=3, keep=1)
+    # the service built the record: every key of its document a typed field, in order, nothing in extra
+    assert isinstance(ev, petri.Evolution) and dict(ev.extra) == {}
+    assert list(ev.to_json()) == ["schema", "seed", "best", "best_fitness", "survivors", "generations", "metrics_file"]
+    assert ev.metrics_file == ".petri-metrics.json" and petri.Evolution.from_doc(ev.to_json()) == ev
     assert value(ws, ev.best) == TARGET and ev.best_fitness["score"] == 0 and ev.best_fitness["passed"]
     assert len(ev.generations) == 3
     assert [len(g["candidates"]) for g in ev.generations] == [4, 4, 4]

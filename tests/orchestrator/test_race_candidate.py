@@ -98,7 +98,18 @@ def test_a_race_folded_from_events_is_typed_too():
     t.feed({**ev, "event": "run.output", "sandbox": "sb-k1", "run": 1, "stream": "stdout", "line": "hi"})
     t.feed({**ev, "event": "race.candidate_finished", "race": "r-1", "sandbox": "sb-2", "applied": False,
             "error": "did not apply"})
-    rec = Race.from_doc(t.doc("r-1"))
+    rec = t.record("r-1")  # built typed by the tracker (``Race.of``), not read back from its document
+    assert isinstance(rec, Race) and rec.to_json() == {"schema": 1, **t.doc("r-1")}
+    assert list(rec.to_json()["candidates"][0]) == list(t.doc("r-1")["candidates"][0])
     assert dict(rec.extra) == {} and all(dict(c.extra) == {} for c in rec.candidates)
+    assert Race.from_doc(t.doc("r-1")) == rec
     assert rec.state == "running" and [c.state for c in rec.candidates] == ["waiting", "not_applied"]
     assert [Candidate.from_json(c.to_json()) for c in rec.candidates] == [petri.Cmd("true"), Candidate("patch", "p")]
+    # once the race is over: its final ranks, the rows' kept and passed, still every key typed
+    t.feed({**ev, "event": "race.finished", "race": "r-1", "winner": "sb-1", "duration_s": 1.5, "conflicts": [],
+            "candidates": [{"sandbox": "sb-1", "rank": 1, "applied": True, "exit_code": 0, "passed": True,
+                            "kept": True}, {"sandbox": "sb-2", "rank": 2, "kept": False, "passed": False}]})
+    done = t.record("r-1")
+    assert done.to_json() == {"schema": 1, **t.doc("r-1")} and not done.extra
+    assert done.state == "done" and done.winner == "sb-1" and [(c.rank, c.kept) for c in done.candidates] == \
+        [(1, True), (2, False)] and not any(c.extra for c in done.candidates)
