@@ -31,12 +31,11 @@ SIGNALS = [pytest.param(signal.SIGINT, 130, "interrupted", id="SIGINT"),
            pytest.param(signal.SIGHUP, 129, "interrupted by SIGHUP", id="SIGHUP")]
 
 
-@pytest.fixture
-def ws(tmp_path):
+def _workspace(tmp_path: Path, files: int):
     w = tmp_path / "ws"
     w.mkdir()
     (w / "keep.txt").write_text("base\n")
-    for i in range(2000):  # enough that a fork of 20 (copy backend) takes a while
+    for i in range(files):
         (w / "many" / str(i % 20)).mkdir(parents=True, exist_ok=True)
         (w / "many" / str(i % 20) / f"f{i}.txt").write_text(f"{i}\n")
     assert petri("init", "--backend", "copy", cwd=w).rc == 0
@@ -44,6 +43,18 @@ def ws(tmp_path):
         yield w
     finally:
         petri("deinit", "--force", cwd=w)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A small copy-backend workspace: what a signal meets is a run, not a copy."""
+    yield from _workspace(tmp_path, 40)
+
+
+@pytest.fixture
+def big_ws(tmp_path):
+    """2,000 files: enough that a fork of 20 (copy backend) takes a while to signal it midway."""
+    yield from _workspace(tmp_path, 2000)
 
 
 # ---------------------------------------------------------------------------- promote --verify
@@ -165,36 +176,36 @@ def test_a_signal_to_petri_shell(ws, sig, code, how):
 
 
 @pytest.mark.parametrize("sig,code,how", SIGNALS)
-def test_a_signal_during_fork_of_20(ws, sig, code, how):
+def test_a_signal_during_fork_of_20(big_ws, sig, code, how):
     """Anywhere in a fork of 20 (here: once some of its trees exist), a signal undoes the whole
     fork: no sandbox, no tree, nothing `creating`; the line says so; the audit row too."""
-    before = tree_bytes(ws)
-    trees = ws / ".petri" / "sandboxes"
+    before = tree_bytes(big_ws)
+    trees = big_ws / ".petri" / "sandboxes"
 
     def some_made() -> bool:
         return trees.is_dir() and len(os.listdir(trees)) >= 3
-    proc = start_signalled(["fork", "-n", "20"], ws)
+    proc = start_signalled(["fork", "-n", "20"], big_ws)
     out, err = signal_when(proc, some_made, sig, "the fork's first trees")
     assert proc.returncode == code, (out, err)
     line = f"petri: {how}: the fork was undone: no sandbox was made"
     assert err.strip() == line and out == "", (out, err)
-    nothing_left(ws, [])
-    rows = petri("ls", "--all", "--json", cwd=ws).json["sandboxes"]
+    nothing_left(big_ws, [])
+    rows = petri("ls", "--all", "--json", cwd=big_ws).json["sandboxes"]
     assert len(rows) == 20 and {s["state"] for s in rows} == {"failed"}, rows
-    assert tree_bytes(ws) == before
-    row = audit_row(ws, "fork")
+    assert tree_bytes(big_ws) == before
+    row = audit_row(big_ws, "fork")
     assert row["exit_code"] == code and row["result"] == line[len("petri: "):], row
 
 
-def test_nohup_keeps_sighup_ignored(ws):
+def test_nohup_keeps_sighup_ignored(big_ws):
     """`nohup petri ...` asked for SIGHUP to be ignored: petri does not take that back (a
     SIGTERM still stops it)."""
-    trees = ws / ".petri" / "sandboxes"
-    proc = start_signalled(["fork", "-n", "20"], ws, prefix=["nohup"])
+    trees = big_ws / ".petri" / "sandboxes"
+    proc = start_signalled(["fork", "-n", "20"], big_ws, prefix=["nohup"])
     out, err = signal_when(proc, lambda: trees.is_dir() and len(os.listdir(trees)) >= 3, signal.SIGHUP,
                             "the fork's first trees")
     assert proc.returncode == 0 and len(out.splitlines()) == 20, (out, err)
-    rows = petri("ls", "--json", cwd=ws).json["sandboxes"]
+    rows = petri("ls", "--json", cwd=big_ws).json["sandboxes"]
     assert len(rows) == 20 and {s["state"] for s in rows} == {"ready"}
 
 
