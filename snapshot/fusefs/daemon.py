@@ -53,6 +53,7 @@ from ..idmap import IdMap
 from ..osutil import Mount, mounts
 from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
 from .proc import _alive, _kill, _wait_gone, child_detach, child_env, start_time
+from .journal import Journal
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -384,7 +385,6 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
         import pyfuse3
         import trio
 
-        from .journal import Journal
         from .ops import CowFS
 
         fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),

@@ -50,6 +50,7 @@ from typing import Any
 
 from ..idmap import IdMap
 from .proc import child_detach, start_time
+from .journal import Journal
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.host"
@@ -346,7 +347,6 @@ class Host:
     async def _add(self, req: dict, from_server: bool) -> dict:
         import trio
 
-        from .journal import Journal
         from .ops import CowFS
 
         self.pending += 1
