@@ -87,6 +87,9 @@ if TYPE_CHECKING:
     import socket
 
 from orchestrator.errors import SandboxSetupFailed
+from snapshot.osutil import libc
+from . import run_view
+from orchestrator.errors import PortUnavailable
 
 HOLDER = Path(__file__).with_name("relay.py")  # relays, and lo up without iproute2
 NSENTER = "nsenter"
@@ -142,7 +145,6 @@ def thread_in_netns(netns: bytes | None):
     if netns is None:
         yield
         return
-    from snapshot.osutil import libc
 
     target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -285,9 +287,7 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
 def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tmp_bytes: int,
                wanted: set[bytes]) -> None:
     if os.geteuid() == 0:
-        from snapshot.osutil import libc
 
-        from . import run_view
 
         run_view._owned_dir(run_view.VIEWS, 0, 0, 0o711)
         run_view.fence_views()  # private first: this mount must not propagate into running sandboxes
@@ -506,7 +506,6 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
         mounts += system_layer.unmount(state["system"], state.get("system_home"))
     if root:
         if state.get("mounted"):
-            from snapshot.osutil import libc
 
             if libc.umount2(os.fsencode(root), 2) == 0:  # MNT_DETACH: a straggler's open file must not keep it
                 mounts = 1
@@ -635,7 +634,6 @@ def _bind_host(host_port: int | None, port: int) -> "socket.socket":
             s.bind(("127.0.0.1", port if host_port is None else host_port))
         except OSError as e:
             if host_port is not None:
-                from orchestrator.errors import PortUnavailable
 
                 raise PortUnavailable(port=host_port, why=e.strerror or str(e)) from None
             s.bind(("127.0.0.1", 0))

@@ -50,6 +50,7 @@ from typing import Iterator, Protocol
 
 from ..errors import OwnersCannotBeMapped, SandboxSetupFailed
 from .procs import pid_alive
+from snapshot.osutil import libc, parse_mountinfo
 
 
 class RunAs(Protocol):
@@ -166,7 +167,6 @@ def fence_views() -> bool:
     if fields == ():  # a mount point in no peer group, not a slave: private
         _fenced = True
         return True
-    from snapshot.osutil import libc, parse_mountinfo
 
     where = os.fsencode(VIEWS)
     old = os.open(VIEWS, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory as it is now
@@ -192,7 +192,6 @@ def fence_views() -> bool:
 def refence() -> None:
     """``VIEWS`` private again if it is a mount (``share_host_mounts`` just made
     every mount shared, this one too)."""
-    from snapshot.osutil import libc
 
     with open("/proc/self/mountinfo", "rb") as f:
         if views_mount(f.read()) is not None:
@@ -351,7 +350,6 @@ def share_host_mounts() -> bool:
         return False
     _shared = root_is_shared(info)
     if not _shared and os.geteuid() == 0:
-        from snapshot.osutil import libc
 
         _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
         if _shared:
