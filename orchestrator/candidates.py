@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
+from .errors import UsageError
 
 if TYPE_CHECKING:
     from .race_plan import Candidate
@@ -30,7 +31,6 @@ def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | Non
     """A race candidate: a patch (git or ``patch -p1`` format), from a file or as ``text``;
     ``name`` is what the race calls it (default: the path as given, or ``patch-text``)."""
     if (path is None) == (text is None):
-        from .errors import UsageError
         raise UsageError(detail="petri.Patch takes a file path or text=, not both or neither")
     where = None if path is None else os.fspath(path)
     data = text.encode() if isinstance(text, str) else text

@@ -40,6 +40,7 @@ from snapshot.backend import FULL, Candidates
 
 from .lineage import diff_base
 from .registry import pid_alive
+from merge.changes import normalize_path, tree_changes
 
 if TYPE_CHECKING:
     from merge.changes import Change
@@ -103,7 +104,6 @@ def changes(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, incl
             paths: Sequence[bytes] = (), detect_renames: bool = True, fast: bool = True) -> "list[Change]":
     """The sandbox's change set (``merge.changes.Change`` list, sorted by path); ``fast``
     False forces the full compare (the tests' oracle)."""
-    from merge.changes import normalize_path, tree_changes
     user = [normalize_path(p) for p in paths]
     if fast:
         narrowed = narrow(sandbox_candidates(engine, row, base, tree), user)

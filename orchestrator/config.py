@@ -91,6 +91,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .runlog import DEFAULT_CAP
+from .units import limit_problem
+from .errors import UsageError
 
 if TYPE_CHECKING:
     from .policy_rules import Policy
@@ -125,7 +127,6 @@ class Config:
             return None
         got = self.profiles.get(name)
         if got is None:
-            from .errors import UsageError
             defined = ", ".join(sorted(self.profiles)) or "none"
             where = f" in {self.path}" if self.path is not None else " (no config file)"
             raise UsageError(detail=f"unknown profile {name!r}{where}; defined: {defined}")
@@ -144,7 +145,6 @@ class Config:
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
-        from .units import limit_problem
 
         changes = {}
         for name in ("mem_bytes", "cpus", "pids", "disk_bytes", "ttl_s"):

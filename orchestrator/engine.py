@@ -41,6 +41,7 @@ from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
+from .results import Rollback
 
 if TYPE_CHECKING:
     from .results import Rollback
@@ -596,7 +597,6 @@ class Engine:
                     changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
         import base64
 
-        from .results import Rollback  # not at import: the fast path's commands (ls, run, fork) never need it
 
         # left_alone only where something stood in the way (a directory swapped for a symlink meanwhile)
         return Rollback.of(restored=target.id, kind="snapshot", changed=[path_text(p) for p in changed],

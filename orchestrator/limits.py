@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
+from .errors import UsageError
+from .units import parse_cpus, parse_duration, parse_size
 
 Size = int | str | None
 Duration = float | int | str | None
@@ -37,8 +39,6 @@ class Limits:
                  disk: Size = None, net: bool | str = False, ttl: Duration = None, *, mem_bytes: int | None = None,
                  disk_bytes: int | None = None, ttl_s: float | None = None,
                  net_allow: "tuple[str, ...] | list[str] | None" = None) -> None:
-        from .errors import UsageError
-        from .units import parse_cpus, parse_duration, parse_size
 
         def one(name: str, friendly: Any, exact: Any) -> Any:
             if friendly is not None and exact is not None:
@@ -102,6 +102,5 @@ def _int_or_none(name: str, v: Any) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        from .errors import UsageError
         raise UsageError(detail=f"Limits: {name} must be bytes (an int) or a size such as '512M', not {v!r}")
     return v

@@ -54,6 +54,14 @@ from .race_steps import read_metric
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 from .results import PromoteResult, Promotion, Rollback
+from merge.on_conflict import ON_CONFLICT
+from merge.promote import Plan, _conflict_error, execute_promotion, plan_promotion, undo_promotion
+from merge.changes import normalize_path
+from merge.errors import PromotionConflict
+from .service_records import live_names
+from . import promoted
+from merge.journal import PRE, _rmtree_counting
+from snapshot.tree import tree_bytes
 
 if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
@@ -85,7 +93,6 @@ def _b64(p: bytes) -> str:
 
 def _on_conflict_mode(text: str) -> OnConflict:
     """``--on-conflict``'s value as the merge layer's mode, or a usage error (exit 2)."""
-    from merge.on_conflict import ON_CONFLICT
 
     for mode in ON_CONFLICT:
         if text == mode:
@@ -96,7 +103,6 @@ def _on_conflict_mode(text: str) -> OnConflict:
 def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: OnConflict,
              include_ignored: bool, paths: Sequence[bytes], live: Path | None = None) -> "Plan":
     """The promotion plan of the sandbox into ``live`` (default: its own workspace)."""
-    from merge.promote import Plan, plan_promotion
 
     live = engine.root if live is None else live
     narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
@@ -149,8 +155,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     runs once on a fork of it too (cached per base, ``metric_gate``), and a metric that
     regressed past the gate, or a verify that left no KEY, fails the verify (rolled back).
     The document carries ``metric``, ``base_metric``, ``metric_spec``, ``regression``."""
-    from merge.changes import normalize_path
-    from merge.errors import PromotionConflict
 
     from .policy import PolicyViolation
 
@@ -161,7 +165,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    from .service_records import live_names
 
     services = live_names(engine.store.root, row.id)
     if services:  # a service is a command running in the sandbox too (a dev server writes files)
@@ -208,7 +211,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
 def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     """With nothing to write: the sandbox's promotion in place that already carried it (a
     second ``promote`` of a promoted sandbox says so), or None."""
-    from . import promoted
 
     return promoted.summary(promoted.in_place(engine.registry, row.id))
 
@@ -217,8 +219,6 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
                     on_conflict: OnConflict, include_ignored: bool, paths: list[bytes], dry_run: bool,
                     target: "Engine", extra: dict[str, Any], override_policy: str | None = None,
                     check_policy: bool = True, gate: "tuple[str, Metric] | None" = None) -> None:
-    from merge.errors import PromotionConflict
-    from merge.promote import _conflict_error, execute_promotion
 
     with sandbox_views(engine, row) as (base, tree):
         overridden = _policy_gate(engine, row, doc, base, tree, include_ignored=include_ignored, paths=paths,
@@ -362,7 +362,6 @@ def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str |
 def rollback_promotion(engine: "Engine", promo_id: str) -> Rollback:
     """Undo a finished promotion (``petri rollback p-…``): the ``rollback`` record.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
-    from merge.promote import undo_promotion
 
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
@@ -395,8 +394,6 @@ def _end_watch(engine: "Engine", promo_id: str) -> None:
 
 def preimage_bytes(engine: "Engine", promo_id: str) -> int:
     """Bytes the pre-images of one promotion hold (what pruning it frees)."""
-    from merge.journal import PRE
-    from snapshot.tree import tree_bytes
     pre = engine.store.journal / promo_id / PRE
     return tree_bytes(bytes(pre))[0] if pre.is_dir() else 0
 
@@ -429,7 +426,6 @@ def plan_pruning(rows: list[dict[str, Any]], sizes: dict[str, int], *, at: float
 def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, Any]]:
     """Count what recovery settled; drop pre-images nobody can use (undone, conflict) and
     prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
-    from merge.journal import PRE, _rmtree_counting
 
     recover_interrupted(engine)
     from .stage_rows import recover as recover_stages

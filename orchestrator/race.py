@@ -117,6 +117,10 @@ from .profiles import fork_env
 from .registry import new_id
 from .units import check_label
 from .results import Race, _row
+from .engine import Limits
+from .profiles import inherited, seccomp_for
+from merge.changes import scan_tree
+from . import audit, kpi
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -183,8 +187,6 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     import trio
 
-    from .engine import Limits
-    from .profiles import inherited, seccomp_for
     from .runs import seccomp_profile
 
     profile = profile or inherited(engine, source)  # a race from a sandbox: its profile
@@ -255,7 +257,6 @@ def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict
     candidate and check fork), as ``fork --profile`` gives them."""
     if profile is None:
         return [], {}
-    from .config import load_config
 
     return fork_env(load_config(engine.root).profile(profile), (), ())
 
@@ -312,7 +313,6 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     clean up and make the race's record."""
     import trio
 
-    from merge.changes import scan_tree
 
     from .runs import after_fork
 
@@ -430,7 +430,6 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     doc = done.to_json()
     events.race_finished(log, race=race.id, winner=done.winner, duration_s=done.duration_s,
              base=race.base, check=check, candidates=doc["candidates"], conflicts=doc["conflicts"])
-    from . import audit, kpi
     audit.touch(race.id, *(o.sandbox for o in outcomes))
     kpi.record(engine.registry, "race", done.duration_s, subject=race.id,
                detail={"winner": winner is not None, "candidates": n})

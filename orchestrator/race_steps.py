@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from . import events
 from .metric_spec import Metric
 from .race_plan import Candidate, Outcome, RacePlan
+from merge.changes import tree_changes
+from .changesets import narrow, sandbox_candidates, staging_names
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -47,7 +49,6 @@ def count_changes(workspace: Path, base: Path, tree: Path, manifest: Any,
            within: Sequence[bytes] | None = None) -> tuple[int, int, int, frozenset[bytes]]:
     """Files and lines the candidate changed, by the rules ``petri diff`` uses; ``within``:
     only these paths can differ (the backend's own record), [] none, None unknown."""
-    from merge.changes import tree_changes
     from merge.patch import patch_stats
 
     if within is not None and not within:
@@ -66,10 +67,8 @@ def replay_applied(engine: "Engine", row: Any, base: Path, tree: Path, check_tre
     """Give the check's fork the candidate's applied state: everything that differs from the
     base (ignored files and ``.git`` included: the check may need them), found through the
     backend's own record of what changed where it keeps one."""
-    from merge.changes import tree_changes
     from merge.replay import replay
 
-    from .changesets import narrow, sandbox_candidates, staging_names
     paths = narrow(sandbox_candidates(engine, row, base, tree), [])
     if paths is not None and not paths:
         return

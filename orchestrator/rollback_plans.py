@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from .errors import UsageError
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -28,7 +29,6 @@ def undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
     from merge.promote import _changed_since, _is_parked, _open_pd, plan_undo
     from merge.safefs import SafeTree
 
-    from .errors import UsageError
 
     pd = _open_pd(e.root, e.store.journal, promo_id)
     if not pd.path.is_dir() or pd.state != "done":

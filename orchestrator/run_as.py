@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from snapshot.idmap import IdMap
 
 from .errors import SandboxUserUnavailable
+from .sandbox.isolation import TOOLCHAIN_DIRS, root_home
 
 if TYPE_CHECKING:
     from .store_handle import StoreHandle
@@ -107,7 +108,6 @@ def run_as(engine: "StoreHandle") -> RunAs:
 def root_toolchains(extra: Sequence[str] = ()) -> tuple[bytes, ...]:
     """Root's toolchain directories that exist: ``isolation.TOOLCHAIN_DIRS`` and ``extra``
     (the config's ``toolchains``), relative to root's home."""
-    from .sandbox.isolation import TOOLCHAIN_DIRS, root_home
 
     home = root_home()
     out: list[bytes] = []

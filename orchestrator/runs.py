@@ -71,6 +71,9 @@ from .run_as import RunAs, run_as
 from .results import RunResult as RunRecord, document
 from .errors import BadPort, PortNeedsNoRelay
 from .sandbox.run_view import open_view
+from .config import load_config
+from .run_env import Redact, install, load, passed
+from . import interrupts
 
 if TYPE_CHECKING:
     from snapshot.backend import DiskCap
@@ -152,8 +155,6 @@ def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
 def _env_for(engine: "Engine", extra: dict[str, str] | None, row: SandboxRow | None = None) -> dict[str, str]:
     """PATH, the host variables ``env_pass`` names (config and the sandbox's own), the
     config's ``[env]``, then ``extra`` (``--env``), each overriding the one before."""
-    from .config import load_config
-    from .run_env import passed
 
     cfg = load_config(engine.root)
     env = {"PATH": DEFAULT_PATH}
@@ -168,7 +169,6 @@ def secret_values(engine: "Engine", row: SandboxRow) -> dict[str, bytes]:
     names = (row.meta or {}).get("secrets") or []
     if not names:
         return {}
-    from .run_env import load
 
     return load(engine.store.root, row.id, names)
 
@@ -178,19 +178,16 @@ def secret_filters(engine: "Engine", row: SandboxRow) -> tuple[Any, ...]:
     values = secret_values(engine, row)
     if not values:
         return ()
-    from .run_env import Redact
 
     return (lambda stream: Redact(values.values()),)
 
 
 def _masks(engine: "Engine") -> tuple[Path, ...]:
-    from .config import load_config
 
     return load_config(engine.root).masks
 
 
 def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
-    from .config import load_config
 
     return load_config(engine.root).allow_sockets
 
@@ -219,7 +216,6 @@ def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
                    proxy=_egress_proxy(engine, row.id) if allow else None, system=row.system)
     secrets = secret_values(engine, row)
     if secrets:
-        from .run_env import install
 
         run_dir = next(src for src, dest in env.dirs if dest == b"/run")
         install(run_dir, secrets, who.host_uid, who.host_gid)
@@ -279,7 +275,6 @@ def seccomp_profile(engine: "Engine", asked: str | None, row: "SandboxRow | None
     """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
     not a profile), else the sandbox's named profile's (``orchestrator.profiles``), else the
     config's, else ``default``."""
-    from .config import load_config
     from .profiles import seccomp_for
     from .sandbox.seccomp import DEFAULT_PROFILE, parse_profile
 
@@ -342,7 +337,6 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     """Everything around the runner, once for both drivers (``run_result``, ``run_result_async``):
     yields the run to execute, is sent its result (or thrown its failure), returns the run's
     record."""
-    from .config import load_config
     from .sandbox.exec_failure import note_for_run
     from .sandbox.runner import KILL_GRACE_S, RunSpec
 
@@ -525,7 +519,6 @@ def _cut_short(e: BaseException) -> tuple[int, str | None]:
     petri failed (125)."""
     from .sandbox.runner import EXIT_STOPPED
 
-    from . import interrupts
 
     if isinstance(e, KeyboardInterrupt):
         return interrupts.exit_code(), "killed"
@@ -559,7 +552,6 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
-    from .config import load_config
     from .sandbox.pty_shell import run_shell
     from .sandbox.runner import RunSpec
 

@@ -49,6 +49,12 @@ from .service_records import record_path as _path
 from .service_records import settled as _settled
 from .service_records import supervisor_alive as _supervisor_alive
 from .service_records import write as _write
+from .registry import LIVE_STATES, now, rfc3339
+from . import events
+from .sandbox.environment import _start_time as st
+from .config import load_config
+from .engine import Engine
+from .limits import Limits
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -91,7 +97,6 @@ def listing(engine: "Engine", sb_id: str | None = None) -> list[dict[str, Any]]:
     """Every service of the workspace (or of one sandbox), as ``doc``."""
     from .sandbox import environment
 
-    from .registry import LIVE_STATES
 
     root = engine.store.root / "services"
     if sb_id:
@@ -145,7 +150,6 @@ def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | No
            "env": env or {}, "cwd": cwd, "restarts": 0, "exit_code": None, "pid": None, "started_at": None,
            "supervisor_pid": None, "supervisor_start": None, "stopping": False}
     _write(store, row.id, rec)
-    from . import events
 
     r, w = os.pipe2(os.O_CLOEXEC)
     argv_sup = [sys.executable, "-m", "orchestrator.service_runs", "SUPERVISE", str(engine.root), row.id, name,
@@ -236,18 +240,12 @@ def _detach() -> None:
 
 
 def _start_time(pid: int) -> int | None:
-    from .sandbox.environment import _start_time as st
 
     return st(pid)
 
 
 def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) -> None:
     """The supervisor's body (detached already): run the service, restart it as asked."""
-    from . import events
-    from .config import load_config
-    from .engine import Engine
-    from .limits import Limits
-    from .registry import now, rfc3339
     from .run_as import run_as
     from .runs import (_allowed_sockets, _env_for, _masks, environment, inside_cwd, run_tree, runnable_row,
                        seccomp_profile, secret_filters)

@@ -82,6 +82,10 @@ from .registry import new_id
 from .results import Pipeline, Rollback
 from .stage_rows import (FINAL, StageTargetMissing, is_stage, pipeline_rows, recover,
                          save_stage, stage_like, stage_row, target_engine)
+from .workspace import is_workspace
+from .race_steps import apply_argv_env, failure_reason
+from .race_plan import Candidate
+from snapshot.transaction import fault_point
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -104,7 +108,6 @@ class NotPending(UsageError):
 def _check_target(engine: "Engine", stage: "Stage") -> None:
     """``StageTargetMissing`` (exit 4) unless the stage's target is this workspace, a fresh
     fork, or another petri workspace."""
-    from .workspace import is_workspace
 
     if stage.target not in ("fresh", "workspace") and not is_workspace(Path(os.path.realpath(stage.target))):
         raise StageTargetMissing(stage=stage.name, path=os.path.realpath(stage.target))
@@ -117,7 +120,6 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
                 say: Say) -> tuple[str, list[dict[str, Any]]]:
     """Run the checks one after another in the sandbox: ("passed" | "failed" |
     "inconclusive", one record per check run). The first that does not pass decides."""
-    from .race_steps import failure_reason
     from .runs import run_sync
 
     results = []
@@ -228,8 +230,6 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
     from .diffs import diff_parts
-    from .race_plan import Candidate
-    from .race_steps import apply_argv_env
     from .runs import run_sync
 
     base = diff_base(engine, pinned)
@@ -270,7 +270,6 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
 
 def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
                    say: Say, *, checks_only: bool) -> str:
-    from snapshot.transaction import fault_point
 
     target = target_engine(engine, stage, doc.get("target_path"))
     where = "this workspace" if target is engine else str(target.root)

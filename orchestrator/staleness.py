@@ -80,6 +80,8 @@ from merge.ignore import IgnoreRules
 from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
 from .registry import LIVE_STATES, rfc3339
+from snapshot.tree import walk
+from . import promoted
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -470,7 +472,6 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
         base = BaseSide(engine, base_id, stack)
         if snap_keys is None:
             if listing is None:
-                from snapshot.tree import walk
                 listing = {rel: st.st_mode for rel, st in walk(base.root(), frozenset({b".petri"}))}
                 dirty = True
             snap_keys = {k: (None, None, None, None, m) for k, m in listing.items()}
@@ -520,7 +521,6 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
 
 def _subtree(root: bytes, rel: bytes) -> Iterator[bytes]:
     """Non-directory paths beneath ``rel`` (itself excluded), never following symlinks."""
-    from snapshot.tree import walk
     top = os.path.join(root, rel)
     for sub, st in walk(top):
         if not stat.S_ISDIR(st.st_mode):
@@ -723,7 +723,6 @@ def own_promoted(engine: "Engine", row: "SandboxRow", live_paths: frozenset[byte
     """Which of ``live_paths`` are the sandbox's own changes, in live because it was promoted
     (``orchestrator.promoted``): a path one of its promotions in place wrote, where live
     holds exactly what the sandbox holds."""
-    from . import promoted
 
     if not live_paths:
         return frozenset()

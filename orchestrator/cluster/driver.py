@@ -59,6 +59,7 @@ from ..race_steps import GIT_APPLY, apply_argv_env, count_changes, drop_base_if_
 from ..registry import new_id
 from ..results import Race
 from .errors import NoUsableNode, ReplicaFailed
+from ..config import load_config
 
 if TYPE_CHECKING:
     from ..engine import Engine, Limits
@@ -286,7 +287,6 @@ async def _dispatch(session: "Session", engine: "Engine", race: "RacePlan", node
                     say: Callable[[str], None] | None, log: Any) -> None:
     import trio
 
-    from ..config import load_config
 
     ray = session.ray
     env = dict(load_config(engine.root).env)

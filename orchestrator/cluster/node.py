@@ -64,6 +64,10 @@ from .archive import extract_archive
 from .export import layer_paths_lowest_first
 from .errors import NodeRefused
 from ..limits import Limits
+from ..race_plan import outcome_of_spec
+from ..race_steps import run_candidate
+from ..changesets import exclude_top, narrow, sandbox_candidates
+from snapshot.osutil import rmtree, syncfs
 
 NODE_STORE_ENV = "PETRI_CLUSTER_STORE"
 NODE_BACKEND_ENV = "PETRI_NODE_BACKEND"  # overlay | fuse | auto (tests force fuse as root)
@@ -238,11 +242,9 @@ class NodeAgent:
                 if got.size != size:
                     raise NodeRefused(node=os.uname().nodename,
                                       why=f"layer {digest[:12]}: {got.size} bytes, not {size}")
-                from snapshot.osutil import syncfs
                 syncfs(tmp)
                 os.rename(tmp, final)
             except BaseException:
-                from snapshot.osutil import rmtree
                 rmtree(bytes(tmp))
                 raise
         return {"digest": digest, "bytes": size, "seconds": time.monotonic() - t0, "fetched": True}
@@ -283,8 +285,6 @@ class NodeAgent:
 
         import trio
 
-        from ..race_plan import outcome_of_spec
-        from ..race_steps import run_candidate
 
         if self.closed or self.base_view is None or self.base is None:
             raise NodeRefused(node=os.uname().nodename, why="the race on this node is over or was never prepared")
@@ -317,7 +317,6 @@ class NodeAgent:
         from merge.changes import tree_changes
         from merge.patch import format_patch
 
-        from ..changesets import exclude_top, narrow, sandbox_candidates
 
         row = e.sandbox_by_id(sb)
         tree = e.sandbox_tree(row)
