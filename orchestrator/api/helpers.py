@@ -14,6 +14,7 @@ from ..errors import EmptyCommand, PromotionInterrupted, UsageError
 from ..results import PathConflict, PromoteResult
 from ..units import parse_duration, timeout_seconds
 from .sandbox import Sandbox
+from snapshot.errors import Conflict
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -45,7 +46,6 @@ def _with_ws(rec: _R, ws: "Workspace") -> _R:
 def _text_conflicts() -> Iterator[None]:
     """A ``petri.Conflict`` leaves with its ``conflicts`` as ``PathConflict`` records (text
     paths, the exact bytes in ``path_bytes``); the merge layer's own carry bytes."""
-    from snapshot.errors import Conflict
 
     try:
         yield

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..race_plan import Candidate
+from ..sandbox.procs import pid_alive
 
 # A candidate's state while it may still win (ranked between passed and not passed).
 _UNDECIDED = ("waiting", "applying", "checking")
@@ -31,7 +32,6 @@ class RaceTracker:
     process still there), so a front end can feed it as events arrive."""
 
     def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
-        from ..sandbox.procs import pid_alive
 
         self.alive = alive or pid_alive
         self.races: dict[str, dict[str, Any]] = {}

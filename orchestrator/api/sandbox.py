@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, ov
 
 from ..limits import Limits
 from ..results import Cleanup, Diff, Forked, PromoteResult, RunResult, SandboxInfo
+from snapshot.errors import PetriError
 
 if TYPE_CHECKING:
     from .workspace import Workspace
@@ -164,7 +165,6 @@ class SandboxSet(list["Sandbox"]):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from snapshot.errors import PetriError
 
         from .. import audit
 

@@ -27,6 +27,9 @@ from .helpers import (_any_id, _argv, _at_least, _at_most, _check_paths_exist,
                       _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
                       _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
+from ..errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
+from ..units import MAX_LABEL, MAX_NOTE, check_text, shown
+from snapshot.errors import MarkersWritten
 
 if TYPE_CHECKING:
     from ..race_plan import Candidate
@@ -55,7 +58,6 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
         @functools.wraps(fn)
         def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> _R:
             from .. import audit
-            from ..units import MAX_NOTE, check_text
 
             if reason is not None:
                 check_text(self._name("reason"), reason, max_len=MAX_NOTE)
@@ -106,8 +108,6 @@ def doctor(path: str | os.PathLike[str] = ".") -> "DoctorReport":
     and, for each thing that does not, why and the fix: ``petri doctor``'s report (``.ok``,
     ``.checks``, ``.exit_code``, ``.to_json()``). Writes nothing."""
     from ..doctor import diagnose
-    from ..errors import UsageError
-    from ..units import shown
 
     target = Path(os.path.abspath(path))
     if not os.fspath(path).strip() or not target.is_dir():
@@ -128,7 +128,6 @@ class Workspace:
     def __init__(self, root: str | os.PathLike[str], *, via: str = "api", client: str | None = None,
                  _engine: "Engine | None" = None) -> None:
         if via not in VIAS:
-            from ..errors import UsageError
             raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
         self.root = Path(root)
         self.via = via
@@ -148,8 +147,6 @@ class Workspace:
 
     def _check_label(self, label: str) -> None:
         """The engine's rules for a label (``units.check_label``), in this caller's words."""
-        from ..errors import UsageError
-        from ..units import MAX_LABEL, check_text, shown
 
         name = self._name("label")
         if not label.strip():
@@ -194,7 +191,6 @@ class Workspace:
     @_audited("snapshot")
     def snapshot(self, message: str = "", *, progress: Any = None) -> Snapshot:
         """Take a snapshot of the workspace (the ``snapshot`` document)."""
-        from ..units import MAX_NOTE, check_text
 
         check_text(self._name("message"), message, max_len=MAX_NOTE)
         row = self.engine.take_snapshot(message, kind="user", progress=progress)
@@ -232,7 +228,6 @@ class Workspace:
         win) and over the config's top-level defaults; the sandbox records it, and its
         promotions are held to that profile's policy (``orchestrator.profiles``)."""
         from ..config import load_config
-        from ..errors import UsageError
         from ..runs import parse_publish
 
         if n < 1:
@@ -313,7 +308,6 @@ class Workspace:
     def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
                expired: bool = False) -> Cleanup:
         """``rm``: destroy sandboxes, or snapshots no sandbox uses."""
-        from ..errors import UsageError
 
         if not idents and not all and not expired:
             raise UsageError(detail="rm needs ids, --all or --expired" if self.via == "cli"
@@ -363,7 +357,6 @@ class Workspace:
         from ..runs import run_result
 
         if cwd is not None and caller_cwd is not None:
-            from ..errors import UsageError
             raise UsageError(detail="cwd and caller_cwd: one or the other")
         start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
@@ -485,7 +478,6 @@ class Workspace:
         if cwd is None:
             return None
         from .. import files
-        from ..errors import UsageError
 
         row, where = self._files_row(sandbox)
         try:
@@ -525,7 +517,6 @@ class Workspace:
             runs = e.registry.runs(row.id)
             doc = runs[-1] if runs else None
         if doc is None:
-            from ..errors import NoRunsYet, NoSuchRun
 
             raise NoSuchRun(ident=row.id, n=run) if run is not None else NoRunsYet(ident=row.id)
         n = doc["run"]
@@ -569,7 +560,6 @@ class Workspace:
 
         A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``race``:
         the record so far; its ``doc``: that as the CLI's error document)."""
-        from ..errors import EmptyCommand, NoCandidates, UsageError
         from ..race import load_candidates, race_sync
 
         if not check or not check.strip():
@@ -647,7 +637,6 @@ class Workspace:
         """What a ``system=True`` sandbox changed outside the workspace, in its writable layer
         over the host's system paths (never promoted): ``{"sandbox", "system": [{"path",
         "status"}...]}`` (``petri diff --system``). A usage error for a sandbox without one."""
-        from ..errors import UsageError
         from ..sandbox.system_layer import changes
 
         e = self.engine
@@ -697,9 +686,7 @@ class Workspace:
         without what it needs: a usage error (exit 2) before anything is written."""
         import time
 
-        from snapshot.errors import MarkersWritten
 
-        from ..errors import UsageError
         from ..promotions import promote as do_promote
 
         gate = _metric_gate(metric, max_regression)
@@ -710,7 +697,6 @@ class Workspace:
             raise UsageError(detail="a metric goes with a plain promotion; a stage's is `metric` in [[stages]]")
 
         if override_policy is not None:
-            from ..units import MAX_NOTE, check_text
 
             name = "--override-policy" if self.via == "cli" else "override_policy"
             check_text(name, override_policy, max_len=MAX_NOTE)
@@ -927,7 +913,6 @@ class Workspace:
 
         raw = data.encode("utf-8") if isinstance(data, str) else data
         if len(raw) > self.MAX_WRITE:
-            from ..errors import UsageError
             raise UsageError(detail=f"{len(raw)} bytes is more than the {self.MAX_WRITE} a write may carry")
         row, where = self._files_row(sandbox)
         rel = files.user_rel(path, where)
@@ -942,7 +927,6 @@ class Workspace:
         there (None: all of them, at least one), else ``petri.UsageError`` and nothing is
         written."""
         from .. import files
-        from ..errors import UsageError
 
         if not old:
             raise UsageError(detail="edit_file: the text to replace is empty")
@@ -1034,9 +1018,7 @@ class Workspace:
         """``reject``: record why the sandbox is rejected (the audit trail, a
         ``sandbox.rejected`` event, ``stats``' rejections) and destroy it unless ``keep``."""
         from .. import audit
-        from ..errors import UsageError
         from ..review import reject
-        from ..units import MAX_NOTE, check_text
 
         if not isinstance(reason, str) or not reason.strip():
             raise UsageError(detail=f"{self._name('reason')} is needed: why the sandbox is rejected")
