@@ -54,6 +54,7 @@ from ..osutil import Mount, mounts
 from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
 from .proc import _alive, _kill, _wait_gone, child_detach, child_env, start_time
 from .journal import Journal
+import snapshot
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -385,9 +386,8 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
         import pyfuse3
         import trio
 
-        from .ops import CowFS
 
-        fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
+        fs = snapshot.fusefs.ops.CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
                    disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
                    attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
                    keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup,

@@ -51,6 +51,7 @@ from typing import Any
 from ..idmap import IdMap
 from .proc import child_detach, start_time
 from .journal import Journal
+import snapshot
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.host"
@@ -165,14 +166,12 @@ class Host:
     def mount(self) -> None:
         import pyfuse3
 
-        from . import daemon as D
-        from .multi import MultiFS
 
-        if D.is_mounted(self.mnt):  # a killed host's: answers ENOTCONN, take it away first
-            D.abort_connection(self.mnt)
-            D.unmount(self.mnt)
+        if snapshot.fusefs.daemon.is_mounted(self.mnt):  # a killed host's: answers ENOTCONN, take it away first
+            snapshot.fusefs.daemon.abort_connection(self.mnt)
+            snapshot.fusefs.daemon.unmount(self.mnt)
         self.mnt.mkdir(exist_ok=True)
-        self.fs = MultiFS(os.stat(self.mnt), os.fsencode(self.slot), writeback=self.writeback)
+        self.fs = snapshot.fusefs.multi.MultiFS(os.stat(self.mnt), os.fsencode(self.slot), writeback=self.writeback)
         options = set(pyfuse3.default_options)  # default_permissions
         # nosuid,nodev always (fusermount3 adds them for a normal user anyway): a sandbox can
         # plant a setuid file or a device node in its tree.
