@@ -90,6 +90,7 @@ from orchestrator.errors import SandboxSetupFailed
 from snapshot.osutil import libc
 from . import run_view
 from orchestrator.errors import PortUnavailable
+import orchestrator
 
 HOLDER = Path(__file__).with_name("relay.py")  # relays, and lo up without iproute2
 NSENTER = "nsenter"
@@ -122,10 +123,9 @@ class Env:
         """The ``nsenter`` prefix that puts what follows in the sandbox's network namespace
         (rootless: its user namespace too, which a thread of petri cannot join: see
         ``thread_in_netns``)."""
-        from .cgexec import tool
 
         ns = b"/proc/%d/ns/" % self.holder_pid
-        nsenter = os.fsencode(tool(NSENTER))
+        nsenter = os.fsencode(orchestrator.sandbox.cgexec.tool(NSENTER))
         if self.own_userns:
             return [nsenter, b"--user=" + ns + b"user", b"--net=" + ns + b"net", b"--preserve-credentials",
                     b"--"]
@@ -410,11 +410,10 @@ def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str
         why = got.decode(errors="replace").strip() or "it said nothing"
         raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")
     if not own_userns:
-        from .relay import loopback_up
 
         try:
             with thread_in_netns(b"/proc/%d/ns/net" % proc.pid):
-                loopback_up()
+                orchestrator.sandbox.relay.loopback_up()
         except BaseException:
             _kill(proc.pid, _start_time(proc.pid))
             proc.wait()
@@ -501,9 +500,8 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
     mounts = 0
     root = state.get("root")
     if state.get("system"):
-        from . import system_layer
 
-        mounts += system_layer.unmount(state["system"], state.get("system_home"))
+        mounts += orchestrator.sandbox.system_layer.unmount(state["system"], state.get("system_home"))
     if root:
         if state.get("mounted"):
 
@@ -518,15 +516,14 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
 def destroy(store_root: Path, sb_id: str) -> tuple[int, int]:
     """End the sandbox's environment (its runs are gone already) and delete its system
     layer: (processes, mounts)."""
-    from . import system_layer
 
     if not _state_path(store_root, sb_id).exists():
-        system_layer.remove(store_root, sb_id)
+        orchestrator.sandbox.system_layer.remove(store_root, sb_id)
         return 0, 0
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         out = _teardown(store_root, sb_id, state) if state is not None else (0, 0)
-        system_layer.remove(store_root, sb_id)
+        orchestrator.sandbox.system_layer.remove(store_root, sb_id)
     with contextlib.suppress(FileNotFoundError):
         (env_dir(store_root) / f"{sb_id}.lock").unlink()
     return out
@@ -544,9 +541,8 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
         if name.endswith(".json") and name[:-5] not in keep:
             k, m = destroy(store_root, name[:-5])
             killed, mounts = killed + k, mounts + m
-    from . import system_layer
 
-    system_layer.sweep(store_root, keep)  # layers of sandboxes that are gone, unmounted above
+    orchestrator.sandbox.system_layer.sweep(store_root, keep)  # layers of sandboxes that are gone, unmounted above
     return killed, mounts
 
 
