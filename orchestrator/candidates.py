@@ -15,15 +15,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 from .errors import UsageError
+import orchestrator
 
 if TYPE_CHECKING:
     from .race_plan import Candidate
 
 
 def _candidate(*args: Any, **kw: Any) -> "Candidate":
-    from .race_plan import Candidate
 
-    return Candidate(*args, **kw)
+    return orchestrator.race_plan.Candidate(*args, **kw)
 
 
 def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | None = None,  # noqa: N802 - a type's name

@@ -41,6 +41,7 @@ from snapshot.backend import FULL, Candidates
 from .lineage import diff_base
 from .registry import pid_alive
 from merge.changes import normalize_path, tree_changes
+import merge
 
 if TYPE_CHECKING:
     from merge.changes import Change
@@ -96,8 +97,7 @@ def staging_names(*roots: Path) -> tuple[bytes, ...]:
 
 
 def exclude_top(*roots: Path) -> tuple[bytes, ...]:
-    from merge.promote import METRICS_FILE  # what a check leaves for evolve: never a change
-    return (b".git", b".petri", METRICS_FILE, *staging_names(*roots))
+    return (b".git", b".petri", merge.promote.METRICS_FILE, *staging_names(*roots))
 
 
 def changes(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, include_ignored: bool = False,

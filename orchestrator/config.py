@@ -93,6 +93,7 @@ from .errors import ConfigError
 from .runlog import DEFAULT_CAP
 from .units import limit_problem
 from .errors import UsageError
+import orchestrator
 
 if TYPE_CHECKING:
     from .policy_rules import Policy
@@ -182,9 +183,8 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
     max_lines is the stricter of the two, so a profile can tighten but never loosen."""
     if own is None:
         return top
-    from .policy_rules import ProfilePolicy
 
-    top = top or ProfilePolicy(source=own.source)
+    top = top or orchestrator.policy_rules.ProfilePolicy(source=own.source)
 
     def least(a: int | None, b: int | None) -> int | None:
         return a if b is None else b if a is None else min(a, b)
@@ -192,7 +192,7 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
     from_profile = tuple(k for k in ("max_files", "max_lines")
                          if getattr(own, k) is not None and getattr(own, k) == least(getattr(top, k), getattr(own, k))
                          and getattr(top, k) != getattr(own, k))
-    return ProfilePolicy(source=source, protect=top.protect + own.protect,
+    return orchestrator.policy_rules.ProfilePolicy(source=source, protect=top.protect + own.protect,
                          deny_patterns=top.deny_patterns + own.deny_patterns,
                          max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
                          risk=top.risk + own.risk, table=table,
@@ -266,10 +266,9 @@ def parse_config(data: bytes, path: Path) -> Config:
         raise ConfigError(path=str(path), detail=f"key {_key(nul)!r}: a NUL character (\\u0000) is not allowed")
     from pydantic import ValidationError
 
-    from .config_schema import ConfigModel
 
     try:
-        m = ConfigModel.model_validate(raw)
+        m = orchestrator.config_schema.ConfigModel.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         key = _key(err["loc"]) or "(top level)"
@@ -350,12 +349,11 @@ def _with_nul(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
 def expand_masks(entries: list[str]) -> tuple[Path, ...]:
     """The config's ``masks`` as absolute paths: ``~/x`` is ``x`` in every home (and in the
     home of whoever runs petri), anything else ``expanduser``'d."""
-    from .sandbox.isolation import home_dirs
 
     out: list[Path] = []
     for p in entries:
         paths = [Path(os.path.expanduser(p))]
         if p.startswith("~/"):
-            paths += [Path(os.fsdecode(h)) / p[2:] for h in home_dirs()]
+            paths += [Path(os.fsdecode(h)) / p[2:] for h in orchestrator.sandbox.isolation.home_dirs()]
         out += [q for i, q in enumerate(paths) if q not in out and q not in paths[:i]]
     return tuple(out)

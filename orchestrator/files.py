@@ -58,6 +58,7 @@ from .errors import (BadFilePath, BadPattern, FileToolFailed, NoSuchPath, NotARe
                      SymlinkOnPath, UsageError)
 from .results import (FileContent, FileEntry, FileList, FileMoved, FileRemoved, GrepMatch, GrepResult)
 from merge.ignore import IgnoreRules, wildmatch_regex
+import orchestrator
 
 if TYPE_CHECKING:
     from merge.ignore import IgnoreRules
@@ -85,9 +86,8 @@ class Where:
 
 
 def shown(p: bytes) -> str:
-    from .units import shown as _shown
 
-    return _shown(os.fsdecode(p) if p else ".", limit=200)
+    return orchestrator.units.shown(os.fsdecode(p) if p else ".", limit=200)
 
 
 def text_path(p: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 from .errors import UsageError
 from .units import parse_cpus, parse_duration, parse_size
+import orchestrator
 
 Size = int | str | None
 Duration = float | int | str | None
@@ -59,10 +60,9 @@ class Limits:
         if isinstance(net, str):
             if net_allow:
                 raise UsageError(detail="Limits: give net='allow:...' or net_allow, not both")
-            from .sandbox.egress import BadAllowList, parse_allow
             try:
-                net_allow = parse_allow(net)
-            except BadAllowList as e:
+                net_allow = orchestrator.sandbox.egress.parse_allow(net)
+            except orchestrator.sandbox.egress.BadAllowList as e:
                 raise UsageError(detail=f"bad --net {e}") from None
             net = False
         elif net and net_allow:

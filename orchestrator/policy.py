@@ -52,6 +52,7 @@ from .policy_rules import Policy, RiskRule, compile_glob  # noqa: F401 - the rul
 from . import audit
 from .profiles import policy_for
 from .changesets import changes, sandbox_views
+import merge
 
 RISK_LEVELS = ("low", "high")
 
@@ -291,7 +292,6 @@ def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
                      views: tuple[Path, Path] | None = None) -> Evaluation:
     """``evaluate`` on a sandbox's change set (what ``petri diff`` shows, with the same
     options as the promotion), from ``views`` (base, tree) when the caller holds them."""
-    from merge.patch import patch_and_stats
 
 
     pol = policy if policy is not None else policy_of(engine.root, getattr(row, "profile", None))
@@ -300,7 +300,7 @@ def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
 
     def judge(base: Path, tree: Path) -> Evaluation:
         ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=list(paths))
-        patch, stats = patch_and_stats(ch, base, tree, with_patch=pol.needs_patch)
+        patch, stats = merge.patch.patch_and_stats(ch, base, tree, with_patch=pol.needs_patch)
         return evaluate(pol, stats, patch)
 
     if views is not None:

@@ -62,6 +62,7 @@ from .service_records import live_names
 from . import promoted
 from merge.journal import PRE, _rmtree_counting
 from snapshot.tree import tree_bytes
+import orchestrator
 
 if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
@@ -199,8 +200,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
         doc.update(_verify(target, promo_id, verify, echo=echo, say=say, metric=metric,
                            base=doc.get("metric_base")))
     if watch is not None and doc["promotion"] and not dry_run and doc.get("verified") is not False:
-        from .watch import start as start_watch
-        doc["watch"] = start_watch(target, promo_id, *watch, via=via)
+        doc["watch"] = orchestrator.watch.start(target, promo_id, *watch, via=via)
     outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
     kpi.record(target.registry, "promote", doc["duration_s"], subject=row.id,
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
@@ -238,8 +238,7 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
             doc["applied"], doc["applied_b64"] = [], []
             return
         if overridden and override_policy is not None:
-            from .policy import record_override
-            record_override(target.root, row.id, overridden, override_policy)
+            orchestrator.policy.record_override(target.root, row.id, overridden, override_policy)
         if gate is not None:  # live as it is before this promotion writes: the metric's base
             doc["metric_base"] = promotion_base(
                 target, [gate[0]], gate[1], None, f"before promotion {promo_id} (the base of its metric)")
@@ -284,8 +283,7 @@ def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base:
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
-    from .runs import run_sync  # trio and the runner: only for --verify
-    res = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
+    res = orchestrator.runs.run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
     return int(res["exit_code"])
 
 
@@ -385,8 +383,7 @@ def _end_watch(engine: "Engine", promo_id: str) -> None:
 
     w = engine.registry.watch(promo_id)
     if w is not None and w["state"] == "watching" and w["pid"] != os.getpid():
-        from .watch import stop_for_rollback
-        stop_for_rollback(engine, promo_id)
+        orchestrator.watch.stop_for_rollback(engine, promo_id)
 
 
 # --------------------------------------------------------------------------- gc
@@ -428,8 +425,7 @@ def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, An
     prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
 
     recover_interrupted(engine)
-    from .stage_rows import recover as recover_stages
-    recover_stages(engine)
+    orchestrator.stage_rows.recover(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
     reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
@@ -471,10 +467,8 @@ def promotion_rows(e: "Engine", *, include_conflicts: bool = False) -> list[Prom
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
-    from .stage_rows import recover
-    recover(e)  # a stage whose petri died shows as pending, not running
-    from .watch import doc_of, settle_dead
-    settle_dead(e)
+    orchestrator.stage_rows.recover(e)  # a stage whose petri died shows as pending, not running
+    orchestrator.watch.settle_dead(e)
     watches = {w["promotion"]: w for w in e.registry.watches()}
     pending = e.store.journal / ".pending"
     rows: list[Promotion] = []
@@ -497,7 +491,7 @@ def promotion_rows(e: "Engine", *, include_conflicts: bool = False) -> list[Prom
                                  pruned=r["state"] == "pruned", pipeline=doc.get("pipeline"),
                                  outcome=doc.get("outcome"), pending_reason=doc.get("pending_reason"),
                                  target=doc.get("target"),
-                                 watch=doc_of(watches[r["id"]]) if r["id"] in watches else None))
+                                 watch=orchestrator.watch.doc_of(watches[r["id"]]) if r["id"] in watches else None))
     return rows
 
 

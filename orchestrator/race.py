@@ -121,6 +121,7 @@ from .engine import Limits
 from .profiles import inherited, seccomp_for
 from merge.changes import scan_tree
 from . import audit, kpi
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -138,16 +139,15 @@ __all__ = ["BASE_METRICS", "GIT_APPLY", "MAX_REASON", "Candidate", "Metric", "Ou
 def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
     """The config's [policy] on each applied candidate's change (its sandbox holds exactly
     the applied state: the check ran in a fork), before ranking."""
-    from . import policy as P
 
     for o in outcomes:
         if not o.applied:
             continue
         row = engine.sandbox_by_id(o.sandbox)
-        pol = P.policy_of(engine.root, row.profile)  # the race's --profile, if any
+        pol = orchestrator.policy.policy_of(engine.root, row.profile)  # the race's --profile, if any
         if pol.empty:
             continue
-        ev = P.evaluate_sandbox(engine, row, policy=pol)
+        ev = orchestrator.policy.evaluate_sandbox(engine, row, policy=pol)
         o.policy_ok = ev.ok
         o.policy = [v.to_json() for v in ev.violations]
         o.risk = ev.risk
@@ -196,8 +196,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                                 " record it)")
     seccomp = seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root, profile))
     if cluster is not None:
-        from .cluster.connect import parse_address
-        parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
+        orchestrator.cluster.connect.parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
         if metric is not None:
             raise UsageError(detail="--metric is not supported with --cluster")
     limits = cfg.apply_defaults(limits or Limits())
@@ -229,8 +228,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                                 return
                         guard.start_soon(on_sigint)
                     if cluster is not None:
-                        from .cluster.driver import cluster_race
-                        done = await cluster_race(engine, race, say=say, cluster=cluster)
+                        done = await orchestrator.cluster.driver.cluster_race(engine, race, say=say, cluster=cluster)
                     else:
                         done = await execute_local(engine, race, say=say)
                     guard.cancel_scope.cancel()
@@ -314,7 +312,6 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     import trio
 
 
-    from .runs import after_fork
 
     candidates, check, source, jobs = race.candidates, race.check, race.source, race.jobs
     limits, timeout_s, seccomp, metric = race.limits, race.timeout_s, race.seccomp, race.metric
@@ -344,7 +341,7 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
                 run_env.save(engine.store.root, r.id, secrets)
                 meta.update(env_pass=passes, secrets=sorted(secrets))
             engine.registry.update_sandbox(r.id, meta=meta)
-        after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
+        orchestrator.runs.after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox, "check_sandbox": o.check_sandbox}
                              for o in outcomes])

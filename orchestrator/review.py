@@ -43,6 +43,7 @@ from .lineage import diff_base
 from .policy import Policy, evaluate
 from .registry import rfc3339
 from . import audit
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -216,7 +217,6 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
     """Record the rejection of a sandbox and destroy it (unless ``keep``): the record
     (``sandbox``, ``reason``, ``kept``, ``destroyed``, ``closed``: pipelines that waited at a
     manual gate for it, ``rejected_at``)."""
-    from .stages import _end, _finish
 
     if not reason or not reason.strip():
         raise UsageError(detail="reject needs --reason TEXT: why it is rejected goes into the audit trail")
@@ -237,9 +237,9 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
                 and not p["doc"].get("in_place"):
             doc = dict(p["doc"])
             doc["rejected"] = reason
-            _finish(engine, p["id"], doc, "failed", "rejected")
+            orchestrator.stages._finish(engine, p["id"], doc, "failed", "rejected")
             if doc.get("pinned"):
-                _end(engine, doc["pinned"])
+                orchestrator.stages._end(engine, doc["pinned"])
             closed.append(p["id"])
     events.sandbox_rejected(engine.store.root, sandbox=row.id, reason=reason, kept=keep)
     kpi.record(engine.registry, "reject", 0.0, subject=row.id, detail={"kept": keep})

@@ -74,6 +74,7 @@ from .sandbox.run_view import open_view
 from .config import load_config
 from .run_env import Redact, install, load, passed
 from . import interrupts
+import orchestrator
 
 if TYPE_CHECKING:
     from snapshot.backend import DiskCap
@@ -197,11 +198,10 @@ def _egress_proxy(engine: "Engine", sb_id: str) -> list[str]:
     refusals written to this workspace's event feed (``orchestrator.egress_feed``)."""
     from pathlib import Path
 
-    from . import egress_feed, events
 
-    root = Path(egress_feed.__file__).resolve().parents[1]  # where ``orchestrator`` is
-    return [sys.executable, "-I", "-S", egress_feed.__file__, "--sandbox", sb_id, "--root", str(root),
-            "--events", str(engine.store.root), "--via", events._via.get()]
+    root = Path(orchestrator.egress_feed.__file__).resolve().parents[1]  # where ``orchestrator`` is
+    return [sys.executable, "-I", "-S", orchestrator.egress_feed.__file__, "--sandbox", sb_id, "--root", str(root),
+            "--events", str(engine.store.root), "--via", orchestrator.events._via.get()]
 
 
 def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
@@ -240,7 +240,6 @@ def parse_publish(spec: "str | int") -> tuple[int, int | None]:
 def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
     """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
     making its environment first if no run has yet."""
-    from .sandbox import environment as E
 
     for what, p in (("port", port), ("host port", host_port)):
         if p is not None and not (isinstance(p, int) and 0 < p < 65536):
@@ -249,7 +248,7 @@ def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | Non
     if run_limits(row).net:
         raise PortNeedsNoRelay(sandbox=row.id, port=port)
     environment(engine, row, run_as(engine))
-    used = E.publish(engine.store.root, row.id, port, host_port)
+    used = orchestrator.sandbox.environment.publish(engine.store.root, row.id, port, host_port)
     return {"sandbox": row.id, "port": port, "host_port": used}
 
 
@@ -275,13 +274,11 @@ def seccomp_profile(engine: "Engine", asked: str | None, row: "SandboxRow | None
     """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
     not a profile), else the sandbox's named profile's (``orchestrator.profiles``), else the
     config's, else ``default``."""
-    from .profiles import seccomp_for
-    from .sandbox.seccomp import DEFAULT_PROFILE, parse_profile
 
     if asked is not None:
-        return parse_profile(asked)
-    own = seccomp_for(engine.root, row.profile) if row is not None else None
-    return own or load_config(engine.root).seccomp or DEFAULT_PROFILE
+        return orchestrator.sandbox.seccomp.parse_profile(asked)
+    own = orchestrator.profiles.seccomp_for(engine.root, row.profile) if row is not None else None
+    return own or load_config(engine.root).seccomp or orchestrator.sandbox.seccomp.DEFAULT_PROFILE
 
 
 def seccomp_fields(profile: str) -> dict[str, Any]:
@@ -294,11 +291,10 @@ def seccomp_fields(profile: str) -> dict[str, Any]:
 def _say_seccomp_off(profile: str) -> None:
     """``off`` says what it turns off, once per process, on stderr (before the command's output):
     unlike a warning about the machine, this is said on every command that turns it off."""
-    from .sandbox.seccomp import OFF_NOTICE
 
-    if profile == "off" and OFF_NOTICE not in _warned:
-        _warned.add(OFF_NOTICE)
-        print(f"petri: warning: {OFF_NOTICE}", file=sys.stderr, flush=True)
+    if profile == "off" and orchestrator.sandbox.seccomp.OFF_NOTICE not in _warned:
+        _warned.add(orchestrator.sandbox.seccomp.OFF_NOTICE)
+        print(f"petri: warning: {orchestrator.sandbox.seccomp.OFF_NOTICE}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- running
@@ -337,7 +333,6 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     """Everything around the runner, once for both drivers (``run_result``, ``run_result_async``):
     yields the run to execute, is sent its result (or thrown its failure), returns the run's
     record."""
-    from .sandbox.exec_failure import note_for_run
     from .sandbox.runner import KILL_GRACE_S, RunSpec
 
     if not argv or not any(a for a in argv):
@@ -390,7 +385,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                               output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
             # run's views must still be mounted: its plan is rebuilt from them).
-            exec_error = note_for_run(spec, tree, res.exit_code)
+            exec_error = orchestrator.sandbox.exec_failure.note_for_run(spec, tree, res.exit_code)
     except BaseException as e:
         if res is None:  # cut short before the runner could say how it ended: the record says so
             code, killed_by = _cut_short(e)
@@ -412,8 +407,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                            **seccomp_fields(profile)}
     if res.setup_error:
         how["setup_error"] = res.setup_error
-        from .doctor import hint_for_setup_error
-        hint = hint_for_setup_error(res.setup_error)
+        hint = orchestrator.doctor.hint_for_setup_error(res.setup_error)
         if hint:
             how["setup_hint"] = hint  # the machine, not the command: `petri doctor` says what it lacks
     if exec_error:
@@ -517,13 +511,12 @@ def _cut_short(e: BaseException) -> tuple[int, str | None]:
     """The exit code and end of a run that ``e`` cut short before it had a result: stopped
     on request (an interrupt: 128 + its signal; a cancelled task: ``EXIT_STOPPED``), else
     petri failed (125)."""
-    from .sandbox.runner import EXIT_STOPPED
 
 
     if isinstance(e, KeyboardInterrupt):
         return interrupts.exit_code(), "killed"
     if interrupts.is_cancellation(e):
-        return EXIT_STOPPED, "killed"
+        return orchestrator.sandbox.runner.EXIT_STOPPED, "killed"
     return 125, None
 
 
@@ -552,7 +545,6 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
-    from .sandbox.pty_shell import run_shell
     from .sandbox.runner import RunSpec
 
     profile = seccomp_profile(engine, seccomp)  # a bad one is refused before the sandbox is looked up
@@ -582,7 +574,7 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
                            seccomp=profile, log_cap=load_config(engine.root).log_cap,
                            environment=environment(engine, row, who))
-            code = run_shell(spec)
+            code = orchestrator.sandbox.pty_shell.run_shell(spec)
     except BaseException as e:
         cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing
         if cut[1] is not None:

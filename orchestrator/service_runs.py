@@ -55,6 +55,7 @@ from .sandbox.environment import _start_time as st
 from .config import load_config
 from .engine import Engine
 from .limits import Limits
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -130,13 +131,12 @@ def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
 def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | None = None, restart: str = "no",
           env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Start ``argv`` as a service of the sandbox; return its row once it runs (or failed)."""
-    from .runs import runnable_row
 
     if not argv or not argv[0]:
         raise EmptyCommand(what="the command", hint=": petri run --detach SANDBOX -- CMD [ARGS...]")
     if restart not in RESTART:
         raise BadRestart(value=restart)
-    row = runnable_row(engine, sandbox)
+    row = orchestrator.runs.runnable_row(engine, sandbox)
     store = engine.store.root
     if name is not None and not NAME_RE.match(name):
         raise BadServiceName(name=name)
@@ -246,10 +246,8 @@ def _start_time(pid: int) -> int | None:
 
 def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) -> None:
     """The supervisor's body (detached already): run the service, restart it as asked."""
-    from .run_as import run_as
     from .runs import (_allowed_sockets, _env_for, _masks, environment, inside_cwd, run_tree, runnable_row,
                        seccomp_profile, secret_filters)
-    from .sandbox import reaper
     from .sandbox.runner import Canceller, RunSpec, run_blocking
 
     events.set_via(via)
@@ -292,11 +290,11 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                 if not said:
                     os.write(ready_fd, f"the sandbox cannot run it: {e}".encode())
                 break
-            who = run_as(engine)
+            who = orchestrator.run_as.run_as(engine)
             tree = engine.sandbox_tree(row)
             logs = engine.store.logs / sb_id
             out, err = logs / f"svc-{name}-{attempt}.out", logs / f"svc-{name}-{attempt}.err"
-            cg = reaper.cgroup_name(sb_id, "svc", attempt, os.getpid())
+            cg = orchestrator.sandbox.reaper.cgroup_name(sb_id, "svc", attempt, os.getpid())
             rec.update(state="running", stdout_path=str(out), stderr_path=str(err), cgroup=cg,
                        started_at=rfc3339(t_start := now()), started_ts=t_start, exit_code=None)
 

@@ -82,6 +82,8 @@ from .lineage import diff_base
 from .registry import LIVE_STATES, rfc3339
 from snapshot.tree import walk
 from . import promoted
+import merge
+import snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -204,8 +206,7 @@ class BaseSide:
         self._parents: _Parents | None = None
         self.layers = engine.backend.snapshot_layers(engine.store, base_id)
         if self.layers is not None:
-            from snapshot.layers import layer_lookup
-            self._lookup = layer_lookup
+            self._lookup = snapshot.layers.layer_lookup
         self.origin = snapshot_origin(engine, base_id)
 
     def root(self) -> bytes:
@@ -663,15 +664,13 @@ def _sandbox_side(engine: "Engine", row: "SandboxRow") -> Iterator[Any]:
     ``rel`` (None: nothing there; raises where the path goes through a symlink in the
     sandbox). Where reading through the mount would count as the sandbox's own reads
     (fuse), it is read from its layers."""
-    from merge.safefs import SafeTree
-    from snapshot.layers import layer_lookup
 
     tree = engine.sandbox_tree(row)
     sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
-    with SafeTree(tree) as st:
+    with merge.safefs.SafeTree(tree) as st:
         def entry(p: bytes) -> Ent | None:
             if sandbox_layers is not None:
-                found = layer_lookup(sandbox_layers, p)
+                found = snapshot.layers.layer_lookup(sandbox_layers, p)
                 ent = None if found is None else entry_of(found)
                 return None if ent is not None and ent[0] == "dir" else ent
             n = st.node(p, with_content_id=True)

@@ -54,6 +54,7 @@ from .changesets import sandbox_views
 from .race_steps import replay_applied
 from merge.errors import PromotionConflict
 from .policy import PolicyViolation
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -143,9 +144,8 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
 
 def _run_command(engine: "Engine", sb: str, argv: list[str], doc: dict[str, Any], *, timeout_s: float | None,
                  seccomp: str | None, echo: bool) -> None:
-    from .runs import run_sync
 
-    run = run_sync(engine, sb, argv, timeout_s=timeout_s, echo=echo, seccomp=seccomp)
+    run = orchestrator.runs.run_sync(engine, sb, argv, timeout_s=timeout_s, echo=echo, seccomp=seccomp)
     doc["command"] = _step(run, doc["command"]["command"])
 
 

@@ -42,6 +42,7 @@ from .units import parse_duration
 from .lineage import mark_scaffold
 from . import audit
 from .errors import NothingToRollBack
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -176,12 +177,11 @@ def settle_dead(engine: "Engine") -> list[dict[str, Any]]:
 
 def _check(engine: "Engine", promo_id: str, command: str, timeout_s: float) -> dict[str, Any]:
     """One check: CMD in a fresh sandbox of live, as ``--verify`` runs it."""
-    from .runs import run_sync
 
     sb = engine.fork("live", 1)[0]
     try:
         mark_scaffold(engine, sb, "watch", promotion=promo_id)  # reaped by the next command if we die
-        res = run_sync(engine, sb.id, ["/bin/sh", "-c", command], echo=False, timeout_s=timeout_s)
+        res = orchestrator.runs.run_sync(engine, sb.id, ["/bin/sh", "-c", command], echo=False, timeout_s=timeout_s)
         tail = b""
         for key in ("stderr_path", "stdout_path"):
             try:

@@ -60,6 +60,7 @@ from ..registry import new_id
 from ..results import Race
 from .errors import NoUsableNode, ReplicaFailed
 from ..config import load_config
+import orchestrator
 
 if TYPE_CHECKING:
     from ..engine import Engine, Limits
@@ -125,8 +126,7 @@ async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str
     patches: dict[int, tuple[bytes, Node]] = {}
     where: dict[int, Node] = {}
     node_logs: dict[int, Any] = {}
-    from .export import BaseExport
-    export = BaseExport(engine, base)
+    export = orchestrator.cluster.export.BaseExport(engine, base)
     events.race_started(log, race=race.id, base=base, check=check, cluster=session.address or str(cluster),
              candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox} for o in race.outcomes])
     try:
@@ -234,10 +234,9 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
                limits: "Limits", say: Callable[[str], None] | None) -> None:
     """Every live node ends with the base imported: the layers it lacks pulled from the
     object store (each layer put there once), then the snapshot made and its view mounted."""
-    from .export import stack_digests
 
     ray = session.ray
-    digests = stack_digests([layer.digest for layer in layers])
+    digests = orchestrator.cluster.export.stack_digests([layer.digest for layer in layers])
     layers = [next(la for la in layers if la.digest == d) for d in digests]
     live = [n for n in nodes if not n.dead]
     missing = _gather(ray, {n.id: n.actor.missing.remote(digests) for n in live})
