@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..race_plan import Candidate
 from ..sandbox.procs import pid_alive
+import orchestrator
 
 # A candidate's state while it may still win (ranked between passed and not passed).
 _UNDECIDED = ("waiting", "applying", "checking")
@@ -111,11 +112,10 @@ class RaceTracker:
         return None
 
     def _rerank(self, rid: str) -> None:
-        from ..race import Outcome, rank
 
         cands = self.races[rid]["candidates"]
         by_index = {c["index"]: c for c in cands}
-        ranked = rank([Outcome(index=c["index"], candidate=Candidate.from_json(c),
+        ranked = orchestrator.race.rank([orchestrator.race.Outcome(index=c["index"], candidate=Candidate.from_json(c),
                                sandbox=c.get("sandbox") or "", applied=bool(c["applied"]), exit_code=c["exit_code"],
                                duration_s=c["duration_s"], lines_added=c["lines_added"] or 0,
                                lines_removed=c["lines_removed"] or 0)
