@@ -330,7 +330,7 @@ def _ignore_fn(ignore_root: Path | bytes | str | None, new: Path | bytes | str |
         return merge.ignore.IgnoreRules(ignore_root).is_ignored
     same = new is None or os.path.realpath(os.fsencode(new)) == os.path.realpath(os.fsencode(ignore_root))
     return merge.ignore.IgnoreRules(ignore_root, sandbox=None if same else new, base=base,
-                       excludes_file=merge.ignore.core_excludes_file(ignore_root)).is_ignored
+                                    excludes_file=merge.ignore.core_excludes_file(ignore_root)).is_ignored
 
 
 def scan_tree(root: Path, *, exclude_top: Iterable[bytes] = (b".git", b".petri"),

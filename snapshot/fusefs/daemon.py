@@ -388,10 +388,10 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
 
 
         fs = snapshot.fusefs.ops.CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
-                   disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
-                   attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
+                                       disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
+                                       attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
                    keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup,
-                   idmap=_parse_idmap(args.idmap))
+                                       idmap=_parse_idmap(args.idmap))
         options = set(pyfuse3.default_options)  # default_permissions
         # nosuid,nodev always (fusermount3 adds them for a normal user anyway): a sandbox can
         # plant a setuid file or a device node in its tree.

@@ -346,7 +346,6 @@ class Host:
     async def _add(self, req: dict, from_server: bool) -> dict:
         import trio
 
-        from .ops import CowFS
 
         self.pending += 1
         name = os.fsencode(str(req.get("name", "")))
@@ -358,7 +357,8 @@ class Host:
             a = parse_sandbox(argv)
             base = self.fs.new_base()
             make = functools.partial(
-                CowFS, a.lower, a.upper, a.workdir, journal=Journal(a.journal), disk_budget=a.disk_budget,
+                snapshot.fusefs.ops.CowFS, a.lower, a.upper, a.workdir, journal=Journal(a.journal),
+                disk_budget=a.disk_budget,
                 entry_timeout=a.entry_timeout, attr_timeout=a.attr_timeout, negative_timeout=a.negative_timeout,
                 keep_cache=a.keep_cache, writeback=self.writeback, fsync_copyup=a.fsync_copyup,
                 idmap=_parse_idmap(a.idmap), base=base)
