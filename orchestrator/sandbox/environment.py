@@ -319,11 +319,12 @@ def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tm
 
 
 def _mount_system(store_root: Path, sb_id: str, state: dict, uid: int, gid: int) -> None:
-    from . import system_layer
 
     if not state.get("mounted"):
-        raise SandboxSetupFailed(detail=system_layer.unavailable(store_root) or "the system layer needs root")
-    state["system"], state["system_home"] = system_layer.mount(store_root, sb_id, Path(state["root"]), uid, gid)
+        raise SandboxSetupFailed(
+            detail=orchestrator.sandbox.system_layer.unavailable(store_root) or "the system layer needs root")
+    state["system"], state["system_home"] = orchestrator.sandbox.system_layer.mount(store_root, sb_id,
+                                                                                    Path(state["root"]), uid, gid)
 
 
 def _reown(state: dict, uid: int, gid: int) -> None:
@@ -383,11 +384,11 @@ def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str
     and return its pid once the namespace is up. It is a child of this process only until
     this process ends; a long-lived one (the API, MCP) reaps it after it is killed
     (``subprocess``'s own reaping of abandoned children)."""
-    from .cgexec import tool
 
     r, w = os.pipe2(os.O_CLOEXEC)
     left = 0 if until is None else max(1, int(until - time.time() + 0.999))
-    argv = [tool("unshare"), "--net", *(["--map-current-user", "--keep-caps"] if own_userns else []), "--",
+    argv = [orchestrator.sandbox.cgexec.tool("unshare"), "--net", *(["--map-current-user",
+                                                                     "--keep-caps"] if own_userns else []), "--",
             "/bin/sh", "-c", HOLDER_SH, "petri-holder", str(left), str(state), mount, sys.executable, str(HOLDER),
             "ip" if own_userns else "petri"]
     try:
