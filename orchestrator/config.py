@@ -156,8 +156,8 @@ class Config:
                 changes[name] = getattr(self, name)
         if not limits.net and not limits.net_allow and self.net:
             if isinstance(self.net, str):
-                from .sandbox.egress import parse_allow
-                changes["net_allow"] = parse_allow(self.net)  # checked when the file was read
+                # checked when the file was read
+                changes["net_allow"] = orchestrator.sandbox.egress.parse_allow(self.net)
             else:
                 changes["net"] = True
         return replace(limits, **changes) if changes else limits
@@ -193,11 +193,11 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
                          if getattr(own, k) is not None and getattr(own, k) == least(getattr(top, k), getattr(own, k))
                          and getattr(top, k) != getattr(own, k))
     return orchestrator.policy_rules.ProfilePolicy(source=source, protect=top.protect + own.protect,
-                         deny_patterns=top.deny_patterns + own.deny_patterns,
+                                                   deny_patterns=top.deny_patterns + own.deny_patterns,
                          max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
-                         risk=top.risk + own.risk, table=table,
-                         top_counts=(len(top.protect), len(top.deny_patterns), len(top.risk)),
-                         from_profile=from_profile)
+                                                   risk=top.risk + own.risk, table=table,
+                                                   top_counts=(len(top.protect), len(top.deny_patterns), len(top.risk)),
+                                                   from_profile=from_profile)
 
 
 @dataclass(frozen=True)
@@ -315,13 +315,13 @@ def parse_config(data: bytes, path: Path) -> Config:
 
 
 def _policy(m: Any, path: Path) -> "Policy":
-    from .policy_rules import Policy, RiskRule
 
-    return Policy(source=str(path), protect=tuple(m.protect),
-                  deny_patterns=tuple(m.deny_patterns),
-                  max_files=m.max_files, max_lines=m.max_lines,
-                  risk=tuple(RiskRule(paths=tuple(r.paths), min_files=r.min_files, min_lines=r.min_lines,
-                                      require=r.require) for r in m.risk))
+    return orchestrator.policy_rules.Policy(source=str(path), protect=tuple(m.protect),
+                                            deny_patterns=tuple(m.deny_patterns),
+                                            max_files=m.max_files, max_lines=m.max_lines,
+                  risk=tuple(orchestrator.policy_rules.RiskRule(paths=tuple(r.paths), min_files=r.min_files,
+                                                                min_lines=r.min_lines,
+                                                                require=r.require) for r in m.risk))
 
 
 def _key(loc: Any) -> str:

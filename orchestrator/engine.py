@@ -97,8 +97,8 @@ class Engine:
             engine.reap_expired(overdue)
             orphans = engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
             if orphans:
-                from .sandbox import reaper
-                reaper.remove_run_cgroups(orphans)  # and its cgroup goes with it, not at the next gc
+                # and its cgroup goes with it, not at the next gc
+                orchestrator.sandbox.reaper.remove_run_cgroups(orphans)
             keep_reserve(engine.store.root)  # room for `rm` and `gc` on a full disk
         return engine
 

@@ -124,7 +124,7 @@ async def base_metric(engine: "Engine", base: str, checks: "str | Sequence[str]"
     try:
         for check in checks:
             runs.append(await orchestrator.runs.run_in_sandbox(engine, row.id, ["/bin/sh", "-c", check], echo=False,
-                                             timeout_s=timeout_s, seccomp=seccomp))
+                                                               timeout_s=timeout_s, seccomp=seccomp))
             if runs[-1]["exit_code"] != 0:
                 break
         return await trio.to_thread.run_sync(_finish, engine, key, row, metric, runs)
@@ -138,7 +138,6 @@ def base_metric_sync(engine: "Engine", base: str, checks: "str | Sequence[str]",
                      profile: str | None = None,
                      env: tuple[Sequence[str], Mapping[str, bytes]] | None = None) -> dict[str, Any]:
     """``base_metric`` for callers without a loop (a promotion's verify, a stage's checks)."""
-    from .runs import run_sync
 
     checks = [checks] if isinstance(checks, str) else list(checks)
     key = cache_key(base, checks, metric, profile)
@@ -149,8 +148,9 @@ def base_metric_sync(engine: "Engine", base: str, checks: "str | Sequence[str]",
     runs: list[dict[str, Any]] = []
     try:
         for check in checks:
-            runs.append(run_sync(engine, row.id, ["/bin/sh", "-c", check], echo=False, timeout_s=timeout_s,
-                                 **({"seccomp": seccomp} if seccomp is not None else {})))
+            runs.append(orchestrator.runs.run_sync(engine, row.id, ["/bin/sh", "-c", check], echo=False,
+                                                   timeout_s=timeout_s,
+                                                   **({"seccomp": seccomp} if seccomp is not None else {})))
             if runs[-1]["exit_code"] != 0:
                 break
         return _finish(engine, key, row, metric, runs)

@@ -157,7 +157,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     regressed past the gate, or a verify that left no KEY, fails the verify (rolled back).
     The document carries ``metric``, ``base_metric``, ``metric_spec``, ``regression``."""
 
-    from .policy import PolicyViolation
 
     mode = _on_conflict_mode(on_conflict)
     if metric is not None and not verify:
@@ -181,7 +180,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     # and the next command settles the journal and unmounts what it left. A conflict wrote
     # nothing (its row, if any, says "conflict").
     try:
-        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict, PolicyViolation)):
+        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict,
+                                                                       orchestrator.policy.PolicyViolation)):
             _promote_locked(engine, row, promo_id, doc, on_conflict=mode, include_ignored=include_ignored,
                             paths=user, dry_run=dry_run, target=target, extra=extra or {},
                             override_policy=override_policy if check_policy else None, check_policy=check_policy,
@@ -264,17 +264,17 @@ def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base:
     """The policy's verdicts on what this promotion carries, into ``doc``; raises
     ``PolicyViolation`` unless it passes or ``override`` is given (then the lines it let
     through are returned, for the audit trail)."""
-    from . import policy as P
 
-    pol = P.policy_of(engine.root, row.profile)  # the sandbox's profile's, when it was forked with one
+    pol = orchestrator.policy.policy_of(engine.root,
+                                        row.profile)  # the sandbox's profile's, when it was forked with one
     if pol.empty:
         return []
-    ev = P.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,
+    ev = orchestrator.policy.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,
                             views=(base, tree))
     doc.update(ev.to_json())
     try:
-        lines = P.check(pol, ev, row.id, override=override)
-    except P.PolicyViolation as err:
+        lines = orchestrator.policy.check(pol, ev, row.id, override=override)
+    except orchestrator.policy.PolicyViolation as err:
         err.doc = doc
         raise
     if lines:

@@ -187,14 +187,14 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     import trio
 
-    from .runs import seccomp_profile
 
     profile = profile or inherited(engine, source)  # a race from a sandbox: its profile
     cfg = load_config(engine.root).with_profile(profile)  # an unknown --profile: exit 2, nothing forked
     if profile is not None and cluster is not None:
         raise UsageError(detail=f"profile {profile!r} does not go with --cluster (the cluster's forks do not"
                                 " record it)")
-    seccomp = seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root, profile))
+    seccomp = orchestrator.runs.seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root,
+                                                                                                        profile))
     if cluster is not None:
         orchestrator.cluster.connect.parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
         if metric is not None:
@@ -446,13 +446,13 @@ def promote_winner(engine: "Engine", race: Race, *, say: Callable[[str], None] |
     """Promote the race's winner into the workspace: the race with ``promotion`` (the
     promote document), or ``promotion`` None and ``promotion_error``/``promotion_exit_code``
     when it failed. No winner: the race unchanged."""
-    from .promotions import promote as do_promote
 
     if not race.winner:
         return race
     row = engine.registry.sandbox(race.winner)
     try:
-        return race.but(promotion=_row(do_promote(engine, row, echo=False, say=say or (lambda s: None))))
+        return race.but(promotion=_row(orchestrator.promotions.promote(engine, row, echo=False,
+                                                                       say=say or (lambda s: None))))
     except PetriError as e:
         return race.but(promotion=None, promotion_error=str(e), promotion_exit_code=e.exit_code)
 

@@ -245,11 +245,11 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
     judged the same wherever it runs. ``env``: extra variables for both steps."""
     import trio
 
-    from .runs import run_in_sandbox
 
     argv, apply_env, stdin = apply_argv_env(engine, o.candidate)
-    doc = await run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env}, stdin_data=stdin,
-                               echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env},
+                                                 stdin_data=stdin,
+                                                 echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
     o.runs.append(doc["run"])
     o.apply_exit_code = doc["exit_code"]
     if doc["exit_code"] != 0:
@@ -268,8 +268,8 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
     o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
         count_changes, ignore_root, base_view, tree, manifest)
     await trio.to_thread.run_sync(replay_applied, engine, row, base_view, tree, check_tree)
-    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
-                               timeout_s=timeout_s, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
+                                                 timeout_s=timeout_s, seccomp=seccomp)
     o.check_run = doc["run"]
     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
     o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)

@@ -207,12 +207,12 @@ def _egress_proxy(engine: "Engine", sb_id: str) -> list[str]:
 def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     """The sandbox's lasting environment (``sandbox.environment``), made at its first use:
     every run, shell, check and service of the sandbox joins it."""
-    from .sandbox import environment as E
-    from .sandbox.host_sockets import private_dirs
 
     allow = run_limits(row).net_allow
-    env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
-                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(), allow=allow,
+    env = orchestrator.sandbox.environment.ensure(engine.store.root, row.id, host_uid=who.host_uid,
+                                                  host_gid=who.host_gid,
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=orchestrator.sandbox.host_sockets.private_dirs(),
+                   allow=allow,
                    proxy=_egress_proxy(engine, row.id) if allow else None, system=row.system)
     secrets = secret_values(engine, row)
     if secrets:
@@ -283,9 +283,9 @@ def seccomp_profile(engine: "Engine", asked: str | None, row: "SandboxRow | None
 
 def seccomp_fields(profile: str) -> dict[str, Any]:
     """The run document's ``seccomp``; with ``off``, also what that turned off."""
-    from .sandbox.seccomp import turned_off
 
-    return {"seccomp": profile, **({"seccomp_turned_off": turned_off()} if profile == "off" else {})}
+    return {"seccomp": profile,
+            **({"seccomp_turned_off": orchestrator.sandbox.seccomp.turned_off()} if profile == "off" else {})}
 
 
 def _say_seccomp_off(profile: str) -> None:
@@ -333,7 +333,6 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     """Everything around the runner, once for both drivers (``run_result``, ``run_result_async``):
     yields the run to execute, is sent its result (or thrown its failure), returns the run's
     record."""
-    from .sandbox.runner import KILL_GRACE_S, RunSpec
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
@@ -373,15 +372,17 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     t0 = time.monotonic()
     try:
         with run_tree(engine, row, tree, who) as bound:
-            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
+            spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=engine.store.root,
+                                                       argv=list(argv),
                            cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row),
                            limits=run_limits(row), timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
                            stderr_path=err_path, uid=who.uid, gid=who.gid, output_filters=secret_filters(engine, row),
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
-                           allow_sockets=_allowed_sockets(engine), seccomp=profile,
+                                                       allow_sockets=_allowed_sockets(engine), seccomp=profile,
                            log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
-            res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
+            res = yield _Step(spec, on_ev,
+                              orchestrator.sandbox.runner.KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
                               output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
             # run's views must still be mounted: its plan is rebuilt from them).
@@ -439,15 +440,15 @@ def run_result(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     the run. ``forward_signals`` (the main thread; ``petri run``): SIGINT, SIGTERM and
     SIGHUP go to the command (see ``runner``). ``on_started(n)`` is told the run's number as
     soon as its record exists. No trio: this is what ``petri run`` and the sync API use."""
-    from .sandbox.runner import run_blocking
 
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
     recorded = _Recorder(steps)
     try:
-        res = run_blocking(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
+        res = orchestrator.sandbox.runner.run_blocking(step.spec, on_event=step.on_event,
+                                                       kill_grace_s=step.kill_grace_s,
                            forward_signals=forward_signals, output_events=step.output_events,
-                           on_stopped=recorded)
+                                                       on_stopped=recorded)
     except BaseException as e:
         if not recorded.done:
             steps.throw(e)
@@ -467,15 +468,15 @@ async def run_result_async(engine: "Engine", sandbox: "str | SandboxRow", argv: 
     """``run_result`` for trio (races, MCP, ``petri.aio``): the same steps, the run's loop in
     a thread of its own; cancelling this kills the run (its processes are gone when the
     cancellation propagates). Its events are delivered in this loop's thread."""
-    from .sandbox.runner import run_isolated
 
     kw.pop("forward_signals", None)  # a thread of the loop cannot take the process's signals
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
     recorded = _Recorder(steps)
     try:
-        res = await run_isolated(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
-                                 output_events=step.output_events, on_stopped=recorded)
+        res = await orchestrator.sandbox.runner.run_isolated(step.spec, on_event=step.on_event,
+                                                             kill_grace_s=step.kill_grace_s,
+                                                             output_events=step.output_events, on_stopped=recorded)
     except BaseException as e:
         if not recorded.done:
             steps.throw(e)
@@ -545,7 +546,6 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
-    from .sandbox.runner import RunSpec
 
     profile = seccomp_profile(engine, seccomp)  # a bad one is refused before the sandbox is looked up
     row = runnable_row(engine, sandbox)
@@ -566,14 +566,15 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     stopped: str | None = None
     try:
         with run_tree(engine, row, tree, who) as bound:
-            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
+            spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=engine.store.root,
+                                                       argv=argv,
                            cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row), limits=run_limits(row),
                            timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
-                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                                                       stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile, log_cap=load_config(engine.root).log_cap,
-                           environment=environment(engine, row, who))
+                                                       seccomp=profile, log_cap=load_config(engine.root).log_cap,
+                                                       environment=environment(engine, row, who))
             code = orchestrator.sandbox.pty_shell.run_shell(spec)
     except BaseException as e:
         cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing

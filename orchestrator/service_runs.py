@@ -248,7 +248,6 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
     """The supervisor's body (detached already): run the service, restart it as asked."""
     from .runs import (_allowed_sockets, _env_for, _masks, environment, inside_cwd, run_tree, runnable_row,
                        seccomp_profile, secret_filters)
-    from .sandbox.runner import Canceller, RunSpec, run_blocking
 
     events.set_via(via)
     engine = Engine.open(Path(workspace), reap=False)
@@ -257,7 +256,7 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
     assert rec is not None
     rec["supervisor_pid"], rec["supervisor_start"] = os.getpid(), _start_time(os.getpid())
     _write(store, sb_id, rec)
-    cancel = Canceller()
+    cancel = orchestrator.sandbox.runner.Canceller()
     stopping = {"yes": False}
 
     def on_term(signum: int, frame: Any) -> None:
@@ -311,15 +310,16 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                         os.close(ready_fd)
 
             with run_tree(engine, row, tree, who) as bound:
-                spec = RunSpec(workspace=engine.root, tree=bound, store=store, argv=list(rec["command"]),
+                spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=store,
+                                                           argv=list(rec["command"]),
                                cwd=inside_cwd(engine, tree, rec.get("cwd")), env=_env_for(engine, rec.get("env"), row),
-                               output_filters=secret_filters(engine, row),
+                                                           output_filters=secret_filters(engine, row),
                                limits=Limits.from_dict(row.limits), timeout_s=None, deadline=row.expires_at,
                                stdout_path=out, stderr_path=err, uid=who.uid, gid=who.gid, cgroup_name=cg,
                                echo=False, extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
                                allow_sockets=_allowed_sockets(engine), seccomp=seccomp_profile(engine, None, row),
                                log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
-                res = run_blocking(spec, on_event=on_event, cancel=cancel)
+                res = orchestrator.sandbox.runner.run_blocking(spec, on_event=on_event, cancel=cancel)
             rec["exit_code"] = res.exit_code
             rec["pid"] = None
             if not said:

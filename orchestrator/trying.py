@@ -164,7 +164,6 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
                say: Callable[[str], None]) -> None:
     """The check, in a throwaway fork of the same base with the changed state replayed into
     it (``race._replay_applied``), so what it leaves behind is never promoted."""
-    from .runs import run_sync
 
     csb = fork(row.base, None)
     made.append(csb)
@@ -175,7 +174,8 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
     if row.system and crow.system:  # what the command changed outside the project, too
         inherit_system_layer(engine.store.root, row.id, csb)
     say(f"checking in {csb} (a throwaway fork of the changed state): {check}")
-    run = run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo, seccomp=seccomp)
+    run = orchestrator.runs.run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo,
+                                     seccomp=seccomp)
     doc["check"] = {**_step(run, check), "sandbox": csb}
     made.remove(csb)
     _remove(engine, [csb])

@@ -108,17 +108,17 @@ async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str
     """Execute the race's plan on the cluster (see the module docstring); the race's record."""
     import trio
 
-    from .connect import Session, import_ray
 
     check, source, jobs, limits = race.check, race.source, race.jobs, race.limits
     keep, seccomp = race.keep, race.seccomp
     assert limits is not None, "cluster_race: a plan without limits (run_race settles them)"
 
     t0 = time.monotonic()
-    session = Session(cluster)  # a bad address fails here, before anything is made
+    session = orchestrator.cluster.connect.Session(cluster)  # a bad address fails here, before anything is made
     await trio.to_thread.run_sync(session.probe)  # and one where no Ray head answers, before Ray is imported
     log = events.log_for(engine.store.root)
-    await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
+    await trio.to_thread.run_sync(orchestrator.cluster.connect.import_ray,
+                                  session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
     race.base, race.base_implicit = base, implicit
     race.outcomes = [Outcome(i, c, new_id("sb"), check_sandbox=new_id("sb")) for i, c in enumerate(race.candidates)]
@@ -181,10 +181,9 @@ def _start_agents(session: "Session", race_id: str, engine: "Engine", limits: "L
     race is left out with its reason, and so is one that does not answer)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .node import PROTOCOL, NodeAgent
 
     ray = session.ray
-    agent_cls = ray.remote(NodeAgent)
+    agent_cls = ray.remote(orchestrator.cluster.node.NodeAgent)
     nodes = []
     for n in ray.nodes():
         cpus = int((n.get("Resources") or {}).get("CPU", 0))
@@ -203,8 +202,9 @@ def _start_agents(session: "Session", race_id: str, engine: "Engine", limits: "L
         got = replies[node.id]
         if isinstance(got, BaseException):
             node.dead = _refusal(node, got)
-        elif got.get("protocol") != PROTOCOL:
-            node.dead = f"node {node.short} runs another petri (protocol {got.get('protocol')}, not {PROTOCOL})"
+        elif got.get("protocol") != orchestrator.cluster.node.PROTOCOL:
+            node.dead = (f"node {node.short} runs another petri (protocol {got.get('protocol')}, "
+                         f"not {orchestrator.cluster.node.PROTOCOL})")
         else:
             node.info = got
     return nodes
@@ -425,7 +425,6 @@ async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tupl
     ``verify``, its changed lines are counted again and must match the node's."""
     import trio
 
-    from ..runs import run_in_sandbox
 
     row = (await trio.to_thread.run_sync(lambda: engine.fork(race.base, 1, limits=limits, ids=[o.sandbox])))[0]
     engine.registry.update_sandbox(row.id, meta={**(row.meta or {}), "race": {
@@ -435,19 +434,20 @@ async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tupl
     data, node = patch
     argv, env, _ = apply_argv_env(engine, replace(o.candidate, kind="patch", data=data))
     assert argv == GIT_APPLY
-    doc = await run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False,
+                                                 seccomp=seccomp)
     if doc["exit_code"] != 0:
         raise ReplicaFailed(candidate=o.candidate.text, node=node.short,
                             why=tail(doc["stderr_path"]) or f"git apply exit {doc['exit_code']}")
     if not verify:
         return {"patch_bytes": len(data)}
-    from ..changesets import narrow, sandbox_candidates
 
     row = engine.sandbox_by_id(row.id)
     tree = engine.sandbox_tree(row)
     with engine.backend.snapshot_view(engine.store, race.base) as base_view:
         # Only where the backend says the rebuilt sandbox changed: not a walk of the whole tree.
-        within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])
+        within = orchestrator.changesets.narrow(orchestrator.changesets.sandbox_candidates(engine, row,
+                                                                                           Path(base_view), tree), [])
         files, added, removed, _ = await trio.to_thread.run_sync(count_changes, engine.root, Path(base_view), tree,
                                                                  None, within)
     same = (files, added, removed) == (o.files_changed, o.lines_added, o.lines_removed)

@@ -324,7 +324,7 @@ class NodeAgent:
         if paths is not None and not paths:
             return b""
         changes = merge.changes.tree_changes(base, tree, include_ignored=True, paths=paths or (),
-                               exclude_top=exclude_top(base, tree))
+                                             exclude_top=exclude_top(base, tree))
         return merge.patch.format_patch(changes, base, tree)
 
     # -- the end ---------------------------------------------------------------------------------
