@@ -118,8 +118,8 @@ class RaceTracker:
         ranked = orchestrator.race.rank([orchestrator.race.Outcome(index=c["index"], candidate=Candidate.from_json(c),
                                sandbox=c.get("sandbox") or "", applied=bool(c["applied"]), exit_code=c["exit_code"],
                                duration_s=c["duration_s"], lines_added=c["lines_added"] or 0,
-                               lines_removed=c["lines_removed"] or 0)
-                       for c in cands if c["state"] in _DECIDED])
+                                                                   lines_removed=c["lines_removed"] or 0)
+                                         for c in cands if c["state"] in _DECIDED])
         undecided = [c for c in cands if c["state"] in _UNDECIDED]
         rest = [c for c in cands if c["state"] not in _DECIDED + _UNDECIDED]  # stopped
         cands[:] = ([by_index[o.index] for o in ranked if o.passed] + sorted(undecided, key=lambda c: c["index"])

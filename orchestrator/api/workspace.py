@@ -58,17 +58,18 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     def deco(fn: Callable[..., _R]) -> Callable[..., _R]:
         @functools.wraps(fn)
         def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> _R:
-            from .. import audit
 
             if reason is not None:
                 check_text(self._name("reason"), reason, max_len=MAX_NOTE)
-            with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
+            with orchestrator.audit.operation(op, orchestrator.audit.api_argv(fn.__name__, args, kw), self.via,
+                                              reason=reason,
                                  client=self.client, root=self.root):
                 return fn(self, *args, **kw)
         # What ``inspect.signature`` (help(), the docs, petri.aio's conformance test) shows:
         # the method's own parameters and the ``reason`` keyword this wrapper takes.
         sig = inspect.signature(fn)
-        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), inspect.Parameter(  # type: ignore[attr-defined]
+        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(),
+                                                        inspect.Parameter(  # type: ignore[attr-defined]
             "reason", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
         return wrapper
     return deco
@@ -82,13 +83,13 @@ def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: 
          reason: str | None = None) -> "Workspace":
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
     ``ws.init_result`` is the ``init`` document."""
-    from .. import audit
-    from ..services import Engine
 
-    with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
+    with orchestrator.audit.operation("init", orchestrator.audit.api_argv("init", [os.fspath(path)],
+                                                                          {"backend": backend}), via,
                          reason=reason):
-        engine, result = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
-                                     say=say or (lambda s: None))
+        engine, result = orchestrator.services.Engine.init(Path(os.path.abspath(path)), backend, convert=convert,
+                                                           progress=progress,
+                                                           say=say or (lambda s: None))
     ws = Workspace(engine.root, via=via, _engine=engine)
     ws.init_result = result
     return ws
@@ -279,9 +280,9 @@ class Workspace:
             infos = [e.sandbox_record(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
                      for r in rows]
         if any(True for _ in _services_root(e).glob("*/*.json")):  # most workspaces have none: one listdir
-            from ..service_runs import live_names
 
-            infos = [i.but(services_running=len(live_names(e.store.root, i.id))) for i in infos]
+            infos = [i.but(services_running=len(orchestrator.service_runs.live_names(e.store.root,
+                                                                                     i.id))) for i in infos]
         return SandboxList.of(sandboxes=tuple(infos))
 
     def status(self, sandbox: "str | Sandbox") -> SandboxList:
@@ -289,9 +290,9 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         info = e.sandbox_record(row, staleness=e.staleness(row))
-        from ..service_runs import listing
 
-        info = info.but(runs=tuple(orchestrator.run_history.sandbox_runs(e, row)), services=listing(e, row.id),
+        info = info.but(runs=tuple(orchestrator.run_history.sandbox_runs(e, row)),
+                        services=orchestrator.service_runs.listing(e, row.id),
                         ports=orchestrator.sandbox.environment.ports(e.store.root, row.id))
         return SandboxList.of(sandboxes=(info,))
 
@@ -342,15 +343,15 @@ class Workspace:
         ``default``); ``caller_cwd``: the caller's own working directory, where the command
         starts when it lies in the workspace and exists in the sandbox (else at the root;
         not with ``cwd``)."""
-        from ..runs import run_result
 
         if cwd is not None and caller_cwd is not None:
             raise UsageError(detail="cwd and caller_cwd: one or the other")
         start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
-        result = run_result(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
+        result = orchestrator.runs.run_result(self.engine, _sandbox_id(sandbox), _argv(argv),
+                                              timeout_s=_seconds(timeout), env=env,
                             stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
-                            forward_signals=forward_signals, seccomp=seccomp)
+                                              forward_signals=forward_signals, seccomp=seccomp)
         if result.exit_code is not None:  # always, for a run that ended: the trail shows the command's own code
             orchestrator.audit.set_exit_code(result.exit_code)
         return result
@@ -374,13 +375,13 @@ class Workspace:
         allocates, joined to this process's terminal, until it exits (``petri shell``): the
         ``shell`` document ``{"id", "exit_code", "seccomp"}``. ``caller_cwd``, ``seccomp`` as
         for ``run``; ``timeout`` ends the session."""
-        from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
 
         e = self.engine
-        profile = seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
-        code = shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
+        profile = orchestrator.runs.seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
+        code = orchestrator.runs.shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
                                 cwd=None if caller_cwd is None else os.fspath(caller_cwd), seccomp=profile)
-        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code, **seccomp_fields(profile)}
+        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code,
+                **orchestrator.runs.seccomp_fields(profile)}
 
     # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
     @_audited("run")
@@ -390,11 +391,11 @@ class Workspace:
         """``run --detach``: start ``argv`` as a service of the sandbox, which outlives this
         call (and this process) and ends by itself, ``stop_service``, the sandbox's lifetime,
         ``remove`` or ``deinit``. ``restart``: ``no`` or ``on-failure``. Its ``services`` row."""
-        from ..service_runs import start
 
         start_dir = self._start_dir(sandbox, cwd)
-        return start(self.engine, _sandbox_id(sandbox), [os.fsdecode(a) for a in _argv(argv)], name=name,
-                     restart=restart, env=env, cwd=start_dir)
+        return orchestrator.service_runs.start(self.engine, _sandbox_id(sandbox),
+                                               [os.fsdecode(a) for a in _argv(argv)], name=name,
+                                               restart=restart, env=env, cwd=start_dir)
 
     def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
         """``services``: every service of the workspace, or of one sandbox."""
@@ -417,20 +418,21 @@ class Workspace:
         """The service's stdout in chunks as its file holds them; with ``follow``, also what it
         writes until it is no longer running (``logs --service -f``) or ``stop()`` returns
         true. ``NoSuchService`` as ``service``; nothing when it has no output file yet."""
-        from ..service_records import LIVE, read, settled
-        from ..service_runs import follow_log
 
         rec = {**self.service(sandbox, name)}
         if not rec.get("stdout_path"):
             return iter(())
         store, sb = self.engine.store.root, rec["sandbox"]
-        first = read(store, sb, name) or rec
+        first = orchestrator.service_records.read(store, sb, name) or rec
 
         def alive() -> bool:
-            r = read(store, sb, name) or first
-            return follow and not (stop is not None and stop()) and settled(store, sb, r)["state"] in LIVE
+            r = orchestrator.service_records.read(store, sb, name) or first
+            if not follow or (stop is not None and stop()):
+                return False
+            return orchestrator.service_records.settled(store, sb, r)["state"] in orchestrator.service_records.LIVE
 
-        chunks: Iterator[bytes] = follow_log(Path(rec["stdout_path"]), alive if follow else (lambda: False))
+        chunks: Iterator[bytes] = orchestrator.service_runs.follow_log(Path(rec["stdout_path"]),
+                                                                       alive if follow else (lambda: False))
         return chunks
 
     @_audited("stop")
@@ -484,7 +486,6 @@ class Workspace:
         With ``follow``, also what the run writes until it ends (or ``stop()``); without, what
         is there now. ``start``: stream offsets to begin at (``{"stdout": n}``); ``tail``:
         begin each stream that many bytes before its end (as it is now)."""
-        from .. import runlog
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
@@ -506,8 +507,9 @@ class Workspace:
 
         paths = {"stdout": doc["stdout_path"], "stderr": doc["stderr_path"]}
         if tail is not None:
-            start = {k: max(0, runlog.stream_size(p) - tail, (start or {}).get(k, 0)) for k, p in paths.items()}
-        return runlog.follow(paths, finished, stop=stop, poll_s=poll_s, start=start)
+            start = {k: max(0, orchestrator.runlog.stream_size(p) - tail, (start or {}).get(k, 0)) for k,
+                     p in paths.items()}
+        return orchestrator.runlog.follow(paths, finished, stop=stop, poll_s=poll_s, start=start)
 
     # -- race -----------------------------------------------------------------------------
     @_audited("race")
@@ -537,7 +539,6 @@ class Workspace:
 
         A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``race``:
         the record so far; its ``doc``: that as the CLI's error document)."""
-        from ..race import load_candidates, race_sync
 
         if not check or not check.strip():
             raise EmptyCommand(what="check", hint=" (e.g. check='python3 -m pytest -q')")
@@ -548,10 +549,11 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         gate = _metric_gate(metric, max_regression)
-        cands = load_candidates(candidates)  # a missing patch file: exit 2 before anything
-        return race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
+        cands = orchestrator.race.load_candidates(candidates)  # a missing patch file: exit 2 before anything
+        return orchestrator.race.race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs,
+                                           limits=limits or Limits(),
                          timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                         cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
+                                           cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
 
     @_audited("promote")
     def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
@@ -579,7 +581,7 @@ class Workspace:
         """The sandbox's changes against its base as a git-format patch (``diff``)."""
 
         return orchestrator.diffs.diff_record(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
-                           with_patch=not stat_only)
+                                              with_patch=not stat_only)
 
     # A chunk of ``patch``: what a pipe takes in one write.
     PATCH_CHUNK = 1 << 16
@@ -589,9 +591,9 @@ class Workspace:
         """The sandbox's patch exactly as ``git apply`` takes it, as chunks of bytes (what
         ``petri diff`` writes to its output; ``diff().patch`` is the same as text, with a
         file name that is not UTF-8 escaped). Read from one point-in-time view."""
-        from ..diffs import diff_parts
 
-        _, _, data = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored)
+        _, _, data = orchestrator.diffs.diff_parts(self.engine, _sandbox_id(sandbox), paths,
+                                                   include_ignored=include_ignored)
         view = memoryview(data)
         for at in range(0, len(data), self.PATCH_CHUNK):
             yield bytes(view[at:at + self.PATCH_CHUNK])
@@ -602,10 +604,10 @@ class Workspace:
         (``petri diff --stat``); empty when nothing changed."""
         from merge.patch import format_stat
 
-        from ..diffs import diff_parts
 
-        _, stats, _ = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
-                                 with_patch=False)
+        _, stats, _ = orchestrator.diffs.diff_parts(self.engine, _sandbox_id(sandbox), paths,
+                                                    include_ignored=include_ignored,
+                                                    with_patch=False)
         return format_stat(stats)
 
     def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
@@ -661,7 +663,6 @@ class Workspace:
         import time
 
 
-        from ..promotions import promote as do_promote
 
         gate = _metric_gate(metric, max_regression)
         if gate is not None and (verify is None or not verify.strip()):
@@ -676,16 +677,16 @@ class Workspace:
             check_text(name, override_policy, max_len=MAX_NOTE)
             if not override_policy.strip():
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
-        from ..watch import parse_watch
 
-        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
+        watching = orchestrator.watch.parse_watch(watch, watch_for, watch_every, api=self.via != "cli",
+                                                  mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
             with _text_conflicts():
                 pipeline = orchestrator.stages.promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
-                                      override_policy=override_policy)
+                                                          override_policy=override_policy)
             return _with_ws(pipeline, self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         wanted = [_path_bytes(p) for p in paths]
@@ -693,7 +694,8 @@ class Workspace:
         started = time.time()
         try:
             with _text_conflicts():
-                result = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+                result = orchestrator.promotions.promote(e, row, on_conflict=on_conflict,
+                                                         include_ignored=include_ignored, paths=wanted,
                                     dry_run=dry_run, verify=verify, echo=echo, say=say,
                                     override_policy=override_policy, watch=watching, via=self.via, metric=gate)
         except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
@@ -720,9 +722,9 @@ class Workspace:
         watcher running it; ``say`` gets a line per check counted. The watch document:
         ``state`` passed, rolled_back, rollback_refused, interrupted or stopped, ``failed``
         (the check that failed)."""
-        from ..watch import doc_of, follow
 
-        return doc_of(follow(self.engine, _any_id(promotion), say or (lambda s: None)))
+        return orchestrator.watch.doc_of(orchestrator.watch.follow(self.engine, _any_id(promotion),
+                                                                   say or (lambda s: None)))
 
     def watch_status(self, promotion: "str | Promotion | PromoteResult") -> dict[str, Any] | None:
         """The watch of a promotion as it stands now (the document ``follow_watch`` ends
@@ -754,7 +756,6 @@ class Workspace:
         once the change and the check are known, before the promotion is decided;
         ``on_interrupt()`` is called first thing when a signal stops the try (the CLI stops
         taking signals so the settling is not cut short)."""
-        from ..trying import try_change
 
         if label is not None:
             self._check_label(label)
@@ -767,11 +768,12 @@ class Workspace:
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))
 
-        return try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
-                          check=check, label=label, keep=keep, include_ignored=include_ignored,
+        return orchestrator.trying.try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork,
+                                              decide=decide,
+                                              check=check, label=label, keep=keep, include_ignored=include_ignored,
                           on_conflict=on_conflict, timeout_s=_seconds(timeout), seccomp=seccomp, echo=echo,
-                          say=say or (lambda s: None), report=report or (lambda d: None),
-                          hold=on_interrupt or (lambda: None))
+                                              say=say or (lambda s: None), report=report or (lambda d: None),
+                                              hold=on_interrupt or (lambda: None))
 
     @_audited("rebase")
     def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False) -> Rebased:
@@ -786,22 +788,22 @@ class Workspace:
 
         with _text_conflicts():
             return orchestrator.rebasing.rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
-                          include_ignored=include_ignored)
+                                                include_ignored=include_ignored)
 
     @_audited("promote")
     def resume(self, promotion: "str | Promotion | PromoteResult", *,
                say: Callable[[str], None] | None = None) -> Pipeline:
         """``promote --resume p-…``: pass a stage's manual gate, or re-run an inconclusive or
         interrupted stage, and go on up to the pipeline's last stage."""
-        from ..stages import resume
 
         with _text_conflicts():
-            return _with_ws(resume(self.engine, _any_id(promotion), say=say or (lambda s: None)), self)
+            return _with_ws(orchestrator.stages.resume(self.engine, _any_id(promotion), say=say or (lambda s: None)),
+                            self)
 
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
-        from ..promotions import promotion_rows
 
-        return [_with_ws(p, self) for p in promotion_rows(self.engine, include_conflicts=include_conflicts)]
+        return [_with_ws(p, self) for p in orchestrator.promotions.promotion_rows(self.engine,
+                                                                                  include_conflicts=include_conflicts)]
 
     def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
         return PromotionList(promotions=tuple(self.promotions(include_conflicts=include_conflicts)))
@@ -919,16 +921,16 @@ class Workspace:
         whose name (a glob without ``/``, e.g. ``*.py``) or path below ``path`` (``src/**/*.c``)
         matches, git's wildmatch. What the sandbox's ``.gitignore`` ignores is left out unless
         ``include_ignored``; ``.git`` is listed, never entered."""
-        from .. import files
 
         _at_least(1, max_entries=max_entries)
         _at_most(self.MAX_ENTRIES, max_entries=max_entries)
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
+        rel = orchestrator.files.user_rel(path, where)
         with self._reading(row) as tree:
-            return files.list_entries(tree, rel, where, glob=glob,
+            return orchestrator.files.list_entries(tree, rel, where, glob=glob,
                                       recursive=glob is not None if recursive is None else recursive,
-                                      rules=files.ignore_rules(tree.root, include_ignored), max_entries=max_entries)
+                                      rules=orchestrator.files.ignore_rules(tree.root, include_ignored),
+                                      max_entries=max_entries)
 
     def grep(self, sandbox: "str | Sandbox", pattern: str, path: str | bytes = "", *, glob: str | None = None,
              ignore_case: bool = False, include_ignored: bool = False, max_matches: int = 200) -> GrepResult:
@@ -937,16 +939,17 @@ class Workspace:
         text). ``glob`` as in ``list_files``. Binary and very large files are skipped and
         counted; the search stops at ``max_matches``, after 256 MiB read or 10 s (a pattern
         that backtracks without end), and ``stopped`` says why."""
-        from .. import files
 
         _at_least(1, max_matches=max_matches)
         _at_most(self.MAX_MATCHES, max_matches=max_matches)
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
-        files.compile_pattern(pattern, ignore_case=ignore_case)  # a bad one fails before anything is opened
+        rel = orchestrator.files.user_rel(path, where)
+        orchestrator.files.compile_pattern(pattern,
+                                           ignore_case=ignore_case)  # a bad one fails before anything is opened
         with self._reading(row) as tree:
-            return files.grep(tree, rel, where, pattern, glob=glob, ignore_case=ignore_case,
-                              rules=files.ignore_rules(tree.root, include_ignored), max_matches=max_matches)
+            return orchestrator.files.grep(tree, rel, where, pattern, glob=glob, ignore_case=ignore_case,
+                              rules=orchestrator.files.ignore_rules(tree.root, include_ignored),
+                              max_matches=max_matches)
 
     @_audited("delete_file")
     def delete_file(self, sandbox: "str | Sandbox", path: str | bytes, *, recursive: bool = False) -> FileRemoved:
@@ -980,12 +983,12 @@ class Workspace:
     def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Rejection:
         """``reject``: record why the sandbox is rejected (the audit trail, a
         ``sandbox.rejected`` event, ``stats``' rejections) and destroy it unless ``keep``."""
-        from .. import audit
 
         if not isinstance(reason, str) or not reason.strip():
             raise UsageError(detail=f"{self._name('reason')} is needed: why the sandbox is rejected")
         check_text(self._name("reason"), reason, max_len=MAX_NOTE)
-        with audit.operation("reject", audit.api_argv("reject", [_sandbox_id(sandbox)], {"keep": keep}), self.via,
+        with orchestrator.audit.operation("reject", orchestrator.audit.api_argv("reject", [_sandbox_id(sandbox)],
+                                                                                {"keep": keep}), self.via,
                              reason=reason, client=self.client, root=self.root):
             return orchestrator.review.reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via)
 
@@ -1123,6 +1126,6 @@ class Workspace:
             blocked: list[bytes] = []
         else:
             paths, blocked = orchestrator.rollback_plans.undo_plan(e, full)
-        from ..engine import path_text
-        return Rollback.of(restored=full, kind=kind, changed=[path_text(p) for p in paths], safety_snapshot=None,
-                           dry_run=True, blocked=[path_text(p) for p in blocked])
+        return Rollback.of(restored=full, kind=kind, changed=[orchestrator.engine.path_text(p) for p in paths],
+                           safety_snapshot=None,
+                           dry_run=True, blocked=[orchestrator.engine.path_text(p) for p in blocked])
