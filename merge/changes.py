@@ -42,6 +42,7 @@ from snapshot.osutil import read_fd
 
 from . import diffalgo
 from .errors import TreeChangedDuringScan, UnsafePath
+import merge
 
 KIND_FILE = "file"
 KIND_SYMLINK = "symlink"
@@ -324,13 +325,12 @@ def _ignore_fn(ignore_root: Path | bytes | str | None, new: Path | bytes | str |
     never for a sandbox's tree) and the ``.gitignore`` files ``new`` adds (see IgnoreRules)."""
     if ignore_root is None:
         return None
-    from .ignore import IgnoreRules, core_excludes_file
 
     if not workspace:
-        return IgnoreRules(ignore_root).is_ignored
+        return merge.ignore.IgnoreRules(ignore_root).is_ignored
     same = new is None or os.path.realpath(os.fsencode(new)) == os.path.realpath(os.fsencode(ignore_root))
-    return IgnoreRules(ignore_root, sandbox=None if same else new, base=base,
-                       excludes_file=core_excludes_file(ignore_root)).is_ignored
+    return merge.ignore.IgnoreRules(ignore_root, sandbox=None if same else new, base=base,
+                                    excludes_file=merge.ignore.core_excludes_file(ignore_root)).is_ignored
 
 
 def scan_tree(root: Path, *, exclude_top: Iterable[bytes] = (b".git", b".petri"),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Sequence
+from .diffalgo import diff_lines
 
 Style = Literal["merge", "diff3"]
 Favor = Literal["ours", "theirs", "union"] | None
@@ -98,7 +99,6 @@ def _diff_script(a: Sequence[bytes], b: Sequence[bytes]) -> list[tuple[int, int,
     """Hunks (i1, chg1, i2, chg2) turning a into b, as ``git merge-file``'s xdiff makes them:
     Myers with compaction and no indent heuristic (``merge.diffalgo.diff_lines``, libgit2's
     xdiff)."""
-    from .diffalgo import diff_lines
 
     return diff_lines(list(a), list(b), indent_heuristic=False)
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
+from .errors import UsageError
+import orchestrator
 
 if TYPE_CHECKING:
     from .race_plan import Candidate
 
 
 def _candidate(*args: Any, **kw: Any) -> "Candidate":
-    from .race_plan import Candidate
 
-    return Candidate(*args, **kw)
+    return orchestrator.race_plan.Candidate(*args, **kw)
 
 
 def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | None = None,  # noqa: N802 - a type's name
@@ -30,7 +31,6 @@ def Patch(path: str | os.PathLike[str] | None = None, *, text: str | bytes | Non
     """A race candidate: a patch (git or ``patch -p1`` format), from a file or as ``text``;
     ``name`` is what the race calls it (default: the path as given, or ``patch-text``)."""
     if (path is None) == (text is None):
-        from .errors import UsageError
         raise UsageError(detail="petri.Patch takes a file path or text=, not both or neither")
     where = None if path is None else os.fspath(path)
     data = text.encode() if isinstance(text, str) else text

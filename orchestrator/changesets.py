@@ -40,6 +40,8 @@ from snapshot.backend import FULL, Candidates
 
 from .lineage import diff_base
 from .registry import pid_alive
+from merge.changes import normalize_path, tree_changes
+import merge
 
 if TYPE_CHECKING:
     from merge.changes import Change
@@ -95,15 +97,13 @@ def staging_names(*roots: Path) -> tuple[bytes, ...]:
 
 
 def exclude_top(*roots: Path) -> tuple[bytes, ...]:
-    from merge.promote import METRICS_FILE  # what a check leaves for evolve: never a change
-    return (b".git", b".petri", METRICS_FILE, *staging_names(*roots))
+    return (b".git", b".petri", merge.promote.METRICS_FILE, *staging_names(*roots))
 
 
 def changes(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, include_ignored: bool = False,
             paths: Sequence[bytes] = (), detect_renames: bool = True, fast: bool = True) -> "list[Change]":
     """The sandbox's change set (``merge.changes.Change`` list, sorted by path); ``fast``
     False forces the full compare (the tests' oracle)."""
-    from merge.changes import normalize_path, tree_changes
     user = [normalize_path(p) for p in paths]
     if fast:
         narrowed = narrow(sandbox_candidates(engine, row, base, tree), user)

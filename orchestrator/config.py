@@ -91,6 +91,9 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .runlog import DEFAULT_CAP
+from .units import limit_problem
+from .errors import UsageError
+import orchestrator
 
 if TYPE_CHECKING:
     from .policy_rules import Policy
@@ -125,7 +128,6 @@ class Config:
             return None
         got = self.profiles.get(name)
         if got is None:
-            from .errors import UsageError
             defined = ", ".join(sorted(self.profiles)) or "none"
             where = f" in {self.path}" if self.path is not None else " (no config file)"
             raise UsageError(detail=f"unknown profile {name!r}{where}; defined: {defined}")
@@ -144,7 +146,6 @@ class Config:
 
     def apply_defaults(self, limits: Any) -> Any:
         """``limits`` (an engine ``Limits``) with unset fields taken from this config."""
-        from .units import limit_problem
 
         changes = {}
         for name in ("mem_bytes", "cpus", "pids", "disk_bytes", "ttl_s"):
@@ -155,8 +156,8 @@ class Config:
                 changes[name] = getattr(self, name)
         if not limits.net and not limits.net_allow and self.net:
             if isinstance(self.net, str):
-                from .sandbox.egress import parse_allow
-                changes["net_allow"] = parse_allow(self.net)  # checked when the file was read
+                # checked when the file was read
+                changes["net_allow"] = orchestrator.sandbox.egress.parse_allow(self.net)
             else:
                 changes["net"] = True
         return replace(limits, **changes) if changes else limits
@@ -182,9 +183,8 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
     max_lines is the stricter of the two, so a profile can tighten but never loosen."""
     if own is None:
         return top
-    from .policy_rules import ProfilePolicy
 
-    top = top or ProfilePolicy(source=own.source)
+    top = top or orchestrator.policy_rules.ProfilePolicy(source=own.source)
 
     def least(a: int | None, b: int | None) -> int | None:
         return a if b is None else b if a is None else min(a, b)
@@ -192,12 +192,12 @@ def merge_policy(top: "Policy | None", own: "Policy | None", source: str, table:
     from_profile = tuple(k for k in ("max_files", "max_lines")
                          if getattr(own, k) is not None and getattr(own, k) == least(getattr(top, k), getattr(own, k))
                          and getattr(top, k) != getattr(own, k))
-    return ProfilePolicy(source=source, protect=top.protect + own.protect,
-                         deny_patterns=top.deny_patterns + own.deny_patterns,
+    return orchestrator.policy_rules.ProfilePolicy(source=source, protect=top.protect + own.protect,
+                                                   deny_patterns=top.deny_patterns + own.deny_patterns,
                          max_files=least(top.max_files, own.max_files), max_lines=least(top.max_lines, own.max_lines),
-                         risk=top.risk + own.risk, table=table,
-                         top_counts=(len(top.protect), len(top.deny_patterns), len(top.risk)),
-                         from_profile=from_profile)
+                                                   risk=top.risk + own.risk, table=table,
+                                                   top_counts=(len(top.protect), len(top.deny_patterns), len(top.risk)),
+                                                   from_profile=from_profile)
 
 
 @dataclass(frozen=True)
@@ -266,10 +266,9 @@ def parse_config(data: bytes, path: Path) -> Config:
         raise ConfigError(path=str(path), detail=f"key {_key(nul)!r}: a NUL character (\\u0000) is not allowed")
     from pydantic import ValidationError
 
-    from .config_schema import ConfigModel
 
     try:
-        m = ConfigModel.model_validate(raw)
+        m = orchestrator.config_schema.ConfigModel.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         key = _key(err["loc"]) or "(top level)"
@@ -316,13 +315,13 @@ def parse_config(data: bytes, path: Path) -> Config:
 
 
 def _policy(m: Any, path: Path) -> "Policy":
-    from .policy_rules import Policy, RiskRule
 
-    return Policy(source=str(path), protect=tuple(m.protect),
-                  deny_patterns=tuple(m.deny_patterns),
-                  max_files=m.max_files, max_lines=m.max_lines,
-                  risk=tuple(RiskRule(paths=tuple(r.paths), min_files=r.min_files, min_lines=r.min_lines,
-                                      require=r.require) for r in m.risk))
+    return orchestrator.policy_rules.Policy(source=str(path), protect=tuple(m.protect),
+                                            deny_patterns=tuple(m.deny_patterns),
+                                            max_files=m.max_files, max_lines=m.max_lines,
+                  risk=tuple(orchestrator.policy_rules.RiskRule(paths=tuple(r.paths), min_files=r.min_files,
+                                                                min_lines=r.min_lines,
+                                                                require=r.require) for r in m.risk))
 
 
 def _key(loc: Any) -> str:
@@ -350,12 +349,11 @@ def _with_nul(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
 def expand_masks(entries: list[str]) -> tuple[Path, ...]:
     """The config's ``masks`` as absolute paths: ``~/x`` is ``x`` in every home (and in the
     home of whoever runs petri), anything else ``expanduser``'d."""
-    from .sandbox.isolation import home_dirs
 
     out: list[Path] = []
     for p in entries:
         paths = [Path(os.path.expanduser(p))]
         if p.startswith("~/"):
-            paths += [Path(os.fsdecode(h)) / p[2:] for h in home_dirs()]
+            paths += [Path(os.fsdecode(h)) / p[2:] for h in orchestrator.sandbox.isolation.home_dirs()]
         out += [q for i, q in enumerate(paths) if q not in out and q not in paths[:i]]
     return tuple(out)

@@ -24,6 +24,9 @@ from .errors import UsageError
 from .metric_spec import read_spec
 from .sandbox.seccomp import Profile as SeccompProfile
 from .units import MIN_CPUS, MIN_TTL_S, check_text, parse_cpus, seconds, size
+from .policy_rules import compile_glob
+from .run_env import NAME_RE
+from .sandbox.egress import BadAllowList, parse_allow
 
 
 # The same checks as the command line's (orchestrator.units), so a value means the same
@@ -55,7 +58,6 @@ class LimitsModel(BaseModel):
     @classmethod
     def _net(cls, v: Any) -> Any:
         if isinstance(v, str):
-            from .sandbox.egress import BadAllowList, parse_allow
             try:
                 return "allow:" + ",".join(parse_allow(v))
             except BadAllowList as e:
@@ -226,7 +228,6 @@ class PolicyModel(BaseModel):
 
 
 def _check_globs(v: list[str]) -> list[str]:
-    from .policy_rules import compile_glob
 
     for i, g in enumerate(v):
         try:
@@ -259,7 +260,6 @@ class ProfileModel(BaseModel):
     @field_validator("secrets")
     @classmethod
     def _secrets(cls, v: list[str]) -> list[str]:
-        from .run_env import NAME_RE
         names: list[str] = []
         for i, spec in enumerate(v):  # the form only: the values are read at each fork
             name, sep, ref = spec.partition("=")

@@ -12,6 +12,10 @@ import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .results import Diff, DiffFile, document
+from merge.changes import normalize_path
+from merge.patch import patch_and_stats
+from .changesets import changes, sandbox_views
+from .lineage import diff_base
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -20,7 +24,6 @@ if TYPE_CHECKING:
 
 def path_bytes(p: str | bytes) -> bytes:
     """A path a caller gave, as the normalized bytes a change set names."""
-    from merge.changes import normalize_path
 
     return normalize_path(os.fsencode(p))
 
@@ -55,9 +58,7 @@ def diff_parts(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = ()
                with_patch: bool = True) -> tuple["SandboxRow", list[Any], bytes]:
     """The sandbox's row, its per-file stats (``merge.patch.FileStat``) and its patch bytes
     (empty unless ``with_patch``), read from a point-in-time view."""
-    from merge.patch import patch_and_stats
 
-    from .changesets import changes, sandbox_views
 
     row = engine.resolve_sandbox(sandbox)
     wanted = [path_bytes(p) for p in paths]
@@ -71,7 +72,6 @@ def diff_record(engine: "Engine", sandbox: str, paths: Sequence[str | bytes] = (
                 with_patch: bool = True) -> Diff:
     """The ``diff`` record (with ``patch_b64`` when the patch holds bytes that are not
     UTF-8); ``with_patch`` False leaves the patch text out (``--stat``)."""
-    from .lineage import diff_base
 
     row, stats, patch = diff_parts(engine, sandbox, paths, include_ignored=include_ignored, with_patch=with_patch)
     text = patch.decode("utf-8", "backslashreplace")

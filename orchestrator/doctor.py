@@ -40,6 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from snapshot.extras import EXTRAS, importable
+from .sandbox import cgroups, isolation, seccomp
+from .run_as import DEFAULT_SANDBOX_USER
+from .errors import SeccompUnavailable
+from snapshot import idmap
+from snapshot.choose import advice, choose, get_backend, probe, uses_fuse
+from snapshot.errors import PetriError
+from snapshot.store import Store
+from snapshot.osutil import fs_type
 
 PROBE_TIMEOUT_S = 15.0
 APPARMOR_SYSCTL = "kernel.apparmor_restrict_unprivileged_userns"
@@ -132,7 +140,6 @@ def _really_root(proc: Path) -> bool:
 
 
 def check_bwrap() -> Check:
-    from .sandbox import isolation
     path = shutil.which(isolation.BWRAP)
     if path is None:
         return Check("bwrap", False, "bubblewrap (`bwrap`) is not on PATH: every run, shell and check needs it",
@@ -148,7 +155,6 @@ def check_bwrap() -> Check:
 
 def _probe_account() -> tuple[int, int, str]:
     """Whom a run starts bwrap as when petri is root: the sandbox account (if made), else nobody."""
-    from .run_as import DEFAULT_SANDBOX_USER
     for name in (DEFAULT_SANDBOX_USER, "nobody"):
         try:
             pw = pwd.getpwnam(name)
@@ -188,7 +194,6 @@ def userns_fix(sysctls: dict[str, str | None], bwrap: str) -> tuple[str, str]:
 
 
 def check_userns(proc: Path = Path("/proc")) -> Check:
-    from .sandbox import isolation
     bwrap = shutil.which(isolation.BWRAP)
     sysctls = {n: read_sysctl(n, proc) for n in (APPARMOR_SYSCTL, CLONE_SYSCTL, MAX_USERNS_SYSCTL)}
     shown = ", ".join(f"{k}={v}" for k, v in sysctls.items() if v is not None)
@@ -226,7 +231,6 @@ def check_userns(proc: Path = Path("/proc")) -> Check:
 
 
 def check_cgroups() -> Check:
-    from .sandbox import cgroups
     sup = cgroups.detect()
     root = os.geteuid() == 0
     if sup.mode == "v2":
@@ -288,8 +292,6 @@ def check_module(module: str, needed: bool) -> Check:
 
 
 def check_seccomp() -> Check:
-    from .errors import SeccompUnavailable
-    from .sandbox import seccomp
     try:
         status = Path("/proc/self/status").read_text()
     except OSError:
@@ -310,7 +312,6 @@ def check_idmap(path: Path, proc: Path) -> Check:
     """A root-owned workspace's commands run as an unprivileged account through an id-mapped
     view of the tree (orchestrator.run_as): needed when petri is root, PATH is root's and
     there is no sudo caller to run as."""
-    from snapshot import idmap
     try:
         owner = os.stat(path).st_uid
     except OSError as e:
@@ -322,7 +323,6 @@ def check_idmap(path: Path, proc: Path) -> Check:
     try:
         os.close(idmap.open_clone(path, idmap.IdMap(uid, gid), recursive=False))
     except (OSError, idmap.IdmapUnsupported) as e:
-        from snapshot.osutil import fs_type
         fs = fs_type(path)
         said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return Check("idmapped_mounts", False,
@@ -335,9 +335,6 @@ def check_idmap(path: Path, proc: Path) -> Check:
 
 
 def check_disk_cap(path: Path, backend: str) -> Check:
-    from snapshot.choose import get_backend
-    from snapshot.errors import PetriError
-    from snapshot.store import Store
     try:
         cap = get_backend(backend).disk_cap(Store(path))
     except PetriError as e:
@@ -367,8 +364,6 @@ def _registered_backend(path: Path) -> str | None:
 def check_backend(path: Path) -> tuple[Check, str, str, bool]:
     """(check, backend, reason, registered): the workspace's own backend when PATH is one,
     else the one ``auto`` picks (and ``--convert`` where it would help)."""
-    from snapshot.choose import advice, choose, probe
-    from snapshot.osutil import fs_type
     fs = fs_type(path)
     registered = _registered_backend(path)
     if registered is not None:
@@ -383,7 +378,6 @@ def check_backend(path: Path) -> tuple[Check, str, str, bool]:
 
 def diagnose(path: Path, *, proc: Path = Path("/proc")) -> Report:
     """Every check for ``path`` (an existing directory)."""
-    from snapshot.choose import uses_fuse
     path = Path(os.path.abspath(path))
     backend_check, backend, reason, registered = check_backend(path)
     checks = [

@@ -41,6 +41,9 @@ from .service_records import stop_all as stop_services
 from .units import check_label, human_bytes, validate_limits
 from .workspace import (act_as_store_owner, add_git_exclude, check_can_init, find_workspace, remove_git_exclude,
                         store_lock)
+from .results import Rollback
+import orchestrator
+import snapshot
 
 if TYPE_CHECKING:
     from .results import Rollback
@@ -94,8 +97,8 @@ class Engine:
             engine.reap_expired(overdue)
             orphans = engine.registry.settle_orphaned_runs()  # a run whose petri died is not "running"
             if orphans:
-                from .sandbox import reaper
-                reaper.remove_run_cgroups(orphans)  # and its cgroup goes with it, not at the next gc
+                # and its cgroup goes with it, not at the next gc
+                orchestrator.sandbox.reaper.remove_run_cgroups(orphans)
             keep_reserve(engine.store.root)  # room for `rm` and `gc` on a full disk
         return engine
 
@@ -172,9 +175,8 @@ class Engine:
                 self._stop_sandbox_processes(sb, "destroyed")
                 events.sandbox_destroyed(self.store.root, sb.id)
             self.reap_dead_tmp()
-            from .sandbox import environment
 
-            environment.sweep(self.store.root, ())  # any a killed petri left behind
+            orchestrator.sandbox.environment.sweep(self.store.root, ())  # any a killed petri left behind
             for sb in self.registry.sandboxes():
                 self._destroy_tree(sb)
                 removed.append(sb.id)
@@ -277,9 +279,8 @@ class Engine:
                 if lb.startswith(("s-", "sb-", "p-")):
                     raise UsageError(detail=f"label {lb!r} looks like an id; pick another")
         if system:
-            from .sandbox.system_layer import unavailable
 
-            why = unavailable(self.store.root)
+            why = orchestrator.sandbox.system_layer.unavailable(self.store.root)
             if why:
                 raise LimitsUnavailable(what="--system (a writable system layer)", why=why)
         lineage: dict[str, Any] = {}
@@ -390,10 +391,9 @@ class Engine:
 
     def _system_doc(self, row: SandboxRow) -> dict[str, Any]:
         """A ``--system`` sandbox's layer: its size, and how many paths it changed."""
-        from .sandbox import system_layer
 
-        return {"bytes": system_layer.size(self.store.root, row.id),
-                "changes": len(system_layer.changes(self.store.root, row.id))}
+        return {"bytes": orchestrator.sandbox.system_layer.size(self.store.root, row.id),
+                "changes": len(orchestrator.sandbox.system_layer.changes(self.store.root, row.id))}
 
     def _last_activity(self, row: SandboxRow) -> float | None:
         """When the sandbox last changed through petri: its last run's end (None while one
@@ -493,18 +493,16 @@ class Engine:
         cgroups and the per-run views of its tree; its live runs' records end ``killed_by:
         why`` (``mark``; ``begin_destroy`` marked them already). How many processes were
         killed."""
-        from .sandbox import reaper  # cgroups: ~2 ms of imports that fork, ls and status do not use
 
-        from .sandbox import environment
 
         if mark:
             self.registry.mark_live_runs(row.id, why)
         try:
             # Services first: a supervisor alive would restart what the cgroup sweep kills.
-            return stop_services(self.store.root, row.id) + reaper.kill_sandbox(row.id)
+            return stop_services(self.store.root, row.id) + orchestrator.sandbox.reaper.kill_sandbox(row.id)
         finally:
             remove_sandbox_views(self.store.root, row.id)  # a view pins the tree (a btrfs subvolume)
-            environment.destroy(self.store.root, row.id)  # its network, /tmp and published ports
+            orchestrator.sandbox.environment.destroy(self.store.root, row.id)  # its network, /tmp and published ports
             from .run_env import remove
 
             remove(self.store.root, row.id)  # the store's copy of its secrets
@@ -522,8 +520,7 @@ class Engine:
         if limits.disk_bytes and self.backend.enforces_disk_budget():
             opts["disk_budget"] = limits.disk_bytes
         if self.backend.mounts_map_owners():
-            from .run_as import owner_idmap  # reads the config: only for backends that map owners
-            idmap = owner_idmap(self)
+            idmap = orchestrator.run_as.owner_idmap(self)
             if idmap is not None:
                 opts["idmap"] = idmap
         return opts
@@ -584,7 +581,6 @@ class Engine:
     def rollback_snapshot(self, ident: str) -> "Rollback":
         """Restore live to a snapshot as one journaled transaction (``snapshot.restore``),
         after a safety snapshot of live as it is, so the rollback can itself be undone."""
-        from snapshot.restore import execute_restore, plan_restore
 
         target = self.resolve_snapshot(ident)
         with self.lock():
@@ -592,11 +588,10 @@ class Engine:
             # pending before the view is mounted: a kill anywhere is settled by the next command
             with recovery.pending(self, new_id("r")) as txn_id:
                 with self.backend.snapshot_view(self.store, target.id) as src:
-                    ops = plan_restore(bytes(src), bytes(self.root))
-                    changed, left = execute_restore(ops, src, self.root, self.store.journal, txn_id)
+                    ops = snapshot.restore.plan_restore(bytes(src), bytes(self.root))
+                    changed, left = snapshot.restore.execute_restore(ops, src, self.root, self.store.journal, txn_id)
         import base64
 
-        from .results import Rollback  # not at import: the fast path's commands (ls, run, fork) never need it
 
         # left_alone only where something stood in the way (a directory swapped for a symlink meanwhile)
         return Rollback.of(restored=target.id, kind="snapshot", changed=[path_text(p) for p in changed],
@@ -628,8 +623,7 @@ def _fault(step: str) -> None:
     """A fault point (``snapshot.transaction``: SIGKILL here when PETRI_FAULT_KILL_AT asks),
     imported only when a test asks for one."""
     if "PETRI_FAULT_KILL_AT" in os.environ:
-        from snapshot.transaction import fault_point
-        fault_point(step)
+        snapshot.transaction.fault_point(step)
 
 
 def _clone_all(rows: list[SandboxRow], make: Callable[[SandboxRow], None]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from snapshot.errors import Conflict, DiskLimitUnavailable, NotFound, PetriError, Unsupported, UsageError
+import orchestrator
 
 __all__ = ["PetriError", "UsageError", "NotFound", "Conflict", "Unsupported",  # the categories, for callers here
            "DiskLimitUnavailable"]  # raised by the backends' disk caps (snapshot.backend.DiskCap)
@@ -29,9 +30,8 @@ class Interrupted(OrchestratorError):
     exit_code = 130
 
     def __init__(self, *, detail: str) -> None:
-        from . import interrupts
-        super().__init__(how=interrupts.interrupted_by(), detail=detail)
-        self.exit_code = interrupts.exit_code()
+        super().__init__(how=orchestrator.interrupts.interrupted_by(), detail=detail)
+        self.exit_code = orchestrator.interrupts.exit_code()
 
 
 class PromotionInterrupted(Interrupted):
@@ -44,7 +44,6 @@ class PromotionInterrupted(Interrupted):
 
     def __init__(self, *, sandbox: str, promotion: str | None, applied: list[str], watched: bool,
                  verify_unfinished: bool, winner: bool = False) -> None:
-        from . import interrupts
 
         if winner:  # a race's winner (``race --promote``)
             detail = (f": the winner {sandbox} was not promoted (it is kept)" if promotion is None else
@@ -57,8 +56,8 @@ class PromotionInterrupted(Interrupted):
                       + (" (--verify did not finish)" if verify_unfinished and not watched else "")
                       + ("; its watch goes on (`petri promotions` shows it)" if watched else "")
                       + f"; undo with `petri rollback {promotion}`")
-        OrchestratorError.__init__(self, how=interrupts.interrupted_by(), detail=detail)
-        self.exit_code = interrupts.exit_code()
+        OrchestratorError.__init__(self, how=orchestrator.interrupts.interrupted_by(), detail=detail)
+        self.exit_code = orchestrator.interrupts.exit_code()
         self.sandbox, self.promotion, self.applied, self.watched = sandbox, promotion, applied, watched
 
 

@@ -57,6 +57,8 @@ from merge.changes import kind_of
 from .errors import (BadFilePath, BadPattern, FileToolFailed, NoSuchPath, NotARegularFile, PathInStore,
                      SymlinkOnPath, UsageError)
 from .results import (FileContent, FileEntry, FileList, FileMoved, FileRemoved, GrepMatch, GrepResult)
+from merge.ignore import IgnoreRules, wildmatch_regex
+import orchestrator
 
 if TYPE_CHECKING:
     from merge.ignore import IgnoreRules
@@ -84,9 +86,8 @@ class Where:
 
 
 def shown(p: bytes) -> str:
-    from .units import shown as _shown
 
-    return _shown(os.fsdecode(p) if p else ".", limit=200)
+    return orchestrator.units.shown(os.fsdecode(p) if p else ".", limit=200)
 
 
 def text_path(p: bytes) -> dict[str, Any]:
@@ -530,7 +531,6 @@ def glob_matcher(glob: str | None, top: bytes) -> Any:
         return None
     import re
 
-    from merge.ignore import wildmatch_regex
 
     g = os.fsencode(glob)
     if not g or b"\0" in g:
@@ -551,7 +551,6 @@ def glob_matcher(glob: str | None, top: bytes) -> Any:
 def ignore_rules(view: bytes, include_ignored: bool) -> "IgnoreRules | None":
     if include_ignored:
         return None
-    from merge.ignore import IgnoreRules
 
     return IgnoreRules(view)
 

@@ -36,6 +36,8 @@ from .registry import LIVE_STATES, pid_alive
 from .results import Cleanup
 from .sandbox.run_view import reap_dead_views
 from .service_records import sweep as sweep_services
+from .runs import gc_processes
+from .sandbox import environment
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
 def collect(engine: "Engine") -> Cleanup:
     """The ``gc`` record: ``removed`` (sandbox and snapshot ids), ``reaped``
     (counts), ``reclaimed_bytes``, ``pruned_promotions``."""
-    from .runs import gc_processes  # the runner's module: only when gc runs
 
     reaped = {"mounts": 0, "processes": 0, "cgroups": 0, "trees": 0,
               "promotions_finished": 0, "promotions_undone": 0, "expired": 0, "events_rotated": 0}
@@ -117,7 +118,6 @@ def _leftovers(engine: "Engine", reaped: dict[str, int]) -> None:
     # e.g. the fuse fork server, when it serves no known sandbox
     reaped["processes"] += engine.backend.reap_processes(engine.store, known_sbs)
     reaped["mounts"] += reap_dead_views()  # per-run views of petris killed mid-run
-    from .sandbox import environment
 
     # Environments (holder, relays, /tmp) of sandboxes that are gone: a petri killed mid-rm.
     living = {s.id for s in engine.registry.sandboxes() if s.state in LIVE_STATES}  # expired: its lifetime is over

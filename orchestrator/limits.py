@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
+from .errors import UsageError
+from .units import parse_cpus, parse_duration, parse_size
+import orchestrator
 
 Size = int | str | None
 Duration = float | int | str | None
@@ -37,8 +40,6 @@ class Limits:
                  disk: Size = None, net: bool | str = False, ttl: Duration = None, *, mem_bytes: int | None = None,
                  disk_bytes: int | None = None, ttl_s: float | None = None,
                  net_allow: "tuple[str, ...] | list[str] | None" = None) -> None:
-        from .errors import UsageError
-        from .units import parse_cpus, parse_duration, parse_size
 
         def one(name: str, friendly: Any, exact: Any) -> Any:
             if friendly is not None and exact is not None:
@@ -59,10 +60,9 @@ class Limits:
         if isinstance(net, str):
             if net_allow:
                 raise UsageError(detail="Limits: give net='allow:...' or net_allow, not both")
-            from .sandbox.egress import BadAllowList, parse_allow
             try:
-                net_allow = parse_allow(net)
-            except BadAllowList as e:
+                net_allow = orchestrator.sandbox.egress.parse_allow(net)
+            except orchestrator.sandbox.egress.BadAllowList as e:
                 raise UsageError(detail=f"bad --net {e}") from None
             net = False
         elif net and net_allow:
@@ -102,6 +102,5 @@ def _int_or_none(name: str, v: Any) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        from .errors import UsageError
         raise UsageError(detail=f"Limits: {name} must be bytes (an int) or a size such as '512M', not {v!r}")
     return v

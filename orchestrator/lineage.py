@@ -35,6 +35,7 @@ from snapshot.errors import PetriError
 
 from .registry import LIVE_STATES, SnapshotRow, new_id, now, pid_alive, rfc3339
 from .results import Lineage, LineageNode
+from .units import MAX_SQL_INT, check_count
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -253,7 +254,6 @@ def prune_generations(engine: "Engine", keep: int) -> list[dict[str, Any]]:
     in, and one a pending graduated promotion still needs. Returns ``{"id", "generation",
     "why"}`` per sandbox destroyed (``why``: the tree's newest generation)."""
 
-    from .units import MAX_SQL_INT, check_count
 
     check_count("--keep-generations", keep, 1, MAX_SQL_INT)
     rows = [r for r in engine.registry.sandboxes() if not _is_throwaway(r)]

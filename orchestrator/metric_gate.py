@@ -40,6 +40,7 @@ from . import run_env
 from .limits import Limits
 from .lineage import mark_scaffold
 from .race_steps import read_metric, shielded
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -112,7 +113,6 @@ async def base_metric(engine: "Engine", base: str, checks: "str | Sequence[str]"
     (a race's nursery: the fork is made on the loop's thread, as the race's own forks)."""
     import trio
 
-    from .runs import run_in_sandbox
 
     checks = [checks] if isinstance(checks, str) else list(checks)
     key = cache_key(base, checks, metric, profile)
@@ -123,8 +123,8 @@ async def base_metric(engine: "Engine", base: str, checks: "str | Sequence[str]"
     runs: list[dict[str, Any]] = []
     try:
         for check in checks:
-            runs.append(await run_in_sandbox(engine, row.id, ["/bin/sh", "-c", check], echo=False,
-                                             timeout_s=timeout_s, seccomp=seccomp))
+            runs.append(await orchestrator.runs.run_in_sandbox(engine, row.id, ["/bin/sh", "-c", check], echo=False,
+                                                               timeout_s=timeout_s, seccomp=seccomp))
             if runs[-1]["exit_code"] != 0:
                 break
         return await trio.to_thread.run_sync(_finish, engine, key, row, metric, runs)
@@ -138,7 +138,6 @@ def base_metric_sync(engine: "Engine", base: str, checks: "str | Sequence[str]",
                      profile: str | None = None,
                      env: tuple[Sequence[str], Mapping[str, bytes]] | None = None) -> dict[str, Any]:
     """``base_metric`` for callers without a loop (a promotion's verify, a stage's checks)."""
-    from .runs import run_sync
 
     checks = [checks] if isinstance(checks, str) else list(checks)
     key = cache_key(base, checks, metric, profile)
@@ -149,8 +148,9 @@ def base_metric_sync(engine: "Engine", base: str, checks: "str | Sequence[str]",
     runs: list[dict[str, Any]] = []
     try:
         for check in checks:
-            runs.append(run_sync(engine, row.id, ["/bin/sh", "-c", check], echo=False, timeout_s=timeout_s,
-                                 **({"seccomp": seccomp} if seccomp is not None else {})))
+            runs.append(orchestrator.runs.run_sync(engine, row.id, ["/bin/sh", "-c", check], echo=False,
+                                                   timeout_s=timeout_s,
+                                                   **({"seccomp": seccomp} if seccomp is not None else {})))
             if runs[-1]["exit_code"] != 0:
                 break
         return _finish(engine, key, row, metric, runs)
@@ -222,11 +222,10 @@ def reusable_base(engine: "Engine", checks: Sequence[str], metric: "Metric", pro
     (``staleness.live_changes`` finds nothing changed), or None. A workspace stage takes its
     own snapshot before it promotes; its base is measured on this one instead when there is
     one, so a stage tried again on the same live does not measure the base again."""
-    from .staleness import live_changes
 
     for snap_id in _recent_bases(engine, checks, metric, profile):
         try:
-            got = live_changes(engine, snap_id)
+            got = orchestrator.staleness.live_changes(engine, snap_id)
         except (OSError, ValueError):
             got = None
         if got is not None and not got.paths:

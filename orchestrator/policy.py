@@ -49,6 +49,10 @@ from typing import Any, Iterator, Sequence
 from snapshot.errors import Conflict
 
 from .policy_rules import Policy, RiskRule, compile_glob  # noqa: F401 - the rules as data live there
+from . import audit
+from .profiles import policy_for
+from .changesets import changes, sandbox_views
+import merge
 
 RISK_LEVELS = ("low", "high")
 
@@ -267,7 +271,6 @@ def check(policy: Policy, ev: Evaluation, sandbox: str, *, override: str | None,
 def record_override(root: Path, sandbox: str, lines: Sequence[str], reason: str) -> None:
     """One row of the audit trail (``op`` ``override_policy``): who (the current operation's
     uid, via, client), which rules (``result``), why (``reason``), for which sandbox."""
-    from . import audit
 
     outer = audit.current()
     scope = audit.Scope("override_policy", ["override-policy", sandbox, *lines],
@@ -280,7 +283,6 @@ def record_override(root: Path, sandbox: str, lines: Sequence[str], reason: str)
 def policy_of(root: Path | None, profile: str | None = None) -> Policy:
     """The workspace's policy (an empty one when the config has no ``[policy]``); with
     ``profile``, that named profile's (``orchestrator.profiles``)."""
-    from .profiles import policy_for
 
     return policy_for(root, profile)
 
@@ -290,9 +292,7 @@ def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
                      views: tuple[Path, Path] | None = None) -> Evaluation:
     """``evaluate`` on a sandbox's change set (what ``petri diff`` shows, with the same
     options as the promotion), from ``views`` (base, tree) when the caller holds them."""
-    from merge.patch import patch_and_stats
 
-    from .changesets import changes, sandbox_views
 
     pol = policy if policy is not None else policy_of(engine.root, getattr(row, "profile", None))
     if pol.empty:
@@ -300,7 +300,7 @@ def evaluate_sandbox(engine: Any, row: Any, *, include_ignored: bool = False,
 
     def judge(base: Path, tree: Path) -> Evaluation:
         ch = changes(engine, row, base, tree, include_ignored=include_ignored, paths=list(paths))
-        patch, stats = patch_and_stats(ch, base, tree, with_patch=pol.needs_patch)
+        patch, stats = merge.patch.patch_and_stats(ch, base, tree, with_patch=pol.needs_patch)
         return evaluate(pol, stats, patch)
 
     if views is not None:

@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .policy_rules import Policy, ProfilePolicy  # noqa: F401 - ProfilePolicy: its old home
+from . import run_env
+from .config import load_config
+from .errors import UsageError
 
 if TYPE_CHECKING:
     from .config import Profile
@@ -43,7 +46,6 @@ if TYPE_CHECKING:
 def fork_env(profile: "Profile | None", env_pass: Sequence[str],
              secrets: Sequence[str]) -> tuple[list[str], dict[str, bytes]]:
     """The fork's env_pass patterns and secret values: the profile's, then the flags'."""
-    from . import run_env
 
     passes = run_env.check_patterns([*(profile.env_pass if profile else ()), *env_pass])
     passes = list(dict.fromkeys(passes))
@@ -52,7 +54,6 @@ def fork_env(profile: "Profile | None", env_pass: Sequence[str],
         own = run_env.read_secrets(s for s in (profile.secrets if profile else ())
                                    if s.partition("=")[0] not in given)
     except run_env.BadSecret as e:
-        from .errors import UsageError
         raise UsageError(detail=f"{e} (from [profiles.{profile.name if profile else ''}].secrets)") from None
     return passes, {**own, **given}
 
@@ -72,7 +73,6 @@ def inherited(engine: "Engine", source: str) -> str | None:
 
 def policy_for(root: Path | None, profile: str | None) -> "Policy":
     """The policy a sandbox forked with ``profile`` is promoted under."""
-    from .config import load_config
 
     cfg = load_config(root)
     if profile is None:
@@ -82,7 +82,6 @@ def policy_for(root: Path | None, profile: str | None) -> "Policy":
 
 def seccomp_for(root: Path | None, profile: str | None) -> str | None:
     """The profile's syscall filter (None: it sets none, or no profile)."""
-    from .config import load_config
 
     if profile is None:
         return None

@@ -54,6 +54,15 @@ from .race_steps import read_metric
 from .recovery import pending, recover_interrupted, set_promotion_state
 from .registry import new_id, now, pid_alive, rfc3339
 from .results import PromoteResult, Promotion, Rollback
+from merge.on_conflict import ON_CONFLICT
+from merge.promote import Plan, _conflict_error, execute_promotion, plan_promotion, undo_promotion
+from merge.changes import normalize_path
+from merge.errors import PromotionConflict
+from .service_records import live_names
+from . import promoted
+from merge.journal import PRE, _rmtree_counting
+from snapshot.tree import tree_bytes
+import orchestrator
 
 if TYPE_CHECKING:
     from merge.promote import OnConflict, Plan
@@ -85,7 +94,6 @@ def _b64(p: bytes) -> str:
 
 def _on_conflict_mode(text: str) -> OnConflict:
     """``--on-conflict``'s value as the merge layer's mode, or a usage error (exit 2)."""
-    from merge.on_conflict import ON_CONFLICT
 
     for mode in ON_CONFLICT:
         if text == mode:
@@ -96,7 +104,6 @@ def _on_conflict_mode(text: str) -> OnConflict:
 def plan_for(engine: "Engine", row: "SandboxRow", base: Path, tree: Path, *, on_conflict: OnConflict,
              include_ignored: bool, paths: Sequence[bytes], live: Path | None = None) -> "Plan":
     """The promotion plan of the sandbox into ``live`` (default: its own workspace)."""
-    from merge.promote import Plan, plan_promotion
 
     live = engine.root if live is None else live
     narrowed = narrow(sandbox_candidates(engine, row, base, tree), list(paths))
@@ -149,10 +156,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     runs once on a fork of it too (cached per base, ``metric_gate``), and a metric that
     regressed past the gate, or a verify that left no KEY, fails the verify (rolled back).
     The document carries ``metric``, ``base_metric``, ``metric_spec``, ``regression``."""
-    from merge.changes import normalize_path
-    from merge.errors import PromotionConflict
 
-    from .policy import PolicyViolation
 
     mode = _on_conflict_mode(on_conflict)
     if metric is not None and not verify:
@@ -161,7 +165,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     engine.sandbox_tree(row)  # SandboxGone (exit 1) for a destroyed or expired one
     if is_running(engine, row):
         raise SandboxBusy(ident=row.id)
-    from .service_records import live_names
 
     services = live_names(engine.store.root, row.id)
     if services:  # a service is a command running in the sandbox too (a dev server writes files)
@@ -177,7 +180,8 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
     # and the next command settles the journal and unmounts what it left. A conflict wrote
     # nothing (its row, if any, says "conflict").
     try:
-        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict, PolicyViolation)):
+        with target.lock(), pending(target, promo_id, nothing_written=(PromotionConflict,
+                                                                       orchestrator.policy.PolicyViolation)):
             _promote_locked(engine, row, promo_id, doc, on_conflict=mode, include_ignored=include_ignored,
                             paths=user, dry_run=dry_run, target=target, extra=extra or {},
                             override_policy=override_policy if check_policy else None, check_policy=check_policy,
@@ -196,8 +200,7 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
         doc.update(_verify(target, promo_id, verify, echo=echo, say=say, metric=metric,
                            base=doc.get("metric_base")))
     if watch is not None and doc["promotion"] and not dry_run and doc.get("verified") is not False:
-        from .watch import start as start_watch
-        doc["watch"] = start_watch(target, promo_id, *watch, via=via)
+        doc["watch"] = orchestrator.watch.start(target, promo_id, *watch, via=via)
     outcome = "nothing" if not doc["promotion"] else "markers" if doc.get("markers") else "done"
     kpi.record(target.registry, "promote", doc["duration_s"], subject=row.id,
                detail={"outcome": outcome, "verified": doc.get("verified"), "dry_run": dry_run})
@@ -208,7 +211,6 @@ def promote(engine: "Engine", row: "SandboxRow", *, on_conflict: str = "fail", i
 def _already_promoted(engine: "Engine", row: "SandboxRow") -> dict[str, Any] | None:
     """With nothing to write: the sandbox's promotion in place that already carried it (a
     second ``promote`` of a promoted sandbox says so), or None."""
-    from . import promoted
 
     return promoted.summary(promoted.in_place(engine.registry, row.id))
 
@@ -217,8 +219,6 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
                     on_conflict: OnConflict, include_ignored: bool, paths: list[bytes], dry_run: bool,
                     target: "Engine", extra: dict[str, Any], override_policy: str | None = None,
                     check_policy: bool = True, gate: "tuple[str, Metric] | None" = None) -> None:
-    from merge.errors import PromotionConflict
-    from merge.promote import _conflict_error, execute_promotion
 
     with sandbox_views(engine, row) as (base, tree):
         overridden = _policy_gate(engine, row, doc, base, tree, include_ignored=include_ignored, paths=paths,
@@ -238,8 +238,7 @@ def _promote_locked(engine: "Engine", row: "SandboxRow", promo_id: str, doc: dic
             doc["applied"], doc["applied_b64"] = [], []
             return
         if overridden and override_policy is not None:
-            from .policy import record_override
-            record_override(target.root, row.id, overridden, override_policy)
+            orchestrator.policy.record_override(target.root, row.id, overridden, override_policy)
         if gate is not None:  # live as it is before this promotion writes: the metric's base
             doc["metric_base"] = promotion_base(
                 target, [gate[0]], gate[1], None, f"before promotion {promo_id} (the base of its metric)")
@@ -265,17 +264,17 @@ def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base:
     """The policy's verdicts on what this promotion carries, into ``doc``; raises
     ``PolicyViolation`` unless it passes or ``override`` is given (then the lines it let
     through are returned, for the audit trail)."""
-    from . import policy as P
 
-    pol = P.policy_of(engine.root, row.profile)  # the sandbox's profile's, when it was forked with one
+    pol = orchestrator.policy.policy_of(engine.root,
+                                        row.profile)  # the sandbox's profile's, when it was forked with one
     if pol.empty:
         return []
-    ev = P.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,
+    ev = orchestrator.policy.evaluate_sandbox(engine, row, include_ignored=include_ignored, paths=paths, policy=pol,
                             views=(base, tree))
     doc.update(ev.to_json())
     try:
-        lines = P.check(pol, ev, row.id, override=override)
-    except P.PolicyViolation as err:
+        lines = orchestrator.policy.check(pol, ev, row.id, override=override)
+    except orchestrator.policy.PolicyViolation as err:
         err.doc = doc
         raise
     if lines:
@@ -284,8 +283,7 @@ def _policy_gate(engine: "Engine", row: "SandboxRow", doc: dict[str, Any], base:
 
 
 def _run_verify(engine: "Engine", sb_id: str, cmd: str, echo: bool) -> int:
-    from .runs import run_sync  # trio and the runner: only for --verify
-    res = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
+    res = orchestrator.runs.run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], echo=echo)
     return int(res["exit_code"])
 
 
@@ -362,7 +360,6 @@ def settle_interrupted(engine: "Engine", sandbox_id: str, since: float) -> str |
 def rollback_promotion(engine: "Engine", promo_id: str) -> Rollback:
     """Undo a finished promotion (``petri rollback p-…``): the ``rollback`` record.
     ``UndoConflict`` (exit 3, nothing written) when live changed those paths since."""
-    from merge.promote import undo_promotion
 
     row = next((p for p in engine.registry.promotions() if p["id"] == promo_id), None)
     if row is not None and row["state"] == "pruned":
@@ -386,8 +383,7 @@ def _end_watch(engine: "Engine", promo_id: str) -> None:
 
     w = engine.registry.watch(promo_id)
     if w is not None and w["state"] == "watching" and w["pid"] != os.getpid():
-        from .watch import stop_for_rollback
-        stop_for_rollback(engine, promo_id)
+        orchestrator.watch.stop_for_rollback(engine, promo_id)
 
 
 # --------------------------------------------------------------------------- gc
@@ -395,8 +391,6 @@ def _end_watch(engine: "Engine", promo_id: str) -> None:
 
 def preimage_bytes(engine: "Engine", promo_id: str) -> int:
     """Bytes the pre-images of one promotion hold (what pruning it frees)."""
-    from merge.journal import PRE
-    from snapshot.tree import tree_bytes
     pre = engine.store.journal / promo_id / PRE
     return tree_bytes(bytes(pre))[0] if pre.is_dir() else 0
 
@@ -429,11 +423,9 @@ def plan_pruning(rows: list[dict[str, Any]], sizes: dict[str, int], *, at: float
 def gc_promotions(engine: "Engine", reaped: dict[str, int]) -> list[dict[str, Any]]:
     """Count what recovery settled; drop pre-images nobody can use (undone, conflict) and
     prune old ones (``plan_pruning``). Returns the promotions pruned: id, bytes, why."""
-    from merge.journal import PRE, _rmtree_counting
 
     recover_interrupted(engine)
-    from .stage_rows import recover as recover_stages
-    recover_stages(engine)
+    orchestrator.stage_rows.recover(engine)
     finished, undone = engine.__dict__.get("_promotions_recovered", ([], []))
     reaped["promotions_finished"] = reaped.get("promotions_finished", 0) + len(set(finished))
     reaped["promotions_undone"] = reaped.get("promotions_undone", 0) + len(set(undone))
@@ -475,10 +467,8 @@ def promotion_rows(e: "Engine", *, include_conflicts: bool = False) -> list[Prom
     whose promoter died and that nothing settled), ``running`` (its promoter is alive), and
     with ``include_conflicts`` ``conflict`` (stopped before writing anything). A promotion
     whose pre-images ``gc`` pruned is ``done`` with ``can_undo: false``."""
-    from .stage_rows import recover
-    recover(e)  # a stage whose petri died shows as pending, not running
-    from .watch import doc_of, settle_dead
-    settle_dead(e)
+    orchestrator.stage_rows.recover(e)  # a stage whose petri died shows as pending, not running
+    orchestrator.watch.settle_dead(e)
     watches = {w["promotion"]: w for w in e.registry.watches()}
     pending = e.store.journal / ".pending"
     rows: list[Promotion] = []
@@ -501,7 +491,7 @@ def promotion_rows(e: "Engine", *, include_conflicts: bool = False) -> list[Prom
                                  pruned=r["state"] == "pruned", pipeline=doc.get("pipeline"),
                                  outcome=doc.get("outcome"), pending_reason=doc.get("pending_reason"),
                                  target=doc.get("target"),
-                                 watch=doc_of(watches[r["id"]]) if r["id"] in watches else None))
+                                 watch=orchestrator.watch.doc_of(watches[r["id"]]) if r["id"] in watches else None))
     return rows
 
 

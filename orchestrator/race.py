@@ -117,6 +117,11 @@ from .profiles import fork_env
 from .registry import new_id
 from .units import check_label
 from .results import Race, _row
+from .engine import Limits
+from .profiles import inherited, seccomp_for
+from merge.changes import scan_tree
+from . import audit, kpi
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine, Limits
@@ -134,16 +139,15 @@ __all__ = ["BASE_METRICS", "GIT_APPLY", "MAX_REASON", "Candidate", "Metric", "Ou
 def judge_policy(engine: "Engine", outcomes: Sequence[Outcome]) -> None:
     """The config's [policy] on each applied candidate's change (its sandbox holds exactly
     the applied state: the check ran in a fork), before ranking."""
-    from . import policy as P
 
     for o in outcomes:
         if not o.applied:
             continue
         row = engine.sandbox_by_id(o.sandbox)
-        pol = P.policy_of(engine.root, row.profile)  # the race's --profile, if any
+        pol = orchestrator.policy.policy_of(engine.root, row.profile)  # the race's --profile, if any
         if pol.empty:
             continue
-        ev = P.evaluate_sandbox(engine, row, policy=pol)
+        ev = orchestrator.policy.evaluate_sandbox(engine, row, policy=pol)
         o.policy_ok = ev.ok
         o.policy = [v.to_json() for v in ev.violations]
         o.risk = ev.risk
@@ -183,19 +187,16 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
 
     import trio
 
-    from .engine import Limits
-    from .profiles import inherited, seccomp_for
-    from .runs import seccomp_profile
 
     profile = profile or inherited(engine, source)  # a race from a sandbox: its profile
     cfg = load_config(engine.root).with_profile(profile)  # an unknown --profile: exit 2, nothing forked
     if profile is not None and cluster is not None:
         raise UsageError(detail=f"profile {profile!r} does not go with --cluster (the cluster's forks do not"
                                 " record it)")
-    seccomp = seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root, profile))
+    seccomp = orchestrator.runs.seccomp_profile(engine, seccomp if seccomp is not None else seccomp_for(engine.root,
+                                                                                                        profile))
     if cluster is not None:
-        from .cluster.connect import parse_address
-        parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
+        orchestrator.cluster.connect.parse_address(cluster)  # a bad address too (exit 2), and Ray is not imported yet
         if metric is not None:
             raise UsageError(detail="--metric is not supported with --cluster")
     limits = cfg.apply_defaults(limits or Limits())
@@ -227,8 +228,7 @@ async def run_race(engine: "Engine", candidates: Sequence[Candidate], check: str
                                 return
                         guard.start_soon(on_sigint)
                     if cluster is not None:
-                        from .cluster.driver import cluster_race
-                        done = await cluster_race(engine, race, say=say, cluster=cluster)
+                        done = await orchestrator.cluster.driver.cluster_race(engine, race, say=say, cluster=cluster)
                     else:
                         done = await execute_local(engine, race, say=say)
                     guard.cancel_scope.cancel()
@@ -255,7 +255,6 @@ def _profile_env(engine: "Engine", profile: str | None) -> tuple[list[str], dict
     candidate and check fork), as ``fork --profile`` gives them."""
     if profile is None:
         return [], {}
-    from .config import load_config
 
     return fork_env(load_config(engine.root).profile(profile), (), ())
 
@@ -312,9 +311,7 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     clean up and make the race's record."""
     import trio
 
-    from merge.changes import scan_tree
 
-    from .runs import after_fork
 
     candidates, check, source, jobs = race.candidates, race.check, race.source, race.jobs
     limits, timeout_s, seccomp, metric = race.limits, race.timeout_s, race.seccomp, race.metric
@@ -344,7 +341,7 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
                 run_env.save(engine.store.root, r.id, secrets)
                 meta.update(env_pass=passes, secrets=sorted(secrets))
             engine.registry.update_sandbox(r.id, meta=meta)
-        after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
+        orchestrator.runs.after_fork(engine, [engine.sandbox_by_id(r.id) for r in rows])
         events.race_started(log, race=race.id, base=race.base, check=check, jobs=jobs,
                  candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox, "check_sandbox": o.check_sandbox}
                              for o in outcomes])
@@ -430,7 +427,6 @@ async def execute_local(engine: "Engine", race: RacePlan, *, say: Callable[[str]
     doc = done.to_json()
     events.race_finished(log, race=race.id, winner=done.winner, duration_s=done.duration_s,
              base=race.base, check=check, candidates=doc["candidates"], conflicts=doc["conflicts"])
-    from . import audit, kpi
     audit.touch(race.id, *(o.sandbox for o in outcomes))
     kpi.record(engine.registry, "race", done.duration_s, subject=race.id,
                detail={"winner": winner is not None, "candidates": n})
@@ -450,13 +446,13 @@ def promote_winner(engine: "Engine", race: Race, *, say: Callable[[str], None] |
     """Promote the race's winner into the workspace: the race with ``promotion`` (the
     promote document), or ``promotion`` None and ``promotion_error``/``promotion_exit_code``
     when it failed. No winner: the race unchanged."""
-    from .promotions import promote as do_promote
 
     if not race.winner:
         return race
     row = engine.registry.sandbox(race.winner)
     try:
-        return race.but(promotion=_row(do_promote(engine, row, echo=False, say=say or (lambda s: None))))
+        return race.but(promotion=_row(orchestrator.promotions.promote(engine, row, echo=False,
+                                                                       say=say or (lambda s: None))))
     except PetriError as e:
         return race.but(promotion=None, promotion_error=str(e), promotion_exit_code=e.exit_code)
 

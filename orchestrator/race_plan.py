@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from .errors import PatchUnreadable, UsageError
 from .metric_spec import Metric
 from .results import Race, RaceCandidate
+from .engine import path_text
 
 if TYPE_CHECKING:
     from .limits import Limits
@@ -272,7 +273,6 @@ def winner_of(ordered: Sequence[Outcome]) -> Outcome | None:
 
 def conflicts(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """Pairs of applied candidates whose changed paths overlap."""
-    from .engine import path_text
 
     found = []
     applied = [o for o in outcomes if o.applied]

@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from . import events
 from .metric_spec import Metric
 from .race_plan import Candidate, Outcome, RacePlan
+from merge.changes import tree_changes
+from .changesets import narrow, sandbox_candidates, staging_names
+import merge
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -47,13 +51,11 @@ def count_changes(workspace: Path, base: Path, tree: Path, manifest: Any,
            within: Sequence[bytes] | None = None) -> tuple[int, int, int, frozenset[bytes]]:
     """Files and lines the candidate changed, by the rules ``petri diff`` uses; ``within``:
     only these paths can differ (the backend's own record), [] none, None unknown."""
-    from merge.changes import tree_changes
-    from merge.patch import patch_stats
 
     if within is not None and not within:
         return 0, 0, 0, frozenset()
     changes = tree_changes(base, tree, base_manifest=manifest, ignore_root=workspace, paths=within or ())
-    stats = patch_stats(changes, base, tree)
+    stats = merge.patch.patch_stats(changes, base, tree)
     paths = set()
     for c in changes:
         paths.add(c.path)
@@ -66,16 +68,13 @@ def replay_applied(engine: "Engine", row: Any, base: Path, tree: Path, check_tre
     """Give the check's fork the candidate's applied state: everything that differs from the
     base (ignored files and ``.git`` included: the check may need them), found through the
     backend's own record of what changed where it keeps one."""
-    from merge.changes import tree_changes
-    from merge.replay import replay
 
-    from .changesets import narrow, sandbox_candidates, staging_names
     paths = narrow(sandbox_candidates(engine, row, base, tree), [])
     if paths is not None and not paths:
         return
     changes = tree_changes(base, tree, include_ignored=True, paths=paths or (), detect_renames=False,
                            exclude_top=(b".petri", *staging_names(engine.root, base, tree)))
-    replay(changes, tree, check_tree)
+    merge.replay.replay(changes, tree, check_tree)
 
 
 def tail(path: str, n: int = 400) -> str:
@@ -186,10 +185,9 @@ def read_metrics(tree: Path | str | bytes, name: str = METRICS_FILE) -> dict[str
     """The JSON object a check left at ``<tree>/.petri-metrics.json`` (or ``name``, a path
     in the tree: ``race --metric``), or None (never following a symlink: the file is the
     sandbox's to write)."""
-    from merge.safefs import SafeTree  # the safe tree walker: only once a check has run
 
     try:
-        with SafeTree(os.fsencode(tree)) as t:
+        with merge.safefs.SafeTree(os.fsencode(tree)) as t:
             node = t.node(name.encode())
             if node is None or node.kind != "file":
                 return None
@@ -247,11 +245,11 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
     judged the same wherever it runs. ``env``: extra variables for both steps."""
     import trio
 
-    from .runs import run_in_sandbox
 
     argv, apply_env, stdin = apply_argv_env(engine, o.candidate)
-    doc = await run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env}, stdin_data=stdin,
-                               echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, o.sandbox, argv, env={**(env or {}), **apply_env},
+                                                 stdin_data=stdin,
+                                                 echo=False, timeout_s=timeout_s, quiet_warnings=False, seccomp=seccomp)
     o.runs.append(doc["run"])
     o.apply_exit_code = doc["exit_code"]
     if doc["exit_code"] != 0:
@@ -270,8 +268,8 @@ async def run_candidate(engine: "Engine", o: Outcome, check: str, *, base_view: 
     o.files_changed, o.lines_added, o.lines_removed, o.paths = await trio.to_thread.run_sync(
         count_changes, ignore_root, base_view, tree, manifest)
     await trio.to_thread.run_sync(replay_applied, engine, row, base_view, tree, check_tree)
-    doc = await run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
-                               timeout_s=timeout_s, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, o.check_sandbox, ["/bin/sh", "-c", check], env=env, echo=False,
+                                                 timeout_s=timeout_s, seccomp=seccomp)
     o.check_run = doc["run"]
     o.exit_code, o.duration_s, o.killed_by = doc["exit_code"], doc["duration_s"], doc["killed_by"]
     o.metrics = await trio.to_thread.run_sync(read_metrics, check_tree)
@@ -287,12 +285,11 @@ def record_check_run(engine: "Engine", sandbox: str, check: str, doc: dict[str, 
     candidate (``petri logs <candidate>``, the race's log paths), whichever throwaway fork
     the check ran in, and stays there when that fork goes. Returns (run number, stdout
     log, stderr log)."""
-    from .runs import log_paths
 
     from datetime import datetime
 
     n, out, err = engine.registry.start_run(sandbox, ["/bin/sh", "-c", check],
-                                            lambda k: log_paths(engine, sandbox, k), os.getpid())
+                                            lambda k: orchestrator.runs.log_paths(engine, sandbox, k), os.getpid())
     started = datetime.fromisoformat(doc["started_at"]).timestamp() if doc.get("started_at") else None
     for src, dst in ((doc["stdout_path"], out), (doc["stderr_path"], err)):
         for suffix in ("", ".cut"):  # the log cap's sidecar, where it cut (orchestrator.runlog)

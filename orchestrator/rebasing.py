@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import Interrupted, SandboxBusy
 from .results import Rebased
+import merge
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -44,40 +46,38 @@ def rebase(engine: "Engine", ident: str, *, fork: Callable[[dict[str, Any]], str
     ``fork(limits)`` makes one sandbox of live with those limits (the old sandbox's) and
     gives its id. Raises ``PromotionConflict`` (exit 3: no sandbox made) on a blocking
     conflict, ``SandboxBusy`` while a command runs in the old sandbox."""
-    from merge.promote import conflict_error, execute_promotion
 
-    from .changesets import is_running, sandbox_views
-    from .lineage import generation_of, mark_scaffold
-    from .promotions import _on_conflict_mode, _plan_doc, plan_for
-    from .registry import new_id
 
-    mode = _on_conflict_mode(on_conflict)
+    mode = orchestrator.promotions._on_conflict_mode(on_conflict)
     old = engine.resolve_sandbox(ident)
     engine.sandbox_tree(old)  # SandboxGone (exit 1) for a destroyed or expired one
-    if is_running(engine, old):
+    if orchestrator.changesets.is_running(engine, old):
         raise SandboxBusy(ident=old.id)
     made: str | None = None
     journal = None
     try:
         made = fork(dict(old.limits or {}))
         new = engine.sandbox_by_id(made)
-        mark_scaffold(engine, new, "rebase", rebased_from=old.id)
+        orchestrator.lineage.mark_scaffold(engine, new, "rebase", rebased_from=old.id)
         new_tree = engine.sandbox_tree(new)
-        with sandbox_views(engine, old) as (base, tree):
-            plan = plan_for(engine, old, base, tree, on_conflict=mode, include_ignored=include_ignored, paths=(),
-                            live=new_tree)
-            doc = _plan_doc(plan)
+        with orchestrator.changesets.sandbox_views(engine, old) as (base, tree):
+            plan = orchestrator.promotions.plan_for(engine, old, base, tree, on_conflict=mode,
+                                                    include_ignored=include_ignored, paths=(),
+                                                    live=new_tree)
+            doc = orchestrator.promotions._plan_doc(plan)
             if plan.blocking:
-                err = conflict_error(plan.blocking)
+                err = merge.promote.conflict_error(plan.blocking)
                 err.doc = doc
                 raise err
             if plan.ops:
                 journal = engine.store.root / "rebase" / made
-                result = execute_promotion(plan, new_tree, journal, new_id("p")).to_json()
+                result = merge.promote.execute_promotion(plan, new_tree, journal,
+                                                         orchestrator.registry.new_id("p")).to_json()
                 doc.update({k: result[k] for k in ("applied", "applied_b64", "conflicts", "skipped", "markers")})
         meta = {k: v for k, v in (engine.sandbox_by_id(made).meta or {}).items()
                 if k not in ("scaffold", "scaffold_pid")}
-        meta.update({"parent": old.id, "generation": generation_of(old) + 1, "rebased_from": old.id})
+        meta.update({"parent": old.id, "generation": orchestrator.lineage.generation_of(old) + 1,
+                     "rebased_from": old.id})
         with engine.registry.write() as db:
             # one transaction: the label names exactly one live sandbox, before and after
             db.execute("UPDATE sandboxes SET label = NULL WHERE id = ?", (old.id,))
@@ -99,7 +99,7 @@ def rebase(engine: "Engine", ident: str, *, fork: Callable[[dict[str, Any]], str
             shutil.rmtree(journal, ignore_errors=True)
     plan_js = doc.pop("plan", None)
     return Rebased.of(**{"sandbox": made_ok, "from": old.id}, base=new.base, path=new.path, label=new.label,
-                      parent=old.id, generation=generation_of(new), applied=doc["applied"],
+                      parent=old.id, generation=orchestrator.lineage.generation_of(new), applied=doc["applied"],
                       applied_b64=doc["applied_b64"], conflicts=doc["conflicts"], skipped=doc.get("skipped", []),
                       markers=bool(doc.get("markers")), already_in_live=doc.get("already_in_live"),
                       ops=len((plan_js or {}).get("ops", [])))

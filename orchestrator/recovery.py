@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from snapshot.osutil import fsync_dir
 
 from . import events
+import snapshot
 
 if TYPE_CHECKING:
     from .store_handle import StoreHandle
@@ -125,10 +126,9 @@ def _settle(engine: "StoreHandle", names: list[str]) -> tuple[list[str], list[st
     """Finish or undo the journals of ``names`` (caller holds the store lock), put their
     registry rows right, and unmount the views their dead petris left under tmp/."""
     from merge.promote import promotion_state, recover
-    from snapshot import restore
 
     finished, undone = recover(engine.root, engine.store.journal)
-    restore.recover(engine.root, engine.store.journal)
+    snapshot.restore.recover(engine.root, engine.store.journal)
     rows = {r["id"]: r for r in engine.registry.promotions()}
     for n in names:
         if n not in rows:

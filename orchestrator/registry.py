@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 
 from .errors import AmbiguousId, RegistryTooNew, StoreFull, UnknownId
 from .sandbox.procs import pid_alive  # noqa: F401 (its callers import it from here)
+from .units import shown
 
 SCHEMA_VERSION = 6
 RESERVE_NAME = "reserve"
@@ -596,7 +597,6 @@ class Registry:
     # -- ids ---------------------------------------------------------------------------
     def resolve(self, ident: str, kinds: tuple[str, ...] = ("snapshot", "sandbox", "promotion")) -> tuple[str, str]:
         """(kind, full id) for a unique prefix of an id, or a sandbox label."""
-        from .units import shown
 
         what = " or ".join(kinds)
         listing = " or ".join(f"`petri {_LISTING[k]}`" for k in kinds)

@@ -35,6 +35,15 @@ from typing import TYPE_CHECKING, Any
 from . import events, kpi
 from .errors import OrchestratorError, UsageError
 from .results import DiffFile, Rejection, Review
+from .run_history import sandbox_runs
+from merge.patch import format_stat
+from .diffs import diff_parts, file_record
+from .config import load_config
+from .lineage import diff_base
+from .policy import Policy, evaluate
+from .registry import rfc3339
+from . import audit
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -58,7 +67,6 @@ def _gate(engine: "Engine", sb_id: str) -> dict[str, Any] | None:
 
 
 def _checks(engine: "Engine", row: "SandboxRow") -> list[dict[str, Any]]:
-    from .run_history import sandbox_runs
 
     out: list[dict[str, Any]] = []
     for r in sandbox_runs(engine, row):
@@ -106,12 +114,7 @@ def _approve(engine: "Engine", row: "SandboxRow", evaluation: Any, stages: list[
 
 def review_record(engine: "Engine", sandbox: str) -> Review:
     """The review of one sandbox (see the module docstring). Reads only."""
-    from merge.patch import format_stat
 
-    from .diffs import diff_parts, file_record
-    from .config import load_config
-    from .lineage import diff_base
-    from .policy import Policy, evaluate
 
     row = engine.resolve_sandbox(sandbox)
     cfg = load_config(engine.root)
@@ -214,8 +217,6 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
     """Record the rejection of a sandbox and destroy it (unless ``keep``): the record
     (``sandbox``, ``reason``, ``kept``, ``destroyed``, ``closed``: pipelines that waited at a
     manual gate for it, ``rejected_at``)."""
-    from .registry import rfc3339
-    from .stages import _end, _finish
 
     if not reason or not reason.strip():
         raise UsageError(detail="reject needs --reason TEXT: why it is rejected goes into the audit trail")
@@ -226,7 +227,6 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
     if meta.get("rejected"):
         r = meta["rejected"]
         raise AlreadyRejected(ident=row.id, when=r.get("at"), reason=r.get("reason"))
-    from . import audit
 
     at = time.time()
     meta["rejected"] = {"reason": reason, "at": rfc3339(at), "via": via}
@@ -237,9 +237,9 @@ def reject(engine: "Engine", sandbox: str, reason: str, *, keep: bool = False, v
                 and not p["doc"].get("in_place"):
             doc = dict(p["doc"])
             doc["rejected"] = reason
-            _finish(engine, p["id"], doc, "failed", "rejected")
+            orchestrator.stages._finish(engine, p["id"], doc, "failed", "rejected")
             if doc.get("pinned"):
-                _end(engine, doc["pinned"])
+                orchestrator.stages._end(engine, doc["pinned"])
             closed.append(p["id"])
     events.sandbox_rejected(engine.store.root, sandbox=row.id, reason=reason, kept=keep)
     kpi.record(engine.registry, "reject", 0.0, subject=row.id, detail={"kept": keep})

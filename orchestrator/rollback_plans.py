@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from .errors import UsageError
+import merge
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -24,19 +26,15 @@ def snapshot_restore_paths(e: "Engine", snapshot: str) -> list[bytes]:
 def undo_plan(e: "Engine", promo_id: str) -> tuple[list[bytes], list[bytes]]:
     """(paths an undo of the promotion would write, paths that block it), reading only:
     the planner ``merge.promote.undo_promotion`` itself runs, minus its lock and writes."""
-    from merge.journal import PRE
-    from merge.promote import _changed_since, _is_parked, _open_pd, plan_undo
-    from merge.safefs import SafeTree
 
-    from .errors import UsageError
 
-    pd = _open_pd(e.root, e.store.journal, promo_id)
+    pd = merge.promote._open_pd(e.root, e.store.journal, promo_id)
     if not pd.path.is_dir() or pd.state != "done":
         state = pd.state if pd.path.is_dir() else "gone"
         raise UsageError(detail=f"promotion {promo_id} cannot be undone (it is {state})")
     ops = pd.read_journal()["ops"]
-    pre_dir = pd.path / PRE if _is_parked(pd) else pd.pre
-    with SafeTree(e.root) as lt:
-        plan = plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
-        blocked = [*_changed_since(lt, ops), *plan.blocked]
+    pre_dir = pd.path / merge.journal.PRE if merge.promote._is_parked(pd) else pd.pre
+    with merge.safefs.SafeTree(e.root) as lt:
+        plan = merge.promote.plan_undo(lt, ops, lambda name: os.path.lexists(pre_dir / os.fsdecode(name)))
+        blocked = [*merge.promote._changed_since(lt, ops), *plan.blocked]
     return sorted({s.path for s in plan.steps}), sorted(set(blocked))

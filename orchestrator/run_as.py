@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from snapshot.idmap import IdMap
 
 from .errors import SandboxUserUnavailable
+from .sandbox.isolation import TOOLCHAIN_DIRS, root_home
+import orchestrator
 
 if TYPE_CHECKING:
     from .store_handle import StoreHandle
@@ -96,9 +98,8 @@ def run_as(engine: "StoreHandle") -> RunAs:
         uid = int(os.environ["SUDO_UID"])
         gid = int(os.environ["SUDO_GID"]) if os.environ.get("SUDO_GID", "").isdigit() else uid
         return _plain(uid, gid)
-    from .config import load_config
 
-    cfg = load_config(engine.root)
+    cfg = orchestrator.config.load_config(engine.root)
     pw = sandbox_account(cfg.sandbox_user)
     return RunAs(0, 0, pw.pw_uid, pw.pw_gid, IdMap(pw.pw_uid, pw.pw_gid), pw.pw_name,
                  toolchains=root_toolchains(cfg.toolchains))
@@ -107,7 +108,6 @@ def run_as(engine: "StoreHandle") -> RunAs:
 def root_toolchains(extra: Sequence[str] = ()) -> tuple[bytes, ...]:
     """Root's toolchain directories that exist: ``isolation.TOOLCHAIN_DIRS`` and ``extra``
     (the config's ``toolchains``), relative to root's home."""
-    from .sandbox.isolation import TOOLCHAIN_DIRS, root_home
 
     home = root_home()
     out: list[bytes] = []
@@ -128,9 +128,8 @@ def owner_idmap(engine: "StoreHandle") -> IdMap | None:
 
 
 def _sandbox_account_of(engine: "StoreHandle") -> pwd.struct_passwd:
-    from .config import load_config
 
-    return sandbox_account(load_config(engine.root).sandbox_user)
+    return sandbox_account(orchestrator.config.load_config(engine.root).sandbox_user)
 
 
 def sandbox_account(configured: str | None) -> pwd.struct_passwd:

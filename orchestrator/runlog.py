@@ -40,6 +40,7 @@ import os
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
+from snapshot.osutil import atomic_write
 
 TAIL_DIR = ".tail"
 CUT_SUFFIX = ".cut"
@@ -170,7 +171,6 @@ class CappedLog:
             _remove_tail(self.tail_dir)
 
     def _finish_cut(self) -> None:
-        from snapshot.osutil import atomic_write
 
         assert self.fd is not None
         tail_from = self.total - self.tail

@@ -71,6 +71,10 @@ from .run_as import RunAs, run_as
 from .results import RunResult as RunRecord, document
 from .errors import BadPort, PortNeedsNoRelay
 from .sandbox.run_view import open_view
+from .config import load_config
+from .run_env import Redact, install, load, passed
+from . import interrupts
+import orchestrator
 
 if TYPE_CHECKING:
     from snapshot.backend import DiskCap
@@ -152,8 +156,6 @@ def inside_cwd(engine: "Engine", tree: Path, cwd: Path | str | None) -> Path:
 def _env_for(engine: "Engine", extra: dict[str, str] | None, row: SandboxRow | None = None) -> dict[str, str]:
     """PATH, the host variables ``env_pass`` names (config and the sandbox's own), the
     config's ``[env]``, then ``extra`` (``--env``), each overriding the one before."""
-    from .config import load_config
-    from .run_env import passed
 
     cfg = load_config(engine.root)
     env = {"PATH": DEFAULT_PATH}
@@ -168,7 +170,6 @@ def secret_values(engine: "Engine", row: SandboxRow) -> dict[str, bytes]:
     names = (row.meta or {}).get("secrets") or []
     if not names:
         return {}
-    from .run_env import load
 
     return load(engine.store.root, row.id, names)
 
@@ -178,19 +179,16 @@ def secret_filters(engine: "Engine", row: SandboxRow) -> tuple[Any, ...]:
     values = secret_values(engine, row)
     if not values:
         return ()
-    from .run_env import Redact
 
     return (lambda stream: Redact(values.values()),)
 
 
 def _masks(engine: "Engine") -> tuple[Path, ...]:
-    from .config import load_config
 
     return load_config(engine.root).masks
 
 
 def _allowed_sockets(engine: "Engine") -> tuple[Path, ...]:
-    from .config import load_config
 
     return load_config(engine.root).allow_sockets
 
@@ -200,26 +198,24 @@ def _egress_proxy(engine: "Engine", sb_id: str) -> list[str]:
     refusals written to this workspace's event feed (``orchestrator.egress_feed``)."""
     from pathlib import Path
 
-    from . import egress_feed, events
 
-    root = Path(egress_feed.__file__).resolve().parents[1]  # where ``orchestrator`` is
-    return [sys.executable, "-I", "-S", egress_feed.__file__, "--sandbox", sb_id, "--root", str(root),
-            "--events", str(engine.store.root), "--via", events._via.get()]
+    root = Path(orchestrator.egress_feed.__file__).resolve().parents[1]  # where ``orchestrator`` is
+    return [sys.executable, "-I", "-S", orchestrator.egress_feed.__file__, "--sandbox", sb_id, "--root", str(root),
+            "--events", str(engine.store.root), "--via", orchestrator.events._via.get()]
 
 
 def environment(engine: "Engine", row: SandboxRow, who: RunAs) -> Any:
     """The sandbox's lasting environment (``sandbox.environment``), made at its first use:
     every run, shell, check and service of the sandbox joins it."""
-    from .sandbox import environment as E
-    from .sandbox.host_sockets import private_dirs
 
     allow = run_limits(row).net_allow
-    env = E.ensure(engine.store.root, row.id, host_uid=who.host_uid, host_gid=who.host_gid,
-                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=private_dirs(), allow=allow,
+    env = orchestrator.sandbox.environment.ensure(engine.store.root, row.id, host_uid=who.host_uid,
+                                                  host_gid=who.host_gid,
+                   tmp_bytes=TMP_BYTES, until=row.expires_at, private=orchestrator.sandbox.host_sockets.private_dirs(),
+                   allow=allow,
                    proxy=_egress_proxy(engine, row.id) if allow else None, system=row.system)
     secrets = secret_values(engine, row)
     if secrets:
-        from .run_env import install
 
         run_dir = next(src for src, dest in env.dirs if dest == b"/run")
         install(run_dir, secrets, who.host_uid, who.host_gid)
@@ -244,7 +240,6 @@ def parse_publish(spec: "str | int") -> tuple[int, int | None]:
 def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | None = None) -> dict[str, Any]:
     """Publish the sandbox's TCP ``port`` on the host's 127.0.0.1 (``environment.publish``),
     making its environment first if no run has yet."""
-    from .sandbox import environment as E
 
     for what, p in (("port", port), ("host port", host_port)):
         if p is not None and not (isinstance(p, int) and 0 < p < 65536):
@@ -253,7 +248,7 @@ def publish_port(engine: "Engine", sandbox: str, port: int, host_port: int | Non
     if run_limits(row).net:
         raise PortNeedsNoRelay(sandbox=row.id, port=port)
     environment(engine, row, run_as(engine))
-    used = E.publish(engine.store.root, row.id, port, host_port)
+    used = orchestrator.sandbox.environment.publish(engine.store.root, row.id, port, host_port)
     return {"sandbox": row.id, "port": port, "host_port": used}
 
 
@@ -279,31 +274,27 @@ def seccomp_profile(engine: "Engine", asked: str | None, row: "SandboxRow | None
     """The syscall filter's profile for a run: the one asked for (checked: exit 2 when it is
     not a profile), else the sandbox's named profile's (``orchestrator.profiles``), else the
     config's, else ``default``."""
-    from .config import load_config
-    from .profiles import seccomp_for
-    from .sandbox.seccomp import DEFAULT_PROFILE, parse_profile
 
     if asked is not None:
-        return parse_profile(asked)
-    own = seccomp_for(engine.root, row.profile) if row is not None else None
-    return own or load_config(engine.root).seccomp or DEFAULT_PROFILE
+        return orchestrator.sandbox.seccomp.parse_profile(asked)
+    own = orchestrator.profiles.seccomp_for(engine.root, row.profile) if row is not None else None
+    return own or load_config(engine.root).seccomp or orchestrator.sandbox.seccomp.DEFAULT_PROFILE
 
 
 def seccomp_fields(profile: str) -> dict[str, Any]:
     """The run document's ``seccomp``; with ``off``, also what that turned off."""
-    from .sandbox.seccomp import turned_off
 
-    return {"seccomp": profile, **({"seccomp_turned_off": turned_off()} if profile == "off" else {})}
+    return {"seccomp": profile,
+            **({"seccomp_turned_off": orchestrator.sandbox.seccomp.turned_off()} if profile == "off" else {})}
 
 
 def _say_seccomp_off(profile: str) -> None:
     """``off`` says what it turns off, once per process, on stderr (before the command's output):
     unlike a warning about the machine, this is said on every command that turns it off."""
-    from .sandbox.seccomp import OFF_NOTICE
 
-    if profile == "off" and OFF_NOTICE not in _warned:
-        _warned.add(OFF_NOTICE)
-        print(f"petri: warning: {OFF_NOTICE}", file=sys.stderr, flush=True)
+    if profile == "off" and orchestrator.sandbox.seccomp.OFF_NOTICE not in _warned:
+        _warned.add(orchestrator.sandbox.seccomp.OFF_NOTICE)
+        print(f"petri: warning: {orchestrator.sandbox.seccomp.OFF_NOTICE}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- running
@@ -342,9 +333,6 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     """Everything around the runner, once for both drivers (``run_result``, ``run_result_async``):
     yields the run to execute, is sent its result (or thrown its failure), returns the run's
     record."""
-    from .config import load_config
-    from .sandbox.exec_failure import note_for_run
-    from .sandbox.runner import KILL_GRACE_S, RunSpec
 
     if not argv or not any(a for a in argv):
         raise EmptyCommand(what="the command", hint=" after --")
@@ -384,19 +372,21 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     t0 = time.monotonic()
     try:
         with run_tree(engine, row, tree, who) as bound:
-            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=list(argv),
+            spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=engine.store.root,
+                                                       argv=list(argv),
                            cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row),
                            limits=run_limits(row), timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
                            stderr_path=err_path, uid=who.uid, gid=who.gid, output_filters=secret_filters(engine, row),
                            cgroup_name=cgroup_name(row.id, "run", n), stdin_data=stdin_data, echo=echo,
                            extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
-                           allow_sockets=_allowed_sockets(engine), seccomp=profile,
+                                                       allow_sockets=_allowed_sockets(engine), seccomp=profile,
                            log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
-            res = yield _Step(spec, on_ev, KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
+            res = yield _Step(spec, on_ev,
+                              orchestrator.sandbox.runner.KILL_GRACE_S if kill_grace_s is None else kill_grace_s,
                               output_events=on_event is not None)
             # 126/127: which path the command needed that the sandbox hides, and why (the
             # run's views must still be mounted: its plan is rebuilt from them).
-            exec_error = note_for_run(spec, tree, res.exit_code)
+            exec_error = orchestrator.sandbox.exec_failure.note_for_run(spec, tree, res.exit_code)
     except BaseException as e:
         if res is None:  # cut short before the runner could say how it ended: the record says so
             code, killed_by = _cut_short(e)
@@ -418,8 +408,7 @@ def _run_steps(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
                            **seccomp_fields(profile)}
     if res.setup_error:
         how["setup_error"] = res.setup_error
-        from .doctor import hint_for_setup_error
-        hint = hint_for_setup_error(res.setup_error)
+        hint = orchestrator.doctor.hint_for_setup_error(res.setup_error)
         if hint:
             how["setup_hint"] = hint  # the machine, not the command: `petri doctor` says what it lacks
     if exec_error:
@@ -451,15 +440,15 @@ def run_result(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequence[str
     the run. ``forward_signals`` (the main thread; ``petri run``): SIGINT, SIGTERM and
     SIGHUP go to the command (see ``runner``). ``on_started(n)`` is told the run's number as
     soon as its record exists. No trio: this is what ``petri run`` and the sync API use."""
-    from .sandbox.runner import run_blocking
 
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
     recorded = _Recorder(steps)
     try:
-        res = run_blocking(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
+        res = orchestrator.sandbox.runner.run_blocking(step.spec, on_event=step.on_event,
+                                                       kill_grace_s=step.kill_grace_s,
                            forward_signals=forward_signals, output_events=step.output_events,
-                           on_stopped=recorded)
+                                                       on_stopped=recorded)
     except BaseException as e:
         if not recorded.done:
             steps.throw(e)
@@ -479,15 +468,15 @@ async def run_result_async(engine: "Engine", sandbox: "str | SandboxRow", argv: 
     """``run_result`` for trio (races, MCP, ``petri.aio``): the same steps, the run's loop in
     a thread of its own; cancelling this kills the run (its processes are gone when the
     cancellation propagates). Its events are delivered in this loop's thread."""
-    from .sandbox.runner import run_isolated
 
     kw.pop("forward_signals", None)  # a thread of the loop cannot take the process's signals
     steps = _run_steps(engine, sandbox, argv, **kw)
     step = next(steps)
     recorded = _Recorder(steps)
     try:
-        res = await run_isolated(step.spec, on_event=step.on_event, kill_grace_s=step.kill_grace_s,
-                                 output_events=step.output_events, on_stopped=recorded)
+        res = await orchestrator.sandbox.runner.run_isolated(step.spec, on_event=step.on_event,
+                                                             kill_grace_s=step.kill_grace_s,
+                                                             output_events=step.output_events, on_stopped=recorded)
     except BaseException as e:
         if not recorded.done:
             steps.throw(e)
@@ -523,14 +512,12 @@ def _cut_short(e: BaseException) -> tuple[int, str | None]:
     """The exit code and end of a run that ``e`` cut short before it had a result: stopped
     on request (an interrupt: 128 + its signal; a cancelled task: ``EXIT_STOPPED``), else
     petri failed (125)."""
-    from .sandbox.runner import EXIT_STOPPED
 
-    from . import interrupts
 
     if isinstance(e, KeyboardInterrupt):
         return interrupts.exit_code(), "killed"
     if interrupts.is_cancellation(e):
-        return EXIT_STOPPED, "killed"
+        return orchestrator.sandbox.runner.EXIT_STOPPED, "killed"
     return 125, None
 
 
@@ -559,9 +546,6 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
                      timeout_s: float | None = None, env: dict[str, str] | None = None,
                      cwd: Path | str | None = None, seccomp: str | None = None) -> int:
     """An interactive shell (default: bash, else sh) on a pty of petri's; its exit code."""
-    from .config import load_config
-    from .sandbox.pty_shell import run_shell
-    from .sandbox.runner import RunSpec
 
     profile = seccomp_profile(engine, seccomp)  # a bad one is refused before the sandbox is looked up
     row = runnable_row(engine, sandbox)
@@ -582,15 +566,16 @@ def shell_in_sandbox(engine: "Engine", sandbox: "str | SandboxRow", argv: Sequen
     stopped: str | None = None
     try:
         with run_tree(engine, row, tree, who) as bound:
-            spec = RunSpec(workspace=engine.root, tree=bound, store=engine.store.root, argv=argv,
+            spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=engine.store.root,
+                                                       argv=argv,
                            cwd=inside_cwd(engine, tree, cwd), env=_env_for(engine, env, row), limits=run_limits(row),
                            timeout_s=timeout_s, deadline=row.expires_at, stdout_path=out_path,
-                           stderr_path=err_path, uid=who.uid, gid=who.gid,
+                                                       stderr_path=err_path, uid=who.uid, gid=who.gid,
                            cgroup_name=cgroup_name(row.id, "shell", n), extra_masks=_masks(engine),
                            host_ids=(who.host_uid, who.host_gid), allow_sockets=_allowed_sockets(engine),
-                           seccomp=profile, log_cap=load_config(engine.root).log_cap,
-                           environment=environment(engine, row, who))
-            code = run_shell(spec)
+                                                       seccomp=profile, log_cap=load_config(engine.root).log_cap,
+                                                       environment=environment(engine, row, who))
+            code = orchestrator.sandbox.pty_shell.run_shell(spec)
     except BaseException as e:
         cut = _cut_short(e)  # a closed terminal (SIGHUP), a SIGTERM: stopped, not petri failing
         if cut[1] is not None:

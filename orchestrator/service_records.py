@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+import orchestrator
 
 LIVE = ("starting", "running", "restarting")
 
@@ -44,9 +45,8 @@ def write(store_root: Path, sb_id: str, rec: dict[str, Any]) -> None:
 
 
 def supervisor_alive(rec: dict[str, Any]) -> bool:
-    from .sandbox.environment import _alive
 
-    return _alive(rec.get("supervisor_pid"), rec.get("supervisor_start"))
+    return orchestrator.sandbox.environment._alive(rec.get("supervisor_pid"), rec.get("supervisor_start"))
 
 
 def settled(store_root: Path, sb_id: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -71,15 +71,13 @@ def live_names(store: Path, sb_id: str) -> list[str]:
 
 
 def kill_supervisor(store: Path, sb_id: str, rec: dict[str, Any]) -> int:
-    from .sandbox.environment import _kill
 
-    n = _kill(rec.get("supervisor_pid"), rec.get("supervisor_start"))
+    n = orchestrator.sandbox.environment._kill(rec.get("supervisor_pid"), rec.get("supervisor_start"))
     if rec.get("cgroup"):
-        from .sandbox import cgroups
 
-        sup = cgroups.support()
+        sup = orchestrator.sandbox.cgroups.support()
         if sup.mode != "none":
-            cgroups.sweep_cgroups(rec["cgroup"], sup=sup)  # what bwrap's death left behind
+            orchestrator.sandbox.cgroups.sweep_cgroups(rec["cgroup"], sup=sup)  # what bwrap's death left behind
     return n
 
 

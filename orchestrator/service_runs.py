@@ -49,6 +49,13 @@ from .service_records import record_path as _path
 from .service_records import settled as _settled
 from .service_records import supervisor_alive as _supervisor_alive
 from .service_records import write as _write
+from .registry import LIVE_STATES, now, rfc3339
+from . import events
+from .sandbox.environment import _start_time as st
+from .config import load_config
+from .engine import Engine
+from .limits import Limits
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -91,7 +98,6 @@ def listing(engine: "Engine", sb_id: str | None = None) -> list[dict[str, Any]]:
     """Every service of the workspace (or of one sandbox), as ``doc``."""
     from .sandbox import environment
 
-    from .registry import LIVE_STATES
 
     root = engine.store.root / "services"
     if sb_id:
@@ -125,13 +131,12 @@ def _default_name(store_root: Path, sb_id: str, argv: Sequence[str]) -> str:
 def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | None = None, restart: str = "no",
           env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Start ``argv`` as a service of the sandbox; return its row once it runs (or failed)."""
-    from .runs import runnable_row
 
     if not argv or not argv[0]:
         raise EmptyCommand(what="the command", hint=": petri run --detach SANDBOX -- CMD [ARGS...]")
     if restart not in RESTART:
         raise BadRestart(value=restart)
-    row = runnable_row(engine, sandbox)
+    row = orchestrator.runs.runnable_row(engine, sandbox)
     store = engine.store.root
     if name is not None and not NAME_RE.match(name):
         raise BadServiceName(name=name)
@@ -145,7 +150,6 @@ def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | No
            "env": env or {}, "cwd": cwd, "restarts": 0, "exit_code": None, "pid": None, "started_at": None,
            "supervisor_pid": None, "supervisor_start": None, "stopping": False}
     _write(store, row.id, rec)
-    from . import events
 
     r, w = os.pipe2(os.O_CLOEXEC)
     argv_sup = [sys.executable, "-m", "orchestrator.service_runs", "SUPERVISE", str(engine.root), row.id, name,
@@ -236,23 +240,14 @@ def _detach() -> None:
 
 
 def _start_time(pid: int) -> int | None:
-    from .sandbox.environment import _start_time as st
 
     return st(pid)
 
 
 def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) -> None:
     """The supervisor's body (detached already): run the service, restart it as asked."""
-    from . import events
-    from .config import load_config
-    from .engine import Engine
-    from .limits import Limits
-    from .registry import now, rfc3339
-    from .run_as import run_as
     from .runs import (_allowed_sockets, _env_for, _masks, environment, inside_cwd, run_tree, runnable_row,
                        seccomp_profile, secret_filters)
-    from .sandbox import reaper
-    from .sandbox.runner import Canceller, RunSpec, run_blocking
 
     events.set_via(via)
     engine = Engine.open(Path(workspace), reap=False)
@@ -261,7 +256,7 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
     assert rec is not None
     rec["supervisor_pid"], rec["supervisor_start"] = os.getpid(), _start_time(os.getpid())
     _write(store, sb_id, rec)
-    cancel = Canceller()
+    cancel = orchestrator.sandbox.runner.Canceller()
     stopping = {"yes": False}
 
     def on_term(signum: int, frame: Any) -> None:
@@ -294,11 +289,11 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                 if not said:
                     os.write(ready_fd, f"the sandbox cannot run it: {e}".encode())
                 break
-            who = run_as(engine)
+            who = orchestrator.run_as.run_as(engine)
             tree = engine.sandbox_tree(row)
             logs = engine.store.logs / sb_id
             out, err = logs / f"svc-{name}-{attempt}.out", logs / f"svc-{name}-{attempt}.err"
-            cg = reaper.cgroup_name(sb_id, "svc", attempt, os.getpid())
+            cg = orchestrator.sandbox.reaper.cgroup_name(sb_id, "svc", attempt, os.getpid())
             rec.update(state="running", stdout_path=str(out), stderr_path=str(err), cgroup=cg,
                        started_at=rfc3339(t_start := now()), started_ts=t_start, exit_code=None)
 
@@ -315,15 +310,16 @@ def supervise(workspace: str, sb_id: str, name: str, ready_fd: int, via: str) ->
                         os.close(ready_fd)
 
             with run_tree(engine, row, tree, who) as bound:
-                spec = RunSpec(workspace=engine.root, tree=bound, store=store, argv=list(rec["command"]),
+                spec = orchestrator.sandbox.runner.RunSpec(workspace=engine.root, tree=bound, store=store,
+                                                           argv=list(rec["command"]),
                                cwd=inside_cwd(engine, tree, rec.get("cwd")), env=_env_for(engine, rec.get("env"), row),
-                               output_filters=secret_filters(engine, row),
+                                                           output_filters=secret_filters(engine, row),
                                limits=Limits.from_dict(row.limits), timeout_s=None, deadline=row.expires_at,
                                stdout_path=out, stderr_path=err, uid=who.uid, gid=who.gid, cgroup_name=cg,
                                echo=False, extra_masks=_masks(engine), host_ids=(who.host_uid, who.host_gid),
                                allow_sockets=_allowed_sockets(engine), seccomp=seccomp_profile(engine, None, row),
                                log_cap=load_config(engine.root).log_cap, environment=environment(engine, row, who))
-                res = run_blocking(spec, on_event=on_event, cancel=cancel)
+                res = orchestrator.sandbox.runner.run_blocking(spec, on_event=on_event, cancel=cancel)
             rec["exit_code"] = res.exit_code
             rec["pid"] = None
             if not said:

@@ -26,6 +26,7 @@ from . import audit, kpi
 from . import engine as core
 from .limits import Limits
 from .registry import SandboxRow, SnapshotRow, now
+import orchestrator
 
 if TYPE_CHECKING:
     from .results import Rollback
@@ -42,8 +43,7 @@ class Engine(core.Engine):
         if reap:
             # A watch whose watcher died is recorded ``interrupted`` by the next command, not lost.
             if engine.registry.db.execute("SELECT 1 FROM watches WHERE state = 'watching' LIMIT 1").fetchone():
-                from .watch import settle_dead
-                engine.__dict__["_watches_interrupted"] = settle_dead(engine)
+                engine.__dict__["_watches_interrupted"] = orchestrator.watch.settle_dead(engine)
         return engine
 
     def record_snapshot(self, row: SnapshotRow) -> SnapshotRow:
@@ -52,8 +52,7 @@ class Engine(core.Engine):
         return row
 
     def fork_source(self, source: str) -> tuple[SnapshotRow, dict[str, Any]]:
-        from .lineage import fork_source  # a fork of a fork
-        return fork_source(self, source)
+        return orchestrator.lineage.fork_source(self, source)
 
     def fork(self, source: str = "live", n: int = 1, *, label: str | None = None,
              limits: Limits = core.NO_LIMITS, keep_expired: bool = False,
@@ -63,8 +62,7 @@ class Engine(core.Engine):
         made = super().fork(source, n, label=label, limits=limits, keep_expired=keep_expired, ids=ids,
                             system=system, profile=profile)
         if limits.disk_bytes:
-            from .runs import after_fork  # the disk cap (btrfs qgroup) goes on right away
-            after_fork(self, made)
+            orchestrator.runs.after_fork(self, made)
         audit.touch(*(r.id for r in made))
         kpi.record(self.registry, "fork", now() - started, subject=made[0].id, detail={"n": n, "base": made[0].base})
         return made
@@ -80,17 +78,15 @@ class Engine(core.Engine):
         got = super().check_limits(limits)
         if not (limits.mem_bytes or limits.cpus or limits.pids or limits.disk_bytes):
             return got  # nothing to enforce: keep the plain `petri fork` from importing the runner
-        from .runs import check_limits
-        return check_limits(self, limits)
+        return orchestrator.runs.check_limits(self, limits)
 
     def staleness(self, row: SandboxRow, *, timed: bool = False) -> dict[str, Any] | None:
         """Live files changed since the sandbox's base, and which of them it changed too.
         ``timed``: append the computation's timing (``petri stats``); only a command that
         writes anyway asks for it (a race, for its winner): reading (``ls``, ``status``,
         the TUI, MCP) writes nothing, not even a timing row."""
-        from .staleness import staleness  # xxhash and the merge walkers: only for ls/status/race
         started = now()
-        got = staleness(self, row)
+        got = orchestrator.staleness.staleness(self, row)
         if timed:
             kpi.record(self.registry, "staleness", now() - started, subject=row.id)
         return got
@@ -98,16 +94,14 @@ class Engine(core.Engine):
     @contextmanager
     def one_look(self) -> Iterator[None]:
         """For a listing: every ``staleness`` inside looks at live once per base."""
-        from .staleness import one_look
-        with one_look(self):
+        with orchestrator.staleness.one_look(self):
             yield
 
     def rollback_promotion(self, promo_id: str) -> Rollback:
         """Undo a promotion; a stage of a graduated promotion undoes the later stages of its
         pipeline first (orchestrator.stages)."""
-        from .stages import rollback_promotion
         started = now()
-        done = rollback_promotion(self, promo_id)
+        done = orchestrator.stages.rollback_promotion(self, promo_id)
         audit.touch(promo_id)
         kpi.record(self.registry, "rollback", now() - started, subject=promo_id, detail={"kind": "promotion"})
         return done

@@ -19,6 +19,8 @@ from .config import Stage
 from .errors import OrchestratorError
 from .lineage import reap_scaffolds
 from .registry import pid_alive
+from .workspace import is_workspace
+from merge.promote import promotion_state
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -55,7 +57,6 @@ def pipeline_rows(engine: "Engine", pipeline: str) -> list[dict[str, Any]]:
 
 def target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> "Engine":
     """This workspace's engine, or the other workspace's a path stage names."""
-    from .workspace import is_workspace
 
     target = path or stage.target
     if target in ("fresh", "workspace"):
@@ -73,7 +74,6 @@ def target_engine(engine: "Engine", stage: "Stage", path: str | None = None) -> 
 def recover(engine: "Engine") -> list[str]:
     """Stages whose petri died mid-step become ``pending`` (``interrupted``), with
     ``in_place`` as their promotion's journal says; their fresh forks go. Returns their ids."""
-    from merge.promote import promotion_state
 
 
     settled = []

@@ -82,6 +82,11 @@ from .registry import new_id
 from .results import Pipeline, Rollback
 from .stage_rows import (FINAL, StageTargetMissing, is_stage, pipeline_rows, recover,
                          save_stage, stage_like, stage_row, target_engine)
+from .workspace import is_workspace
+from .race_steps import apply_argv_env, failure_reason
+from .race_plan import Candidate
+from snapshot.transaction import fault_point
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -104,7 +109,6 @@ class NotPending(UsageError):
 def _check_target(engine: "Engine", stage: "Stage") -> None:
     """``StageTargetMissing`` (exit 4) unless the stage's target is this workspace, a fresh
     fork, or another petri workspace."""
-    from .workspace import is_workspace
 
     if stage.target not in ("fresh", "workspace") and not is_workspace(Path(os.path.realpath(stage.target))):
         raise StageTargetMissing(stage=stage.name, path=os.path.realpath(stage.target))
@@ -117,12 +121,10 @@ def _run_checks(engine: "Engine", sb_id: str, checks: tuple[str, ...], timeout_s
                 say: Say) -> tuple[str, list[dict[str, Any]]]:
     """Run the checks one after another in the sandbox: ("passed" | "failed" |
     "inconclusive", one record per check run). The first that does not pass decides."""
-    from .race_steps import failure_reason
-    from .runs import run_sync
 
     results = []
     for cmd in checks:
-        doc = run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], timeout_s=timeout_s, echo=False)
+        doc = orchestrator.runs.run_sync(engine, sb_id, ["/bin/sh", "-c", cmd], timeout_s=timeout_s, echo=False)
         rec = {"command": cmd, "sandbox": sb_id, "run": doc["run"], "exit_code": doc["exit_code"],
                "duration_s": doc["duration_s"], "killed_by": doc["killed_by"], "stderr_path": doc["stderr_path"],
                "workspace": str(engine.root)}
@@ -227,13 +229,9 @@ def _run_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id:
 
 def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
            say: Say) -> str:
-    from .diffs import diff_parts
-    from .race_plan import Candidate
-    from .race_steps import apply_argv_env
-    from .runs import run_sync
 
     base = diff_base(engine, pinned)
-    _row_, stats, patch = diff_parts(engine, pinned.id)
+    _row_, stats, patch = orchestrator.diffs.diff_parts(engine, pinned.id)
     doc["applied"] = [s.path.decode("utf-8", "backslashreplace") for s in stats]
     doc["snapshot_before"] = base
     say(f"stage {stage.name} ({promo_id}): the patch of {doc['sandbox']} ({len(stats)} file(s)) "
@@ -245,7 +243,7 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
     try:
         if patch:
             argv, env, stdin = apply_argv_env(engine, Candidate("patch", "stage", patch))
-            applied = run_sync(engine, sb.id, argv, env=env, stdin_data=stdin, echo=False)
+            applied = orchestrator.runs.run_sync(engine, sb.id, argv, env=env, stdin_data=stdin, echo=False)
             if applied["exit_code"] != 0:
                 doc["checks"] = [{"command": "git apply", "sandbox": sb.id, "exit_code": applied["exit_code"],
                                   "stderr_path": applied["stderr_path"], "killed_by": applied["killed_by"]}]
@@ -270,7 +268,6 @@ def _fresh(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str
 
 def _promote_stage(engine: "Engine", pinned: "SandboxRow", stage: "Stage", promo_id: str, doc: dict[str, Any],
                    say: Say, *, checks_only: bool) -> str:
-    from snapshot.transaction import fault_point
 
     target = target_engine(engine, stage, doc.get("target_path"))
     where = "this workspace" if target is engine else str(target.root)
@@ -370,7 +367,6 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     past it."""
     from dataclasses import replace
 
-    from . import policy as P
 
     stages = _stages(engine)
     last = _index(stages, to)
@@ -378,7 +374,7 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     for st in stages[:last + 1]:
         _check_target(engine, st)  # refused (exit 4) before anything is made: no row, no pinned fork
     recover(engine)
-    pol = P.policy_of(engine.root, row.profile)
+    pol = orchestrator.policy.policy_of(engine.root, row.profile)
     pipeline = new_id("p")
     # Pinned: every stage promotes the sandbox as it is now (see the module docstring).
     snap = snapshot_of_sandbox(engine, row)
@@ -387,19 +383,19 @@ def promote_to(engine: "Engine", sandbox: str, to: str, *, say: Say = lambda s: 
     forced = None
     if not pol.empty:
         try:
-            ev = P.evaluate_sandbox(engine, engine.sandbox_by_id(pinned.id), policy=pol)
+            ev = orchestrator.policy.evaluate_sandbox(engine, engine.sandbox_by_id(pinned.id), policy=pol)
             gated = any(s.gate == "manual" for s in stages[:last + 1])
             manual = [f"[policy].risk[{i}]" for i, r, _w in ev.risk_rules if r.require == "manual"]
             # a manual gate the risk asks for is not a violation: the pipeline waits at one
             # (made below when no stage has one); an override passes that requirement too,
             # and is recorded for it
-            lines = P.check(pol, ev, row.id, override=override_policy, stage_to=to,
+            lines = orchestrator.policy.check(pol, ev, row.id, override=override_policy, stage_to=to,
                             stages=[s.name for s in stages], gated=gated or override_policy is None)
         except BaseException:
             _end(engine, pinned.id)
             raise
         if lines and override_policy is not None:
-            P.record_override(engine.root, row.id, lines, override_policy)
+            orchestrator.policy.record_override(engine.root, row.id, lines, override_policy)
         if manual and not gated and override_policy is None:
             forced = ", ".join(manual)
             stages = (replace(stages[0], gate="manual"), *stages[1:])

@@ -80,6 +80,10 @@ from merge.ignore import IgnoreRules
 from .changesets import FULL, sandbox_candidates
 from .lineage import diff_base
 from .registry import LIVE_STATES, rfc3339
+from snapshot.tree import walk
+from . import promoted
+import merge
+import snapshot
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -202,8 +206,7 @@ class BaseSide:
         self._parents: _Parents | None = None
         self.layers = engine.backend.snapshot_layers(engine.store, base_id)
         if self.layers is not None:
-            from snapshot.layers import layer_lookup
-            self._lookup = layer_lookup
+            self._lookup = snapshot.layers.layer_lookup
         self.origin = snapshot_origin(engine, base_id)
 
     def root(self) -> bytes:
@@ -470,7 +473,6 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
         base = BaseSide(engine, base_id, stack)
         if snap_keys is None:
             if listing is None:
-                from snapshot.tree import walk
                 listing = {rel: st.st_mode for rel, st in walk(base.root(), frozenset({b".petri"}))}
                 dirty = True
             snap_keys = {k: (None, None, None, None, m) for k, m in listing.items()}
@@ -520,7 +522,6 @@ def _live_changes_statcache(engine: "Engine", base_id: str, include_ignored: boo
 
 def _subtree(root: bytes, rel: bytes) -> Iterator[bytes]:
     """Non-directory paths beneath ``rel`` (itself excluded), never following symlinks."""
-    from snapshot.tree import walk
     top = os.path.join(root, rel)
     for sub, st in walk(top):
         if not stat.S_ISDIR(st.st_mode):
@@ -663,15 +664,13 @@ def _sandbox_side(engine: "Engine", row: "SandboxRow") -> Iterator[Any]:
     ``rel`` (None: nothing there; raises where the path goes through a symlink in the
     sandbox). Where reading through the mount would count as the sandbox's own reads
     (fuse), it is read from its layers."""
-    from merge.safefs import SafeTree
-    from snapshot.layers import layer_lookup
 
     tree = engine.sandbox_tree(row)
     sandbox_layers = engine.backend.quiet_layers(engine.store, row.id)
-    with SafeTree(tree) as st:
+    with merge.safefs.SafeTree(tree) as st:
         def entry(p: bytes) -> Ent | None:
             if sandbox_layers is not None:
-                found = layer_lookup(sandbox_layers, p)
+                found = snapshot.layers.layer_lookup(sandbox_layers, p)
                 ent = None if found is None else entry_of(found)
                 return None if ent is not None and ent[0] == "dir" else ent
             n = st.node(p, with_content_id=True)
@@ -723,7 +722,6 @@ def own_promoted(engine: "Engine", row: "SandboxRow", live_paths: frozenset[byte
     """Which of ``live_paths`` are the sandbox's own changes, in live because it was promoted
     (``orchestrator.promoted``): a path one of its promotions in place wrote, where live
     holds exactly what the sandbox holds."""
-    from . import promoted
 
     if not live_paths:
         return frozenset()

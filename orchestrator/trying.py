@@ -48,6 +48,13 @@ from .promotions import _on_conflict_mode, promote, settle_interrupted
 from .results import TryResult, _row
 from .sandbox.system_layer import changes as system_changes
 from .sandbox.system_layer import inherit as inherit_system_layer
+from .lineage import mark_scaffold
+from .diffs import diff_doc
+from .changesets import sandbox_views
+from .race_steps import replay_applied
+from merge.errors import PromotionConflict
+from .policy import PolicyViolation
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -82,7 +89,6 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
     ``report(doc)`` is told the document once the change and the check are known, before
     ``decide(doc)`` says whether to promote. ``hold()`` is called first thing on an
     interrupt (the CLI: no second signal may cut the settling short)."""
-    from .lineage import mark_scaffold
 
     argv = list(argv)
     if not argv or not argv[0]:
@@ -138,15 +144,13 @@ def try_change(engine: "Engine", argv: Sequence[str], *, fork: Callable[[str, st
 
 def _run_command(engine: "Engine", sb: str, argv: list[str], doc: dict[str, Any], *, timeout_s: float | None,
                  seccomp: str | None, echo: bool) -> None:
-    from .runs import run_sync
 
-    run = run_sync(engine, sb, argv, timeout_s=timeout_s, echo=echo, seccomp=seccomp)
+    run = orchestrator.runs.run_sync(engine, sb, argv, timeout_s=timeout_s, echo=echo, seccomp=seccomp)
     doc["command"] = _step(run, doc["command"]["command"])
 
 
 def _changes(engine: "Engine", sb: str, include_ignored: bool) -> dict[str, Any]:
     """What the command changed: the ``diff`` document's ``files`` and ``patch``."""
-    from .diffs import diff_doc
 
     d = diff_doc(engine, sb, include_ignored=include_ignored)
     out = {"files": d["files"], "patch": d["patch"]}
@@ -160,10 +164,6 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
                say: Callable[[str], None]) -> None:
     """The check, in a throwaway fork of the same base with the changed state replayed into
     it (``race._replay_applied``), so what it leaves behind is never promoted."""
-    from .changesets import sandbox_views
-    from .lineage import mark_scaffold
-    from .race_steps import replay_applied
-    from .runs import run_sync
 
     csb = fork(row.base, None)
     made.append(csb)
@@ -174,7 +174,8 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
     if row.system and crow.system:  # what the command changed outside the project, too
         inherit_system_layer(engine.store.root, row.id, csb)
     say(f"checking in {csb} (a throwaway fork of the changed state): {check}")
-    run = run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo, seccomp=seccomp)
+    run = orchestrator.runs.run_sync(engine, csb, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=echo,
+                                     seccomp=seccomp)
     doc["check"] = {**_step(run, check), "sandbox": csb}
     made.remove(csb)
     _remove(engine, [csb])
@@ -182,9 +183,7 @@ def _run_check(engine: "Engine", row: Any, check: str, doc: dict[str, Any], *, f
 
 def _promote(engine: "Engine", sb: str, doc: dict[str, Any], *, on_conflict: str, include_ignored: bool,
              echo: bool, say: Callable[[str], None]) -> None:
-    from merge.errors import PromotionConflict
 
-    from .policy import PolicyViolation
 
     row = engine.sandbox_by_id(sb)
     try:

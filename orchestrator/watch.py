@@ -38,6 +38,11 @@ from snapshot.errors import PetriError
 from . import events
 from .registry import now, pid_alive, rfc3339
 from .errors import EmptyCommand, UsageError
+from .units import parse_duration
+from .lineage import mark_scaffold
+from . import audit
+from .errors import NothingToRollBack
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -52,7 +57,6 @@ def parse_watch(command: str | None, for_: float | str | None, every: float | st
     """(command, for, every) in seconds from the options, or None without a watch; a usage
     error (exit 2) for a watch without a duration, a zero one, or an interval longer than it.
     ``api``/``mcp``: errors name the API's keywords / the MCP tool's arguments."""
-    from .units import parse_duration
 
     def name(cli: str, py: str) -> str:  # the caller's spelling: the CLI's flag, the API's keyword, MCP's argument
         if mcp:
@@ -173,13 +177,11 @@ def settle_dead(engine: "Engine") -> list[dict[str, Any]]:
 
 def _check(engine: "Engine", promo_id: str, command: str, timeout_s: float) -> dict[str, Any]:
     """One check: CMD in a fresh sandbox of live, as ``--verify`` runs it."""
-    from .lineage import mark_scaffold
-    from .runs import run_sync
 
     sb = engine.fork("live", 1)[0]
     try:
         mark_scaffold(engine, sb, "watch", promotion=promo_id)  # reaped by the next command if we die
-        res = run_sync(engine, sb.id, ["/bin/sh", "-c", command], echo=False, timeout_s=timeout_s)
+        res = orchestrator.runs.run_sync(engine, sb.id, ["/bin/sh", "-c", command], echo=False, timeout_s=timeout_s)
         tail = b""
         for key in ("stderr_path", "stdout_path"):
             try:
@@ -204,7 +206,6 @@ def _check(engine: "Engine", promo_id: str, command: str, timeout_s: float) -> d
 def run_watch(engine: "Engine", promo_id: str) -> str:
     """The watcher's loop: the state the watch ended in."""
 
-    from . import audit
 
     w = engine.registry.watch(promo_id)
     if w is None or w["state"] != "watching":
@@ -245,7 +246,6 @@ def run_watch(engine: "Engine", promo_id: str) -> str:
                                      reason=why, root=engine.root):
                     engine.rollback_promotion(promo_id)
             except PetriError as e:
-                from .errors import NothingToRollBack
                 if isinstance(e, NothingToRollBack):  # `petri rollback` undid it meanwhile
                     _finish(engine, promo_id, "stopped", {"failed": failed, "reason": str(e)})
                     return "stopped"

@@ -13,6 +13,7 @@ from snapshot.store import STORE_NAME
 
 from .errors import (AlreadyInitialised, NestedWorkspace, NotInitialised, OrchestratorError, OwnerCannotRunPetri,
                      WorkspaceIsSymlink)
+import orchestrator
 
 REGISTRY_NAME = "registry.db"
 
@@ -114,8 +115,7 @@ def check_can_init(path: Path) -> Path:
         raise OrchestratorError(detail=f"{path} is not a directory")
     real = Path(os.path.realpath(path))
     if is_workspace(real):
-        from .registry import Registry
-        reg = Registry(real / STORE_NAME / REGISTRY_NAME)
+        reg = orchestrator.registry.Registry(real / STORE_NAME / REGISTRY_NAME)
         try:
             backend = reg.get_meta("backend") or "?"
         finally:

@@ -37,6 +37,7 @@ from typing import Callable, TypeVar
 
 from .errors import PetriError
 from .osutil import fork, libc
+from .osutil import fs_type
 
 T = TypeVar("T")
 
@@ -190,7 +191,6 @@ def open_clone(src: bytes | str | os.PathLike, idmap: IdMap | None = None, *, re
             syscall(SYS_mount_setattr, fd, b"", AT_EMPTY_PATH | rec, ctypes.byref(a), ctypes.sizeof(a))
         except OSError as e:
             if idmap is not None and e.errno in (errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
-                from .osutil import fs_type
                 try:
                     kind = fs_type(path)
                 except OSError:

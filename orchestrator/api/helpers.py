@@ -14,6 +14,8 @@ from ..errors import EmptyCommand, PromotionInterrupted, UsageError
 from ..results import PathConflict, PromoteResult
 from ..units import parse_duration, timeout_seconds
 from .sandbox import Sandbox
+from snapshot.errors import Conflict
+import orchestrator
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -30,9 +32,8 @@ def _seconds(t: float | str | None) -> float | None:
 
 
 def _path_bytes(p: str | bytes) -> bytes:
-    from ..diffs import path_bytes
 
-    return path_bytes(p)
+    return orchestrator.diffs.path_bytes(p)
 
 
 def _with_ws(rec: _R, ws: "Workspace") -> _R:
@@ -45,7 +46,6 @@ def _with_ws(rec: _R, ws: "Workspace") -> _R:
 def _text_conflicts() -> Iterator[None]:
     """A ``petri.Conflict`` leaves with its ``conflicts`` as ``PathConflict`` records (text
     paths, the exact bytes in ``path_bytes``); the merge layer's own carry bytes."""
-    from snapshot.errors import Conflict
 
     try:
         yield
@@ -116,7 +116,6 @@ def _since(t: "float | str | None", name: str = "since") -> float | None:
         return float(t)
     from datetime import datetime
 
-    from ..registry import now
 
     text = t.strip()
     if "T" in text or (text.count("-") >= 2 and text[:4].isdigit()):
@@ -128,7 +127,7 @@ def _since(t: "float | str | None", name: str = "since") -> float | None:
         if when.tzinfo is None:
             raise UsageError(detail=f"bad {name} {t!r}: give a time zone (Z or +HH:MM)")
         return when.timestamp()
-    return now() - parse_duration(text)
+    return orchestrator.registry.now() - parse_duration(text)
 
 
 def _at_least(low: int, **named: int) -> None:
@@ -146,22 +145,20 @@ def _at_most(high: int, **named: int) -> None:
 
 def _metric_gate(metric: str | None, max_regression: str | None) -> Any:
     """``race``'s ``metric``/``max_regression`` as ``orchestrator.race.Metric`` (None: none)."""
-    from ..metric_spec import parse_metric
 
     if max_regression is not None and metric is None:
         raise UsageError(detail="max_regression needs metric (FILE:KEY)")
-    return parse_metric(metric, max_regression) if metric is not None else None
+    return orchestrator.metric_spec.parse_metric(metric, max_regression) if metric is not None else None
 
 
 def _promotion_interrupted(e: "Engine", sb_id: str, started: float, verify: str | None,
                            on_interrupt: Callable[[], None] | None, *, winner: bool = False) -> Exception:
     """A Ctrl-C in ``promote``, settled: what the journal left in place (the next command
     would settle it the same way), as the error that says so."""
-    from ..promotions import settle_interrupted
 
     if on_interrupt is not None:
         on_interrupt()  # a second signal must not cut the settling short
-    promo = settle_interrupted(e, sb_id, started)
+    promo = orchestrator.promotions.settle_interrupted(e, sb_id, started)
     watched = promo is not None and e.registry.watch(promo) is not None  # started just before: it goes on
     rec = next((p for p in e.registry.promotions() if p["id"] == promo), None) if promo else None
     applied = list((rec or {}).get("doc", {}).get("applied", []))
@@ -174,9 +171,8 @@ def _system_not_promoted(e: "Engine", row: "SandboxRow", say: Callable[[str], No
     many changes it left out (0: none, or no layer)."""
     if not row.system:
         return 0
-    from ..sandbox.system_layer import changes
 
-    n = len(changes(e.store.root, row.id))
+    n = len(orchestrator.sandbox.system_layer.changes(e.store.root, row.id))
     if n:
         say(f"{n} change(s) of {row.id}'s system layer were not promoted (only the workspace's are); "
             f"`petri diff --system {row.id}` lists them")
@@ -186,9 +182,8 @@ def _system_not_promoted(e: "Engine", row: "SandboxRow", say: Callable[[str], No
 def _check_paths_exist(e: "Engine", row: "SandboxRow", wanted: list[bytes]) -> list[str]:
     """The paths asked for that exist (unchanged) in the sandbox or its base; a path in
     neither is a usage error (exit 2), not "no changes"."""
-    from ..changesets import sandbox_views
 
-    with sandbox_views(e, row) as (base, tree):
+    with orchestrator.changesets.sandbox_views(e, row) as (base, tree):
         missing = [p for p in wanted if not (_lexists_under(bytes(tree), p) or _lexists_under(bytes(base), p))]
     if missing:
         names = ", ".join(p.decode("utf-8", "backslashreplace") for p in missing)

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 from ..results import Race, RaceCandidate
 from ..race_plan import Candidate
+from ..sandbox.procs import pid_alive
+import orchestrator
 
 # A candidate's state while it may still win (ranked between passed and not passed).
 _UNDECIDED = ("waiting", "applying", "checking")
@@ -32,7 +34,6 @@ class RaceTracker:
     process still there), so a front end can feed it as events arrive."""
 
     def __init__(self, alive: Callable[[int | None], bool] | None = None) -> None:
-        from ..sandbox.procs import pid_alive
 
         self.alive = alive or pid_alive
         self.races: dict[str, dict[str, Any]] = {}
@@ -112,15 +113,14 @@ class RaceTracker:
         return None
 
     def _rerank(self, rid: str) -> None:
-        from ..race import Outcome, rank
 
         cands = self.races[rid]["candidates"]
         by_index = {c["index"]: c for c in cands}
-        ranked = rank([Outcome(index=c["index"], candidate=Candidate.from_json(c),
+        ranked = orchestrator.race.rank([orchestrator.race.Outcome(index=c["index"], candidate=Candidate.from_json(c),
                                sandbox=c.get("sandbox") or "", applied=bool(c["applied"]), exit_code=c["exit_code"],
                                duration_s=c["duration_s"], lines_added=c["lines_added"] or 0,
-                               lines_removed=c["lines_removed"] or 0)
-                       for c in cands if c["state"] in _DECIDED])
+                                                                   lines_removed=c["lines_removed"] or 0)
+                                         for c in cands if c["state"] in _DECIDED])
         undecided = [c for c in cands if c["state"] in _UNDECIDED]
         rest = [c for c in cands if c["state"] not in _DECIDED + _UNDECIDED]  # stopped
         cands[:] = ([by_index[o.index] for o in ranked if o.passed] + sorted(undecided, key=lambda c: c["index"])

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, ov
 
 from ..limits import Limits
 from ..results import Cleanup, Diff, Forked, PromoteResult, RunResult, SandboxInfo
+from snapshot.errors import PetriError
+import orchestrator
 
 if TYPE_CHECKING:
     from .workspace import Workspace
@@ -164,15 +166,13 @@ class SandboxSet(list["Sandbox"]):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from snapshot.errors import PetriError
 
-        from .. import audit
 
         gone = [sb.info.id for sb in self if sb.info.id not in self.workspace._kept]
         if not gone:
             return
         ws = self.workspace
-        with audit.operation("rm", ["rm", *gone], ws.via, client=ws.client, root=ws.root):
+        with orchestrator.audit.operation("rm", ["rm", *gone], ws.via, client=ws.client, root=ws.root):
             for sb_id in gone:
                 try:
                     ws.engine.destroy_sandbox(sb_id)

@@ -27,6 +27,10 @@ from .helpers import (_any_id, _argv, _at_least, _at_most, _check_paths_exist,
                       _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
                       _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
+from ..errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
+from ..units import MAX_LABEL, MAX_NOTE, check_text, shown
+from snapshot.errors import MarkersWritten
+import orchestrator
 
 if TYPE_CHECKING:
     from ..race_plan import Candidate
@@ -54,18 +58,18 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     def deco(fn: Callable[..., _R]) -> Callable[..., _R]:
         @functools.wraps(fn)
         def wrapper(self: "Workspace", *args: Any, reason: str | None = None, **kw: Any) -> _R:
-            from .. import audit
-            from ..units import MAX_NOTE, check_text
 
             if reason is not None:
                 check_text(self._name("reason"), reason, max_len=MAX_NOTE)
-            with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
+            with orchestrator.audit.operation(op, orchestrator.audit.api_argv(fn.__name__, args, kw), self.via,
+                                              reason=reason,
                                  client=self.client, root=self.root):
                 return fn(self, *args, **kw)
         # What ``inspect.signature`` (help(), the docs, petri.aio's conformance test) shows:
         # the method's own parameters and the ``reason`` keyword this wrapper takes.
         sig = inspect.signature(fn)
-        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), inspect.Parameter(  # type: ignore[attr-defined]
+        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(),
+                                                        inspect.Parameter(  # type: ignore[attr-defined]
             "reason", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
         return wrapper
     return deco
@@ -79,13 +83,13 @@ def init(path: str | os.PathLike[str] = ".", *, backend: str = "auto", convert: 
          reason: str | None = None) -> "Workspace":
     """Register ``path`` as a workspace, choose a backend, take the first snapshot.
     ``ws.init_result`` is the ``init`` document."""
-    from .. import audit
-    from ..services import Engine
 
-    with audit.operation("init", audit.api_argv("init", [os.fspath(path)], {"backend": backend}), via,
+    with orchestrator.audit.operation("init", orchestrator.audit.api_argv("init", [os.fspath(path)],
+                                                                          {"backend": backend}), via,
                          reason=reason):
-        engine, result = Engine.init(Path(os.path.abspath(path)), backend, convert=convert, progress=progress,
-                                     say=say or (lambda s: None))
+        engine, result = orchestrator.services.Engine.init(Path(os.path.abspath(path)), backend, convert=convert,
+                                                           progress=progress,
+                                                           say=say or (lambda s: None))
     ws = Workspace(engine.root, via=via, _engine=engine)
     ws.init_result = result
     return ws
@@ -96,23 +100,19 @@ def open(path: str | os.PathLike[str] | None = None, *, via: str = "api",  # noq
     """The workspace that holds ``path`` (default: the current directory, or
     ``PETRI_WORKSPACE``), found by walking up as git does. ``override``: a workspace named
     outright (the CLI's ``--workspace``), which wins over both."""
-    from ..workspace import find_workspace
 
-    return Workspace(find_workspace(None if path is None else Path(path), override), via=via)
+    return Workspace(orchestrator.workspace.find_workspace(None if path is None else Path(path), override), via=via)
 
 
 def doctor(path: str | os.PathLike[str] = ".") -> "DoctorReport":
     """What works on this machine for ``path`` (a directory: a workspace, or one to ``init``)
     and, for each thing that does not, why and the fix: ``petri doctor``'s report (``.ok``,
     ``.checks``, ``.exit_code``, ``.to_json()``). Writes nothing."""
-    from ..doctor import diagnose
-    from ..errors import UsageError
-    from ..units import shown
 
     target = Path(os.path.abspath(path))
     if not os.fspath(path).strip() or not target.is_dir():
         raise UsageError(detail=f"bad path '{shown(os.fspath(path), limit=200)}': not a directory")
-    return diagnose(target)
+    return orchestrator.doctor.diagnose(target)
 
 
 # ---------------------------------------------------------------------------- the workspace
@@ -128,7 +128,6 @@ class Workspace:
     def __init__(self, root: str | os.PathLike[str], *, via: str = "api", client: str | None = None,
                  _engine: "Engine | None" = None) -> None:
         if via not in VIAS:
-            from ..errors import UsageError
             raise UsageError(detail=f"via must be one of {', '.join(VIAS)}, not {via!r}")
         self.root = Path(root)
         self.via = via
@@ -148,8 +147,6 @@ class Workspace:
 
     def _check_label(self, label: str) -> None:
         """The engine's rules for a label (``units.check_label``), in this caller's words."""
-        from ..errors import UsageError
-        from ..units import MAX_LABEL, check_text, shown
 
         name = self._name("label")
         if not label.strip():
@@ -163,9 +160,8 @@ class Workspace:
         """This thread's engine (registry connection), opened on first use."""
         e = getattr(self._local, "engine", None)
         if e is None:
-            from ..services import Engine
 
-            e = Engine.open(self.root, str(self.root))
+            e = orchestrator.services.Engine.open(self.root, str(self.root))
             self._local.engine = e
             self.__dict__.setdefault("_opened", []).append(e)
         return e
@@ -194,7 +190,6 @@ class Workspace:
     @_audited("snapshot")
     def snapshot(self, message: str = "", *, progress: Any = None) -> Snapshot:
         """Take a snapshot of the workspace (the ``snapshot`` document)."""
-        from ..units import MAX_NOTE, check_text
 
         check_text(self._name("message"), message, max_len=MAX_NOTE)
         row = self.engine.take_snapshot(message, kind="user", progress=progress)
@@ -231,9 +226,6 @@ class Workspace:
         ``profile``: a ``[profiles.NAME]`` of the config, layered under the arguments (they
         win) and over the config's top-level defaults; the sandbox records it, and its
         promotions are held to that profile's policy (``orchestrator.profiles``)."""
-        from ..config import load_config
-        from ..errors import UsageError
-        from ..runs import parse_publish
 
         if n < 1:
             raise UsageError(detail=f"{self._name('n')} must be at least 1, not {n}")
@@ -242,33 +234,30 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         e = self.engine
-        from ..profiles import fork_env, inherited
 
         if profile is None:
-            profile = inherited(e, _source_id(source))
-        cfg = load_config(e.root)
+            profile = orchestrator.profiles.inherited(e, _source_id(source))
+        cfg = orchestrator.config.load_config(e.root)
         prof = cfg.profile(profile)  # an unknown name: exit 2, before anything is made
         lim = cfg.with_profile(profile).apply_defaults(limits or Limits())
         prepared = e.check_limits(lim)
-        wanted = [parse_publish(p) for p in publish]
-        from .. import run_env
+        wanted = [orchestrator.runs.parse_publish(p) for p in publish]
 
-        passes, secret_values = fork_env(prof, env_pass, secrets)
+        passes, secret_values = orchestrator.profiles.fork_env(prof, env_pass, secrets)
         if wanted and lim.net:
             raise UsageError(detail="--publish does not go with --net: the sandbox's ports are the host's already")
         rows = e.fork(_source_id(source), n, label=label, limits=lim, keep_expired=keep_expired, system=system,
                       profile=profile)
         if passes or secret_values:
             for r in rows:
-                run_env.save(e.store.root, r.id, secret_values)
+                orchestrator.run_env.save(e.store.root, r.id, secret_values)
                 meta = {**(r.meta or {}), "env_pass": passes, "secrets": sorted(secret_values)}
                 e.registry.update_sandbox(r.id, meta=meta)
         if wanted:
-            from ..runs import publish_port
 
             for i, r in enumerate(rows):
                 for port, host in wanted:
-                    publish_port(e, r.id, port, host if i == 0 else None)
+                    orchestrator.runs.publish_port(e, r.id, port, host if i == 0 else None)
         forked = Forked.of(sandboxes=tuple(e.fork_record(r) for r in rows), warnings=prepared["warnings"],
                            quotas_enabled=prepared["quotas_enabled"])
         return SandboxSet(self, [Sandbox(self, info) for info in forked.sandboxes], forked)
@@ -291,9 +280,9 @@ class Workspace:
             infos = [e.sandbox_record(r, staleness=e.staleness(r) if staleness else None, fresh_usage=False)
                      for r in rows]
         if any(True for _ in _services_root(e).glob("*/*.json")):  # most workspaces have none: one listdir
-            from ..service_runs import live_names
 
-            infos = [i.but(services_running=len(live_names(e.store.root, i.id))) for i in infos]
+            infos = [i.but(services_running=len(orchestrator.service_runs.live_names(e.store.root,
+                                                                                     i.id))) for i in infos]
         return SandboxList.of(sandboxes=tuple(infos))
 
     def status(self, sandbox: "str | Sandbox") -> SandboxList:
@@ -301,19 +290,16 @@ class Workspace:
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         info = e.sandbox_record(row, staleness=e.staleness(row))
-        from ..run_history import sandbox_runs
-        from ..sandbox import environment
-        from ..service_runs import listing
 
-        info = info.but(runs=tuple(sandbox_runs(e, row)), services=listing(e, row.id),
-                        ports=environment.ports(e.store.root, row.id))
+        info = info.but(runs=tuple(orchestrator.run_history.sandbox_runs(e, row)),
+                        services=orchestrator.service_runs.listing(e, row.id),
+                        ports=orchestrator.sandbox.environment.ports(e.store.root, row.id))
         return SandboxList.of(sandboxes=(info,))
 
     @_audited("rm")
     def remove(self, *idents: "str | Sandbox | Snapshot", all: bool = False,  # noqa: A002
                expired: bool = False) -> Cleanup:
         """``rm``: destroy sandboxes, or snapshots no sandbox uses."""
-        from ..errors import UsageError
 
         if not idents and not all and not expired:
             raise UsageError(detail="rm needs ids, --all or --expired" if self.via == "cli"
@@ -329,10 +315,8 @@ class Workspace:
         sandboxes of each lineage older than its newest N generations (``pruned_sandboxes``)."""
         pruned = []
         if keep_generations is not None:
-            from ..lineage import prune_generations
-            pruned = prune_generations(self.engine, keep_generations)
-        from ..gc import collect
-        result = collect(self.engine)
+            pruned = orchestrator.lineage.prune_generations(self.engine, keep_generations)
+        result = orchestrator.gc.collect(self.engine)
         if keep_generations is not None:
             result = result.but(removed=[p["id"] for p in pruned] + list(result.removed), pruned_sandboxes=pruned)
         return result
@@ -359,34 +343,30 @@ class Workspace:
         ``default``); ``caller_cwd``: the caller's own working directory, where the command
         starts when it lies in the workspace and exists in the sandbox (else at the root;
         not with ``cwd``)."""
-        from .. import audit
-        from ..runs import run_result
 
         if cwd is not None and caller_cwd is not None:
-            from ..errors import UsageError
             raise UsageError(detail="cwd and caller_cwd: one or the other")
         start_dir = self._start_dir(sandbox, cwd) if caller_cwd is None else os.fspath(caller_cwd)
         on_event = None if on_output is None else _output_callback(on_output)
-        result = run_result(self.engine, _sandbox_id(sandbox), _argv(argv), timeout_s=_seconds(timeout), env=env,
+        result = orchestrator.runs.run_result(self.engine, _sandbox_id(sandbox), _argv(argv),
+                                              timeout_s=_seconds(timeout), env=env,
                             stdin_data=stdin, echo=echo, cwd=start_dir, on_event=on_event, on_started=on_start,
-                            forward_signals=forward_signals, seccomp=seccomp)
+                                              forward_signals=forward_signals, seccomp=seccomp)
         if result.exit_code is not None:  # always, for a run that ended: the trail shows the command's own code
-            audit.set_exit_code(result.exit_code)
+            orchestrator.audit.set_exit_code(result.exit_code)
         return result
 
     def check_profile(self, name: str | None) -> None:
         """Refuse a ``[profiles.NAME]`` the config does not define (``petri.UsageError``, exit
         2, naming the ones it does): for a front end that checks before it starts anything."""
-        from ..config import load_config
 
-        load_config(self.engine.root).profile(name)
+        orchestrator.config.load_config(self.engine.root).profile(name)
 
     def run_log_paths(self, sandbox: "str | Sandbox", run: int) -> tuple[Path, Path]:
         """The files run ``run`` of the sandbox saves its stdout and stderr in (``output``
         reads them): for a front end that follows a run's output by offset as it grows."""
-        from ..runs import log_paths
 
-        return log_paths(self.engine, self.engine.resolve_sandbox(_sandbox_id(sandbox)).id, run)
+        return orchestrator.runs.log_paths(self.engine, self.engine.resolve_sandbox(_sandbox_id(sandbox)).id, run)
 
     @_audited("shell")
     def shell(self, sandbox: "str | Sandbox", *, timeout: float | str | None = None, env: dict[str, str] | None = None,
@@ -395,13 +375,13 @@ class Workspace:
         allocates, joined to this process's terminal, until it exits (``petri shell``): the
         ``shell`` document ``{"id", "exit_code", "seccomp"}``. ``caller_cwd``, ``seccomp`` as
         for ``run``; ``timeout`` ends the session."""
-        from ..runs import seccomp_fields, seccomp_profile, shell_in_sandbox
 
         e = self.engine
-        profile = seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
-        code = shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
+        profile = orchestrator.runs.seccomp_profile(e, seccomp)  # a bad one is refused before the sandbox is looked up
+        code = orchestrator.runs.shell_in_sandbox(e, _sandbox_id(sandbox), timeout_s=_seconds(timeout), env=env,
                                 cwd=None if caller_cwd is None else os.fspath(caller_cwd), seccomp=profile)
-        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code, **seccomp_fields(profile)}
+        return {"id": e.resolve_sandbox(_sandbox_id(sandbox)).id, "exit_code": code,
+                **orchestrator.runs.seccomp_fields(profile)}
 
     # -- services and ports (orchestrator.service_runs, orchestrator.sandbox.environment) ---------
     @_audited("run")
@@ -411,88 +391,81 @@ class Workspace:
         """``run --detach``: start ``argv`` as a service of the sandbox, which outlives this
         call (and this process) and ends by itself, ``stop_service``, the sandbox's lifetime,
         ``remove`` or ``deinit``. ``restart``: ``no`` or ``on-failure``. Its ``services`` row."""
-        from ..service_runs import start
 
         start_dir = self._start_dir(sandbox, cwd)
-        return start(self.engine, _sandbox_id(sandbox), [os.fsdecode(a) for a in _argv(argv)], name=name,
-                     restart=restart, env=env, cwd=start_dir)
+        return orchestrator.service_runs.start(self.engine, _sandbox_id(sandbox),
+                                               [os.fsdecode(a) for a in _argv(argv)], name=name,
+                                               restart=restart, env=env, cwd=start_dir)
 
     def services(self, sandbox: "str | Sandbox | None" = None) -> dict[str, Any]:
         """``services``: every service of the workspace, or of one sandbox."""
-        from ..service_runs import listing
 
         sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id if sandbox is not None else None
-        return {"services": listing(self.engine, sb)}
+        return {"services": orchestrator.service_runs.listing(self.engine, sb)}
 
     def service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
         """One service of the sandbox, as its ``services`` row (``stdout_path`` and
         ``stderr_path`` are its output files); ``NoSuchService`` (exit 2) if it has none so named."""
-        from ..service_records import read
-        from ..service_runs import NoSuchService, doc
 
         sb = self.engine.resolve_sandbox(_sandbox_id(sandbox)).id
-        rec = read(self.engine.store.root, sb, name)
+        rec = orchestrator.service_records.read(self.engine.store.root, sb, name)
         if rec is None:
-            raise NoSuchService(sandbox=sb, name=name)
-        return doc(rec)
+            raise orchestrator.service_runs.NoSuchService(sandbox=sb, name=name)
+        return orchestrator.service_runs.doc(rec)
 
     def service_output(self, sandbox: "str | Sandbox", name: str, *, follow: bool = False,
                        stop: Callable[[], bool] | None = None) -> Iterator[bytes]:
         """The service's stdout in chunks as its file holds them; with ``follow``, also what it
         writes until it is no longer running (``logs --service -f``) or ``stop()`` returns
         true. ``NoSuchService`` as ``service``; nothing when it has no output file yet."""
-        from ..service_records import LIVE, read, settled
-        from ..service_runs import follow_log
 
         rec = {**self.service(sandbox, name)}
         if not rec.get("stdout_path"):
             return iter(())
         store, sb = self.engine.store.root, rec["sandbox"]
-        first = read(store, sb, name) or rec
+        first = orchestrator.service_records.read(store, sb, name) or rec
 
         def alive() -> bool:
-            r = read(store, sb, name) or first
-            return follow and not (stop is not None and stop()) and settled(store, sb, r)["state"] in LIVE
+            r = orchestrator.service_records.read(store, sb, name) or first
+            if not follow or (stop is not None and stop()):
+                return False
+            return orchestrator.service_records.settled(store, sb, r)["state"] in orchestrator.service_records.LIVE
 
-        chunks: Iterator[bytes] = follow_log(Path(rec["stdout_path"]), alive if follow else (lambda: False))
+        chunks: Iterator[bytes] = orchestrator.service_runs.follow_log(Path(rec["stdout_path"]),
+                                                                       alive if follow else (lambda: False))
         return chunks
 
     @_audited("stop")
     def stop_service(self, sandbox: "str | Sandbox", name: str) -> dict[str, Any]:
         """``stop``: SIGTERM to the service's command, SIGKILL after a grace period."""
-        from ..service_runs import stop
 
-        return stop(self.engine, _sandbox_id(sandbox), name)
+        return orchestrator.service_runs.stop(self.engine, _sandbox_id(sandbox), name)
 
     @_audited("port")
     def publish(self, sandbox: "str | Sandbox", port: int, *, host_port: int | None = None) -> dict[str, Any]:
         """``port``: forward the host's 127.0.0.1:``host_port`` (default ``port`` when free, else
         any free one) to the sandbox's 127.0.0.1:``port`` while the sandbox lives."""
-        from ..runs import publish_port
 
-        return publish_port(self.engine, _sandbox_id(sandbox), port, host_port)
+        return orchestrator.runs.publish_port(self.engine, _sandbox_id(sandbox), port, host_port)
 
     def ports(self, sandbox: "str | Sandbox") -> dict[str, Any]:
         """The sandbox's published ports: ``{"sandbox", "ports": [{"port", "host_port"}]}``."""
-        from ..sandbox import environment
 
         row = self.engine.resolve_sandbox(_sandbox_id(sandbox))
-        return {"sandbox": row.id, "ports": environment.ports(self.engine.store.root, row.id)}
+        return {"sandbox": row.id, "ports": orchestrator.sandbox.environment.ports(self.engine.store.root, row.id)}
 
     def _start_dir(self, sandbox: "str | Sandbox", cwd: str | os.PathLike[str] | None) -> str | None:
         """``cwd`` of a run, checked: a directory of the sandbox (no symlink on the way), as
         the absolute path the command sees; None for the workspace root."""
         if cwd is None:
             return None
-        from .. import files
-        from ..errors import UsageError
 
         row, where = self._files_row(sandbox)
         try:
-            rel = files.user_rel(cwd, where)
+            rel = orchestrator.files.user_rel(cwd, where)
             if rel:
                 with self._reading(row) as tree:
-                    os.close(files.open_directory(tree, rel, where))
+                    os.close(orchestrator.files.open_directory(tree, rel, where))
         except UsageError as e:
             raise UsageError(detail=f"bad cwd: {e}") from None
         return os.path.join(str(self.engine.root), os.fsdecode(rel)) if rel else str(self.engine.root)
@@ -501,9 +474,8 @@ class Workspace:
         """Every run of the sandbox, oldest first."""
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
-        from ..run_history import sandbox_runs
 
-        return sandbox_runs(e, row)
+        return orchestrator.run_history.sandbox_runs(e, row)
 
     def output(self, sandbox: "str | Sandbox", run: int | None = None, *, follow: bool = False,
                start: dict[str, int] | None = None, tail: int | None = None, stop: Callable[[], bool] | None = None,
@@ -514,8 +486,6 @@ class Workspace:
         With ``follow``, also what the run writes until it ends (or ``stop()``); without, what
         is there now. ``start``: stream offsets to begin at (``{"stdout": n}``); ``tail``:
         begin each stream that many bytes before its end (as it is now)."""
-        from .. import runlog
-        from ..sandbox.procs import pid_alive
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
@@ -525,7 +495,6 @@ class Workspace:
             runs = e.registry.runs(row.id)
             doc = runs[-1] if runs else None
         if doc is None:
-            from ..errors import NoRunsYet, NoSuchRun
 
             raise NoSuchRun(ident=row.id, n=run) if run is not None else NoRunsYet(ident=row.id)
         n = doc["run"]
@@ -534,12 +503,13 @@ class Workspace:
             if not follow:
                 return True
             cur = e.registry.run(row.id, n)
-            return cur is None or cur["finished_at"] is not None or not pid_alive(cur["pid"])
+            return cur is None or cur["finished_at"] is not None or not orchestrator.sandbox.procs.pid_alive(cur["pid"])
 
         paths = {"stdout": doc["stdout_path"], "stderr": doc["stderr_path"]}
         if tail is not None:
-            start = {k: max(0, runlog.stream_size(p) - tail, (start or {}).get(k, 0)) for k, p in paths.items()}
-        return runlog.follow(paths, finished, stop=stop, poll_s=poll_s, start=start)
+            start = {k: max(0, orchestrator.runlog.stream_size(p) - tail, (start or {}).get(k, 0)) for k,
+                     p in paths.items()}
+        return orchestrator.runlog.follow(paths, finished, stop=stop, poll_s=poll_s, start=start)
 
     # -- race -----------------------------------------------------------------------------
     @_audited("race")
@@ -569,8 +539,6 @@ class Workspace:
 
         A Ctrl-C stops the race and removes its sandboxes: ``RaceInterrupted`` (its ``race``:
         the record so far; its ``doc``: that as the CLI's error document)."""
-        from ..errors import EmptyCommand, NoCandidates, UsageError
-        from ..race import load_candidates, race_sync
 
         if not check or not check.strip():
             raise EmptyCommand(what="check", hint=" (e.g. check='python3 -m pytest -q')")
@@ -581,10 +549,11 @@ class Workspace:
         if label is not None:
             self._check_label(label)
         gate = _metric_gate(metric, max_regression)
-        cands = load_candidates(candidates)  # a missing patch file: exit 2 before anything
-        return race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs, limits=limits or Limits(),
+        cands = orchestrator.race.load_candidates(candidates)  # a missing patch file: exit 2 before anything
+        return orchestrator.race.race_sync(self.engine, cands, check, source=_source_id(source), jobs=jobs,
+                                           limits=limits or Limits(),
                          timeout_s=_seconds(timeout), keep=keep, say=say, promote=promote, on_start=on_start,
-                         cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
+                                           cluster=cluster, label=label, metric=gate, profile=profile, seccomp=seccomp)
 
     @_audited("promote")
     def promote_winner(self, race: "Race | dict[str, Any]", *, say: Callable[[str], None] | None = None,
@@ -597,12 +566,11 @@ class Workspace:
         is called before the settling, as for ``promote``."""
         import time
 
-        from ..race import promote_winner
 
         rec = race if isinstance(race, Race) else Race.from_doc(race)  # a document read back (--json)
         started = time.time()
         try:
-            return promote_winner(self.engine, rec, say=say)
+            return orchestrator.race.promote_winner(self.engine, rec, say=say)
         except KeyboardInterrupt:
             raise _promotion_interrupted(self.engine, rec.winner or "", started, None, on_interrupt,
                                          winner=True) from None
@@ -611,10 +579,9 @@ class Workspace:
     def diff(self, sandbox: "str | Sandbox", paths: Sequence[str | bytes] = (), *, include_ignored: bool = False,
              stat_only: bool = False) -> Diff:
         """The sandbox's changes against its base as a git-format patch (``diff``)."""
-        from ..diffs import diff_record
 
-        return diff_record(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
-                           with_patch=not stat_only)
+        return orchestrator.diffs.diff_record(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
+                                              with_patch=not stat_only)
 
     # A chunk of ``patch``: what a pipe takes in one write.
     PATCH_CHUNK = 1 << 16
@@ -624,9 +591,9 @@ class Workspace:
         """The sandbox's patch exactly as ``git apply`` takes it, as chunks of bytes (what
         ``petri diff`` writes to its output; ``diff().patch`` is the same as text, with a
         file name that is not UTF-8 escaped). Read from one point-in-time view."""
-        from ..diffs import diff_parts
 
-        _, _, data = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored)
+        _, _, data = orchestrator.diffs.diff_parts(self.engine, _sandbox_id(sandbox), paths,
+                                                   include_ignored=include_ignored)
         view = memoryview(data)
         for at in range(0, len(data), self.PATCH_CHUNK):
             yield bytes(view[at:at + self.PATCH_CHUNK])
@@ -637,24 +604,22 @@ class Workspace:
         (``petri diff --stat``); empty when nothing changed."""
         from merge.patch import format_stat
 
-        from ..diffs import diff_parts
 
-        _, stats, _ = diff_parts(self.engine, _sandbox_id(sandbox), paths, include_ignored=include_ignored,
-                                 with_patch=False)
+        _, stats, _ = orchestrator.diffs.diff_parts(self.engine, _sandbox_id(sandbox), paths,
+                                                    include_ignored=include_ignored,
+                                                    with_patch=False)
         return format_stat(stats)
 
     def system_changes(self, sandbox: "str | Sandbox") -> dict[str, Any]:
         """What a ``system=True`` sandbox changed outside the workspace, in its writable layer
         over the host's system paths (never promoted): ``{"sandbox", "system": [{"path",
         "status"}...]}`` (``petri diff --system``). A usage error for a sandbox without one."""
-        from ..errors import UsageError
-        from ..sandbox.system_layer import changes
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         if not row.system:
             raise UsageError(detail=f"{row.id} has no system layer (it was not forked with --system)")
-        return {"sandbox": row.id, "system": changes(e.store.root, row.id)}
+        return {"sandbox": row.id, "system": orchestrator.sandbox.system_layer.changes(e.store.root, row.id)}
 
     @_audited("promote")
     def promote(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", verify: str | None = None,
@@ -697,10 +662,7 @@ class Workspace:
         without what it needs: a usage error (exit 2) before anything is written."""
         import time
 
-        from snapshot.errors import MarkersWritten
 
-        from ..errors import UsageError
-        from ..promotions import promote as do_promote
 
         gate = _metric_gate(metric, max_regression)
         if gate is not None and (verify is None or not verify.strip()):
@@ -710,23 +672,21 @@ class Workspace:
             raise UsageError(detail="a metric goes with a plain promotion; a stage's is `metric` in [[stages]]")
 
         if override_policy is not None:
-            from ..units import MAX_NOTE, check_text
 
             name = "--override-policy" if self.via == "cli" else "override_policy"
             check_text(name, override_policy, max_len=MAX_NOTE)
             if not override_policy.strip():
                 raise UsageError(detail=f"{name} needs a reason (it goes into the audit trail)")
-        from ..watch import parse_watch
 
-        watching = parse_watch(watch, watch_for, watch_every, api=self.via != "cli", mcp=self.via == "mcp")
+        watching = orchestrator.watch.parse_watch(watch, watch_for, watch_every, api=self.via != "cli",
+                                                  mcp=self.via == "mcp")
         if watching is not None and (to is not None or dry_run or on_conflict == "markers"):
             raise UsageError(detail="watch goes with a plain promotion: not with to, dry_run or on_conflict markers")
         e = self.engine
         if to is not None:
-            from ..stages import promote_to
             with _text_conflicts():
-                pipeline = promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
-                                      override_policy=override_policy)
+                pipeline = orchestrator.stages.promote_to(e, _sandbox_id(sandbox), to, say=say or (lambda s: None),
+                                                          override_policy=override_policy)
             return _with_ws(pipeline, self)
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         wanted = [_path_bytes(p) for p in paths]
@@ -734,7 +694,8 @@ class Workspace:
         started = time.time()
         try:
             with _text_conflicts():
-                result = do_promote(e, row, on_conflict=on_conflict, include_ignored=include_ignored, paths=wanted,
+                result = orchestrator.promotions.promote(e, row, on_conflict=on_conflict,
+                                                         include_ignored=include_ignored, paths=wanted,
                                     dry_run=dry_run, verify=verify, echo=echo, say=say,
                                     override_policy=override_policy, watch=watching, via=self.via, metric=gate)
         except BaseExceptionGroup as group:  # verify runs under trio: its interrupt comes grouped
@@ -761,17 +722,16 @@ class Workspace:
         watcher running it; ``say`` gets a line per check counted. The watch document:
         ``state`` passed, rolled_back, rollback_refused, interrupted or stopped, ``failed``
         (the check that failed)."""
-        from ..watch import doc_of, follow
 
-        return doc_of(follow(self.engine, _any_id(promotion), say or (lambda s: None)))
+        return orchestrator.watch.doc_of(orchestrator.watch.follow(self.engine, _any_id(promotion),
+                                                                   say or (lambda s: None)))
 
     def watch_status(self, promotion: "str | Promotion | PromoteResult") -> dict[str, Any] | None:
         """The watch of a promotion as it stands now (the document ``follow_watch`` ends
         with), None when it has none."""
-        from ..watch import doc_of
 
         w = self.engine.registry.watch(_any_id(promotion))
-        return doc_of(w) if w else None
+        return orchestrator.watch.doc_of(w) if w else None
 
     @_audited("try")
     def try_(self, command: Sequence[str | bytes] | str, *, check: str | None = None, promote: bool = False,
@@ -796,12 +756,10 @@ class Workspace:
         once the change and the check are known, before the promotion is decided;
         ``on_interrupt()`` is called first thing when a signal stops the try (the CLI stops
         taking signals so the settling is not cut short)."""
-        from ..config import load_config
-        from ..trying import try_change
 
         if label is not None:
             self._check_label(label)
-        load_config(self.engine.root).profile(profile)  # an unknown one: exit 2 before anything
+        orchestrator.config.load_config(self.engine.root).profile(profile)  # an unknown one: exit 2 before anything
 
         def fork(source: str, name: str | None) -> str:
             return str(self.fork(1, source=source, label=name, limits=limits, env_pass=env_pass, secrets=secrets,
@@ -810,11 +768,12 @@ class Workspace:
         def decide(doc: dict[str, Any]) -> bool:
             return bool(promote or (confirm is not None and confirm(doc)))
 
-        return try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork, decide=decide,
-                          check=check, label=label, keep=keep, include_ignored=include_ignored,
+        return orchestrator.trying.try_change(self.engine, [os.fsdecode(a) for a in _argv(command)], fork=fork,
+                                              decide=decide,
+                                              check=check, label=label, keep=keep, include_ignored=include_ignored,
                           on_conflict=on_conflict, timeout_s=_seconds(timeout), seccomp=seccomp, echo=echo,
-                          say=say or (lambda s: None), report=report or (lambda d: None),
-                          hold=on_interrupt or (lambda: None))
+                                              say=say or (lambda s: None), report=report or (lambda d: None),
+                                              hold=on_interrupt or (lambda: None))
 
     @_audited("rebase")
     def rebase(self, sandbox: "str | Sandbox", *, on_conflict: str = "fail", include_ignored: bool = False) -> Rebased:
@@ -823,29 +782,28 @@ class Workspace:
         a hunk conflicts and ``on_conflict`` is "fail": no sandbox is made; "markers" writes
         diff3 markers into the new one). The old sandbox stays; its label moves to the new
         one, whose ``parent`` it is."""
-        from ..rebasing import rebase
 
         def fork(limits: dict[str, Any]) -> str:
             return str(self.fork(1, limits=Limits.from_dict(limits))[0].id)
 
         with _text_conflicts():
-            return rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
-                          include_ignored=include_ignored)
+            return orchestrator.rebasing.rebase(self.engine, _sandbox_id(sandbox), fork=fork, on_conflict=on_conflict,
+                                                include_ignored=include_ignored)
 
     @_audited("promote")
     def resume(self, promotion: "str | Promotion | PromoteResult", *,
                say: Callable[[str], None] | None = None) -> Pipeline:
         """``promote --resume p-…``: pass a stage's manual gate, or re-run an inconclusive or
         interrupted stage, and go on up to the pipeline's last stage."""
-        from ..stages import resume
 
         with _text_conflicts():
-            return _with_ws(resume(self.engine, _any_id(promotion), say=say or (lambda s: None)), self)
+            return _with_ws(orchestrator.stages.resume(self.engine, _any_id(promotion), say=say or (lambda s: None)),
+                            self)
 
     def promotions(self, *, include_conflicts: bool = False) -> list[Promotion]:
-        from ..promotions import promotion_rows
 
-        return [_with_ws(p, self) for p in promotion_rows(self.engine, include_conflicts=include_conflicts)]
+        return [_with_ws(p, self) for p in orchestrator.promotions.promotion_rows(self.engine,
+                                                                                  include_conflicts=include_conflicts)]
 
     def promotion_list(self, *, include_conflicts: bool = False) -> PromotionList:
         return PromotionList(promotions=tuple(self.promotions(include_conflicts=include_conflicts)))
@@ -871,12 +829,11 @@ class Workspace:
     MAX_MATCHES = 5_000
 
     def _files_row(self, sandbox: "str | Sandbox") -> "tuple[SandboxRow, Any]":
-        from ..files import Where
 
         e = self.engine
         row = e.resolve_sandbox(_sandbox_id(sandbox))
         roots = tuple(os.fsencode(str(p)) for p in (e.root, row.path) if p)
-        return row, Where(row.id, roots)
+        return row, orchestrator.files.Where(row.id, roots)
 
     @contextlib.contextmanager
     def _reading(self, row: "SandboxRow", base: bool = False) -> Iterator[Any]:
@@ -905,7 +862,6 @@ class Workspace:
         """A regular file of the sandbox (``base``: of the snapshot it was forked from), at
         most ``max_bytes`` (default 1 MiB; ``truncated`` says when more was there);
         ``start_line`` / ``end_line`` (from 1, inclusive): only those lines."""
-        from .. import files
 
         limit = self.MAX_READ if max_bytes is None else max_bytes
         _at_least(0, max_bytes=limit)
@@ -914,25 +870,23 @@ class Workspace:
         if end_line is not None:
             _at_least(start_line or 1, end_line=end_line)
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
+        rel = orchestrator.files.user_rel(path, where)
         with self._reading(row, base) as tree:
-            return files.read(tree, rel, where, limit, start_line=start_line, end_line=end_line)
+            return orchestrator.files.read(tree, rel, where, limit, start_line=start_line, end_line=end_line)
 
     @_audited("write_file")
     def write_file(self, sandbox: "str | Sandbox", path: str | bytes, data: bytes | str, *,
                    mode: int | None = None) -> FileWritten:
         """Write a whole file in the sandbox (made, with its missing directories, or
         replaced atomically keeping its mode), never through a symlink."""
-        from .. import files
 
         raw = data.encode("utf-8") if isinstance(data, str) else data
         if len(raw) > self.MAX_WRITE:
-            from ..errors import UsageError
             raise UsageError(detail=f"{len(raw)} bytes is more than the {self.MAX_WRITE} a write may carry")
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
+        rel = orchestrator.files.user_rel(path, where)
         with self._writing(row) as tree:
-            files.write(tree, rel, where, raw, mode)
+            orchestrator.files.write(tree, rel, where, raw, mode)
         return FileWritten(path=os.fsdecode(rel), bytes_written=len(raw))
 
     @_audited("edit_file")
@@ -941,8 +895,6 @@ class Workspace:
         """Replace ``old`` by ``new`` in a UTF-8 file: exactly ``count`` occurrences must be
         there (None: all of them, at least one), else ``petri.UsageError`` and nothing is
         written."""
-        from .. import files
-        from ..errors import UsageError
 
         if not old:
             raise UsageError(detail="edit_file: the text to replace is empty")
@@ -957,7 +909,7 @@ class Workspace:
         text = got.content.replace(old, new) if count is None else got.content.replace(old, new, count)
         row, where = self._files_row(sandbox)
         with self._writing(row) as tree:
-            files.write(tree, files.user_rel(path, where), where, text.encode("utf-8"), None)
+            orchestrator.files.write(tree, orchestrator.files.user_rel(path, where), where, text.encode("utf-8"), None)
         return FileWritten(path=got.path, bytes_written=len(text.encode("utf-8")), replacements=found)
 
     def list_files(self, sandbox: "str | Sandbox", path: str | bytes = "", *, glob: str | None = None,
@@ -969,16 +921,16 @@ class Workspace:
         whose name (a glob without ``/``, e.g. ``*.py``) or path below ``path`` (``src/**/*.c``)
         matches, git's wildmatch. What the sandbox's ``.gitignore`` ignores is left out unless
         ``include_ignored``; ``.git`` is listed, never entered."""
-        from .. import files
 
         _at_least(1, max_entries=max_entries)
         _at_most(self.MAX_ENTRIES, max_entries=max_entries)
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
+        rel = orchestrator.files.user_rel(path, where)
         with self._reading(row) as tree:
-            return files.list_entries(tree, rel, where, glob=glob,
+            return orchestrator.files.list_entries(tree, rel, where, glob=glob,
                                       recursive=glob is not None if recursive is None else recursive,
-                                      rules=files.ignore_rules(tree.root, include_ignored), max_entries=max_entries)
+                                      rules=orchestrator.files.ignore_rules(tree.root, include_ignored),
+                                      max_entries=max_entries)
 
     def grep(self, sandbox: "str | Sandbox", pattern: str, path: str | bytes = "", *, glob: str | None = None,
              ignore_case: bool = False, include_ignored: bool = False, max_matches: int = 200) -> GrepResult:
@@ -987,27 +939,27 @@ class Workspace:
         text). ``glob`` as in ``list_files``. Binary and very large files are skipped and
         counted; the search stops at ``max_matches``, after 256 MiB read or 10 s (a pattern
         that backtracks without end), and ``stopped`` says why."""
-        from .. import files
 
         _at_least(1, max_matches=max_matches)
         _at_most(self.MAX_MATCHES, max_matches=max_matches)
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
-        files.compile_pattern(pattern, ignore_case=ignore_case)  # a bad one fails before anything is opened
+        rel = orchestrator.files.user_rel(path, where)
+        orchestrator.files.compile_pattern(pattern,
+                                           ignore_case=ignore_case)  # a bad one fails before anything is opened
         with self._reading(row) as tree:
-            return files.grep(tree, rel, where, pattern, glob=glob, ignore_case=ignore_case,
-                              rules=files.ignore_rules(tree.root, include_ignored), max_matches=max_matches)
+            return orchestrator.files.grep(tree, rel, where, pattern, glob=glob, ignore_case=ignore_case,
+                              rules=orchestrator.files.ignore_rules(tree.root, include_ignored),
+                              max_matches=max_matches)
 
     @_audited("delete_file")
     def delete_file(self, sandbox: "str | Sandbox", path: str | bytes, *, recursive: bool = False) -> FileRemoved:
         """Remove the file, symlink (itself, never what it points to) or, with ``recursive``,
         the directory and everything in it at ``path`` in the sandbox."""
-        from .. import files
 
         row, where = self._files_row(sandbox)
-        rel = files.user_rel(path, where)
+        rel = orchestrator.files.user_rel(path, where)
         with self._writing(row) as tree:
-            return files.delete(tree, rel, where, recursive=recursive)
+            return orchestrator.files.delete(tree, rel, where, recursive=recursive)
 
     @_audited("move_file")
     def move_file(self, sandbox: "str | Sandbox", src: str | bytes, dst: str | bytes, *,
@@ -1015,43 +967,37 @@ class Workspace:
         """Rename ``src`` to ``dst`` in the sandbox (a file, a symlink as itself, or a
         directory), making ``dst``'s missing directories; an existing ``dst`` is replaced only
         with ``overwrite``."""
-        from .. import files
 
         row, where = self._files_row(sandbox)
-        a, b = files.user_rel(src, where), files.user_rel(dst, where)
+        a, b = orchestrator.files.user_rel(src, where), orchestrator.files.user_rel(dst, where)
         with self._writing(row) as tree:
-            return files.move(tree, a, b, where, overwrite=overwrite)
+            return orchestrator.files.move(tree, a, b, where, overwrite=overwrite)
 
     # -- review, reject (orchestrator.review) ------------------------------------------------
     def review(self, sandbox: "str | Sandbox") -> Review:
         """``review``: the sandbox's change, its checks, staleness, the policy's verdicts and
         risk, lineage, and the commands to approve or reject it. Reads only."""
-        from ..review import review_record
 
-        return review_record(self.engine, _sandbox_id(sandbox))
+        return orchestrator.review.review_record(self.engine, _sandbox_id(sandbox))
 
     def reject(self, sandbox: "str | Sandbox", reason: str, *, keep: bool = False) -> Rejection:
         """``reject``: record why the sandbox is rejected (the audit trail, a
         ``sandbox.rejected`` event, ``stats``' rejections) and destroy it unless ``keep``."""
-        from .. import audit
-        from ..errors import UsageError
-        from ..review import reject
-        from ..units import MAX_NOTE, check_text
 
         if not isinstance(reason, str) or not reason.strip():
             raise UsageError(detail=f"{self._name('reason')} is needed: why the sandbox is rejected")
         check_text(self._name("reason"), reason, max_len=MAX_NOTE)
-        with audit.operation("reject", audit.api_argv("reject", [_sandbox_id(sandbox)], {"keep": keep}), self.via,
+        with orchestrator.audit.operation("reject", orchestrator.audit.api_argv("reject", [_sandbox_id(sandbox)],
+                                                                                {"keep": keep}), self.via,
                              reason=reason, client=self.client, root=self.root):
-            return reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via)
+            return orchestrator.review.reject(self.engine, _sandbox_id(sandbox), reason, keep=keep, via=self.via)
 
     # -- lineage, population, audit trail, KPIs ---------------------------------------------
     def lineage(self, ident: "str | Sandbox | Snapshot | None" = None) -> Lineage:
         """``lineage``: snapshots of live, the sandboxes forked from them, forks of forks
         under their parents, with generation and race results; ``ident``: only its tree."""
-        from ..lineage import lineage_record
 
-        return lineage_record(self.engine, None if ident is None else _any_id(ident))
+        return orchestrator.lineage.lineage_record(self.engine, None if ident is None else _any_id(ident))
 
     @_audited("evolve")
     def evolve(self, seed: "str | Sandbox | Snapshot", mutate: "str | Callable[..., Sequence[Any]]", check: str, *,
@@ -1163,13 +1109,12 @@ class Workspace:
         which make its undo refuse)."""
         e = self.engine
         kind, full = e.registry.resolve(_any_id(target), ("snapshot", "promotion"))
-        from ..rollback_plans import snapshot_restore_paths, undo_plan
 
         if kind == "snapshot":
-            paths = snapshot_restore_paths(e, full)
+            paths = orchestrator.rollback_plans.snapshot_restore_paths(e, full)
             blocked: list[bytes] = []
         else:
-            paths, blocked = undo_plan(e, full)
-        from ..engine import path_text
-        return Rollback.of(restored=full, kind=kind, changed=[path_text(p) for p in paths], safety_snapshot=None,
-                           dry_run=True, blocked=[path_text(p) for p in blocked])
+            paths, blocked = orchestrator.rollback_plans.undo_plan(e, full)
+        return Rollback.of(restored=full, kind=kind, changed=[orchestrator.engine.path_text(p) for p in paths],
+                           safety_snapshot=None,
+                           dry_run=True, blocked=[orchestrator.engine.path_text(p) for p in blocked])

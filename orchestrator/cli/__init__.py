@@ -35,6 +35,8 @@ without running ``atexit`` handlers or joining threads, and a read-only one (``l
 from __future__ import annotations
 
 import sys
+from .common import G, net_allow_argv
+from .. import interrupts
 
 __all__ = ["main"]
 
@@ -57,12 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from .common import G, net_allow_argv
     from .fastpath import parse, run
 
     raw = net_allow_argv(list(sys.argv[1:] if argv is None else argv))
     if argv is None:  # the process's own: a signal from anyone is a Ctrl-C (in-process callers keep theirs)
-        from .. import interrupts
         interrupts.install()
     before = dict(vars(G))
     call = parse(raw)

@@ -25,6 +25,7 @@ import typer.core
 
 from .common import G, at_the_edge, print_version, split_trailing, take_global
 from .declare import CONTEXT, command_app
+from ..output import Output
 
 __all__ = ["COMMANDS", "TRAILING", "JsonHelpCommand", "command_app", "help_document", "load_command", "main",
            "root_group"]
@@ -108,7 +109,6 @@ class JsonHelp:
 
         def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
             if value and not ctx.resilient_parsing and G.json:
-                from ..output import Output
                 Output(True).doc(help_document(ctx))
                 ctx.exit()
             return show(ctx, param, value) if show else None
@@ -244,7 +244,6 @@ def help_(command: Annotated[Optional[List[str]], typer.Argument(help="A command
         target, names = sub, names + [name]
     with click.Context(target, info_name=" ".join(names), parent=None, **CONTEXT) as sub_ctx:
         if G.json:
-            from ..output import Output
             Output(True).doc(help_document(sub_ctx))
         else:
             click.echo(target.get_help(sub_ctx))

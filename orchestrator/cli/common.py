@@ -12,6 +12,7 @@ import os
 import sys
 
 from .._version import VERSION
+from .. import interrupts
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
@@ -219,7 +220,6 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
         rv = body()
         code = rv if isinstance(rv, int) else 0
         if code:
-            from .. import interrupts
             if interrupts.taken() and interrupts.said() is None:
                 raise KeyboardInterrupt  # typer turns one into a silent exit 130: say what it was
     except BaseException as e:  # noqa: BLE001 - the edge: one line, the traceback only with --debug
@@ -229,7 +229,6 @@ def at_the_edge(raw: list[str], parse: Callable[[], str | None], body: Callable[
     if scope is not None:
         from ..api import finish_audit
         if code and message == "ok":
-            from .. import interrupts
             message = interrupts.said() or message  # a command that settled an interrupt itself
         finish_audit(scope, token, code, "ok" if not code else message if message != "ok" else f"exit {code}",
                      durable=durable)
@@ -253,7 +252,6 @@ def _settle(e: BaseException) -> tuple[int, str]:
     if isinstance(e, KeyboardInterrupt):
         if G.debug:
             _print_traceback()
-        from .. import interrupts
         message = interrupts.interrupted_by()
         return fail(message, interrupts.exit_code()), message
     if isinstance(e, BrokenPipeError):

@@ -9,6 +9,9 @@ import typer
 
 from .app import command_app
 from .common import G, out, workspace_flag
+from ..api import doctor as api_doctor, find_workspace, is_workspace
+from .. import units
+from ..errors import UsageError
 
 app = command_app()
 
@@ -30,9 +33,6 @@ def doctor(
       0  everything petri needs for PATH works (what is only missed is still listed)
       1  something petri needs for PATH does not work (its fix is listed)
       2  PATH is not a directory"""
-    from ..api import doctor as api_doctor
-    from .. import units
-    from ..errors import UsageError
     if path is None:
         target = _here()
     else:
@@ -67,8 +67,6 @@ def doctor(
 def _here() -> Path:
     """No PATH: the workspace other commands would use (``--workspace``, ``PETRI_WORKSPACE``,
     else the one holding the current directory), or the directory itself where there is none."""
-    from ..errors import UsageError
-    from ..api import find_workspace, is_workspace
     override = workspace_flag() or os.environ.get("PETRI_WORKSPACE") or None
     start = Path(os.path.abspath(override)) if override else Path(os.getcwd())
     if override and not start.is_dir():

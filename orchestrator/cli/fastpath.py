@@ -26,6 +26,7 @@ import importlib
 
 from ._fastpath_table import COMMANDS
 from .common import print_version, split_trailing, take_global
+from .common import at_the_edge
 
 TYPE_CHECKING = False  # without importing typing: `petri --version` needs it not
 if TYPE_CHECKING:
@@ -160,7 +161,6 @@ def _convert(kind: str, value: str) -> Any:
 def run(call: Call, raw: list[str], *, durable: bool = False) -> int:
     """Run a parsed hot command at the CLI's edge (errors -> one line and an exit code);
     ``durable``: see ``common.at_the_edge``."""
-    from .common import at_the_edge
 
     if call.name == "--version":
         call.function()

@@ -11,6 +11,8 @@ import typer
 
 from .app import command_app
 from .common import G, out, workspace
+from ..units import shown
+from ..errors import KpiBreach, UsageError
 
 app = command_app()
 
@@ -47,7 +49,6 @@ def log_(
     if G.json:
         o.doc({k: v for k, v in doc.items() if k != "schema"})
         return
-    from ..units import shown
     rows = []
     for en in doc["entries"]:
         who = f"uid {en['uid']}" + (f" (sudo {en['sudo_uid']})" if en.get("sudo_uid") is not None else "")
@@ -67,7 +68,6 @@ def stats(
                                                         " naming it.")] = False,
 ) -> None:
     """p50/p95/p99 of fork, time to first command, run, race, promote, staleness; and rates."""
-    from ..errors import KpiBreach
 
     ws = workspace()
     o = out()
@@ -118,7 +118,6 @@ def promote_staged(sandbox: Optional[str], to: Optional[str], resume: Optional[s
                    override_policy: Optional[str] = None) -> None:
     """``promote --to STAGE`` / ``--resume p-…``: run the pipeline, print where it stands,
     exit with its code (0 done or at a manual gate, 1 failed or inconclusive, 3 conflict)."""
-    from ..errors import UsageError
 
     if to is not None and resume is not None:
         raise UsageError(detail="give --to STAGE (with a SANDBOX) or --resume p-…, not both")

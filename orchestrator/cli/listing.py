@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..output import Output
 from .common import G, out, workspace
+from ..units import human_bytes, human_duration, shown
+from ..api import describe_promoted as describe
 
 
 def show_ls(all_: bool) -> None:
@@ -19,7 +21,6 @@ def show_ls(all_: bool) -> None:
     import time
     from datetime import datetime
 
-    from ..units import human_bytes, human_duration, shown
     table = []
     for d in doc["sandboxes"]:
         stale_txt = stale_text(d)
@@ -55,7 +56,6 @@ def stale_text(d: dict) -> str:
     """The STALE column: ``fresh``, ``N live, M overlap``, led by ``promoted as p-… (done)``
     once the sandbox's changes are in live (its own changes are not counted against it), after
     how old the base is (``base 17m old; 2 live, 1 overlap``)."""
-    from ..api import describe_promoted as describe
 
     stale = d["stale"]
     promoted = describe(d.get("promoted"))

@@ -10,6 +10,8 @@ from typing import Annotated
 
 from .common import G, workspace_flag
 from .declare import command_app, typer
+from ..api import open as open_workspace, set_event_via
+from ..mcp.server import serve
 
 app = command_app()
 
@@ -24,12 +26,9 @@ def mcp(
     Serves the workspace found from the current directory (or --workspace). Sandboxes,
     runs, files, diffs and races are tools; promote and rollback exist only with
     --allow-live. Runs it started stop when the client disconnects."""
-    from ..api import open as open_workspace
-    from ..api import set_event_via
 
     set_event_via("mcp")  # what the server's own events (an expiry it notices) say they came from
     ws = open_workspace(workspace_flag(), via="mcp")  # not a workspace: the CLI's one line, exit 4, before serving
     ws.engine  # noqa: B018 - open the registry now: a broken store fails here, not in the first call
-    from ..mcp.server import serve
 
     return serve(ws, allow_live=allow_live, debug=G.debug)

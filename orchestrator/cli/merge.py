@@ -20,6 +20,9 @@ from ..api import OnConflictChoice
 
 from .app import command_app
 from .common import G, out, workspace
+from .. import interrupts
+from ..errors import EmptyCommand, PromotionInterrupted, UsageError
+from ..units import MAX_NOTE, check_text, human_duration
 
 app = command_app()
 
@@ -108,12 +111,9 @@ def promote(
     With --watch: exit 0 when the watch ended clean, 1 when a check failed and the promotion
     was rolled back (or the watch was interrupted or ended by a rollback), 3 when that
     rollback was refused (live changed those files since; the promotion stays)."""
-    from .. import interrupts
     from ..api import MarkersWritten, PolicyViolation, PromotionConflict, parse_metric, parse_watch
-    from ..errors import EmptyCommand, PromotionInterrupted, UsageError
     o = out()
     if override_policy is not None:
-        from ..units import MAX_NOTE, check_text
         check_text("--override-policy", override_policy, max_len=MAX_NOTE)
         if not override_policy.strip():
             raise UsageError(detail="--override-policy needs a REASON (it goes into the audit trail)")
@@ -218,7 +218,6 @@ def _follow_watch(ws: Any, doc: dict[str, Any], o: Any) -> int:
     """Follow the promotion's watch to its end (its detached watcher runs it) and say how it
     ended: the exit code (0 passed; 1 rolled back, interrupted or stopped; 3 rollback refused).
     Ctrl-C stops following, as ``docker logs -f`` does: the watch goes on (exit 130)."""
-    from .. import interrupts
     promo = doc["promotion"]
     w0 = doc["watch"]
     try:
@@ -288,7 +287,6 @@ def print_verdicts(o: Any, doc: dict[str, Any]) -> None:
 def _interrupted(err: Any) -> None:
     """Ctrl-C (or SIGTERM, SIGHUP) in promote, settled by the API: say truthfully whether the
     sandbox was promoted (exit 128 + the signal)."""
-    from .. import interrupts
     msg = str(err)
     print(f"petri: {msg}", file=sys.stderr, flush=True)
     interrupts.say(msg)
@@ -372,7 +370,6 @@ def promotions(
         return
     from datetime import datetime
 
-    from ..units import human_duration
     rows = []
     for d in docs:
         paths = d["applied"]

@@ -13,14 +13,16 @@ import typer
 from ..errors import EmptyCommand, NoCandidates, UsageError
 from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
+from .. import interrupts
+from ..errors import PromotionInterrupted
+from ..api import Limits, RaceInterrupted, interleave_candidates, parse_metric, render_race_table
+from ..units import check_count
 
 app = command_app()
 
 
 def _promote_winner(ws, race, progress):
     """``race --promote``: Ctrl-C while promoting says whether the winner landed (exit 130)."""
-    from .. import interrupts
-    from ..errors import PromotionInterrupted
     try:
         return ws.promote_winner(race, say=progress, on_interrupt=interrupts.hold)
     except PromotionInterrupted as err:
@@ -38,7 +40,6 @@ def _promote_winner(ws, race, progress):
 
 def _candidate_order(patches: list[str], cmds: list[str]) -> list:
     """The candidates in command-line order (typer gives each option's values apart)."""
-    from ..api import interleave_candidates
     return interleave_candidates(sys.argv[1:], patches, cmds)
 
 
@@ -100,8 +101,6 @@ def race(
              4. fewest lines changed, then fastest check, then command-line order
     A candidate that did not apply ranks last. The winner's sandbox is kept (`petri diff`,
     `petri promote`); the others are destroyed unless --keep. No winner: exit 1."""
-    from ..api import Limits, RaceInterrupted, parse_metric
-    from ..units import check_count
     if check is None or not check.strip():
         raise EmptyCommand(what="--check", hint=" (e.g. --check 'python3 -m pytest -q')")
     if not patch and not cmd:
@@ -128,7 +127,6 @@ def race(
                       profile=profile)
     except RaceInterrupted as err:
         print(f"petri: {err}", file=sys.stderr, flush=True)
-        from .. import interrupts
         interrupts.say(str(err))
         if G.json:
             o.doc(getattr(err, "doc", None) or {"winner": None, "candidates": [], "error": str(err),
@@ -144,7 +142,6 @@ def race(
     if G.json:
         o.doc({**doc, "error": error, "exit_code": code} if error else doc)  # an error is in the document too
     else:
-        from ..api import render_race_table
         render_race_table(o, doc)
     if error:
         print(f"petri: {error}", file=sys.stderr, flush=True)

@@ -13,6 +13,9 @@ import typer
 
 from .app import command_app
 from .common import G, out, workspace
+from ..api import review_markdown as render
+from .merge import print_verdicts
+from ..errors import UsageError
 
 app = command_app()
 
@@ -26,7 +29,6 @@ def review(
     """A review report: changes, checks, staleness, policy, risk, the commands to approve or reject.
 
     Reads only. With --json, the review document; with --markdown, the same as Markdown."""
-    from ..api import review_markdown as render
 
     doc = workspace().review(sandbox).to_json()
     o = out()
@@ -41,7 +43,6 @@ def review(
 
 
 def _print_review(o: Any, doc: dict[str, Any]) -> None:
-    from .merge import print_verdicts
 
     name = doc["sandbox"] + (f" ({doc['label']})" if doc.get("label") else "")
     o.say(f"review of {name}: {doc['state']}, base {doc['base']}, {len(doc['files'])} file(s) changed, "
@@ -89,7 +90,6 @@ def reject(
 
     The reason goes into `petri log`, a sandbox.rejected event and `petri stats`'
     rejections; a graduated promotion of the sandbox waiting at a manual gate is closed."""
-    from ..errors import UsageError
 
     if G.reason is None or not G.reason.strip():
         raise UsageError(detail="reject needs --reason TEXT: why it is rejected goes into the audit trail")

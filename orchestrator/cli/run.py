@@ -18,6 +18,7 @@ from typing import Annotated, List, Optional
 from ..errors import EmptyCommand, NoRunsYet, NoSuchRun, UsageError
 from .common import SECCOMP_HELP, G, out, parse_timeout, run_outcome, run_title, workspace
 from .declare import command_app, typer
+from ..units import human_bytes, human_duration
 
 app = command_app()
 
@@ -143,7 +144,6 @@ def run(
 
 def _say_dropped(doc: dict) -> None:
     """Where the log cap dropped part of a run's output, say so (the saved file says it too)."""
-    from ..units import human_bytes
 
     for stream, o in (doc.get("output") or {}).items():
         if o.get("dropped"):
@@ -245,7 +245,6 @@ def services(
     sandbox: Annotated[Optional[str], typer.Argument(help="Sandbox id, prefix or label (default: all).")] = None,
 ) -> None:
     """Services: name, command, state, pid, uptime, exit code, restarts, ports."""
-    from ..units import human_duration
     doc = workspace().services(sandbox)
     if G.json:
         out().doc(doc)

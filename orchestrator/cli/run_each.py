@@ -26,6 +26,8 @@ import sys
 from typing import Any, Sequence
 
 from ..errors import UsageError
+from .common import out
+from petri.aio import Workspace as AsyncWorkspace
 
 FAILED = 123  # xargs: some invocation exited non-zero
 
@@ -78,7 +80,6 @@ def run_each(ws: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: int | 
     the exit code."""
     from .. import interrupts
     from ..units import check_count
-    from .common import out
 
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     check_count("--jobs", jobs, 1, 1000)
@@ -90,7 +91,6 @@ def run_each(ws: Any, sandboxes: Sequence[str], argv: list[str], *, jobs: int | 
     docs: dict[str, dict[str, Any]] = {}
     cwd = os.getcwd()
 
-    from petri.aio import Workspace as AsyncWorkspace
 
     aws = AsyncWorkspace(ws)  # under trio its run is a task of this loop (a cancelled one kills its command)
 

@@ -9,6 +9,10 @@ from typing import Annotated, Any, List, Optional
 from .common import G, out, run_outcome, run_title, workspace
 from .declare import command_app, typer
 from .listing import show_ls, stale_sentence
+from ..api import LIVE_STATES, Limits, describe_promoted as describe
+from ..errors import Interrupted, UsageError
+from .. import interrupts
+from .listing import with_base_age
 
 app = command_app()
 
@@ -48,8 +52,6 @@ def fork(
 
     --from sb-… snapshots that sandbox at this instant and clones the snapshot: a fork of
     a fork, whose row records its parent and generation (the parent's + 1)."""
-    from ..api import Limits
-    from ..errors import UsageError
     if net and net_allow is not None:
         raise UsageError(detail="--net and --net allow:... exclude each other")
     limits = Limits(mem=mem, cpus=cpus, pids=pids, disk=disk, net=net if net_allow is None else net_allow,
@@ -72,9 +74,6 @@ def fork(
 def _fork_interrupted(e: Any) -> None:
     """Say what an interrupted fork left: the fork is undone unless every sandbox of it was
     made already (the registry says which)."""
-    from .. import interrupts
-    from ..errors import Interrupted
-    from ..api import LIVE_STATES
     interrupts.hold()
     made = [i for i in e.forking if (r := e.registry.sandbox(i)) is not None and r.state in LIVE_STATES
             and r.owner_pid is None]
@@ -93,7 +92,6 @@ def ls_(all_: Annotated[bool, typer.Option("--all", "-a",
 @app.command()
 def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or label.")]) -> None:
     """One sandbox in full, staleness included."""
-    from .listing import with_base_age
     doc = with_base_age(workspace().status(sandbox).to_json()["sandboxes"][0])
     o = out()
     if G.json:
@@ -110,7 +108,6 @@ def status(sandbox: Annotated[str, typer.Argument(help="Sandbox id, prefix or la
     if doc.get("system"):
         o.say(f"{'system:':<12} yes, layer {doc['system']['bytes']} bytes, {doc['system']['changes']} path(s) changed")
     if doc.get("promoted"):
-        from ..api import describe_promoted as describe
         o.say(f"{'promoted:':<12} {describe(doc['promoted']).removeprefix('promoted ')} at {doc['promoted']['at']}"
               f"; its changes are in the workspace (`petri diff` still shows them against {doc['base']})")
     stale = doc["stale"]
@@ -139,7 +136,6 @@ def rm(
     expired: Annotated[bool, typer.Option("--expired", help="Trees kept by --keep-expired.")] = False,
 ) -> None:
     """Destroy sandboxes, or snapshots no sandbox uses."""
-    from ..errors import UsageError
     if not ids and not all_ and not expired:
         raise UsageError(detail="rm needs ids, --all or --expired")
     doc = workspace().remove(*(ids or ()), all=all_, expired=expired).to_json()

@@ -16,6 +16,7 @@ from ..api import OnConflictChoice
 
 from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
+from .. import interrupts
 
 app = command_app()
 
@@ -77,7 +78,6 @@ def try_(
     Exit codes: 0 promoted, or not (declined, nothing changed); 1 the command or the check
     failed; 3 a conflict with live (nothing written); 5 conflict markers written
     (--on-conflict markers); 130/143/129 interrupted (nothing left behind)."""
-    from .. import interrupts
     from ..api import Limits
 
     from ..errors import UsageError

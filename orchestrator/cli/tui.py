@@ -11,6 +11,10 @@ import typer
 
 from .app import command_app
 from .common import G, workspace_flag
+import petri
+from ..errors import UsageError
+from tui.app import main
+from tui.source import Source
 
 app = command_app()
 
@@ -28,19 +32,15 @@ def tui(
     p promote, D destroy, u roll back, l logs, / filter, ? help (every key), q quit;
     ctrl+p finds every action by name. Every action that changes something asks first,
     showing the equivalent petri command."""
-    import petri
 
-    from ..errors import UsageError
 
     if G.json:
         raise UsageError(detail="petri tui is interactive: --json does not apply")
     ws = petri.open(workspace_flag(), via="tui")
     if race is not None:
         ws.race_status(race)  # an unknown race (or "") is a usage error before the screen opens
-    from tui.app import main
 
     from ..api import set_event_via
     set_event_via("tui")  # what the TUI's own events (an expiry it notices) say they came from
-    from tui.source import Source
 
     raise typer.Exit(main(Source(ws), read_only=read_only, race=race))

@@ -12,6 +12,9 @@ import typer
 from ..output import ProgressBar
 from .app import command_app
 from .common import G, out, workspace
+from ..api import LIVE_STATES, init as api_init
+from ..errors import OrchestratorError
+from ..units import MAX_NOTE, check_text, human_bytes, human_duration, shown
 
 app = command_app()
 
@@ -28,7 +31,6 @@ def init(
                                           help="Make a plain directory on btrfs a subvolume first.")] = False,
 ) -> None:
     """Register PATH as a workspace, choose a backend, take the first snapshot."""
-    from ..api import init as api_init
     o = out()
     bar = ProgressBar("snapshot", enabled=not G.json)
     try:
@@ -66,8 +68,6 @@ def deinit(
 
 
 def _confirm_deinit(ws, force: bool) -> None:
-    from ..errors import OrchestratorError
-    from ..api import LIVE_STATES
     sbs = [s for s in ws.sandboxes(staleness=False) if s.state in LIVE_STATES]
     if sbs and not force:
         return  # deinit refuses anyway (SandboxesExist): no question before that
@@ -83,7 +83,6 @@ def _confirm_deinit(ws, force: bool) -> None:
 def snapshot(message: Annotated[str, typer.Option("-m", "--message",
                                                   help="A note kept with the snapshot.")] = "") -> None:
     """Take a snapshot of the workspace; print its id."""
-    from ..units import MAX_NOTE, check_text
     check_text("-m", message, max_len=MAX_NOTE)
     ws = workspace()
     bar = ProgressBar("snapshot", enabled=not G.json)
@@ -109,7 +108,6 @@ def snapshots() -> None:
     import time
     from datetime import datetime
 
-    from ..units import MAX_NOTE, human_bytes, human_duration, shown
     rows = []
     for d in doc["snapshots"]:
         age = time.time() - datetime.fromisoformat(d["created_at"]).timestamp()
@@ -137,7 +135,6 @@ def gc(
     else:
         reaped = ", ".join(f"{k} {v}" for k, v in doc["reaped"].items() if v)
         o.say(f"removed: {', '.join(doc['removed']) or 'nothing'}; reaped: {reaped or 'nothing'}")
-        from ..units import human_bytes
         for p in doc.get("pruned_promotions", []):
             o.say(f"pruned the pre-images of {p['id']} ({human_bytes(p['bytes'])}, {p['why']}): "
                   "it can no longer be rolled back")

@@ -11,7 +11,14 @@ __all__ = ["LocalCluster"]
 
 
 def __getattr__(name: str):  # the starter, for callers that keep one cluster for several races
+    import importlib
+
     if name == "LocalCluster":
-        from .local import LocalCluster
-        return LocalCluster
+        return importlib.import_module(f"{__name__}.local").LocalCluster
+    if not name.startswith("__"):  # a submodule, on first use (``orchestrator.cluster.driver``)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(name)

@@ -59,6 +59,8 @@ from ..race_steps import GIT_APPLY, apply_argv_env, count_changes, drop_base_if_
 from ..registry import new_id
 from ..results import Race
 from .errors import NoUsableNode, ReplicaFailed
+from ..config import load_config
+import orchestrator
 
 if TYPE_CHECKING:
     from ..engine import Engine, Limits
@@ -106,17 +108,17 @@ async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str
     """Execute the race's plan on the cluster (see the module docstring); the race's record."""
     import trio
 
-    from .connect import Session, import_ray
 
     check, source, jobs, limits = race.check, race.source, race.jobs, race.limits
     keep, seccomp = race.keep, race.seccomp
     assert limits is not None, "cluster_race: a plan without limits (run_race settles them)"
 
     t0 = time.monotonic()
-    session = Session(cluster)  # a bad address fails here, before anything is made
+    session = orchestrator.cluster.connect.Session(cluster)  # a bad address fails here, before anything is made
     await trio.to_thread.run_sync(session.probe)  # and one where no Ray head answers, before Ray is imported
     log = events.log_for(engine.store.root)
-    await trio.to_thread.run_sync(import_ray, session.loopback)  # missing: exit 4 before anything is made
+    await trio.to_thread.run_sync(orchestrator.cluster.connect.import_ray,
+                                  session.loopback)  # missing: exit 4 before anything is made
     base, implicit = await trio.to_thread.run_sync(_base_for, engine, source)
     race.base, race.base_implicit = base, implicit
     race.outcomes = [Outcome(i, c, new_id("sb"), check_sandbox=new_id("sb")) for i, c in enumerate(race.candidates)]
@@ -124,8 +126,7 @@ async def cluster_race(engine: "Engine", race: "RacePlan", *, say: Callable[[str
     patches: dict[int, tuple[bytes, Node]] = {}
     where: dict[int, Node] = {}
     node_logs: dict[int, Any] = {}
-    from .export import BaseExport
-    export = BaseExport(engine, base)
+    export = orchestrator.cluster.export.BaseExport(engine, base)
     events.race_started(log, race=race.id, base=base, check=check, cluster=session.address or str(cluster),
              candidates=[{**o.candidate.to_json(), "sandbox": o.sandbox} for o in race.outcomes])
     try:
@@ -180,10 +181,9 @@ def _start_agents(session: "Session", race_id: str, engine: "Engine", limits: "L
     race is left out with its reason, and so is one that does not answer)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .node import PROTOCOL, NodeAgent
 
     ray = session.ray
-    agent_cls = ray.remote(NodeAgent)
+    agent_cls = ray.remote(orchestrator.cluster.node.NodeAgent)
     nodes = []
     for n in ray.nodes():
         cpus = int((n.get("Resources") or {}).get("CPU", 0))
@@ -202,8 +202,9 @@ def _start_agents(session: "Session", race_id: str, engine: "Engine", limits: "L
         got = replies[node.id]
         if isinstance(got, BaseException):
             node.dead = _refusal(node, got)
-        elif got.get("protocol") != PROTOCOL:
-            node.dead = f"node {node.short} runs another petri (protocol {got.get('protocol')}, not {PROTOCOL})"
+        elif got.get("protocol") != orchestrator.cluster.node.PROTOCOL:
+            node.dead = (f"node {node.short} runs another petri (protocol {got.get('protocol')}, "
+                         f"not {orchestrator.cluster.node.PROTOCOL})")
         else:
             node.info = got
     return nodes
@@ -233,10 +234,9 @@ def _ship_base(session: "Session", nodes: list[Node], export: Any, layers: list[
                limits: "Limits", say: Callable[[str], None] | None) -> None:
     """Every live node ends with the base imported: the layers it lacks pulled from the
     object store (each layer put there once), then the snapshot made and its view mounted."""
-    from .export import stack_digests
 
     ray = session.ray
-    digests = stack_digests([layer.digest for layer in layers])
+    digests = orchestrator.cluster.export.stack_digests([layer.digest for layer in layers])
     layers = [next(la for la in layers if la.digest == d) for d in digests]
     live = [n for n in nodes if not n.dead]
     missing = _gather(ray, {n.id: n.actor.missing.remote(digests) for n in live})
@@ -286,7 +286,6 @@ async def _dispatch(session: "Session", engine: "Engine", race: "RacePlan", node
                     say: Callable[[str], None] | None, log: Any) -> None:
     import trio
 
-    from ..config import load_config
 
     ray = session.ray
     env = dict(load_config(engine.root).env)
@@ -426,7 +425,6 @@ async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tupl
     ``verify``, its changed lines are counted again and must match the node's."""
     import trio
 
-    from ..runs import run_in_sandbox
 
     row = (await trio.to_thread.run_sync(lambda: engine.fork(race.base, 1, limits=limits, ids=[o.sandbox])))[0]
     engine.registry.update_sandbox(row.id, meta={**(row.meta or {}), "race": {
@@ -436,19 +434,20 @@ async def _rebuild(engine: "Engine", race: "RacePlan", o: "Outcome", patch: tupl
     data, node = patch
     argv, env, _ = apply_argv_env(engine, replace(o.candidate, kind="patch", data=data))
     assert argv == GIT_APPLY
-    doc = await run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False, seccomp=seccomp)
+    doc = await orchestrator.runs.run_in_sandbox(engine, row.id, argv, env=env, stdin_data=data, echo=False,
+                                                 seccomp=seccomp)
     if doc["exit_code"] != 0:
         raise ReplicaFailed(candidate=o.candidate.text, node=node.short,
                             why=tail(doc["stderr_path"]) or f"git apply exit {doc['exit_code']}")
     if not verify:
         return {"patch_bytes": len(data)}
-    from ..changesets import narrow, sandbox_candidates
 
     row = engine.sandbox_by_id(row.id)
     tree = engine.sandbox_tree(row)
     with engine.backend.snapshot_view(engine.store, race.base) as base_view:
         # Only where the backend says the rebuilt sandbox changed: not a walk of the whole tree.
-        within = narrow(sandbox_candidates(engine, row, Path(base_view), tree), [])
+        within = orchestrator.changesets.narrow(orchestrator.changesets.sandbox_candidates(engine, row,
+                                                                                           Path(base_view), tree), [])
         files, added, removed, _ = await trio.to_thread.run_sync(count_changes, engine.root, Path(base_view), tree,
                                                                  None, within)
     same = (files, added, removed) == (o.files_changed, o.lines_added, o.lines_removed)

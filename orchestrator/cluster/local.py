@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadClusterAddress, LocalClusterFailed, NotLoopbackOnly
+import orchestrator
+import snapshot
 
 MAX_NODES = 16
 START_TIMEOUT_S = 180.0
@@ -275,14 +277,11 @@ def sweep_dir(d: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
     # Runs of a node that died were never finished: their cgroups (v1 keeps empty ones) go.
-    from ..sandbox.cgroups import sweep_cgroups
-    from ..sandbox.reaper import CGROUP_ROOT
     for sb in _node_sandbox_ids(d):
         with contextlib.suppress(Exception):
-            sweep_cgroups(f"{CGROUP_ROOT}/{sb}")
+            orchestrator.sandbox.cgroups.sweep_cgroups(f"{orchestrator.sandbox.reaper.CGROUP_ROOT}/{sb}")
     prefix = os.fsencode(os.path.realpath(d)).rstrip(b"/") + b"/"
-    from snapshot.fusefs import daemon as D
-    for m in sorted(D.mounts(), key=lambda m: len(m.mountpoint), reverse=True):
+    for m in sorted(snapshot.fusefs.daemon.mounts(), key=lambda m: len(m.mountpoint), reverse=True):
         if m.mountpoint.startswith(prefix):
             subprocess.run(["umount", "-l", m.mountpoint], capture_output=True)
             if os.geteuid() != 0:

@@ -64,6 +64,11 @@ from .archive import extract_archive
 from .export import layer_paths_lowest_first
 from .errors import NodeRefused
 from ..limits import Limits
+from ..race_plan import outcome_of_spec
+from ..race_steps import run_candidate
+from ..changesets import exclude_top, narrow, sandbox_candidates
+from snapshot.osutil import rmtree, syncfs
+import merge
 
 NODE_STORE_ENV = "PETRI_CLUSTER_STORE"
 NODE_BACKEND_ENV = "PETRI_NODE_BACKEND"  # overlay | fuse | auto (tests force fuse as root)
@@ -238,11 +243,9 @@ class NodeAgent:
                 if got.size != size:
                     raise NodeRefused(node=os.uname().nodename,
                                       why=f"layer {digest[:12]}: {got.size} bytes, not {size}")
-                from snapshot.osutil import syncfs
                 syncfs(tmp)
                 os.rename(tmp, final)
             except BaseException:
-                from snapshot.osutil import rmtree
                 rmtree(bytes(tmp))
                 raise
         return {"digest": digest, "bytes": size, "seconds": time.monotonic() - t0, "fetched": True}
@@ -250,7 +253,6 @@ class NodeAgent:
     def import_base(self, base: str, digests: list[str], limits: dict[str, Any]) -> dict[str, Any]:
         """Make the base a snapshot here (once per node store), check the race's limits
         against this node, mount the base's view and hash it once for all candidates."""
-        from merge.changes import scan_tree
 
 
         t0 = time.monotonic()
@@ -271,7 +273,7 @@ class NodeAgent:
             if self.view_cm is None:
                 self.view_cm = e.backend.snapshot_view(e.store, base)
                 self.base_view = self.view_cm.__enter__()
-                self.manifest = scan_tree(self.base_view)
+                self.manifest = merge.changes.scan_tree(self.base_view)
             self.base = base
         return {"seconds": time.monotonic() - t0}
 
@@ -283,8 +285,6 @@ class NodeAgent:
 
         import trio
 
-        from ..race_plan import outcome_of_spec
-        from ..race_steps import run_candidate
 
         if self.closed or self.base_view is None or self.base is None:
             raise NodeRefused(node=os.uname().nodename, why="the race on this node is over or was never prepared")
@@ -314,10 +314,7 @@ class NodeAgent:
         """What the candidate changed, as a git-format patch the driver can apply: ignored
         files included (a ``--cmd`` may build into ``.venv``: the rebuilt sandbox must hold
         that too), ``.git`` and the store left out as everywhere."""
-        from merge.changes import tree_changes
-        from merge.patch import format_patch
 
-        from ..changesets import exclude_top, narrow, sandbox_candidates
 
         row = e.sandbox_by_id(sb)
         tree = e.sandbox_tree(row)
@@ -326,9 +323,9 @@ class NodeAgent:
         paths = narrow(sandbox_candidates(e, row, base, tree), [])
         if paths is not None and not paths:
             return b""
-        changes = tree_changes(base, tree, include_ignored=True, paths=paths or (),
-                               exclude_top=exclude_top(base, tree))
-        return format_patch(changes, base, tree)
+        changes = merge.changes.tree_changes(base, tree, include_ignored=True, paths=paths or (),
+                                             exclude_top=exclude_top(base, tree))
+        return merge.patch.format_patch(changes, base, tree)
 
     # -- the end ---------------------------------------------------------------------------------
     def abort(self) -> int:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from ..api import Limits
+from ..errors import UsageError
+from ..units import parse_duration
 
 
 def _limits(args: Any) -> Any:
     """The limit arguments (``ttl``, ``mem``, ``cpus``, ``pids``, ``disk``, ``net``) of a tool's
     argument model, or of the arguments as given (a mapping), as one ``Limits``."""
-    from ..api import Limits
 
     if isinstance(args, Mapping):
         values = args
@@ -32,7 +34,6 @@ def _net(v: Any) -> "bool | str":
 def _command(command: str | None, argv: list[str] | None) -> Any:
     # One of the two, checked here (the descriptions say so): several model APIs refuse oneOf
     # at a schema's top level.
-    from ..errors import UsageError
 
     if (command is None) == (argv is None):
         raise UsageError(detail="give the command as `command` (a shell string) or `argv` (a list), one of them")
@@ -42,8 +43,6 @@ def _command(command: str | None, argv: list[str] | None) -> Any:
 def _seconds(value: float | str | None, key: str) -> float | None:
     """A duration argument (seconds, or text such as "10m", as ``ttl`` takes) in seconds;
     None for none."""
-    from ..errors import UsageError
-    from ..units import parse_duration
 
     if value is None:
         return None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import anyio
+from ..units import human_bytes
 
 if TYPE_CHECKING:
     from orchestrator.api.records import Event
@@ -195,7 +196,6 @@ class RunJob:
         return next((ln for ln in reversed(lines) if ln), "")[:200]
 
     def progress_message(self) -> str:
-        from ..units import human_bytes
 
         took = time.monotonic() - self.t0
         where = f"run {self.run}" if self.run is not None else "starting"

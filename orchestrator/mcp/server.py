@@ -45,6 +45,9 @@ from .handshake import NAME, TITLE
 from .jobs import split_failure
 from .instructions import INSTRUCTIONS
 from .state import CURRENT, Call, State, error_doc
+from ..cli.common import VERSION
+from .handshake import DropEarlyAnswer, Replay, Wire, answer_early, difference
+from ..errors import UsageError
 
 if TYPE_CHECKING:  # the tool table (and pydantic with it) loads after the initialize answer (build_server)
     from .tools import Tool
@@ -94,7 +97,6 @@ def build_server(st: State) -> Any:
     import mcp_types as types
     from mcp.server import Server
 
-    from ..cli.common import VERSION
     from .tools import BY_NAME, TOOLS
 
     offered = {t.name: t for t in TOOLS if st.allow_live or not t.live_only}
@@ -105,7 +107,6 @@ def build_server(st: State) -> Any:
         return types.ListToolsResult(tools=listed)
 
     async def call_tool(ctx: Any, params: Any) -> Any:
-        from ..errors import UsageError
 
         st.note_client(ctx)
         args = dict(params.arguments or {})
@@ -166,7 +167,6 @@ async def _on_signals(st: State) -> None:
 
 def _on_difference(sent: dict[str, Any], sdk: dict[str, Any]) -> None:
     """The SDK answers the replayed ``initialize`` otherwise than petri did (handshake)."""
-    from .handshake import difference
 
     go_on, line = difference(sent, sdk)
     print(f"petri mcp: {line}", file=sys.stderr, flush=True)
@@ -177,7 +177,6 @@ def _on_difference(sent: dict[str, Any], sdk: dict[str, Any]) -> None:
 async def _serve(st: State, wire: Any, early: Any) -> None:
     from mcp.server.stdio import stdio_server
 
-    from .handshake import DropEarlyAnswer, Replay
 
     server = build_server(st)
     async with anyio.create_task_group() as outer:
@@ -205,8 +204,6 @@ def _disconnected(e: BaseException) -> bool:
 def serve(ws: Any, *, allow_live: bool = False, debug: bool = False) -> int:
     """Serve MCP on stdio for the workspace ``ws`` (a ``petri.Workspace``) until the client
     leaves; the exit code."""
-    from ..cli.common import VERSION
-    from .handshake import Wire, answer_early
 
     wire = Wire()
     try:

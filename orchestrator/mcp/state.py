@@ -20,6 +20,9 @@ import anyio
 
 from .args import _limits, _seconds
 from .jobs import Jobs, RaceJob, RunJob
+from snapshot.errors import PetriError
+from ..units import shown
+from ..errors import OrchestratorError, UsageError
 
 if TYPE_CHECKING:  # the argument models load pydantic: not on the way to the initialize answer
     from .params import Race
@@ -134,7 +137,6 @@ class State:
         return out
 
     async def _run_from_registry(self, sb: str, run: int) -> dict[str, Any]:
-        from ..errors import UsageError
 
         rec = next((r for r in await self.ws.logs(sb) if r.run == run), None)
         if rec is None:
@@ -148,7 +150,6 @@ class State:
                 "note": "not started by this server: its output is in stdout_path and stderr_path"}
 
     async def kill_run(self, ident: str, run: int) -> dict[str, Any]:
-        from ..errors import OrchestratorError
 
         sb = await self.sandbox_id(ident)
         job = self.jobs.runs.get((sb, run))
@@ -196,7 +197,6 @@ class State:
         return job
 
     def find_race(self, ident: str) -> RaceJob:
-        from ..errors import UsageError
 
         job = self.jobs.race(ident)
         if job is None:
@@ -248,9 +248,7 @@ def error_doc(e: BaseException, debug: bool) -> dict[str, Any]:
     """The CLI's ``--json`` error document for ``e`` (``error`` is its stderr line without
     the ``petri: `` prefix), with what the failure carries (a promotion's conflicts or
     result)."""
-    from snapshot.errors import PetriError
 
-    from ..units import shown
 
     e = _leaf(e)
     extra: dict[str, Any] = {}

@@ -35,6 +35,7 @@ from ..api import records as R
 from .args import _command, _duration, _limits, _seconds
 from .instructions import INSTRUCTIONS as INSTRUCTIONS  # the server's instructions (here before the split)
 from .state import State
+from ..errors import OrchestratorError, UsageError
 
 __all__ = ["BY_NAME", "INSTRUCTIONS", "TOOLS", "Tool", "_duration", "_limits"]
 
@@ -87,7 +88,6 @@ class Tool:
         import jsonschema
         from pydantic import ValidationError
 
-        from ..errors import UsageError
 
         v = _VALIDATORS.get(self.name)
         if v is None:
@@ -184,7 +184,6 @@ async def sandbox_move_file(st: State, a: P.SandboxMoveFile) -> dict[str, Any]:
 
 
 async def sandbox_write_file(st: State, a: P.SandboxWriteFile) -> dict[str, Any]:
-    from ..errors import UsageError
 
     if a.encoding == "base64":
         try:
@@ -228,7 +227,6 @@ async def sandbox_remove(st: State, a: P.SandboxRemove) -> dict[str, Any]:
 
 
 async def sandbox_service_start(st: State, a: P.SandboxServiceStart) -> dict[str, Any]:
-    from ..errors import UsageError
 
     if (a.command is None) == (a.argv is None):
         raise UsageError(detail="give exactly one of command or argv")
@@ -249,7 +247,6 @@ async def sandbox_port(st: State, a: P.SandboxPort) -> dict[str, Any]:
 
 
 async def promote(st: State, a: P.Promote) -> dict[str, Any]:
-    from ..errors import OrchestratorError, UsageError
 
     if a.override_policy is not None and not st.allow_live:  # the tool is listed only then; never trust that alone
         raise UsageError(detail="override_policy needs `petri mcp --allow-live`: only a server a person started "
@@ -273,7 +270,6 @@ async def promote(st: State, a: P.Promote) -> dict[str, Any]:
 async def try_(st: State, a: P.Try) -> dict[str, Any]:
     """``petri try``: promotion only when the server runs with ``--allow-live`` (asked for with
     ``promote: true``; refused before anything is made otherwise)."""
-    from ..errors import UsageError
 
     if a.promote and not st.allow_live:
         raise UsageError(detail="promote: true needs `petri mcp --allow-live`; without it, try with keep: true and "

@@ -43,9 +43,15 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(mod), name)
+    mod = _LAZY.get(name)
+    if mod is not None:
+        return getattr(importlib.import_module(mod), name)
+    if not name.startswith("__"):  # a submodule, on first use: ``orchestrator.sandbox.environment.f()``
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -87,6 +87,10 @@ if TYPE_CHECKING:
     import socket
 
 from orchestrator.errors import SandboxSetupFailed
+from snapshot.osutil import libc
+from . import run_view
+from orchestrator.errors import PortUnavailable
+import orchestrator
 
 HOLDER = Path(__file__).with_name("relay.py")  # relays, and lo up without iproute2
 NSENTER = "nsenter"
@@ -119,10 +123,9 @@ class Env:
         """The ``nsenter`` prefix that puts what follows in the sandbox's network namespace
         (rootless: its user namespace too, which a thread of petri cannot join: see
         ``thread_in_netns``)."""
-        from .cgexec import tool
 
         ns = b"/proc/%d/ns/" % self.holder_pid
-        nsenter = os.fsencode(tool(NSENTER))
+        nsenter = os.fsencode(orchestrator.sandbox.cgexec.tool(NSENTER))
         if self.own_userns:
             return [nsenter, b"--user=" + ns + b"user", b"--net=" + ns + b"net", b"--preserve-credentials",
                     b"--"]
@@ -142,7 +145,6 @@ def thread_in_netns(netns: bytes | None):
     if netns is None:
         yield
         return
-    from snapshot.osutil import libc
 
     target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -285,9 +287,7 @@ def ensure(store_root: Path, sb_id: str, *, host_uid: int, host_gid: int, tmp_by
 def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tmp_bytes: int,
                wanted: set[bytes]) -> None:
     if os.geteuid() == 0:
-        from snapshot.osutil import libc
 
-        from . import run_view
 
         run_view._owned_dir(run_view.VIEWS, 0, 0, 0o711)
         run_view.fence_views()  # private first: this mount must not propagate into running sandboxes
@@ -319,11 +319,12 @@ def _make_dirs(store_root: Path, sb_id: str, state: dict, uid: int, gid: int, tm
 
 
 def _mount_system(store_root: Path, sb_id: str, state: dict, uid: int, gid: int) -> None:
-    from . import system_layer
 
     if not state.get("mounted"):
-        raise SandboxSetupFailed(detail=system_layer.unavailable(store_root) or "the system layer needs root")
-    state["system"], state["system_home"] = system_layer.mount(store_root, sb_id, Path(state["root"]), uid, gid)
+        raise SandboxSetupFailed(
+            detail=orchestrator.sandbox.system_layer.unavailable(store_root) or "the system layer needs root")
+    state["system"], state["system_home"] = orchestrator.sandbox.system_layer.mount(store_root, sb_id,
+                                                                                    Path(state["root"]), uid, gid)
 
 
 def _reown(state: dict, uid: int, gid: int) -> None:
@@ -383,11 +384,11 @@ def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str
     and return its pid once the namespace is up. It is a child of this process only until
     this process ends; a long-lived one (the API, MCP) reaps it after it is killed
     (``subprocess``'s own reaping of abandoned children)."""
-    from .cgexec import tool
 
     r, w = os.pipe2(os.O_CLOEXEC)
     left = 0 if until is None else max(1, int(until - time.time() + 0.999))
-    argv = [tool("unshare"), "--net", *(["--map-current-user", "--keep-caps"] if own_userns else []), "--",
+    argv = [orchestrator.sandbox.cgexec.tool("unshare"), "--net", *(["--map-current-user",
+                                                                     "--keep-caps"] if own_userns else []), "--",
             "/bin/sh", "-c", HOLDER_SH, "petri-holder", str(left), str(state), mount, sys.executable, str(HOLDER),
             "ip" if own_userns else "petri"]
     try:
@@ -410,11 +411,10 @@ def _spawn_holder(until: float | None, own_userns: bool, state: Path, mount: str
         why = got.decode(errors="replace").strip() or "it said nothing"
         raise SandboxSetupFailed(detail=f"the sandbox's environment did not start: {why}")
     if not own_userns:
-        from .relay import loopback_up
 
         try:
             with thread_in_netns(b"/proc/%d/ns/net" % proc.pid):
-                loopback_up()
+                orchestrator.sandbox.relay.loopback_up()
         except BaseException:
             _kill(proc.pid, _start_time(proc.pid))
             proc.wait()
@@ -501,12 +501,10 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
     mounts = 0
     root = state.get("root")
     if state.get("system"):
-        from . import system_layer
 
-        mounts += system_layer.unmount(state["system"], state.get("system_home"))
+        mounts += orchestrator.sandbox.system_layer.unmount(state["system"], state.get("system_home"))
     if root:
         if state.get("mounted"):
-            from snapshot.osutil import libc
 
             if libc.umount2(os.fsencode(root), 2) == 0:  # MNT_DETACH: a straggler's open file must not keep it
                 mounts = 1
@@ -519,15 +517,14 @@ def _teardown(store_root: Path, sb_id: str, state: dict) -> tuple[int, int]:
 def destroy(store_root: Path, sb_id: str) -> tuple[int, int]:
     """End the sandbox's environment (its runs are gone already) and delete its system
     layer: (processes, mounts)."""
-    from . import system_layer
 
     if not _state_path(store_root, sb_id).exists():
-        system_layer.remove(store_root, sb_id)
+        orchestrator.sandbox.system_layer.remove(store_root, sb_id)
         return 0, 0
     with _locked(store_root, sb_id):
         state = _read(store_root, sb_id)
         out = _teardown(store_root, sb_id, state) if state is not None else (0, 0)
-        system_layer.remove(store_root, sb_id)
+        orchestrator.sandbox.system_layer.remove(store_root, sb_id)
     with contextlib.suppress(FileNotFoundError):
         (env_dir(store_root) / f"{sb_id}.lock").unlink()
     return out
@@ -545,9 +542,8 @@ def sweep(store_root: Path, keep: Iterable[str]) -> tuple[int, int]:
         if name.endswith(".json") and name[:-5] not in keep:
             k, m = destroy(store_root, name[:-5])
             killed, mounts = killed + k, mounts + m
-    from . import system_layer
 
-    system_layer.sweep(store_root, keep)  # layers of sandboxes that are gone, unmounted above
+    orchestrator.sandbox.system_layer.sweep(store_root, keep)  # layers of sandboxes that are gone, unmounted above
     return killed, mounts
 
 
@@ -635,7 +631,6 @@ def _bind_host(host_port: int | None, port: int) -> "socket.socket":
             s.bind(("127.0.0.1", port if host_port is None else host_port))
         except OSError as e:
             if host_port is not None:
-                from orchestrator.errors import PortUnavailable
 
                 raise PortUnavailable(port=host_port, why=e.strerror or str(e)) from None
             s.bind(("127.0.0.1", 0))

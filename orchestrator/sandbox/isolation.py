@@ -86,6 +86,7 @@ from typing import Iterable, Literal, Sequence
 
 from . import run_view
 from .run_view import share_host_mounts
+import orchestrator
 
 BWRAP = "bwrap"
 
@@ -531,13 +532,13 @@ def plan_for_run(
     unprivileged account on the host: ``orchestrator.run_as``): root's home is an empty
     directory for it, with the toolchains ``run_view`` mounted for the run bound back; with
     ``system_home`` (a ``--system`` sandbox's), that directory instead, writable."""
-    from . import host_sockets
 
     share_host_mounts()
     ws = _b(workspace)
     masks = discover_masks_cached(extra=[_b(p) for p in extra_masks])
-    private = host_sockets.private_dirs()
-    sockets, binds = host_sockets.socket_plan(workspace=ws, net=net, allowed=[_b(p) for p in allow_sockets],
+    private = orchestrator.sandbox.host_sockets.private_dirs()
+    sockets, binds = orchestrator.sandbox.host_sockets.socket_plan(workspace=ws, net=net,
+                                                                   allowed=[_b(p) for p in allow_sockets],
                                               private=private)
     masks = masks + [Mask(s, "file", "socket") for s in sockets]
     toolchains: list[tuple[bytes, bytes]] = []
@@ -586,7 +587,7 @@ def plan_for_run(
         marker=marker,
         seccomp=seccomp,
         private=private,
-        binds=host_sockets.kept_files(private) + binds + toolchains,
+        binds=orchestrator.sandbox.host_sockets.kept_files(private) + binds + toolchains,
         symlinks=symlinks,
         shared=shared,
         net_joined=net_joined,

@@ -29,6 +29,7 @@ from orchestrator.limits import Limits
 from orchestrator.runlog import DEFAULT_CAP, ChunkFilter
 from orchestrator.sandbox import cgroups, isolation, seccomp
 from orchestrator.sandbox.cgexec import DropTo, wrapper_argv
+import orchestrator
 
 EXIT_TIMEOUT = 124
 EXIT_PETRI = 125
@@ -115,8 +116,7 @@ def prepare(spec: RunSpec, *, argv: Sequence[str | bytes], marker: bytes | None,
     join_net = env is not None and not spec.limits.net
     run_env = spec.env
     if join_net and env.proxy_port:  # an allow-list: its proxy, unless the run's own --env says otherwise
-        from orchestrator.sandbox.egress import proxy_env
-        run_env = {**proxy_env(env.proxy_port), **spec.env}
+        run_env = {**orchestrator.sandbox.egress.proxy_env(env.proxy_port), **spec.env}
     plan = isolation.plan_for_run(
         workspace=spec.workspace, tree=spec.tree, store=spec.store, argv=argv, cwd=spec.cwd,
         env=isolation.base_env(spec.uid, run_env), uid=spec.uid, gid=spec.gid, net=spec.limits.net,

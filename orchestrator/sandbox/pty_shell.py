@@ -40,6 +40,7 @@ from orchestrator.runlog import CappedLog
 from orchestrator.sandbox import cgroups
 from snapshot.osutil import write_all
 from orchestrator.sandbox.prepare import EXIT_TIMEOUT, Prepared, RunSpec, prepare
+import orchestrator
 
 if TYPE_CHECKING:
     import subprocess
@@ -88,9 +89,8 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
         if interactive:
             old_winch = signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
             tty.setraw(stdin_fd)
-        from orchestrator.sandbox.environment import thread_in_netns
 
-        with thread_in_netns(prep.netns):
+        with orchestrator.sandbox.environment.thread_in_netns(prep.netns):
             proc = subprocess.Popen(
                 prep.argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=prep.env,
                 start_new_session=True,  # the wrapper and bwrap: no terminal at all

@@ -50,6 +50,8 @@ from typing import Iterator, Protocol
 
 from ..errors import OwnersCannotBeMapped, SandboxSetupFailed
 from .procs import pid_alive
+from snapshot.osutil import libc, parse_mountinfo
+import snapshot
 
 
 class RunAs(Protocol):
@@ -117,12 +119,11 @@ def open_view(tree: Path, store_root: Path, sb_id: str, who: "RunAs", *, mapped_
     mine = _owned_dir(VIEWS / str(who.host_uid), who.host_uid, who.host_gid, 0o700)
     mnt = mine / f"{store_key(store_root)}.{sb_id}.{os.getpid()}.{os.urandom(4).hex()}"
     os.mkdir(mnt, 0o700)
-    from snapshot import idmap as I
 
     try:
         try:
-            I.clone_tree(tree, mnt, None if mapped_by_backend else who.idmap)
-        except I.IdmapUnsupported as e:
+            snapshot.idmap.clone_tree(tree, mnt, None if mapped_by_backend else who.idmap)
+        except snapshot.idmap.IdmapUnsupported as e:
             raise OwnersCannotBeMapped(workspace=str(workspace), why=str(e)) from None
         except OSError as e:
             raise SandboxSetupFailed(detail=f"cannot mount the sandbox tree for {who.user}: {e.strerror}") from None
@@ -166,7 +167,6 @@ def fence_views() -> bool:
     if fields == ():  # a mount point in no peer group, not a slave: private
         _fenced = True
         return True
-    from snapshot.osutil import libc, parse_mountinfo
 
     where = os.fsencode(VIEWS)
     old = os.open(VIEWS, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory as it is now
@@ -192,7 +192,6 @@ def fence_views() -> bool:
 def refence() -> None:
     """``VIEWS`` private again if it is a mount (``share_host_mounts`` just made
     every mount shared, this one too)."""
-    from snapshot.osutil import libc
 
     with open("/proc/self/mountinfo", "rb") as f:
         if views_mount(f.read()) is not None:
@@ -205,7 +204,6 @@ TOOLCHAINS = ".tc"  # <view>.tc/<hex of the host path>: the run's toolchain moun
 def _mount_toolchains(tc: Path, dirs: tuple[bytes, ...]) -> None:
     """Mount each of ``dirs`` read-only at ``tc/<hex of its path>`` (a symlink among them
     is copied as a symlink). ``tc`` is root's and 0755: the account may pass, not change."""
-    from snapshot import idmap as I
 
     os.mkdir(tc, 0o755)
     for d in dirs:
@@ -215,7 +213,7 @@ def _mount_toolchains(tc: Path, dirs: tuple[bytes, ...]) -> None:
                 os.symlink(os.readlink(d), dst)
                 continue
             os.mkdir(dst, 0o755)
-            I.clone_tree(d, dst, None, read_only=True)
+            snapshot.idmap.clone_tree(d, dst, None, read_only=True)
         except FileNotFoundError:
             with contextlib.suppress(OSError):
                 os.rmdir(dst)  # gone since run_as looked: nothing to show
@@ -250,7 +248,6 @@ def toolchain_binds(view: bytes) -> tuple[list[tuple[bytes, bytes]], list[tuple[
 def _remove(mnt: Path) -> None:
     # Best effort: whatever stays (a busy mount point) belongs to a dead pid once this petri
     # is gone, and the next command reaps it.
-    from snapshot import idmap as I
 
     tc = Path(f"{mnt}{TOOLCHAINS}")
     with contextlib.suppress(OSError):
@@ -260,11 +257,11 @@ def _remove(mnt: Path) -> None:
                 if entry.is_symlink():
                     entry.unlink()
                 else:
-                    I.detach(entry)
+                    snapshot.idmap.detach(entry)
                     os.rmdir(entry)
         os.rmdir(tc)
     with contextlib.suppress(OSError):
-        I.detach(mnt)
+        snapshot.idmap.detach(mnt)
     with contextlib.suppress(OSError):
         os.rmdir(mnt)
 
@@ -351,7 +348,6 @@ def share_host_mounts() -> bool:
         return False
     _shared = root_is_shared(info)
     if not _shared and os.geteuid() == 0:
-        from snapshot.osutil import libc
 
         _shared = libc.mount(None, b"/", None, MS_SHARED | MS_REC, None) == 0
         if _shared:

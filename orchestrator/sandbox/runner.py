@@ -73,6 +73,8 @@ from orchestrator.sandbox.prepare import (EXIT_MEMORY, EXIT_PETRI, EXIT_TIMEOUT,
                                           prepare)
 from orchestrator.sandbox.spawn import DEVNULL, PIPE, ChildProcess, open_process_here
 from snapshot.osutil import write_all
+from orchestrator.sandbox.environment import thread_in_netns
+from orchestrator import interrupts
 
 __all__ = ["RunSpec", "RunResult", "RunEvent", "OutputProgress", "Canceller", "run_blocking", "run_isolated",
            "detect_cgroup_mode", "sweep_cgroups", "EXIT_TIMEOUT", "EXIT_PETRI", "EXIT_MEMORY", "EXIT_STOPPED",
@@ -408,7 +410,6 @@ def _attempt(spec: RunSpec, sup: cgroups.Support, end_at: float, end_kind: str |
         except KeyboardInterrupt:
             run.reap()
             if run.proc is not None and on_stopped is not None:
-                from orchestrator import interrupts
                 run.stopped("killed", interrupts.exit_code())  # 128 + the signal that stopped petri
                 on_stopped(run.result(time.monotonic() - t0, sup.mode, prep.warnings))
             raise
@@ -439,7 +440,6 @@ class _Run:
         self.last_stream: str | None = None
 
     def spawn(self) -> ChildProcess:
-        from orchestrator.sandbox.environment import thread_in_netns
 
         argv = self.prep.argv
         try:

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import SandboxSetupFailed
+from snapshot.osutil import libc
+from .cgexec import tool
 
 ROOTS: tuple[bytes, ...] = (b"/usr", b"/etc", b"/var", b"/opt")
 HOME = "home"  # root's home for a root-owned workspace's command
@@ -100,7 +102,6 @@ def unavailable(store_root: Path) -> str | None:
 
 
 def _libc():
-    from snapshot.osutil import libc
 
     return libc
 
@@ -112,7 +113,6 @@ def _err() -> str:
 def _userns_fd(uid: int, gid: int) -> int:
     """An fd of a user namespace that maps uid/gid 0 to the host's ``uid``/``gid``: what the
     idmapped lower layer shows host root's files as."""
-    from .cgexec import tool
 
     proc = subprocess.Popen([tool("unshare"), "--user", "--", "/bin/sh", "-c", "echo ok; exec cat"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .proc import DaemonFailed, _alive, _kill, _wait_gone, child_env, start_time
+import snapshot
 
 SERVER_MODULE = "snapshot.fusefs.server"
 SOCK = "fuse.sock"
@@ -179,9 +180,8 @@ def host_pid(slot: Path) -> int | None:
 def free_slot(slots: Path, taken: set[int]) -> int:
     """The lowest slot number not in ``taken`` where no host runs and nothing is mounted (a
     killed host's dead mount keeps its slot for the sandboxes that come back there)."""
-    from ..osutil import mounts
 
-    mounted = {m.mountpoint for m in mounts()}
+    mounted = {m.mountpoint for m in snapshot.osutil.mounts()}
     k = 0
     while True:
         if k not in taken:

@@ -53,6 +53,8 @@ from ..idmap import IdMap
 from ..osutil import Mount, mounts
 from .proc import DaemonFailed as DaemonFailed  # part of this module's interface (D.DaemonFailed)
 from .proc import _alive, _kill, _wait_gone, child_detach, child_env, start_time
+from .journal import Journal
+import snapshot
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.daemon"
@@ -384,14 +386,12 @@ def run(args: argparse.Namespace, ready: Callable[[str | None], None] | None = N
         import pyfuse3
         import trio
 
-        from .journal import Journal
-        from .ops import CowFS
 
-        fs = CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
-                   disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
-                   attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
+        fs = snapshot.fusefs.ops.CowFS(args.lower, args.upper, args.workdir, journal=Journal(args.journal),
+                                       disk_budget=args.disk_budget, entry_timeout=args.entry_timeout,
+                                       attr_timeout=args.attr_timeout, negative_timeout=args.negative_timeout,
                    keep_cache=args.keep_cache, writeback=args.writeback, fsync_copyup=args.fsync_copyup,
-                   idmap=_parse_idmap(args.idmap))
+                                       idmap=_parse_idmap(args.idmap))
         options = set(pyfuse3.default_options)  # default_permissions
         # nosuid,nodev always (fusermount3 adds them for a normal user anyway): a sandbox can
         # plant a setuid file or a device node in its tree.

@@ -50,6 +50,8 @@ from typing import Any
 
 from ..idmap import IdMap
 from .proc import child_detach, start_time
+from .journal import Journal
+import snapshot
 
 FSNAME = "petri"
 MODULE = "snapshot.fusefs.host"
@@ -164,14 +166,12 @@ class Host:
     def mount(self) -> None:
         import pyfuse3
 
-        from . import daemon as D
-        from .multi import MultiFS
 
-        if D.is_mounted(self.mnt):  # a killed host's: answers ENOTCONN, take it away first
-            D.abort_connection(self.mnt)
-            D.unmount(self.mnt)
+        if snapshot.fusefs.daemon.is_mounted(self.mnt):  # a killed host's: answers ENOTCONN, take it away first
+            snapshot.fusefs.daemon.abort_connection(self.mnt)
+            snapshot.fusefs.daemon.unmount(self.mnt)
         self.mnt.mkdir(exist_ok=True)
-        self.fs = MultiFS(os.stat(self.mnt), os.fsencode(self.slot), writeback=self.writeback)
+        self.fs = snapshot.fusefs.multi.MultiFS(os.stat(self.mnt), os.fsencode(self.slot), writeback=self.writeback)
         options = set(pyfuse3.default_options)  # default_permissions
         # nosuid,nodev always (fusermount3 adds them for a normal user anyway): a sandbox can
         # plant a setuid file or a device node in its tree.
@@ -346,8 +346,6 @@ class Host:
     async def _add(self, req: dict, from_server: bool) -> dict:
         import trio
 
-        from .journal import Journal
-        from .ops import CowFS
 
         self.pending += 1
         name = os.fsencode(str(req.get("name", "")))
@@ -359,7 +357,8 @@ class Host:
             a = parse_sandbox(argv)
             base = self.fs.new_base()
             make = functools.partial(
-                CowFS, a.lower, a.upper, a.workdir, journal=Journal(a.journal), disk_budget=a.disk_budget,
+                snapshot.fusefs.ops.CowFS, a.lower, a.upper, a.workdir, journal=Journal(a.journal),
+                disk_budget=a.disk_budget,
                 entry_timeout=a.entry_timeout, attr_timeout=a.attr_timeout, negative_timeout=a.negative_timeout,
                 keep_cache=a.keep_cache, writeback=self.writeback, fsync_copyup=a.fsync_copyup,
                 idmap=_parse_idmap(a.idmap), base=base)

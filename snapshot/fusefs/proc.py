@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
+import snapshot
 
 
 class DaemonFailed(RuntimeError):
@@ -77,12 +78,11 @@ def redirect_output(log: str | None) -> None:
 def child_detach(log: str | None) -> bool:
     """Double-fork into a new session: True in the calling process, False in the detached
     grandchild (its output to ``log``, its cwd /), which is never the caller's zombie."""
-    from ..osutil import fork
 
-    if fork() > 0:
+    if snapshot.osutil.fork() > 0:
         return True
     os.setsid()
-    if fork() > 0:
+    if snapshot.osutil.fork() > 0:
         os._exit(0)
     redirect_output(log)
     os.chdir("/")
@@ -94,8 +94,7 @@ def set_process_name(name: bytes) -> None:
     is its parent's."""
     import ctypes
 
-    from ..osutil import libc
     try:
-        libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+        snapshot.osutil.libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass

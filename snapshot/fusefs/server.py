@@ -72,6 +72,7 @@ from .client import request as request
 from .client import server_pid as server_pid
 from .client import stop_server as stop_server
 from .proc import redirect_output, set_process_name, start_time
+from .host import serve, setup_logging
 
 LOG = "fuse.log"
 log = logging.getLogger("petri.fusefs.server")
@@ -196,7 +197,6 @@ class _Server:
                 redirect_output(str(path / "host.log"))
                 os.chdir("/")
                 set_process_name(b"petri-fuse-host")
-                from .host import serve, setup_logging
 
                 setup_logging()
 
