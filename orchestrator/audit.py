@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from . import events
+import orchestrator
 from .results import AuditEntry  # loaded anyway: every command that audits goes through the API, which has it
 
 # CLI commands that change something (read-only ones: ls, status, diff, logs, snapshots,
@@ -127,12 +128,11 @@ def operation(op: str, argv: Sequence[str], via: str, *, reason: str | None = No
         code, result = e.exit_code, str(e)
         raise
     except KeyboardInterrupt:
-        from . import interrupts
-        code, result = interrupts.exit_code(), interrupts.interrupted_by()
+        code, result = orchestrator.interrupts.exit_code(), orchestrator.interrupts.interrupted_by()
         raise
     except BaseException as e:
-        from . import interrupts
-        if interrupts.is_cancellation(e):  # the caller cancelled it (a task, an MCP call): stopped on request
+        # the caller cancelled it (a task, an MCP call): stopped on request
+        if orchestrator.interrupts.is_cancellation(e):
             code, result = 143, "cancelled"
         else:
             code, result = 1, f"{type(e).__name__}: {e}"
@@ -170,14 +170,12 @@ def set_exit_code(code: int) -> None:
 def append(root: Path, scope: Scope, exit_code: int, result: str, *, durable: bool = False) -> None:
     from snapshot.store import Store
 
-    from .registry import Registry
-
     code = scope.__dict__.get("reported_code", exit_code) if exit_code == 0 else exit_code
     reg = scope.registry if scope.registry is not None and Path(root) == scope.root else None
     own = reg is None
     if own:
         try:
-            reg = Registry(Store(Path(root)).registry)
+            reg = orchestrator.registry.Registry(Store(Path(root)).registry)
         except Exception:  # noqa: BLE001 - no registry (deinit, a failed init): nothing to append to
             return
     try:
@@ -199,15 +197,11 @@ def entries(registry: Any, *, since: float | None = None, limit: int | None = No
     """The ``log`` entries (each row as its typed record), oldest first (``limit``: the newest N; ``op``: only those of
     that operation). A ``limit`` SQLite cannot hold or an ``op`` that no row has and petri
     never writes is a usage error (exit 2), not an empty answer: it is a typo."""
-    from .registry import rfc3339
-    from .units import MAX_SQL_INT, check_count
-
     if limit is not None:
-        check_count("--limit", limit, 1, MAX_SQL_INT)
+        orchestrator.units.check_count("--limit", limit, 1, orchestrator.units.MAX_SQL_INT)
     if op is not None and op not in OPS and not _has_op(registry, op):
-        from .errors import UsageError
-        from .units import shown
-        raise UsageError(detail=f"bad --op '{shown(op)}': one of {', '.join(sorted(OPS))}")
+        raise orchestrator.errors.UsageError(
+            detail=f"bad --op '{orchestrator.units.shown(op)}': one of {', '.join(sorted(OPS))}")
 
     q = "SELECT * FROM audit WHERE 1=1"
     args: list[Any] = []
@@ -223,7 +217,8 @@ def entries(registry: Any, *, since: float | None = None, limit: int | None = No
         args.append(limit)
     out = []
     for r in reversed(registry.db.execute(q, args).fetchall()):
-        out.append(AuditEntry.of(ts=rfc3339(r["ts"]), op=r["op"], argv=json.loads(r["argv"]), uid=r["uid"],
+        out.append(AuditEntry.of(ts=orchestrator.registry.rfc3339(r["ts"]), op=r["op"], argv=json.loads(r["argv"]),
+                                 uid=r["uid"],
                                  via=r["via"], reason=r["reason"], exit_code=r["exit_code"], ids=json.loads(r["ids"]),
                                  result=r["result"], client=r["client"], sudo_uid=r["sudo_uid"],
                                  duration_s=r["duration_s"], seq=r["seq"]))

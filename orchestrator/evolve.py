@@ -40,6 +40,7 @@ from .race_steps import METRICS_FILE, read_metrics
 from .errors import EmptyCommand, UsageError
 from .metric_spec import Metric
 from .results import Evolution
+import orchestrator
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -66,10 +67,6 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
     the seed sandbox (forking it when it is live or a snapshot), called once the arguments
     are checked; ``handle(id)`` gives a sandbox as the caller's handle (with ``id``,
     ``generation``, ``parent``), what a callable ``mutate`` is given as the parent."""
-    from .candidates import Cmd
-    from .units import timeout_seconds as _seconds
-    from .race import load_candidates, race_sync
-
     for name, v, least in (("population", population, 1), ("generations", generations, 1), ("keep", keep, 1)):
         if not isinstance(v, int) or v < least:
             raise UsageError(detail=f"evolve: {name} must be at least {least}, not {v!r}")
@@ -80,7 +77,7 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
     if isinstance(mutate, str) and not mutate.strip():
         raise EmptyCommand(what="mutate", hint="")
     say = say or (lambda s: None)
-    timeout_s = _seconds(timeout)
+    timeout_s = orchestrator.units.timeout_seconds(timeout)
     seed_sb = seed()
     seed_fit = _measure(e, seed_sb.id, check, timeout_s, fitness)
     say(f"evolve: seed {seed_sb.id}: {_shown(seed_fit)}")
@@ -103,15 +100,17 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
             if callable(mutate):
                 made = list(mutate(parent, g, count))[:count]
             else:
-                made = [Cmd(f"PETRI_GENERATION={g} PETRI_CANDIDATE={i} PETRI_PARENT={parent.id} "
-                            f"/bin/sh -c {shlex.quote(mutate)}") for i in range(count)]
+                made = [orchestrator.candidates.Cmd(
+                    f"PETRI_GENERATION={g} PETRI_CANDIDATE={i} PETRI_PARENT={parent.id} "
+                    f"/bin/sh -c {shlex.quote(mutate)}") for i in range(count)]
             if not made:
                 continue
-            cands = load_candidates(made)
+            cands = orchestrator.race.load_candidates(made)
             # the race ranks by the score too (one rule: a race's rank 1 is its fittest)
             score = None if fitness is not None else Metric(METRICS_FILE, "score", higher=True)
-            doc = race_sync(e, cands, check, source=parent.id, jobs=jobs, limits=limits or _limits(), keep=True,
-                            timeout_s=timeout_s, say=None, metric=score).to_json()  # fitness(row) takes the row
+            doc = orchestrator.race.race_sync(e, cands, check, source=parent.id, jobs=jobs,
+                                              limits=limits or _limits(), keep=True, timeout_s=timeout_s, say=None,
+                                              metric=score).to_json()  # fitness(row) takes the row
             races.append(doc["race"])
             for c in sorted(doc["candidates"], key=lambda c: c["rank"]):
                 fit = _fitness_of(c, fitness)
@@ -140,9 +139,7 @@ def evolve(e: "Engine", seed: Callable[[], Any], mutate: "str | Callable[..., Se
 
 
 def _limits() -> Any:
-    from .limits import Limits
-
-    return Limits()
+    return orchestrator.limits.Limits()
 
 
 def _fitness_of(c: dict[str, Any], fitness: Callable[[dict[str, Any]], float] | None) -> dict[str, Any]:
@@ -155,12 +152,9 @@ def _measure(e: "Engine", sb_id: str, check: str, timeout_s: float | None,
              fitness: Callable[[dict[str, Any]], float] | None) -> dict[str, Any]:
     """The seed's fitness: its check run in a throwaway fork of it."""
     fork = e.fork(sb_id, 1)[0]
-    from .lineage import mark_scaffold
-    mark_scaffold(e, fork, "evolve-seed-check")
+    orchestrator.lineage.mark_scaffold(e, fork, "evolve-seed-check")
     try:
-        from .runs import run_sync
-
-        doc = run_sync(e, fork.id, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=False)
+        doc = orchestrator.runs.run_sync(e, fork.id, ["/bin/sh", "-c", check], timeout_s=timeout_s, echo=False)
         metrics = read_metrics(e.sandbox_tree(e.sandbox_by_id(fork.id)))
     finally:
         e.destroy_sandbox(fork.id)

@@ -1,8 +1,8 @@
 """The workspace facade: ``init``, ``open``, ``doctor`` and ``Workspace``, whose methods
 return the records of ``orchestrator.results`` (see the package's docstring for how to use
 it). Each method checks its arguments in the caller's words, hands the work to the service
-that does it, and returns the record that service built (or wraps the document a service
-that does not build one yet returns).
+that does it, and returns the record that service built (``from_doc`` only for what is read
+back as a document: the event stream, a race's ``--json`` given to ``promote_winner``).
 
 Caveat: the methods open the engine lazily per thread (``engine``); a ``Workspace`` made in
 one thread and used in another opens a second registry connection there.
@@ -27,7 +27,7 @@ from .helpers import (_any_id, _argv, _at_least, _at_most, _check_paths_exist,
                       _sandbox_id, _seconds, _services_root, _since, _source_id, _system_not_promoted,
                       _text_conflicts, _with_ws)
 from .sandbox import Sandbox, SandboxSet
-from ..errors import EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UsageError
+from ..errors import AmbiguousId, EmptyCommand, NoCandidates, NoRunsYet, NoSuchRun, UnknownId, UsageError
 from ..units import MAX_LABEL, MAX_NOTE, check_text, shown
 from snapshot.errors import MarkersWritten
 import orchestrator
@@ -1011,8 +1011,6 @@ class Workspace:
         ``population`` candidates a generation from the ``keep`` fittest so far; fitness is
         ``check`` passing, then the ``score`` it leaves in ``.petri-metrics.json`` (or
         ``fitness(candidate)``). See orchestrator.evolve."""
-        from ..evolve import evolve
-
         def seed_sandbox() -> Sandbox:  # called once the arguments are checked: a bad one forks nothing
             if isinstance(seed, Sandbox):
                 return seed
@@ -1022,28 +1020,23 @@ class Workspace:
                 return self.sandbox(ident)
             return self.fork(source=seed if seed is not None else "live", label=None).keep()[0]
 
-        return evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox, population=population,
-                      generations=generations, keep=keep, fitness=fitness, jobs=jobs, limits=limits, timeout=timeout,
-                      say=say)
+        return orchestrator.evolve.evolve(self.engine, seed_sandbox, mutate, check, handle=self.sandbox,
+                                          population=population, generations=generations, keep=keep,
+                                          fitness=fitness, jobs=jobs, limits=limits, timeout=timeout, say=say)
 
     def log(self, *, since: "float | str | None" = None, limit: int | None = None, op: str | None = None) -> AuditLog:
         """The audit trail (``log``), oldest first; ``since``: an RFC 3339 time or a duration
         ago ("1h"); ``limit``: the newest N."""
-        from ..audit import entries
-
-        return AuditLog.of(entries=tuple(entries(self.engine.registry, since=_since(since, self._name("since")),
-                                                 limit=limit, op=op)))
+        return AuditLog.of(entries=tuple(orchestrator.audit.entries(
+            self.engine.registry, since=_since(since, self._name("since")), limit=limit, op=op)))
 
     def stats(self, *, since: "float | str | None" = None, check: bool = False) -> Stats:
         """``stats``: p50/p95/p99/max per operation and the rates, since ``since``; the
         config's ``[kpi]`` thresholds they break are ``breaches``. ``check``: a breach
         raises ``KpiBreach`` (exit 1, ``.result`` is the record)."""
-        from .. import kpi
-        from ..config import load_config
-
         e = self.engine
-        return kpi.stats_record(e.registry, e.store.root, since=_since(since, self._name("since")),
-                                thresholds=load_config(e.root).kpi, check=check)
+        return orchestrator.kpi.stats_record(e.registry, e.store.root, since=_since(since, self._name("since")),
+                                             thresholds=orchestrator.config.load_config(e.root).kpi, check=check)
 
     # -- events ---------------------------------------------------------------------------
     def events(self, *, follow: bool = False, from_start: bool = True, stop: Callable[[], bool] | None = None,
@@ -1053,8 +1046,7 @@ class Workspace:
         from now; ``stop()`` returning true ends it). Where a follow starts is fixed by this
         call, not by the first ``next()``: a caller that follows, then starts what emits
         (the MCP server's race), misses nothing of it."""
-        from .. import events as ev
-
+        ev = orchestrator.events
         store = self.engine.store.root
         docs = ev.follow(store, from_start=from_start, poll_s=poll_s, stop=stop) if follow else ev.read_all(store)
         return (Event.from_doc(d) for d in docs)
@@ -1082,7 +1074,7 @@ class Workspace:
         """Every race the event stream tells of, oldest first: finished ones with their
         final ranks and overlaps, running ones with provisional ranks (``state``:
         ``running``, ``done`` or ``interrupted``)."""
-        from .race_view import RaceTracker
+        from .race_view import RaceTracker  # the API package's submodules load by name, not by attribute
 
         tracker = RaceTracker()
         for ev in self.events():
@@ -1091,8 +1083,6 @@ class Workspace:
 
     def race_status(self, race: str) -> Race:
         """One race by id or unique id prefix (``petri.NotFound`` if the stream has none)."""
-        from ..errors import AmbiguousId, UnknownId
-
         found = [r for r in self.races() if r.race.startswith(race)] if race else []
         exact = [r for r in found if r.race == race]
         if exact:
