@@ -25,11 +25,12 @@ With ``--before DIR`` (a checkout of an earlier commit, e.g. ``git archive main 
 DIR``) the same petri commands also run from that code, interleaved in the same rounds:
 the same interpreter with ``PYTHONPATH=DIR`` and the script's own ``main()`` call.
 
-Processes are started with ``posix_spawn`` and reaped with ``waitpid``; stdout goes to a pipe
-drained after exit (ls's output is ~2 KiB, under a pipe's buffer). Bytecode is cached as on
-a user's machine (``cli_env``) and warmed before timing. Then ``-X importtime`` (the median
-of a few processes per module) says which imports are left in ``fork --from S`` and in
-``run``, as the tables of the top entries by cumulative time.
+Processes are started with ``posix_spawn`` and reaped with ``waitpid``; stdout goes to an
+unnamed file read after exit (a pipe read only then blocked ``log`` once its output passed
+the pipe's 64 KiB). Bytecode is cached as on a user's machine (``cli_env``) and warmed
+before timing. Then ``-X importtime`` (the median of a few processes per module) says which
+imports are left in ``fork --from S`` and in ``run``, as the tables of the top entries by
+cumulative time.
 
 It also checks that the fast path is no trick: ``ls --json`` and ``status SB --json`` print
 the same bytes as the same commands through the typer app (``orchestrator.cli.app.main``);
@@ -68,9 +69,9 @@ TARGETS = {"petri fork --json": 0.050, "petri fork --from S --json": 0.050, "pet
 def spawn_time(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, bytes, int]:
     """Wall time of one process from spawn to reaped, its stdout and exit code (its stderr
     goes to a file read only when it failed)."""
-    r, w = os.pipe()
+    out = os.open("/tmp", os.O_RDWR | os.O_TMPFILE, 0o600)  # a file, not a pipe: no output size blocks it
     errs = os.open(ERRORS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    actions = [(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, errs, 2), (os.POSIX_SPAWN_CLOSE, r)]
+    actions = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, errs, 2)]
     old = os.getcwd()
     os.chdir(cwd)  # posix_spawn has no cwd argument
     try:
@@ -78,14 +79,14 @@ def spawn_time(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, 
         pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
         _, status = os.waitpid(pid, 0)
         dt = time.perf_counter() - t0
+        os.lseek(out, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(out, 1 << 16):
+            chunks.append(chunk)
     finally:
         os.chdir(old)
-        os.close(w)
+        os.close(out)
         os.close(errs)
-    chunks = []
-    while chunk := os.read(r, 1 << 16):
-        chunks.append(chunk)
-    os.close(r)
     return dt, b"".join(chunks), os.waitstatus_to_exitcode(status)
 
 

@@ -61,16 +61,17 @@ def _audited(op: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
 
             if reason is not None:
                 check_text(self._name("reason"), reason, max_len=MAX_NOTE)
-            with orchestrator.audit.operation(op, orchestrator.audit.api_argv(fn.__name__, args, kw), self.via,
-                                              reason=reason,
+            audit = orchestrator.audit
+            with audit.operation(op, audit.api_argv(fn.__name__, args, kw), self.via, reason=reason,
                                  client=self.client, root=self.root):
                 return fn(self, *args, **kw)
         # What ``inspect.signature`` (help(), the docs, petri.aio's conformance test) shows:
         # the method's own parameters and the ``reason`` keyword this wrapper takes.
         sig = inspect.signature(fn)
-        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(),
-                                                        inspect.Parameter(  # type: ignore[attr-defined]
-            "reason", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
+        reason_param = inspect.Parameter("reason", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                         annotation="str | None")
+        wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*sig.parameters.values(), reason_param])
         return wrapper
     return deco
 

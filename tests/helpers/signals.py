@@ -42,7 +42,9 @@ def signal_when(proc: subprocess.Popen, ready, sig: int, what: str) -> tuple[str
         while not ready():
             if proc.poll() is not None or time.monotonic() > deadline:
                 out, err = proc.communicate()
-                raise AssertionError(f"never saw {what}: rc={proc.returncode} {err[-800:]}")
+                # its stdout too: a shell's terminal (and what failed in it) goes there, not to stderr
+                raise AssertionError(f"never saw {what}: rc={proc.returncode} stdout={out[-800:]!r} "
+                                     f"stderr={err[-800:]!r}")
             time.sleep(0.005)
         proc.send_signal(sig)
         return proc.communicate(timeout=60)
