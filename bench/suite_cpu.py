@@ -215,6 +215,10 @@ def run(out_dir: Path, pytest_args: list[str]) -> int:
     env = dict(os.environ, PETRI_TEST_CPU=str(tests))
     argv = ["nice", "-n", "5", str(REPO / ".venv/bin/python"), "-m", "pytest",
             "-n", os.environ.get("PETRI_TEST_WORKERS", "4"), "--dist", "loadgroup", *pytest_args]
+    # as scripts/test.sh does: pytest's assertion-rewrite cache filled before the workers start
+    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                    "tests"], cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _acct(pacct)
     start, cpu0 = time.time(), machine_cpu()
     rc = None
