@@ -202,6 +202,7 @@ def _tui_refresh(ws: Path) -> None:
             # the Review tab (petri review in the detail pane) reads the policy's verdicts, writes nothing
             await pilot.press("5")
             body = None
+            deadline = time.monotonic() + 60  # its own: under a full run's load the loading above took most of 60 s
             while time.monotonic() < deadline:
                 await pilot.pause(0.05)
                 with contextlib.suppress(Exception):
