@@ -60,6 +60,7 @@ import os
 import re
 import select
 import signal
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -294,6 +295,9 @@ def run_blocking(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None =
                        on_event if attempt == 1 else _no_warnings(on_event), output_events, cancel, on_stopped)
         if attempt == SETUP_ATTEMPTS or not _mount_table_moved(res) or (cancel is not None and cancel.cancelled):
             break
+        # apart in time from whatever moved the table: mounts churned by runs that started
+        # together tend to move together (a full test run met three starts in a row at load)
+        time.sleep(random.uniform(0.005, 0.02) * attempt)
     if on_event:
         on_event(RunEvent("finished", result=res))
     return res
@@ -351,7 +355,8 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
 # apply mount flags: remount ...": seen with three race checks starting at once, and
 # reproduced with bwrap alone against a loop of mounts coming and going). Nothing of the
 # command ran (the marker was not seen), so starting again is safe; the chance that it hits
-# the same instant again is small, and a third failure is reported as it is.
+# the same instant again is small (each start waits a few random milliseconds more), and a
+# fifth failure is reported as it is.
 # The same holds for what the sandbox masks: a host socket (/proc/net/unix) or a credential
 # path read when the run was prepared and gone from the host before bwrap bound over it
 # makes bwrap try to create it on the read-only root ("Can't create file at PATH: Read-only
@@ -359,7 +364,7 @@ async def run_isolated(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | 
 # ("Can't remount readonly on /newroot/PATH: realpath(destination): No such file or
 # directory": a home another process removed); a new start reads the host again. Only when
 # PATH is really gone now: a path that is there failed for another reason, reported as it is.
-SETUP_ATTEMPTS = 3
+SETUP_ATTEMPTS = 5
 _MOVED = re.compile(r"Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount")
 _VANISHED = re.compile(r"Can't (?:create file at|mkdir parents for|mkdir) (/[^:\n]*): "
                        r"(?:Read-only file system|Permission denied)"
@@ -378,7 +383,7 @@ def _mount_table_moved(res: RunResult) -> bool:
     # Any other mount step bwrap could not take ("bwrap: Can't bind mount / remount / mount
     # tmpfs ..."): the host's mount table or a path in it moved under a run starting beside
     # other runs (CI's parallel suite met a new variant every few runs). The command has not
-    # started; a deterministic failure fails again and is reported as it is, two starts later.
+    # started; a deterministic failure fails again and is reported as it is, four starts later.
     return err.startswith("bwrap: Can't ")
 
 
