@@ -152,7 +152,7 @@ def start(engine: "Engine", sandbox: str, argv: Sequence[str], *, name: str | No
     _write(store, row.id, rec)
 
     r, w = os.pipe2(os.O_CLOEXEC)
-    argv_sup = [sys.executable, "-m", "orchestrator.service_runs", "SUPERVISE", str(engine.root), row.id, name,
+    argv_sup = [sys.executable, "-P", "-m", "orchestrator.service_runs", "SUPERVISE", str(engine.root), row.id, name,
                 str(w), events._via.get()]
     try:
         proc = subprocess.Popen(argv_sup, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

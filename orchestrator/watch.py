@@ -119,7 +119,7 @@ def start(engine: "Engine", promo_id: str, command: str, for_s: float, every_s: 
     logdir = engine.store.root / "watch"
     logdir.mkdir(exist_ok=True)
     with open(logdir / f"{promo_id}.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.watcher", str(engine.root), promo_id],
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "orchestrator.watcher", str(engine.root), promo_id],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/")
     engine.registry.update_watch(promo_id, pid=proc.pid, pid_start=_start_time(proc.pid))

@@ -170,4 +170,4 @@ class Source:
         """``petri ARGS`` as this interpreter runs it (for shell: a terminal of its own)."""
         import sys
 
-        return [sys.executable, "-m", "orchestrator.cli", "--workspace", str(self.root), *args]
+        return [sys.executable, "-P", "-m", "orchestrator.cli", "--workspace", str(self.root), *args]

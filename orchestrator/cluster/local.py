@@ -84,8 +84,8 @@ class LocalCluster:
         # Short: Ray's unix sockets live below it, and a socket path has 107 bytes at most.
         self.dir = Path(tempfile.mkdtemp(prefix="petri-lc-", dir=self.parent_dir or "/var/tmp"))
         log = self.dir / "cluster.log"
-        argv = [sys.executable, "-m", "orchestrator.cluster.local", "--nodes", str(self.n), "--dir", str(self.dir),
-                "--cpus", str(self.cpus), "--object-store", str(self.object_store_bytes)]
+        argv = [sys.executable, "-P", "-m", "orchestrator.cluster.local", "--nodes", str(self.n),
+                "--dir", str(self.dir), "--cpus", str(self.cpus), "--object-store", str(self.object_store_bytes)]
         if self.node_backend:
             argv += ["--node-backend", self.node_backend]
         env = {**os.environ, **_LOOPBACK_ENV, "RAY_TMPDIR": str(self.dir), "PYTHONUNBUFFERED": "1"}

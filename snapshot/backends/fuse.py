@@ -215,7 +215,7 @@ class FuseBackend(OverlayBackend):
             sd = self._slot_dir(store, slot)
             if C.host_pid(sd) is None:
                 sd.mkdir(parents=True, exist_ok=True)
-                argv = [sys.executable, "-m", "snapshot.fusefs.host", "--slot", str(sd),
+                argv = [sys.executable, "-P", "-m", "snapshot.fusefs.host", "--slot", str(sd),
                         "--max-tasks", str(host["max_tasks"])]
                 argv += ["--allow-other"] if host["allow_other"] else []
                 argv += ["--writeback"] if host["writeback"] else []

@@ -92,7 +92,7 @@ def _exchange(s: socket.socket, msg: dict) -> dict:
 
 
 def _spawn(store: Path, idle: float, timeout: float, per_host: int) -> None:
-    argv = [sys.executable, "-m", SERVER_MODULE, "--store", str(store), "--idle", str(idle),
+    argv = [sys.executable, "-P", "-m", SERVER_MODULE, "--store", str(store), "--idle", str(idle),
             "--per-host", str(per_host), "--detach"]
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -166,7 +166,7 @@ class MountSpec:
 
     def argv(self) -> list[str]:
         """The fresh-process command line."""
-        return [sys.executable, "-m", MODULE] + self.daemon_args()
+        return [sys.executable, "-P", "-m", MODULE] + self.daemon_args()
 
     def sandbox_args(self) -> list[str]:
         """What a host (:mod:`.host`) is sent to serve this as one of its sandboxes: the

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -246,21 +249,36 @@ def test_host_pid_file_identity_survives_pid_reuse(ws):
     b.destroy_clone(store, "sb1")
 
 
-def test_a_server_running_older_code_is_replaced(ws):
+def _clone_with(pkg: Path, store: Store, sb: str) -> None:
+    """Clone ``sb`` from a petri whose ``snapshot`` package is the copy under ``pkg`` (the
+    server it starts runs that copy too: its child_env puts the copy first)."""
+    code = ("import sys; from pathlib import Path; from snapshot.backends.fuse import FuseBackend; "
+            "from snapshot.store import Store; "
+            "FuseBackend(start_timeout=60.0).clone(Store(Path(sys.argv[1])), 's1', sys.argv[2])")
+    env = {**os.environ, "PYTHONPATH": str(pkg)}
+    r = subprocess.run([sys.executable, "-P", "-c", code, str(store.workspace), sb], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_server_running_older_code_is_replaced(ws, tmp_path):
+    # The "upgrade" is made to a copy of the package: touching the checkout's own files would
+    # make every fork server that other tests run at the same time refuse their clients.
     make, store = ws
-    b = make()
-    b.clone(store, "s1", "sb1")
+    pkg = tmp_path / "pkg"
+    shutil.copytree(Path(S.__file__).parents[2] / "snapshot", pkg / "snapshot",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    _clone_with(pkg, store, "sb1")
     old = S.server_pid(store.root)
-    module = Path(S.__file__).with_name("journal.py")
+    assert old is not None and str(pkg).encode() in Path(f"/proc/{old}/environ").read_bytes()
+    module = pkg / "snapshot" / "fusefs" / "journal.py"
     st = module.stat()
     os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # "upgraded" on disk
-    try:
-        b.clone(store, "s1", "sb2")
-        new = S.server_pid(store.root)
-        assert _wait(lambda: not D._alive(old)) and new not in (None, old)
-        assert b"snapshot.fusefs.server" in _cmdline(_pid(b, store, "sb2"))
-    finally:
-        os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _clone_with(pkg, store, "sb2")
+    new = S.server_pid(store.root)
+    assert _wait(lambda: not D._alive(old)) and new not in (None, old)
+    b = make()
+    assert b"snapshot.fusefs.server" in _cmdline(_pid(b, store, "sb2"))
     b.destroy_clone(store, "sb1")
     b.destroy_clone(store, "sb2")
 
@@ -398,3 +416,21 @@ def test_gc_after_a_killed_server_or_host_leaves_no_mount_and_no_process(ws):
     assert b.leftovers(store, {"s1"}, set()) == []
     assert _wait(lambda: not any(D._alive(p) for p in hosts))
     assert not [m for m in D.mounts() if m.mountpoint.startswith(os.fsencode(store.root))]
+
+
+def test_a_project_with_its_own_snapshot_package_does_not_shadow_petris(ws, tmp_path, monkeypatch):
+    # petri runs from inside the user's project: a top-level ``snapshot`` (or ``orchestrator``)
+    # package there must not be what the server and its hosts import (python -P).
+    make, store = ws
+    proj = tmp_path / "proj"
+    (proj / "snapshot").mkdir(parents=True)
+    (proj / "snapshot" / "__init__.py").write_text("raise SystemExit('the project\\'s snapshot package')\n")
+    monkeypatch.chdir(proj)
+    b = make()
+    tree = b.clone(store, "s1", "sb1")
+    assert (tree / "A").read_bytes() == b"a\n" and S.server_pid(store.root) is not None
+    b2 = make(fork_server=False)
+    tree2 = b2.clone(store, "s1", "sb2")  # a host of its own, started the same way
+    assert (tree2 / "A").read_bytes() == b"a\n"
+    b.destroy_clone(store, "sb1")
+    b2.destroy_clone(store, "sb2")
