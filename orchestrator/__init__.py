@@ -10,15 +10,6 @@ Caveat: ``hasattr(orchestrator, name)`` imports the submodule of that name if th
 """
 from __future__ import annotations
 
+from snapshot.lazy import submodules as _submodules
 
-def __getattr__(name: str) -> object:
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = _submodules(__name__)

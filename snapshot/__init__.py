@@ -5,15 +5,6 @@ does): a caller that needs one only on some paths holds ``import snapshot``.
 """
 from __future__ import annotations
 
+from . import lazy
 
-def __getattr__(name: str) -> object:
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = lazy.submodules(__name__)

@@ -12,6 +12,7 @@ from . import extras as extras
 from . import fusefs as fusefs
 from . import idmap as idmap
 from . import layers as layers
+from . import lazy as lazy
 from . import osutil as osutil
 from . import restore as restore
 from . import store as store

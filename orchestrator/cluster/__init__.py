@@ -10,15 +10,8 @@ from __future__ import annotations
 __all__ = ["LocalCluster"]
 
 
-def __getattr__(name: str):  # the starter, for callers that keep one cluster for several races
-    import importlib
+from snapshot.lazy import submodules as _submodules
 
-    if name == "LocalCluster":
-        return importlib.import_module(f"{__name__}.local").LocalCluster
-    if not name.startswith("__"):  # a submodule, on first use (``orchestrator.cluster.driver``)
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(name)
+# LocalCluster: the starter, for callers that keep one cluster for several races; and the
+# submodules on first use (``orchestrator.cluster.driver``).
+__getattr__ = _submodules(__name__, {"LocalCluster": f"{__name__}.local"})

@@ -26,7 +26,7 @@ import run_isolated`` costs the runner's imports at that moment (trio only when 
 """
 from __future__ import annotations
 
-from typing import Any
+from snapshot.lazy import submodules as _submodules
 
 _LAZY = {
     "Limits": "orchestrator.limits",
@@ -42,16 +42,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    mod = _LAZY.get(name)
-    if mod is not None:
-        return getattr(importlib.import_module(mod), name)
-    if not name.startswith("__"):  # a submodule, on first use: ``orchestrator.sandbox.environment.f()``
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _submodules(__name__, _LAZY)  # and a submodule on first use

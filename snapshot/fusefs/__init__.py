@@ -14,16 +14,8 @@
 - ``proc``: pids, start times, kill-and-wait, a detached process's environment, output and
   name, and the error a filesystem that failed to mount raises.
 """
+from __future__ import annotations
 
+from ..lazy import submodules as _submodules
 
-def __getattr__(name: str) -> object:  # PEP 562: ``snapshot.fusefs.<module>`` on first use
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = _submodules(__name__)  # PEP 562: ``snapshot.fusefs.<module>`` on first use
