@@ -4,7 +4,7 @@ A command module declares its commands as typer reads them (``Annotated[..., typ
 parameters, ``@app.command()``), but the hot commands' fast path (``orchestrator.cli.fastpath``)
 calls those same functions without typer, which with click costs ~20 ms of imports. So:
 
-- ``typer`` here is a stand-in that imports typer on first attribute use. A command module
+- ``typer`` (and ``click``) here are stand-ins that import the module on first attribute use. A command module
   with ``from __future__ import annotations`` only names ``typer.Option`` in annotations,
   which typer itself evaluates when it builds the command; the fast path never does.
 - ``command_app()`` gives a ``Commands``: its ``command()`` records exactly what
@@ -21,16 +21,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    import click
     import typer
 else:
-    class _Typer:
-        """typer, imported when an attribute is first read."""
+    class _Lazy:
+        """A module, imported when an attribute is first read."""
+
+        def __init__(self, name: str) -> None:
+            self._name = name
 
         def __getattr__(self, name: str) -> Any:
-            import typer as module
-            return getattr(module, name)
+            import importlib
+            return getattr(importlib.import_module(self._name), name)
 
-    typer = _Typer()
+    typer = _Lazy("typer")
+    click = _Lazy("click")  # ``click.Choice(...)`` in an annotation, evaluated by typer
 
 # Every command app's settings (the root's too: orchestrator.cli.app).
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

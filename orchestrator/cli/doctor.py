@@ -5,9 +5,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-
-from .app import command_app
+from .declare import command_app, typer
 from .common import G, out, workspace_flag
 from ..api import doctor as api_doctor, find_workspace, is_workspace
 from .. import units

@@ -1,5 +1,6 @@
-"""The hot commands without typer: ``petri fork``, ``run``, ``ls``, ``status``, ``rm``, ``mcp``
-and ``--version`` read their argv from a table and call the very function typer would.
+"""The hot commands without typer: ``petri fork``, ``run``, ``ls``, ``status``, ``rm``, ``mcp``,
+``--version`` and the others in ``gen_fastpath.HOT`` read their argv from a table and call the
+very function typer would.
 
 Scripts and agents run these in loops, and typer with click costs ~20 ms of imports in every
 process (``bench/RESULTS.md``, 18.4). typer stays the definition of the CLI: the table
@@ -11,14 +12,15 @@ tests/cli/test_cli_fastpath.py fails when the committed table is stale.
 This path takes only what it fully understands: the global flags anywhere before ``--``
 (as ``orchestrator.cli.app`` reads them), then the command's long options as ``--opt VALUE``
 or ``--opt=VALUE``, its short ones as ``-o VALUE``, flags alone, integers as click reads them
-(``int()``), and the right number of arguments (``run``: the command after the sandbox,
+(``int()``), a choice's exact strings (made into the Enum typer would make), paths (as
+``pathlib.Path``), and the right number of arguments (``run``: the command after the sandbox,
 ``common.split_trailing``). Anything else, ``--help``, an unknown or bundled option, a
 missing or bad value, a value ``--``, goes to typer unchanged (``parse`` returns None), so
 help, errors and their exit codes stay typer's. tests/cli/test_cli_fastpath.py checks with
 hypothesis that whatever this path accepts, typer accepts with the same values.
 
-Caveat: an option kind the table cannot express (a choice, a float, ``--x/--no-x``, a
-count) makes the generator refuse the command until this module learns it.
+Caveat: an option kind the table cannot express (a float, ``--x/--no-x``, a count, a path
+that must exist) makes the generator refuse the command until this module learns it.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def _bind(spec: dict[str, Any], words: list[str]) -> dict[str, Any] | None:
             i += 1
         i += 1
         converted = _convert(kind, value)
-        if converted is None:
+        if converted is None or kind == "choice" and value not in spec["choices"][dest]:
             return None
         if multiple:
             given.setdefault(dest, []).append(converted)
@@ -140,17 +142,27 @@ def _bind(spec: dict[str, Any], words: list[str]) -> dict[str, Any] | None:
             if not positional:
                 return None
             kwargs[dest] = positional.pop(0)
+        elif nargs == 0:  # one that may be left out (the generator allows only -1 after it)
+            if positional:
+                kwargs[dest] = positional.pop(0)
         else:  # nargs -1: the rest (the generator allows it only last)
             if positional:
                 kwargs[dest] = positional
             positional = []
     if positional:
         return None
+    for dest, (module, name) in spec.get("convert", {}).items():  # what typer makes of the text
+        cls = getattr(importlib.import_module(module), name)
+        v = kwargs.get(dest)
+        if isinstance(v, str):
+            kwargs[dest] = cls(v)
+        elif isinstance(v, list):
+            kwargs[dest] = [cls(x) for x in v]
     return kwargs
 
 
 def _convert(kind: str, value: str) -> Any:
-    if kind == "str":
+    if kind in ("str", "choice", "path"):
         return value
     try:
         return int(value)  # click's INT is int() (then typer hands the int on)

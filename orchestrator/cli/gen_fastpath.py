@@ -23,7 +23,11 @@ import typer
 from .app import COMMANDS, TRAILING, JsonHelpCommand, load_command
 
 # The commands scripts and agents run in loops (orchestrator.cli.fastpath).
-HOT = ("fork", "ls", "status", "rm", "run", "mcp")
+HOT = ("fork", "ls", "status", "rm", "run", "mcp",
+       # and what tests, scripts and agents run around them: a workspace's end, its upkeep,
+       # a sandbox's diff, review and logs, a promotion's undo, races and the records
+       "deinit", "gc", "snapshot", "snapshots", "rollback", "diff", "promotions", "review", "reject",
+       "logs", "stop", "race", "log", "stats", "init", "promote", "lineage", "doctor")
 
 TABLE = Path(__file__).with_name("_fastpath_table.py")
 
@@ -33,8 +37,11 @@ do not edit (tests/cli/test_cli_fastpath.py fails when it is stale). Read by
 
 COMMANDS: name -> function (module, name) typer calls; mutating (an audit row); trailing
 (the command after the sandbox, ``common.split_trailing``); options: each name ->
-(parameter, kind "str" | "int" | "flag", repeatable); arguments: (parameter, nargs 1 or -1)
-in order; defaults: what typer passes for each parameter a command line leaves out.
+(parameter, kind "str" | "int" | "flag" | "choice" | "path", repeatable); arguments:
+(parameter, nargs: 1, -1 for the rest, 0 for one that may be left out) in order; defaults:
+what typer passes for each parameter a command line leaves out (as text where ``convert``
+names the class typer makes of it: an Enum, pathlib.Path); choices: each choice
+parameter's strings.
 """
 
 '''
@@ -75,7 +82,36 @@ def _kind(p: click.Parameter) -> str:
         return "str"
     if type(p.type) is click.types.IntParamType:
         return "int"
+    if type(p.type).__name__ in ("Choice", "TyperChoice") and isinstance(p.type, click.Choice) \
+            and p.type.case_sensitive and all(isinstance(c, str) for c in p.type.choices):
+        return "choice"  # a string of the list; what typer makes of it is checked (describe)
+    if isinstance(p.type, click.Path) and not (p.type.exists or p.type.resolve_path or p.type.allow_dash) \
+            and p.type.file_okay and p.type.dir_okay and p.type.type is None:
+        return "path"  # any string: typer hands on pathlib.Path(it) (checked in describe)
     raise Unsupported(f"{p.name}: type {p.type!r}")
+
+
+def _converter(name: str, dest: str, given: list[str], values: list[Any]) -> tuple[str, str] | None:
+    """How typer turns the strings ``given`` into the ``values`` the function got: None when it
+    hands them on as they are, else the class it calls (module, name): an Enum of the choices,
+    or pathlib.Path."""
+    if all(type(v) is str for v in values) and values == given:  # (a str Enum's member equals its text)
+        return None
+    cls = type(values[0])
+    if cls.__module__ == "pathlib":
+        cls = Path  # PosixPath: the name the fast path calls
+    if all(type(v) is type(values[0]) and cls(g) == v for g, v in zip(given, values, strict=True)):
+        return cls.__module__, cls.__qualname__
+    raise Unsupported(f"{name} {dest}: typer makes {values!r} of {given!r}")
+
+
+def _as_text(v: Any) -> Any:
+    """A default the table can hold: an Enum member as its value, a path as its string."""
+    import enum
+
+    if isinstance(v, enum.Enum):
+        return v.value
+    return str(v) if isinstance(v, Path) else v
 
 
 def describe(name: str) -> dict[str, Any]:
@@ -89,12 +125,18 @@ def describe(name: str) -> dict[str, Any]:
         raise Unsupported(f"{name}: context settings {cmd.context_settings}")
     options: dict[str, tuple[str, str, bool]] = {}
     arguments: list[tuple[str, int]] = []
+    choices: dict[str, list[str]] = {}
+    kinds: dict[str, str] = {}
     for p in cmd.params:
         if p.name in ("help",):
             continue
+        assert p.name is not None
         if p.envvar or p.is_eager or p.callback is not None or getattr(p, "prompt", None):
             raise Unsupported(f"{name} {p.name}: envvar, eager, callback or prompt")
         kind = _kind(p)
+        kinds[p.name] = kind
+        if kind == "choice":
+            choices[p.name] = list(p.type.choices)  # type: ignore[attr-defined]  # a click.Choice (_kind)
         if isinstance(p, click.Option):
             if p.nargs != 1 or (p.multiple and kind == "flag"):
                 raise Unsupported(f"{name} {p.name}: nargs {p.nargs}")
@@ -103,16 +145,34 @@ def describe(name: str) -> dict[str, Any]:
                     raise Unsupported(f"{name} {p.name}: option name {opt!r}")
                 options[opt] = (p.name, kind, p.multiple)
         else:
-            if kind != "str" or p.nargs not in (1, -1) or (p.nargs == 1 and not p.required):
+            if kind not in ("str", "path") or p.nargs not in (1, -1):
                 raise Unsupported(f"{name} {p.name}: argument of kind {kind}, nargs {p.nargs}")
-            if arguments and arguments[-1][1] == -1:
-                raise Unsupported(f"{name} {p.name}: an argument after one that takes the rest")
-            arguments.append((p.name, p.nargs))
+            if arguments and (arguments[-1][1] == -1 or arguments[-1][1] == 0 and p.nargs == 1):
+                raise Unsupported(f"{name} {p.name}: an argument after one that takes the rest or may be left out")
+            # nargs 0 in the table: one argument that may be left out (its default then)
+            arguments.append((p.name, p.nargs if p.nargs == -1 or p.required else 0))
     seen: dict[str, Any] = {}
     required = ["X" for dest, nargs in arguments if nargs == 1]
     recorded_command(name, seen).main(args=required, prog_name="petri", standalone_mode=False)
     nargs = dict(arguments)
-    defaults = {k: v for k, v in seen.items() if k != "__command__" and nargs.get(k, -1) == -1}
+    defaults = {k: v for k, v in seen.items() if k != "__command__" and nargs.get(k, -1) != 1}
+    convert: dict[str, tuple[str, str]] = {}
+    for dest, kind in kinds.items():  # what typer hands on for a choice or a path
+        if kind not in ("choice", "path"):
+            continue
+        given = choices.get(dest) or ["X", "a/b"]
+        got = []
+        for value in given:
+            opt = next((o for o, (d, _, _) in options.items() if d == dest), None)
+            args = [*required, opt, value] if opt else \
+                [value if d == dest else "X" for d, n in arguments if n == 1 or d == dest]
+            recorded_command(name, seen).main(args=args, prog_name="petri", standalone_mode=False)
+            got.append(seen[dest][-1] if isinstance(seen[dest], list) else seen[dest])
+        how = _converter(name, dest, given, got)
+        if how is not None:
+            convert[dest] = how
+            defaults[dest] = [_as_text(x) for x in defaults[dest]] if isinstance(defaults.get(dest), list) \
+                else _as_text(defaults.get(dest))
     for k, v in defaults.items():
         if not (v is None or isinstance(v, (str, int, bool, list))):
             raise Unsupported(f"{name} {k}: default {v!r}")
@@ -121,8 +181,13 @@ def describe(name: str) -> dict[str, Any]:
             recorded_command(name, seen).main(args=[*required, opt], prog_name="petri", standalone_mode=False)
             if seen[dest] is not True or defaults[dest] is not False:
                 raise Unsupported(f"{name} {opt}: a flag that gives {seen[dest]!r}, {defaults[dest]!r} when not given")
-    return {"function": (fn.__module__, fn.__name__), "mutating": name in MUTATING_COMMANDS,
-            "trailing": name in TRAILING, "options": options, "arguments": tuple(arguments), "defaults": defaults}
+    entry = {"function": (fn.__module__, fn.__name__), "mutating": name in MUTATING_COMMANDS,
+             "trailing": name in TRAILING, "options": options, "arguments": tuple(arguments), "defaults": defaults}
+    if choices:
+        entry["choices"] = choices
+    if convert:
+        entry["convert"] = convert
+    return entry
 
 
 def generate() -> str:

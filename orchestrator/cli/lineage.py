@@ -3,13 +3,13 @@ render its records.
 
 It imports nothing heavy at module level.
 """
+from __future__ import annotations
 
 import sys
 from typing import Annotated, Any, List, Optional
 
-import typer
+from .declare import command_app, typer
 
-from .app import command_app
 from .common import G, out, workspace
 from ..units import shown
 from ..errors import KpiBreach, UsageError

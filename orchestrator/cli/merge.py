@@ -9,16 +9,16 @@ raises ``PromotionInterrupted`` saying what stayed in place), and follows a ``--
 through ``follow_watch``. It imports nothing heavy at module level (the merge engine loads
 when a command runs).
 """
+from __future__ import annotations
 
 import sys
 import time
 from typing import Annotated, Any, List, Optional
 
-import typer
+from .declare import command_app, typer
 
 from ..api import OnConflictChoice
 
-from .app import command_app
 from .common import G, out, workspace
 from .. import interrupts
 from ..errors import EmptyCommand, PromotionInterrupted, UsageError

@@ -4,14 +4,14 @@ It goes through the API: ``Workspace.race`` (candidates in command-line order, p
 it goes, the seccomp profile), then ``promote_winner`` for ``--promote``, which settles a
 Ctrl-C from the journal and says whether the winner landed.
 """
+from __future__ import annotations
 
 import sys
 from typing import Annotated, List, Optional
 
-import typer
+from .declare import command_app, typer
 
 from ..errors import EmptyCommand, NoCandidates, UsageError
-from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 from .. import interrupts
 from ..errors import PromotionInterrupted

@@ -9,9 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any
 
-import typer
+from .declare import command_app, typer
 
-from .app import command_app
 from .common import G, out, workspace
 from ..api import review_markdown as render
 from .merge import print_verdicts

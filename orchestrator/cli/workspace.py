@@ -1,16 +1,15 @@
 """``petri init``, ``deinit``, ``snapshot``, ``snapshots``, ``gc`` and ``rollback``: the
 workspace as a whole. Parse, call the API, render its records."""
+from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
-import typer
+from .declare import click, command_app, typer
 
 from ..output import ProgressBar
-from .app import command_app
 from .common import G, out, workspace
 from ..api import LIVE_STATES, init as api_init
 from ..errors import OrchestratorError

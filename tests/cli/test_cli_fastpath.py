@@ -53,10 +53,10 @@ def test_the_generator_check_fails_on_a_stale_table(tmp_path, monkeypatch):
 
 
 def test_the_generator_refuses_what_the_fast_path_cannot_read():
-    """A choice (``init --backend``) is not in the table's vocabulary: a hot command with
-    one must not be generated as if it were a string."""
+    """``port``'s argument is an integer, which the table has only for options: a hot command
+    with one must not be generated as if it were a string."""
     with pytest.raises(gen_fastpath.Unsupported):
-        gen_fastpath.describe("init")
+        gen_fastpath.describe("port")
 
 
 # ------------------------------------------------------------------- typer's reading
@@ -139,7 +139,10 @@ def option_words(name: str, wellformed: bool) -> st.SearchStrategy[list[str]]:
             if not wellformed:
                 strategies.append(TEXT.map(lambda v, o=opt: [f"{o}={v}"]))
             continue
+        choices = COMMANDS[name].get("choices", {}).get(opts[opt][0])
         values = st.integers(0, 99).map(str) if kind == "int" and wellformed else INTS if kind == "int" else \
+            st.sampled_from(choices) if choices and wellformed else \
+            st.one_of(st.sampled_from(choices), TEXT, WORDS) if choices else \
             TEXT.filter(lambda v: not v.startswith("-")) if wellformed else st.one_of(TEXT, WORDS)
         strategies.append(values.map(lambda v, o=opt: [o, v]))
         if opt.startswith("--") or not wellformed:
@@ -182,7 +185,7 @@ def argv(draw, wellformed: bool) -> list[str]:
             command[0] = draw(POSITIONAL)
         return flat + command
     for _, nargs in args:
-        count = 1 if nargs == 1 else draw(st.integers(0, 3))
+        count = 1 if nargs == 1 else draw(st.integers(0, 1 if wellformed and nargs == 0 else 3))
         for _ in range(count):
             flat.insert(draw(st.integers(flat.index(name) + 1, len(flat))) if not wellformed else len(flat),
                         draw(POSITIONAL))
@@ -214,6 +217,8 @@ def test_well_formed_hot_commands_take_the_fast_path(raw):
     ["rm"], ["rm", "a", "b", "--all"], ["rm", "--", "-a"], ["run", "SB", "ls", "-la"], ["run", "SB", "--", "ls"],
     ["run", "-e", "A=1", "--env", "B=2", "SB", "--timeout", "5s", "make", "--json"], ["run", "--json", "SB", "true"],
     ["mcp"], ["mcp", "--allow-live"], ["--version"], ["--version", "--json"], ["--workspace", "/w", "--version"],
+    ["init"], ["init", "proj", "--backend", "copy"], ["promote", "sb-1", "--json"], ["promote", "--to", "prod"],
+    ["promote", "sb-1", "--on-conflict=markers", "--", "a", "b"], ["gc"], ["deinit", "--force"], ["diff", "sb-1"],
 ])
 def test_the_common_shapes_take_the_fast_path(raw):
     assert check_agreement(raw) is not None
@@ -222,7 +227,8 @@ def test_the_common_shapes_take_the_fast_path(raw):
 @pytest.mark.parametrize("raw", [
     [], ["--help"], ["fork", "--help"], ["fork", "-h"], ["fork", "-n", "x"], ["fork", "-n3"], ["fork", "--net=1"],
     ["fork", "--label"], ["fork", "--bogus"], ["status"], ["status", "a", "b"], ["ls", "-ab"], ["run"],
-    ["run", "SB", "--bogus", "ls"], ["--version", "fork"], ["promote", "x"], ["forks"],
+    ["run", "SB", "--bogus", "ls"], ["--version", "fork"], ["promote", "x", "--on-conflict", "Ours"], ["forks"],
+    ["init", "--backend", "nope"], ["init", "a", "b"], ["tui"],
 ])
 def test_anything_else_goes_to_typer(raw):
     call, _ = fast_reads(raw)
@@ -260,7 +266,13 @@ def test_hot_commands_load_no_typer_or_click(tmp_path):
         return cp.returncode, cp.stderr.splitlines()[-1]
 
     # not a workspace: each command gets as far as opening one (exit 4), through the fast path
-    for args in (["fork"], ["ls", "--json"], ["status", "x"], ["rm", "x"], ["run", "x", "true"], ["mcp"]):
+    for args in (["fork"], ["ls", "--json"], ["status", "x"], ["rm", "x"], ["run", "x", "true"], ["mcp"],
+                 ["deinit", "--force"], ["gc"], ["snapshot"], ["snapshots"], ["rollback", "x"], ["diff", "x"],
+                 ["promotions"], ["review", "x"], ["reject", "x", "--reason", "r"], ["logs", "x"], ["stop", "x", "web"],
+                 ["race", "--cmd", "true", "--check", "true"], ["log"], ["stats"], ["promote", "x"],
+                 ["promote", "x", "--on-conflict", "ours", "--", "a"], ["lineage"]):
         assert loaded(*args) == (4, "LOADED []"), args
     assert loaded("--version") == (0, "LOADED []")
+    (tmp_path / "w").mkdir()
+    assert loaded("init", str(tmp_path / "w"), "--backend", "copy") == (0, "LOADED []")
     assert loaded("fork", "--help") == (0, "LOADED ['click', 'typer']")
