@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.suite_cpu run --out DIR [-- PYTEST_ARGS...]
     .venv/bin/python -m bench.suite_cpu report DIR
 
-``run`` turns BSD process accounting on into ``DIR/pacct`` (``acct(2)``), runs the suite as
-``scripts/test.sh`` does (four xdist workers, ``--dist loadgroup``, nice 5) with
+``run`` turns BSD process accounting on into ``DIR/pacct`` (``acct(2)``), runs the suite with
+the command line ``scripts/test.sh`` runs (``scripts/pytest.sh``: its warm-up first, outside
+the accounting; then four xdist workers, ``--dist loadgroup``, nice 5) with
 ``PETRI_TEST_CPU=DIR/tests.txt`` (tests/conftest.py: each test's start, wall time and worker
 pid), turns accounting off (also when interrupted), keeps the machine's CPU seconds over the
 run (``/proc/stat``) in ``DIR/run.txt`` and prints the report. ``report`` prints it again from DIR.
@@ -213,12 +214,9 @@ def run(out_dir: Path, pytest_args: list[str]) -> int:
     pacct.write_bytes(b"")
     tests.write_text("")
     env = dict(os.environ, PETRI_TEST_CPU=str(tests))
-    argv = ["nice", "-n", "5", str(REPO / ".venv/bin/python"), "-m", "pytest",
-            "-n", os.environ.get("PETRI_TEST_WORKERS", "4"), "--dist", "loadgroup", *pytest_args]
+    argv = ["bash", str(REPO / "scripts" / "pytest.sh"), "run", *pytest_args]
     # as scripts/test.sh does: pytest's assertion-rewrite cache filled before the workers start
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                    "tests"], cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["bash", str(REPO / "scripts" / "pytest.sh"), "warm"], cwd=REPO, check=True)
     _acct(pacct)
     start, cpu0 = time.time(), machine_cpu()
     rc = None

@@ -12,17 +12,5 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/scripts/need_root.sh"
 bash "$repo/scripts/setup.sh"
 cd "$repo"
-# pytest rewrites each test module's asserts when it imports it and keeps the result as
-# bytecode only where bytecode may be written: under PYTHONDONTWRITEBYTECODE (CI machines)
-# every worker, and the test VM's two passes under emulation, rewrote all of them again
-# (collection: 7.3 s of CPU a process, 2.2 s from the cache). One collection with bytecode
-# allowed fills the cache first; a failing one is reported by the run itself.
-env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider tests \
-  >/dev/null 2>&1 || true
-# --dist loadgroup: tests that share something machine-wide keep to one worker (XDIST_GROUPS
-# in tests/conftest.py). Not in pyproject's addopts: the test VM's guest runs pytest without
-# plugin autoload, where xdist's options do not exist.
-# nice: the test VM (tests/vm, emulated) runs at normal priority above the workers, so its
-# two passes end inside their deadline on a two-core machine (tests/vm/harness.py); only a
-# little (5): the workers' own timeouts need their share too.
-exec nice -n 5 .venv/bin/python -m pytest -n "${PETRI_TEST_WORKERS:-4}" --dist loadgroup "$@"
+bash scripts/pytest.sh warm
+exec bash scripts/pytest.sh run "$@"
