@@ -1,6 +1,6 @@
 """Where the test suite's CPU goes: the suite under the kernel's process accounting.
 
-    .venv/bin/python -m bench.suite_cpu run --out DIR [-- PYTEST_ARGS...]
+    .venv/bin/python -m bench.suite_cpu run --out DIR [--argv] [-- PYTEST_ARGS...]
     .venv/bin/python -m bench.suite_cpu report DIR
 
 ``run`` turns BSD process accounting on into ``DIR/pacct`` (``acct(2)``), runs the suite with
@@ -102,6 +102,54 @@ def read_tests(path: Path) -> list[Test]:
     return out
 
 
+# Written as DIR/site/sitecustomize.py and put on PYTHONPATH: every Python process of the run
+# that imports site (not `-I`/`-S` ones, not those in a sandbox, which sees no DIR) notes its
+# pid, start and argv (``-m orchestrator.cli`` has ``-m`` as argv[0] by then).
+SITECUSTOMIZE = """\
+import os, sys, time
+try:
+    with open(os.path.join({argv_dir!r}, "%d.%d" % (os.getpid(), time.time_ns())), "w") as f:
+        f.write("%d\\t%.3f\\t%r\\n" % (os.getpid(), time.time(), sys.argv[:4]))
+except Exception:
+    pass
+"""
+PETRI_COMMANDS = frozenset(
+    "init deinit fork run shell ls status rm diff promote rollback log lineage evolve race review reject gc "
+    "doctor snapshot snapshots stats try rebase services tui mcp logs promotions stop port".split())
+
+
+def _petri_command(argv: list[str]) -> str | None:
+    """``petri X`` for a petri process's argv (the script, or ``-m orchestrator.cli``), else None."""
+    if argv and (argv[0] == "-m" or argv[0].endswith("/petri")):
+        words = [w for w in argv[1:] if not w.startswith("-")]
+        if words and words[0] in PETRI_COMMANDS:
+            return f"petri {words[0]}"
+        if not words and {"--version", "--help"} & set(argv):
+            return "petri (flags)"
+    return None
+
+
+def by_argv(out_dir: Path, recs: list[Rec]) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """CPU and count of the traced processes by petri command (the rest as ``python``),
+    each matched to its accounting record by pid and start (within 2 s)."""
+    import ast
+
+    starts: dict[int, list[Rec]] = collections.defaultdict(list)
+    for r in recs:
+        starts[r.pid].append(r)
+    cpu: collections.Counter[str] = collections.Counter()
+    n: collections.Counter[str] = collections.Counter()
+    for f in (out_dir / "argv").iterdir():
+        pid, t, argv = f.read_text().rstrip("\n").split("\t", 2)
+        found = [r for r in starts.get(int(pid), []) if abs(r.start - float(t)) <= 2.0]
+        if found:
+            r = min(found, key=lambda r: abs(r.start - float(t)))
+            what = _petri_command(ast.literal_eval(argv)) or "other Python processes"
+            cpu[what] += r.cpu
+            n[what] += 1
+    return cpu, n
+
+
 def machine_cpu() -> float:
     """CPU seconds the whole machine has spent (user, nice, system, irq, softirq, steal)."""
     with open("/proc/stat") as f:
@@ -196,6 +244,15 @@ def report(out_dir: Path) -> str:
     table("By test file (processes under a worker)", by_file, 40)
     table("By test (processes under a worker)", by_test, 40)
     table("Orphans by the command at the top of their chain", orphan_top, 15)
+    if (out_dir / "argv").is_dir():  # run --argv
+        cpu, n = by_argv(out_dir, recs)
+        petri = sum(v for k, v in cpu.items() if k.startswith("petri"))
+        lines.extend([f"## Python processes by petri command (run --argv: their own CPU; all petri "
+                      f"commands {petri:.1f} s in {sum(v for k, v in n.items() if k.startswith('petri'))} "
+                      "processes)", "", "| CPU s | processes | mean ms | what |", "|---:|---:|---:|---|"])
+        for k, v in cpu.most_common(30):
+            lines.append(f"| {v:.1f} | {n[k]} | {v / n[k] * 1000:.0f} | `{k}` |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -208,12 +265,19 @@ def _acct(path: Path | None) -> None:
         raise OSError(err, f"acct({path}): {os.strerror(err)}")
 
 
-def run(out_dir: Path, pytest_args: list[str]) -> int:
+def run(out_dir: Path, pytest_args: list[str], argv_trace: bool = False) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     pacct, tests = out_dir / "pacct", out_dir / "tests.txt"
     pacct.write_bytes(b"")
     tests.write_text("")
     env = dict(os.environ, PETRI_TEST_CPU=str(tests))
+    if argv_trace:
+        (out_dir / "argv").mkdir(exist_ok=True)
+        (out_dir / "site").mkdir(exist_ok=True)
+        (out_dir / "site" / "sitecustomize.py").write_text(
+            SITECUSTOMIZE.format(argv_dir=str((out_dir / "argv").resolve())))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str((out_dir / "site").resolve()),
+                                                          env.get("PYTHONPATH")]))
     argv = ["bash", str(REPO / "scripts" / "pytest.sh"), "run", *pytest_args]
     # as scripts/test.sh does: pytest's assertion-rewrite cache filled before the workers start
     subprocess.run(["bash", str(REPO / "scripts" / "pytest.sh"), "warm"], cwd=REPO, check=True)
@@ -239,6 +303,8 @@ def main(args: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--argv", action="store_true",
+                   help="also note each Python process's argv (a sitecustomize on PYTHONPATH): CPU by petri command")
     r.add_argument("pytest_args", nargs="*")
     rep = sub.add_parser("report")
     rep.add_argument("dir", type=Path)
@@ -249,7 +315,7 @@ def main(args: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.suite_cpu: process accounting needs root", file=sys.stderr)
         return 2
-    return run(ns.out, ns.pytest_args)
+    return run(ns.out, ns.pytest_args, ns.argv)
 
 
 if __name__ == "__main__":
