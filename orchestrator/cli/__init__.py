@@ -8,11 +8,10 @@ command's module only when that command runs (or its own ``--help`` is asked for
 
 Start-up is the point of this file: the hot commands (what scripts and agents run: ``fork``,
 ``run``, ``ls``, ``status``, ``rm``, ``mcp``, ``--version``, and ``init``, ``promote``,
-``diff``, ``gc``... all but ``shell``, ``tui``, ``try``, ``rebase``, ``services`` and
-``port``; ``gen_fastpath.HOT``) take a fast path that loads no typer or click (~28 ms of
-CPU): ``fastpath`` reads their argv from a table
-generated from the typer app's declarations and calls the function typer would call.
-Anything it does not fully understand, ``--help`` included, goes through typer
+``diff``, ``gc``... all but ``shell``, ``tui``, ``try`` and ``port``; ``gen_fastpath.HOT``)
+take a fast path that loads no typer or click (~28 ms of CPU): ``fastpath`` reads their
+argv from a table generated from the typer app's declarations and calls the function typer
+would call. Anything it does not fully understand, ``--help`` included, goes through typer
 (``app.main``), unchanged.
 
 The cyclic garbage collector is off while the command starts, and for the whole of the

@@ -27,7 +27,7 @@ HOT = ("fork", "ls", "status", "rm", "run", "mcp",
        # and what tests, scripts and agents run around them: a workspace's end, its upkeep,
        # a sandbox's diff, review and logs, a promotion's undo, races and the records
        "deinit", "gc", "snapshot", "snapshots", "rollback", "diff", "promotions", "review", "reject",
-       "logs", "stop", "race", "log", "stats", "init", "promote", "lineage", "doctor")
+       "logs", "stop", "race", "log", "stats", "init", "promote", "lineage", "doctor", "rebase", "services")
 
 TABLE = Path(__file__).with_name("_fastpath_table.py")
 
@@ -121,7 +121,7 @@ def describe(name: str) -> dict[str, Any]:
     cmd = load_command(name)
     fn = cmd.callback.__wrapped__  # type: ignore[union-attr]  # typer's wrapper of the declared function
     if cmd.context_settings.get("ignore_unknown_options") or cmd.context_settings.get("allow_extra_args") or \
-            not cmd.allow_interspersed_args:
+            not cmd.allow_interspersed_args or cmd.context_settings.get("allow_interspersed_args") is False:
         raise Unsupported(f"{name}: context settings {cmd.context_settings}")
     options: dict[str, tuple[str, str, bool]] = {}
     arguments: list[tuple[str, int]] = []

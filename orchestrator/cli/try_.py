@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any, List, Optional
 
-import typer
+from .declare import command_app, typer
 
 from ..api import OnConflictChoice
 
-from .app import command_app
 from .common import SECCOMP_HELP, G, out, parse_timeout, workspace
 from .. import interrupts
 

@@ -57,6 +57,9 @@ def test_the_generator_refuses_what_the_fast_path_cannot_read():
     with one must not be generated as if it were a string."""
     with pytest.raises(gen_fastpath.Unsupported):
         gen_fastpath.describe("port")
+    # nor `try`'s command line, where the first word ends the options (allow_interspersed_args)
+    with pytest.raises(gen_fastpath.Unsupported):
+        gen_fastpath.describe("try")
 
 
 # ------------------------------------------------------------------- typer's reading
@@ -270,7 +273,8 @@ def test_hot_commands_load_no_typer_or_click(tmp_path):
                  ["deinit", "--force"], ["gc"], ["snapshot"], ["snapshots"], ["rollback", "x"], ["diff", "x"],
                  ["promotions"], ["review", "x"], ["reject", "x", "--reason", "r"], ["logs", "x"], ["stop", "x", "web"],
                  ["race", "--cmd", "true", "--check", "true"], ["log"], ["stats"], ["promote", "x"],
-                 ["promote", "x", "--on-conflict", "ours", "--", "a"], ["lineage"]):
+                 ["promote", "x", "--on-conflict", "ours", "--", "a"], ["lineage"], ["rebase", "x"],
+                 ["services", "x"]):
         assert loaded(*args) == (4, "LOADED []"), args
     assert loaded("--version") == (0, "LOADED []")
     (tmp_path / "w").mkdir()
