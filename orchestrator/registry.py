@@ -12,7 +12,12 @@ would lock the user out of the very commands that free space (``rm``, ``gc``). T
 keeps a small *reserve* file (``reserve``, 8 MiB, allocated while there is room); when the
 filesystem is full (SQLITE_FULL, or an I/O error with no space left) the reserve is released
 and the open or the write tried again, and a write that still cannot be done is one clear
-error (``StoreFull``, exit 1). The reserve comes back once there is room again.
+error (``StoreFull``, exit 1). The reserve comes back once there is room again. It is also
+released before the registry is opened when less than its size is free: the shm file is
+written through a shared mapping, and on a full btrfs a write to a mapped page that needs
+a new block kills the process with SIGBUS (seen: ``petri ls`` on a full btrfs, exit -7)
+instead of returning an error. So on a full disk even a read-only command gives up the
+reserve: it is what the reserve is for.
 
 Caveats: space freed on btrfs by deleting a subvolume comes back only as the cleaner works;
 the reserve is allocated with ``fallocate`` and skipped where that is not supported. Commits
@@ -192,6 +197,14 @@ class Registry:
         self.path = path
         if not create and not path.exists():
             raise FileNotFoundError(path)
+        try:
+            # Even a read writes ``registry.db-shm`` through a shared mapping, and on a full
+            # copy-on-write filesystem (btrfs) a write to a mapped page that needs a new block
+            # is SIGBUS, not an error SQLite could report: make room before the first one.
+            if _free_bytes(path.parent) < RESERVE_BYTES:
+                release_reserve(path.parent)
+        except OSError:
+            pass
         try:
             self._connect(create)
         except sqlite3.OperationalError as e:

@@ -209,3 +209,26 @@ def test_gc_human_line_names_pruned_promotions(budget_ws):
     r = petri("gc", cwd=ws, env=env)
     assert r.rc == 0, r
     assert f"pruned the pre-images of {ids[0]}" in r.out and ids[1] not in r.out, r
+
+
+@needs_root
+def test_the_reserve_is_given_up_before_the_registry_is_opened_on_a_full_disk(small_tmpfs, monkeypatch):
+    """Not after the first error: even a read writes the registry's shm through a shared
+    mapping, and on a full btrfs a mapped page that needs a new block is SIGBUS, which no
+    error handler sees (a full run's `petri ls` died of it, exit -7)."""
+    from orchestrator import registry as R
+    store = small_tmpfs / ".petri"
+    store.mkdir()
+    R.Registry(store / "registry.db", create=True).close()
+    (store / R.RESERVE_NAME).write_bytes(b"\0" * R.RESERVE_BYTES)
+    fill(small_tmpfs)
+    seen = []
+    connect = R.Registry._connect
+
+    def spy(self, create):
+        seen.append((store / R.RESERVE_NAME).exists())
+        return connect(self, create)
+
+    monkeypatch.setattr(R.Registry, "_connect", spy)
+    R.Registry(store / "registry.db").close()
+    assert seen == [False]  # the reserve was gone when SQLite first touched the files
