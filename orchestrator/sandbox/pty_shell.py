@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import random
 import select
 import signal
 import termios
@@ -56,15 +57,57 @@ def _copy_winsize(src_fd: int, dst_fd: int) -> None:
 
 def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: cgroups.Support | None = None) -> int:
     """Run ``spec.argv`` (e.g. ``["/bin/bash", "-i"]``) interactively; return its exit code
-    (124 when the timeout or lifetime ended it). Every process is gone when this returns."""
+    (124 when the timeout or lifetime ended it). Every process is gone when this returns.
+
+    A start that bwrap gives up before the command runs because the host's mounts moved
+    under it (another sandbox's run view coming and going: ``runner.setup_moved``) is made
+    again, as a run's is, up to ``runner.SETUP_ATTEMPTS`` times; what the user typed into the
+    terminal of a start that failed is typed into the next one's first."""
+    runner = orchestrator.sandbox.runner
     sup = support or cgroups.support()
-    # The session (and its terminal) is the one setsid -c makes inside: no bwrap --new-session.
-    with prepare(spec, argv=["setsid", "-c", "-w", *spec.argv], marker=None, new_session=False,
-                 support=sup) as prep:
-        return _interact(spec, prep, stdin_fd, stdout_fd)
+    typed = b""
+    for attempt in range(1, runner.SETUP_ATTEMPTS + 1):
+        marker = orchestrator.sandbox.isolation.new_marker()
+        started = _Started(marker, typed)
+        # The session (and its terminal) is the one setsid -c makes inside: no bwrap --new-session.
+        with prepare(spec, argv=["setsid", "-c", "-w", *spec.argv], marker=marker, new_session=False,
+                     support=sup) as prep:
+            rc = _interact(spec, prep, stdin_fd, stdout_fd, started)
+        if started.seen:
+            return rc
+        said = started.before.decode("utf-8", "replace")
+        said = said[said.find("bwrap: "):] if "bwrap: " in said else said
+        if attempt == runner.SETUP_ATTEMPTS or not runner.setup_moved(said):
+            write_all(stdout_fd, started.before)  # what the terminal showed: bwrap's own words
+            return rc
+        typed = started.typed
+        time.sleep(random.uniform(0.005, 0.02) * attempt)
+    raise AssertionError("unreachable")
 
 
-def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> int:
+class _Started:
+    """Watches the shell's terminal output for the shim's start marker
+    (``isolation.EXEC_SHIM``): what comes before it is bwrap's own words (and the terminal's
+    echo of what was typed meanwhile); keeps what was typed before it (``typed``: a new start
+    gets it again)."""
+
+    def __init__(self, marker: bytes, typed: bytes = b"") -> None:
+        self.marker, self.before, self.seen, self.typed = marker, b"", False, typed
+
+    def feed(self, data: bytes) -> bytes:
+        """What of ``data`` to show (nothing until the marker has come; then all but it)."""
+        self.before += data
+        i = self.before.find(self.marker)
+        if i < 0:
+            return b""
+        self.seen = True
+        out, self.before = self.before[:i] + self.before[i + len(self.marker):], self.before[:i]
+        return out
+
+
+def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int, started: _Started) -> int:
+    """The session's exit code (bwrap's when the command never started: ``started.seen``
+    is False then)."""
     import subprocess
 
     end = None
@@ -99,7 +142,7 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
         prep.spawned()
         os.close(slave)
         slave = -1
-        timed_out = _copy(master, stdin_fd, stdout_fd, transcript, proc, end)
+        timed_out = _copy(master, stdin_fd, stdout_fd, transcript, proc, end, started)
     finally:
         prep.spawned()
         if interactive and saved is not None:
@@ -116,18 +159,21 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int) -> i
             proc.wait()
         os.close(master)
         transcript.close()
-    if timed_out:
+    if timed_out and started.seen:
         return EXIT_TIMEOUT
     rc = proc.returncode
     return 128 - rc if rc < 0 else rc
 
 
 def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, proc: "subprocess.Popen[bytes]",
-          end: float | None) -> bool:
+          end: float | None, started: _Started) -> bool:
     """Copy bytes between our terminal and the shell's until it is done; True when the
-    timeout or lifetime ended it."""
+    timeout or lifetime ended it. Until ``started`` has seen the shim's marker, what comes
+    is held, not shown (the caller shows it or starts again), and what is typed is kept."""
     stdin_open = True
     eof_sent_at = None
+    if started.typed:  # what the user typed into a start that failed
+        write_all(master, started.typed)
     while True:
         if end is not None and time.time() >= end:
             return True
@@ -154,6 +200,8 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, pro
                 return False
             if data == b"":
                 return False
+            if data and not started.seen:
+                data = started.feed(data)  # what bwrap said before the marker stays in started.before
             if data:
                 transcript.write(data)
                 write_all(stdout_fd, data)
@@ -162,6 +210,8 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, pro
             if not data:
                 stdin_open = False
                 continue
+            if not started.seen:
+                started.typed += data
             write_all(master, data)
         if proc.poll() is not None and master not in ready:
             return False

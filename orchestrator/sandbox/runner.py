@@ -372,9 +372,12 @@ _VANISHED = re.compile(r"Can't (?:create file at|mkdir parents for|mkdir) (/[^:\
 
 
 def _mount_table_moved(res: RunResult) -> bool:
-    if res.exit_code != EXIT_PETRI:
-        return False
-    err = res.setup_error or ""
+    return res.exit_code == EXIT_PETRI and setup_moved(res.setup_error or "")
+
+
+def setup_moved(err: str) -> bool:
+    """True when bwrap's own words ``err`` (what it said before the command started) say the
+    host's mounts moved under the start: worth a new start (``SETUP_ATTEMPTS``)."""
     if _MOVED.search(err) is not None:
         return True
     gone = _VANISHED.search(err)

@@ -80,6 +80,65 @@ def test_views_coming_and_going_never_fail_a_run(tmp_path):
 
 
 
+def test_views_coming_and_going_never_fail_a_shell(tmp_path):
+    """``petri shell`` starts as a run does and met the same moved mount (a full run's shell
+    exited 1 with bwrap's "Can't bind mount /oldroot/..."): it starts again too, and loses
+    none of the user's input on the way (what was typed into a failed start is typed again)."""
+    from tests.conftest import petri
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "a.txt").write_text("a\n")
+    stop = threading.Event()
+    churned = [0]
+    errors: list[str] = []
+
+    def churn(d: Path) -> None:
+        try:
+            while not stop.is_set():
+                d.mkdir(parents=True)
+                if libc.mount(b"churn", bytes(d), b"tmpfs", 0, None) or libc.umount2(bytes(d), 0):
+                    errors.append(os.strerror(ctypes.get_errno()))
+                    return
+                d.rmdir()
+                churned[0] += 1
+        finally:
+            libc.umount2(bytes(d), 2)  # MNT_DETACH
+            if d.exists():
+                d.rmdir()
+
+    assert petri("init", "--backend", "copy", cwd=proj).rc == 0
+    ids = [s["id"] for s in petri("--json", "fork", "-n", "3", cwd=proj).json["sandboxes"]]
+    assert petri("run", ids[0], "true", cwd=proj).rc == 0  # makes /run/petri as petri keeps it
+    results: list = []
+
+    def shells(sb: str) -> None:
+        for i in range(N_SHELLS):
+            results.append(petri("shell", sb, cwd=proj, input=f"cat a.txt; echo shell-{i}-ok; exit 3\n"))
+
+    churners = [threading.Thread(target=churn, args=(VIEWS / "0" / f"churn-sh-{os.getpid()}-{i}",))
+                for i in range(3)]
+    runners = [threading.Thread(target=shells, args=(sb,)) for sb in ids]
+    for t in churners + runners:
+        t.start()
+    try:
+        for t in runners:
+            t.join()
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+        petri("deinit", "--force", cwd=proj)
+    assert not errors, errors
+    assert churned[0] > N_SHELLS  # the mounts really came and went while the shells started
+    assert len(results) == 3 * N_SHELLS
+    bad = [(r.rc, r.out) for r in results if r.rc != 3 or "a\n" not in r.out or "-ok" not in r.out]
+    assert bad == [], bad[:2]
+
+
+N_SHELLS = 8  # per sandbox, three at once
+
+
 def test_a_view_made_during_a_run_never_reaches_its_sandbox(tmp_path):
     """/run/petri is a private mount: another run's view, mounted and removed while a
     sandbox runs, never propagates into it (it would land in the middle of a setup too)."""
