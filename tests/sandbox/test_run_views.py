@@ -26,17 +26,15 @@ libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes
 N_RUNS = 40  # per sandbox; three sandboxes run at once, as a race's checks do
 
 
-def test_views_coming_and_going_never_fail_a_run(tmp_path):
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "a.txt").write_text("a\n")
+def beside_churn(work: list, name: str) -> int:
+    """Run the threads' bodies ``work`` while three threads play other petris' runs (a view
+    made, mounted, unmounted and its directory removed, again and again); how many views
+    came and went meanwhile."""
     stop = threading.Event()
     churned = [0]
     errors: list[str] = []
 
     def churn(d: Path) -> None:
-        """Another petri's runs: a view made, mounted, unmounted and its directory removed,
-        again and again."""
         try:
             while not stop.is_set():
                 d.mkdir(parents=True)
@@ -50,6 +48,25 @@ def test_views_coming_and_going_never_fail_a_run(tmp_path):
             if d.exists():
                 d.rmdir()
 
+    churners = [threading.Thread(target=churn, args=(VIEWS / "0" / f"{name}-{os.getpid()}-{i}",)) for i in range(3)]
+    workers = [threading.Thread(target=w) for w in work]
+    for t in churners + workers:
+        t.start()
+    try:
+        for t in workers:
+            t.join()
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+    assert not errors, errors
+    return churned[0]
+
+
+def test_views_coming_and_going_never_fail_a_run(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "a.txt").write_text("a\n")
     with api_workspace(proj) as ws:
         with ws.fork(n=3) as sandboxes:
             first = sandboxes[0].run(["true"])  # makes /run/petri as petri keeps it
@@ -60,20 +77,8 @@ def test_views_coming_and_going_never_fail_a_run(tmp_path):
             def runs(sb) -> None:
                 results.extend(sb.run(["true"]) for _ in range(N_RUNS))
 
-            churners = [threading.Thread(target=churn, args=(VIEWS / "0" / f"churn-{os.getpid()}-{i}",))
-                        for i in range(3)]
-            runners = [threading.Thread(target=runs, args=(sb,)) for sb in sandboxes]
-            for t in churners + runners:
-                t.start()
-            try:
-                for t in runners:
-                    t.join()
-            finally:
-                stop.set()
-                for t in churners:
-                    t.join()
-            assert not errors, errors
-            assert churned[0] > N_RUNS  # the mounts really came and went while the runs started
+            churned = beside_churn([lambda sb=sb: runs(sb) for sb in sandboxes], "churn")
+            assert churned > N_RUNS  # the mounts really came and went while the runs started
             assert len(results) == 3 * N_RUNS
             bad = [(r.exit_code, r.to_json().get("setup_error")) for r in results if r.exit_code != 0]
             assert bad == [], bad[:2]
@@ -89,24 +94,6 @@ def test_views_coming_and_going_never_fail_a_shell(tmp_path):
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "a.txt").write_text("a\n")
-    stop = threading.Event()
-    churned = [0]
-    errors: list[str] = []
-
-    def churn(d: Path) -> None:
-        try:
-            while not stop.is_set():
-                d.mkdir(parents=True)
-                if libc.mount(b"churn", bytes(d), b"tmpfs", 0, None) or libc.umount2(bytes(d), 0):
-                    errors.append(os.strerror(ctypes.get_errno()))
-                    return
-                d.rmdir()
-                churned[0] += 1
-        finally:
-            libc.umount2(bytes(d), 2)  # MNT_DETACH
-            if d.exists():
-                d.rmdir()
-
     assert petri("init", "--backend", "copy", cwd=proj).rc == 0
     ids = [s["id"] for s in petri("--json", "fork", "-n", "3", cwd=proj).json["sandboxes"]]
     assert petri("run", ids[0], "true", cwd=proj).rc == 0  # makes /run/petri as petri keeps it
@@ -116,21 +103,11 @@ def test_views_coming_and_going_never_fail_a_shell(tmp_path):
         for i in range(N_SHELLS):
             results.append(petri("shell", sb, cwd=proj, input=f"cat a.txt; echo shell-{i}-ok; exit 3\n"))
 
-    churners = [threading.Thread(target=churn, args=(VIEWS / "0" / f"churn-sh-{os.getpid()}-{i}",))
-                for i in range(3)]
-    runners = [threading.Thread(target=shells, args=(sb,)) for sb in ids]
-    for t in churners + runners:
-        t.start()
     try:
-        for t in runners:
-            t.join()
+        churned = beside_churn([lambda sb=sb: shells(sb) for sb in ids], "churn-sh")
     finally:
-        stop.set()
-        for t in churners:
-            t.join()
         petri("deinit", "--force", cwd=proj)
-    assert not errors, errors
-    assert churned[0] > N_SHELLS  # the mounts really came and went while the shells started
+    assert churned > N_SHELLS  # the mounts really came and went while the shells started
     assert len(results) == 3 * N_SHELLS
     bad = [(r.rc, r.out) for r in results if r.rc != 3 or "a\n" not in r.out or "-ok" not in r.out]
     assert bad == [], bad[:2]
