@@ -169,6 +169,16 @@ def release_reserve(store_root: Path) -> bool:
     return True
 
 
+def _room_before(store_root: Path) -> None:
+    """Release the reserve when less than its size is free: before what cannot be retried
+    (a write transaction once its statements ran; the shm's mapped writes at all)."""
+    try:
+        if _free_bytes(store_root) < RESERVE_BYTES:
+            release_reserve(store_root)
+    except OSError:
+        pass
+
+
 def keep_reserve(store_root: Path) -> None:
     """Allocate the reserve again if it is missing and the filesystem has plenty of room.
     One stat when it is there; best effort (never fails a command)."""
@@ -197,14 +207,10 @@ class Registry:
         self.path = path
         if not create and not path.exists():
             raise FileNotFoundError(path)
-        try:
-            # Even a read writes ``registry.db-shm`` through a shared mapping, and on a full
-            # copy-on-write filesystem (btrfs) a write to a mapped page that needs a new block
-            # is SIGBUS, not an error SQLite could report: make room before the first one.
-            if _free_bytes(path.parent) < RESERVE_BYTES:
-                release_reserve(path.parent)
-        except OSError:
-            pass
+        # Even a read writes ``registry.db-shm`` through a shared mapping, and on a full
+        # copy-on-write filesystem (btrfs) a write to a mapped page that needs a new block is
+        # SIGBUS, not an error SQLite could report: make room before the first one.
+        _room_before(path.parent)
         try:
             self._connect(create)
         except sqlite3.OperationalError as e:
@@ -270,11 +276,7 @@ class Registry:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        try:
-            if _free_bytes(self.path.parent) < RESERVE_BYTES:
-                release_reserve(self.path.parent)
-        except OSError:
-            pass
+        _room_before(self.path.parent)
         try:
             self.db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:
