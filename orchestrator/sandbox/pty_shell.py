@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import random
 import select
 import signal
 import termios
@@ -81,7 +80,7 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
             write_all(stdout_fd, started.before)  # what the terminal showed: bwrap's own words
             return rc
         typed = started.typed
-        time.sleep(random.uniform(0.005, 0.02) * attempt)
+        runner.pause_before_start(attempt)
     raise AssertionError("unreachable")
 
 

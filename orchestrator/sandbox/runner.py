@@ -295,9 +295,7 @@ def run_blocking(spec: RunSpec, *, on_event: Callable[[RunEvent], None] | None =
                        on_event if attempt == 1 else _no_warnings(on_event), output_events, cancel, on_stopped)
         if attempt == SETUP_ATTEMPTS or not _mount_table_moved(res) or (cancel is not None and cancel.cancelled):
             break
-        # apart in time from whatever moved the table: mounts churned by runs that started
-        # together tend to move together (a full test run met three starts in a row at load)
-        time.sleep(random.uniform(0.005, 0.02) * attempt)
+        pause_before_start(attempt)
     if on_event:
         on_event(RunEvent("finished", result=res))
     return res
@@ -373,6 +371,13 @@ _VANISHED = re.compile(r"Can't (?:create file at|mkdir parents for|mkdir) (/[^:\
 
 def _mount_table_moved(res: RunResult) -> bool:
     return res.exit_code == EXIT_PETRI and setup_moved(res.setup_error or "")
+
+
+def pause_before_start(attempt: int) -> None:
+    """Before start ``attempt + 1`` of one whose mount table moved: apart in time from whatever
+    moved it (mounts churned by runs that started together tend to move together: a full test
+    run met three starts in a row at load), a few random milliseconds more each time."""
+    time.sleep(random.uniform(0.005, 0.02) * attempt)
 
 
 def setup_moved(err: str) -> bool:
