@@ -113,16 +113,13 @@ try:
 except Exception:
     pass
 """
-PETRI_COMMANDS = frozenset(
-    "init deinit fork run shell ls status rm diff promote rollback log lineage evolve race review reject gc "
-    "doctor snapshot snapshots stats try rebase services tui mcp logs promotions stop port".split())
-
-
 def _petri_command(argv: list[str]) -> str | None:
     """``petri X`` for a petri process's argv (the script, or ``-m orchestrator.cli``), else None."""
+    from orchestrator.cli.app import COMMANDS  # the CLI's own list of its commands
+
     if argv and (argv[0] == "-m" or argv[0].endswith("/petri")):
         words = [w for w in argv[1:] if not w.startswith("-")]
-        if words and words[0] in PETRI_COMMANDS:
+        if words and words[0] in COMMANDS:
             return f"petri {words[0]}"
         if not words and {"--version", "--help"} & set(argv):
             return "petri (flags)"
