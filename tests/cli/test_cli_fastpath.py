@@ -7,6 +7,7 @@ the function (``gen_fastpath.recording``), so nothing runs."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import subprocess
 import sys
@@ -65,14 +66,28 @@ def test_the_generator_refuses_what_the_fast_path_cannot_read():
 # ------------------------------------------------------------------- typer's reading
 
 
+SEEN: dict = {}  # what the recorders of recorded_group() were called with, for the last argv
+
+
+@functools.cache
+def recorded_group() -> click.Group:
+    """The typer app's click group, each hot command's function replaced by a recorder into
+    SEEN. Built once: typer builds the whole group again for each command it is asked for
+    (26 hot commands: 0.13 s of every example, most of these tests' time); click makes a new
+    context for every call, so one group serves every argv."""
+    group = cli_app.root_group()
+    for name in HOT:
+        group.commands[name] = gen_fastpath.recorded_command(name, SEEN)
+    return group
+
+
 def typer_reads(raw: list[str]) -> tuple[str, dict, dict, str]:
     """How the typer app reads ``raw``: ("called", what the function got, G, stdout) or
     ("refused", {}, G, stdout)."""
     reset()
-    seen: dict = {}
-    group = cli_app.root_group()
-    for name in HOT:
-        group.commands[name] = gen_fastpath.recorded_command(name, seen)
+    group = recorded_group()
+    SEEN.clear()
+    seen = SEEN
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
