@@ -37,3 +37,39 @@ def test_changes_for_a_screen_not_yet_mounted_wait_for_its_mount():
             await pilot.press("escape")
 
     asyncio.run(main())
+
+
+def test_a_tab_chosen_while_the_tabs_are_composed_is_the_one_they_open(monkeypatch):
+    """A key choosing a tab between the pane's compose and its tabs' mount (a loaded run
+    widens that window: `5` once left the Review tab empty for a minute) reached a
+    TabbedContent whose mount then opened ``initial`` over it; the pane now opens it."""
+    from tui.widgets.detail_pane import DetailPane
+
+    compose = DetailPane.compose
+
+    def compose_then_key(self):
+        yield from compose(self)
+        if self._tabs:
+            self.active = "tab-review"  # as the `5` binding does, the tabs not mounted yet
+
+    monkeypatch.setattr(DetailPane, "compose", compose_then_key)
+
+    async def main() -> None:
+        app = PetriApp(FixedSource(), follow=False, clock=lambda: NOW)
+        async with app.run_test(size=(120, 30)) as pilot:
+            pane = None
+            for _ in range(500):
+                pane = next(iter(app.screen.query(DetailPane)), None)
+                if pane is not None and pane.built:
+                    break
+                await pilot.pause(0.02)
+            assert pane is not None and pane.built
+            for _ in range(500):
+                body = str(app.screen.query_one("#review-body").render())
+                if body:
+                    break
+                await pilot.pause(0.02)
+            assert pane.active == "tab-review"
+            assert "policy" in body, body
+
+    asyncio.run(main())

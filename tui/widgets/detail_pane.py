@@ -58,6 +58,13 @@ class DetailPane(Vertical):
 
     async def _build(self) -> None:
         await self.recompose()
+        # A key that chose a tab while the tabs were being composed went to a TabbedContent
+        # not yet mounted, whose mount then opened ``initial`` over it: open that tab now.
+        from textual.widgets import TabbedContent
+
+        tabs = self.query(TabbedContent)
+        if tabs and tabs.first().active != self._active:
+            tabs.first().active = self._active
         self.built = True
         self.post_message(self.Built())
 
@@ -89,17 +96,16 @@ class DetailPane(Vertical):
         from textual.widgets import TabbedContent
 
         tabs = self.query(TabbedContent)
-        return tabs.first().active if tabs else self._active
+        return tabs.first().active if tabs and self.built else self._active
 
     @active.setter
     def active(self, tab: str) -> None:
         from textual.widgets import TabbedContent
 
+        self._active = tab  # kept until the tabs are built (``_build`` opens it then)
         tabs = self.query(TabbedContent)
-        if tabs:
+        if tabs and self.built:
             tabs.first().active = tab
-        else:
-            self._active = tab
 
     # -- attributes down ------------------------------------------------------------------------
     def _widget(self, selector: str, kind: type[_W]) -> _W | None:
