@@ -30,7 +30,10 @@ run)
   # nice: the test VM (tests/vm, emulated) runs at normal priority above the workers, so its
   # two passes end inside their deadline on a two-core machine (tests/vm/harness.py); only a
   # little (5): the workers' own timeouts need their share too.
-  exec nice -n 5 "$py" -m pytest -n "${PETRI_TEST_WORKERS:-4}" --dist loadgroup "$@"
+  # suite_tmp: the tests' temporary files (TMPDIR) on a journaled ext4 of the run's own, made
+  # and removed around it (tests/helpers/suite_tmp.py: on an ext4 without a journal, as this
+  # project's CI machines' root is, creating files gets slower with every file deleted).
+  exec "$py" -m tests.helpers.suite_tmp -- nice -n 5 "$py" -m pytest -n "${PETRI_TEST_WORKERS:-4}" --dist loadgroup "$@"
   ;;
 *)
   echo "usage: bash scripts/pytest.sh warm | run [PYTEST ARGS...]" >&2

@@ -1,0 +1,93 @@
+"""``tests/helpers/suite_tmp.py``, the suite's temporary files on a journaled ext4 of the run's
+own: the command sees TMPDIR on it, its exit status comes back, a signal to the wrapper
+reaches the command, and afterwards no mount, loop device or image is left, also after a
+SIGKILL of the wrapper (the next run sweeps it)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import loopimg, suite_tmp
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a loop device (root)")
+
+PROBE = r"""
+import os, sys, tempfile
+d = tempfile.gettempdir()
+st = os.stat(d)
+dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+fields = [line.split() for line in open("/proc/self/mountinfo")]
+fstype = next(f[f.index("-") + 1] for f in fields if f[4] == d)
+journal = open(f"/sys/fs/ext4/{os.path.basename(dev)}/journal_task").read().strip()
+print(d, fstype, oct(st.st_mode & 0o7777), journal)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def wrapper(*command: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.helpers.suite_tmp", "--", *command], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def ours_left(mount: str, image_glob: str) -> list[str]:
+    left = [p for p, _, _ in loopimg.mounts() if p == mount]
+    listing = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    left += [line for line in listing.splitlines() if suite_tmp.PREFIX in line and image_glob in line]
+    left += [str(p) for p in loopimg.IMAGE_DIR.glob(f"{suite_tmp.PREFIX}-ext4-{image_glob}-*.img")]
+    if os.path.exists(mount):
+        left.append(mount)
+    return left
+
+
+def test_the_command_runs_on_a_journaled_ext4_and_nothing_is_left():
+    p = wrapper(sys.executable, "-c", PROBE, "3")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 3, err  # the command's own status
+    tmpdir, fstype, mode, journal = out.split()
+    assert tmpdir.startswith(f"/tmp/{suite_tmp.PREFIX}-mnt-ext4-") and fstype == "ext4" and mode == "0o1777"
+    assert journal != "<none>", journal  # a journal: its jbd2 thread
+    assert ours_left(tmpdir, str(p.pid)) == []
+
+
+def test_a_signal_to_the_wrapper_reaches_the_command_and_it_still_cleans_up(tmp_path):
+    marker = tmp_path / "got"
+    script = (f"trap 'echo TERM > {marker}; exit 7' TERM; echo \"$TMPDIR\"; "
+              "while :; do sleep 0.1; done")
+    p = wrapper("bash", "-c", script)
+    assert p.stdout is not None
+    tmpdir = p.stdout.readline().strip()
+    assert os.path.ismount(tmpdir)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert marker.read_text() == "TERM\n" and p.returncode == 7, err
+    assert ours_left(tmpdir, str(p.pid)) == []
+
+
+def test_a_killed_wrapper_is_swept_by_the_next_run():
+    p = wrapper("bash", "-c", 'echo "$TMPDIR"; exec sleep 300', start_new_session=True)
+    assert p.stdout is not None
+    tmpdir = p.stdout.readline().strip()
+    assert os.path.ismount(tmpdir) and len(ours_left(tmpdir, str(p.pid))) >= 3  # mount, device, image
+    os.killpg(p.pid, signal.SIGKILL)  # the wrapper and its command: no clean-up ran
+    p.wait(timeout=30)
+    assert os.path.ismount(tmpdir)
+    q = wrapper("true")
+    _, err = q.communicate(timeout=120)
+    assert q.returncode == 0 and "sweeping stale image" in err, err
+    deadline = time.monotonic() + 10  # a lazy unmount lets the device go a moment later
+    while ours_left(tmpdir, str(p.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ours_left(tmpdir, str(p.pid)) == []
+
+
+def test_without_a_command_it_says_how_and_exits_2():
+    p = wrapper()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and err.startswith("usage: ")
