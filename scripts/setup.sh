@@ -9,6 +9,7 @@ pkgs=(btrfs-progs libbtrfsutil-dev xfsprogs fuse3 libfuse3-dev pkg-config bubble
       openssh-client   # ssh-agent/ssh-add: tests/sandbox/test_sandbox_holes.py's real agent
       iproute2         # ss: the cluster tests check that a local Ray cluster listens on loopback only
       tmux             # tmux: the TUI's real-terminal test
+      e2fsprogs        # mkfs.ext4: the suite's temporary files get an ext4 of their own (tests/helpers/suite_tmp.py)
       # tests/vm: a second kernel with pure cgroup v2 in a VM (virtme-ng, from the test extra)
       qemu-system-x86 linux-image-amd64 busybox-static)
 missing=()
