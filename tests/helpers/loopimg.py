@@ -145,11 +145,12 @@ class LoopFs:
 
 
 def make_loopfs(kind: str, size: int, *, prefix: str, mount_opts: Sequence[str] = (),
-                mount_parent: Path | None = None) -> LoopFs:
+                mount_parent: Path | None = None, mount_name: str | None = None) -> LoopFs:
     """A fresh ``kind`` filesystem on a sparse image of ``size`` bytes, mounted on a new
-    directory under ``mount_parent`` (default: the temporary directory). Options the kernel
-    refuses (XFS ``prjquota`` without XFS quota support) are dropped: check ``mount_options``.
-    Raises NoLoopDevice when no loop device is free."""
+    directory under ``mount_parent`` (default: the temporary directory) whose name starts with
+    ``mount_name`` (default ``<prefix>-mnt-<kind>-``; the sweep must be given the same). Options
+    the kernel refuses (XFS ``prjquota`` without XFS quota support) are dropped: check
+    ``mount_options``. Raises NoLoopDevice when no loop device is free."""
     image = IMAGE_DIR / f"{prefix}-{kind}-{os.getpid()}-{os.urandom(4).hex()}.img"
     # Locked under a name the sweep does not match, then renamed: another run's sweep can
     # never find it unlocked and take it for a killed run's.
@@ -165,7 +166,7 @@ def make_loopfs(kind: str, size: int, *, prefix: str, mount_opts: Sequence[str] 
         if r.returncode != 0:
             raise NoLoopDevice(f"no free loop device for the {kind} image: {r.stderr.strip()}")
         fs.device = r.stdout.strip()
-        fs.mount = Path(tempfile.mkdtemp(prefix=f"{_mount_prefix(prefix)}{kind}-", dir=mount_parent))
+        fs.mount = Path(tempfile.mkdtemp(prefix=mount_name or f"{_mount_prefix(prefix)}{kind}-", dir=mount_parent))
         opts = ["-o", ",".join(mount_opts)] if mount_opts else []
         r = run(["mount", "-t", kind, *opts, fs.device, str(fs.mount)], check=False)
         if r.returncode != 0 and opts:
@@ -179,8 +180,11 @@ def make_loopfs(kind: str, size: int, *, prefix: str, mount_opts: Sequence[str] 
         raise
 
 
-def sweep_stale_images(prefix: str, log: Callable[[str], None] = lambda msg: None) -> None:
-    """Release the images of ``prefix`` whose maker is gone (their flock is free)."""
+def sweep_stale_images(prefix: str, log: Callable[[str], None] = lambda msg: None, *,
+                       mount_name: str | None = None) -> None:
+    """Release the images of ``prefix`` whose maker is gone (their flock is free); their mount
+    points are removed too when their names start as ``make_loopfs`` made them (``mount_name``:
+    as given to it)."""
     pattern = re.compile(rf"^{re.escape(prefix)}-(btrfs|xfs|ext4)-\d+(-[0-9a-f]+)?\.img$")
     try:
         listing = json.loads(run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
@@ -208,7 +212,7 @@ def sweep_stale_images(prefix: str, log: Callable[[str], None] = lambda msg: Non
                     if source == dev:
                         kill_fuse_daemons_under(Path(point))
                         run(["umount", "-R", "-l", point], check=False)
-                        if Path(point).name.startswith(_mount_prefix(prefix)):
+                        if Path(point).name.startswith(mount_name or _mount_prefix(prefix)):
                             try:
                                 os.rmdir(point)
                             except OSError:

@@ -38,6 +38,10 @@ from pathlib import Path
 from tests.helpers import loopimg
 
 PREFIX = "petri-suite"
+# The mount point: /tmp/pt-XXXXXXXX, 12 characters more than /tmp in every path. The tests
+# bind unix sockets in their tmp_path, and a socket's path has room for 107 bytes: one of
+# them had 80 under /tmp, another 90.
+MOUNT_NAME = "pt-"
 SIZE = 32 << 30  # sparse: only what the run writes is allocated (a full run: a few GiB at most)
 # Inode tables initialised when first used, not by a kernel thread writing zeros behind the run.
 MOUNT_OPTS = ("noinit_itable",)
@@ -49,9 +53,11 @@ def make() -> loopimg.LoopFs | None:
     if os.geteuid() != 0:
         print("suite_tmp: not root: the tests' temporary files stay on the machine's own", file=sys.stderr)
         return None
-    loopimg.sweep_stale_images(PREFIX, log=lambda msg: print(f"suite_tmp: {msg}", file=sys.stderr))
+    loopimg.sweep_stale_images(PREFIX, log=lambda msg: print(f"suite_tmp: {msg}", file=sys.stderr),
+                               mount_name=MOUNT_NAME)
     try:
-        fs = loopimg.make_loopfs("ext4", SIZE, prefix=PREFIX, mount_opts=MOUNT_OPTS, mount_parent=Path("/tmp"))
+        fs = loopimg.make_loopfs("ext4", SIZE, prefix=PREFIX, mount_opts=MOUNT_OPTS, mount_parent=Path("/tmp"),
+                                 mount_name=MOUNT_NAME)
     except (OSError, RuntimeError) as e:  # NoLoopDevice is a RuntimeError; mkfs.ext4 missing: OSError
         print(f"suite_tmp: the tests' temporary files stay on the machine's own: {e}", file=sys.stderr)
         return None

@@ -51,7 +51,8 @@ def test_the_command_runs_on_a_journaled_ext4_and_nothing_is_left():
     out, err = p.communicate(timeout=120)
     assert p.returncode == 3, err  # the command's own status
     tmpdir, fstype, mode, journal = out.split()
-    assert tmpdir.startswith(f"/tmp/{suite_tmp.PREFIX}-mnt-ext4-") and fstype == "ext4" and mode == "0o1777"
+    assert tmpdir.startswith(f"/tmp/{suite_tmp.MOUNT_NAME}") and len(tmpdir) == len("/tmp/pt-12345678")
+    assert fstype == "ext4" and mode == "0o1777"
     assert journal != "<none>", journal  # a journal: its jbd2 thread
     assert ours_left(tmpdir, str(p.pid)) == []
 
