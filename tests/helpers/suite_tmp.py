@@ -46,6 +46,7 @@ SIZE = 32 << 30  # sparse: only what the run writes is allocated (a full run: a 
 # Inode tables initialised when first used, not by a kernel thread writing zeros behind the run.
 MOUNT_OPTS = ("noinit_itable",)
 FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent: the terminal's Ctrl-C and Ctrl-\, a hangup
 
 
 def make() -> loopimg.LoopFs | None:
@@ -72,25 +73,26 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m tests.helpers.suite_tmp -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
+    # Held from here on and taken with sigtimedwait: no signal can end us between making the
+    # filesystem and removing it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARD)
     fs = make()
     env = dict(os.environ)
     if fs is not None:
         env["TMPDIR"] = str(fs.mount)
     try:
-        # The command keeps our process group and terminal: a Ctrl-C reaches it directly; a
-        # signal sent to us alone is passed on, and we wait for it to end before cleaning up.
-        child = subprocess.Popen(argv, env=env)
-        for sig in FORWARD:
-            signal.signal(sig, lambda s, _f: child.send_signal(s))
-        while True:
-            try:
-                rc = child.wait()
-                break
-            except InterruptedError:
-                continue
+        # The command keeps our process group and terminal: a Ctrl-C reaches it from the
+        # terminal directly (the kernel sends it to the whole group) and is not sent again, as
+        # a second SIGINT would cut pytest's own clean-up short; a signal sent to us alone (by
+        # kill: SI_USER) is passed on. Either way we wait for the command to end.
+        child = subprocess.Popen(argv, env=env,
+                                 preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARD))
+        while child.poll() is None:
+            info = signal.sigtimedwait(FORWARD, 0.2)
+            if info is not None and info.si_code != SI_KERNEL:
+                child.send_signal(info.si_signo)
+        rc = child.returncode
     finally:
-        for sig in FORWARD:
-            signal.signal(sig, signal.SIG_IGN)  # clean up whatever arrives now
         if fs is not None:
             fs.release()
     return 128 - rc if rc < 0 else rc

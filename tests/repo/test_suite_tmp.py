@@ -5,6 +5,7 @@ SIGKILL of the wrapper (the next run sweeps it)."""
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -69,6 +70,30 @@ def test_a_signal_to_the_wrapper_reaches_the_command_and_it_still_cleans_up(tmp_
     _, err = p.communicate(timeout=60)
     assert marker.read_text() == "TERM\n" and p.returncode == 7, err
     assert ours_left(tmpdir, str(p.pid)) == []
+
+
+def test_ctrl_c_at_a_terminal_reaches_the_command_once(tmp_path):
+    """The terminal sends Ctrl-C's SIGINT to the whole foreground group, the command included:
+    the wrapper does not send it again (a second SIGINT cuts pytest's clean-up short)."""
+    got = tmp_path / "got"
+    script = f"trap 'echo INT >> {got}; sleep 1; exit 5' INT; echo \"$TMPDIR\"; while :; do sleep 0.1; done"
+    pid, fd = pty.fork()  # the child: a session of its own with the pty as its terminal
+    if pid == 0:
+        os.chdir(REPO)
+        os.execv(sys.executable, [sys.executable, "-m", "tests.helpers.suite_tmp", "--", "bash", "-c", script])
+    out = b""
+    try:
+        deadline = time.monotonic() + 120
+        while b"/tmp/" not in out and time.monotonic() < deadline:
+            out += os.read(fd, 4096)
+        tmpdir = out.decode().split("/tmp/", 1)[1].split()[0]
+        os.write(fd, b"\x03")  # Ctrl-C
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 5
+    assert got.read_text() == "INT\n"  # once
+    assert ours_left(f"/tmp/{tmpdir}", str(pid)) == []
 
 
 def test_a_killed_wrapper_is_swept_by_the_next_run():
