@@ -81,6 +81,10 @@ def main(argv: list[str]) -> int:
     if fs is not None:
         env["TMPDIR"] = str(fs.mount)
     try:
+        pending = signal.sigpending() & set(FORWARD)
+        if pending:  # asked to stop while the filesystem was made: the command never starts
+            print("suite_tmp: interrupted before the tests started", file=sys.stderr)
+            return 128 + min(pending)
         # The command keeps our process group and terminal: a Ctrl-C reaches it from the
         # terminal directly (the kernel sends it to the whole group) and is not sent again, as
         # a second SIGINT would cut pytest's own clean-up short; a signal sent to us alone (by

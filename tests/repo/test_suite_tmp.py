@@ -96,6 +96,22 @@ def test_ctrl_c_at_a_terminal_reaches_the_command_once(tmp_path):
     assert ours_left(f"/tmp/{tmpdir}", str(pid)) == []
 
 
+def test_a_signal_while_the_filesystem_is_made_stops_before_the_command(tmp_path):
+    """A Ctrl-C pressed while the filesystem is being made (the command does not exist yet, so
+    the terminal's signal reached the wrapper alone): the command never starts, nothing is left."""
+    ran = tmp_path / "ran"
+
+    def interrupted() -> None:  # a SIGINT held and pending across the exec, as if sent during it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        os.kill(os.getpid(), signal.SIGINT)
+
+    p = wrapper("touch", str(ran), preexec_fn=interrupted)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "interrupted before the tests started" in err, err
+    assert not ran.exists()
+    assert ours_left("/nonexistent", str(p.pid)) == []
+
+
 def test_a_killed_wrapper_is_swept_by_the_next_run():
     p = wrapper("bash", "-c", 'echo "$TMPDIR"; exec sleep 300', start_new_session=True)
     assert p.stdout is not None
