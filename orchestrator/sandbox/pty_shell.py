@@ -64,47 +64,28 @@ def run_shell(spec: RunSpec, *, stdin_fd: int = 0, stdout_fd: int = 1, support: 
     terminal of a start that failed is typed into the next one's first."""
     runner = orchestrator.sandbox.runner
     sup = support or cgroups.support()
-    typed = b""
+    typed = bytearray()  # what the user typed into the starts that failed, for the next
     for attempt in range(1, runner.SETUP_ATTEMPTS + 1):
         marker = orchestrator.sandbox.isolation.new_marker()
-        started = _Started(marker, typed)
+        started = runner.MarkerFilter(marker, hold=True)
         # The session (and its terminal) is the one setsid -c makes inside: no bwrap --new-session.
         with prepare(spec, argv=["setsid", "-c", "-w", *spec.argv], marker=marker, new_session=False,
                      support=sup) as prep:
-            rc = _interact(spec, prep, stdin_fd, stdout_fd, started)
+            rc = _interact(spec, prep, stdin_fd, stdout_fd, started, typed)
         if started.seen:
             return rc
-        said = started.before.decode("utf-8", "replace")
+        held = started.flush()  # bwrap's own words, and the terminal's echo of what was typed
+        said = held.decode("utf-8", "replace")
         said = said[said.find("bwrap: "):] if "bwrap: " in said else said
         if attempt == runner.SETUP_ATTEMPTS or not runner.setup_moved(said):
-            write_all(stdout_fd, started.before)  # what the terminal showed: bwrap's own words
+            write_all(stdout_fd, held)  # what the terminal showed
             return rc
-        typed = started.typed
         runner.pause_before_start(attempt)
     raise AssertionError("unreachable")
 
 
-class _Started:
-    """Watches the shell's terminal output for the shim's start marker
-    (``isolation.EXEC_SHIM``): what comes before it is bwrap's own words (and the terminal's
-    echo of what was typed meanwhile); keeps what was typed before it (``typed``: a new start
-    gets it again)."""
-
-    def __init__(self, marker: bytes, typed: bytes = b"") -> None:
-        self.marker, self.before, self.seen, self.typed = marker, b"", False, typed
-
-    def feed(self, data: bytes) -> bytes:
-        """What of ``data`` to show (nothing until the marker has come; then all but it)."""
-        self.before += data
-        i = self.before.find(self.marker)
-        if i < 0:
-            return b""
-        self.seen = True
-        out, self.before = self.before[:i] + self.before[i + len(self.marker):], self.before[:i]
-        return out
-
-
-def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int, started: _Started) -> int:
+def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int,
+              started: orchestrator.sandbox.runner.MarkerFilter, typed: bytearray) -> int:
     """The session's exit code (bwrap's when the command never started: ``started.seen``
     is False then)."""
     import subprocess
@@ -141,7 +122,7 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int, star
         prep.spawned()
         os.close(slave)
         slave = -1
-        timed_out = _copy(master, stdin_fd, stdout_fd, transcript, proc, end, started)
+        timed_out = _copy(master, stdin_fd, stdout_fd, transcript, proc, end, started, typed)
     finally:
         prep.spawned()
         if interactive and saved is not None:
@@ -165,14 +146,15 @@ def _interact(spec: RunSpec, prep: Prepared, stdin_fd: int, stdout_fd: int, star
 
 
 def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, proc: "subprocess.Popen[bytes]",
-          end: float | None, started: _Started) -> bool:
+          end: float | None, started: orchestrator.sandbox.runner.MarkerFilter, typed: bytearray) -> bool:
     """Copy bytes between our terminal and the shell's until it is done; True when the
     timeout or lifetime ended it. Until ``started`` has seen the shim's marker, what comes
-    is held, not shown (the caller shows it or starts again), and what is typed is kept."""
+    is held, not shown (the caller shows it or starts again), and what is typed is kept in
+    ``typed`` (which starts with what was typed into the starts that failed)."""
     stdin_open = True
     eof_sent_at = None
-    if started.typed:  # what the user typed into a start that failed
-        write_all(master, started.typed)
+    if typed:
+        write_all(master, bytes(typed))
     while True:
         if end is not None and time.time() >= end:
             return True
@@ -199,8 +181,8 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, pro
                 return False
             if data == b"":
                 return False
-            if data and not started.seen:
-                data = started.feed(data)  # what bwrap said before the marker stays in started.before
+            if data:
+                data = started.feed(data)  # held until the shim's marker has come
             if data:
                 transcript.write(data)
                 write_all(stdout_fd, data)
@@ -210,7 +192,7 @@ def _copy(master: int, stdin_fd: int, stdout_fd: int, transcript: CappedLog, pro
                 stdin_open = False
                 continue
             if not started.seen:
-                started.typed += data
+                typed += data
             write_all(master, data)
         if proc.poll() is not None and master not in ready:
             return False

@@ -172,11 +172,15 @@ class Canceller:
                 pass  # full: it was poked already
 
 
-class _MarkerFilter:
-    """Strips the shim's start marker from stderr; whatever came before it is bwrap's."""
+class MarkerFilter:
+    """Strips the shim's start marker (``isolation.EXEC_SHIM``) from a stream; whatever came
+    before it is bwrap's own words (``before``, once the marker has come or ``flush`` ran).
+    A run's stderr passes on all but what could be the marker's beginning; with ``hold`` (a
+    shell's terminal) nothing is passed on until the marker has come: the caller then shows
+    what was held (``flush``) or starts again."""
 
-    def __init__(self, marker: bytes):
-        self.marker, self.buf, self.seen, self.before = marker, b"", False, b""
+    def __init__(self, marker: bytes, hold: bool = False):
+        self.marker, self.hold, self.buf, self.seen, self.before = marker, hold, b"", False, b""
 
     def feed(self, chunk: bytes) -> bytes:
         if self.seen:
@@ -189,6 +193,8 @@ class _MarkerFilter:
             self.before += self.buf[:i]
             self.buf = b""
             return out
+        if self.hold:
+            return b""
         keep = len(self.marker) - 1
         out, self.buf = self.buf[:-keep] if keep else self.buf, self.buf[-keep:] if keep else b""
         self.before += out
@@ -438,7 +444,7 @@ class _Run:
                  output_events: bool):
         self.spec, self.prep, self.cg, self.on_event = spec, prep, prep.cgroup, on_event
         self.output_events = output_events and on_event is not None
-        self.marker_filter = _MarkerFilter(marker)
+        self.marker_filter = MarkerFilter(marker)
         self.proc: ChildProcess | None = None
         self.killed_by: str | None = None
         self.exit_code: int | None = None  # what a run petri ended reports (124, 128 + a signal)
