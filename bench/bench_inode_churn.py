@@ -34,20 +34,10 @@ PREFIX = "petri-bench-churn"
 
 
 def journal_of(path: Path) -> str:
-    """The ext4 journal thread of the filesystem holding ``path`` ('<none>': no journal), or
-    the filesystem's type when it is not ext4."""
-    st = os.stat(path)
-    with open("/proc/self/mountinfo") as f:
-        rows = [line.split() for line in f]
-    best = max((r for r in rows if f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}" == r[2]), key=lambda r: len(r[4]))
-    fstype, source = best[best.index("-") + 1], best[best.index("-") + 2]
-    if fstype != "ext4":
-        return fstype
-    name = os.path.basename(os.path.realpath(source)) if source.startswith("/dev/") else ""
-    try:
-        return "ext4, journal: " + Path(f"/sys/fs/ext4/{name}/journal_task").read_text().strip()
-    except OSError:
-        return "ext4"
+    """What the filesystem holding ``path`` is, for the report: ``ext4, journal: <its jbd2
+    thread>`` (``<none>``: no journal), or its type."""
+    _, fstype, journal = loopimg.fs_of(path)
+    return fstype if journal is None else f"ext4, journal: {journal}"
 
 
 def churn(where: Path, files: int) -> tuple[float, float]:

@@ -60,6 +60,27 @@ def mounts() -> list[tuple[str, str, str]]:
     return out
 
 
+def fs_of(path: str | os.PathLike) -> tuple[str, str, str | None]:
+    """(mount point, type, ext4 journal) of the filesystem holding ``path``: the journal is
+    the name of its jbd2 thread, ``<none>`` for an ext4 without one, None when not ext4."""
+    st = os.stat(path)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    real = os.path.realpath(path)
+    rows = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            point = _unescape(fields[4])
+            if fields[2] == dev and (real == point or real.startswith(point.rstrip("/") + "/")):
+                rows.append((point, right.split()[0]))
+    point, fstype = max(rows, key=lambda r: len(r[0]))
+    if fstype != "ext4":
+        return point, fstype, None
+    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{dev}"))
+    return point, fstype, Path(f"/sys/fs/ext4/{name}/journal_task").read_text().strip()
+
+
 def mount_options(path: Path) -> set[str]:
     """The per-mount and superblock options of the mount at ``path``."""
     with open("/proc/self/mountinfo") as f:

@@ -21,13 +21,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a loop device (
 
 PROBE = r"""
 import os, sys, tempfile
+from tests.helpers.loopimg import fs_of
 d = tempfile.gettempdir()
-st = os.stat(d)
-dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-fields = [line.split() for line in open("/proc/self/mountinfo")]
-fstype = next(f[f.index("-") + 1] for f in fields if f[4] == d)
-journal = open(f"/sys/fs/ext4/{os.path.basename(dev)}/journal_task").read().strip()
-print(d, fstype, oct(st.st_mode & 0o7777), journal)
+print(d, *fs_of(d), oct(os.stat(d).st_mode & 0o7777))
 sys.exit(int(sys.argv[1]))
 """
 
@@ -51,7 +47,8 @@ def test_the_command_runs_on_a_journaled_ext4_and_nothing_is_left():
     p = wrapper(sys.executable, "-c", PROBE, "3")
     out, err = p.communicate(timeout=120)
     assert p.returncode == 3, err  # the command's own status
-    tmpdir, fstype, mode, journal = out.split()
+    tmpdir, mount, fstype, journal, mode = out.split()
+    assert mount == tmpdir  # the filesystem's own root
     assert tmpdir.startswith(f"/tmp/{suite_tmp.MOUNT_NAME}") and len(tmpdir) == len("/tmp/pt-12345678")
     assert fstype == "ext4" and mode == "0o1777"
     assert journal != "<none>", journal  # a journal: its jbd2 thread
