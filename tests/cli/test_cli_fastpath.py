@@ -87,7 +87,6 @@ def typer_reads(raw: list[str]) -> tuple[str, dict, dict, str]:
     reset()
     group = recorded_group()
     SEEN.clear()
-    seen = SEEN
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -95,7 +94,7 @@ def typer_reads(raw: list[str]) -> tuple[str, dict, dict, str]:
             group.main(args=args, prog_name="petri", standalone_mode=False)
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, PetriError):
         return "refused", {}, dict(vars(G)), out.getvalue()
-    return ("called" if seen else "refused"), dict(seen), dict(vars(G)), out.getvalue()
+    return ("called" if SEEN else "refused"), dict(SEEN), dict(vars(G)), out.getvalue()
 
 
 def fast_reads(raw: list[str]) -> tuple[fastpath.Call | None, dict]:
